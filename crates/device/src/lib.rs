@@ -1,0 +1,510 @@
+//! The `Device` trait: the one interface every duet backend (CPU, CUDA, HIP) implements.
+//!
+//! Conventions shared by every op:
+//! - Matrices are row-major. A "rows × cols" tensor has `cols` contiguous elements per row.
+//! - Buffers carry a runtime [`DType`]. Arithmetic is always done in f32 (GEMMs accumulate in f32);
+//!   f16/bf16/fp8 are storage formats. An op given a dtype it cannot handle returns
+//!   [`DeviceError::Unsupported`], never a wrong answer.
+//! - Ops are enqueued on the device's stream in call order; [`Device::synchronize`] waits for them.
+//!   Host reads ([`Device::download`]) synchronise implicitly.
+//! - "accumulate" in an op's doc means the result is added to the output (`+=`); everything else
+//!   overwrites its output.
+#![forbid(unsafe_code)]
+
+mod dtype;
+mod error;
+mod gemm;
+
+pub use dtype::{DType, Fp8Format, Fp8Kind, HostType};
+pub use error::human_bytes;
+pub use error::{DeviceError, Result};
+pub use gemm::GemmDesc;
+
+use std::fmt;
+
+/// Which backend to run on. `Auto` picks the first GPU backend that loads, else the CPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BackendKind {
+    Cpu,
+    Cuda,
+    Hip,
+    Auto,
+}
+
+impl BackendKind {
+    pub const ALL: [BackendKind; 4] = [Self::Cpu, Self::Cuda, Self::Hip, Self::Auto];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Cpu => "cpu",
+            Self::Cuda => "cuda",
+            Self::Hip => "hip",
+            Self::Auto => "auto",
+        }
+    }
+}
+
+impl fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for BackendKind {
+    type Err = DeviceError;
+    fn from_str(s: &str) -> Result<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "cpu" => Ok(Self::Cpu),
+            "cuda" => Ok(Self::Cuda),
+            "hip" | "rocm" => Ok(Self::Hip),
+            "auto" => Ok(Self::Auto),
+            other => Err(DeviceError::InvalidArgument(format!(
+                "unknown backend '{other}' (expected one of: cpu, cuda, hip, auto)"
+            ))),
+        }
+    }
+}
+
+/// What a device is and what it can do.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct DeviceInfo {
+    /// "cpu", "cuda" or "hip".
+    pub backend: String,
+    /// Marketing name, e.g. "NVIDIA H200" or "AMD Instinct MI300X".
+    pub name: String,
+    /// "sm_90", "gfx942", or the CPU's feature summary.
+    pub arch: String,
+    /// Total device memory in bytes (host RAM for the CPU).
+    pub total_memory: u64,
+    pub supports_bf16: bool,
+    pub supports_fp8: bool,
+    /// Free-form details (driver and library versions, thread count, ...).
+    pub details: Vec<(String, String)>,
+}
+
+/// Memory use as the backend sees it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemoryStats {
+    /// Bytes in live buffers allocated through this device.
+    pub current: u64,
+    /// High-water mark of `current` since creation or the last [`Device::reset_peak_memory`].
+    pub peak: u64,
+    /// The driver's view: (free, total) bytes, where the backend has one.
+    pub driver: Option<(u64, u64)>,
+}
+
+/// Hyper-parameters of one fused AdamW step (see [`Device::adamw`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AdamWStep {
+    pub lr: f32,
+    pub beta1: f32,
+    pub beta2: f32,
+    pub eps: f32,
+    pub weight_decay: f32,
+    /// 1 − β1^t for the step number t ≥ 1.
+    pub bias_correction1: f32,
+    /// 1 − β2^t.
+    pub bias_correction2: f32,
+    /// Multiplies the gradient before use: folds in 1/loss-scale and the clipping factor.
+    pub grad_scale: f32,
+}
+
+impl AdamWStep {
+    /// Bias corrections for step `t` (1-based) computed in f64, then rounded once.
+    pub fn bias_corrections(beta1: f32, beta2: f32, t: u64) -> (f32, f32) {
+        let t = t.min(i32::MAX as u64) as i32;
+        (
+            (1.0 - (beta1 as f64).powi(t)) as f32,
+            (1.0 - (beta2 as f64).powi(t)) as f32,
+        )
+    }
+}
+
+/// A typed buffer owned by a device.
+pub trait Buffer: Send + Sync {
+    fn dtype(&self) -> DType;
+    /// Number of elements.
+    fn len(&self) -> usize;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    fn size_bytes(&self) -> usize {
+        self.len() * self.dtype().size_bytes()
+    }
+}
+
+/// A compute device: memory, copies, a stream, GEMMs and the training kernels.
+///
+/// Every method validates shapes and dtypes before touching memory and reports problems as
+/// [`DeviceError`]s. Buffers passed as outputs (`&mut`) must not alias inputs; Rust's borrow rules
+/// enforce that for distinct buffers.
+pub trait Device: Send + Sync + Sized + 'static {
+    type Buffer: Buffer;
+
+    fn info(&self) -> DeviceInfo;
+
+    // ------------------------------------------------------------------ memory and copies
+
+    /// Allocates `len` zero-initialised elements of `dtype`.
+    fn alloc(&self, dtype: DType, len: usize) -> Result<Self::Buffer>;
+
+    /// Copies host bytes into `dst` starting at element `offset`. The bytes must hold whole
+    /// elements of `dst`'s dtype. May return before the copy completes (the host data is staged).
+    fn upload_bytes(&self, src: &[u8], dst: &mut Self::Buffer, offset: usize) -> Result<()>;
+
+    /// Copies `len` elements starting at `offset` back to the host as raw little-endian bytes.
+    /// Waits for all queued work that writes `src`.
+    fn download_bytes(&self, src: &Self::Buffer, offset: usize, len: usize) -> Result<Vec<u8>>;
+
+    /// Device-to-device copy of `len` elements (same dtype).
+    fn copy(
+        &self,
+        src: &Self::Buffer,
+        src_offset: usize,
+        dst: &mut Self::Buffer,
+        dst_offset: usize,
+        len: usize,
+    ) -> Result<()>;
+
+    /// Sets every element to `value` (converted to the buffer's dtype).
+    fn fill(&self, dst: &mut Self::Buffer, value: f32) -> Result<()>;
+
+    /// Waits until all queued work has finished, reporting any deferred error.
+    fn synchronize(&self) -> Result<()>;
+
+    fn memory_stats(&self) -> MemoryStats;
+    fn reset_peak_memory(&self);
+
+    // ------------------------------------------------------------------ GEMM
+
+    /// `C = alpha · op(A) · op(B) + beta · C`, batched per [`GemmDesc`], FP32 accumulation.
+    /// A and B share a dtype (f32, f16 or bf16); C is that dtype or f32.
+    fn gemm(
+        &self,
+        desc: &GemmDesc,
+        a: &Self::Buffer,
+        b: &Self::Buffer,
+        c: &mut Self::Buffer,
+    ) -> Result<()>;
+
+    // ------------------------------------------------------------------ elementwise and casts
+
+    /// `dst = cast(src · scale)`, converting between any two float dtypes (fp8 saturates).
+    fn cast(&self, src: &Self::Buffer, dst: &mut Self::Buffer, scale: f32) -> Result<()>;
+
+    /// `x *= alpha` in place.
+    fn scale(&self, x: &mut Self::Buffer, alpha: f32) -> Result<()>;
+
+    /// `out = a + b` (residual connection). All three share a dtype and length.
+    fn add(&self, a: &Self::Buffer, b: &Self::Buffer, out: &mut Self::Buffer) -> Result<()>;
+
+    /// `dst += src` (accumulate a gradient).
+    fn add_assign(&self, dst: &mut Self::Buffer, src: &Self::Buffer) -> Result<()>;
+
+    // ------------------------------------------------------------------ model kernels
+
+    /// `out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:]` for `tokens` (i32, `b·t`), `out` (`b·t × c`).
+    #[allow(clippy::too_many_arguments)]
+    fn embedding_forward(
+        &self,
+        tokens: &Self::Buffer,
+        wte: &Self::Buffer,
+        wpe: &Self::Buffer,
+        out: &mut Self::Buffer,
+        b: usize,
+        t: usize,
+        c: usize,
+    ) -> Result<()>;
+
+    /// Accumulates `dwte[tokens[b,t],:] += dout[b,t,:]` and `dwpe[t,:] += Σ_b dout[b,t,:]`.
+    /// Deterministic: the result does not depend on thread scheduling.
+    #[allow(clippy::too_many_arguments)]
+    fn embedding_backward(
+        &self,
+        tokens: &Self::Buffer,
+        dout: &Self::Buffer,
+        dwte: &mut Self::Buffer,
+        dwpe: &mut Self::Buffer,
+        b: usize,
+        t: usize,
+        c: usize,
+    ) -> Result<()>;
+
+    /// LayerNorm over the last dimension of `x` (`n × c`): `out = (x − μ)·rstd·γ + β`, saving
+    /// `mean` and `rstd` (f32, `n` each) for the backward pass.
+    #[allow(clippy::too_many_arguments)]
+    fn layernorm_forward(
+        &self,
+        x: &Self::Buffer,
+        gamma: &Self::Buffer,
+        beta: &Self::Buffer,
+        out: &mut Self::Buffer,
+        mean: &mut Self::Buffer,
+        rstd: &mut Self::Buffer,
+        n: usize,
+        c: usize,
+        eps: f32,
+    ) -> Result<()>;
+
+    /// LayerNorm backward. Accumulates into `dx`, `dgamma` and `dbeta`.
+    #[allow(clippy::too_many_arguments)]
+    fn layernorm_backward(
+        &self,
+        dout: &Self::Buffer,
+        x: &Self::Buffer,
+        gamma: &Self::Buffer,
+        mean: &Self::Buffer,
+        rstd: &Self::Buffer,
+        dx: &mut Self::Buffer,
+        dgamma: &mut Self::Buffer,
+        dbeta: &mut Self::Buffer,
+        n: usize,
+        c: usize,
+    ) -> Result<()>;
+
+    /// `x[r, :] += bias` for every row of `x` (`rows × c`).
+    fn bias_add(
+        &self,
+        x: &mut Self::Buffer,
+        bias: &Self::Buffer,
+        rows: usize,
+        c: usize,
+    ) -> Result<()>;
+
+    /// Accumulates `dbias += Σ_rows dout[r, :]`.
+    fn bias_backward(
+        &self,
+        dout: &Self::Buffer,
+        dbias: &mut Self::Buffer,
+        rows: usize,
+        c: usize,
+    ) -> Result<()>;
+
+    /// `out = gelu(x)` with the tanh approximation.
+    fn gelu_forward(&self, x: &Self::Buffer, out: &mut Self::Buffer) -> Result<()>;
+
+    /// `dx = gelu'(x) · dout` (overwrites `dx`).
+    fn gelu_backward(
+        &self,
+        x: &Self::Buffer,
+        dout: &Self::Buffer,
+        dx: &mut Self::Buffer,
+    ) -> Result<()>;
+
+    /// Splits `qkv` (`b × t × 3 × nh × hs`) into `q`, `k`, `v` (each `b × nh × t × hs`).
+    #[allow(clippy::too_many_arguments)]
+    fn split_heads(
+        &self,
+        qkv: &Self::Buffer,
+        q: &mut Self::Buffer,
+        k: &mut Self::Buffer,
+        v: &mut Self::Buffer,
+        b: usize,
+        t: usize,
+        nh: usize,
+        hs: usize,
+    ) -> Result<()>;
+
+    /// Backward of [`Device::split_heads`]: writes `dqkv` from `dq`, `dk`, `dv`.
+    #[allow(clippy::too_many_arguments)]
+    fn split_heads_backward(
+        &self,
+        dq: &Self::Buffer,
+        dk: &Self::Buffer,
+        dv: &Self::Buffer,
+        dqkv: &mut Self::Buffer,
+        b: usize,
+        t: usize,
+        nh: usize,
+        hs: usize,
+    ) -> Result<()>;
+
+    /// Merges heads: `y` (`b × nh × t × hs`) → `out` (`b × t × nh·hs`). With `backward` set it
+    /// does the inverse permutation (`out` layout → `y` layout), which is the gradient.
+    #[allow(clippy::too_many_arguments)]
+    fn merge_heads(
+        &self,
+        y: &Self::Buffer,
+        out: &mut Self::Buffer,
+        b: usize,
+        t: usize,
+        nh: usize,
+        hs: usize,
+        backward: bool,
+    ) -> Result<()>;
+
+    /// Causal scaled softmax over `rows` independent `t × t` score matrices:
+    /// `probs[i, j] = softmax_j(scale · scores[i, j])` for `j ≤ i`, 0 above the diagonal.
+    fn softmax_causal_forward(
+        &self,
+        scores: &Self::Buffer,
+        probs: &mut Self::Buffer,
+        rows: usize,
+        t: usize,
+        scale: f32,
+    ) -> Result<()>;
+
+    /// Backward of the causal scaled softmax: `dscores = scale · P ⊙ (dP − Σ_j P·dP)` (overwrites).
+    fn softmax_causal_backward(
+        &self,
+        probs: &Self::Buffer,
+        dprobs: &Self::Buffer,
+        dscores: &mut Self::Buffer,
+        rows: usize,
+        t: usize,
+        scale: f32,
+    ) -> Result<()>;
+
+    /// Fused softmax + cross-entropy over `logits` (`n × v`) with i32 `targets` (`n`; a negative
+    /// target is ignored: loss 0, gradient 0). Writes per-row `losses` (f32, `n`). When `dlogits`
+    /// is given, also writes `dlogits = (softmax(logits) − onehot(target)) · grad_scale`.
+    #[allow(clippy::too_many_arguments)]
+    fn cross_entropy(
+        &self,
+        logits: &Self::Buffer,
+        targets: &Self::Buffer,
+        losses: &mut Self::Buffer,
+        dlogits: Option<&mut Self::Buffer>,
+        n: usize,
+        v: usize,
+        grad_scale: f32,
+    ) -> Result<()>;
+
+    /// Fused AdamW on f32 master weights `param` with f32 moments `m`, `v`:
+    /// `g = grad·grad_scale; m = β1 m + (1−β1) g; v = β2 v + (1−β2) g²;`
+    /// `param −= lr·(m/bc1 / (√(v/bc2) + ε) + wd·param)`. When `param_copy` is given, the updated
+    /// weights are also written there in its dtype (the low-precision working copy).
+    #[allow(clippy::too_many_arguments)]
+    fn adamw(
+        &self,
+        param: &mut Self::Buffer,
+        grad: &Self::Buffer,
+        m: &mut Self::Buffer,
+        v: &mut Self::Buffer,
+        step: &AdamWStep,
+        param_copy: Option<&mut Self::Buffer>,
+    ) -> Result<()>;
+
+    /// Accumulates `out[slot] += Σ x²` (in f32) for the global gradient L2 norm; `out` is f32.
+    fn sum_squares(&self, x: &Self::Buffer, out: &mut Self::Buffer, slot: usize) -> Result<()>;
+}
+
+/// Typed helpers on top of the byte-level copies.
+pub trait DeviceExt: Device {
+    /// Allocates a buffer holding `data`.
+    fn upload_new<T: HostType>(&self, data: &[T]) -> Result<Self::Buffer> {
+        let mut buf = self.alloc(T::DTYPE, data.len())?;
+        self.upload(data, &mut buf, 0)?;
+        Ok(buf)
+    }
+
+    fn upload<T: HostType>(&self, src: &[T], dst: &mut Self::Buffer, offset: usize) -> Result<()> {
+        check_host_dtype::<T>(dst.dtype(), "upload")?;
+        check_range("upload", offset, src.len(), dst.len())?;
+        self.upload_bytes(T::as_bytes(src), dst, offset)
+    }
+
+    /// Reads the whole buffer back as `T` (which must match its dtype).
+    fn download<T: HostType>(&self, src: &Self::Buffer) -> Result<Vec<T>> {
+        self.download_range(src, 0, src.len())
+    }
+
+    fn download_range<T: HostType>(
+        &self,
+        src: &Self::Buffer,
+        offset: usize,
+        len: usize,
+    ) -> Result<Vec<T>> {
+        check_host_dtype::<T>(src.dtype(), "download")?;
+        check_range("download", offset, len, src.len())?;
+        let bytes = self.download_bytes(src, offset, len)?;
+        Ok(T::from_bytes(&bytes))
+    }
+
+    /// Reads any float buffer back as f32 (converting on the host).
+    fn download_f32(&self, src: &Self::Buffer) -> Result<Vec<f32>> {
+        let bytes = self.download_bytes(src, 0, src.len())?;
+        src.dtype().bytes_to_f32(&bytes)
+    }
+}
+
+impl<D: Device> DeviceExt for D {}
+
+fn check_host_dtype<T: HostType>(buf: DType, op: &'static str) -> Result<()> {
+    if T::DTYPE == buf || (T::DTYPE == DType::U8 && buf.is_fp8()) {
+        Ok(())
+    } else {
+        Err(DeviceError::DTypeMismatch {
+            op,
+            expected: buf,
+            got: T::DTYPE,
+        })
+    }
+}
+
+/// Checks that `[offset, offset + len)` lies inside a buffer of `cap` elements.
+pub fn check_range(op: &'static str, offset: usize, len: usize, cap: usize) -> Result<()> {
+    match offset.checked_add(len) {
+        Some(end) if end <= cap => Ok(()),
+        _ => Err(DeviceError::Shape {
+            op,
+            detail: format!("range {offset}..{offset}+{len} exceeds buffer of {cap} elements"),
+        }),
+    }
+}
+
+/// Checks a buffer's length against what an op expects.
+pub fn check_len<B: Buffer>(op: &'static str, what: &str, buf: &B, expected: usize) -> Result<()> {
+    if buf.len() == expected {
+        Ok(())
+    } else {
+        Err(DeviceError::Shape {
+            op,
+            detail: format!("{what} has {} elements, expected {expected}", buf.len()),
+        })
+    }
+}
+
+/// Checks that a buffer is at least `expected` long.
+pub fn check_min_len<B: Buffer>(
+    op: &'static str,
+    what: &str,
+    buf: &B,
+    expected: usize,
+) -> Result<()> {
+    if buf.len() >= expected {
+        Ok(())
+    } else {
+        Err(DeviceError::Shape {
+            op,
+            detail: format!(
+                "{what} has {} elements, needs at least {expected}",
+                buf.len()
+            ),
+        })
+    }
+}
+
+/// Checks a buffer's dtype.
+pub fn check_dtype<B: Buffer>(op: &'static str, buf: &B, expected: DType) -> Result<()> {
+    if buf.dtype() == expected {
+        Ok(())
+    } else {
+        Err(DeviceError::DTypeMismatch {
+            op,
+            expected,
+            got: buf.dtype(),
+        })
+    }
+}
+
+/// Checks that a buffer holds a float type usable for activations (f32, f16, bf16).
+pub fn check_float<B: Buffer>(op: &'static str, buf: &B) -> Result<()> {
+    match buf.dtype() {
+        DType::F32 | DType::F16 | DType::BF16 => Ok(()),
+        dtype => Err(DeviceError::Unsupported {
+            op: op.to_string(),
+            dtype,
+        }),
+    }
+}

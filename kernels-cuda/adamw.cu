@@ -1,0 +1,42 @@
+// Fused AdamW on f32 master weights with f32 moments.
+//
+//   g = grad · grad_scale;  m = β1 m + (1 − β1) g;  v = β2 v + (1 − β2) g²
+//   param −= lr · ((m / bc1) / (√(v / bc2) + ε) + wd · param)
+//
+// `copy` (nullable) receives the updated weights in its own dtype (the low-precision working
+// copy). Entries: adamw_<grad dtype>_<copy dtype>; with no copy any entry of the grad dtype
+// works. Grid-stride loop, one element per thread per iteration (four f32 streams in, up to four
+// out: bandwidth-bound).
+#include "common.cuh"
+
+template <typename G, typename C>
+__device__ __forceinline__ void adamw_body(float* __restrict__ param, const G* __restrict__ grad,
+                                           float* __restrict__ m, float* __restrict__ v,
+                                           C* __restrict__ copy, u64 n, float lr, float beta1,
+                                           float beta2, float eps, float weight_decay, float bc1,
+                                           float bc2, float grad_scale) {
+    const u64 stride = (u64)gridDim.x * blockDim.x;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        const float g = to_f32(grad[i]) * grad_scale;
+        const float mi = beta1 * m[i] + (1.0f - beta1) * g;
+        const float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
+        m[i] = mi;
+        v[i] = vi;
+        const float mhat = mi / bc1;
+        const float vhat = vi / bc2;
+        float p = param[i];
+        p -= lr * (mhat / (sqrtf(vhat) + eps) + weight_decay * p);
+        param[i] = p;
+        if (copy != nullptr) copy[i] = from_f32<C>(p);
+    }
+}
+
+#define ADAMW(G, SG, C, SC)                                                                   \
+    extern "C" __global__ void adamw_##SG##_##SC(                                             \
+        float* __restrict__ param, const G* __restrict__ grad, float* __restrict__ m,         \
+        float* __restrict__ v, C* __restrict__ copy, u64 n, float lr, float beta1,            \
+        float beta2, float eps, float weight_decay, float bc1, float bc2, float grad_scale) { \
+        adamw_body(param, grad, m, v, copy, n, lr, beta1, beta2, eps, weight_decay, bc1, bc2, \
+                   grad_scale);                                                               \
+    }
+FOR_FLOAT_PAIRS(ADAMW)

@@ -1,0 +1,219 @@
+// Shared helpers for duet's CUDA kernels.
+//
+// The kernels are compiled at run time by NVRTC. They include no CUDA header: the storage types
+// below convert to and from f32 with bit operations (bf16, fp8) or single PTX instructions (f16),
+// so a machine needs only the driver and libnvrtc, not the toolkit's headers. The Rust side
+// replaces the `#include "common.cuh"` line of each kernel file with this text before compiling;
+// scripts/check-cuda-kernels.sh passes `-I kernels-cuda` instead.
+//
+// Conventions: arithmetic is f32; every rounding to a storage type is round-to-nearest-even and
+// matches the CPU reference (the `half` crate for f16/bf16, duet_device::Fp8Format for fp8).
+#pragma once
+
+typedef unsigned long long u64;
+typedef long long i64;
+
+// ------------------------------------------------------------------ storage types
+
+struct __align__(2) bf16_t {
+    unsigned short bits;
+};
+struct __align__(2) f16_t {
+    unsigned short bits;
+};
+// fp8 storage: one byte each; the struct tag selects the codec.
+struct e4m3_t {
+    unsigned char bits;
+};
+struct e5m2_t {
+    unsigned char bits;
+};
+struct e4m3fnuz_t {
+    unsigned char bits;
+};
+struct e5m2fnuz_t {
+    unsigned char bits;
+};
+
+__device__ __forceinline__ float to_f32(float x) { return x; }
+__device__ __forceinline__ float to_f32(bf16_t x) {
+    return __uint_as_float(((unsigned int)x.bits) << 16);
+}
+__device__ __forceinline__ float to_f32(f16_t x) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x.bits));
+    return f;
+}
+
+template <typename T> __device__ __forceinline__ T from_f32(float x);
+template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
+template <> __device__ __forceinline__ bf16_t from_f32<bf16_t>(float x) {
+    unsigned int u = __float_as_uint(x);
+    bf16_t r;
+    if ((u & 0x7fffffffu) > 0x7f800000u) {
+        // NaN: keep the sign and the top payload bits, force a quiet NaN.
+        r.bits = (unsigned short)((u >> 16) | 0x0040u);
+        return r;
+    }
+    u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest, ties to even
+    r.bits = (unsigned short)(u >> 16);
+    return r;
+}
+template <> __device__ __forceinline__ f16_t from_f32<f16_t>(float x) {
+    f16_t r;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r.bits) : "f"(x));
+    return r;
+}
+
+// ------------------------------------------------------------------ fp8 codecs
+// KIND: 0 = OCP "FN" (E4M3: no inf, S.1111.111 is NaN), 1 = IEEE-like (E5M2),
+//       2 = FNUZ (only 0x80 is NaN, no negative zero, no inf).
+
+template <int EXP, int MAN, int BIAS, int KIND>
+__device__ __forceinline__ float fp8_decode(unsigned char code) {
+    const int e_max = (1 << EXP) - 1;
+    const int e = (code >> MAN) & e_max;
+    const int m = code & ((1 << MAN) - 1);
+    const bool neg = (code & 0x80) != 0;
+    if (KIND == 2 && code == 0x80) return __uint_as_float(0x7fc00000u);
+    if (KIND == 0 && e == e_max && m == (1 << MAN) - 1) return __uint_as_float(0x7fc00000u);
+    if (KIND == 1 && e == e_max) {
+        if (m != 0) return __uint_as_float(0x7fc00000u);
+        return neg ? __uint_as_float(0xff800000u) : __uint_as_float(0x7f800000u);
+    }
+    // value = (e == 0 ? m : 2^MAN + m) * 2^(max(e,1) - BIAS - MAN); every factor is exact in f32.
+    const int mant = e == 0 ? m : ((1 << MAN) + m);
+    const int ex = (e == 0 ? 1 : e) - BIAS - MAN;
+    const float mag = (float)mant * __uint_as_float((unsigned int)(ex + 127) << 23);
+    return neg ? -mag : mag;
+}
+
+// Round-to-nearest-even with saturation to ±max (infinities saturate, NaN maps to the NaN code).
+template <int EXP, int MAN, int BIAS, int KIND>
+__device__ __forceinline__ unsigned char fp8_encode(float x) {
+    const unsigned char nan_code = KIND == 2 ? 0x80 : 0x7f;
+    // Largest finite code: FN loses the all-ones mantissa at the top exponent, IEEE the whole
+    // top exponent, FNUZ nothing.
+    const int max_code = KIND == 0 ? 0x7e : (KIND == 1 ? (((1 << EXP) - 1) << MAN) - 1 : 0x7f);
+    const unsigned int u = __float_as_uint(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return nan_code;
+    const bool neg = (u >> 31) != 0;
+    const float a = __uint_as_float(u & 0x7fffffffu);
+    int code;
+    // The largest finite value, computed exactly like fp8_decode does.
+    const float maxv = fp8_decode<EXP, MAN, BIAS, KIND>((unsigned char)max_code);
+    if (a >= maxv) {
+        code = max_code;
+    } else if (a == 0.0f) {
+        code = 0;
+    } else {
+        int e = (int)((u >> 23) & 0xffu) - 127;  // floor(log2(a)) for normal f32
+        if (e < 1 - BIAS) e = 1 - BIAS;          // subnormal range of the fp8 format
+        const int q = e - MAN;                   // quantum exponent, always a normal f32
+        const float scaled = a * __uint_as_float((unsigned int)(127 - q) << 23);  // exact
+        const float r = rintf(scaled);           // ties to even
+        // (e + BIAS - 1) * 2^MAN + r covers subnormals (e = 1 - BIAS) and carries into the
+        // next binade when r reaches 2^(MAN+1).
+        code = (e + BIAS - 1) * (1 << MAN) + (int)r;
+        if (code > max_code) code = max_code;
+    }
+    if (neg && !(KIND == 2 && code == 0)) code |= 0x80;
+    return (unsigned char)code;
+}
+
+__device__ __forceinline__ float to_f32(e4m3_t x) { return fp8_decode<4, 3, 7, 0>(x.bits); }
+__device__ __forceinline__ float to_f32(e5m2_t x) { return fp8_decode<5, 2, 15, 1>(x.bits); }
+__device__ __forceinline__ float to_f32(e4m3fnuz_t x) { return fp8_decode<4, 3, 8, 2>(x.bits); }
+__device__ __forceinline__ float to_f32(e5m2fnuz_t x) { return fp8_decode<5, 2, 16, 2>(x.bits); }
+template <> __device__ __forceinline__ e4m3_t from_f32<e4m3_t>(float x) {
+    e4m3_t r;
+    r.bits = fp8_encode<4, 3, 7, 0>(x);
+    return r;
+}
+template <> __device__ __forceinline__ e5m2_t from_f32<e5m2_t>(float x) {
+    e5m2_t r;
+    r.bits = fp8_encode<5, 2, 15, 1>(x);
+    return r;
+}
+template <> __device__ __forceinline__ e4m3fnuz_t from_f32<e4m3fnuz_t>(float x) {
+    e4m3fnuz_t r;
+    r.bits = fp8_encode<4, 3, 8, 2>(x);
+    return r;
+}
+template <> __device__ __forceinline__ e5m2fnuz_t from_f32<e5m2fnuz_t>(float x) {
+    e5m2fnuz_t r;
+    r.bits = fp8_encode<5, 2, 16, 2>(x);
+    return r;
+}
+
+// ------------------------------------------------------------------ 16-byte vectors
+
+// A 16-byte pack of storage elements, loaded and stored with one 128-bit access.
+template <typename T> struct __align__(16) Pack {
+    static const int N = 16 / sizeof(T);
+    T v[16 / sizeof(T)];
+};
+
+template <typename T> __device__ __forceinline__ Pack<T> load_pack(const T* p) {
+    Pack<T> r;
+    *reinterpret_cast<uint4*>(&r) = *reinterpret_cast<const uint4*>(p);
+    return r;
+}
+template <typename T> __device__ __forceinline__ void store_pack(T* p, const Pack<T>& r) {
+    *reinterpret_cast<uint4*>(p) = *reinterpret_cast<const uint4*>(&r);
+}
+
+// ------------------------------------------------------------------ reductions
+// All reductions have a fixed order (shuffles and shared-memory trees), so they are
+// deterministic run to run.
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Block-wide sum; blockDim.x must be a multiple of 32 (≤ 1024). `sh` holds 32 floats. Every
+// thread gets the result. Safe to call repeatedly with the same `sh`.
+__device__ __forceinline__ float block_sum(float v, float* sh) {
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) sh[wid] = v;
+    __syncthreads();
+    v = lane < nw ? sh[lane] : 0.0f;
+    return warp_sum(v);
+}
+__device__ __forceinline__ float block_max(float v, float* sh) {
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) sh[wid] = v;
+    __syncthreads();
+    v = lane < nw ? sh[lane] : -__int_as_float(0x7f800000);
+    return warp_max(v);
+}
+
+#define NEG_INF (-__int_as_float(0x7f800000))
+
+// ------------------------------------------------------------------ instantiation helpers
+// Kernel entry points are `extern "C"` functions named `<op>_<dtype>[_<dtype>...]`, generated by
+// the macros below from one template body each.
+
+// One storage type per entry: f32, bf16, f16.
+#define FOR_FLOAT(M) M(float, f32) M(bf16_t, bf16) M(f16_t, f16)
+// Activation type A with a second type that is either A or f32 (parameters, gradients, copies).
+#define FOR_ACT_AND_WIDE(M)                                                                   \
+    M(float, f32, float, f32)                                                                 \
+    M(bf16_t, bf16, bf16_t, bf16) M(bf16_t, bf16, float, f32) M(f16_t, f16, f16_t, f16)      \
+        M(f16_t, f16, float, f32)
+// Every pair of the three float types.
+#define FOR_FLOAT_PAIRS(M)                                                                    \
+    M(float, f32, float, f32) M(float, f32, bf16_t, bf16) M(float, f32, f16_t, f16)          \
+        M(bf16_t, bf16, float, f32) M(bf16_t, bf16, bf16_t, bf16) M(bf16_t, bf16, f16_t, f16) \
+            M(f16_t, f16, float, f32) M(f16_t, f16, bf16_t, bf16) M(f16_t, f16, f16_t, f16)

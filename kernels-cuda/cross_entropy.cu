@@ -1,0 +1,50 @@
+// Fused softmax + cross-entropy over logits (n × v) with i32 targets.
+//
+// One block per row; the host picks the block size from v (one warp for the 96-token vocabulary,
+// up to 1024 threads for large vocabularies). Max and sum are block reductions in f32.
+// A negative target is ignored (loss 0, gradient 0). A target ≥ v is invalid: its loss is NaN
+// (so it cannot go unnoticed) and its gradient row is 0.
+#include "common.cuh"
+
+template <typename T>
+__device__ __forceinline__ void cross_entropy_body(const T* __restrict__ logits,
+                                                   const int* __restrict__ targets,
+                                                   float* __restrict__ losses,
+                                                   T* __restrict__ dlogits, int v,
+                                                   float grad_scale) {
+    __shared__ float sh[32];
+    const u64 row = blockIdx.x;
+    const T* x = logits + row * v;
+    float mx = NEG_INF;
+    for (int j = threadIdx.x; j < v; j += blockDim.x) mx = fmaxf(mx, to_f32(x[j]));
+    mx = block_max(mx, sh);
+    float sum = 0.0f;
+    for (int j = threadIdx.x; j < v; j += blockDim.x) sum += expf(to_f32(x[j]) - mx);
+    sum = block_sum(sum, sh);
+    const int tgt = targets[row];
+    const bool valid = tgt >= 0 && tgt < v;
+    if (threadIdx.x == 0) {
+        float loss = 0.0f;
+        if (valid) loss = logf(sum) + mx - to_f32(x[tgt]);
+        else if (tgt >= v) loss = __int_as_float(0x7fc00000);
+        losses[row] = loss;
+    }
+    if (dlogits != nullptr) {
+        T* d = dlogits + row * v;
+        for (int j = threadIdx.x; j < v; j += blockDim.x) {
+            float g = 0.0f;
+            if (valid) g = (expf(to_f32(x[j]) - mx) / sum - (j == tgt ? 1.0f : 0.0f)) * grad_scale;
+            d[j] = from_f32<T>(g);
+        }
+    }
+}
+
+#define CROSS_ENTROPY(T, S)                                                                   \
+    extern "C" __global__ void cross_entropy_##S(const T* __restrict__ logits,                \
+                                                 const int* __restrict__ targets,             \
+                                                 float* __restrict__ losses,                  \
+                                                 T* __restrict__ dlogits, int v,              \
+                                                 float grad_scale) {                          \
+        cross_entropy_body(logits, targets, losses, dlogits, v, grad_scale);                  \
+    }
+FOR_FLOAT(CROSS_ENTROPY)

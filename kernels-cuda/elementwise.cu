@@ -1,0 +1,108 @@
+// Elementwise ops: scale, add, add_assign, GELU (tanh approximation) and bias add.
+//
+// Every kernel is a grid-stride loop over 16-byte packs (4 f32 or 8 bf16/f16 per 128-bit access)
+// followed by a scalar tail. Buffers start at allocation boundaries (256-byte aligned), so packs
+// are aligned.
+#include "common.cuh"
+
+#define GELU_SQRT_2_OVER_PI 0.7978845608028654f
+#define GELU_COEFF 0.044715f
+
+__device__ __forceinline__ float gelu_f(float x) {
+    const float u = GELU_SQRT_2_OVER_PI * (x + GELU_COEFF * x * x * x);
+    return 0.5f * x * (1.0f + tanhf(u));
+}
+
+__device__ __forceinline__ float gelu_grad_f(float x) {
+    const float u = GELU_SQRT_2_OVER_PI * (x + GELU_COEFF * x * x * x);
+    const float t = tanhf(u);
+    const float sech2 = 1.0f - t * t;
+    return 0.5f * (1.0f + t) +
+           0.5f * x * sech2 * GELU_SQRT_2_OVER_PI * (1.0f + 3.0f * GELU_COEFF * x * x);
+}
+
+// out[i] = f(a[i]) for one input, vectorised.
+template <typename T, typename F>
+__device__ __forceinline__ void map1(const T* a, T* out, u64 n, F f) {
+    const int N = Pack<T>::N;
+    const u64 stride = (u64)gridDim.x * blockDim.x;
+    const u64 first = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    const u64 packs = n / N;
+    for (u64 i = first; i < packs; i += stride) {
+        Pack<T> x = load_pack(a + i * N);
+        Pack<T> y;
+#pragma unroll
+        for (int j = 0; j < N; ++j) y.v[j] = from_f32<T>(f(to_f32(x.v[j])));
+        store_pack(out + i * N, y);
+    }
+    for (u64 i = packs * N + first; i < n; i += stride) out[i] = from_f32<T>(f(to_f32(a[i])));
+}
+
+// out[i] = f(a[i], b[i]) for two inputs, vectorised. `out` may alias `a` (in-place updates).
+template <typename T, typename F>
+__device__ __forceinline__ void map2(const T* a, const T* b, T* out, u64 n, F f) {
+    const int N = Pack<T>::N;
+    const u64 stride = (u64)gridDim.x * blockDim.x;
+    const u64 first = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    const u64 packs = n / N;
+    for (u64 i = first; i < packs; i += stride) {
+        Pack<T> x = load_pack(a + i * N);
+        Pack<T> y = load_pack(b + i * N);
+        Pack<T> z;
+#pragma unroll
+        for (int j = 0; j < N; ++j) z.v[j] = from_f32<T>(f(to_f32(x.v[j]), to_f32(y.v[j])));
+        store_pack(out + i * N, z);
+    }
+    for (u64 i = packs * N + first; i < n; i += stride)
+        out[i] = from_f32<T>(f(to_f32(a[i]), to_f32(b[i])));
+}
+
+#define ELEMENTWISE(T, S)                                                                     \
+    extern "C" __global__ void scale_##S(T* x, float alpha, u64 n) {                          \
+        map1(x, x, n, [=](float v) { return v * alpha; });                                    \
+    }                                                                                         \
+    extern "C" __global__ void add_##S(const T* __restrict__ a, const T* __restrict__ b,      \
+                                       T* __restrict__ out, u64 n) {                          \
+        map2(a, b, out, n, [](float x, float y) { return x + y; });                           \
+    }                                                                                         \
+    extern "C" __global__ void add_assign_##S(T* dst, const T* __restrict__ src, u64 n) {     \
+        map2(dst, src, dst, n, [](float x, float y) { return x + y; });                       \
+    }                                                                                         \
+    extern "C" __global__ void gelu_forward_##S(const T* __restrict__ x, T* __restrict__ out, \
+                                                u64 n) {                                      \
+        map1(x, out, n, [](float v) { return gelu_f(v); });                                   \
+    }                                                                                         \
+    extern "C" __global__ void gelu_backward_##S(const T* __restrict__ x,                     \
+                                                 const T* __restrict__ dout,                  \
+                                                 T* __restrict__ dx, u64 n) {                 \
+        map2(x, dout, dx, n, [](float v, float d) { return gelu_grad_f(v) * d; });            \
+    }
+FOR_FLOAT(ELEMENTWISE)
+
+// x[r, j] += bias[j] for x (rows × c). With c a multiple of the pack width every pack lies in
+// one row, so x moves in 128-bit accesses; otherwise element by element.
+template <typename A, typename P>
+__device__ __forceinline__ void bias_add_body(A* x, const P* __restrict__ bias, u64 rows, u64 c) {
+    const int N = Pack<A>::N;
+    const u64 n = rows * c;
+    const u64 stride = (u64)gridDim.x * blockDim.x;
+    const u64 first = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (c % N == 0) {
+        for (u64 i = first; i < n / N; i += stride) {
+            const u64 col = (i * N) % c;
+            Pack<A> v = load_pack(x + i * N);
+#pragma unroll
+            for (int j = 0; j < N; ++j) v.v[j] = from_f32<A>(to_f32(v.v[j]) + to_f32(bias[col + j]));
+            store_pack(x + i * N, v);
+        }
+    } else {
+        for (u64 i = first; i < n; i += stride) x[i] = from_f32<A>(to_f32(x[i]) + to_f32(bias[i % c]));
+    }
+}
+
+#define BIAS_ADD(A, SA, P, SP)                                                                \
+    extern "C" __global__ void bias_add_##SA##_##SP(A* x, const P* __restrict__ bias,         \
+                                                    u64 rows, u64 c) {                        \
+        bias_add_body(x, bias, rows, c);                                                      \
+    }
+FOR_ACT_AND_WIDE(BIAS_ADD)

@@ -1,0 +1,139 @@
+// Reductions and casts.
+//
+// Deterministic reductions: every sum is split into a fixed partition that depends only on the
+// shape (never on the GPU or on scheduling), reduced in a fixed order inside each block, written
+// to an f32 scratch buffer, and finished by a second kernel that adds the partials in index
+// order. No float atomics anywhere.
+#include "common.cuh"
+
+// ------------------------------------------------------------------ casts
+
+// dst[i] = cast(src[i] * scale) for every pair of storage types (f32, f16, bf16, fp8 x4).
+template <typename S, typename D>
+__device__ __forceinline__ void cast_body(const S* __restrict__ src, D* __restrict__ dst, u64 n,
+                                          float scale) {
+    const u64 stride = (u64)gridDim.x * blockDim.x;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+        dst[i] = from_f32<D>(to_f32(src[i]) * scale);
+}
+
+#define CAST(S, SS, D, SD)                                                                    \
+    extern "C" __global__ void cast_##SS##_##SD(const S* __restrict__ src, D* __restrict__ dst, \
+                                                u64 n, float scale) {                         \
+        cast_body(src, dst, n, scale);                                                        \
+    }
+#define CAST_FROM(S, SS)                                                                      \
+    CAST(S, SS, float, f32)                                                                   \
+    CAST(S, SS, bf16_t, bf16)                                                                 \
+    CAST(S, SS, f16_t, f16)                                                                   \
+    CAST(S, SS, e4m3_t, f8e4m3)                                                               \
+    CAST(S, SS, e5m2_t, f8e5m2)                                                               \
+    CAST(S, SS, e4m3fnuz_t, f8e4m3fnuz)                                                       \
+    CAST(S, SS, e5m2fnuz_t, f8e5m2fnuz)
+CAST_FROM(float, f32)
+CAST_FROM(bf16_t, bf16)
+CAST_FROM(f16_t, f16)
+CAST_FROM(e4m3_t, f8e4m3)
+CAST_FROM(e5m2_t, f8e5m2)
+CAST_FROM(e4m3fnuz_t, f8e4m3fnuz)
+CAST_FROM(e5m2fnuz_t, f8e5m2fnuz)
+
+// ------------------------------------------------------------------ sum of squares
+
+// partial[blockIdx.x] = Σ x² over the elements this block visits. The grid size is chosen by the
+// host from n alone, so the partition is fixed. blockDim.x is 256.
+template <typename T>
+__device__ __forceinline__ void sum_squares_partial_body(const T* __restrict__ x, u64 n,
+                                                         float* __restrict__ partial) {
+    __shared__ float sh[32];
+    const int N = Pack<T>::N;
+    const u64 stride = (u64)gridDim.x * blockDim.x;
+    const u64 first = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    float acc = 0.0f;
+    const u64 packs = n / N;
+    for (u64 i = first; i < packs; i += stride) {
+        Pack<T> p = load_pack(x + i * N);
+#pragma unroll
+        for (int j = 0; j < N; ++j) {
+            const float v = to_f32(p.v[j]);
+            acc += v * v;
+        }
+    }
+    for (u64 i = packs * N + first; i < n; i += stride) {
+        const float v = to_f32(x[i]);
+        acc += v * v;
+    }
+    acc = block_sum(acc, sh);
+    if (threadIdx.x == 0) partial[blockIdx.x] = acc;
+}
+
+#define SUM_SQUARES(T, S)                                                                     \
+    extern "C" __global__ void sum_squares_partial_##S(const T* __restrict__ x, u64 n,       \
+                                                       float* __restrict__ partial) {         \
+        sum_squares_partial_body(x, n, partial);                                              \
+    }
+FOR_FLOAT(SUM_SQUARES)
+
+// out[slot] += Σ partial[0..count) — one block of 256 threads, fixed order.
+extern "C" __global__ void sum_squares_finish(const float* __restrict__ partial, int count,
+                                              float* out, u64 slot) {
+    __shared__ float sh[32];
+    float acc = 0.0f;
+    for (int i = threadIdx.x; i < count; i += blockDim.x) acc += partial[i];
+    acc = block_sum(acc, sh);
+    if (threadIdx.x == 0) out[slot] += acc;
+}
+
+// ------------------------------------------------------------------ column sums
+// Used by bias_backward (rows × c) and the position-embedding gradient (b × t·c).
+
+// Block (32, 8): 32 consecutive columns × one chunk of `rows_per_chunk` rows.
+// partial[chunk * cols + col] = Σ_{r in chunk} x[r * cols + col].
+template <typename A>
+__device__ __forceinline__ void colsum_partial_body(const A* __restrict__ x,
+                                                    float* __restrict__ partial, u64 rows,
+                                                    u64 cols, u64 rows_per_chunk) {
+    __shared__ float sh[8][33];
+    const u64 col = (u64)blockIdx.x * 32 + threadIdx.x;
+    const u64 r0 = (u64)blockIdx.y * rows_per_chunk;
+    u64 r1 = r0 + rows_per_chunk;
+    if (r1 > rows) r1 = rows;
+    float acc = 0.0f;
+    if (col < cols)
+        for (u64 r = r0 + threadIdx.y; r < r1; r += 8) acc += to_f32(x[r * cols + col]);
+    sh[threadIdx.y][threadIdx.x] = acc;
+    __syncthreads();
+    if (threadIdx.y == 0 && col < cols) {
+        float s = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 8; ++k) s += sh[k][threadIdx.x];
+        partial[(u64)blockIdx.y * cols + col] = s;
+    }
+}
+
+#define COLSUM_PARTIAL(T, S)                                                                  \
+    extern "C" __global__ void colsum_partial_##S(const T* __restrict__ x,                    \
+                                                  float* __restrict__ partial, u64 rows,      \
+                                                  u64 cols, u64 rows_per_chunk) {             \
+        colsum_partial_body(x, partial, rows, cols, rows_per_chunk);                          \
+    }
+FOR_FLOAT(COLSUM_PARTIAL)
+
+// out[col] += Σ_{k < chunks} partial[k * cols + col], in chunk order.
+template <typename G>
+__device__ __forceinline__ void colsum_finish_body(const float* __restrict__ partial, G* out,
+                                                   u64 chunks, u64 cols) {
+    const u64 stride = (u64)gridDim.x * blockDim.x;
+    for (u64 col = (u64)blockIdx.x * blockDim.x + threadIdx.x; col < cols; col += stride) {
+        float s = 0.0f;
+        for (u64 k = 0; k < chunks; ++k) s += partial[k * cols + col];
+        out[col] = from_f32<G>(to_f32(out[col]) + s);
+    }
+}
+
+#define COLSUM_FINISH(T, S)                                                                   \
+    extern "C" __global__ void colsum_finish_##S(const float* __restrict__ partial, T* out,   \
+                                                 u64 chunks, u64 cols) {                      \
+        colsum_finish_body(partial, out, chunks, cols);                                       \
+    }
+FOR_FLOAT(COLSUM_FINISH)

@@ -1,1 +1,392 @@
+//! duet's CPU backend: the reference implementation of [`duet_device::Device`] that the GPU
+//! backends are checked against, and the default backend when no GPU is present.
+//!
+//! # Design
+//!
+//! - **Memory.** A [`CpuBuffer`] is a `Vec` of its element type: `f32`, `half::f16`,
+//!   `half::bf16`, `i32`, or raw `u8` codes for the four FP8 formats (and `U8`). Every buffer
+//!   holds an `Arc` to its device's byte counter, incremented on allocation and decremented on
+//!   drop, which feeds [`Device::memory_stats`] (`driver` is `None`: there is no driver view).
+//! - **Arithmetic.** Always f32. f16/bf16 (and FP8 for `cast`, `fill`, `copy`, uploads and
+//!   downloads, and AdamW's `param_copy`) are storage formats: an op loads the rows it works on
+//!   into f32, computes, and rounds the results once when storing them. f32 buffers are used in
+//!   place without copies. FP8 encoding saturates to the format's largest finite value
+//!   ([`duet_device::Fp8Format::encode`]).
+//! - **Dtypes accepted.** Activation-type buffers (inputs, outputs and gradients of the model
+//!   kernels) may each independently be f32, f16 or bf16, except where the trait demands one
+//!   dtype (`add`, the head permutations, `copy`). LayerNorm `mean`/`rstd`, cross-entropy
+//!   `losses` and the `sum_squares` output are f32; AdamW's `param`, `m`, `v` are f32 while
+//!   `grad` may be f32/f16/bf16 and `param_copy` any float dtype including FP8. GEMM takes A
+//!   and B of one dtype (f32/f16/bf16) and C of that dtype or f32. Anything else is
+//!   [`DeviceError::Unsupported`] or [`DeviceError::DTypeMismatch`]; sizes that do not match
+//!   are [`DeviceError::Shape`]; out-of-vocabulary token ids or targets are
+//!   [`DeviceError::InvalidArgument`]. Validation happens before any output is touched.
+//! - **Threads.** Each device owns a rayon `ThreadPool` (size from [`CpuDevice::new`], else the
+//!   `DUET_CPU_THREADS` environment variable, else all cores) and runs every op inside it, so
+//!   several devices or an embedding application do not fight over rayon's global pool. Ops
+//!   run synchronously; [`Device::synchronize`] has nothing to wait for.
+//! - **GEMM.** Through the `gemm` crate (f32 kernels; f16/bf16 operands widened to f32 first).
+//!   Large single matrices use the crate's own rayon parallelism; batched GEMMs (attention)
+//!   run one matrix per task. This is the only module with `unsafe` (the crate's entry point
+//!   takes raw pointers); it is wrapped behind bounds-checked slices.
+//! - **Determinism.** Work is split at boundaries that depend only on the shapes, and partial
+//!   results are combined in a fixed order: every op, GEMM included, gives bit-identical results
+//!   for any thread count. Cross-row reductions (bias, LayerNorm parameter and position-embedding
+//!   gradients) sum fixed blocks of rows and combine the blocks in order; token-embedding
+//!   gradients are accumulated per vocabulary row in position order; `sum_squares` sums fixed
+//!   chunks in f64 and combines them in order. The GEMM is thread-count independent because the
+//!   `gemm` crate splits work over output tiles only and keeps its depth blocking fixed (checked
+//!   by the test suite for the model's shapes).
+#![deny(unsafe_code)]
 
+mod buffer;
+mod info;
+mod ops;
+
+pub use buffer::CpuBuffer;
+
+use buffer::MemCounter;
+use duet_device::{
+    AdamWStep, DType, Device, DeviceError, DeviceInfo, GemmDesc, MemoryStats, Result,
+};
+use std::sync::Arc;
+
+/// Environment variable that sets the thread count when [`CpuDevice::new`] gets `None`.
+pub const THREADS_ENV: &str = "DUET_CPU_THREADS";
+
+/// The CPU device: a private rayon thread pool plus allocation accounting.
+pub struct CpuDevice {
+    pool: rayon::ThreadPool,
+    threads: usize,
+    mem: Arc<MemCounter>,
+}
+
+impl std::fmt::Debug for CpuDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CpuDevice")
+            .field("threads", &self.threads)
+            .finish_non_exhaustive()
+    }
+}
+
+fn default_threads() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+}
+
+impl CpuDevice {
+    /// Creates a device with `threads` worker threads. `None` reads `DUET_CPU_THREADS`, falling
+    /// back to every available core. Zero threads or an unparsable variable is an error.
+    pub fn new(threads: Option<usize>) -> Result<Self> {
+        let threads = match threads {
+            Some(n) => n,
+            None => match std::env::var(THREADS_ENV) {
+                Ok(s) if !s.trim().is_empty() => s.trim().parse::<usize>().map_err(|_| {
+                    DeviceError::InvalidArgument(format!(
+                        "{THREADS_ENV}={s:?} is not a thread count"
+                    ))
+                })?,
+                _ => default_threads(),
+            },
+        };
+        if threads == 0 {
+            return Err(DeviceError::InvalidArgument(
+                "the CPU backend needs at least one thread".into(),
+            ));
+        }
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("duet-cpu-{i}"))
+            .build()
+            .map_err(|e| DeviceError::Unavailable {
+                backend: "cpu",
+                reason: format!("could not start {threads} worker threads: {e}"),
+                tried: Vec::new(),
+            })?;
+        Ok(Self {
+            pool,
+            threads,
+            mem: Arc::new(MemCounter::default()),
+        })
+    }
+
+    /// Number of worker threads.
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+
+    /// Runs `f` on this device's thread pool.
+    fn run<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        self.pool.install(f)
+    }
+}
+
+impl Default for CpuDevice {
+    /// Like `CpuDevice::new(None)`, but an invalid `DUET_CPU_THREADS` falls back to all cores.
+    ///
+    /// # Panics
+    /// If the operating system refuses to start any worker thread at all.
+    fn default() -> Self {
+        CpuDevice::new(None)
+            .or_else(|_| CpuDevice::new(Some(default_threads())))
+            .or_else(|_| CpuDevice::new(Some(1)))
+            .expect("the CPU backend could not start a worker thread")
+    }
+}
+
+impl Device for CpuDevice {
+    type Buffer = CpuBuffer;
+
+    fn info(&self) -> DeviceInfo {
+        DeviceInfo {
+            backend: "cpu".into(),
+            name: info::cpu_name(),
+            arch: info::arch_summary(),
+            total_memory: info::total_memory().unwrap_or(0),
+            supports_bf16: true,
+            supports_fp8: true,
+            details: vec![
+                ("threads".into(), self.threads.to_string()),
+                ("gemm".into(), "gemm 0.19 (f32 accumulation)".into()),
+                ("fp8".into(), "emulated (storage only)".into()),
+            ],
+        }
+    }
+
+    fn alloc(&self, dtype: DType, len: usize) -> Result<CpuBuffer> {
+        CpuBuffer::new(dtype, len, &self.mem)
+    }
+
+    fn upload_bytes(&self, src: &[u8], dst: &mut CpuBuffer, offset: usize) -> Result<()> {
+        ops::memory::upload_bytes(src, dst, offset)
+    }
+
+    fn download_bytes(&self, src: &CpuBuffer, offset: usize, len: usize) -> Result<Vec<u8>> {
+        ops::memory::download_bytes(src, offset, len)
+    }
+
+    fn copy(
+        &self,
+        src: &CpuBuffer,
+        src_offset: usize,
+        dst: &mut CpuBuffer,
+        dst_offset: usize,
+        len: usize,
+    ) -> Result<()> {
+        self.run(|| ops::memory::copy(src, src_offset, dst, dst_offset, len))
+    }
+
+    fn fill(&self, dst: &mut CpuBuffer, value: f32) -> Result<()> {
+        self.run(|| ops::memory::fill(dst, value))
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        Ok(())
+    }
+
+    fn memory_stats(&self) -> MemoryStats {
+        MemoryStats {
+            current: self.mem.current(),
+            peak: self.mem.peak(),
+            driver: None,
+        }
+    }
+
+    fn reset_peak_memory(&self) {
+        self.mem.reset_peak();
+    }
+
+    fn gemm(&self, desc: &GemmDesc, a: &CpuBuffer, b: &CpuBuffer, c: &mut CpuBuffer) -> Result<()> {
+        let threads = self.threads;
+        self.run(|| ops::gemm::gemm(desc, a, b, c, threads))
+    }
+
+    fn cast(&self, src: &CpuBuffer, dst: &mut CpuBuffer, scale: f32) -> Result<()> {
+        self.run(|| ops::elementwise::cast(src, dst, scale))
+    }
+
+    fn scale(&self, x: &mut CpuBuffer, alpha: f32) -> Result<()> {
+        self.run(|| ops::elementwise::scale(x, alpha))
+    }
+
+    fn add(&self, a: &CpuBuffer, b: &CpuBuffer, out: &mut CpuBuffer) -> Result<()> {
+        self.run(|| ops::elementwise::add(a, b, out))
+    }
+
+    fn add_assign(&self, dst: &mut CpuBuffer, src: &CpuBuffer) -> Result<()> {
+        self.run(|| ops::elementwise::add_assign(dst, src))
+    }
+
+    fn embedding_forward(
+        &self,
+        tokens: &CpuBuffer,
+        wte: &CpuBuffer,
+        wpe: &CpuBuffer,
+        out: &mut CpuBuffer,
+        b: usize,
+        t: usize,
+        c: usize,
+    ) -> Result<()> {
+        self.run(|| ops::embedding::forward(tokens, wte, wpe, out, b, t, c))
+    }
+
+    fn embedding_backward(
+        &self,
+        tokens: &CpuBuffer,
+        dout: &CpuBuffer,
+        dwte: &mut CpuBuffer,
+        dwpe: &mut CpuBuffer,
+        b: usize,
+        t: usize,
+        c: usize,
+    ) -> Result<()> {
+        self.run(|| ops::embedding::backward(tokens, dout, dwte, dwpe, b, t, c))
+    }
+
+    fn layernorm_forward(
+        &self,
+        x: &CpuBuffer,
+        gamma: &CpuBuffer,
+        beta: &CpuBuffer,
+        out: &mut CpuBuffer,
+        mean: &mut CpuBuffer,
+        rstd: &mut CpuBuffer,
+        n: usize,
+        c: usize,
+        eps: f32,
+    ) -> Result<()> {
+        self.run(|| ops::layernorm::forward(x, gamma, beta, out, mean, rstd, n, c, eps))
+    }
+
+    fn layernorm_backward(
+        &self,
+        dout: &CpuBuffer,
+        x: &CpuBuffer,
+        gamma: &CpuBuffer,
+        mean: &CpuBuffer,
+        rstd: &CpuBuffer,
+        dx: &mut CpuBuffer,
+        dgamma: &mut CpuBuffer,
+        dbeta: &mut CpuBuffer,
+        n: usize,
+        c: usize,
+    ) -> Result<()> {
+        self.run(|| ops::layernorm::backward(dout, x, gamma, mean, rstd, dx, dgamma, dbeta, n, c))
+    }
+
+    fn bias_add(&self, x: &mut CpuBuffer, bias: &CpuBuffer, rows: usize, c: usize) -> Result<()> {
+        self.run(|| ops::elementwise::bias_add(x, bias, rows, c))
+    }
+
+    fn bias_backward(
+        &self,
+        dout: &CpuBuffer,
+        dbias: &mut CpuBuffer,
+        rows: usize,
+        c: usize,
+    ) -> Result<()> {
+        self.run(|| ops::elementwise::bias_backward(dout, dbias, rows, c))
+    }
+
+    fn gelu_forward(&self, x: &CpuBuffer, out: &mut CpuBuffer) -> Result<()> {
+        self.run(|| ops::elementwise::gelu_forward(x, out))
+    }
+
+    fn gelu_backward(&self, x: &CpuBuffer, dout: &CpuBuffer, dx: &mut CpuBuffer) -> Result<()> {
+        self.run(|| ops::elementwise::gelu_backward(x, dout, dx))
+    }
+
+    fn split_heads(
+        &self,
+        qkv: &CpuBuffer,
+        q: &mut CpuBuffer,
+        k: &mut CpuBuffer,
+        v: &mut CpuBuffer,
+        b: usize,
+        t: usize,
+        nh: usize,
+        hs: usize,
+    ) -> Result<()> {
+        self.run(|| ops::attention::split_heads(qkv, q, k, v, b, t, nh, hs))
+    }
+
+    fn split_heads_backward(
+        &self,
+        dq: &CpuBuffer,
+        dk: &CpuBuffer,
+        dv: &CpuBuffer,
+        dqkv: &mut CpuBuffer,
+        b: usize,
+        t: usize,
+        nh: usize,
+        hs: usize,
+    ) -> Result<()> {
+        self.run(|| ops::attention::split_heads_backward(dq, dk, dv, dqkv, b, t, nh, hs))
+    }
+
+    fn merge_heads(
+        &self,
+        y: &CpuBuffer,
+        out: &mut CpuBuffer,
+        b: usize,
+        t: usize,
+        nh: usize,
+        hs: usize,
+        backward: bool,
+    ) -> Result<()> {
+        self.run(|| ops::attention::merge_heads(y, out, b, t, nh, hs, backward))
+    }
+
+    fn softmax_causal_forward(
+        &self,
+        scores: &CpuBuffer,
+        probs: &mut CpuBuffer,
+        rows: usize,
+        t: usize,
+        scale: f32,
+    ) -> Result<()> {
+        self.run(|| ops::attention::softmax_causal_forward(scores, probs, rows, t, scale))
+    }
+
+    fn softmax_causal_backward(
+        &self,
+        probs: &CpuBuffer,
+        dprobs: &CpuBuffer,
+        dscores: &mut CpuBuffer,
+        rows: usize,
+        t: usize,
+        scale: f32,
+    ) -> Result<()> {
+        self.run(|| ops::attention::softmax_causal_backward(probs, dprobs, dscores, rows, t, scale))
+    }
+
+    fn cross_entropy(
+        &self,
+        logits: &CpuBuffer,
+        targets: &CpuBuffer,
+        losses: &mut CpuBuffer,
+        dlogits: Option<&mut CpuBuffer>,
+        n: usize,
+        v: usize,
+        grad_scale: f32,
+    ) -> Result<()> {
+        self.run(|| ops::loss::cross_entropy(logits, targets, losses, dlogits, n, v, grad_scale))
+    }
+
+    fn adamw(
+        &self,
+        param: &mut CpuBuffer,
+        grad: &CpuBuffer,
+        m: &mut CpuBuffer,
+        v: &mut CpuBuffer,
+        step: &AdamWStep,
+        param_copy: Option<&mut CpuBuffer>,
+    ) -> Result<()> {
+        self.run(|| ops::optim::adamw(param, grad, m, v, step, param_copy))
+    }
+
+    fn sum_squares(&self, x: &CpuBuffer, out: &mut CpuBuffer, slot: usize) -> Result<()> {
+        self.run(|| ops::optim::sum_squares(x, out, slot))
+    }
+}

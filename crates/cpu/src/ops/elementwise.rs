@@ -1,0 +1,200 @@
+//! Element-wise ops: casts, scaling, residual adds, GELU and bias.
+
+use super::{ELEM_CHUNK, REDUCE_BLOCK_ROWS, par_chunks_f32, read, rows_per_task, shape_err};
+use crate::buffer::CpuBuffer;
+use duet_device::{Buffer, Result, check_dtype, check_float, check_len};
+use rayon::prelude::*;
+
+pub(crate) fn cast(src: &CpuBuffer, dst: &mut CpuBuffer, scale: f32) -> Result<()> {
+    const OP: &str = "cast";
+    let s = src.any_float(OP)?;
+    let len = src.len();
+    check_len(OP, "dst", dst, len)?;
+    let d = dst.any_float_mut(OP)?;
+    par_chunks_f32(d, false, ELEM_CHUNK, |start, out| {
+        s.load(start, out);
+        if scale != 1.0 {
+            for x in out.iter_mut() {
+                *x *= scale;
+            }
+        }
+    });
+    Ok(())
+}
+
+pub(crate) fn scale(x: &mut CpuBuffer, alpha: f32) -> Result<()> {
+    let xv = x.act_mut("scale")?;
+    par_chunks_f32(xv, true, ELEM_CHUNK, |_, s| {
+        for v in s.iter_mut() {
+            *v *= alpha;
+        }
+    });
+    Ok(())
+}
+
+pub(crate) fn add(a: &CpuBuffer, b: &CpuBuffer, out: &mut CpuBuffer) -> Result<()> {
+    const OP: &str = "add";
+    check_float(OP, a)?;
+    check_dtype(OP, b, a.dtype())?;
+    check_dtype(OP, out, a.dtype())?;
+    check_len(OP, "b", b, a.len())?;
+    check_len(OP, "out", out, a.len())?;
+    let (av, bv) = (a.act(OP)?, b.act(OP)?);
+    par_chunks_f32(out.act_mut(OP)?, false, ELEM_CHUNK, |start, o| {
+        let (mut s1, mut s2) = (Vec::new(), Vec::new());
+        let x = read(av, start, o.len(), &mut s1);
+        let y = read(bv, start, o.len(), &mut s2);
+        for ((o, &x), &y) in o.iter_mut().zip(x).zip(y) {
+            *o = x + y;
+        }
+    });
+    Ok(())
+}
+
+pub(crate) fn add_assign(dst: &mut CpuBuffer, src: &CpuBuffer) -> Result<()> {
+    const OP: &str = "add_assign";
+    let sv = src.act(OP)?;
+    check_len(OP, "src", src, dst.len())?;
+    par_chunks_f32(dst.act_mut(OP)?, true, ELEM_CHUNK, |start, d| {
+        let mut s1 = Vec::new();
+        let x = read(sv, start, d.len(), &mut s1);
+        for (d, &x) in d.iter_mut().zip(x) {
+            *d += x;
+        }
+    });
+    Ok(())
+}
+
+const GELU_K: f32 = 0.797_884_6; // sqrt(2/pi)
+const GELU_C: f32 = 0.044_715;
+
+#[inline]
+fn gelu(x: f32) -> f32 {
+    let u = GELU_K * (x + GELU_C * x * x * x);
+    0.5 * x * (1.0 + u.tanh())
+}
+
+#[inline]
+fn gelu_grad(x: f32) -> f32 {
+    let u = GELU_K * (x + GELU_C * x * x * x);
+    let th = u.tanh();
+    let sech2 = 1.0 - th * th;
+    0.5 * (1.0 + th) + 0.5 * x * sech2 * GELU_K * (1.0 + 3.0 * GELU_C * x * x)
+}
+
+pub(crate) fn gelu_forward(x: &CpuBuffer, out: &mut CpuBuffer) -> Result<()> {
+    const OP: &str = "gelu_forward";
+    let xv = x.act(OP)?;
+    check_len(OP, "out", out, x.len())?;
+    par_chunks_f32(out.act_mut(OP)?, false, ELEM_CHUNK, |start, o| {
+        let mut s1 = Vec::new();
+        let xs = read(xv, start, o.len(), &mut s1);
+        for (o, &x) in o.iter_mut().zip(xs) {
+            *o = gelu(x);
+        }
+    });
+    Ok(())
+}
+
+pub(crate) fn gelu_backward(x: &CpuBuffer, dout: &CpuBuffer, dx: &mut CpuBuffer) -> Result<()> {
+    const OP: &str = "gelu_backward";
+    let xv = x.act(OP)?;
+    let dv = dout.act(OP)?;
+    check_len(OP, "dout", dout, x.len())?;
+    check_len(OP, "dx", dx, x.len())?;
+    par_chunks_f32(dx.act_mut(OP)?, false, ELEM_CHUNK, |start, o| {
+        let (mut s1, mut s2) = (Vec::new(), Vec::new());
+        let xs = read(xv, start, o.len(), &mut s1);
+        let ds = read(dv, start, o.len(), &mut s2);
+        for ((o, &x), &d) in o.iter_mut().zip(xs).zip(ds) {
+            *o = gelu_grad(x) * d;
+        }
+    });
+    Ok(())
+}
+
+fn check_rows_c(op: &'static str, rows: usize, c: usize) -> Result<usize> {
+    rows.checked_mul(c)
+        .ok_or_else(|| shape_err(op, format!("{rows} × {c} overflows")))
+}
+
+pub(crate) fn bias_add(x: &mut CpuBuffer, bias: &CpuBuffer, rows: usize, c: usize) -> Result<()> {
+    const OP: &str = "bias_add";
+    let total = check_rows_c(OP, rows, c)?;
+    check_len(OP, "x", x, total)?;
+    check_len(OP, "bias", bias, c)?;
+    let bv = bias.act(OP)?.to_f32();
+    let xv = x.act_mut(OP)?;
+    if total == 0 {
+        return Ok(());
+    }
+    par_chunks_f32(xv, true, rows_per_task(c) * c, |_, xs| {
+        for row in xs.chunks_mut(c) {
+            for (v, &b) in row.iter_mut().zip(bv.iter()) {
+                *v += b;
+            }
+        }
+    });
+    Ok(())
+}
+
+/// Column sums of `rows × c` data in fixed blocks of [`REDUCE_BLOCK_ROWS`] rows: returns one
+/// partial per block, in block order. `per_row(row, acc)` adds row `row`'s contribution.
+pub(crate) fn block_partials<F>(rows: usize, width: usize, per_row: F) -> Vec<Vec<f32>>
+where
+    F: Fn(usize, &mut [f32]) + Send + Sync,
+{
+    let blocks = rows.div_ceil(REDUCE_BLOCK_ROWS);
+    (0..blocks)
+        .into_par_iter()
+        .map(|blk| {
+            let mut acc = vec![0.0f32; width];
+            let end = ((blk + 1) * REDUCE_BLOCK_ROWS).min(rows);
+            for r in blk * REDUCE_BLOCK_ROWS..end {
+                per_row(r, &mut acc);
+            }
+            acc
+        })
+        .collect()
+}
+
+/// Adds the block partials (in block order) to `dst[offset..offset + width]`.
+pub(crate) fn combine_partials(
+    partials: &[Vec<f32>],
+    offset: usize,
+    width: usize,
+    dst: &mut [f32],
+) {
+    let mut total = vec![0.0f32; width];
+    for p in partials {
+        for (t, &x) in total.iter_mut().zip(&p[offset..offset + width]) {
+            *t += x;
+        }
+    }
+    for (d, t) in dst.iter_mut().zip(total) {
+        *d += t;
+    }
+}
+
+pub(crate) fn bias_backward(
+    dout: &CpuBuffer,
+    dbias: &mut CpuBuffer,
+    rows: usize,
+    c: usize,
+) -> Result<()> {
+    const OP: &str = "bias_backward";
+    let total = check_rows_c(OP, rows, c)?;
+    check_len(OP, "dout", dout, total)?;
+    check_len(OP, "dbias", dbias, c)?;
+    let dv = dout.act(OP)?;
+    let mut db = dbias.act_mut(OP)?;
+    let partials = block_partials(rows, c, |r, acc| {
+        let mut s = Vec::new();
+        let row = read(dv, r * c, c, &mut s);
+        for (a, &x) in acc.iter_mut().zip(row) {
+            *a += x;
+        }
+    });
+    db.with_f32_local(true, |d| combine_partials(&partials, 0, c, d));
+    Ok(())
+}

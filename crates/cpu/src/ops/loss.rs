@@ -1,0 +1,108 @@
+//! Fused softmax + cross-entropy.
+
+use super::{max_f32, read, rows_per_task, shape_err};
+use crate::buffer::{CpuBuffer, FMut, FRef};
+use duet_device::{DType, DeviceError, Result, check_dtype, check_len};
+use rayon::prelude::*;
+
+/// Loss of one row (0 for an ignored target). When `grad` is given, writes
+/// `(softmax − onehot) · grad_scale` there (all zeros for an ignored target).
+fn row(logits: &[f32], target: i32, grad: Option<&mut [f32]>, grad_scale: f32) -> f32 {
+    if target < 0 {
+        if let Some(g) = grad {
+            g.fill(0.0);
+        }
+        return 0.0;
+    }
+    let target = target as usize;
+    let mx = max_f32(logits);
+    let mut sum = 0.0f32;
+    for &x in logits {
+        sum += (x - mx).exp();
+    }
+    let loss = mx + sum.ln() - logits[target];
+    if let Some(g) = grad {
+        let inv = 1.0 / sum;
+        for (g, &x) in g.iter_mut().zip(logits) {
+            *g = (x - mx).exp() * inv * grad_scale;
+        }
+        g[target] -= grad_scale;
+    }
+    loss
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn cross_entropy(
+    logits: &CpuBuffer,
+    targets: &CpuBuffer,
+    losses: &mut CpuBuffer,
+    dlogits: Option<&mut CpuBuffer>,
+    n: usize,
+    v: usize,
+    grad_scale: f32,
+) -> Result<()> {
+    const OP: &str = "cross_entropy";
+    let total = n
+        .checked_mul(v)
+        .ok_or_else(|| shape_err(OP, "n × v overflows"))?;
+    if v == 0 && n > 0 {
+        return Err(shape_err(OP, "v must be positive"));
+    }
+    let lv = logits.act(OP)?;
+    check_len(OP, "logits", logits, total)?;
+    let tg = targets.i32s(OP)?;
+    check_len(OP, "targets", targets, n)?;
+    check_dtype(OP, losses, DType::F32)?;
+    check_len(OP, "losses", losses, n)?;
+    if let Some(d) = &dlogits {
+        check_len(OP, "dlogits", *d, total)?;
+    }
+    let dl = match dlogits {
+        Some(d) => Some(d.act_mut(OP)?),
+        None => None,
+    };
+    if let Some((i, &tgt)) = tg
+        .iter()
+        .enumerate()
+        .find(|&(_, &x)| x >= 0 && x as usize >= v)
+    {
+        return Err(DeviceError::InvalidArgument(format!(
+            "{OP}: target {tgt} of row {i} is outside the vocabulary of {v}"
+        )));
+    }
+    let ls = losses.f32s_mut(OP)?;
+    if n == 0 {
+        return Ok(());
+    }
+    let rpt = rows_per_task(v);
+    let task = |i: usize, ls: &mut [f32], dl: Option<FMut<'_>>, lv: FRef<'_>| {
+        let mut s = Vec::new();
+        match dl {
+            Some(mut d) => d.with_f32_local(false, |d| {
+                for (k, (l, g)) in ls.iter_mut().zip(d.chunks_mut(v)).enumerate() {
+                    let r = i * rpt + k;
+                    *l = row(read(lv, r * v, v, &mut s), tg[r], Some(g), grad_scale);
+                }
+            }),
+            None => {
+                for (k, l) in ls.iter_mut().enumerate() {
+                    let r = i * rpt + k;
+                    *l = row(read(lv, r * v, v, &mut s), tg[r], None, grad_scale);
+                }
+            }
+        }
+    };
+    match dl {
+        Some(d) => d
+            .into_chunks(rpt * v)
+            .into_par_iter()
+            .zip(ls.par_chunks_mut(rpt))
+            .enumerate()
+            .for_each(|(i, (d, l))| task(i, l, Some(d), lv)),
+        None => ls
+            .par_chunks_mut(rpt)
+            .enumerate()
+            .for_each(|(i, l)| task(i, l, None, lv)),
+    }
+    Ok(())
+}

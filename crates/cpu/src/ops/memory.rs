@@ -1,0 +1,100 @@
+//! Host↔device copies, device copies and fills.
+
+use super::{ELEM_CHUNK, shape_err};
+use crate::buffer::{CpuBuffer, Storage};
+use duet_device::{Buffer, DeviceError, Fp8Format, Result, check_range};
+use half::{bf16, f16};
+use rayon::prelude::*;
+
+// Buffers are stored in native byte order and the trait's byte interface is little-endian.
+#[cfg(target_endian = "big")]
+compile_error!("duet-cpu assumes a little-endian host");
+
+pub(crate) fn upload_bytes(src: &[u8], dst: &mut CpuBuffer, offset: usize) -> Result<()> {
+    const OP: &str = "upload_bytes";
+    let size = dst.dtype().size_bytes();
+    if src.len() % size != 0 {
+        return Err(shape_err(
+            OP,
+            format!(
+                "{} bytes is not a whole number of {} elements",
+                src.len(),
+                dst.dtype()
+            ),
+        ));
+    }
+    check_range(OP, offset, src.len() / size, dst.len())?;
+    let start = offset * size;
+    dst.storage.bytes_mut()[start..start + src.len()].copy_from_slice(src);
+    Ok(())
+}
+
+pub(crate) fn download_bytes(src: &CpuBuffer, offset: usize, len: usize) -> Result<Vec<u8>> {
+    check_range("download_bytes", offset, len, src.len())?;
+    let size = src.dtype().size_bytes();
+    Ok(src.storage.bytes()[offset * size..(offset + len) * size].to_vec())
+}
+
+pub(crate) fn copy(
+    src: &CpuBuffer,
+    src_offset: usize,
+    dst: &mut CpuBuffer,
+    dst_offset: usize,
+    len: usize,
+) -> Result<()> {
+    const OP: &str = "copy";
+    if src.dtype() != dst.dtype() {
+        return Err(DeviceError::DTypeMismatch {
+            op: OP,
+            expected: dst.dtype(),
+            got: src.dtype(),
+        });
+    }
+    check_range(OP, src_offset, len, src.len())?;
+    check_range(OP, dst_offset, len, dst.len())?;
+    let size = src.dtype().size_bytes();
+    let s = &src.storage.bytes()[src_offset * size..(src_offset + len) * size];
+    let d = &mut dst.storage.bytes_mut()[dst_offset * size..(dst_offset + len) * size];
+    d.par_chunks_mut(ELEM_CHUNK * 4)
+        .zip(s.par_chunks(ELEM_CHUNK * 4))
+        .for_each(|(d, s)| d.copy_from_slice(s));
+    Ok(())
+}
+
+/// Converts `value` to an integer for integer buffers, refusing non-integral or out-of-range
+/// values rather than silently truncating them.
+fn integral(value: f32, min: f64, max: f64, what: &str) -> Result<f64> {
+    let v = value as f64;
+    if v.fract() == 0.0 && v >= min && v <= max {
+        Ok(v)
+    } else {
+        Err(DeviceError::InvalidArgument(format!(
+            "fill: {value} is not representable as {what}"
+        )))
+    }
+}
+
+fn par_fill<T: Copy + Send + Sync>(v: &mut [T], x: T) {
+    v.par_chunks_mut(ELEM_CHUNK).for_each(|c| c.fill(x));
+}
+
+pub(crate) fn fill(dst: &mut CpuBuffer, value: f32) -> Result<()> {
+    let dtype = dst.dtype();
+    match &mut dst.storage {
+        Storage::F32(v) => par_fill(v, value),
+        Storage::F16(v) => par_fill(v, f16::from_f32(value)),
+        Storage::BF16(v) => par_fill(v, bf16::from_f32(value)),
+        Storage::I32(v) => {
+            let x = integral(value, i32::MIN as f64, i32::MAX as f64, "i32")?;
+            par_fill(v, x as i32)
+        }
+        Storage::Bytes(v) => {
+            let code = match Fp8Format::of(dtype) {
+                Some(f) => f.encode(value),
+                None => integral(value, 0.0, 255.0, "u8")? as u8,
+            };
+            par_fill(v, code)
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,110 @@
+// Attention helpers: head split/merge permutations and the causal scaled softmax.
+#include "duet_hip.h"
+
+// qkv (b, t, 3, nh, hs) -> q, k, v (b, nh, t, hs). Grid-stride over b*nh*t*hs.
+#define DUET_SPLIT(N, T)                                                                      \
+    DUET_KERNEL split_heads_##N(const T* __restrict__ qkv, T* __restrict__ q, T* __restrict__ k, \
+                                T* __restrict__ v, int b, int t, int nh, int hs) {             \
+        const duet_u64 n = (duet_u64)b * nh * t * hs;                                          \
+        const int c = nh * hs;                                                                 \
+        DUET_GRID_STRIDE(i, n) {                                                               \
+            const int d = (int)(i % hs);                                                       \
+            const int tt = (int)((i / hs) % t);                                                \
+            const int h = (int)((i / ((duet_u64)hs * t)) % nh);                                \
+            const int bb = (int)(i / ((duet_u64)hs * t * nh));                                 \
+            const duet_u64 src = ((duet_u64)bb * t + tt) * 3 * c + (duet_u64)h * hs + d;       \
+            duet_st(q, i, duet_ld(qkv, src));                                                  \
+            duet_st(k, i, duet_ld(qkv, src + c));                                              \
+            duet_st(v, i, duet_ld(qkv, src + 2 * (duet_u64)c));                                \
+        }                                                                                      \
+    }
+DUET_FOR_ACT(DUET_SPLIT)
+
+// dqkv (b, t, 3, nh, hs) <- dq, dk, dv (b, nh, t, hs) (overwrites). Grid-stride over dqkv.
+#define DUET_SPLIT_BWD(N, T)                                                                   \
+    DUET_KERNEL split_heads_backward_##N(const T* __restrict__ dq, const T* __restrict__ dk,     \
+                                         const T* __restrict__ dv, T* __restrict__ dqkv, int b,  \
+                                         int t, int nh, int hs) {                                \
+        const duet_u64 n = (duet_u64)b * t * 3 * nh * hs;                                       \
+        DUET_GRID_STRIDE(i, n) {                                                                \
+            const int d = (int)(i % hs);                                                        \
+            const int h = (int)((i / hs) % nh);                                                 \
+            const int s = (int)((i / ((duet_u64)hs * nh)) % 3);                                 \
+            const int tt = (int)((i / ((duet_u64)hs * nh * 3)) % t);                            \
+            const int bb = (int)(i / ((duet_u64)hs * nh * 3 * t));                              \
+            const duet_u64 src = (((duet_u64)bb * nh + h) * t + tt) * hs + d;                   \
+            const T* from = s == 0 ? dq : (s == 1 ? dk : dv);                                   \
+            duet_st(dqkv, i, duet_ld(from, src));                                               \
+        }                                                                                       \
+    }
+DUET_FOR_ACT(DUET_SPLIT_BWD)
+
+// Forward: out (b, t, nh*hs) <- y (b, nh, t, hs). With backward != 0 the inverse permutation:
+// out (b, nh, t, hs) <- y (b, t, nh*hs). Grid-stride over b*nh*t*hs elements of the head layout.
+#define DUET_MERGE(N, T)                                                                        \
+    DUET_KERNEL merge_heads_##N(const T* __restrict__ y, T* __restrict__ out, int b, int t,       \
+                                int nh, int hs, int backward) {                                   \
+        const duet_u64 n = (duet_u64)b * nh * t * hs;                                             \
+        DUET_GRID_STRIDE(i, n) {                                                                  \
+            const int d = (int)(i % hs);                                                          \
+            const int tt = (int)((i / hs) % t);                                                   \
+            const int h = (int)((i / ((duet_u64)hs * t)) % nh);                                   \
+            const int bb = (int)(i / ((duet_u64)hs * t * nh));                                    \
+            const duet_u64 m = ((duet_u64)bb * t + tt) * nh * hs + (duet_u64)h * hs + d;          \
+            if (backward)                                                                         \
+                duet_st(out, i, duet_ld(y, m));                                                   \
+            else                                                                                  \
+                duet_st(out, m, duet_ld(y, i));                                                   \
+        }                                                                                         \
+    }
+DUET_FOR_ACT(DUET_MERGE)
+
+// probs[r, i, j] = softmax_j(scale * scores[r, i, j]) over j <= i, 0 above the diagonal.
+// One block per row (r, i): launch grid (rows * t), block 256.
+#define DUET_SOFTMAX_FWD(N, T)                                                                  \
+    DUET_KERNEL softmax_causal_forward_##N(const T* __restrict__ scores, T* __restrict__ probs,   \
+                                           int rows, int t, float scale) {                        \
+        __shared__ float sh[DUET_MAX_WAVES];                                                      \
+        const duet_u64 row = blockIdx.x;                                                          \
+        if (row >= (duet_u64)rows * t) return;                                                    \
+        const int i = (int)(row % t);                                                             \
+        const duet_u64 base = row * t;                                                            \
+        float mx = -duet_u2f(0x7f800000u);                                                        \
+        for (int j = threadIdx.x; j <= i; j += blockDim.x)                                        \
+            mx = fmaxf(mx, scale * duet_ld(scores, base + j));                                    \
+        mx = duet_block_max(mx, sh);                                                              \
+        float s = 0.0f;                                                                           \
+        for (int j = threadIdx.x; j <= i; j += blockDim.x)                                        \
+            s += expf(scale * duet_ld(scores, base + j) - mx);                                    \
+        s = duet_block_sum(s, sh);                                                                \
+        const float inv = 1.0f / s;                                                               \
+        for (int j = threadIdx.x; j < t; j += blockDim.x)                                         \
+            duet_st(probs, base + j,                                                              \
+                    j <= i ? expf(scale * duet_ld(scores, base + j) - mx) * inv : 0.0f);          \
+    }
+DUET_FOR_ACT(DUET_SOFTMAX_FWD)
+
+// dscores = scale * P * (dP - sum_{j<=i} P dP), 0 above the diagonal (overwrites).
+// One block per row: launch grid (rows * t), block 256.
+#define DUET_SOFTMAX_BWD(N, T)                                                                  \
+    DUET_KERNEL softmax_causal_backward_##N(const T* __restrict__ probs,                          \
+                                            const T* __restrict__ dprobs,                         \
+                                            T* __restrict__ dscores, int rows, int t,             \
+                                            float scale) {                                        \
+        __shared__ float sh[DUET_MAX_WAVES];                                                      \
+        const duet_u64 row = blockIdx.x;                                                          \
+        if (row >= (duet_u64)rows * t) return;                                                    \
+        const int i = (int)(row % t);                                                             \
+        const duet_u64 base = row * t;                                                            \
+        float s = 0.0f;                                                                           \
+        for (int j = threadIdx.x; j <= i; j += blockDim.x)                                        \
+            s += duet_ld(probs, base + j) * duet_ld(dprobs, base + j);                            \
+        s = duet_block_sum(s, sh);                                                                \
+        for (int j = threadIdx.x; j < t; j += blockDim.x) {                                       \
+            const float g = j <= i ? scale * duet_ld(probs, base + j) *                           \
+                                         (duet_ld(dprobs, base + j) - s)                          \
+                                   : 0.0f;                                                        \
+            duet_st(dscores, base + j, g);                                                        \
+        }                                                                                         \
+    }
+DUET_FOR_ACT(DUET_SOFTMAX_BWD)

@@ -1,0 +1,213 @@
+// Shared device code of duet's HIP kernels: storage types, conversions and wavefront reductions.
+//
+// Included by every kernels-hip/*.hip file. It builds three ways:
+//  - hiprtc at backend start (ROCm 6/7; `__HIPCC_RTC__` defined, no system headers: the backend
+//    passes this file through hiprtcCreateProgram's `headers`),
+//  - hipcc ahead of time (scripts/check-hip-kernels.sh, gfx90a / gfx940),
+//  - nvcc through HIP's NVIDIA platform headers (scripts/hip-on-nvidia.sh).
+//
+// Everything is written for a wavefront of DUET_WARP lanes. The backend passes -DDUET_WARP=<the
+// device's hipDeviceAttributeWarpSize> (64 on CDNA); otherwise the compiler's own wavefront-size
+// macro is used, and 32 on NVIDIA. Nothing assumes 32.
+//
+// Storage formats: f32 is `float`; f16, bf16 and the four FP8 formats are one-member structs holding
+// the raw bits, converted with the same rounding as the CPU reference (round to nearest even; FP8
+// saturates to ±max and never produces an infinity). Arithmetic is always f32.
+#pragma once
+
+#if !defined(__HIPCC_RTC__)
+#include <hip/hip_runtime.h>
+#if defined(__HIP_PLATFORM_NVIDIA__)
+#include <hip/hip_fp16.h>
+#endif
+#endif
+
+#ifndef DUET_WARP
+#if defined(__HIP_PLATFORM_NVIDIA__) || defined(__CUDACC__)
+#define DUET_WARP 32
+#elif defined(__AMDGCN_WAVEFRONT_SIZE__)
+#define DUET_WARP __AMDGCN_WAVEFRONT_SIZE__
+#elif defined(__AMDGCN_WAVEFRONT_SIZE)
+#define DUET_WARP __AMDGCN_WAVEFRONT_SIZE
+#elif defined(__HIP_DEVICE_COMPILE__)
+#error "DUET_WARP is not set: pass -DDUET_WARP=<wavefront size>"
+#else
+#define DUET_WARP 64 /* host pass of a single-source compile: never used for device code */
+#endif
+#endif
+
+/// Threads per block of every kernel (a multiple of the wavefront size, 32 or 64).
+#define DUET_BLOCK 256
+#define DUET_MAX_WAVES (DUET_BLOCK / 32)
+#define DUET_KERNEL extern "C" __global__ void __launch_bounds__(DUET_BLOCK)
+#define DUET_DEV static __device__ __forceinline__
+
+typedef unsigned long long duet_u64;
+typedef long long duet_i64;
+
+// ------------------------------------------------------------------------------------ storage types
+struct duet_f16 { unsigned short bits; };
+struct duet_bf16 { unsigned short bits; };
+struct duet_e4m3 { unsigned char bits; };
+struct duet_e5m2 { unsigned char bits; };
+struct duet_e4m3fnuz { unsigned char bits; };
+struct duet_e5m2fnuz { unsigned char bits; };
+
+DUET_DEV unsigned duet_f2u(float x) { return __float_as_uint(x); }
+DUET_DEV float duet_u2f(unsigned x) { return __uint_as_float(x); }
+DUET_DEV bool duet_isnan(float x) { return (duet_f2u(x) & 0x7fffffffu) > 0x7f800000u; }
+
+// f16 <-> f32, round to nearest even (hardware conversions).
+#if defined(__HIP_PLATFORM_NVIDIA__) || defined(__CUDACC__)
+DUET_DEV float duet_f16_to_f32(unsigned short h) { return __half2float(__ushort_as_half(h)); }
+DUET_DEV unsigned short duet_f32_to_f16(float f) { return __half_as_ushort(__float2half_rn(f)); }
+#else
+DUET_DEV float duet_f16_to_f32(unsigned short h) { return (float)__builtin_bit_cast(_Float16, h); }
+DUET_DEV unsigned short duet_f32_to_f16(float f) {
+    return __builtin_bit_cast(unsigned short, (_Float16)f);
+}
+#endif
+
+// bf16 <-> f32 on raw bits: round to nearest even; NaN stays NaN (quiet bit set).
+DUET_DEV float duet_bf16_to_f32(unsigned short b) { return duet_u2f(((unsigned)b) << 16); }
+DUET_DEV unsigned short duet_f32_to_bf16(float f) {
+    unsigned u = duet_f2u(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x0040u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (unsigned short)(u >> 16);
+}
+
+// FP8 codecs, bit-exact with duet_device::Fp8Format. KIND: 0 = OCP E4M3FN (no inf, S.1111.111
+// is NaN), 1 = OCP E5M2 (IEEE-like), 2 = FNUZ (0x80 is the only NaN, no -0, no inf).
+#define DUET_FP8_FN 0
+#define DUET_FP8_IEEE 1
+#define DUET_FP8_FNUZ 2
+
+template <int EB, int MB, int BIAS, int KIND>
+struct DuetFp8 {
+    static constexpr int EMAX = (1 << EB) - 1;
+    static constexpr int MMAX = (1 << MB) - 1;
+    /// Largest finite code (positive).
+    static constexpr int MAX_CODE = KIND == DUET_FP8_FN     ? 0x7e
+                                    : KIND == DUET_FP8_IEEE ? (((EMAX - 1) << MB) | MMAX)
+                                                            : 0x7f;
+    static __device__ __forceinline__ float decode(unsigned char code) {
+        const int e = (code >> MB) & EMAX;
+        const int m = code & MMAX;
+        const bool neg = (code & 0x80) != 0;
+        if (KIND == DUET_FP8_FNUZ && code == 0x80) return duet_u2f(0x7fc00000u);
+        if (KIND == DUET_FP8_FN && e == EMAX && m == MMAX) return duet_u2f(0x7fc00000u);
+        if (KIND == DUET_FP8_IEEE && e == EMAX) {
+            if (m != 0) return duet_u2f(0x7fc00000u);
+            return neg ? -duet_u2f(0x7f800000u) : duet_u2f(0x7f800000u);
+        }
+        float mag = e == 0 ? ldexpf((float)m, 1 - BIAS - MB) : ldexpf((float)(m + (1 << MB)), e - BIAS - MB);
+        return neg ? -mag : mag;
+    }
+    /// Round to nearest even, saturating to ±max (infinities too); NaN -> the NaN code.
+    static __device__ __forceinline__ unsigned char encode(float x) {
+        if (duet_isnan(x)) return KIND == DUET_FP8_FNUZ ? 0x80 : 0x7f;
+        const bool neg = (duet_f2u(x) >> 31) != 0;
+        const float a = fabsf(x);
+        int code;
+        if (a >= decode((unsigned char)MAX_CODE)) {
+            code = MAX_CODE;
+        } else if (a < ldexpf(1.0f, 1 - BIAS)) {
+            // Subnormal range: the code is the mantissa (2^MB rounds up into the first normal).
+            code = (int)rintf(ldexpf(a, BIAS - 1 + MB));
+        } else {
+            const int e = (int)((duet_f2u(a) >> 23) & 0xff) - 127;  // a is a normal f32 here
+            const float q = rintf(ldexpf(a, MB - e));               // in [2^MB, 2^(MB+1)]
+            code = ((e + BIAS) << MB) + ((int)q - (1 << MB));       // a carry bumps the exponent
+        }
+        if (neg && !(code == 0 && KIND == DUET_FP8_FNUZ)) code |= 0x80;
+        return (unsigned char)code;
+    }
+};
+typedef DuetFp8<4, 3, 7, DUET_FP8_FN> DuetE4M3;
+typedef DuetFp8<5, 2, 15, DUET_FP8_IEEE> DuetE5M2;
+typedef DuetFp8<4, 3, 8, DUET_FP8_FNUZ> DuetE4M3Fnuz;
+typedef DuetFp8<5, 2, 16, DUET_FP8_FNUZ> DuetE5M2Fnuz;
+
+// Typed load/store: `duet_ld(p, i)` reads element i as f32, `duet_st(p, i, v)` rounds v into it.
+DUET_DEV float duet_ld(const float* p, duet_u64 i) { return p[i]; }
+DUET_DEV float duet_ld(const duet_f16* p, duet_u64 i) { return duet_f16_to_f32(p[i].bits); }
+DUET_DEV float duet_ld(const duet_bf16* p, duet_u64 i) { return duet_bf16_to_f32(p[i].bits); }
+DUET_DEV float duet_ld(const duet_e4m3* p, duet_u64 i) { return DuetE4M3::decode(p[i].bits); }
+DUET_DEV float duet_ld(const duet_e5m2* p, duet_u64 i) { return DuetE5M2::decode(p[i].bits); }
+DUET_DEV float duet_ld(const duet_e4m3fnuz* p, duet_u64 i) { return DuetE4M3Fnuz::decode(p[i].bits); }
+DUET_DEV float duet_ld(const duet_e5m2fnuz* p, duet_u64 i) { return DuetE5M2Fnuz::decode(p[i].bits); }
+
+DUET_DEV void duet_st(float* p, duet_u64 i, float v) { p[i] = v; }
+DUET_DEV void duet_st(duet_f16* p, duet_u64 i, float v) { p[i].bits = duet_f32_to_f16(v); }
+DUET_DEV void duet_st(duet_bf16* p, duet_u64 i, float v) { p[i].bits = duet_f32_to_bf16(v); }
+DUET_DEV void duet_st(duet_e4m3* p, duet_u64 i, float v) { p[i].bits = DuetE4M3::encode(v); }
+DUET_DEV void duet_st(duet_e5m2* p, duet_u64 i, float v) { p[i].bits = DuetE5M2::encode(v); }
+DUET_DEV void duet_st(duet_e4m3fnuz* p, duet_u64 i, float v) { p[i].bits = DuetE4M3Fnuz::encode(v); }
+DUET_DEV void duet_st(duet_e5m2fnuz* p, duet_u64 i, float v) { p[i].bits = DuetE5M2Fnuz::encode(v); }
+
+// Runtime dtype codes (the order of the DType enum in crates/device: f32, f16, bf16, f8e4m3,
+// f8e5m2, f8e4m3fnuz, f8e5m2fnuz) for the few kernels that take an optional output of any dtype.
+DUET_DEV void duet_st_dyn(void* p, int dtype, duet_u64 i, float v) {
+    switch (dtype) {
+        case 0: duet_st((float*)p, i, v); break;
+        case 1: duet_st((duet_f16*)p, i, v); break;
+        case 2: duet_st((duet_bf16*)p, i, v); break;
+        case 3: duet_st((duet_e4m3*)p, i, v); break;
+        case 4: duet_st((duet_e5m2*)p, i, v); break;
+        case 5: duet_st((duet_e4m3fnuz*)p, i, v); break;
+        case 6: duet_st((duet_e5m2fnuz*)p, i, v); break;
+        default: break;
+    }
+}
+
+// The dtype lists that entry points are stamped out for: M(name, storage type). Names match
+// duet_device::DType::name(), so the entry of op `foo` for bf16 is `foo_bf16`.
+#define DUET_FOR_ACT(M) M(f32, float) M(f16, duet_f16) M(bf16, duet_bf16)
+#define DUET_FOR_FLOAT(M)                                                                     \
+    DUET_FOR_ACT(M) M(f8e4m3, duet_e4m3) M(f8e5m2, duet_e5m2) M(f8e4m3fnuz, duet_e4m3fnuz) \
+        M(f8e5m2fnuz, duet_e5m2fnuz)
+#define DUET_FOR_FLOAT_X(M, A, B)                                                            \
+    M(A, B, f32, float) M(A, B, f16, duet_f16) M(A, B, bf16, duet_bf16) M(A, B, f8e4m3, duet_e4m3) \
+        M(A, B, f8e5m2, duet_e5m2) M(A, B, f8e4m3fnuz, duet_e4m3fnuz)                          \
+            M(A, B, f8e5m2fnuz, duet_e5m2fnuz)
+
+// ------------------------------------------------------------------------------------ reductions
+DUET_DEV float duet_wave_sum(float v) {
+    for (int o = DUET_WARP / 2; o > 0; o /= 2) v += __shfl_xor(v, o);
+    return v;
+}
+DUET_DEV float duet_wave_max(float v) {
+    for (int o = DUET_WARP / 2; o > 0; o /= 2) v = fmaxf(v, __shfl_xor(v, o));
+    return v;
+}
+
+/// Sum over the block, returned to every thread. `sh` holds DUET_MAX_WAVES floats. The order of
+/// additions is fixed by the block shape, so results are deterministic.
+DUET_DEV float duet_block_sum(float v, float* sh) {
+    const int lane = threadIdx.x % DUET_WARP, wave = threadIdx.x / DUET_WARP;
+    const int waves = (blockDim.x + DUET_WARP - 1) / DUET_WARP;
+    v = duet_wave_sum(v);
+    __syncthreads();  // sh may still be read by a previous call
+    if (lane == 0) sh[wave] = v;
+    __syncthreads();
+    float t = 0.0f;
+    for (int w = 0; w < waves; ++w) t += sh[w];
+    return t;
+}
+
+DUET_DEV float duet_block_max(float v, float* sh) {
+    const int lane = threadIdx.x % DUET_WARP, wave = threadIdx.x / DUET_WARP;
+    const int waves = (blockDim.x + DUET_WARP - 1) / DUET_WARP;
+    v = duet_wave_max(v);
+    __syncthreads();
+    if (lane == 0) sh[wave] = v;
+    __syncthreads();
+    float t = sh[0];
+    for (int w = 1; w < waves; ++w) t = fmaxf(t, sh[w]);
+    return t;
+}
+
+#define DUET_GRID_STRIDE(i, n)                                                    \
+    for (duet_u64 i = (duet_u64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); \
+         i += (duet_u64)gridDim.x * blockDim.x)

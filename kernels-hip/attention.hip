@@ -1,4 +1,5 @@
-// Attention helpers: head split/merge permutations and the causal scaled softmax.
+// Attention helpers: head split/merge permutations and the causal scaled softmax. Entry names
+// and arguments match kernels-cuda.
 #include "duet_hip.h"
 
 // qkv (b, t, 3, nh, hs) -> q, k, v (b, nh, t, hs). Grid-stride over b*nh*t*hs.
@@ -39,34 +40,34 @@ DUET_FOR_ACT(DUET_SPLIT)
     }
 DUET_FOR_ACT(DUET_SPLIT_BWD)
 
-// Forward: out (b, t, nh*hs) <- y (b, nh, t, hs). With backward != 0 the inverse permutation:
-// out (b, nh, t, hs) <- y (b, t, nh*hs). Grid-stride over b*nh*t*hs elements of the head layout.
+// merge_heads: out (b, t, nh*hs) <- y (b, nh, t, hs); merge_heads_backward: the inverse
+// permutation, dy (b, nh, t, hs) <- dout (b, t, nh*hs). Grid-stride over b*nh*t*hs.
+DUET_DEV duet_u64 duet_merged_index(duet_u64 i, int t, int nh, int hs) {
+    const duet_u64 d = i % hs, tt = (i / hs) % t, h = (i / ((duet_u64)hs * t)) % nh,
+                   bb = i / ((duet_u64)hs * t * nh);
+    return (bb * t + tt) * nh * hs + h * hs + d;
+}
 #define DUET_MERGE(N, T)                                                                        \
     DUET_KERNEL merge_heads_##N(const T* __restrict__ y, T* __restrict__ out, int b, int t,       \
-                                int nh, int hs, int backward) {                                   \
-        const duet_u64 n = (duet_u64)b * nh * t * hs;                                             \
-        DUET_GRID_STRIDE(i, n) {                                                                  \
-            const int d = (int)(i % hs);                                                          \
-            const int tt = (int)((i / hs) % t);                                                   \
-            const int h = (int)((i / ((duet_u64)hs * t)) % nh);                                   \
-            const int bb = (int)(i / ((duet_u64)hs * t * nh));                                    \
-            const duet_u64 m = ((duet_u64)bb * t + tt) * nh * hs + (duet_u64)h * hs + d;          \
-            if (backward)                                                                         \
-                duet_st(out, i, duet_ld(y, m));                                                   \
-            else                                                                                  \
-                duet_st(out, m, duet_ld(y, i));                                                   \
-        }                                                                                         \
+                                int nh, int hs) {                                                 \
+        DUET_GRID_STRIDE(i, (duet_u64)b * nh * t * hs)                                            \
+        duet_st(out, duet_merged_index(i, t, nh, hs), duet_ld(y, i));                             \
+    }                                                                                             \
+    DUET_KERNEL merge_heads_backward_##N(const T* __restrict__ dout, T* __restrict__ dy, int b,   \
+                                         int t, int nh, int hs) {                                 \
+        DUET_GRID_STRIDE(i, (duet_u64)b * nh * t * hs)                                            \
+        duet_st(dy, i, duet_ld(dout, duet_merged_index(i, t, nh, hs)));                           \
     }
 DUET_FOR_ACT(DUET_MERGE)
 
-// probs[r, i, j] = softmax_j(scale * scores[r, i, j]) over j <= i, 0 above the diagonal.
-// One block per row (r, i): launch grid (rows * t), block 256.
+// probs[r, i, j] = softmax_j(scale * scores[r, i, j]) over j <= i, 0 above the diagonal, for
+// total_rows = rows * t rows of length t. One block per row: grid (total_rows), block DUET_BLOCK.
 #define DUET_SOFTMAX_FWD(N, T)                                                                  \
     DUET_KERNEL softmax_causal_forward_##N(const T* __restrict__ scores, T* __restrict__ probs,   \
-                                           int rows, int t, float scale) {                        \
+                                           duet_u64 total_rows, int t, float scale) {             \
         __shared__ float sh[DUET_MAX_WAVES];                                                      \
         const duet_u64 row = blockIdx.x;                                                          \
-        if (row >= (duet_u64)rows * t) return;                                                    \
+        if (row >= total_rows) return;                                                    \
         const int i = (int)(row % t);                                                             \
         const duet_u64 base = row * t;                                                            \
         float mx = -duet_u2f(0x7f800000u);                                                        \
@@ -85,15 +86,15 @@ DUET_FOR_ACT(DUET_MERGE)
 DUET_FOR_ACT(DUET_SOFTMAX_FWD)
 
 // dscores = scale * P * (dP - sum_{j<=i} P dP), 0 above the diagonal (overwrites).
-// One block per row: launch grid (rows * t), block 256.
+// One block per row: grid (total_rows), block DUET_BLOCK.
 #define DUET_SOFTMAX_BWD(N, T)                                                                  \
     DUET_KERNEL softmax_causal_backward_##N(const T* __restrict__ probs,                          \
                                             const T* __restrict__ dprobs,                         \
-                                            T* __restrict__ dscores, int rows, int t,             \
-                                            float scale) {                                        \
+                                            T* __restrict__ dscores, duet_u64 total_rows,        \
+                                            int t, float scale) {                                 \
         __shared__ float sh[DUET_MAX_WAVES];                                                      \
         const duet_u64 row = blockIdx.x;                                                          \
-        if (row >= (duet_u64)rows * t) return;                                                    \
+        if (row >= total_rows) return;                                                    \
         const int i = (int)(row % t);                                                             \
         const duet_u64 base = row * t;                                                            \
         float s = 0.0f;                                                                           \

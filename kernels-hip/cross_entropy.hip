@@ -1,4 +1,5 @@
-// Fused softmax + cross-entropy. One block per row: launch grid (n), block 256.
+// Fused softmax + cross-entropy. One block per row: grid (n rows), block DUET_BLOCK. Entry names
+// and arguments match kernels-cuda.
 #include "duet_hip.h"
 
 // losses[r] = logsumexp(logits[r, :]) - logits[r, target]; with dlogits != null also
@@ -6,11 +7,10 @@
 // loss 0 and a zero gradient row; a target >= v gives NaN (the host cannot check without a sync).
 #define DUET_CE(N, T)                                                                          \
     DUET_KERNEL cross_entropy_##N(const T* __restrict__ logits, const int* __restrict__ targets,  \
-                                  float* __restrict__ losses, T* __restrict__ dlogits, int n,     \
-                                  int v, float grad_scale) {                                      \
+                                  float* __restrict__ losses, T* __restrict__ dlogits, int v,      \
+                                  float grad_scale) {                                      \
         __shared__ float sh[DUET_MAX_WAVES];                                                      \
         const int row = blockIdx.x;                                                               \
-        if (row >= n) return;                                                                     \
         const duet_u64 base = (duet_u64)row * v;                                                  \
         const int tgt = targets[row];                                                             \
         if (tgt < 0) {                                                                            \

@@ -146,21 +146,6 @@ DUET_DEV void duet_st(duet_e5m2* p, duet_u64 i, float v) { p[i].bits = DuetE5M2:
 DUET_DEV void duet_st(duet_e4m3fnuz* p, duet_u64 i, float v) { p[i].bits = DuetE4M3Fnuz::encode(v); }
 DUET_DEV void duet_st(duet_e5m2fnuz* p, duet_u64 i, float v) { p[i].bits = DuetE5M2Fnuz::encode(v); }
 
-// Runtime dtype codes (the order of the DType enum in crates/device: f32, f16, bf16, f8e4m3,
-// f8e5m2, f8e4m3fnuz, f8e5m2fnuz) for the few kernels that take an optional output of any dtype.
-DUET_DEV void duet_st_dyn(void* p, int dtype, duet_u64 i, float v) {
-    switch (dtype) {
-        case 0: duet_st((float*)p, i, v); break;
-        case 1: duet_st((duet_f16*)p, i, v); break;
-        case 2: duet_st((duet_bf16*)p, i, v); break;
-        case 3: duet_st((duet_e4m3*)p, i, v); break;
-        case 4: duet_st((duet_e5m2*)p, i, v); break;
-        case 5: duet_st((duet_e4m3fnuz*)p, i, v); break;
-        case 6: duet_st((duet_e5m2fnuz*)p, i, v); break;
-        default: break;
-    }
-}
-
 // The dtype lists that entry points are stamped out for: M(name, storage type). Names match
 // duet_device::DType::name(), so the entry of op `foo` for bf16 is `foo_bf16`.
 #define DUET_FOR_ACT(M) M(f32, float) M(f16, duet_f16) M(bf16, duet_bf16)
@@ -171,6 +156,11 @@ DUET_DEV void duet_st_dyn(void* p, int dtype, duet_u64 i, float v) {
     M(A, B, f32, float) M(A, B, f16, duet_f16) M(A, B, bf16, duet_bf16) M(A, B, f8e4m3, duet_e4m3) \
         M(A, B, f8e5m2, duet_e5m2) M(A, B, f8e4m3fnuz, duet_e4m3fnuz)                          \
             M(A, B, f8e5m2fnuz, duet_e5m2fnuz)
+// Activation type A with a second type P that is A or f32 (parameters, gradients): the entry of
+// op `foo` for bf16 activations and f32 parameters is `foo_bf16_f32`.
+#define DUET_FOR_ACT_AND_WIDE(M)                                                               \
+    M(f32, float, f32, float) M(f16, duet_f16, f16, duet_f16) M(f16, duet_f16, f32, float)    \
+        M(bf16, duet_bf16, bf16, duet_bf16) M(bf16, duet_bf16, f32, float)
 
 // ------------------------------------------------------------------------------------ reductions
 DUET_DEV float duet_wave_sum(float v) {

@@ -1,8 +1,9 @@
-// Elementwise ops: cast, scale, add, add_assign. Grid-stride loops over `n` elements; any grid
-// size is correct (the backend launches min(ceil(n / 256), 65535) blocks of 256 threads).
+// Elementwise ops: cast, scale, add, add_assign, bias_add and GELU. Grid-stride loops: any grid
+// is correct (the backend launches min(ceil(n / 256), 65535) blocks of DUET_BLOCK threads).
+// Entry names and arguments match kernels-cuda.
 #include "duet_hip.h"
 
-// dst = cast(src * scale): every pair of float storage formats.
+// dst = cast(src * scale) between every pair of float storage formats.
 #define DUET_CAST(SN, ST, DN, DT)                                                          \
     DUET_KERNEL cast_##SN##_##DN(const ST* __restrict__ src, DT* __restrict__ dst, duet_u64 n, \
                                  float scale) {                                            \
@@ -11,24 +12,49 @@
 #define DUET_CAST_FROM(SN, ST) DUET_FOR_FLOAT_X(DUET_CAST, SN, ST)
 DUET_FOR_FLOAT(DUET_CAST_FROM)
 
-// x *= alpha
-#define DUET_SCALE(N, T)                                             \
-    DUET_KERNEL scale_##N(T* __restrict__ x, duet_u64 n, float alpha) { \
-        DUET_GRID_STRIDE(i, n) { duet_st(x, i, duet_ld(x, i) * alpha); } \
+// x *= alpha; out = a + b; dst += src.
+#define DUET_ELEMENTWISE(N, T)                                                                 \
+    DUET_KERNEL scale_##N(T* x, float alpha, duet_u64 n) {                                     \
+        DUET_GRID_STRIDE(i, n) { duet_st(x, i, duet_ld(x, i) * alpha); }                       \
+    }                                                                                          \
+    DUET_KERNEL add_##N(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ out,  \
+                        duet_u64 n) {                                                          \
+        DUET_GRID_STRIDE(i, n) { duet_st(out, i, duet_ld(a, i) + duet_ld(b, i)); }             \
+    }                                                                                          \
+    DUET_KERNEL add_assign_##N(T* dst, const T* __restrict__ src, duet_u64 n) {                \
+        DUET_GRID_STRIDE(i, n) { duet_st(dst, i, duet_ld(dst, i) + duet_ld(src, i)); }         \
     }
-DUET_FOR_FLOAT(DUET_SCALE)
+DUET_FOR_FLOAT(DUET_ELEMENTWISE)
 
-// out = a + b
-#define DUET_ADD(N, T)                                                                    \
-    DUET_KERNEL add_##N(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ out, \
-                        duet_u64 n) {                                                     \
-        DUET_GRID_STRIDE(i, n) { duet_st(out, i, duet_ld(a, i) + duet_ld(b, i)); }        \
-    }
-DUET_FOR_FLOAT(DUET_ADD)
+// GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+#define DUET_GELU_K 0.7978845608028654f /* sqrt(2/pi) */
+#define DUET_GELU_C 0.044715f
+DUET_DEV float duet_gelu(float v) {
+    const float u = DUET_GELU_K * (v + DUET_GELU_C * v * v * v);
+    return 0.5f * v * (1.0f + tanhf(u));
+}
+DUET_DEV float duet_gelu_grad(float v) {
+    const float u = DUET_GELU_K * (v + DUET_GELU_C * v * v * v);
+    const float th = tanhf(u);
+    const float sech2 = 1.0f - th * th;
+    return 0.5f * (1.0f + th) + 0.5f * v * sech2 * DUET_GELU_K * (1.0f + 3.0f * DUET_GELU_C * v * v);
+}
 
-// dst += src
-#define DUET_ADD_ASSIGN(N, T)                                                            \
-    DUET_KERNEL add_assign_##N(T* __restrict__ dst, const T* __restrict__ src, duet_u64 n) { \
-        DUET_GRID_STRIDE(i, n) { duet_st(dst, i, duet_ld(dst, i) + duet_ld(src, i)); }   \
+// out = gelu(x); dx = gelu'(x) * dout (overwrites dx).
+#define DUET_GELU(N, T)                                                                        \
+    DUET_KERNEL gelu_forward_##N(const T* __restrict__ x, T* __restrict__ out, duet_u64 n) {    \
+        DUET_GRID_STRIDE(i, n) { duet_st(out, i, duet_gelu(duet_ld(x, i))); }                   \
+    }                                                                                           \
+    DUET_KERNEL gelu_backward_##N(const T* __restrict__ x, const T* __restrict__ dout,          \
+                                  T* __restrict__ dx, duet_u64 n) {                             \
+        DUET_GRID_STRIDE(i, n) { duet_st(dx, i, duet_gelu_grad(duet_ld(x, i)) * duet_ld(dout, i)); } \
     }
-DUET_FOR_FLOAT(DUET_ADD_ASSIGN)
+DUET_FOR_ACT(DUET_GELU)
+
+// x[r, j] += bias[j] for x (rows x c).
+#define DUET_BIAS_ADD(AN, AT, PN, PT)                                                          \
+    DUET_KERNEL bias_add_##AN##_##PN(AT* x, const PT* __restrict__ bias, duet_u64 rows,        \
+                                     duet_u64 c) {                                             \
+        DUET_GRID_STRIDE(i, rows * c) { duet_st(x, i, duet_ld(x, i) + duet_ld(bias, i % c)); } \
+    }
+DUET_FOR_ACT_AND_WIDE(DUET_BIAS_ADD)

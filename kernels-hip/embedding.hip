@@ -1,68 +1,56 @@
-// Token + position embedding, forward and deterministic backward.
+// Token + position embedding, forward and deterministic backward. The position-embedding gradient
+// is a column sum (reduce.hip: colsum over b rows of t*c columns).
 #include "duet_hip.h"
 
-// out[p, :] = wte[tokens[p], :] + wpe[p % t, :] for p in [0, b*t). Grid-stride over b*t*c.
-// A token outside [0, vocab) yields NaN in its row (the host cannot check without a sync).
-#define DUET_EMB_FWD(N, T)                                                                    \
-    DUET_KERNEL embedding_forward_##N(const int* __restrict__ tokens, const T* __restrict__ wte, \
-                                      const T* __restrict__ wpe, T* __restrict__ out, int bt,   \
-                                      int t, int c, int vocab) {                                \
-        const duet_u64 n = (duet_u64)bt * c;                                                    \
-        DUET_GRID_STRIDE(i, n) {                                                                \
-            const int p = (int)(i / c), j = (int)(i % c);                                       \
-            const int tok = tokens[p];                                                          \
-            float v;                                                                            \
-            if (tok < 0 || tok >= vocab)                                                        \
-                v = duet_u2f(0x7fc00000u);                                                      \
-            else                                                                                \
-                v = duet_ld(wte, (duet_u64)tok * c + j) + duet_ld(wpe, (duet_u64)(p % t) * c + j); \
-            duet_st(out, i, v);                                                                 \
-        }                                                                                       \
+// out[p, :] = wte[tokens[p], :] + wpe[p % t, :]. One block per position p: grid (b*t).
+// A token outside [0, vocab) yields a NaN row (the host cannot check without a sync; the CPU
+// reference rejects such tokens with InvalidArgument).
+#define DUET_EMB_FWD(AN, AT, PN, PT)                                                           \
+    DUET_KERNEL embedding_forward_##AN##_##PN(const int* __restrict__ tokens,                    \
+                                              const PT* __restrict__ wte,                        \
+                                              const PT* __restrict__ wpe, AT* __restrict__ out,  \
+                                              int t, int c, int vocab) {                         \
+        const duet_u64 p = blockIdx.x;                                                           \
+        const int tok = tokens[p];                                                               \
+        const bool valid = tok >= 0 && tok < vocab;                                              \
+        const duet_u64 w = (duet_u64)(valid ? tok : 0) * c, q = (p % t) * c;                     \
+        for (int j = threadIdx.x; j < c; j += blockDim.x) {                                      \
+            const float e = valid ? duet_ld(wte, w + j) : duet_u2f(0x7fc00000u);                 \
+            duet_st(out, p * c + j, e + duet_ld(wpe, q + j));                                    \
+        }                                                                                        \
     }
-DUET_FOR_ACT(DUET_EMB_FWD)
+DUET_FOR_ACT_AND_WIDE(DUET_EMB_FWD)
 
-// dwte[tok, :] += dout[p, :] for every position p holding tok. One block per position p; only the
-// block of a token's first occurrence does the work, adding that token's rows in increasing p
-// order (the CPU reference's order), so the result is deterministic and needs no atomics.
-// Launch: grid (b*t), block DUET_BLOCK.
+// dwte[tok, :] += dout[p, :] for every position p holding tok (n = b*t positions). One block per
+// position p (grid (n)); only the block of a token's first occurrence works, adding that token's
+// rows to the f32 value of dwte[tok, :] in increasing p, the CPU reference's order. No atomics, so
+// the result is deterministic and bit-identical to a sequential loop.
 #define DUET_EMB_TILE 1024
-#define DUET_EMB_BWD_WTE(N, T)                                                                 \
-    DUET_KERNEL embedding_backward_wte_##N(const int* __restrict__ tokens,                      \
-                                           const T* __restrict__ dout, T* __restrict__ dwte,    \
-                                           int bt, int c, int vocab) {                          \
-        __shared__ int tile[DUET_EMB_TILE];                                                     \
-        const int p = blockIdx.x;                                                               \
-        const int tok = tokens[p];                                                              \
-        if (tok < 0 || tok >= vocab) return;                                                    \
-        int seen = 0;                                                                           \
-        for (int q = threadIdx.x; q < p; q += blockDim.x) seen |= tokens[q] == tok;             \
-        if (__syncthreads_or(seen)) return;                                                     \
-        for (int j0 = 0; j0 < c; j0 += blockDim.x) {                                            \
-            const int j = j0 + threadIdx.x;                                                     \
-            float acc = j < c ? duet_ld(dwte, (duet_u64)tok * c + j) : 0.0f;                    \
-            for (int q0 = p; q0 < bt; q0 += DUET_EMB_TILE) {                                    \
-                const int len = min(DUET_EMB_TILE, bt - q0);                                    \
-                __syncthreads();                                                                \
-                for (int k = threadIdx.x; k < len; k += blockDim.x) tile[k] = tokens[q0 + k];   \
-                __syncthreads();                                                                \
-                if (j < c)                                                                      \
-                    for (int k = 0; k < len; ++k)                                               \
-                        if (tile[k] == tok) acc += duet_ld(dout, (duet_u64)(q0 + k) * c + j);   \
-            }                                                                                   \
-            if (j < c) duet_st(dwte, (duet_u64)tok * c + j, acc);                               \
-        }                                                                                       \
+#define DUET_EMB_BWD(AN, AT, GN, GT)                                                           \
+    DUET_KERNEL embedding_backward_wte_##AN##_##GN(const int* __restrict__ tokens,               \
+                                                   const AT* __restrict__ dout,                  \
+                                                   GT* __restrict__ dwte, int n, int c,          \
+                                                   int vocab) {                                  \
+        __shared__ int tile[DUET_EMB_TILE];                                                      \
+        const int p = blockIdx.x;                                                                \
+        const int tok = tokens[p];                                                               \
+        if (tok < 0 || tok >= vocab) return;                                                     \
+        int seen = 0;                                                                            \
+        for (int q = threadIdx.x; q < p; q += blockDim.x) seen |= tokens[q] == tok;              \
+        if (__syncthreads_or(seen)) return;                                                      \
+        for (int j0 = 0; j0 < c; j0 += blockDim.x) {                                             \
+            const int j = j0 + threadIdx.x;                                                      \
+            float acc = j < c ? duet_ld(dwte, (duet_u64)tok * c + j) : 0.0f;                     \
+            for (int q0 = p; q0 < n; q0 += DUET_EMB_TILE) {                                      \
+                const int len = min(DUET_EMB_TILE, n - q0);                                      \
+                __syncthreads();                                                                 \
+                for (int k = threadIdx.x; k < len; k += blockDim.x) tile[k] = tokens[q0 + k];    \
+                __syncthreads();                                                                 \
+                if (j < c)                                                                       \
+                    for (int k = 0; k < len; ++k)                                                \
+                        if (tile[k] == tok) acc += duet_ld(dout, (duet_u64)(q0 + k) * c + j);    \
+            }                                                                                    \
+            if (j < c) duet_st(dwte, (duet_u64)tok * c + j, acc);                                \
+        }                                                                                        \
     }
-DUET_FOR_ACT(DUET_EMB_BWD_WTE)
-
-// dwpe[tt, :] += sum over batch rows bb (in order) of dout[bb*t + tt, :]. Grid-stride over t*c.
-#define DUET_EMB_BWD_WPE(N, T)                                                               \
-    DUET_KERNEL embedding_backward_wpe_##N(const T* __restrict__ dout, T* __restrict__ dwpe,  \
-                                           int b, int t, int c) {                             \
-        const duet_u64 n = (duet_u64)t * c;                                                   \
-        DUET_GRID_STRIDE(i, n) {                                                              \
-            float acc = duet_ld(dwpe, i);                                                     \
-            for (int bb = 0; bb < b; ++bb) acc += duet_ld(dout, (duet_u64)bb * n + i);        \
-            duet_st(dwpe, i, acc);                                                            \
-        }                                                                                     \
-    }
-DUET_FOR_ACT(DUET_EMB_BWD_WPE)
+DUET_FOR_ACT_AND_WIDE(DUET_EMB_BWD)

@@ -1,11 +1,13 @@
-// LayerNorm over the last dimension, forward and backward. One block per row for the row
-// reductions; the parameter gradients are column sums done in two deterministic passes.
+// LayerNorm over the last dimension, forward and backward. One block of DUET_BLOCK threads per
+// row for the row statistics (wavefront reductions, then across the block's waves); the parameter
+// gradients are column sums in two deterministic passes. Entry names and arguments match
+// kernels-cuda.
 #include "duet_hip.h"
 
 // out = (x - mean) * rstd * gamma + beta; saves mean, rstd (f32). Launch: grid (n), block 256.
-#define DUET_LN_FWD(N, T)                                                                       \
-    DUET_KERNEL layernorm_forward_##N(const T* __restrict__ x, const T* __restrict__ gamma,       \
-                                      const T* __restrict__ beta, T* __restrict__ out,            \
+#define DUET_LN_FWD(N, T, PN, P)                                                                       \
+    DUET_KERNEL layernorm_forward_##N##_##PN(const T* __restrict__ x, const P* __restrict__ gamma,       \
+                                      const P* __restrict__ beta, T* __restrict__ out,            \
                                       float* __restrict__ mean, float* __restrict__ rstd, int n,  \
                                       int c, float eps) {                                         \
         __shared__ float sh[DUET_MAX_WAVES];                                                      \
@@ -31,12 +33,12 @@
             rstd[row] = rs;                                                                       \
         }                                                                                         \
     }
-DUET_FOR_ACT(DUET_LN_FWD)
+DUET_FOR_ACT_AND_WIDE(DUET_LN_FWD)
 
 // dx += (g - mean(g) - xhat * mean(g * xhat)) * rstd with g = dout * gamma. Launch: grid (n).
-#define DUET_LN_BWD_DX(N, T)                                                                     \
-    DUET_KERNEL layernorm_backward_dx_##N(const T* __restrict__ dout, const T* __restrict__ x,     \
-                                          const T* __restrict__ gamma,                             \
+#define DUET_LN_BWD_DX(N, T, PN, P)                                                                     \
+    DUET_KERNEL layernorm_backward_dx_##N##_##PN(const T* __restrict__ dout, const T* __restrict__ x,     \
+                                          const P* __restrict__ gamma,                             \
                                           const float* __restrict__ mean,                          \
                                           const float* __restrict__ rstd, T* __restrict__ dx,      \
                                           int n, int c) {                                          \
@@ -59,16 +61,16 @@ DUET_FOR_ACT(DUET_LN_FWD)
             duet_st(dx, base + j, duet_ld(dx, base + j) + (g - mg - xh * mgx) * rs);               \
         }                                                                                          \
     }
-DUET_FOR_ACT(DUET_LN_BWD_DX)
+DUET_FOR_ACT_AND_WIDE(DUET_LN_BWD_DX)
 
-// Pass 1 of dgamma/dbeta: partial[k, j] = sum over rows of chunk k of dout*xhat (first c floats of
-// the chunk's slot) and dout (next c floats). Launch: grid (ceil(c/256), chunks), block 256;
-// partial holds chunks * 2c floats; chunk k covers rows [k*rows_per_chunk, ...).
-#define DUET_LN_BWD_PARTIAL(N, T)                                                               \
-    DUET_KERNEL layernorm_backward_partial_##N(                                                   \
+// dgamma/dbeta, pass 1: pg[k * c + j] = sum of dout * xhat and pb[k * c + j] = sum of dout over
+// the rows of chunk k. Launch: grid (ceil(c / DUET_BLOCK), chunks), block DUET_BLOCK. Pass 2 is
+// colsum_finish (reduce.hip) into dgamma and into dbeta.
+#define DUET_LN_DPARAMS(N, T)                                                                   \
+    DUET_KERNEL layernorm_dparams_partial_##N(                                                    \
         const T* __restrict__ dout, const T* __restrict__ x, const float* __restrict__ mean,      \
-        const float* __restrict__ rstd, float* __restrict__ partial, int n, int c,                \
-        int rows_per_chunk) {                                                                     \
+        const float* __restrict__ rstd, float* __restrict__ pg, float* __restrict__ pb, int n,    \
+        int c, int rows_per_chunk) {                                                              \
         const int j = blockIdx.x * blockDim.x + threadIdx.x;                                      \
         if (j >= c) return;                                                                       \
         const int r0 = blockIdx.y * rows_per_chunk;                                               \
@@ -80,26 +82,7 @@ DUET_FOR_ACT(DUET_LN_BWD_DX)
             sgx += g * (duet_ld(x, idx) - mean[r]) * rstd[r];                                     \
             sg += g;                                                                              \
         }                                                                                         \
-        float* slot = partial + (duet_u64)blockIdx.y * 2 * c;                                     \
-        slot[j] = sgx;                                                                            \
-        slot[c + j] = sg;                                                                         \
+        pg[(duet_u64)blockIdx.y * c + j] = sgx;                                                   \
+        pb[(duet_u64)blockIdx.y * c + j] = sg;                                                    \
     }
-DUET_FOR_ACT(DUET_LN_BWD_PARTIAL)
-
-// Pass 2: dgamma[j] += sum_k partial[k, j]; dbeta[j] += sum_k partial[k, c + j], k in order.
-// Grid-stride over c.
-#define DUET_LN_BWD_PARAMS(N, T)                                                                \
-    DUET_KERNEL layernorm_backward_params_##N(const float* __restrict__ partial,                 \
-                                              T* __restrict__ dgamma, T* __restrict__ dbeta,      \
-                                              int c, int chunks) {                                \
-        DUET_GRID_STRIDE(j, (duet_u64)c) {                                                        \
-            float a = 0.0f, b = 0.0f;                                                             \
-            for (int k = 0; k < chunks; ++k) {                                                    \
-                a += partial[(duet_u64)k * 2 * c + j];                                            \
-                b += partial[(duet_u64)k * 2 * c + c + j];                                        \
-            }                                                                                     \
-            duet_st(dgamma, j, duet_ld(dgamma, j) + a);                                           \
-            duet_st(dbeta, j, duet_ld(dbeta, j) + b);                                             \
-        }                                                                                         \
-    }
-DUET_FOR_ACT(DUET_LN_BWD_PARAMS)
+DUET_FOR_ACT(DUET_LN_DPARAMS)

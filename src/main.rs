@@ -1,1 +1,136 @@
-fn main() {}
+//! The `duet` command line: train, info, bench.
+#![forbid(unsafe_code)]
+
+mod backends;
+mod cli_train;
+
+use clap::{Args, Parser, Subcommand};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// Errors at the CLI layer are reported as one line and a non-zero exit code.
+pub type CliResult<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
+
+#[derive(Parser)]
+#[command(name = "duet", version = concat!(env!("CARGO_PKG_VERSION"), " (", env!("DUET_GIT_REV"), ")"),
+    about = "Train transformer language models identically on CPUs, NVIDIA and AMD GPUs",
+    arg_required_else_help = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Train a GPT model (defaults: a small model on the arithmetic task, on the CPU).
+    Train(TrainArgs),
+    /// Time training steps of a configuration.
+    Bench(BenchArgs),
+    /// List the compiled-in backends, which ones load here, and their devices.
+    Info,
+}
+
+/// Model and run settings shared by `train` and `bench`; each flag overrides the preset and the
+/// config file.
+#[derive(Args, Clone, Debug)]
+pub struct ModelArgs {
+    /// Starting configuration: default, seed (the benchmark model), large, tiny.
+    #[arg(long, default_value = "default")]
+    pub preset: String,
+    /// A TOML file with [model] and [train] tables overriding the preset.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// cpu, cuda, hip or auto.
+    #[arg(long, env = "DUET_BACKEND", default_value = "cpu")]
+    pub backend: String,
+    /// CPU worker threads (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    #[arg(long)]
+    pub steps: Option<u64>,
+    #[arg(long)]
+    pub batch: Option<usize>,
+    #[arg(long)]
+    pub seq: Option<usize>,
+    #[arg(long)]
+    pub layers: Option<usize>,
+    #[arg(long)]
+    pub d_model: Option<usize>,
+    #[arg(long)]
+    pub heads: Option<usize>,
+    #[arg(long)]
+    pub ffn: Option<usize>,
+    #[arg(long)]
+    pub vocab: Option<usize>,
+    #[arg(long)]
+    pub max_seq: Option<usize>,
+    #[arg(long)]
+    pub lr: Option<f32>,
+    #[arg(long)]
+    pub warmup: Option<u64>,
+    #[arg(long)]
+    pub min_lr_ratio: Option<f32>,
+    #[arg(long)]
+    pub weight_decay: Option<f32>,
+    #[arg(long)]
+    pub beta1: Option<f32>,
+    #[arg(long)]
+    pub beta2: Option<f32>,
+    #[arg(long)]
+    pub eps: Option<f32>,
+    /// Global gradient-norm clipping threshold (0 disables).
+    #[arg(long)]
+    pub grad_clip: Option<f32>,
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Held-out progressions checked by greedy generation at the end (0 skips the check).
+    #[arg(long)]
+    pub eval_sequences: Option<usize>,
+}
+
+#[derive(Args)]
+struct TrainArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Write one JSON object per step (step, loss, lr, grad_norm, tokens_per_s, elapsed_s).
+    #[arg(long, value_name = "FILE")]
+    metrics: Option<PathBuf>,
+    /// No progress bar; print a line every N steps instead (0: only the summary).
+    #[arg(long, value_name = "N")]
+    log_every: Option<u64>,
+}
+
+#[derive(Args)]
+struct BenchArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Untimed warm-up steps.
+    #[arg(long, default_value_t = 3)]
+    warmup_steps: u64,
+    /// Timed steps.
+    #[arg(long, default_value_t = 10)]
+    iters: u64,
+    /// Also write the result as JSON.
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Train(a) => cli_train::train(&cli_train::TrainOptions {
+            model: a.model,
+            metrics: a.metrics,
+            log_every: a.log_every,
+        }),
+        Command::Bench(a) => cli_train::bench(&a.model, a.warmup_steps, a.iters, a.json.as_deref()),
+        Command::Info => backends::info(),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -333,24 +333,26 @@ pub trait Device: Send + Sync + Sized + 'static {
         backward: bool,
     ) -> Result<()>;
 
-    /// Causal scaled softmax over `rows` independent `t × t` score matrices:
+    /// Causal scaled softmax over `batch` independent `t × t` score matrices (`batch·t·t`
+    /// elements; the row index within each matrix is the query position):
     /// `probs[i, j] = softmax_j(scale · scores[i, j])` for `j ≤ i`, 0 above the diagonal.
     fn softmax_causal_forward(
         &self,
         scores: &Self::Buffer,
         probs: &mut Self::Buffer,
-        rows: usize,
+        batch: usize,
         t: usize,
         scale: f32,
     ) -> Result<()>;
 
-    /// Backward of the causal scaled softmax: `dscores = scale · P ⊙ (dP − Σ_j P·dP)` (overwrites).
+    /// Backward of the causal scaled softmax over `batch` matrices of `t × t`:
+    /// `dscores = scale · P ⊙ (dP − Σ_j P·dP)` (overwrites; 0 above the diagonal).
     fn softmax_causal_backward(
         &self,
         probs: &Self::Buffer,
         dprobs: &Self::Buffer,
         dscores: &mut Self::Buffer,
-        rows: usize,
+        batch: usize,
         t: usize,
         scale: f32,
     ) -> Result<()>;

@@ -1,1 +1,30 @@
+//! duet's engine: the GPT model, its explicit backward pass, AdamW, and the trainer — generic
+//! over any [`duet_device::Device`].
+#![forbid(unsafe_code)]
 
+pub mod config;
+pub mod data;
+pub mod model;
+pub mod optim;
+pub mod rng;
+pub mod train;
+
+pub use config::{Config, ModelConfig, Preset, TrainConfig};
+pub use model::Gpt;
+pub use train::Trainer;
+
+use duet_device::DeviceError;
+
+pub type Result<T, E = EngineError> = std::result::Result<T, E>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Device(#[from] DeviceError),
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    #[error("{path}: {message}")]
+    Io { path: String, message: String },
+    #[error("training diverged at step {step}: loss is {loss}")]
+    Diverged { step: u64, loss: f32 },
+}

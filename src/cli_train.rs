@@ -1,0 +1,255 @@
+//! `duet train` and `duet bench`.
+
+use crate::backends::{OnDevice, dispatch};
+use crate::{CliResult, ModelArgs};
+use duet_device::{BackendKind, Device, human_bytes};
+use duet_engine::{Config, Preset, Trainer};
+use indicatif::{ProgressBar, ProgressStyle};
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+pub struct TrainOptions {
+    pub model: ModelArgs,
+    pub metrics: Option<PathBuf>,
+    pub log_every: Option<u64>,
+}
+
+/// Preset, then config file, then flags; validated.
+pub fn build_config(a: &ModelArgs) -> CliResult<Config> {
+    let preset: Preset = a.preset.parse()?;
+    let mut cfg = Config::preset(preset);
+    if let Some(path) = &a.config {
+        cfg = Config::from_toml_file(path, cfg)?;
+    }
+    let m = &mut cfg.model;
+    macro_rules! set {
+        ($dst:expr, $src:expr) => {
+            if let Some(v) = $src {
+                $dst = v;
+            }
+        };
+    }
+    set!(m.vocab, a.vocab);
+    set!(m.d_model, a.d_model);
+    set!(m.heads, a.heads);
+    set!(m.ffn, a.ffn);
+    set!(m.layers, a.layers);
+    set!(m.max_seq, a.max_seq);
+    let t = &mut cfg.train;
+    set!(t.batch, a.batch);
+    set!(t.seq, a.seq);
+    set!(t.steps, a.steps);
+    set!(t.lr, a.lr);
+    set!(t.warmup, a.warmup);
+    set!(t.min_lr_ratio, a.min_lr_ratio);
+    set!(t.weight_decay, a.weight_decay);
+    set!(t.beta1, a.beta1);
+    set!(t.beta2, a.beta2);
+    set!(t.eps, a.eps);
+    set!(t.grad_clip, a.grad_clip);
+    set!(t.seed, a.seed);
+    set!(t.eval_sequences, a.eval_sequences);
+    cfg.validate()?;
+    Ok(cfg)
+}
+
+fn backend_kind(a: &ModelArgs) -> CliResult<BackendKind> {
+    Ok(a.backend.parse()?)
+}
+
+pub fn train(opts: &TrainOptions) -> CliResult<()> {
+    let cfg = build_config(&opts.model)?;
+    // Open the metrics file before any work so a bad path fails fast.
+    let metrics = match &opts.metrics {
+        Some(p) => Some(BufWriter::new(File::create(p).map_err(|e| {
+            format!("cannot create metrics file {}: {e}", p.display())
+        })?)),
+        None => None,
+    };
+    let kind = backend_kind(&opts.model)?;
+    dispatch(
+        kind,
+        opts.model.threads,
+        TrainTask {
+            cfg,
+            metrics,
+            log_every: opts.log_every,
+        },
+    )
+}
+
+struct TrainTask {
+    cfg: Config,
+    metrics: Option<BufWriter<File>>,
+    log_every: Option<u64>,
+}
+
+impl OnDevice for TrainTask {
+    type Output = ();
+
+    fn run<D: Device>(mut self, dev: Arc<D>) -> CliResult<()> {
+        let info = dev.info();
+        let cfg = self.cfg.clone();
+        let (m, t) = (&cfg.model, &cfg.train);
+        eprintln!(
+            "duet: {} on {} ({}) | {} params: vocab {}, d_model {}, heads {}, ffn {}, layers {} | batch {} × seq {}, {} steps, lr {}",
+            info.backend,
+            info.name,
+            info.arch,
+            m.num_params(),
+            m.vocab,
+            m.d_model,
+            m.heads,
+            m.ffn,
+            m.layers,
+            t.batch,
+            t.seq,
+            t.steps,
+            t.lr
+        );
+        let mut trainer = Trainer::new(dev.clone(), cfg.clone())?;
+        let plan = trainer.model().memory_plan().clone();
+        eprintln!(
+            "memory plan: params {}, grads {}, optimizer {}, activations {}, scratch {}",
+            human_bytes(plan.params),
+            human_bytes(plan.grads),
+            human_bytes(2 * plan.params),
+            human_bytes(plan.activations),
+            human_bytes(plan.scratch)
+        );
+        let bar = match self.log_every {
+            None => {
+                let bar = ProgressBar::new(t.steps);
+                bar.set_style(
+                    ProgressStyle::with_template(
+                        "{bar:30} step {pos}/{len} | {msg} | {elapsed_precise} ETA {eta_precise}",
+                    )
+                    .expect("valid template"),
+                );
+                Some(bar)
+            }
+            Some(_) => None,
+        };
+        let start = Instant::now();
+        let mut last_loss = f32::NAN;
+        for _ in 0..t.steps {
+            let r = trainer.train_step()?;
+            last_loss = r.loss;
+            let elapsed = start.elapsed().as_secs_f64();
+            let tps = r.tokens as f64 / r.seconds.max(1e-9);
+            if let Some(w) = self.metrics.as_mut() {
+                let line = serde_json::json!({
+                    "step": r.step, "loss": r.loss, "lr": r.lr, "grad_norm": r.grad_norm,
+                    "tokens_per_s": tps, "elapsed_s": elapsed,
+                });
+                writeln!(w, "{line}")?;
+            }
+            let msg = format!("loss {:.4} | {:.0} tok/s", r.loss, tps);
+            match (&bar, self.log_every) {
+                (Some(bar), _) => {
+                    bar.set_message(msg);
+                    bar.inc(1);
+                }
+                (None, Some(n)) if n > 0 && (r.step % n == 0 || r.step == t.steps) => {
+                    eprintln!(
+                        "step {}/{} | {msg} | lr {:.2e} | grad norm {:.3}",
+                        r.step, t.steps, r.lr, r.grad_norm
+                    );
+                }
+                _ => {}
+            }
+        }
+        if let Some(bar) = &bar {
+            bar.finish();
+        }
+        if let Some(mut w) = self.metrics.take() {
+            w.flush()?;
+        }
+        let train_secs = start.elapsed().as_secs_f64();
+        let mem = dev.memory_stats();
+        println!(
+            "trained {} steps in {:.1}s ({:.0} tokens/s), final loss {:.4}, peak memory {}",
+            t.steps,
+            train_secs,
+            (t.steps as usize * t.batch * t.seq) as f64 / train_secs.max(1e-9),
+            last_loss,
+            human_bytes(mem.peak)
+        );
+        if t.eval_sequences > 0 {
+            let eval_start = Instant::now();
+            let e = trainer.evaluate_generation(t.eval_sequences)?;
+            println!(
+                "greedy generation on {} held-out progressions (prompt {}, generate {}): {:.1}% exact, {:.2}% of tokens keep the stride ({:.1}s)",
+                e.sequences,
+                duet_engine::train::PROMPT_LEN,
+                duet_engine::train::GEN_LEN,
+                100.0 * e.accuracy(),
+                100.0 * e.token_accuracy,
+                eval_start.elapsed().as_secs_f64()
+            );
+        }
+        Ok(())
+    }
+}
+
+pub fn bench(a: &ModelArgs, warmup: u64, iters: u64, json: Option<&Path>) -> CliResult<()> {
+    let cfg = build_config(a)?;
+    if iters == 0 {
+        return Err("--iters must be at least 1".into());
+    }
+    let kind = backend_kind(a)?;
+    let out = dispatch(kind, a.threads, BenchTask { cfg, warmup, iters })?;
+    println!("{}", serde_json::to_string_pretty(&out)?);
+    if let Some(p) = json {
+        std::fs::write(p, serde_json::to_string_pretty(&out)? + "\n")
+            .map_err(|e| format!("cannot write {}: {e}", p.display()))?;
+    }
+    Ok(())
+}
+
+struct BenchTask {
+    cfg: Config,
+    warmup: u64,
+    iters: u64,
+}
+
+impl OnDevice for BenchTask {
+    type Output = serde_json::Value;
+
+    fn run<D: Device>(self, dev: Arc<D>) -> CliResult<serde_json::Value> {
+        let mut trainer = Trainer::new(dev.clone(), self.cfg.clone())?;
+        for _ in 0..self.warmup {
+            trainer.train_step()?;
+        }
+        dev.synchronize()?;
+        dev.reset_peak_memory();
+        let mut times = Vec::with_capacity(self.iters as usize);
+        for _ in 0..self.iters {
+            let s = Instant::now();
+            trainer.train_step()?;
+            dev.synchronize()?;
+            times.push(s.elapsed().as_secs_f64() * 1e3);
+        }
+        times.sort_by(f64::total_cmp);
+        let median = times[times.len() / 2];
+        let tokens = (self.cfg.train.batch * self.cfg.train.seq) as f64;
+        let info = dev.info();
+        let mem = dev.memory_stats();
+        Ok(serde_json::json!({
+            "backend": info.backend,
+            "device": info.name,
+            "precision": "fp32",
+            "model": self.cfg.model,
+            "batch": self.cfg.train.batch,
+            "seq": self.cfg.train.seq,
+            "ms_per_step_median": median,
+            "ms_per_step_min": times[0],
+            "tokens_per_s": tokens / (median / 1e3),
+            "peak_memory_bytes": mem.peak,
+            "git_rev": env!("DUET_GIT_REV"),
+        }))
+    }
+}

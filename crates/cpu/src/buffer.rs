@@ -64,18 +64,26 @@ pub(crate) enum Storage {
     Bytes(Vec<u8>),
 }
 
+/// A zero-filled vector, or `None` when the allocator refuses the request.
+fn try_zeroed<T: Clone>(len: usize, zero: T) -> Option<Vec<T>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(len).ok()?;
+    v.resize(len, zero);
+    Some(v)
+}
+
 impl Storage {
-    fn zeroed(dtype: DType, len: usize) -> Self {
-        match dtype {
-            DType::F32 => Storage::F32(vec![0.0; len]),
-            DType::F16 => Storage::F16(vec![f16::ZERO; len]),
-            DType::BF16 => Storage::BF16(vec![bf16::ZERO; len]),
-            DType::I32 => Storage::I32(vec![0; len]),
+    fn zeroed(dtype: DType, len: usize) -> Option<Self> {
+        Some(match dtype {
+            DType::F32 => Storage::F32(try_zeroed(len, 0.0)?),
+            DType::F16 => Storage::F16(try_zeroed(len, f16::ZERO)?),
+            DType::BF16 => Storage::BF16(try_zeroed(len, bf16::ZERO)?),
+            DType::I32 => Storage::I32(try_zeroed(len, 0)?),
             // Code 0 is +0.0 in every FP8 format.
             DType::U8 | DType::F8E4M3 | DType::F8E5M2 | DType::F8E4M3Fnuz | DType::F8E5M2Fnuz => {
-                Storage::Bytes(vec![0; len])
+                Storage::Bytes(try_zeroed(len, 0)?)
             }
-        }
+        })
     }
 
     pub(crate) fn bytes(&self) -> &[u8] {
@@ -128,14 +136,10 @@ impl CpuBuffer {
         let bytes = len
             .checked_mul(dtype.size_bytes())
             .ok_or_else(|| DeviceError::InvalidArgument(format!("{len} × {dtype} overflows")))?;
-        // Refuse requests that cannot possibly fit instead of aborting inside the allocator.
-        if bytes > isize::MAX as usize {
-            return Err(DeviceError::OutOfMemory {
-                requested: bytes as u64,
-                free: crate::info::total_memory().unwrap_or(0),
-            });
-        }
-        let storage = Storage::zeroed(dtype, len);
+        let storage = Storage::zeroed(dtype, len).ok_or_else(|| DeviceError::OutOfMemory {
+            requested: bytes as u64,
+            free: crate::info::available_memory().unwrap_or(0),
+        })?;
         counter.add(bytes as u64);
         Ok(Self {
             dtype,

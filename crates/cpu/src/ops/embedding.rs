@@ -30,7 +30,7 @@ fn validate(
     if c == 0 {
         return Err(shape_err(op, "c must be positive"));
     }
-    if table.len() % c != 0 || table.is_empty() {
+    if !table.len().is_multiple_of(c) || table.is_empty() {
         return Err(shape_err(
             op,
             format!(

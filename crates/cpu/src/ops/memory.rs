@@ -13,7 +13,7 @@ compile_error!("duet-cpu assumes a little-endian host");
 pub(crate) fn upload_bytes(src: &[u8], dst: &mut CpuBuffer, offset: usize) -> Result<()> {
     const OP: &str = "upload_bytes";
     let size = dst.dtype().size_bytes();
-    if src.len() % size != 0 {
+    if !src.len().is_multiple_of(size) {
         return Err(shape_err(
             OP,
             format!(

@@ -1,6 +1,8 @@
 //! Shared helpers for the CPU backend tests: a seeded RNG, buffer shortcuts and comparisons.
 #![allow(dead_code)]
 
+pub mod reference;
+
 use duet_cpu::{CpuBuffer, CpuDevice};
 use duet_device::{DType, Device, DeviceExt};
 use half::{bf16, f16};

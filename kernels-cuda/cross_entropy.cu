@@ -2,8 +2,9 @@
 //
 // One block per row; the host picks the block size from v (one warp for the 96-token vocabulary,
 // up to 1024 threads for large vocabularies). Max and sum are block reductions in f32.
-// A negative target is ignored (loss 0, gradient 0). A target ≥ v is invalid: its loss is NaN
-// (so it cannot go unnoticed) and its gradient row is 0.
+// A negative target is ignored (loss 0, gradient 0). A target ≥ v is invalid: its loss is NaN,
+// its gradient row is 0, and it sets bit 2 of the device's error word, which the host reports at
+// the next synchronize.
 #include "common.cuh"
 
 template <typename T>
@@ -11,7 +12,7 @@ __device__ __forceinline__ void cross_entropy_body(const T* __restrict__ logits,
                                                    const int* __restrict__ targets,
                                                    float* __restrict__ losses,
                                                    T* __restrict__ dlogits, int v,
-                                                   float grad_scale) {
+                                                   float grad_scale, unsigned int* err) {
     __shared__ float sh[32];
     const u64 row = blockIdx.x;
     const T* x = logits + row * v;
@@ -26,7 +27,10 @@ __device__ __forceinline__ void cross_entropy_body(const T* __restrict__ logits,
     if (threadIdx.x == 0) {
         float loss = 0.0f;
         if (valid) loss = logf(sum) + mx - to_f32(x[tgt]);
-        else if (tgt >= v) loss = __int_as_float(0x7fc00000);
+        else if (tgt >= v) {
+            loss = __int_as_float(0x7fc00000);
+            atomicOr(err, 2u);
+        }
         losses[row] = loss;
     }
     if (dlogits != nullptr) {
@@ -44,7 +48,7 @@ __device__ __forceinline__ void cross_entropy_body(const T* __restrict__ logits,
                                                  const int* __restrict__ targets,             \
                                                  float* __restrict__ losses,                  \
                                                  T* __restrict__ dlogits, int v,              \
-                                                 float grad_scale) {                          \
-        cross_entropy_body(logits, targets, losses, dlogits, v, grad_scale);                  \
+                                                 float grad_scale, unsigned int* err) {       \
+        cross_entropy_body(logits, targets, losses, dlogits, v, grad_scale, err);             \
     }
 FOR_FLOAT(CROSS_ENTROPY)

@@ -1,4 +1,5 @@
 // Elementwise ops: scale, add, add_assign, GELU (tanh approximation) and bias add.
+// (bias_backward is a column sum: colsum_partial/colsum_finish in reduce.cu.)
 //
 // Every kernel is a grid-stride loop over 16-byte packs (4 f32 or 8 bf16/f16 per 128-bit access)
 // followed by a scalar tail. Buffers start at allocation boundaries (256-byte aligned), so packs
@@ -65,9 +66,6 @@ __device__ __forceinline__ void map2(const T* a, const T* b, T* out, u64 n, F f)
                                        T* __restrict__ out, u64 n) {                          \
         map2(a, b, out, n, [](float x, float y) { return x + y; });                           \
     }                                                                                         \
-    extern "C" __global__ void add_assign_##S(T* dst, const T* __restrict__ src, u64 n) {     \
-        map2(dst, src, dst, n, [](float x, float y) { return x + y; });                       \
-    }                                                                                         \
     extern "C" __global__ void gelu_forward_##S(const T* __restrict__ x, T* __restrict__ out, \
                                                 u64 n) {                                      \
         map1(x, out, n, [](float v) { return gelu_f(v); });                                   \
@@ -78,6 +76,36 @@ __device__ __forceinline__ void map2(const T* a, const T* b, T* out, u64 n, F f)
         map2(x, dout, dx, n, [](float v, float d) { return gelu_grad_f(v) * d; });            \
     }
 FOR_FLOAT(ELEMENTWISE)
+
+// dst[i] += src[i] (gradient accumulation); dst and src may differ in dtype (e.g. f32 += bf16).
+template <typename D, typename S>
+__device__ __forceinline__ void add_assign_body(D* dst, const S* __restrict__ src, u64 n) {
+    if constexpr (sizeof(D) == sizeof(S) && Pack<D>::N == Pack<S>::N) {
+        const int N = Pack<D>::N;
+        const u64 stride = (u64)gridDim.x * blockDim.x;
+        const u64 first = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+        for (u64 i = first; i < n / N; i += stride) {
+            Pack<D> d = load_pack(dst + i * N);
+            Pack<S> x = load_pack(src + i * N);
+#pragma unroll
+            for (int j = 0; j < N; ++j) d.v[j] = from_f32<D>(to_f32(d.v[j]) + to_f32(x.v[j]));
+            store_pack(dst + i * N, d);
+        }
+        for (u64 i = (n / N) * N + first; i < n; i += stride)
+            dst[i] = from_f32<D>(to_f32(dst[i]) + to_f32(src[i]));
+    } else {
+        const u64 stride = (u64)gridDim.x * blockDim.x;
+        for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+            dst[i] = from_f32<D>(to_f32(dst[i]) + to_f32(src[i]));
+    }
+}
+
+#define ADD_ASSIGN(D, SD, S, SS)                                                              \
+    extern "C" __global__ void add_assign_##SD##_##SS(D* dst, const S* __restrict__ src,      \
+                                                      u64 n) {                                \
+        add_assign_body(dst, src, n);                                                         \
+    }
+FOR_FLOAT_PAIRS(ADD_ASSIGN)
 
 // x[r, j] += bias[j] for x (rows × c). With c a multiple of the pack width every pack lies in
 // one row, so x moves in 128-bit accesses; otherwise element by element.

@@ -8,7 +8,8 @@
 //      of that token in position order and adds the result to dwte once.
 //   3. The position gradient Σ_b dout[b, t, :] is a column sum of dout viewed as b × (t·c),
 //      done with colsum_partial/colsum_finish from reduce.cu.
-// Token ids outside [0, vocab) contribute nothing (the forward pass treats their wte row as 0).
+// Token ids outside [0, vocab) contribute nothing (the forward pass treats their wte row as 0)
+// and set bit 1 of the device's error word, which the host reports at the next synchronize.
 #include "common.cuh"
 
 // out[r, :] = wte[tokens[r], :] + wpe[r % t, :]; one block per row r of the b·t rows.
@@ -17,10 +18,11 @@ __device__ __forceinline__ void embedding_forward_body(const int* __restrict__ t
                                                        const P* __restrict__ wte,
                                                        const P* __restrict__ wpe,
                                                        A* __restrict__ out, int t, int c,
-                                                       int vocab) {
+                                                       int vocab, unsigned int* err) {
     const u64 row = blockIdx.x;
     const int tok = tokens[row];
     const bool valid = tok >= 0 && tok < vocab;
+    if (!valid && threadIdx.x == 0) atomicOr(err, 1u);
     const P* w = wte + (u64)(valid ? tok : 0) * c;
     const P* p = wpe + (u64)(row % t) * c;
     A* o = out + row * c;
@@ -33,8 +35,8 @@ __device__ __forceinline__ void embedding_forward_body(const int* __restrict__ t
 #define EMBEDDING_FORWARD(A, SA, P, SP)                                                       \
     extern "C" __global__ void embedding_forward_##SA##_##SP(                                 \
         const int* __restrict__ tokens, const P* __restrict__ wte, const P* __restrict__ wpe, \
-        A* __restrict__ out, int t, int c, int vocab) {                                       \
-        embedding_forward_body(tokens, wte, wpe, out, t, c, vocab);                           \
+        A* __restrict__ out, int t, int c, int vocab, unsigned int* err) {                    \
+        embedding_forward_body(tokens, wte, wpe, out, t, c, vocab, err);                      \
     }
 FOR_ACT_AND_WIDE(EMBEDDING_FORWARD)
 
@@ -66,11 +68,14 @@ __device__ __forceinline__ void embedding_backward_wte_body(const int* __restric
                                                             const int* __restrict__ sorted,
                                                             const A* __restrict__ dout,
                                                             G* __restrict__ dwte, int n, int c,
-                                                            int vocab) {
+                                                            int vocab, unsigned int* err) {
     const int s = blockIdx.x;
     const int tok = tokens[sorted[s]];
-    if (tok < 0 || tok >= vocab) return;
     if (s > 0 && tokens[sorted[s - 1]] == tok) return;
+    if (tok < 0 || tok >= vocab) {
+        if (threadIdx.x == 0 && blockIdx.y == 0) atomicOr(err, 1u);
+        return;
+    }
     const int col = blockIdx.y * blockDim.x + threadIdx.x;
     if (col >= c) return;
     float acc = 0.0f;
@@ -86,7 +91,8 @@ __device__ __forceinline__ void embedding_backward_wte_body(const int* __restric
 #define EMBEDDING_BACKWARD(A, SA, G, SG)                                                      \
     extern "C" __global__ void embedding_backward_wte_##SA##_##SG(                            \
         const int* __restrict__ tokens, const int* __restrict__ sorted,                       \
-        const A* __restrict__ dout, G* __restrict__ dwte, int n, int c, int vocab) {          \
-        embedding_backward_wte_body(tokens, sorted, dout, dwte, n, c, vocab);                 \
+        const A* __restrict__ dout, G* __restrict__ dwte, int n, int c, int vocab,            \
+        unsigned int* err) {                                                                  \
+        embedding_backward_wte_body(tokens, sorted, dout, dwte, n, c, vocab, err);            \
     }
 FOR_ACT_AND_WIDE(EMBEDDING_BACKWARD)

@@ -39,49 +39,65 @@ CAST_FROM(e4m3fnuz_t, f8e4m3fnuz)
 CAST_FROM(e5m2fnuz_t, f8e5m2fnuz)
 
 // ------------------------------------------------------------------ sum of squares
+// Squares are accumulated in f64 (like the CPU reference), per thread and per block, and the
+// block partials are added in index order; the final sum is added to out[slot] in f64 and
+// rounded to f32 once.
+
+__device__ __forceinline__ double block_sum_f64(double v, double* sh) {
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    __syncthreads();
+    if (lane == 0) sh[wid] = v;
+    __syncthreads();
+    v = lane < nw ? sh[lane] : 0.0;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
 
 // partial[blockIdx.x] = Σ x² over the elements this block visits. The grid size is chosen by the
 // host from n alone, so the partition is fixed. blockDim.x is 256.
 template <typename T>
 __device__ __forceinline__ void sum_squares_partial_body(const T* __restrict__ x, u64 n,
-                                                         float* __restrict__ partial) {
-    __shared__ float sh[32];
+                                                         double* __restrict__ partial) {
+    __shared__ double sh[32];
     const int N = Pack<T>::N;
     const u64 stride = (u64)gridDim.x * blockDim.x;
     const u64 first = (u64)blockIdx.x * blockDim.x + threadIdx.x;
-    float acc = 0.0f;
+    double acc = 0.0;
     const u64 packs = n / N;
     for (u64 i = first; i < packs; i += stride) {
         Pack<T> p = load_pack(x + i * N);
 #pragma unroll
         for (int j = 0; j < N; ++j) {
-            const float v = to_f32(p.v[j]);
+            const double v = (double)to_f32(p.v[j]);
             acc += v * v;
         }
     }
     for (u64 i = packs * N + first; i < n; i += stride) {
-        const float v = to_f32(x[i]);
+        const double v = (double)to_f32(x[i]);
         acc += v * v;
     }
-    acc = block_sum(acc, sh);
+    acc = block_sum_f64(acc, sh);
     if (threadIdx.x == 0) partial[blockIdx.x] = acc;
 }
 
 #define SUM_SQUARES(T, S)                                                                     \
     extern "C" __global__ void sum_squares_partial_##S(const T* __restrict__ x, u64 n,       \
-                                                       float* __restrict__ partial) {         \
+                                                       double* __restrict__ partial) {        \
         sum_squares_partial_body(x, n, partial);                                              \
     }
 FOR_FLOAT(SUM_SQUARES)
 
 // out[slot] += Σ partial[0..count) — one block of 256 threads, fixed order.
-extern "C" __global__ void sum_squares_finish(const float* __restrict__ partial, int count,
+extern "C" __global__ void sum_squares_finish(const double* __restrict__ partial, int count,
                                               float* out, u64 slot) {
-    __shared__ float sh[32];
-    float acc = 0.0f;
+    __shared__ double sh[32];
+    double acc = 0.0;
     for (int i = threadIdx.x; i < count; i += blockDim.x) acc += partial[i];
-    acc = block_sum(acc, sh);
-    if (threadIdx.x == 0) out[slot] += acc;
+    acc = block_sum_f64(acc, sh);
+    if (threadIdx.x == 0) out[slot] = (float)((double)out[slot] + acc);
 }
 
 // ------------------------------------------------------------------ column sums

@@ -1,11 +1,32 @@
-//! The cuda backend (not yet implemented): reports itself unavailable.
-use duet_device::{DeviceError, Result};
+//! duet's CUDA backend: [`CudaDevice`] implements [`duet_device::Device`] on an NVIDIA GPU.
+//!
+//! - **Loading.** cudarc with dynamic loading: nothing CUDA is needed to build. At run time
+//!   [`loader`] finds the driver, NVRTC, cuBLASLt and cuBLAS (also in the toolkit folder, the
+//!   container driver mount and pip's `nvidia-*` wheels) before cudarc touches them, so a
+//!   machine without them gets [`duet_device::DeviceError::Unavailable`] instead of a panic.
+//! - **Kernels.** `kernels-cuda/*.cu`, embedded in the binary, compiled by NVRTC for the GPU's
+//!   compute capability when the device opens and cached on disk ([`kernels`]).
+//! - **GEMMs.** cuBLAS `cublasGemmStridedBatchedEx` with FP32 compute ([`blas`]); f32 GEMMs
+//!   are true FP32 unless TF32 is allowed explicitly.
+//! - **Memory.** Stream-ordered allocations counted per device; uploads are staged through a
+//!   ring of pinned buffers and copied asynchronously ([`memory`]).
+//! - **Determinism.** No float atomics: embedding, bias, LayerNorm-parameter gradients and
+//!   `sum_squares` use fixed partitions and ordered two-pass reductions, so they are identical
+//!   run to run. cuBLAS is deterministic for a given GPU model, library version and stream.
+//!
+//! Module layout follows the HIP backend: `device`, `memory`, `blas`, `kernels`, `error`,
+//! `conv`, plus `loader`.
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(clippy::undocumented_unsafe_blocks)]
 
-/// Always fails: this backend is not implemented yet.
-pub fn probe() -> Result<()> {
-    Err(DeviceError::Unavailable {
-        backend: "cuda",
-        reason: "not implemented in this build".into(),
-        tried: vec![],
-    })
-}
+mod blas;
+mod conv;
+mod device;
+mod error;
+pub mod kernels;
+pub mod loader;
+mod memory;
+
+pub use device::CudaDevice;
+pub use kernels::{KernelModule, compile};
+pub use memory::CudaBuffer;

@@ -120,19 +120,26 @@ impl Drop for Program {
 
 /// Compiles `module` with NVRTC to a CUBIN for `arch` (e.g. "sm_90"). Needs NVRTC only, no GPU.
 pub fn compile(module: KernelModule, arch: &str) -> Result<Vec<u8>> {
+    compile_source(module.file_name(), &module.source(), arch)
+}
+
+/// Compiles CUDA source `src` (named `name` in messages) with the backend's NVRTC options to a
+/// CUBIN for `arch`. Errors carry the options and NVRTC's log.
+pub fn compile_source(name: &str, src: &str, arch: &str) -> Result<Vec<u8>> {
     loader::require(&[CudaLib::Nvrtc])?;
-    let src = CString::new(module.source()).map_err(|_| DeviceError::Compile {
+    let compile_err = |log: String| DeviceError::Compile {
         backend: BACKEND,
-        module: module.file_name().into(),
-        log: "source contains a NUL byte".into(),
-    })?;
-    let name = CString::new(module.file_name()).expect("file names have no NUL");
+        module: name.to_string(),
+        log,
+    };
+    let src = CString::new(src).map_err(|_| compile_err("source contains a NUL byte".into()))?;
+    let cname = CString::new(name).map_err(|_| compile_err("name contains a NUL byte".into()))?;
     let prog = Program(
-        nvrtc_result::create_program(&src, Some(&name))
+        nvrtc_result::create_program(&src, Some(&cname))
             .map_err(|e| error::nvrtc("nvrtcCreateProgram", e))?,
     );
     let opts = options(arch);
-    // SAFETY: `prog` is a live program; `src` and `name` outlive it (dropped after `prog`).
+    // SAFETY: `prog` is a live program; `src` and `cname` outlive it (dropped after `prog`).
     let compiled = unsafe { nvrtc_result::compile_program(prog.0, &opts) };
     // SAFETY: as above.
     let log = unsafe { nvrtc_result::get_program_log(prog.0) }
@@ -146,11 +153,11 @@ pub fn compile(module: KernelModule, arch: &str) -> Result<Vec<u8>> {
         })
         .unwrap_or_default();
     if let Err(e) = compiled {
-        return Err(DeviceError::Compile {
-            backend: BACKEND,
-            module: module.file_name().into(),
-            log: format!("{:?} with options [{}]\n{log}", e.0, opts.join(" ")),
-        });
+        return Err(compile_err(format!(
+            "{:?} with options [{}]\n{log}",
+            e.0,
+            opts.join(" ")
+        )));
     }
     let mut size = 0usize;
     // SAFETY: `prog` compiled successfully; `size` is an out-parameter.
@@ -158,14 +165,10 @@ pub fn compile(module: KernelModule, arch: &str) -> Result<Vec<u8>> {
         .result()
         .map_err(|e| error::nvrtc("nvrtcGetCUBINSize", e))?;
     if size == 0 {
-        return Err(DeviceError::Compile {
-            backend: BACKEND,
-            module: module.file_name().into(),
-            log: format!(
-                "NVRTC produced no CUBIN for {arch} (options [{}])",
-                opts.join(" ")
-            ),
-        });
+        return Err(compile_err(format!(
+            "NVRTC produced no CUBIN for {arch} (options [{}])",
+            opts.join(" ")
+        )));
     }
     let mut cubin = vec![0u8; size];
     // SAFETY: `cubin` has exactly the size NVRTC reported.

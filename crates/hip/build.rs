@@ -50,8 +50,7 @@ mod generate {
     }
 
     fn hip_version(include: &Path) -> String {
-        let text =
-            std::fs::read_to_string(include.join("hip/hip_version.h")).unwrap_or_default();
+        let text = std::fs::read_to_string(include.join("hip/hip_version.h")).unwrap_or_default();
         let field = |name: &str| {
             text.lines()
                 .find_map(|l| l.strip_prefix(&format!("#define {name} ")))

@@ -230,7 +230,12 @@ fn main() -> Result<()> {
         let mut dqkv = g.dev.alloc(a, b * t * 3 * c)?;
         g.dev
             .split_heads_backward(&q, &kk, &v, &mut dqkv, b, t, nh, hs)?;
-        let k = g.case("split_heads_backward", a.name().into(), dims.clone(), vec![]);
+        let k = g.case(
+            "split_heads_backward",
+            a.name().into(),
+            dims.clone(),
+            vec![],
+        );
         g.put(k, "dq", 0, &q)?;
         g.put(k, "dk", 0, &kk)?;
         g.put(k, "dv", 0, &v)?;
@@ -347,7 +352,8 @@ fn main() -> Result<()> {
                 Some(d) => Some(g.dev.alloc(d, len)?),
                 None => None,
             };
-            g.dev.adamw(&mut p, &grad, &mut m, &mut v, &step, cbuf.as_mut())?;
+            g.dev
+                .adamw(&mut p, &grad, &mut m, &mut v, &step, cbuf.as_mut())?;
             g.put(k, "param", 1, &p)?;
             g.put(k, "m", 1, &m)?;
             g.put(k, "v", 1, &v)?;
@@ -458,7 +464,9 @@ fn main() -> Result<()> {
         g.put(k, "dbeta", 1, &dbeta)?;
         // embedding (tokens repeat so the backward accumulates several rows per token)
         let vocab = 50;
-        let tokens: Vec<i32> = (0..n).map(|_| (g.rng.next() % vocab as u64) as i32).collect();
+        let tokens: Vec<i32> = (0..n)
+            .map(|_| (g.rng.next() % vocab as u64) as i32)
+            .collect();
         let tk = g.dev.upload_new(&tokens)?;
         let wte = g.buf(p, vocab * c, 1.0)?;
         let wpe = g.buf(p, t * c, 1.0)?;

@@ -1,0 +1,147 @@
+//! HAND-WRITTEN hipBLASLt bindings (Debian ships no hipBLASLt headers, and `hipblaslt.h` is C++).
+//!
+//! Verified against hipBLASLt `library/include/hipblaslt.h` (rocm-6.2.x) and
+//! `library/include/hipblaslt/hipblaslt.h` (ROCm 7.x): the signatures and the enum values used
+//! here are identical in both. `hipDataType` values are HIP's `library_types.h`; `hipblasStatus_t`,
+//! `hipblasOperation_t` and `hipblasComputeType_t` come from hipBLAS-common `hipblas-common.h`.
+#![allow(non_camel_case_types, non_upper_case_globals)]
+
+use crate::dynlib::dyn_api;
+use crate::hip::sys::hipStream_t;
+use std::ffi::c_void;
+
+pub type hipblasStatus_t = u32;
+pub type hipblasLtHandle_t = *mut c_void;
+pub type hipblasLtMatmulDesc_t = *mut c_void;
+pub type hipblasLtMatrixLayout_t = *mut c_void;
+pub type hipblasLtMatmulPreference_t = *mut c_void;
+pub type hipDataType = u32;
+pub type hipblasComputeType_t = u32;
+
+pub const HIPBLAS_STATUS_SUCCESS: hipblasStatus_t = 0;
+pub const HIPBLAS_OP_N: i32 = 111;
+pub const HIPBLAS_OP_T: i32 = 112;
+pub const HIPBLAS_COMPUTE_32F: hipblasComputeType_t = 2;
+
+pub const HIP_R_32F: hipDataType = 0;
+pub const HIP_R_16F: hipDataType = 2;
+pub const HIP_R_16BF: hipDataType = 14;
+/// OCP FP8 (gfx950, gfx12); HIP 6.3+.
+pub const HIP_R_8F_E4M3: hipDataType = 28;
+pub const HIP_R_8F_E5M2: hipDataType = 29;
+/// FNUZ FP8 (gfx942); HIP 6.0+.
+pub const HIP_R_8F_E4M3_FNUZ: hipDataType = 1000;
+pub const HIP_R_8F_E5M2_FNUZ: hipDataType = 1001;
+
+// hipblasLtMatmulDescAttributes_t
+pub const HIPBLASLT_MATMUL_DESC_TRANSA: u32 = 0;
+pub const HIPBLASLT_MATMUL_DESC_TRANSB: u32 = 1;
+pub const HIPBLASLT_MATMUL_DESC_A_SCALE_POINTER: u32 = 5;
+pub const HIPBLASLT_MATMUL_DESC_B_SCALE_POINTER: u32 = 6;
+// hipblasLtMatrixLayoutAttribute_t
+pub const HIPBLASLT_MATRIX_LAYOUT_BATCH_COUNT: u32 = 0;
+pub const HIPBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET: u32 = 1;
+// hipblasLtMatmulPreferenceAttributes_t
+pub const HIPBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES: u32 = 1;
+
+/// `hipblasLtMatmulAlgo_t` (24 bytes).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct hipblasLtMatmulAlgo_t {
+    pub data: [u8; 16],
+    pub max_workspace_bytes: usize,
+}
+
+/// `hipblasLtMatmulHeuristicResult_t` (56 bytes).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct hipblasLtMatmulHeuristicResult_t {
+    pub algo: hipblasLtMatmulAlgo_t,
+    pub workspace_size: usize,
+    pub state: hipblasStatus_t,
+    pub waves_count: f32,
+    pub reserved: [i32; 4],
+}
+
+dyn_api! {
+    /// The hipBLASLt functions the backend calls.
+    pub struct HipblasLtLib {
+        pub fn hipblasLtCreate(handle: *mut hipblasLtHandle_t) -> hipblasStatus_t;
+        pub fn hipblasLtDestroy(handle: hipblasLtHandle_t) -> hipblasStatus_t;
+        pub fn hipblasLtMatrixLayoutCreate(
+            layout: *mut hipblasLtMatrixLayout_t,
+            ty: hipDataType,
+            rows: u64,
+            cols: u64,
+            ld: i64,
+        ) -> hipblasStatus_t;
+        pub fn hipblasLtMatrixLayoutDestroy(layout: hipblasLtMatrixLayout_t) -> hipblasStatus_t;
+        pub fn hipblasLtMatrixLayoutSetAttribute(
+            layout: hipblasLtMatrixLayout_t,
+            attr: u32,
+            buf: *const c_void,
+            size: usize,
+        ) -> hipblasStatus_t;
+        pub fn hipblasLtMatmulDescCreate(
+            desc: *mut hipblasLtMatmulDesc_t,
+            compute: hipblasComputeType_t,
+            scale_type: hipDataType,
+        ) -> hipblasStatus_t;
+        pub fn hipblasLtMatmulDescDestroy(desc: hipblasLtMatmulDesc_t) -> hipblasStatus_t;
+        pub fn hipblasLtMatmulDescSetAttribute(
+            desc: hipblasLtMatmulDesc_t,
+            attr: u32,
+            buf: *const c_void,
+            size: usize,
+        ) -> hipblasStatus_t;
+        pub fn hipblasLtMatmulPreferenceCreate(pref: *mut hipblasLtMatmulPreference_t) -> hipblasStatus_t;
+        pub fn hipblasLtMatmulPreferenceDestroy(pref: hipblasLtMatmulPreference_t) -> hipblasStatus_t;
+        pub fn hipblasLtMatmulPreferenceSetAttribute(
+            pref: hipblasLtMatmulPreference_t,
+            attr: u32,
+            buf: *const c_void,
+            size: usize,
+        ) -> hipblasStatus_t;
+        pub fn hipblasLtMatmulAlgoGetHeuristic(
+            handle: hipblasLtHandle_t,
+            desc: hipblasLtMatmulDesc_t,
+            a: hipblasLtMatrixLayout_t,
+            b: hipblasLtMatrixLayout_t,
+            c: hipblasLtMatrixLayout_t,
+            d: hipblasLtMatrixLayout_t,
+            pref: hipblasLtMatmulPreference_t,
+            requested: i32,
+            results: *mut hipblasLtMatmulHeuristicResult_t,
+            returned: *mut i32,
+        ) -> hipblasStatus_t;
+        pub fn hipblasLtMatmul(
+            handle: hipblasLtHandle_t,
+            desc: hipblasLtMatmulDesc_t,
+            alpha: *const c_void,
+            a: *const c_void,
+            a_layout: hipblasLtMatrixLayout_t,
+            b: *const c_void,
+            b_layout: hipblasLtMatrixLayout_t,
+            beta: *const c_void,
+            c: *const c_void,
+            c_layout: hipblasLtMatrixLayout_t,
+            d: *mut c_void,
+            d_layout: hipblasLtMatrixLayout_t,
+            algo: *const hipblasLtMatmulAlgo_t,
+            workspace: *mut c_void,
+            workspace_size: usize,
+            stream: hipStream_t,
+        ) -> hipblasStatus_t;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn struct_sizes_match_the_header() {
+        assert_eq!(std::mem::size_of::<hipblasLtMatmulAlgo_t>(), 24);
+        assert_eq!(std::mem::size_of::<hipblasLtMatmulHeuristicResult_t>(), 56);
+    }
+}

@@ -1,0 +1,328 @@
+//! The HIP kernels (`kernels-hip/*.hip`, embedded at build time), compiled by hiprtc for the
+//! device's `gcnArchName` when the device opens, cached on disk, and launched by name.
+//!
+//! Cache: `$DUET_HIP_CACHE`, else `$XDG_CACHE_HOME/duet/hip`, else `~/.cache/duet/hip`; one
+//! code object per module, keyed by a hash of the module source, the shared header, the compile
+//! options (which hold the target ID and wavefront size) and the hiprtc version. A failed cache
+//! write only costs a recompile next time.
+
+use crate::hip::result::HipApi;
+use crate::hip::safe::{Function, Module};
+use crate::hiprtc::result::RtcApi;
+use crate::hiprtc::safe::{CompileFailure, compile};
+use duet_device::{DeviceError, Result};
+use std::collections::HashMap;
+use std::ffi::{CString, c_void};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+/// The shared device header every module includes as `"duet_hip.h"`.
+pub const HEADER: &str = include_str!("../../../kernels-hip/duet_hip.h");
+
+/// One kernel source file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum KernelModule {
+    Adamw,
+    Attention,
+    CrossEntropy,
+    Elementwise,
+    Embedding,
+    Layernorm,
+    Reduce,
+}
+
+impl KernelModule {
+    pub const ALL: [KernelModule; 7] = [
+        Self::Adamw,
+        Self::Attention,
+        Self::CrossEntropy,
+        Self::Elementwise,
+        Self::Embedding,
+        Self::Layernorm,
+        Self::Reduce,
+    ];
+
+    pub fn file(self) -> &'static str {
+        match self {
+            Self::Adamw => "adamw.hip",
+            Self::Attention => "attention.hip",
+            Self::CrossEntropy => "cross_entropy.hip",
+            Self::Elementwise => "elementwise.hip",
+            Self::Embedding => "embedding.hip",
+            Self::Layernorm => "layernorm.hip",
+            Self::Reduce => "reduce.hip",
+        }
+    }
+
+    pub fn source(self) -> &'static str {
+        match self {
+            Self::Adamw => include_str!("../../../kernels-hip/adamw.hip"),
+            Self::Attention => include_str!("../../../kernels-hip/attention.hip"),
+            Self::CrossEntropy => include_str!("../../../kernels-hip/cross_entropy.hip"),
+            Self::Elementwise => include_str!("../../../kernels-hip/elementwise.hip"),
+            Self::Embedding => include_str!("../../../kernels-hip/embedding.hip"),
+            Self::Layernorm => include_str!("../../../kernels-hip/layernorm.hip"),
+            Self::Reduce => include_str!("../../../kernels-hip/reduce.hip"),
+        }
+    }
+
+    /// The module holding the kernel `name` (by its op prefix).
+    pub fn of(name: &str) -> Option<Self> {
+        const PREFIXES: [(&str, KernelModule); 15] = [
+            ("adamw_", KernelModule::Adamw),
+            ("split_heads", KernelModule::Attention),
+            ("merge_heads", KernelModule::Attention),
+            ("softmax_causal", KernelModule::Attention),
+            ("cross_entropy_", KernelModule::CrossEntropy),
+            ("cast_", KernelModule::Elementwise),
+            ("scale_", KernelModule::Elementwise),
+            ("add_", KernelModule::Elementwise),
+            ("gelu_", KernelModule::Elementwise),
+            ("bias_add_", KernelModule::Elementwise),
+            ("embedding_", KernelModule::Embedding),
+            ("layernorm_", KernelModule::Layernorm),
+            ("sum_squares_", KernelModule::Reduce),
+            ("colsum_", KernelModule::Reduce),
+            ("add_assign_", KernelModule::Elementwise),
+        ];
+        PREFIXES
+            .iter()
+            .find(|(p, _)| name.starts_with(p))
+            .map(|&(_, m)| m)
+    }
+}
+
+/// hiprtc options for a target: `--offload-arch=<gcnArchName>` and the wavefront size.
+pub fn options(arch: &str, warp: i32) -> Vec<String> {
+    vec![
+        format!("--offload-arch={arch}"),
+        "-O3".into(),
+        "-std=c++17".into(),
+        format!("-DDUET_WARP={warp}"),
+    ]
+}
+
+/// FNV-1a 64 over the parts, each followed by a separator.
+pub fn fnv1a(parts: &[&[u8]]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for p in parts {
+        for &b in p.iter().chain(&[0xffu8]) {
+            h ^= b as u64;
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    h
+}
+
+/// The cache file name of a module's code object.
+pub fn cache_name(
+    module: KernelModule,
+    arch: &str,
+    rtc_version: (i32, i32),
+    opts: &[String],
+) -> String {
+    let v = format!("{}.{}", rtc_version.0, rtc_version.1);
+    let o = opts.join(" ");
+    let key = fnv1a(&[
+        module.source().as_bytes(),
+        HEADER.as_bytes(),
+        o.as_bytes(),
+        arch.as_bytes(),
+        v.as_bytes(),
+    ]);
+    let safe_arch: String = arch
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .collect();
+    format!(
+        "{}-{safe_arch}-{key:016x}.co",
+        module.file().trim_end_matches(".hip")
+    )
+}
+
+pub fn cache_dir() -> Option<PathBuf> {
+    if let Some(d) = std::env::var_os("DUET_HIP_CACHE").filter(|d| !d.is_empty()) {
+        return Some(PathBuf::from(d));
+    }
+    if let Some(d) = std::env::var_os("XDG_CACHE_HOME").filter(|d| !d.is_empty()) {
+        return Some(PathBuf::from(d).join("duet/hip"));
+    }
+    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/duet/hip"))
+}
+
+/// Compiles one module with hiprtc (or reads it from the cache).
+pub fn code_object(rtc: &RtcApi, module: KernelModule, arch: &str, warp: i32) -> Result<Vec<u8>> {
+    let opts = options(arch, warp);
+    let version = rtc.version().map_err(DeviceError::from)?;
+    let path = cache_dir().map(|d| d.join(cache_name(module, arch, version, &opts)));
+    if let Some(bytes) = path
+        .as_ref()
+        .and_then(|p| std::fs::read(p).ok())
+        .filter(|b| !b.is_empty())
+    {
+        return Ok(bytes);
+    }
+    let code = compile(
+        rtc,
+        module.file(),
+        module.source(),
+        &[("duet_hip.h", HEADER)],
+        &opts,
+    )
+    .map_err(|e| match e {
+        CompileFailure::Source(log) => DeviceError::Compile {
+            backend: "hip",
+            module: module.file().into(),
+            log: format!("options: {}\n{log}", opts.join(" ")),
+        },
+        CompileFailure::Api(e) => e.into(),
+    })?;
+    if let Some(p) = path {
+        let tmp = p.with_extension(format!("tmp{}", std::process::id()));
+        let _ = std::fs::create_dir_all(p.parent().unwrap_or(&p))
+            .and_then(|_| std::fs::write(&tmp, &code))
+            .and_then(|_| std::fs::rename(&tmp, &p));
+    }
+    Ok(code)
+}
+
+/// Loaded modules and a cache of looked-up kernels.
+pub struct Kernels {
+    funcs: Mutex<HashMap<String, Function>>,
+    modules: HashMap<KernelModule, Module>,
+}
+
+impl Kernels {
+    /// Compiles (or loads from the cache) and loads every module.
+    pub fn load(api: &Arc<HipApi>, rtc: &RtcApi, arch: &str, warp: i32) -> Result<Self> {
+        let mut modules = HashMap::new();
+        for m in KernelModule::ALL {
+            let code = code_object(rtc, m, arch, warp)?;
+            modules.insert(
+                m,
+                Module::load(api.clone(), &code).map_err(DeviceError::from)?,
+            );
+        }
+        Ok(Self {
+            funcs: Mutex::new(HashMap::new()),
+            modules,
+        })
+    }
+
+    pub fn get(&self, name: &str) -> Result<Function> {
+        if let Some(f) = self.funcs.lock().ok().and_then(|m| m.get(name).copied()) {
+            return Ok(f);
+        }
+        let module = KernelModule::of(name)
+            .and_then(|m| self.modules.get(&m))
+            .ok_or_else(|| DeviceError::InvalidArgument(format!("no HIP kernel named {name}")))?;
+        let cname = CString::new(name).map_err(|_| DeviceError::InvalidArgument(name.into()))?;
+        let f = module.function(&cname).map_err(DeviceError::from)?;
+        if let Ok(mut m) = self.funcs.lock() {
+            m.insert(name.to_string(), f);
+        }
+        Ok(f)
+    }
+}
+
+/// Kernel arguments, each stored in an 8-byte slot (HIP reads the parameter's size from it).
+#[derive(Default)]
+pub struct Args(Vec<u64>);
+
+impl Args {
+    pub fn ptr(mut self, p: *const c_void) -> Self {
+        self.0.push(p as usize as u64);
+        self
+    }
+    pub fn u64(mut self, v: u64) -> Self {
+        self.0.push(v);
+        self
+    }
+    pub fn i32(mut self, v: i32) -> Self {
+        self.0.push(v as u32 as u64);
+        self
+    }
+    pub fn f32(mut self, v: f32) -> Self {
+        self.0.push(v.to_bits() as u64);
+        self
+    }
+    /// Pointers to each slot, for `hipModuleLaunchKernel`'s `kernelParams`.
+    pub fn pointers(&mut self) -> Vec<*mut c_void> {
+        self.0.iter_mut().map(|s| (s as *mut u64).cast()).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kernel_file_is_embedded() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../kernels-hip");
+        let mut files: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|f| f.ends_with(".hip"))
+            .collect();
+        files.sort();
+        let mut ours: Vec<String> = KernelModule::ALL
+            .iter()
+            .map(|m| m.file().to_string())
+            .collect();
+        ours.sort();
+        assert_eq!(files, ours);
+    }
+
+    #[test]
+    fn kernel_names_map_to_the_module_defining_them() {
+        for (name, m) in [
+            ("cast_f32_bf16", KernelModule::Elementwise),
+            ("add_assign_f16", KernelModule::Elementwise),
+            ("layernorm_dparams_partial_bf16", KernelModule::Layernorm),
+            ("colsum_finish_f32", KernelModule::Reduce),
+            ("sum_squares_finish", KernelModule::Reduce),
+            ("merge_heads_backward_f32", KernelModule::Attention),
+            ("embedding_backward_wte_bf16_f32", KernelModule::Embedding),
+            ("adamw_bf16_f8e4m3fnuz", KernelModule::Adamw),
+        ] {
+            assert_eq!(KernelModule::of(name), Some(m), "{name}");
+        }
+        assert_eq!(KernelModule::of("nope"), None);
+    }
+
+    #[test]
+    fn cache_key_depends_on_arch_options_and_version() {
+        let o = options("gfx942:sramecc+:xnack-", 64);
+        assert!(o.contains(&"--offload-arch=gfx942:sramecc+:xnack-".to_string()));
+        assert!(o.contains(&"-DDUET_WARP=64".to_string()));
+        let a = cache_name(KernelModule::Reduce, "gfx942:sramecc+:xnack-", (7, 0), &o);
+        assert!(a.starts_with("reduce-gfx942-sramecc--xnack--"), "{a}");
+        assert_ne!(
+            a,
+            cache_name(
+                KernelModule::Reduce,
+                "gfx90a",
+                (7, 0),
+                &options("gfx90a", 64)
+            )
+        );
+        assert_ne!(
+            a,
+            cache_name(KernelModule::Reduce, "gfx942:sramecc+:xnack-", (6, 2), &o)
+        );
+        assert_eq!(
+            a,
+            cache_name(KernelModule::Reduce, "gfx942:sramecc+:xnack-", (7, 0), &o)
+        );
+    }
+
+    #[test]
+    fn args_store_values_little_endian() {
+        let mut a = Args::default().i32(-2).f32(1.5).u64(7);
+        let p = a.pointers();
+        assert_eq!(p.len(), 3);
+        // SAFETY: each pointer refers to a live u64 slot of `a`.
+        let (x, y) = unsafe { (*(p[0] as *const i32), *(p[1] as *const f32)) };
+        assert_eq!((x, y), (-2, 1.5));
+    }
+}

@@ -28,6 +28,14 @@ use std::sync::{Arc, Mutex, MutexGuard};
 /// Rows per chunk of the two-pass column reductions (bias, LayerNorm parameters, position
 /// embedding). Fixed, so the summation order depends only on the shape.
 const REDUCE_ROWS: usize = 64;
+/// Most chunks one launch can have (gridDim.y).
+const MAX_CHUNKS: usize = 65535;
+
+/// Rows per chunk for `rows` rows: [`REDUCE_ROWS`], or more when that would need more than
+/// [`MAX_CHUNKS`] chunks. A function of the shape only, so the result stays deterministic.
+fn rows_per_chunk(rows: usize) -> usize {
+    REDUCE_ROWS.max(rows.div_ceil(MAX_CHUNKS))
+}
 /// Threads per block of the row kernels that use one warp per row.
 const ROW_BLOCK: u32 = 256;
 const ROWS_PER_BLOCK: usize = (ROW_BLOCK / 32) as usize;
@@ -375,7 +383,8 @@ impl CudaDevice {
         if rows == 0 || cols == 0 {
             return Ok(());
         }
-        let chunks = rows.div_ceil(REDUCE_ROWS);
+        let rpc = rows_per_chunk(rows);
+        let chunks = rows.div_ceil(rpc);
         let partial = scratch.get(&self.ctx, &self.stream, chunks * cols * 4, &self.mem)?;
         let fp = self.func(
             KernelModule::Reduce,
@@ -394,7 +403,7 @@ impl CudaDevice {
                     partial.into(),
                     (rows as u64).into(),
                     (cols as u64).into(),
-                    (REDUCE_ROWS as u64).into(),
+                    (rpc as u64).into(),
                 ],
             )?;
         }
@@ -997,7 +1006,8 @@ impl Device for CudaDevice {
                 ],
             )?;
         }
-        let chunks = n.div_ceil(REDUCE_ROWS);
+        let rpc = rows_per_chunk(n);
+        let chunks = n.div_ceil(rpc);
         let part_bytes = align_up(chunks * c * 4);
         let mut scratch = lock(&self.scratch, OP)?;
         let pg = scratch.get(&self.ctx, &self.stream, 2 * part_bytes, &self.mem)?;
@@ -1026,7 +1036,7 @@ impl Device for CudaDevice {
                     pb.into(),
                     ni.into(),
                     ci.into(),
-                    (REDUCE_ROWS as i32).into(),
+                    dim(OP, "rows per chunk", rpc)?.into(),
                 ],
             )?;
         }

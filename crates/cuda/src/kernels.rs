@@ -233,7 +233,9 @@ fn cache_file(
 
 /// Writes `bytes` to `path` atomically (temp file + rename); failures are ignored.
 fn write_cache(path: &std::path::Path, bytes: &[u8]) {
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = path.with_extension(format!("tmp{}-{seq}", std::process::id()));
     if std::fs::write(&tmp, bytes).is_ok() && std::fs::rename(&tmp, path).is_err() {
         let _ = std::fs::remove_file(&tmp);
     }

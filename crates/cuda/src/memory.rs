@@ -92,7 +92,9 @@ impl DeviceMemory {
 
 impl Drop for DeviceMemory {
     fn drop(&mut self) {
-        // The CudaSlice frees itself (stream-ordered) right after this.
+        // The CudaSlice frees itself (stream-ordered) right after this, without making its
+        // context current first: do that here, for buffers dropped on another thread.
+        let _ = self.slice.context().bind_to_thread();
         self.tracker.sub(self.slice.len() as u64);
     }
 }

@@ -214,11 +214,19 @@ const ACTS: [DType; 2] = [DType::F32, DType::BF16];
 
 // ---------------------------------------------------------------------- device basics
 
+/// A device of the test's own (the shared one is used by tests running in parallel, which would
+/// disturb memory counters and the deferred-error word).
+fn own_gpu(test: &str) -> Option<CudaDevice> {
+    gpu(test)?;
+    Some(CudaDevice::new(0).expect("a second device on the same GPU"))
+}
+
 #[test]
 fn device_info_and_memory_stats() {
-    let Some(g) = gpu("device_info_and_memory_stats") else {
+    let Some(g) = own_gpu("device_info_and_memory_stats") else {
         return;
     };
+    let g = &g;
     let info = g.info();
     eprintln!(
         "device: {} {} ({} bytes)",
@@ -643,9 +651,10 @@ fn embedding_forward_backward() {
 
 #[test]
 fn embedding_bad_token_is_reported() {
-    let Some(g) = gpu("embedding_bad_token_is_reported") else {
+    let Some(g) = own_gpu("embedding_bad_token_is_reported") else {
         return;
     };
+    let g = &g;
     let toks = g.upload_new(&[0i32, 1, 9, 2]).unwrap();
     let wte = g.alloc(DType::F32, 4 * 8).unwrap();
     let wpe = g.alloc(DType::F32, 4 * 8).unwrap();

@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# Builds the CUDA backend's GPU tests here and packs them for the GPU machine.
+#
+# Produces .carry/ (git-ignored):
+#   .carry/gpu-tests/<name>      stripped test binaries of duet-cuda (unit + integration tests)
+#   .carry/run-gpu-tests.sh      the runner to execute on the GPU machine
+#
+# Then run on the GPU machine with the device tool:
+#   run(command="bash .carry/run-gpu-tests.sh", carry=[".carry"])
+# The runner finds the CUDA libraries there, prints the GPU, runs every test binary (cold kernel
+# cache first, so NVRTC compiles everything, then the ops suite again from the warm cache), and
+# copies the full log to $OUT/gpu-tests.log when $OUT is set. Exit status: non-zero if any test
+# binary fails or no GPU is visible.
+#
+# Usage: scripts/gpu-test.sh [extra cargo args...]
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+CARRY="$ROOT/.carry"
+cd "$ROOT"
+
+echo "gpu-test: building duet-cuda tests (release)"
+mapfile -t BINS < <(
+    cargo test -p duet-cuda --release --no-run --message-format=json "$@" 2>/dev/null |
+        python3 -c '
+import json, sys
+for line in sys.stdin:
+    try:
+        m = json.loads(line)
+    except ValueError:
+        continue
+    if m.get("reason") == "compiler-artifact" and m.get("profile", {}).get("test") and m.get("executable"):
+        print(m["executable"])
+'
+)
+if [ "${#BINS[@]}" -eq 0 ]; then
+    echo "gpu-test: no test binaries were built; rerun 'cargo test -p duet-cuda --release --no-run' to see why" >&2
+    exit 1
+fi
+
+rm -rf "$CARRY/gpu-tests"
+mkdir -p "$CARRY/gpu-tests"
+for b in "${BINS[@]}"; do
+    # target/release/deps/ops_parity-0123abcd → ops_parity
+    name="$(basename "$b" | sed -E 's/-[0-9a-f]{16}$//')"
+    cp "$b" "$CARRY/gpu-tests/$name"
+    strip "$CARRY/gpu-tests/$name" 2>/dev/null || true
+    echo "gpu-test: packed $name ($(du -h "$CARRY/gpu-tests/$name" | cut -f1))"
+done
+
+cat >"$CARRY/run-gpu-tests.sh" <<'RUNNER'
+#!/usr/bin/env bash
+# Runs duet-cuda's test binaries on a GPU machine (written by scripts/gpu-test.sh).
+set -uo pipefail
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+LOG="$(mktemp)"
+exec > >(tee "$LOG") 2>&1
+
+echo "== GPU"
+nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader || {
+    echo "no NVIDIA GPU visible"; exit 2; }
+
+# Where the CUDA 13 libraries live on this machine (the backend also searches these itself).
+dirs=""
+for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
+         /opt/*/.venv/lib/python3*/site-packages/nvidia/cu13/lib \
+         /usr/local/lib/python3*/dist-packages/nvidia/cu13/lib; do
+    [ -d "$d" ] && dirs="$dirs:$d"
+done
+export LD_LIBRARY_PATH="${dirs#:}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+export DUET_CUDA_CACHE_DIR="$(mktemp -d)/duet-cuda-cache"   # start cold: NVRTC compiles everything
+export RUST_BACKTRACE=1
+
+status=0
+run() {
+    local name="$1"; shift
+    echo
+    echo "== $name $*"
+    local t0
+    t0=$(date +%s%N)
+    "$HERE/gpu-tests/$name" "$@" || status=1
+    echo "== $name: $(( ($(date +%s%N) - t0) / 1000000 )) ms"
+}
+# Kernel compilation first (cold cache), then everything else.
+[ -x "$HERE/gpu-tests/kernels_compile" ] && run kernels_compile --test-threads=1 --show-output
+for b in "$HERE"/gpu-tests/*; do
+    name="$(basename "$b")"
+    [ "$name" = kernels_compile ] && continue
+    run "$name" --show-output
+done
+# The ops suite once more with fresh random inputs and the warm kernel cache.
+[ -x "$HERE/gpu-tests/ops_parity" ] && run ops_parity
+ls -la "$DUET_CUDA_CACHE_DIR" | head -20
+
+echo
+if [ $status -eq 0 ]; then echo "== ALL GPU TESTS PASSED"; else echo "== SOME GPU TESTS FAILED"; fi
+[ -n "${OUT:-}" ] && cp "$LOG" "$OUT/gpu-tests.log"
+exit $status
+RUNNER
+chmod +x "$CARRY/run-gpu-tests.sh"
+
+size="$(du -sm "$CARRY" | cut -f1)"
+echo "gpu-test: .carry is ${size} MiB (the device tool carries at most 64 MiB)"
+if [ "$size" -ge 64 ]; then
+    echo "gpu-test: .carry is too large to carry" >&2
+    exit 1
+fi
+cat <<EOF
+
+Run on the GPU machine with the device tool:
+  run(command="bash .carry/run-gpu-tests.sh", carry=[".carry"])
+EOF

@@ -52,6 +52,7 @@ pub fn build_config(a: &ModelArgs) -> CliResult<Config> {
     set!(t.grad_clip, a.grad_clip);
     set!(t.seed, a.seed);
     set!(t.eval_sequences, a.eval_sequences);
+    set!(t.max_stride, a.max_stride);
     cfg.validate()?;
     Ok(cfg)
 }

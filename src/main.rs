@@ -86,6 +86,9 @@ pub struct ModelArgs {
     /// Held-out progressions checked by greedy generation at the end (0 skips the check).
     #[arg(long)]
     pub eval_sequences: Option<usize>,
+    /// Strides of the arithmetic task are drawn from 1..=N (up to vocab − 1).
+    #[arg(long, value_name = "N")]
+    pub max_stride: Option<usize>,
 }
 
 #[derive(Args)]

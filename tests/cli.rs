@@ -55,7 +55,7 @@ fn bad_configs_fail_cleanly() {
         &["train", "--config", "/nonexistent/run.toml"],
         "/nonexistent/run.toml",
     );
-    assert_clean_error(&["train", "--lr", "-1"], "lr must be positive");
+    assert_clean_error(&["train", "--lr=-1"], "lr must be positive");
     let bad = tmp("bad.toml");
     std::fs::write(&bad, "[model]\nlayerz = 3\n").unwrap();
     assert_clean_error(

@@ -86,6 +86,8 @@ pub struct TrainConfig {
     pub seed: u64,
     /// Held-out progressions checked by greedy generation at the end of the run.
     pub eval_sequences: usize,
+    /// Strides of the arithmetic-progression task are drawn from 1..=max_stride.
+    pub max_stride: usize,
 }
 
 /// The whole configuration of a run.
@@ -129,7 +131,7 @@ impl Config {
         let train = TrainConfig {
             batch: 32,
             seq: 48,
-            steps: 700,
+            steps: 600,
             lr: 2e-3,
             warmup: 50,
             min_lr_ratio: 0.1,
@@ -140,6 +142,7 @@ impl Config {
             grad_clip: 1.0,
             seed: 1337,
             eval_sequences: 256,
+            max_stride: 8,
         };
         match p {
             Preset::Default => Config {
@@ -293,6 +296,12 @@ impl Config {
             return Err(EngineError::Config(
                 "grad_clip must be ≥ 0 (0 disables)".into(),
             ));
+        }
+        if t.max_stride == 0 || t.max_stride >= self.model.vocab {
+            return Err(EngineError::Config(format!(
+                "max_stride must be in 1..{} (the vocabulary size), got {}",
+                self.model.vocab, t.max_stride
+            )));
         }
         if !(0.0..=1.0).contains(&t.min_lr_ratio) {
             return Err(EngineError::Config("min_lr_ratio must be in [0, 1]".into()));

@@ -1,6 +1,6 @@
-//! The synthetic arithmetic-progression task: x_i = (s + i·k) mod V, with random start s and
-//! stride k. A fixed tenth of the (s, k) pairs is held out from training and used to check greedy
-//! generation.
+//! The synthetic arithmetic-progression task: x_i = (s + i·k) mod V, with a random start
+//! s ∈ [0, V) and a random stride k ∈ [1, max_stride]. A fixed tenth of the (s, k) pairs is held
+//! out from training and used to check greedy generation.
 
 use crate::rng::Rng;
 
@@ -8,6 +8,7 @@ use crate::rng::Rng;
 #[derive(Clone, Debug)]
 pub struct Progressions {
     vocab: usize,
+    max_stride: usize,
     rng: Rng,
 }
 
@@ -23,9 +24,12 @@ pub fn progression(vocab: usize, s: usize, k: usize, len: usize) -> Vec<i32> {
 }
 
 impl Progressions {
-    pub fn new(vocab: usize, seed: u64) -> Self {
+    /// Strides are drawn from `1..=max_stride` (clamped to `1..vocab`).
+    pub fn new(vocab: usize, max_stride: usize, seed: u64) -> Self {
+        let max_stride = max_stride.clamp(1, vocab.saturating_sub(1).max(1));
         Self {
             vocab,
+            max_stride,
             rng: Rng::derive(seed, 1),
         }
     }
@@ -41,7 +45,7 @@ impl Progressions {
     fn train_pair(&mut self) -> (usize, usize) {
         loop {
             let s = self.rng.below(self.vocab as u64) as usize;
-            let k = self.rng.below(self.vocab as u64) as usize;
+            let k = 1 + self.rng.below(self.max_stride as u64) as usize;
             if !is_held_out(s, k) {
                 return (s, k);
             }
@@ -61,10 +65,11 @@ impl Progressions {
         (inputs, targets)
     }
 
-    /// `n` distinct held-out (s, k) pairs chosen by `seed`.
-    pub fn held_out_pairs(vocab: usize, n: usize, seed: u64) -> Vec<(usize, usize)> {
-        let mut all: Vec<(usize, usize)> = (0..vocab)
-            .flat_map(|s| (0..vocab).map(move |k| (s, k)))
+    /// Up to `n` distinct held-out (s, k) pairs (k ∈ 1..=max_stride) chosen by `seed`.
+    pub fn held_out_pairs(&self, n: usize, seed: u64) -> Vec<(usize, usize)> {
+        let max_stride = self.max_stride;
+        let mut all: Vec<(usize, usize)> = (0..self.vocab)
+            .flat_map(|s| (1..=max_stride).map(move |k| (s, k)))
             .filter(|&(s, k)| is_held_out(s, k))
             .collect();
         let mut rng = Rng::derive(seed, 2);
@@ -101,7 +106,7 @@ mod tests {
 
     #[test]
     fn batches_are_progressions_outside_the_held_out_set() {
-        let mut p = Progressions::new(96, 3);
+        let mut p = Progressions::new(96, 95, 3);
         let (x, y) = p.batch(8, 10);
         for r in 0..8 {
             let row = &x[r * 10..r * 10 + 10];
@@ -110,11 +115,23 @@ mod tests {
             assert_eq!(&y[r * 10..r * 10 + 9], &row[1..]);
             assert!(keeps_stride(96, &row[..2], &row[2..]));
         }
-        let held = Progressions::held_out_pairs(96, 50, 1);
+        let held = p.held_out_pairs(50, 1);
         assert_eq!(held.len(), 50);
         assert!(held.iter().all(|&(s, k)| is_held_out(s, k)));
         let frac = (0..96 * 96).filter(|i| is_held_out(i / 96, i % 96)).count() as f64 / 9216.0;
         assert!((0.07..0.13).contains(&frac), "held-out fraction {frac}");
+        let mut small = Progressions::new(96, 4, 3);
+        let (x, _) = small.batch(64, 3);
+        assert!(
+            x.chunks(3)
+                .all(|r| (1..=4).contains(&(r[1] - r[0]).rem_euclid(96)))
+        );
+        assert!(
+            small
+                .held_out_pairs(1000, 1)
+                .iter()
+                .all(|&(_, k)| (1..=4).contains(&k))
+        );
     }
 
     #[test]

@@ -83,7 +83,7 @@ impl<D: Device> Trainer<D> {
             },
             model.specs(),
         )?;
-        let data = Progressions::new(cfg.model.vocab, t.seed);
+        let data = Progressions::new(cfg.model.vocab, t.max_stride, t.seed);
         Ok(Self {
             cfg,
             model,
@@ -163,7 +163,7 @@ impl<D: Device> Trainer<D> {
                 PROMPT_LEN + GEN_LEN - 1
             )));
         }
-        let pairs = Progressions::held_out_pairs(v, n, self.cfg.train.seed);
+        let pairs = self.data.held_out_pairs(n, self.cfg.train.seed);
         let mut exact = 0;
         let mut good_tokens = 0usize;
         for chunk in pairs.chunks(b) {

@@ -91,9 +91,9 @@ type Buf = <CpuDevice as Device>::Buffer;
 impl Gen {
     fn buf(&mut self, dtype: DType, n: usize, std: f32) -> Result<Buf> {
         let vals = self.rng.vec(n, std);
-        self.from_f32(dtype, &vals)
+        self.upload_as(dtype, &vals)
     }
-    fn from_f32(&self, dtype: DType, vals: &[f32]) -> Result<Buf> {
+    fn upload_as(&self, dtype: DType, vals: &[f32]) -> Result<Buf> {
         let f = self.dev.upload_new(vals)?;
         let mut out = self.dev.alloc(dtype, vals.len())?;
         self.dev.cast(&f, &mut out, 1.0)?;
@@ -519,7 +519,6 @@ fn main() -> Result<()> {
             w(bytes)?;
         }
     }
-    drop(w);
     f.flush().map_err(io)?;
     println!("wrote {} cases to {path}", g.cases.len());
     Ok(())

@@ -259,7 +259,7 @@ impl Device for HipDevice {
 
     fn upload_bytes(&self, src: &[u8], dst: &mut HipBuffer, offset: usize) -> Result<()> {
         let es = dst.dtype().size_bytes();
-        if src.len() % es != 0 {
+        if !src.len().is_multiple_of(es) {
             return Err(DeviceError::InvalidArgument(format!(
                 "upload: {} bytes is not a whole number of {} elements",
                 src.len(),
@@ -458,7 +458,7 @@ impl Device for HipDevice {
         let bt = b * t;
         check_len(OP, "tokens", tokens, bt)?;
         check_len(OP, "out", out, bt * c)?;
-        if c == 0 || wte.is_empty() || wte.len() % c != 0 {
+        if c == 0 || wte.is_empty() || !wte.len().is_multiple_of(c) {
             return Err(DeviceError::Shape {
                 op: OP,
                 detail: format!(
@@ -499,7 +499,7 @@ impl Device for HipDevice {
         let bt = b * t;
         check_len(OP, "tokens", tokens, bt)?;
         check_len(OP, "dout", dout, bt * c)?;
-        if c == 0 || dwte.is_empty() || dwte.len() % c != 0 {
+        if c == 0 || dwte.is_empty() || !dwte.len().is_multiple_of(c) {
             return Err(DeviceError::Shape {
                 op: OP,
                 detail: format!(

@@ -3,6 +3,7 @@
 use crate::backends::{OnDevice, dispatch};
 use crate::{CliResult, ModelArgs};
 use duet_device::{BackendKind, Device, human_bytes};
+use duet_engine::trace::{TraceHeader, TraceWriter};
 use duet_engine::{Config, Preset, Trainer};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::fs::File;
@@ -15,6 +16,7 @@ pub struct TrainOptions {
     pub model: ModelArgs,
     pub metrics: Option<PathBuf>,
     pub log_every: Option<u64>,
+    pub trace: Option<PathBuf>,
 }
 
 /// Preset, then config file, then flags; validated.
@@ -70,6 +72,16 @@ pub fn train(opts: &TrainOptions) -> CliResult<()> {
         })?)),
         None => None,
     };
+    let trace = match &opts.trace {
+        Some(p) => Some((
+            p.clone(),
+            BufWriter::new(
+                File::create(p)
+                    .map_err(|e| format!("cannot create trace file {}: {e}", p.display()))?,
+            ),
+        )),
+        None => None,
+    };
     let kind = backend_kind(&opts.model)?;
     dispatch(
         kind,
@@ -77,6 +89,7 @@ pub fn train(opts: &TrainOptions) -> CliResult<()> {
         TrainTask {
             cfg,
             metrics,
+            trace,
             log_every: opts.log_every,
         },
     )
@@ -85,6 +98,7 @@ pub fn train(opts: &TrainOptions) -> CliResult<()> {
 struct TrainTask {
     cfg: Config,
     metrics: Option<BufWriter<File>>,
+    trace: Option<(PathBuf, BufWriter<File>)>,
     log_every: Option<u64>,
 }
 
@@ -134,10 +148,29 @@ impl OnDevice for TrainTask {
             }
             Some(_) => None,
         };
+        let mut tracer = match self.trace.take() {
+            Some((path, w)) => {
+                let header = TraceHeader {
+                    kind: "header".into(),
+                    duet_version: env!("CARGO_PKG_VERSION").into(),
+                    git_rev: env!("DUET_GIT_REV").into(),
+                    backend: info.backend.clone(),
+                    device: info.name.clone(),
+                    precision: "fp32".into(),
+                    seed: t.seed,
+                    config: cfg.clone(),
+                };
+                Some((path, TraceWriter::new(w, &header)?))
+            }
+            None => None,
+        };
         let start = Instant::now();
         let mut last_loss = f32::NAN;
         for _ in 0..t.steps {
             let r = trainer.train_step()?;
+            if let Some((_, tw)) = tracer.as_mut() {
+                tw.record(trainer.model(), r.step, r.loss, r.grad_norm, r.lr, None)?;
+            }
             last_loss = r.loss;
             let elapsed = start.elapsed().as_secs_f64();
             let tps = r.tokens as f64 / r.seconds.max(1e-9);
@@ -168,6 +201,10 @@ impl OnDevice for TrainTask {
         }
         if let Some(mut w) = self.metrics.take() {
             w.flush()?;
+        }
+        if let Some((path, mut tw)) = tracer.take() {
+            tw.flush()?;
+            eprintln!("trace written to {}", path.display());
         }
         let train_secs = start.elapsed().as_secs_f64();
         let mem = dev.memory_stats();

@@ -3,6 +3,7 @@
 
 mod backends;
 mod cli_train;
+mod parity;
 
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
@@ -28,6 +29,9 @@ enum Command {
     Bench(BenchArgs),
     /// List the compiled-in backends, which ones load here, and their devices.
     Info,
+    /// Compare two training traces (from `duet train --trace`): exit 0 on match, 1 on
+    /// divergence, 2 when a trace is unreadable or the two are not comparable.
+    Parity { a: PathBuf, b: PathBuf },
 }
 
 /// Model and run settings shared by `train` and `bench`; each flag overrides the preset and the
@@ -101,6 +105,10 @@ struct TrainArgs {
     /// No progress bar; print a line every N steps instead (0: only the summary).
     #[arg(long, value_name = "N")]
     log_every: Option<u64>,
+    /// Write a deterministic per-step trace (loss, grad norm, lr, per-tensor norms and samples)
+    /// for `duet parity`.
+    #[arg(long, value_name = "FILE")]
+    trace: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -125,9 +133,11 @@ fn main() -> ExitCode {
             model: a.model,
             metrics: a.metrics,
             log_every: a.log_every,
+            trace: a.trace,
         }),
         Command::Bench(a) => cli_train::bench(&a.model, a.warmup_steps, a.iters, a.json.as_deref()),
         Command::Info => backends::info(),
+        Command::Parity { a, b } => return parity::run(&a, &b),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

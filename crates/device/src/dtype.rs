@@ -72,7 +72,7 @@ impl DType {
 
     /// Decodes little-endian raw bytes of this dtype to f32.
     pub fn bytes_to_f32(self, bytes: &[u8]) -> Result<Vec<f32>> {
-        if bytes.len() % self.size_bytes() != 0 {
+        if !bytes.len().is_multiple_of(self.size_bytes()) {
             return Err(DeviceError::InvalidArgument(format!(
                 "{} bytes is not a whole number of {} elements",
                 bytes.len(),

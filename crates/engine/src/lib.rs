@@ -7,6 +7,7 @@ pub mod data;
 pub mod model;
 pub mod optim;
 pub mod rng;
+pub mod trace;
 pub mod train;
 
 pub use config::{Config, ModelConfig, Preset, TrainConfig};

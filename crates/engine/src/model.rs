@@ -253,6 +253,8 @@ pub struct Gpt<D: Device> {
     dlogits: D::Buffer,
     scratch: Scratch<D::Buffer>,
     plan: MemoryPlan,
+    /// `d_model` zeros (clears the key-bias gradient).
+    zeros_c: D::Buffer,
     /// Number of non-ignored targets in the last `loss` call.
     last_count: usize,
 }
@@ -351,6 +353,7 @@ impl<D: Device> Gpt<D> {
             b,
             t,
             plan,
+            zeros_c: a(c)?,
             last_count: 0,
             dev,
         };
@@ -806,6 +809,11 @@ impl<D: Device> Gpt<D> {
                     c,
                     3 * c,
                 )?;
+                // The key bias adds q_i·b to a whole row of scores, which the softmax ignores:
+                // its gradient is exactly zero, and what a GEMM leaves there is rounding noise
+                // that Adam would turn into lr-sized random updates (different on every
+                // backend). Make it exactly zero.
+                dev.copy(&self.zeros_c, 0, gb, c, c)?;
             }
             {
                 let (gw, gb) = two_mut(g, gi(BlockParam::Ln1W), gi(BlockParam::Ln1B));

@@ -1,0 +1,87 @@
+//! Traces and their comparison, on the CPU backend.
+
+use duet_cpu::CpuDevice;
+use duet_engine::trace::{ParityOutcome, Trace, TraceHeader, TraceWriter, compare};
+use duet_engine::{Config, Preset, Trainer};
+use std::sync::Arc;
+
+/// Trains `steps` steps and returns the trace; `perturb` = (step, tensor index, factor) scales one
+/// weight tensor right after that step.
+fn traced_run(threads: usize, steps: u64, perturb: Option<(u64, usize, f32)>) -> Trace {
+    let cfg = Config::preset(Preset::Tiny);
+    let dev = Arc::new(CpuDevice::new(Some(threads)).unwrap());
+    let mut tr = Trainer::new(dev, cfg.clone()).unwrap();
+    let header = TraceHeader {
+        kind: "header".into(),
+        duet_version: "test".into(),
+        git_rev: "test".into(),
+        backend: "cpu".into(),
+        device: format!("cpu x{threads}"),
+        precision: "fp32".into(),
+        seed: cfg.train.seed,
+        config: cfg,
+    };
+    let mut buf = Vec::new();
+    {
+        let mut w = TraceWriter::new(&mut buf, &header).unwrap();
+        for _ in 0..steps {
+            let r = tr.train_step().unwrap();
+            if let Some((at, idx, factor)) = perturb {
+                if r.step == at {
+                    let mut weights = tr.model().weights().unwrap();
+                    weights[idx].iter_mut().for_each(|x| *x *= factor);
+                    tr.model_mut().set_weights(&weights).unwrap();
+                }
+            }
+            w.record(tr.model(), r.step, r.loss, r.grad_norm, r.lr, None)
+                .unwrap();
+        }
+        w.flush().unwrap();
+    }
+    Trace::parse(buf.as_slice()).unwrap()
+}
+
+#[test]
+fn one_thread_matches_two_threads() {
+    let a = traced_run(1, 8, None);
+    let b = traced_run(2, 8, None);
+    match compare(&a, &b).unwrap() {
+        ParityOutcome::Match { steps, .. } => assert_eq!(steps, 8),
+        other => panic!("expected a match, got {other:?}"),
+    }
+}
+
+#[test]
+fn same_config_is_bit_identical_run_to_run() {
+    let a = traced_run(2, 5, None);
+    let b = traced_run(2, 5, None);
+    assert_eq!(a.steps, b.steps);
+}
+
+#[test]
+fn perturbed_weight_is_found_at_the_right_step_and_tensor() {
+    let cfg = Config::preset(Preset::Tiny);
+    let specs = duet_engine::model::param_specs(&cfg.model);
+    let idx = duet_engine::model::param_index(1, duet_engine::model::BlockParam::FcW);
+    let a = traced_run(2, 10, None);
+    let b = traced_run(2, 10, Some((6, idx, 1.001)));
+    match compare(&a, &b).unwrap() {
+        ParityOutcome::Diverged { step, quantity, .. } => {
+            assert_eq!(step, 6);
+            assert!(quantity.starts_with(&specs[idx].name), "{quantity}");
+        }
+        other => panic!("expected a divergence, got {other:?}"),
+    }
+}
+
+#[test]
+fn different_configs_are_not_comparable() {
+    let a = traced_run(1, 2, None);
+    let mut b = a.clone();
+    b.header.config.train.lr *= 2.0;
+    let err = compare(&a, &b).unwrap_err().to_string();
+    assert!(err.contains("config.train.lr"), "{err}");
+    let mut c = a.clone();
+    c.header.seed += 1;
+    assert!(compare(&a, &c).unwrap_err().to_string().contains("seed"));
+}

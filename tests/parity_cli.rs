@@ -1,0 +1,80 @@
+//! `duet train --trace` and `duet parity`: exit codes 0 (match), 1 (divergence), 2 (unreadable or
+//! incompatible traces).
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn duet(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_duet"))
+        .args(args)
+        .env_remove("DUET_BACKEND")
+        .output()
+        .unwrap()
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("duet-parity-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+fn train_trace(path: &PathBuf, threads: &str, extra: &[&str]) {
+    let mut args = vec![
+        "train",
+        "--preset",
+        "tiny",
+        "--steps",
+        "6",
+        "--log-every",
+        "0",
+        "--threads",
+        threads,
+        "--trace",
+        path.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    let out = duet(&args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn parity_exit_codes() {
+    let (a, b, c) = (tmp("a.jsonl"), tmp("b.jsonl"), tmp("c.jsonl"));
+    train_trace(&a, "1", &[]);
+    train_trace(&b, "2", &[]);
+    let out = duet(&["parity", a.to_str().unwrap(), b.to_str().unwrap()]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    assert!(stdout.contains("match over 6 steps"), "{stdout}");
+
+    // A changed learning rate is a different config: not comparable, and the field is named.
+    train_trace(&c, "2", &["--lr", "2e-3"]);
+    let out = duet(&["parity", a.to_str().unwrap(), c.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("config.train.lr"));
+
+    // A trace whose step 4 loss was altered diverges there.
+    let text = std::fs::read_to_string(&b).unwrap();
+    let mut lines: Vec<String> = text.lines().map(String::from).collect();
+    let mut rec: serde_json::Value = serde_json::from_str(&lines[4]).unwrap();
+    assert_eq!(rec["step"], 4);
+    rec["loss"] = serde_json::json!(rec["loss"].as_f64().unwrap() * 1.01);
+    lines[4] = rec.to_string();
+    std::fs::write(&c, lines.join("\n")).unwrap();
+    let out = duet(&["parity", a.to_str().unwrap(), c.to_str().unwrap()]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    assert!(stdout.contains("diverged at step 4: loss"), "{stdout}");
+
+    // Unreadable input.
+    std::fs::write(&c, "not json\n").unwrap();
+    let out = duet(&["parity", a.to_str().unwrap(), c.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    let out = duet(&["parity", a.to_str().unwrap(), "/nonexistent/trace.jsonl"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/trace.jsonl"));
+}

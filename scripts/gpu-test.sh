@@ -3,6 +3,7 @@
 #
 # Produces .carry/ (git-ignored):
 #   .carry/gpu-tests/<name>      stripped test binaries of duet-cuda (unit + integration tests)
+#                                and the op_timing example
 #   .carry/run-gpu-tests.sh      the runner to execute on the GPU machine
 #
 # Then run on the GPU machine with the device tool:
@@ -37,6 +38,11 @@ if [ "${#BINS[@]}" -eq 0 ]; then
     echo "gpu-test: no test binaries were built; rerun 'cargo test -p duet-cuda --release --no-run' to see why" >&2
     exit 1
 fi
+
+echo "gpu-test: building the op_timing example (release)"
+cargo build -p duet-cuda --release --example op_timing "$@" >/dev/null 2>&1 ||
+    cargo build -p duet-cuda --release --example op_timing "$@"
+BINS+=("$ROOT/target/release/examples/op_timing")
 
 rm -rf "$CARRY/gpu-tests"
 mkdir -p "$CARRY/gpu-tests"
@@ -86,11 +92,16 @@ run() {
 [ -x "$HERE/gpu-tests/kernels_compile" ] && run kernels_compile --test-threads=1 --show-output
 for b in "$HERE"/gpu-tests/*; do
     name="$(basename "$b")"
-    [ "$name" = kernels_compile ] && continue
+    case "$name" in kernels_compile | op_timing) continue ;; esac
     run "$name" --show-output
 done
 # The ops suite once more with fresh random inputs and the warm kernel cache.
 [ -x "$HERE/gpu-tests/ops_parity" ] && run ops_parity
+# Op timings at the seed model's shapes (informational).
+if [ -x "$HERE/gpu-tests/op_timing" ]; then
+    echo; echo "== op_timing f32"; "$HERE/gpu-tests/op_timing" f32 || status=1
+    echo; echo "== op_timing bf16"; "$HERE/gpu-tests/op_timing" bf16 || status=1
+fi
 ls -la "$DUET_CUDA_CACHE_DIR" | head -20
 
 echo

@@ -60,6 +60,14 @@ pub struct Found {
 type Outcome = Result<Found, (String, Vec<String>)>;
 
 static LOADED: Mutex<Vec<Library>> = Mutex::new(Vec::new());
+static EXTRA_DIRS: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+/// Adds a folder to search (after `DUET_CUDA_LIB_DIR`). Only affects libraries not probed yet.
+pub fn add_search_dir(dir: impl Into<PathBuf>) {
+    if let Ok(mut v) = EXTRA_DIRS.lock() {
+        v.push(dir.into());
+    }
+}
 static PROBES: [OnceLock<Outcome>; 4] = [
     OnceLock::new(),
     OnceLock::new(),
@@ -190,6 +198,9 @@ fn search_dirs(lib: CudaLib) -> Vec<PathBuf> {
     let mut dirs: Vec<PathBuf> = Vec::new();
     if let Some(v) = std::env::var_os(LIB_DIR_ENV) {
         dirs.extend(std::env::split_paths(&v));
+    }
+    if let Ok(v) = EXTRA_DIRS.lock() {
+        dirs.extend(v.iter().cloned());
     }
     for var in ["CUDA_HOME", "CUDA_PATH", "CUDA_ROOT"] {
         if let Some(v) = std::env::var_os(var) {

@@ -242,7 +242,14 @@ fn device_info_and_memory_stats() {
     assert_eq!(info.supports_fp8, cc >= 89);
     assert!(info.total_memory > 0);
     assert!(CudaDevice::is_available());
-    assert!(CudaDevice::device_count().unwrap() >= 1);
+    let count = CudaDevice::device_count().unwrap();
+    assert!(count >= 1);
+    match CudaDevice::new(count) {
+        Err(DeviceError::Unavailable { reason, .. }) => {
+            assert!(reason.contains("requested"), "{reason}")
+        }
+        other => panic!("ordinal {count} of {count} devices should be unavailable: {other:?}"),
+    }
 
     let before = g.memory_stats();
     let (free, total) = before.driver.expect("driver view");
@@ -576,6 +583,13 @@ fn bias_add_and_backward() {
                     &gdb,
                     g,
                     tol(pdt, 1e-4),
+                );
+                let (_, mut gdb2) = both(pdt, &d0, g);
+                g.bias_backward(&gx, &mut gdb2, rows, c).unwrap();
+                assert_eq!(
+                    g.download_bytes(&gdb, 0, c).unwrap(),
+                    g.download_bytes(&gdb2, 0, c).unwrap(),
+                    "bias_backward {act}->{pdt} {rows}x{c}: not deterministic"
                 );
             }
         }

@@ -2,7 +2,8 @@
 //!
 //! The permutations move raw elements (bytes), so they work for every dtype and are exact.
 
-use super::{max_f32, par_chunks_f32, read, rows_per_task, shape_err};
+use super::math::exp_f32;
+use super::{max_f32, par_chunks_f32, read, rows_per_task, shape_err, sum_f32};
 use crate::buffer::CpuBuffer;
 use duet_device::{Buffer, Result, check_dtype, check_len};
 use rayon::prelude::*;
@@ -189,12 +190,10 @@ pub(crate) fn softmax_causal_forward(
                 *p = scale * x;
             }
             let mx = max_f32(valid);
-            let mut sum = 0.0f32;
             for p in valid.iter_mut() {
-                *p = (*p - mx).exp();
-                sum += *p;
+                *p = exp_f32(*p - mx);
             }
-            let inv = 1.0 / sum;
+            let inv = 1.0 / sum_f32(valid);
             for p in valid.iter_mut() {
                 *p *= inv;
             }

@@ -1,13 +1,21 @@
 //! Fused softmax + cross-entropy.
 
-use super::{max_f32, read, rows_per_task, shape_err};
+use super::math::exp_f32;
+use super::{max_f32, read, rows_per_task, shape_err, sum_f32};
 use crate::buffer::{CpuBuffer, FMut, FRef};
 use duet_device::{DType, DeviceError, Result, check_dtype, check_len};
 use rayon::prelude::*;
 
 /// Loss of one row (0 for an ignored target). When `grad` is given, writes
-/// `(softmax − onehot) · grad_scale` there (all zeros for an ignored target).
-fn row(logits: &[f32], target: i32, grad: Option<&mut [f32]>, grad_scale: f32) -> f32 {
+/// `(softmax − onehot) · grad_scale` there (all zeros for an ignored target). `scratch` holds
+/// the exponentials when there is no gradient row to hold them.
+fn row(
+    logits: &[f32],
+    target: i32,
+    grad: Option<&mut [f32]>,
+    grad_scale: f32,
+    scratch: &mut Vec<f32>,
+) -> f32 {
     if target < 0 {
         if let Some(g) = grad {
             g.fill(0.0);
@@ -16,18 +24,23 @@ fn row(logits: &[f32], target: i32, grad: Option<&mut [f32]>, grad_scale: f32) -
     }
     let target = target as usize;
     let mx = max_f32(logits);
-    let mut sum = 0.0f32;
-    for &x in logits {
-        sum += (x - mx).exp();
-    }
-    let loss = mx + sum.ln() - logits[target];
-    if let Some(g) = grad {
-        let inv = 1.0 / sum;
-        for (g, &x) in g.iter_mut().zip(logits) {
-            *g = (x - mx).exp() * inv * grad_scale;
+    let e: &mut [f32] = match grad {
+        Some(g) => g,
+        None => {
+            scratch.resize(logits.len(), 0.0);
+            scratch
         }
-        g[target] -= grad_scale;
+    };
+    for (e, &x) in e.iter_mut().zip(logits) {
+        *e = exp_f32(x - mx);
     }
+    let sum = sum_f32(e);
+    let loss = mx + sum.ln() - logits[target];
+    let k = grad_scale / sum;
+    for e in e.iter_mut() {
+        *e *= k;
+    }
+    e[target] -= grad_scale;
     loss
 }
 
@@ -76,18 +89,30 @@ pub(crate) fn cross_entropy(
     }
     let rpt = rows_per_task(v);
     let task = |i: usize, ls: &mut [f32], dl: Option<FMut<'_>>, lv: FRef<'_>| {
-        let mut s = Vec::new();
+        let (mut s, mut scratch) = (Vec::new(), Vec::new());
         match dl {
             Some(mut d) => d.with_f32_local(false, |d| {
                 for (k, (l, g)) in ls.iter_mut().zip(d.chunks_mut(v)).enumerate() {
                     let r = i * rpt + k;
-                    *l = row(read(lv, r * v, v, &mut s), tg[r], Some(g), grad_scale);
+                    *l = row(
+                        read(lv, r * v, v, &mut s),
+                        tg[r],
+                        Some(g),
+                        grad_scale,
+                        &mut scratch,
+                    );
                 }
             }),
             None => {
                 for (k, l) in ls.iter_mut().enumerate() {
                     let r = i * rpt + k;
-                    *l = row(read(lv, r * v, v, &mut s), tg[r], None, grad_scale);
+                    *l = row(
+                        read(lv, r * v, v, &mut s),
+                        tg[r],
+                        None,
+                        grad_scale,
+                        &mut scratch,
+                    );
                 }
             }
         }

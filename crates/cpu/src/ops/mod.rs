@@ -11,6 +11,7 @@ pub(crate) mod embedding;
 pub(crate) mod gemm;
 pub(crate) mod layernorm;
 pub(crate) mod loss;
+pub(crate) mod math;
 pub(crate) mod memory;
 pub(crate) mod optim;
 
@@ -107,7 +108,17 @@ pub(crate) fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
         + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]))
 }
 
-/// Max with a fixed lane structure (NaN-propagation is not needed by the callers).
+/// Maximum of a slice with eight fixed lanes (`f32::max` semantics: NaN elements are skipped).
 pub(crate) fn max_f32(xs: &[f32]) -> f32 {
-    xs.iter().copied().fold(f32::NEG_INFINITY, f32::max)
+    let mut lanes = [f32::NEG_INFINITY; 8];
+    let mut chunks = xs.chunks_exact(8);
+    for c in &mut chunks {
+        for (l, &x) in lanes.iter_mut().zip(c) {
+            *l = l.max(x);
+        }
+    }
+    for (l, &x) in lanes.iter_mut().zip(chunks.remainder()) {
+        *l = l.max(x);
+    }
+    lanes.iter().copied().fold(f32::NEG_INFINITY, f32::max)
 }

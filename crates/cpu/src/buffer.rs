@@ -108,11 +108,20 @@ impl Storage {
 }
 
 /// A buffer in host memory owned by a [`crate::CpuDevice`].
-#[derive(Debug)]
 pub struct CpuBuffer {
     dtype: DType,
     pub(crate) storage: Storage,
     _mem: MemGuard,
+}
+
+impl std::fmt::Debug for CpuBuffer {
+    /// Dtype and length only: buffers can hold millions of elements.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CpuBuffer")
+            .field("dtype", &self.dtype)
+            .field("len", &self.len())
+            .finish()
+    }
 }
 
 impl Buffer for CpuBuffer {

@@ -75,26 +75,28 @@ fn default_threads() -> usize {
         .unwrap_or(1)
 }
 
+/// The thread count: `requested`, else the value of [`THREADS_ENV`] (`env`), else every core.
+fn resolve_threads(requested: Option<usize>, env: Option<&str>) -> Result<usize> {
+    let threads = match (requested, env.map(str::trim)) {
+        (Some(n), _) => n,
+        (None, Some(s)) if !s.is_empty() => s.parse::<usize>().map_err(|_| {
+            DeviceError::InvalidArgument(format!("{THREADS_ENV}={s:?} is not a thread count"))
+        })?,
+        (None, _) => default_threads(),
+    };
+    if threads == 0 {
+        return Err(DeviceError::InvalidArgument(
+            "the CPU backend needs at least one thread".into(),
+        ));
+    }
+    Ok(threads)
+}
+
 impl CpuDevice {
     /// Creates a device with `threads` worker threads. `None` reads `DUET_CPU_THREADS`, falling
     /// back to every available core. Zero threads or an unparsable variable is an error.
     pub fn new(threads: Option<usize>) -> Result<Self> {
-        let threads = match threads {
-            Some(n) => n,
-            None => match std::env::var(THREADS_ENV) {
-                Ok(s) if !s.trim().is_empty() => s.trim().parse::<usize>().map_err(|_| {
-                    DeviceError::InvalidArgument(format!(
-                        "{THREADS_ENV}={s:?} is not a thread count"
-                    ))
-                })?,
-                _ => default_threads(),
-            },
-        };
-        if threads == 0 {
-            return Err(DeviceError::InvalidArgument(
-                "the CPU backend needs at least one thread".into(),
-            ));
-        }
+        let threads = resolve_threads(threads, std::env::var(THREADS_ENV).ok().as_deref())?;
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
             .thread_name(|i| format!("duet-cpu-{i}"))
@@ -388,5 +390,21 @@ impl Device for CpuDevice {
 
     fn sum_squares(&self, x: &CpuBuffer, out: &mut CpuBuffer, slot: usize) -> Result<()> {
         self.run(|| ops::optim::sum_squares(x, out, slot))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn thread_count_resolution() {
+        assert_eq!(resolve_threads(Some(3), Some("7")).unwrap(), 3);
+        assert_eq!(resolve_threads(None, Some(" 5 ")).unwrap(), 5);
+        assert_eq!(resolve_threads(None, None).unwrap(), default_threads());
+        assert_eq!(resolve_threads(None, Some("")).unwrap(), default_threads());
+        assert!(resolve_threads(None, Some("many")).is_err());
+        assert!(resolve_threads(None, Some("0")).is_err());
+        assert!(resolve_threads(Some(0), None).is_err());
     }
 }

@@ -25,18 +25,30 @@
 //!   `DUET_CPU_THREADS` environment variable, else all cores) and runs every op inside it, so
 //!   several devices or an embedding application do not fight over rayon's global pool. Ops
 //!   run synchronously; [`Device::synchronize`] has nothing to wait for.
-//! - **GEMM.** Through the `gemm` crate (f32 kernels; f16/bf16 operands widened to f32 first).
-//!   Large single matrices use the crate's own rayon parallelism; batched GEMMs (attention)
-//!   run one matrix per task. This is the only module with `unsafe` (the crate's entry point
-//!   takes raw pointers); it is wrapped behind bounds-checked slices.
+//! - **GEMM.** Through the `gemm` crate (f32 kernels; f16/bf16 operands widened to f32 first),
+//!   built with its `x86-v4` feature so AVX-512 kernels are used where the CPU has them (chosen
+//!   at run time; AVX2/FMA and SSE kernels otherwise). Large single matrices use the crate's own
+//!   rayon parallelism; batched GEMMs (attention) run one matrix per task. The `gemm` crate's
+//!   entry point takes raw pointers, so `ops/gemm.rs` is the one module allowed `unsafe` (the
+//!   crate is `#![deny(unsafe_code)]` rather than `forbid` for that reason); the call is fed
+//!   slices cut to the validated extents and asserts the index bounds it relies on.
+//!   Note: the `gemm` crate's `debug_assert!`s make it several times slower in builds with
+//!   debug assertions (dev/test profiles); use `--release` for timing.
+//! - **Element-wise math.** `exp` (softmax, cross-entropy, GELU through
+//!   `0.5·(1 + tanh u) = σ(2u)`) is a branch-free f32 polynomial (~1 ulp) that vectorises, so
+//!   no libm transcendental sits in a hot loop. Only `sqrt` (exact) and one `ln` per
+//!   cross-entropy row come from the platform.
 //! - **Determinism.** Work is split at boundaries that depend only on the shapes, and partial
 //!   results are combined in a fixed order: every op, GEMM included, gives bit-identical results
 //!   for any thread count. Cross-row reductions (bias, LayerNorm parameter and position-embedding
 //!   gradients) sum fixed blocks of rows and combine the blocks in order; token-embedding
 //!   gradients are accumulated per vocabulary row in position order; `sum_squares` sums fixed
 //!   chunks in f64 and combines them in order. The GEMM is thread-count independent because the
-//!   `gemm` crate splits work over output tiles only and keeps its depth blocking fixed (checked
-//!   by the test suite for the model's shapes).
+//!   `gemm` crate splits work over output tiles only and derives its depth blocking from the
+//!   shape and cache sizes, never the thread count (checked by the test suite for the model's
+//!   shapes). Across *machines* GEMM bits can differ: the kernel (AVX-512, AVX2/FMA, ...) and
+//!   the cache-derived blocking are chosen per CPU. No floating-point contraction is enabled, so
+//!   every other op gives the same bits on any x86-64 CPU.
 #![deny(unsafe_code)]
 
 mod buffer;

@@ -2,7 +2,7 @@
 
 use crate::backends::{OnDevice, dispatch};
 use crate::{CliResult, ModelArgs};
-use duet_device::{BackendKind, Device, human_bytes};
+use duet_device::{BackendKind, Device, DeviceInfo, human_bytes};
 use duet_engine::trace::{TraceHeader, TraceWriter};
 use duet_engine::{Config, Preset, Trainer};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -17,7 +17,40 @@ pub struct TrainOptions {
     pub metrics: Option<PathBuf>,
     pub log_every: Option<u64>,
     pub trace: Option<PathBuf>,
+    pub fp8_report: bool,
 }
+
+/// Resolves the configured precision against the device (fallback with a warning, or an error
+/// with `--strict`) and writes the result back into `cfg`.
+fn resolve_precision(cfg: &mut Config, info: &DeviceInfo, strict: bool) -> CliResult<()> {
+    let (p, warning) =
+        duet_engine::precision::resolve_precision(cfg.train.precision, info, strict)?;
+    if let Some(w) = warning {
+        eprintln!("{w}");
+    }
+    cfg.train.precision = p;
+    Ok(())
+}
+
+/// One line per FP8 operand: scale and the first amax-history entries.
+fn print_fp8_report<D: Device>(trainer: &Trainer<D>) {
+    if let Some(ops) = trainer.model().fp8_report(FP8_REPORT_ENTRIES) {
+        eprintln!("fp8 delayed scaling (scale, amax history most recent first):");
+        for o in ops {
+            let hist: Vec<String> = o.amax_history.iter().map(|a| format!("{a:.4e}")).collect();
+            eprintln!(
+                "  {:<28} {:<10} scale {:>12.5e}  amax [{}]",
+                o.name,
+                o.dtype,
+                o.scale,
+                hist.join(", ")
+            );
+        }
+    }
+}
+
+/// Amax-history entries shown per operand.
+const FP8_REPORT_ENTRIES: usize = 4;
 
 /// Preset, then config file, then flags; validated.
 pub fn build_config(a: &ModelArgs) -> CliResult<Config> {
@@ -55,6 +88,18 @@ pub fn build_config(a: &ModelArgs) -> CliResult<Config> {
     set!(t.seed, a.seed);
     set!(t.eval_sequences, a.eval_sequences);
     set!(t.max_stride, a.max_stride);
+    if let Some(p) = &a.precision {
+        t.precision = p.parse()?;
+    }
+    set!(t.loss_scale, a.loss_scale);
+    if let Some(f) = &a.fp8_format {
+        t.fp8_format = f.parse()?;
+    }
+    set!(t.fp8_amax_history_len, a.fp8_amax_history_len);
+    if let Some(algo) = &a.fp8_amax_compute_algo {
+        t.fp8_amax_compute_algo = algo.parse()?;
+    }
+    set!(t.fp8_margin, a.fp8_margin);
     cfg.validate()?;
     Ok(cfg)
 }
@@ -91,6 +136,8 @@ pub fn train(opts: &TrainOptions) -> CliResult<()> {
             metrics,
             trace,
             log_every: opts.log_every,
+            strict: opts.model.strict,
+            fp8_report: opts.fp8_report,
         },
     )
 }
@@ -100,6 +147,8 @@ struct TrainTask {
     metrics: Option<BufWriter<File>>,
     trace: Option<(PathBuf, BufWriter<File>)>,
     log_every: Option<u64>,
+    strict: bool,
+    fp8_report: bool,
 }
 
 impl OnDevice for TrainTask {
@@ -107,13 +156,15 @@ impl OnDevice for TrainTask {
 
     fn run<D: Device>(mut self, dev: Arc<D>) -> CliResult<()> {
         let info = dev.info();
+        resolve_precision(&mut self.cfg, &info, self.strict)?;
         let cfg = self.cfg.clone();
         let (m, t) = (&cfg.model, &cfg.train);
         eprintln!(
-            "duet: {} on {} ({}) | {} params: vocab {}, d_model {}, heads {}, ffn {}, layers {} | batch {} × seq {}, {} steps, lr {}",
+            "duet: {} on {} ({}) | {} | {} params: vocab {}, d_model {}, heads {}, ffn {}, layers {} | batch {} × seq {}, {} steps, lr {}",
             info.backend,
             info.name,
             info.arch,
+            t.precision,
             m.num_params(),
             m.vocab,
             m.d_model,
@@ -156,7 +207,7 @@ impl OnDevice for TrainTask {
                     git_rev: env!("DUET_GIT_REV").into(),
                     backend: info.backend.clone(),
                     device: info.name.clone(),
-                    precision: "fp32".into(),
+                    precision: t.precision.to_string(),
                     seed: t.seed,
                     config: cfg.clone(),
                 };
@@ -166,19 +217,36 @@ impl OnDevice for TrainTask {
         };
         let start = Instant::now();
         let mut last_loss = f32::NAN;
+        let (mut skipped, mut last_scale) = (0u64, None);
         for _ in 0..t.steps {
             let r = trainer.train_step()?;
+            skipped += r.skipped as u64;
+            last_scale = r.loss_scale;
             if let Some((_, tw)) = tracer.as_mut() {
-                tw.record(trainer.model(), r.step, r.loss, r.grad_norm, r.lr, None)?;
+                tw.record(
+                    trainer.model(),
+                    r.step,
+                    r.loss,
+                    r.grad_norm,
+                    r.lr,
+                    r.loss_scale,
+                )?;
             }
             last_loss = r.loss;
             let elapsed = start.elapsed().as_secs_f64();
             let tps = r.tokens as f64 / r.seconds.max(1e-9);
             if let Some(w) = self.metrics.as_mut() {
-                let line = serde_json::json!({
+                let mut line = serde_json::json!({
                     "step": r.step, "loss": r.loss, "lr": r.lr, "grad_norm": r.grad_norm,
                     "tokens_per_s": tps, "elapsed_s": elapsed,
                 });
+                if let Some(ls) = r.loss_scale {
+                    line["loss_scale"] = ls.into();
+                    line["skipped"] = r.skipped.into();
+                }
+                if let Some(ops) = trainer.model().fp8_report(FP8_REPORT_ENTRIES) {
+                    line["fp8"] = serde_json::to_value(ops)?;
+                }
                 writeln!(w, "{line}")?;
             }
             let msg = format!("loss {:.4} | {:.0} tok/s", r.loss, tps);
@@ -188,10 +256,20 @@ impl OnDevice for TrainTask {
                     bar.inc(1);
                 }
                 (None, Some(n)) if n > 0 && (r.step % n == 0 || r.step == t.steps) => {
+                    let scale = match r.loss_scale {
+                        Some(ls) => format!(
+                            " | loss scale {ls}{}",
+                            if r.skipped { " (step skipped)" } else { "" }
+                        ),
+                        None => String::new(),
+                    };
                     eprintln!(
-                        "step {}/{} | {msg} | lr {:.2e} | grad norm {:.3}",
+                        "step {}/{} | {msg} | lr {:.2e} | grad norm {:.3}{scale}",
                         r.step, t.steps, r.lr, r.grad_norm
                     );
+                    if self.fp8_report {
+                        print_fp8_report(&trainer);
+                    }
                 }
                 _ => {}
             }
@@ -216,6 +294,12 @@ impl OnDevice for TrainTask {
             last_loss,
             human_bytes(mem.peak)
         );
+        if let Some(ls) = last_scale {
+            println!("loss scale {ls} at the end; {skipped} step(s) skipped for inf/NaN gradients");
+        }
+        if self.fp8_report {
+            print_fp8_report(&trainer);
+        }
         if t.eval_sequences > 0 {
             let eval_start = Instant::now();
             let e = trainer.evaluate_generation(t.eval_sequences)?;
@@ -239,7 +323,16 @@ pub fn bench(a: &ModelArgs, warmup: u64, iters: u64, json: Option<&Path>) -> Cli
         return Err("--iters must be at least 1".into());
     }
     let kind = backend_kind(a)?;
-    let out = dispatch(kind, a.threads, BenchTask { cfg, warmup, iters })?;
+    let out = dispatch(
+        kind,
+        a.threads,
+        BenchTask {
+            cfg,
+            warmup,
+            iters,
+            strict: a.strict,
+        },
+    )?;
     println!("{}", serde_json::to_string_pretty(&out)?);
     if let Some(p) = json {
         std::fs::write(p, serde_json::to_string_pretty(&out)? + "\n")
@@ -252,12 +345,14 @@ struct BenchTask {
     cfg: Config,
     warmup: u64,
     iters: u64,
+    strict: bool,
 }
 
 impl OnDevice for BenchTask {
     type Output = serde_json::Value;
 
-    fn run<D: Device>(self, dev: Arc<D>) -> CliResult<serde_json::Value> {
+    fn run<D: Device>(mut self, dev: Arc<D>) -> CliResult<serde_json::Value> {
+        resolve_precision(&mut self.cfg, &dev.info(), self.strict)?;
         let mut trainer = Trainer::new(dev.clone(), self.cfg.clone())?;
         for _ in 0..self.warmup {
             trainer.train_step()?;
@@ -279,7 +374,7 @@ impl OnDevice for BenchTask {
         Ok(serde_json::json!({
             "backend": info.backend,
             "device": info.name,
-            "precision": "fp32",
+            "precision": self.cfg.train.precision.as_str(),
             "model": self.cfg.model,
             "batch": self.cfg.train.batch,
             "seq": self.cfg.train.seq,

@@ -8,7 +8,7 @@
 use duet_cpu::CpuDevice;
 use duet_cuda::CudaDevice;
 use duet_device::Device;
-use duet_engine::trace::{compare, ParityOutcome, Trace, TraceHeader, TraceWriter};
+use duet_engine::trace::{ParityOutcome, Trace, TraceHeader, TraceWriter, compare};
 use duet_engine::{Config, Preset, Trainer};
 use std::sync::Arc;
 
@@ -18,7 +18,10 @@ fn cuda() -> Option<Arc<CudaDevice>> {
         Err(e) => {
             // Straight to stderr, past the harness's capture, so a skip is never silent.
             use std::io::Write;
-            let _ = writeln!(std::io::stderr(), "SKIP cpu_and_cuda_train_the_same_fp32: {e}");
+            let _ = writeln!(
+                std::io::stderr(),
+                "SKIP cpu_and_cuda_train_the_same_fp32: {e}"
+            );
             None
         }
     }
@@ -53,7 +56,8 @@ fn run<D: Device>(dev: Arc<D>, cfg: &Config, steps: u64) -> (Vec<f32>, Trace) {
         for _ in 0..steps {
             let r = tr.train_step().unwrap();
             losses.push(r.loss);
-            w.record(tr.model(), r.step, r.loss, r.grad_norm, r.lr, None).unwrap();
+            w.record(tr.model(), r.step, r.loss, r.grad_norm, r.lr, None)
+                .unwrap();
         }
         w.flush().unwrap();
     }
@@ -71,18 +75,27 @@ fn cpu_and_cuda_train_the_same_fp32() {
     for (i, (a, b)) in l_cpu.iter().zip(&l_gpu).enumerate() {
         let rel = ((a - b) / a).abs() as f64;
         worst = worst.max(rel);
-        assert!(rel <= 1e-4, "step {}: cpu loss {a} vs cuda {b} (rel {rel:.2e})", i + 1);
+        assert!(
+            rel <= 1e-4,
+            "step {}: cpu loss {a} vs cuda {b} (rel {rel:.2e})",
+            i + 1
+        );
     }
     eprintln!(
         "20 steps: cpu {:.6} → {:.6}, cuda {:.6} → {:.6}, worst relative loss difference {worst:.2e}",
         l_cpu[0], l_cpu[19], l_gpu[0], l_gpu[19]
     );
     match compare(&t_cpu, &t_gpu).unwrap() {
-        ParityOutcome::Match { worst, .. } => eprintln!("trace parity cpu vs cuda: match {worst:?}"),
+        ParityOutcome::Match { worst, .. } => {
+            eprintln!("trace parity cpu vs cuda: match {worst:?}")
+        }
         d => panic!("cpu vs cuda traces diverge: {d:?}"),
     }
     // Run to run on the same GPU: bit-identical.
     let (_, t_again) = run(gpu, &cfg, 20);
-    assert_eq!(t_gpu.steps, t_again.steps, "a repeated CUDA run must be bit-identical");
+    assert_eq!(
+        t_gpu.steps, t_again.steps,
+        "a repeated CUDA run must be bit-identical"
+    );
     eprintln!("cuda run twice: bit-identical traces");
 }

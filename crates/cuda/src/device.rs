@@ -456,7 +456,7 @@ impl Device for CudaDevice {
     fn upload_bytes(&self, src: &[u8], dst: &mut CudaBuffer, offset: usize) -> Result<()> {
         const OP: &str = "upload_bytes";
         let size = dst.dtype().size_bytes();
-        if src.len() % size != 0 {
+        if !src.len().is_multiple_of(size) {
             return Err(DeviceError::Shape {
                 op: OP,
                 detail: format!(
@@ -732,7 +732,7 @@ impl Device for CudaDevice {
                 detail: "c must be positive".into(),
             });
         }
-        if wte.is_empty() || wte.len() % c != 0 {
+        if wte.is_empty() || !wte.len().is_multiple_of(c) {
             return Err(DeviceError::Shape {
                 op: OP,
                 detail: format!(
@@ -801,7 +801,7 @@ impl Device for CudaDevice {
                 detail: "c must be positive".into(),
             });
         }
-        if dwte.is_empty() || dwte.len() % c != 0 {
+        if dwte.is_empty() || !dwte.len().is_multiple_of(c) {
             return Err(DeviceError::Shape {
                 op: OP,
                 detail: format!(
@@ -1573,7 +1573,7 @@ impl CudaDevice {
         hs: usize,
     ) -> Result<(CudaFunction, u32)> {
         let pack = 16 / dtype.size_bytes();
-        let units = if hs % pack == 0 { n / pack } else { n };
+        let units = if hs.is_multiple_of(pack) { n / pack } else { n };
         let f = self.func(KernelModule::Attention, name)?;
         let _ = op;
         Ok((f, self.grid_1d(units, EW_BLOCK)))

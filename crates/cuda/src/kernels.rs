@@ -268,13 +268,11 @@ impl Kernels {
                 .map(|&m| {
                     let dir = dir.as_ref().ok().cloned();
                     s.spawn(move || -> Result<(Vec<u8>, Origin)> {
-                        if let Some(d) = &dir {
-                            if let Ok(bytes) = std::fs::read(cache_file(d, m, arch, nvrtc)) {
-                                if !bytes.is_empty() {
+                        if let Some(d) = &dir
+                            && let Ok(bytes) = std::fs::read(cache_file(d, m, arch, nvrtc))
+                                && !bytes.is_empty() {
                                     return Ok((bytes, Origin::Cache));
                                 }
-                            }
-                        }
                         let cubin = compile(m, arch)?;
                         if let Some(d) = &dir {
                             write_cache(&cache_file(d, m, arch, nvrtc), &cubin);

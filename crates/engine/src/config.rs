@@ -1,5 +1,7 @@
 //! Model and training configuration: presets, TOML files, flag overrides and validation.
 
+use crate::fp8::{AmaxAlgo, DelayedScaling, Fp8Recipe};
+use crate::precision::Precision;
 use crate::{EngineError, Result};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
@@ -49,7 +51,7 @@ impl ModelConfig {
                 return Err(EngineError::Config(format!("{name} must be at least 1")));
             }
         }
-        if self.d_model % self.heads != 0 {
+        if !self.d_model.is_multiple_of(self.heads) {
             return Err(EngineError::Config(format!(
                 "heads ({}) must divide d_model ({})",
                 self.heads, self.d_model
@@ -88,6 +90,41 @@ pub struct TrainConfig {
     pub eval_sequences: usize,
     /// Strides of the arithmetic-progression task are drawn from 1..=max_stride.
     pub max_stride: usize,
+    /// fp32, bf16, fp16 or fp8 (see [`crate::precision`]).
+    #[serde(default)]
+    pub precision: Precision,
+    /// Loss scale: 0 = dynamic for fp16 (start 2^16, halve and skip on inf/NaN, double after
+    /// 2000 clean steps); a positive value is a static scale.
+    #[serde(default)]
+    pub loss_scale: f32,
+    /// FP8 recipe: hybrid (E4M3 forward, E5M2 gradients) or e4m3.
+    #[serde(default)]
+    pub fp8_format: Fp8Recipe,
+    /// Length of each FP8 operand's amax history (1..=1024).
+    #[serde(default = "default_amax_history_len")]
+    pub fp8_amax_history_len: usize,
+    /// max or most_recent.
+    #[serde(default)]
+    pub fp8_amax_compute_algo: AmaxAlgo,
+    /// scale = fp8_max / amax / 2^margin.
+    #[serde(default)]
+    pub fp8_margin: i32,
+}
+
+fn default_amax_history_len() -> usize {
+    16
+}
+
+impl TrainConfig {
+    /// The delayed-scaling settings of this run.
+    pub fn delayed_scaling(&self) -> DelayedScaling {
+        DelayedScaling {
+            recipe: self.fp8_format,
+            amax_history_len: self.fp8_amax_history_len,
+            algo: self.fp8_amax_compute_algo,
+            margin: self.fp8_margin,
+        }
+    }
 }
 
 /// The whole configuration of a run.
@@ -143,6 +180,12 @@ impl Config {
             seed: 1337,
             eval_sequences: 256,
             max_stride: 8,
+            precision: Precision::Fp32,
+            loss_scale: 0.0,
+            fp8_format: Fp8Recipe::Hybrid,
+            fp8_amax_history_len: default_amax_history_len(),
+            fp8_amax_compute_algo: AmaxAlgo::Max,
+            fp8_margin: 0,
         };
         match p {
             Preset::Default => Config {
@@ -306,6 +349,12 @@ impl Config {
         if !(0.0..=1.0).contains(&t.min_lr_ratio) {
             return Err(EngineError::Config("min_lr_ratio must be in [0, 1]".into()));
         }
+        if !(t.loss_scale.is_finite() && t.loss_scale >= 0.0) {
+            return Err(EngineError::Config(
+                "loss_scale must be ≥ 0 (0: dynamic for fp16)".into(),
+            ));
+        }
+        t.delayed_scaling().validate()?;
         Ok(())
     }
 

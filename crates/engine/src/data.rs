@@ -14,8 +14,8 @@ pub struct Progressions {
 
 /// Whether the pair (s, k) belongs to the held-out set (about 10% of pairs, fixed by a hash).
 pub fn is_held_out(s: usize, k: usize) -> bool {
-    let mut h = Rng::new(((s as u64) << 32) ^ k as u64 ^ 0x5EED_0F_D0E7);
-    h.next_u64() % 10 == 0
+    let mut h = Rng::new(((s as u64) << 32) ^ k as u64 ^ 0x005E_ED0F_D0E7);
+    h.next_u64().is_multiple_of(10)
 }
 
 /// The progression (s, k) of `len` tokens.

@@ -304,7 +304,8 @@ pub fn compare(a: &Trace, b: &Trace) -> std::result::Result<ParityOutcome, Incom
         for (quantity, x, y, scale) in checks {
             let err = (x - y).abs() / scale.max(1e-30);
             let both_nan = x.is_nan() && y.is_nan();
-            if !both_nan && !(err <= tol) {
+            let out_of_tolerance = err.is_nan() || err > tol;
+            if !both_nan && out_of_tolerance {
                 return Ok(ParityOutcome::Diverged {
                     step: sa.step,
                     quantity,

@@ -93,6 +93,29 @@ pub struct ModelArgs {
     /// Strides of the arithmetic task are drawn from 1..=N (up to vocab − 1).
     #[arg(long, value_name = "N")]
     pub max_stride: Option<usize>,
+    /// fp32, bf16, fp16 or fp8 (FP32 master weights in every mode). Unsupported by the
+    /// hardware: falls back (fp8 → bf16 → fp16 → fp32) with a warning, or fails with --strict.
+    #[arg(long)]
+    pub precision: Option<String>,
+    /// Fail instead of falling back when the hardware lacks the requested precision.
+    #[arg(long)]
+    pub strict: bool,
+    /// Static loss scale (e.g. 1024); 0 = dynamic (the fp16 default: 2^16, halve and skip on
+    /// inf/NaN, double after 2000 clean steps).
+    #[arg(long, value_name = "SCALE")]
+    pub loss_scale: Option<f32>,
+    /// FP8 recipe: hybrid (E4M3 forward, E5M2 gradients) or e4m3.
+    #[arg(long, value_name = "FORMAT")]
+    pub fp8_format: Option<String>,
+    /// Entries in each FP8 operand's amax history (1..=1024, default 16).
+    #[arg(long, value_name = "N")]
+    pub fp8_amax_history_len: Option<usize>,
+    /// max or most_recent.
+    #[arg(long, value_name = "ALGO")]
+    pub fp8_amax_compute_algo: Option<String>,
+    /// FP8 scale = fp8_max / amax / 2^margin.
+    #[arg(long, value_name = "M", allow_hyphen_values = true)]
+    pub fp8_margin: Option<i32>,
 }
 
 #[derive(Args)]
@@ -109,6 +132,10 @@ struct TrainArgs {
     /// for `duet parity`.
     #[arg(long, value_name = "FILE")]
     trace: Option<PathBuf>,
+    /// FP8: print, per layer and operand, the scale and the first amax-history entries at the
+    /// end (and every --log-every steps); the metrics log carries them at every step.
+    #[arg(long)]
+    fp8_report: bool,
 }
 
 #[derive(Args)]
@@ -134,6 +161,7 @@ fn main() -> ExitCode {
             metrics: a.metrics,
             log_every: a.log_every,
             trace: a.trace,
+            fp8_report: a.fp8_report,
         }),
         Command::Bench(a) => cli_train::bench(&a.model, a.warmup_steps, a.iters, a.json.as_deref()),
         Command::Info => backends::info(),

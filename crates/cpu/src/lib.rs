@@ -163,7 +163,10 @@ impl Device for CpuDevice {
             details: vec![
                 ("threads".into(), self.threads.to_string()),
                 ("gemm".into(), "gemm 0.19 (f32 accumulation)".into()),
-                ("fp8".into(), "emulated (storage only)".into()),
+                (
+                    "fp8".into(),
+                    "emulated (codecs, quantisation, GEMM on decoded values)".into(),
+                ),
             ],
         }
     }
@@ -402,6 +405,34 @@ impl Device for CpuDevice {
 
     fn sum_squares(&self, x: &CpuBuffer, out: &mut CpuBuffer, slot: usize) -> Result<()> {
         self.run(|| ops::optim::sum_squares(x, out, slot))
+    }
+
+    fn quantize_fp8(
+        &self,
+        src: &CpuBuffer,
+        dst: &mut CpuBuffer,
+        dst_t: Option<&mut CpuBuffer>,
+        rows: usize,
+        cols: usize,
+        scale: &CpuBuffer,
+        amax: &mut CpuBuffer,
+        slot: usize,
+    ) -> Result<()> {
+        self.run(|| ops::fp8::quantize(src, dst, dst_t, rows, cols, scale, amax, slot))
+    }
+
+    fn gemm_fp8(
+        &self,
+        desc: &GemmDesc,
+        a: &CpuBuffer,
+        b: &CpuBuffer,
+        c: &mut CpuBuffer,
+        scale_inv: &CpuBuffer,
+        a_slot: usize,
+        b_slot: usize,
+    ) -> Result<()> {
+        let threads = self.threads;
+        self.run(|| ops::gemm::gemm_fp8(desc, a, b, c, scale_inv, a_slot, b_slot, threads))
     }
 }
 

@@ -389,6 +389,60 @@ pub trait Device: Send + Sync + Sized + 'static {
 
     /// Accumulates `out[slot] += Σ x²` (in f32) for the global gradient L2 norm; `out` is f32.
     fn sum_squares(&self, x: &Self::Buffer, out: &mut Self::Buffer, slot: usize) -> Result<()>;
+
+    // ------------------------------------------------------------------ FP8 (delayed scaling)
+
+    /// FP8 quantisation with a device-resident scale, recording the amax in the same pass:
+    /// `dst = encode(src · scale[slot])` (round to nearest even, saturating to ±max; NaN stays
+    /// NaN) and `amax[slot] = max(amax[slot], max |src|)` (NaN elements are ignored).
+    /// `src` is a `rows × cols` f32/f16/bf16 matrix, `dst` an FP8 buffer of the same length,
+    /// and `dst_t`, when given, receives the same codes transposed (`cols × rows`, same dtype as
+    /// `dst`) for GEMM layouts that need the other operand order. `scale` and `amax` are f32.
+    ///
+    /// Backends without FP8 support return [`DeviceError::Unsupported`].
+    #[allow(clippy::too_many_arguments)]
+    fn quantize_fp8(
+        &self,
+        src: &Self::Buffer,
+        dst: &mut Self::Buffer,
+        dst_t: Option<&mut Self::Buffer>,
+        rows: usize,
+        cols: usize,
+        scale: &Self::Buffer,
+        amax: &mut Self::Buffer,
+        slot: usize,
+    ) -> Result<()> {
+        let _ = (src, dst_t, rows, cols, scale, amax, slot);
+        Err(DeviceError::Unsupported {
+            op: "quantize_fp8".into(),
+            dtype: dst.dtype(),
+        })
+    }
+
+    /// FP8 GEMM: `C = alpha · (op(A)·sa) · (op(B)·sb) + beta · C` with `sa = scale_inv[a_slot]`,
+    /// `sb = scale_inv[b_slot]` (f32, on the device), A and B FP8 (each E4M3 or E5M2 of one
+    /// family, OCP or FNUZ), C f32, bf16 or f16; FP32 accumulation. Backends may restrict the
+    /// layout to what their FP8 GEMM supports (cuBLASLt on sm_90: `trans_a = false`,
+    /// `trans_b = true`, i.e. both operands K-major, one matrix, leading dimensions multiples of
+    /// 16, not both operands E5M2) and return [`DeviceError::Unsupported`] or
+    /// [`DeviceError::InvalidArgument`] otherwise.
+    #[allow(clippy::too_many_arguments)]
+    fn gemm_fp8(
+        &self,
+        desc: &GemmDesc,
+        a: &Self::Buffer,
+        b: &Self::Buffer,
+        c: &mut Self::Buffer,
+        scale_inv: &Self::Buffer,
+        a_slot: usize,
+        b_slot: usize,
+    ) -> Result<()> {
+        let _ = (desc, b, c, scale_inv, a_slot, b_slot);
+        Err(DeviceError::Unsupported {
+            op: "gemm_fp8".into(),
+            dtype: a.dtype(),
+        })
+    }
 }
 
 /// Typed helpers on top of the byte-level copies.

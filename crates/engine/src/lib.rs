@@ -4,14 +4,17 @@
 
 pub mod config;
 pub mod data;
+pub mod fp8;
 pub mod model;
 pub mod optim;
+pub mod precision;
 pub mod rng;
 pub mod trace;
 pub mod train;
 
 pub use config::{Config, ModelConfig, Preset, TrainConfig};
 pub use model::Gpt;
+pub use precision::Precision;
 pub use train::Trainer;
 
 use duet_device::DeviceError;

@@ -8,9 +8,12 @@
 //! nanoGPT's names, so a linear layer is `y = x·Wᵀ + b`.
 
 use crate::config::ModelConfig;
+use crate::fp8::{DelayedScaling, Fp8Family, Fp8State, Operand, OperandReport};
+use crate::precision::Precision;
 use crate::rng::Rng;
 use crate::{EngineError, Result};
-use duet_device::{DType, Device, DeviceExt, GemmDesc};
+use duet_device::{Buffer, DType, Device, DeviceExt, GemmDesc};
+use half::{bf16, f16};
 use std::sync::Arc;
 
 /// LayerNorm epsilon (PyTorch's default).
@@ -232,6 +235,74 @@ impl MemoryPlan {
     }
 }
 
+/// How a model stores its weights and activations (see [`crate::precision`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct PrecisionPlan {
+    pub precision: Precision,
+    /// Delayed-scaling settings (fp8 only).
+    pub fp8: DelayedScaling,
+    /// FP8 encodings; `None` picks the device's ([`Fp8Family::of_device`]).
+    pub fp8_family: Option<Fp8Family>,
+}
+
+impl PrecisionPlan {
+    pub fn new(precision: Precision) -> Self {
+        Self {
+            precision,
+            ..Self::default()
+        }
+    }
+}
+
+/// The linear layers of a block, in FP8 metadata order.
+const LINEARS: [(BlockParam, &str); 4] = [
+    (BlockParam::AttnW, "attn.c_attn"),
+    (BlockParam::ProjW, "attn.c_proj"),
+    (BlockParam::FcW, "mlp.c_fc"),
+    (BlockParam::FcProjW, "mlp.c_proj"),
+];
+
+/// FP8 copies of the linear layers' operands and their scaling metadata.
+struct Fp8Bufs<D: Device> {
+    state: Fp8State<D>,
+    /// Per linear layer (`4·layer + kind`): the input and its transpose (kept for the weight
+    /// gradient), the weight and its transpose (for the input gradient).
+    x8: Vec<D::Buffer>,
+    x8t: Vec<D::Buffer>,
+    w8: Vec<D::Buffer>,
+    w8t: Vec<D::Buffer>,
+    /// Per kind of linear layer: the output gradient and its transpose (reused by every layer).
+    dy8: Vec<D::Buffer>,
+    dy8t: Vec<D::Buffer>,
+}
+
+/// `(in_features, out_features)` of linear kind `k` (see [`LINEARS`]).
+fn linear_dims(cfg: &ModelConfig, k: usize) -> (usize, usize) {
+    let (c, f) = (cfg.d_model, cfg.ffn);
+    [(c, 3 * c), (c, c), (c, f), (f, c)][k]
+}
+
+/// Copies host f32 values into a float buffer of any of f32, f16, bf16 (rounding once).
+pub(crate) fn upload_f32_as<D: Device>(dev: &D, src: &[f32], dst: &mut D::Buffer) -> Result<()> {
+    match dst.dtype() {
+        DType::F32 => dev.upload(src, dst, 0)?,
+        DType::BF16 => {
+            let v: Vec<bf16> = src.iter().map(|&x| bf16::from_f32(x)).collect();
+            dev.upload(&v, dst, 0)?
+        }
+        DType::F16 => {
+            let v: Vec<f16> = src.iter().map(|&x| f16::from_f32(x)).collect();
+            dev.upload(&v, dst, 0)?
+        }
+        other => {
+            return Err(EngineError::Config(format!(
+                "cannot upload weights into a {other} buffer"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// A GPT model bound to a device, with buffers planned for batch `b` and sequence length `t`.
 pub struct Gpt<D: Device> {
     dev: Arc<D>,
@@ -257,21 +328,39 @@ pub struct Gpt<D: Device> {
     zeros_c: D::Buffer,
     /// Number of non-ignored targets in the last `loss` call.
     last_count: usize,
-}
-
-fn alloc_all<D: Device>(dev: &D, dtype: DType, lens: &[usize]) -> Result<Vec<D::Buffer>> {
-    lens.iter().map(|&n| Ok(dev.alloc(dtype, n)?)).collect()
+    precision: Precision,
+    /// Activation dtype.
+    act: DType,
+    /// The logits' gradient in the activation dtype (mixed precision only).
+    dlogits_lp: Option<D::Buffer>,
+    /// Multiplies the loss gradient (FP16 loss scaling).
+    loss_scale: f32,
+    fp8: Option<Fp8Bufs<D>>,
 }
 
 impl<D: Device> Gpt<D> {
     /// Plans and allocates every buffer for batch `b` × sequence `t`, and uploads `weights`
-    /// (host f32 in [`param_specs`] order).
+    /// (host f32 in [`param_specs`] order). FP32 throughout.
     pub fn new(
         dev: Arc<D>,
         cfg: &ModelConfig,
         b: usize,
         t: usize,
         weights: &[Vec<f32>],
+    ) -> Result<Self> {
+        Self::with_precision(dev, cfg, b, t, weights, PrecisionPlan::default())
+    }
+
+    /// Like [`Gpt::new`] in a given precision: the weight matrices (and embeddings) and the
+    /// activations in the precision's activation dtype; biases, LayerNorm parameters, LayerNorm
+    /// statistics, logits, losses and every parameter gradient in f32.
+    pub fn with_precision(
+        dev: Arc<D>,
+        cfg: &ModelConfig,
+        b: usize,
+        t: usize,
+        weights: &[Vec<f32>],
+        plan: PrecisionPlan,
     ) -> Result<Self> {
         cfg.validate()?;
         if b == 0 || t == 0 || t > cfg.max_seq {
@@ -282,19 +371,24 @@ impl<D: Device> Gpt<D> {
         }
         let specs = param_specs(cfg);
         let f32 = DType::F32;
-        let lens: Vec<usize> = specs.iter().map(ParamSpec::numel).collect();
-        let params = alloc_all(&*dev, f32, &lens)?;
-        let grads = alloc_all(&*dev, f32, &lens)?;
+        let act = plan.precision.activation_dtype();
+        let mut params = Vec::with_capacity(specs.len());
+        let mut grads = Vec::with_capacity(specs.len());
+        for s in &specs {
+            params.push(dev.alloc(if s.decay { act } else { f32 }, s.numel())?);
+            grads.push(dev.alloc(f32, s.numel())?);
+        }
         let (c, f, nh, v) = (cfg.d_model, cfg.ffn, cfg.heads, cfg.vocab);
         let n = b * t;
         let att = b * nh * t * t;
-        let a = |len: usize| dev.alloc(f32, len);
+        let a = |len: usize| dev.alloc(act, len);
+        let a32 = |len: usize| dev.alloc(f32, len);
         let mut blocks = Vec::with_capacity(cfg.layers);
         for _ in 0..cfg.layers {
             blocks.push(BlockActs {
                 ln1: a(n * c)?,
-                ln1_mean: a(n)?,
-                ln1_rstd: a(n)?,
+                ln1_mean: a32(n)?,
+                ln1_rstd: a32(n)?,
                 qkv: a(n * 3 * c)?,
                 q: a(n * c)?,
                 k: a(n * c)?,
@@ -304,8 +398,8 @@ impl<D: Device> Gpt<D> {
                 attc: a(n * c)?,
                 res2: a(n * c)?,
                 ln2: a(n * c)?,
-                ln2_mean: a(n)?,
-                ln2_rstd: a(n)?,
+                ln2_mean: a32(n)?,
+                ln2_rstd: a32(n)?,
                 fch: a(n * f)?,
                 fch_gelu: a(n * f)?,
                 res3: a(n * c)?,
@@ -325,25 +419,107 @@ impl<D: Device> Gpt<D> {
             d_f: a(n * f)?,
             d_f2: a(n * f)?,
         };
-        let param_bytes = 4 * lens.iter().sum::<usize>() as u64;
-        let per_block = 4 * (n * (c * 8 + 3 * c + 2 * f + 4) + att) as u64;
-        let plan = MemoryPlan {
-            params: param_bytes,
-            grads: param_bytes,
-            activations: per_block * cfg.layers as u64
-                + 4 * (n * (2 * c + 2 * v + 3) + 2 * n) as u64,
-            scratch: 4 * (3 * att + n * (9 * c + 2 * f)) as u64,
+        let fp8 = if plan.precision == Precision::Fp8 {
+            let family = plan
+                .fp8_family
+                .unwrap_or_else(|| Fp8Family::of_device(&dev.info()));
+            let mut names = Vec::new();
+            for l in 0..cfg.layers {
+                for (_, name) in LINEARS {
+                    names.push(format!("h.{l}.{name}"));
+                }
+            }
+            let state = Fp8State::new(&*dev, plan.fp8, family, &names)?;
+            let (fwd, bwd) = (state.fwd, state.bwd);
+            let mut bufs = Fp8Bufs {
+                state,
+                x8: vec![],
+                x8t: vec![],
+                w8: vec![],
+                w8t: vec![],
+                dy8: vec![],
+                dy8t: vec![],
+            };
+            for _ in 0..cfg.layers {
+                for k in 0..LINEARS.len() {
+                    let (fi, fo) = linear_dims(cfg, k);
+                    bufs.x8.push(dev.alloc(fwd, n * fi)?);
+                    bufs.x8t.push(dev.alloc(fwd, n * fi)?);
+                    bufs.w8.push(dev.alloc(fwd, fo * fi)?);
+                    bufs.w8t.push(dev.alloc(fwd, fo * fi)?);
+                }
+            }
+            for k in 0..LINEARS.len() {
+                let (_, fo) = linear_dims(cfg, k);
+                bufs.dy8.push(dev.alloc(bwd, n * fo)?);
+                bufs.dy8t.push(dev.alloc(bwd, n * fo)?);
+            }
+            Some(bufs)
+        } else {
+            None
+        };
+        let dlogits_lp = if act == f32 { None } else { Some(a(n * v)?) };
+        let bytes = |bs: &[&D::Buffer]| bs.iter().map(|b| b.size_bytes() as u64).sum::<u64>();
+        let mut act_bufs: Vec<&D::Buffer> = Vec::new();
+        for k in &blocks {
+            act_bufs.extend([
+                &k.ln1,
+                &k.ln1_mean,
+                &k.ln1_rstd,
+                &k.qkv,
+                &k.q,
+                &k.k,
+                &k.v,
+                &k.probs,
+                &k.atty,
+                &k.attc,
+                &k.res2,
+                &k.ln2,
+                &k.ln2_mean,
+                &k.ln2_rstd,
+                &k.fch,
+                &k.fch_gelu,
+                &k.res3,
+            ]);
+        }
+        let sc = &scratch;
+        let mut scratch_bufs: Vec<&D::Buffer> = vec![
+            &sc.scores,
+            &sc.dprobs,
+            &sc.dscores,
+            &sc.dresid,
+            &sc.d_c,
+            &sc.d_c2,
+            &sc.dq,
+            &sc.dk,
+            &sc.dv,
+            &sc.dqkv,
+            &sc.d_f,
+            &sc.d_f2,
+        ];
+        scratch_bufs.extend(dlogits_lp.iter());
+        if let Some(q) = &fp8 {
+            act_bufs.extend(q.x8.iter().chain(&q.x8t));
+            scratch_bufs.extend(q.w8.iter().chain(&q.w8t).chain(&q.dy8).chain(&q.dy8t));
+        }
+        // encoded, lnf (act); lnf stats, logits, dlogits, losses (f32).
+        let head = (2 * n * c * act.size_bytes() + 4 * (2 * n + 2 * n * v + n)) as u64;
+        let plan_bytes = MemoryPlan {
+            params: bytes(&params.iter().collect::<Vec<_>>()),
+            grads: bytes(&grads.iter().collect::<Vec<_>>()),
+            activations: bytes(&act_bufs) + head,
+            scratch: bytes(&scratch_bufs),
         };
         let mut model = Self {
             tokens: dev.alloc(DType::I32, n)?,
             targets: dev.alloc(DType::I32, n)?,
             encoded: a(n * c)?,
             lnf: a(n * c)?,
-            lnf_mean: a(n)?,
-            lnf_rstd: a(n)?,
-            logits: a(n * v)?,
-            losses: a(n)?,
-            dlogits: a(n * v)?,
+            lnf_mean: a32(n)?,
+            lnf_rstd: a32(n)?,
+            logits: a32(n * v)?,
+            losses: a32(n)?,
+            dlogits: a32(n * v)?,
             blocks,
             scratch,
             params,
@@ -352,13 +528,51 @@ impl<D: Device> Gpt<D> {
             cfg: cfg.clone(),
             b,
             t,
-            plan,
-            zeros_c: a(c)?,
+            plan: plan_bytes,
+            zeros_c: a32(c)?,
             last_count: 0,
+            precision: plan.precision,
+            act,
+            dlogits_lp,
+            loss_scale: 1.0,
+            fp8,
             dev,
         };
         model.set_weights(weights)?;
         Ok(model)
+    }
+
+    pub fn precision(&self) -> Precision {
+        self.precision
+    }
+
+    /// Storage dtype of the activations.
+    pub fn activation_dtype(&self) -> DType {
+        self.act
+    }
+
+    /// Sets the factor the loss gradient is multiplied by (FP16 loss scaling; 1 disables).
+    pub fn set_loss_scale(&mut self, scale: f32) {
+        self.loss_scale = scale;
+    }
+
+    pub fn loss_scale(&self) -> f32 {
+        self.loss_scale
+    }
+
+    /// FP8 only: folds the amaxes recorded since the last call into the histories and sets the
+    /// scales the next step uses. A no-op in other precisions.
+    pub fn fp8_update(&mut self) -> Result<()> {
+        if let Some(q) = &mut self.fp8 {
+            q.state.update(&*self.dev)?;
+        }
+        Ok(())
+    }
+
+    /// FP8 only: per layer and operand, the current scale and the first `entries` amax-history
+    /// entries (most recent first).
+    pub fn fp8_report(&self, entries: usize) -> Option<Vec<OperandReport>> {
+        self.fp8.as_ref().map(|q| q.state.report(entries))
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -417,7 +631,7 @@ impl<D: Device> Gpt<D> {
                     spec.shape
                 )));
             }
-            self.dev.upload(w, buf, 0)?;
+            upload_f32_as(&*self.dev, w, buf)?;
         }
         Ok(())
     }
@@ -479,6 +693,7 @@ impl<D: Device> Gpt<D> {
         let hs = c / nh;
         let n = b * t;
         let p = &self.params;
+        let q8 = &mut self.fp8;
         dev.upload(tokens, &mut self.tokens, 0)?;
         dev.embedding_forward(&self.tokens, &p[0], &p[1], &mut self.encoded, b, t, c)?;
         let scale = 1.0 / (hs as f32).sqrt();
@@ -505,6 +720,7 @@ impl<D: Device> Gpt<D> {
             )?;
             linear_forward(
                 dev,
+                q8.as_mut().map(|q| (q, 4 * l)),
                 &a.ln1,
                 w(BlockParam::AttnW),
                 w(BlockParam::AttnB),
@@ -532,6 +748,7 @@ impl<D: Device> Gpt<D> {
             dev.copy(x, 0, &mut a.res2, 0, n * c)?;
             linear_forward(
                 dev,
+                q8.as_mut().map(|q| (q, 4 * l + 1)),
                 &a.attc,
                 w(BlockParam::ProjW),
                 w(BlockParam::ProjB),
@@ -555,6 +772,7 @@ impl<D: Device> Gpt<D> {
             )?;
             linear_forward(
                 dev,
+                q8.as_mut().map(|q| (q, 4 * l + 2)),
                 &a.ln2,
                 w(BlockParam::FcW),
                 w(BlockParam::FcB),
@@ -568,6 +786,7 @@ impl<D: Device> Gpt<D> {
             dev.copy(&a.res2, 0, &mut a.res3, 0, n * c)?;
             linear_forward(
                 dev,
+                q8.as_mut().map(|q| (q, 4 * l + 3)),
                 &a.fch_gelu,
                 w(BlockParam::FcProjW),
                 w(BlockParam::FcProjB),
@@ -625,8 +844,11 @@ impl<D: Device> Gpt<D> {
             dlogits,
             n,
             self.cfg.vocab,
-            1.0 / count as f32,
+            self.loss_scale / count as f32,
         )?;
+        if let (true, Some(lp)) = (with_grad, self.dlogits_lp.as_mut()) {
+            dev.cast(&self.dlogits, lp, 1.0)?;
+        }
         let losses: Vec<f32> = dev.download(&self.losses)?;
         let sum: f64 = losses.iter().map(|&x| x as f64).sum();
         Ok((sum / count as f64) as f32)
@@ -658,18 +880,20 @@ impl<D: Device> Gpt<D> {
         let p = &self.params;
         let g = &mut self.grads;
         let s = &mut self.scratch;
+        let q8 = &mut self.fp8;
+        let dlogits = self.dlogits_lp.as_ref().unwrap_or(&self.dlogits);
         let np = p.len();
 
         // LM head: logits = lnf · wteᵀ.
         dev.gemm(
             &GemmDesc::new(false, false, n, c, v),
-            &self.dlogits,
+            dlogits,
             &p[0],
             &mut s.d_c,
         )?;
         dev.gemm(
             &GemmDesc::new(true, false, v, c, n).beta(1.0),
-            &self.dlogits,
+            dlogits,
             &self.lnf,
             &mut g[0],
         )?;
@@ -707,6 +931,7 @@ impl<D: Device> Gpt<D> {
                 let (gw, gb) = two_mut(g, gi(BlockParam::FcProjW), gi(BlockParam::FcProjB));
                 linear_backward(
                     dev,
+                    q8.as_mut().map(|q| (q, 4 * l + 3)),
                     &s.dresid,
                     &a.fch_gelu,
                     w(BlockParam::FcProjW),
@@ -723,6 +948,7 @@ impl<D: Device> Gpt<D> {
                 let (gw, gb) = two_mut(g, gi(BlockParam::FcW), gi(BlockParam::FcB));
                 linear_backward(
                     dev,
+                    q8.as_mut().map(|q| (q, 4 * l + 2)),
                     &s.d_f2,
                     &a.ln2,
                     w(BlockParam::FcW),
@@ -754,6 +980,7 @@ impl<D: Device> Gpt<D> {
                 let (gw, gb) = two_mut(g, gi(BlockParam::ProjW), gi(BlockParam::ProjB));
                 linear_backward(
                     dev,
+                    q8.as_mut().map(|q| (q, 4 * l + 1)),
                     &s.dresid,
                     &a.attc,
                     w(BlockParam::ProjW),
@@ -799,6 +1026,7 @@ impl<D: Device> Gpt<D> {
                 let (gw, gb) = two_mut(g, gi(BlockParam::AttnW), gi(BlockParam::AttnB));
                 linear_backward(
                     dev,
+                    q8.as_mut().map(|q| (q, 4 * l)),
                     &s.dqkv,
                     &a.ln1,
                     w(BlockParam::AttnW),
@@ -837,10 +1065,14 @@ impl<D: Device> Gpt<D> {
     }
 }
 
-/// `out = beta·out + x · Wᵀ + bias` for `x` (`n × k`), `W` (`m × k`), `out` (`n × m`).
+/// `out = beta·out + x · Wᵀ + bias` for `x` (`n × k`), `W` (`m × k`), `out` (`n × m`). With
+/// `q8` (FP8 buffers and the linear layer's index) the GEMM runs on FP8 copies of `x` and `W`
+/// quantised with their current scales (recording their amaxes); the transposed copies are kept
+/// for the backward pass.
 #[allow(clippy::too_many_arguments)]
 fn linear_forward<D: Device>(
     dev: &D,
+    q8: Option<(&mut Fp8Bufs<D>, usize)>,
     x: &D::Buffer,
     w: &D::Buffer,
     bias: &D::Buffer,
@@ -850,16 +1082,33 @@ fn linear_forward<D: Device>(
     m: usize,
     beta: f32,
 ) -> Result<()> {
-    dev.gemm(&GemmDesc::new(false, true, n, m, k).beta(beta), x, w, out)?;
+    let desc = GemmDesc::new(false, true, n, m, k).beta(beta);
+    match q8 {
+        None => dev.gemm(&desc, x, w, out)?,
+        Some((q, id)) => {
+            let st = &mut q.state;
+            let (sx, sw) = (
+                Fp8State::<D>::slot(id, Operand::Input),
+                Fp8State::<D>::slot(id, Operand::Weight),
+            );
+            let (x8, x8t) = (&mut q.x8[id], Some(&mut q.x8t[id]));
+            dev.quantize_fp8(x, x8, x8t, n, k, &st.scale, &mut st.amax, sx)?;
+            let (w8, w8t) = (&mut q.w8[id], Some(&mut q.w8t[id]));
+            dev.quantize_fp8(w, w8, w8t, m, k, &st.scale, &mut st.amax, sw)?;
+            dev.gemm_fp8(&desc, &q.x8[id], &q.w8[id], out, &st.scale_inv, sx, sw)?;
+        }
+    }
     dev.bias_add(out, bias, n, m)?;
     Ok(())
 }
 
 /// Backward of [`linear_forward`]: `dx = dout · W` (overwrites), `dW += doutᵀ · x`,
-/// `dbias += Σ_rows dout`.
+/// `dbias += Σ_rows dout`. With `q8`, `dout` is quantised (E5M2 in the HYBRID recipe) and both
+/// GEMMs run in FP8 on the copies the forward pass made, in the K-major layout FP8 GEMMs need.
 #[allow(clippy::too_many_arguments)]
 fn linear_backward<D: Device>(
     dev: &D,
+    q8: Option<(&mut Fp8Bufs<D>, usize)>,
     dout: &D::Buffer,
     x: &D::Buffer,
     w: &D::Buffer,
@@ -870,8 +1119,43 @@ fn linear_backward<D: Device>(
     k: usize,
     m: usize,
 ) -> Result<()> {
-    dev.gemm(&GemmDesc::new(false, false, n, k, m), dout, w, dx)?;
-    dev.gemm(&GemmDesc::new(true, false, m, k, n).beta(1.0), dout, x, dw)?;
+    match q8 {
+        None => {
+            dev.gemm(&GemmDesc::new(false, false, n, k, m), dout, w, dx)?;
+            dev.gemm(&GemmDesc::new(true, false, m, k, n).beta(1.0), dout, x, dw)?;
+        }
+        Some((q, id)) => {
+            let kind = id % LINEARS.len();
+            let st = &mut q.state;
+            let sy = Fp8State::<D>::slot(id, Operand::GradOutput);
+            let (sx, sw) = (
+                Fp8State::<D>::slot(id, Operand::Input),
+                Fp8State::<D>::slot(id, Operand::Weight),
+            );
+            let (dy8, dy8t) = (&mut q.dy8[kind], Some(&mut q.dy8t[kind]));
+            dev.quantize_fp8(dout, dy8, dy8t, n, m, &st.scale, &mut st.amax, sy)?;
+            // dx (n × k) = dy (n × m) · W (m × k) = dy · (Wᵀ stored k × m)ᵀ.
+            dev.gemm_fp8(
+                &GemmDesc::new(false, true, n, k, m),
+                &q.dy8[kind],
+                &q.w8t[id],
+                dx,
+                &st.scale_inv,
+                sy,
+                sw,
+            )?;
+            // dW (m × k) += dyᵀ (stored m × n) · x = dyᵀ · (xᵀ stored k × n)ᵀ.
+            dev.gemm_fp8(
+                &GemmDesc::new(false, true, m, k, n).beta(1.0),
+                &q.dy8t[kind],
+                &q.x8t[id],
+                dw,
+                &st.scale_inv,
+                sy,
+                sx,
+            )?;
+        }
+    }
     dev.bias_backward(dout, dbias, n, m)?;
     Ok(())
 }

@@ -1,8 +1,20 @@
-//! AdamW with decoupled weight decay and global L2-norm gradient clipping.
+//! AdamW with decoupled weight decay and global L2-norm gradient clipping, FP32 master weights
+//! for mixed precision, and loss-scale handling.
+//!
+//! In mixed precision the model holds low-precision working copies of (some of) its weights;
+//! the optimizer then keeps the FP32 master weights of those tensors and the fused AdamW kernel
+//! updates the master and writes the working copy in the same pass (`param_copy`). Tensors the
+//! model keeps in f32 are updated in place.
+//!
+//! With a loss scale, the gradients arrive multiplied by it: the unscaling (`1/scale`) is folded
+//! into AdamW's `grad_scale` together with the clipping factor, and the global gradient norm —
+//! computed anyway for clipping — doubles as the inf/NaN check: a non-finite norm skips the step
+//! (the [`LossScaler`] then halves a dynamic scale).
 
-use crate::Result;
 use crate::model::ParamSpec;
-use duet_device::{AdamWStep, DType, Device, DeviceExt};
+use crate::precision::LossScaler;
+use crate::{EngineError, Result};
+use duet_device::{AdamWStep, Buffer, DType, Device, DeviceExt};
 
 /// Optimizer hyper-parameters that do not change during a run.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -20,6 +32,8 @@ pub struct AdamW<D: Device> {
     cfg: AdamWConfig,
     m: Vec<D::Buffer>,
     v: Vec<D::Buffer>,
+    /// FP32 master weights of the tensors whose working copy is not f32.
+    master: Vec<Option<D::Buffer>>,
     decay: Vec<bool>,
     norm: D::Buffer,
     /// Number of updates applied so far.
@@ -33,6 +47,10 @@ pub struct StepStats {
     pub grad_norm: f32,
     /// Factor the gradients were multiplied by (1 when not clipped).
     pub clip_scale: f32,
+    /// The step was skipped because a gradient was inf/NaN.
+    pub skipped: bool,
+    /// The loss scale the gradients carried (1 without loss scaling).
+    pub loss_scale: f32,
 }
 
 impl<D: Device> AdamW<D> {
@@ -47,10 +65,62 @@ impl<D: Device> AdamW<D> {
             cfg,
             m,
             v,
+            master: specs.iter().map(|_| None).collect(),
             decay: specs.iter().map(|s| s.decay).collect(),
             norm: dev.alloc(DType::F32, 1)?,
             step: 0,
         })
+    }
+
+    /// An optimizer for a model whose working weights `params` may be low precision: every
+    /// tensor that is not f32 gets an FP32 master copy initialised from `weights` (host f32, the
+    /// full-precision values the working copy was rounded from).
+    pub fn with_masters(
+        dev: &D,
+        cfg: AdamWConfig,
+        specs: &[ParamSpec],
+        params: &[D::Buffer],
+        weights: &[Vec<f32>],
+    ) -> Result<Self> {
+        let mut opt = Self::new(dev, cfg, specs)?;
+        if params.len() != specs.len() || weights.len() != specs.len() {
+            return Err(EngineError::Config(format!(
+                "optimizer: {} specs, {} parameters, {} weight tensors",
+                specs.len(),
+                params.len(),
+                weights.len()
+            )));
+        }
+        for (i, p) in params.iter().enumerate() {
+            if p.dtype() != DType::F32 {
+                opt.master[i] = Some(dev.upload_new(&weights[i])?);
+            }
+        }
+        Ok(opt)
+    }
+
+    /// The FP32 master copy of parameter `i`, if it has one.
+    pub fn master(&self, i: usize) -> Option<&D::Buffer> {
+        self.master[i].as_ref()
+    }
+
+    /// Full-precision weights: the master copies where they exist, else `params`.
+    pub fn master_weights(&self, dev: &D, params: &[D::Buffer]) -> Result<Vec<Vec<f32>>> {
+        params
+            .iter()
+            .zip(&self.master)
+            .map(|(p, m)| Ok(dev.download_f32(m.as_ref().unwrap_or(p))?))
+            .collect()
+    }
+
+    /// Replaces the master copies (after loading weights); tensors without one are ignored.
+    pub fn set_master_weights(&mut self, dev: &D, weights: &[Vec<f32>]) -> Result<()> {
+        for (m, w) in self.master.iter_mut().zip(weights) {
+            if let Some(m) = m {
+                dev.upload(w, m, 0)?;
+            }
+        }
+        Ok(())
     }
 
     pub fn steps_taken(&self) -> u64 {
@@ -87,13 +157,44 @@ impl<D: Device> AdamW<D> {
         grads: &[D::Buffer],
         lr: f32,
     ) -> Result<StepStats> {
-        let grad_norm = self.grad_norm(dev, grads)?;
+        self.step_scaled(dev, params, grads, lr, None)
+    }
+
+    /// [`AdamW::step`] for gradients multiplied by `scaler`'s loss scale: the norm is unscaled
+    /// before clipping, `1/scale` is folded into AdamW's gradient factor, and a non-finite norm
+    /// skips the update (the scaler decides the next scale).
+    pub fn step_scaled(
+        &mut self,
+        dev: &D,
+        params: &mut [D::Buffer],
+        grads: &[D::Buffer],
+        lr: f32,
+        scaler: Option<&mut LossScaler>,
+    ) -> Result<StepStats> {
+        let raw_norm = self.grad_norm(dev, grads)?;
+        let loss_scale = scaler.as_ref().map_or(1.0, |s| s.scale());
+        let grad_norm = (raw_norm as f64 / loss_scale as f64) as f32;
+        if let Some(s) = scaler
+            && s.update(raw_norm.is_finite())
+        {
+            return Ok(StepStats {
+                grad_norm,
+                clip_scale: 1.0,
+                skipped: true,
+                loss_scale,
+            });
+        }
         // PyTorch's clip_grad_norm_: coefficient max_norm / (norm + 1e-6), applied when < 1.
         let coef = self.cfg.grad_clip / (grad_norm + 1e-6);
         let clip_scale = if self.cfg.grad_clip > 0.0 && coef < 1.0 {
             coef
         } else {
             1.0
+        };
+        let grad_scale = if loss_scale == 1.0 {
+            clip_scale
+        } else {
+            (clip_scale as f64 / loss_scale as f64) as f32
         };
         self.step += 1;
         let (bc1, bc2) = AdamWStep::bias_corrections(self.cfg.beta1, self.cfg.beta2, self.step);
@@ -110,13 +211,20 @@ impl<D: Device> AdamW<D> {
                 },
                 bias_correction1: bc1,
                 bias_correction2: bc2,
-                grad_scale: clip_scale,
+                grad_scale,
             };
-            dev.adamw(p, g, &mut self.m[i], &mut self.v[i], &step, None)?;
+            match &mut self.master[i] {
+                Some(master) => {
+                    dev.adamw(master, g, &mut self.m[i], &mut self.v[i], &step, Some(p))?
+                }
+                None => dev.adamw(p, g, &mut self.m[i], &mut self.v[i], &step, None)?,
+            }
         }
         Ok(StepStats {
             grad_norm,
             clip_scale,
+            skipped: false,
+            loss_scale,
         })
     }
 }

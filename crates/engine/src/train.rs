@@ -3,7 +3,8 @@
 use crate::config::Config;
 use crate::data::{Progressions, keeps_stride, progression};
 use crate::model::{Gpt, init_weights};
-use crate::optim::{AdamW, AdamWConfig};
+use crate::optim::AdamW;
+use crate::precision::LossScaler;
 use crate::{EngineError, Result};
 use duet_device::Device;
 use std::sync::Arc;
@@ -23,6 +24,10 @@ pub struct StepReport {
     pub grad_norm: f32,
     pub tokens: usize,
     pub seconds: f64,
+    /// The loss scale this step's gradients carried (None without loss scaling).
+    pub loss_scale: Option<f32>,
+    /// The optimizer step was skipped (inf/NaN gradients under loss scaling).
+    pub skipped: bool,
 }
 
 /// Result of the greedy-generation check on held-out progressions.
@@ -52,6 +57,7 @@ pub struct Trainer<D: Device> {
     opt: AdamW<D>,
     data: Progressions,
     step: u64,
+    scaler: Option<LossScaler>,
 }
 
 impl<D: Device> Trainer<D> {
@@ -64,25 +70,8 @@ impl<D: Device> Trainer<D> {
 
     pub fn with_weights(dev: Arc<D>, cfg: Config, weights: &[Vec<f32>]) -> Result<Self> {
         cfg.validate()?;
-        let model = Gpt::new(
-            dev.clone(),
-            &cfg.model,
-            cfg.train.batch,
-            cfg.train.seq,
-            weights,
-        )?;
+        let (model, opt, scaler) = crate::precision::build(dev, &cfg, weights)?;
         let t = &cfg.train;
-        let opt = AdamW::new(
-            &*dev,
-            AdamWConfig {
-                beta1: t.beta1,
-                beta2: t.beta2,
-                eps: t.eps,
-                weight_decay: t.weight_decay,
-                grad_clip: t.grad_clip,
-            },
-            model.specs(),
-        )?;
         let data = Progressions::new(cfg.model.vocab, t.max_stride, t.seed);
         Ok(Self {
             cfg,
@@ -90,6 +79,7 @@ impl<D: Device> Trainer<D> {
             opt,
             data,
             step: 0,
+            scaler,
         })
     }
 
@@ -125,6 +115,9 @@ impl<D: Device> Trainer<D> {
     pub fn train_step_on(&mut self, inputs: &[i32], targets: &[i32]) -> Result<StepReport> {
         let start = Instant::now();
         let lr = self.cfg.lr_at(self.step);
+        if let Some(s) = &self.scaler {
+            self.model.set_loss_scale(s.scale());
+        }
         self.model.forward(inputs)?;
         let loss = self.model.loss(targets, true)?;
         if !loss.is_finite() {
@@ -137,7 +130,10 @@ impl<D: Device> Trainer<D> {
         self.model.backward()?;
         let dev = self.model.device().clone();
         let (params, grads) = self.model.params_and_grads();
-        let stats = self.opt.step(&*dev, params, grads, lr)?;
+        let stats = self
+            .opt
+            .step_scaled(&*dev, params, grads, lr, self.scaler.as_mut())?;
+        self.model.fp8_update()?;
         self.step += 1;
         Ok(StepReport {
             step: self.step,
@@ -146,6 +142,8 @@ impl<D: Device> Trainer<D> {
             grad_norm: stats.grad_norm,
             tokens: inputs.len(),
             seconds: start.elapsed().as_secs_f64(),
+            loss_scale: self.scaler.as_ref().map(|_| stats.loss_scale),
+            skipped: stats.skipped,
         })
     }
 

@@ -63,7 +63,6 @@ pub(crate) fn gemm(
     let (br, bc) = d.b_stored();
     let a_ext = extent(ar, ac, d.lda);
     let b_ext = extent(br, bc, d.ldb);
-    let c_ext = extent(d.m, d.n, d.ldc);
     let a32 = a
         .act(OP)?
         .slice(d.a_offset, span(d.batch, d.stride_a, a_ext))
@@ -72,13 +71,89 @@ pub(crate) fn gemm(
         .act(OP)?
         .slice(d.b_offset, span(d.batch, d.stride_b, b_ext))
         .to_f32();
+    gemm_widened(OP, d, &a32, &b32, c, threads)
+}
+
+/// FP8 GEMM emulation: the codes are decoded exactly to f32 with the format's codec, the
+/// product accumulates in f32 like any other GEMM, and the two inverse scales are folded into
+/// alpha — `C = (alpha·sa·sb)·op(A)·op(B) + beta·C`, which is what
+/// cuBLASLt's scale pointers compute.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm_fp8(
+    desc: &GemmDesc,
+    a: &CpuBuffer,
+    b: &CpuBuffer,
+    c: &mut CpuBuffer,
+    scale_inv: &CpuBuffer,
+    a_slot: usize,
+    b_slot: usize,
+    threads: usize,
+) -> Result<()> {
+    const OP: &str = "gemm_fp8";
+    for x in [a, b] {
+        if !x.dtype().is_fp8() {
+            return Err(DeviceError::Unsupported {
+                op: OP.into(),
+                dtype: x.dtype(),
+            });
+        }
+    }
+    let fnuz = |d: DType| matches!(d, DType::F8E4M3Fnuz | DType::F8E5M2Fnuz);
+    if fnuz(a.dtype()) != fnuz(b.dtype()) {
+        return Err(DeviceError::InvalidArgument(format!(
+            "{OP}: A is {} but B is {}: OCP and FNUZ operands cannot be mixed",
+            a.dtype(),
+            b.dtype()
+        )));
+    }
+    check_float(OP, c)?;
+    check_dtype(OP, scale_inv, DType::F32)?;
+    duet_device::check_range(OP, a_slot, 1, scale_inv.len())?;
+    duet_device::check_range(OP, b_slot, 1, scale_inv.len())?;
+    desc.validate(a.len(), b.len(), c.len())?;
+    let s = scale_inv.f32s(OP)?;
+    let d = GemmDesc {
+        alpha: desc.alpha * s[a_slot] * s[b_slot],
+        ..*desc
+    };
+    if d.batch == 0 || d.m == 0 || d.n == 0 {
+        return Ok(());
+    }
+    let (ar, ac) = d.a_stored();
+    let (br, bc) = d.b_stored();
+    let a32 = a
+        .any_float(OP)?
+        .slice(d.a_offset, span(d.batch, d.stride_a, extent(ar, ac, d.lda)))
+        .to_f32();
+    let b32 = b
+        .any_float(OP)?
+        .slice(d.b_offset, span(d.batch, d.stride_b, extent(br, bc, d.ldb)))
+        .to_f32();
+    gemm_widened(OP, &d, &a32, &b32, c, threads)
+}
+
+/// The part of a GEMM after its operands are f32: C is widened (when not f32), updated and
+/// rounded back once. `a32`/`b32` start at batch 0's matrices.
+fn gemm_widened(
+    op: &'static str,
+    d: &GemmDesc,
+    a32: &[f32],
+    b32: &[f32],
+    c: &mut CpuBuffer,
+    threads: usize,
+) -> Result<()> {
+    let (ar, ac) = d.a_stored();
+    let (br, bc) = d.b_stored();
+    let a_ext = extent(ar, ac, d.lda);
+    let b_ext = extent(br, bc, d.ldb);
+    let c_ext = extent(d.m, d.n, d.ldc);
     let c_span = span(d.batch, d.stride_c, c_ext);
     // Without gaps between rows or batches, a zero beta means C need not be read.
     let dense_c = d.ldc == d.n && (d.batch == 1 || d.stride_c == c_ext);
     let read_c = d.beta != 0.0 || !dense_c;
-    let mut cv = c.act_mut(OP)?;
+    let mut cv = c.act_mut(op)?;
     cv.slice_mut(d.c_offset, c_span).with_f32(read_c, |c32| {
-        run(d, &a32, &b32, c32, a_ext, b_ext, c_ext, threads)
+        run(d, a32, b32, c32, a_ext, b_ext, c_ext, threads)
     });
     Ok(())
 }

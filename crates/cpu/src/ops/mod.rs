@@ -8,6 +8,7 @@
 pub(crate) mod attention;
 pub(crate) mod elementwise;
 pub(crate) mod embedding;
+pub(crate) mod fp8;
 pub(crate) mod gemm;
 pub(crate) mod layernorm;
 pub(crate) mod loss;

@@ -1,0 +1,451 @@
+//! FP8 training with delayed scaling, modelled on Transformer Engine's `DelayedScaling` recipe.
+//!
+//! Every linear layer runs its three GEMMs in FP8: the forward `y = x·Wᵀ` on E4M3 copies of the
+//! input and the weight, and the backward `dx = dy·W`, `dW += dyᵀ·x` with the output gradient in
+//! E5M2 (recipe HYBRID) or E4M3 (recipe E4M3). Each operand (input, weight, output gradient) of
+//! each linear layer has its own scale. A quantisation kernel multiplies by the *current* scale
+//! while recording the tensor's amax; after every training step the amaxes are pushed into a
+//! history and the scales for the next step are computed from it:
+//!
+//! `amax = max(history)` (or the most recent entry), `scale = fp8_max / amax / 2^margin`; an amax
+//! that is zero or not finite keeps the previous scale, a scale that overflows is clamped to
+//! `f32::MAX`. The GEMMs receive `scale_inv = 1/scale` for each operand.
+//!
+//! Where things live: the scales, their inverses and the amaxes of the current step are f32
+//! buffers on the device (one slot per operand), read by the kernels directly; the amax histories
+//! are kept on the host, where the per-step update runs (one small read and one small write per
+//! step, next to the loss read the trainer does anyway).
+
+use crate::{EngineError, Result};
+use duet_device::{DType, Device, DeviceExt, DeviceInfo};
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// Longest amax history accepted.
+pub const MAX_HISTORY: usize = 1024;
+
+/// Which FP8 format each pass uses (TE's `Format`; pure E5M2 is refused as in TE).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Fp8Recipe {
+    /// E4M3 for inputs and weights in the forward pass, E5M2 for gradients in the backward pass.
+    #[default]
+    Hybrid,
+    /// E4M3 everywhere.
+    E4m3,
+}
+
+impl std::str::FromStr for Fp8Recipe {
+    type Err = EngineError;
+    fn from_str(s: &str) -> Result<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "hybrid" => Ok(Self::Hybrid),
+            "e4m3" => Ok(Self::E4m3),
+            other => Err(EngineError::Config(format!(
+                "unknown FP8 format '{other}' (expected hybrid or e4m3)"
+            ))),
+        }
+    }
+}
+
+impl fmt::Display for Fp8Recipe {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Hybrid => "hybrid",
+            Self::E4m3 => "e4m3",
+        })
+    }
+}
+
+/// How the amax that sets the next scale is taken from the history.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AmaxAlgo {
+    #[default]
+    Max,
+    MostRecent,
+}
+
+impl std::str::FromStr for AmaxAlgo {
+    type Err = EngineError;
+    fn from_str(s: &str) -> Result<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "max" => Ok(Self::Max),
+            "most_recent" | "most-recent" => Ok(Self::MostRecent),
+            other => Err(EngineError::Config(format!(
+                "unknown amax_compute_algo '{other}' (expected max or most_recent)"
+            ))),
+        }
+    }
+}
+
+impl fmt::Display for AmaxAlgo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Max => "max",
+            Self::MostRecent => "most_recent",
+        })
+    }
+}
+
+/// The delayed-scaling settings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DelayedScaling {
+    pub recipe: Fp8Recipe,
+    pub amax_history_len: usize,
+    pub algo: AmaxAlgo,
+    pub margin: i32,
+}
+
+impl Default for DelayedScaling {
+    fn default() -> Self {
+        Self {
+            recipe: Fp8Recipe::Hybrid,
+            amax_history_len: 16,
+            algo: AmaxAlgo::Max,
+            margin: 0,
+        }
+    }
+}
+
+impl DelayedScaling {
+    pub fn validate(&self) -> Result<()> {
+        if !(1..=MAX_HISTORY).contains(&self.amax_history_len) {
+            return Err(EngineError::Config(format!(
+                "fp8 amax_history_len must be in 1..={MAX_HISTORY}, got {}",
+                self.amax_history_len
+            )));
+        }
+        if self.margin.abs() > 64 {
+            return Err(EngineError::Config(format!(
+                "fp8 margin must be in -64..=64, got {}",
+                self.margin
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// The FP8 encodings of one vendor family: OCP (NVIDIA sm_89+, AMD gfx950) or FNUZ (AMD gfx942).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fp8Family {
+    Ocp,
+    Fnuz,
+}
+
+impl Fp8Family {
+    /// The family a device's FP8 hardware uses: FNUZ on gfx942 (MI300), OCP everywhere else
+    /// (the CPU emulates both; it defaults to OCP).
+    pub fn of_device(info: &DeviceInfo) -> Self {
+        if info.arch.starts_with("gfx942") || info.arch.starts_with("gfx940") {
+            Self::Fnuz
+        } else {
+            Self::Ocp
+        }
+    }
+
+    /// (forward dtype, backward dtype) for a recipe.
+    pub fn dtypes(self, recipe: Fp8Recipe) -> (DType, DType) {
+        let (e4m3, e5m2) = match self {
+            Self::Ocp => (DType::F8E4M3, DType::F8E5M2),
+            Self::Fnuz => (DType::F8E4M3Fnuz, DType::F8E5M2Fnuz),
+        };
+        match recipe {
+            Fp8Recipe::Hybrid => (e4m3, e5m2),
+            Fp8Recipe::E4m3 => (e4m3, e4m3),
+        }
+    }
+}
+
+/// The new scale from an amax: `fp8_max / amax / 2^margin`; `prev` when the amax is zero,
+/// negative or not finite; clamped to `f32::MAX` when it overflows. Computed in f64 and rounded
+/// once, so it does not depend on the compiler's float contraction.
+pub fn compute_scale(amax: f32, prev: f32, fp8_max: f32, margin: i32) -> f32 {
+    if !(amax.is_finite() && amax > 0.0) {
+        return prev;
+    }
+    let s = (fp8_max as f64 / amax as f64) / 2f64.powi(margin);
+    if s >= f32::MAX as f64 {
+        f32::MAX
+    } else {
+        s as f32
+    }
+}
+
+/// One operand's amax history (most recent first) and current scale.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OperandScaling {
+    pub fp8_max: f32,
+    pub scale: f32,
+    /// Most recent first; at most `amax_history_len` entries.
+    pub history: Vec<f32>,
+}
+
+impl OperandScaling {
+    pub fn new(fp8_max: f32) -> Self {
+        Self {
+            fp8_max,
+            scale: 1.0,
+            history: Vec::new(),
+        }
+    }
+
+    /// Pushes this step's amax and recomputes the scale (TE's delayed-scaling update).
+    pub fn update(&mut self, amax: f32, cfg: &DelayedScaling) {
+        self.history.insert(0, amax);
+        self.history.truncate(cfg.amax_history_len);
+        let a = match cfg.algo {
+            AmaxAlgo::MostRecent => self.history[0],
+            AmaxAlgo::Max => self.history.iter().copied().fold(0.0f32, |m, x| {
+                // A NaN entry poisons the max like torch.max does; compute_scale then keeps
+                // the previous scale.
+                if x.is_nan() || m.is_nan() {
+                    f32::NAN
+                } else {
+                    m.max(x)
+                }
+            }),
+        };
+        self.scale = compute_scale(a, self.scale, self.fp8_max, cfg.margin);
+    }
+}
+
+/// The operands of one linear layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Operand {
+    Input,
+    Weight,
+    GradOutput,
+}
+
+impl Operand {
+    pub const ALL: [Operand; 3] = [Self::Input, Self::Weight, Self::GradOutput];
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Input => "input",
+            Self::Weight => "weight",
+            Self::GradOutput => "grad_output",
+        }
+    }
+}
+
+/// One operand's state for reports and the metrics log.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct OperandReport {
+    /// e.g. `h.0.attn.c_attn.input`.
+    pub name: String,
+    pub dtype: String,
+    pub scale: f32,
+    /// The first (most recent) entries of the amax history.
+    pub amax_history: Vec<f32>,
+}
+
+/// Per-operand FP8 metadata of a model: device-side scales/amaxes and host-side histories.
+pub struct Fp8State<D: Device> {
+    pub cfg: DelayedScaling,
+    pub fwd: DType,
+    pub bwd: DType,
+    names: Vec<String>,
+    dtypes: Vec<DType>,
+    ops: Vec<OperandScaling>,
+    /// f32 per operand: the scale the quantisation kernels multiply by.
+    pub scale: D::Buffer,
+    /// f32 per operand: 1/scale, given to the FP8 GEMMs.
+    pub scale_inv: D::Buffer,
+    /// f32 per operand: the amax recorded since the last update.
+    pub amax: D::Buffer,
+}
+
+impl<D: Device> Fp8State<D> {
+    /// Metadata for `names.len()` linear layers (3 operands each, slot `3·i + operand`).
+    pub fn new(
+        dev: &D,
+        cfg: DelayedScaling,
+        family: Fp8Family,
+        linears: &[String],
+    ) -> Result<Self> {
+        cfg.validate()?;
+        let (fwd, bwd) = family.dtypes(cfg.recipe);
+        let mut names = Vec::new();
+        let mut dtypes = Vec::new();
+        let mut ops = Vec::new();
+        for l in linears {
+            for o in Operand::ALL {
+                let d = if o == Operand::GradOutput { bwd } else { fwd };
+                names.push(format!("{l}.{}", o.name()));
+                dtypes.push(d);
+                ops.push(OperandScaling::new(d.max_finite().expect("fp8 dtype")));
+            }
+        }
+        let n = ops.len();
+        let mut scale = dev.alloc(DType::F32, n)?;
+        let mut scale_inv = dev.alloc(DType::F32, n)?;
+        dev.fill(&mut scale, 1.0)?;
+        dev.fill(&mut scale_inv, 1.0)?;
+        let amax = dev.alloc(DType::F32, n)?;
+        Ok(Self {
+            cfg,
+            fwd,
+            bwd,
+            names,
+            dtypes,
+            ops,
+            scale,
+            scale_inv,
+            amax,
+        })
+    }
+
+    /// Slot of `operand` of linear layer `i`.
+    pub fn slot(i: usize, operand: Operand) -> usize {
+        3 * i + operand as usize
+    }
+
+    pub fn operands(&self) -> &[OperandScaling] {
+        &self.ops
+    }
+
+    /// Reads the amaxes recorded since the last update, updates every history and scale, writes
+    /// the new scales and inverses to the device and clears the amaxes.
+    pub fn update(&mut self, dev: &D) -> Result<()> {
+        let amax: Vec<f32> = dev.download(&self.amax)?;
+        for (op, a) in self.ops.iter_mut().zip(amax) {
+            op.update(a, &self.cfg);
+        }
+        let scale: Vec<f32> = self.ops.iter().map(|o| o.scale).collect();
+        let inv: Vec<f32> = scale.iter().map(|&s| (1.0f64 / s as f64) as f32).collect();
+        dev.upload(&scale, &mut self.scale, 0)?;
+        dev.upload(&inv, &mut self.scale_inv, 0)?;
+        dev.fill(&mut self.amax, 0.0)?;
+        Ok(())
+    }
+
+    /// Scale and the first `entries` amax-history entries of every operand.
+    pub fn report(&self, entries: usize) -> Vec<OperandReport> {
+        self.ops
+            .iter()
+            .zip(&self.names)
+            .zip(&self.dtypes)
+            .map(|((o, n), d)| OperandReport {
+                name: n.clone(),
+                dtype: d.to_string(),
+                scale: o.scale,
+                amax_history: o.history.iter().take(entries).copied().collect(),
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(len: usize, algo: AmaxAlgo, margin: i32) -> DelayedScaling {
+        DelayedScaling {
+            recipe: Fp8Recipe::Hybrid,
+            amax_history_len: len,
+            algo,
+            margin,
+        }
+    }
+
+    /// Feeds `amaxes` one step at a time; returns (scale, history) after each step.
+    fn run(c: &DelayedScaling, fp8_max: f32, amaxes: &[f32]) -> Vec<(f32, Vec<f32>)> {
+        let mut op = OperandScaling::new(fp8_max);
+        amaxes
+            .iter()
+            .map(|&a| {
+                op.update(a, c);
+                (op.scale, op.history.clone())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn max_over_a_rolling_history() {
+        let r = run(
+            &cfg(3, AmaxAlgo::Max, 0),
+            448.0,
+            &[2.0, 4.0, 1.0, 0.5, 0.25],
+        );
+        let scales: Vec<f32> = r.iter().map(|x| x.0).collect();
+        // 448/2; 448/max(4,2); 448/max(1,4,2); 448/max(.5,1,4); 4 has left the window: 448/1.
+        assert_eq!(scales, [224.0, 112.0, 112.0, 112.0, 448.0]);
+        assert_eq!(r[4].1, [0.25, 0.5, 1.0], "most recent first, length 3");
+    }
+
+    #[test]
+    fn most_recent_ignores_older_entries() {
+        let r = run(
+            &cfg(3, AmaxAlgo::MostRecent, 0),
+            448.0,
+            &[2.0, 4.0, 1.0, 0.5, 0.25],
+        );
+        let scales: Vec<f32> = r.iter().map(|x| x.0).collect();
+        assert_eq!(scales, [224.0, 112.0, 448.0, 896.0, 1792.0]);
+    }
+
+    #[test]
+    fn margin_divides_by_a_power_of_two() {
+        let r = run(&cfg(16, AmaxAlgo::Max, 2), 57344.0, &[7.0]);
+        assert_eq!(r[0].0, (57344.0f64 / 7.0 / 4.0) as f32);
+        let r = run(&cfg(16, AmaxAlgo::Max, 1), 240.0, &[3.0, 3.0]);
+        assert_eq!(r[1].0, 40.0);
+    }
+
+    #[test]
+    fn zero_and_non_finite_amax_keep_the_scale() {
+        let c = cfg(2, AmaxAlgo::MostRecent, 0);
+        let r = run(&c, 448.0, &[0.0, 2.0, 0.0, f32::INFINITY, f32::NAN, 8.0]);
+        let scales: Vec<f32> = r.iter().map(|x| x.0).collect();
+        // Starts at 1; zero keeps 1; 2 → 224; zero, inf and NaN keep 224; 8 → 56.
+        assert_eq!(scales, [1.0, 224.0, 224.0, 224.0, 224.0, 56.0]);
+        // With max, a zero entry never lowers the max: [0, 2] still gives 448/2.
+        let r = run(&cfg(4, AmaxAlgo::Max, 0), 448.0, &[2.0, 0.0]);
+        assert_eq!(r[1].0, 224.0);
+        // A NaN in the window keeps the previous scale until it leaves the window.
+        let r = run(&cfg(2, AmaxAlgo::Max, 0), 448.0, &[2.0, f32::NAN, 4.0, 4.0]);
+        let scales: Vec<f32> = r.iter().map(|x| x.0).collect();
+        assert_eq!(scales, [224.0, 224.0, 224.0, 112.0]);
+    }
+
+    #[test]
+    fn recipe_dtypes_and_validation() {
+        assert_eq!(
+            Fp8Family::Ocp.dtypes(Fp8Recipe::Hybrid),
+            (DType::F8E4M3, DType::F8E5M2)
+        );
+        assert_eq!(
+            Fp8Family::Fnuz.dtypes(Fp8Recipe::E4m3),
+            (DType::F8E4M3Fnuz, DType::F8E4M3Fnuz)
+        );
+        let gfx = DeviceInfo {
+            arch: "gfx942:sramecc+:xnack-".into(),
+            ..DeviceInfo::default()
+        };
+        assert_eq!(Fp8Family::of_device(&gfx), Fp8Family::Fnuz);
+        assert!(cfg(0, AmaxAlgo::Max, 0).validate().is_err());
+        assert!(cfg(1025, AmaxAlgo::Max, 0).validate().is_err());
+        cfg(1024, AmaxAlgo::Max, 0).validate().unwrap();
+        assert_eq!(
+            "most_recent".parse::<AmaxAlgo>().unwrap(),
+            AmaxAlgo::MostRecent
+        );
+        assert!("e5m2".parse::<Fp8Recipe>().is_err(), "pure E5M2 is refused");
+    }
+
+    #[test]
+    fn scale_formula_and_edge_cases() {
+        assert_eq!(compute_scale(2.0, 1.0, 448.0, 0), 224.0);
+        assert_eq!(compute_scale(2.0, 1.0, 448.0, 1), 112.0);
+        assert_eq!(compute_scale(2.0, 1.0, 448.0, -1), 448.0);
+        assert_eq!(
+            compute_scale(0.0, 3.0, 448.0, 0),
+            3.0,
+            "amax 0 keeps the scale"
+        );
+        assert_eq!(compute_scale(f32::NAN, 3.0, 448.0, 0), 3.0);
+        assert_eq!(compute_scale(f32::INFINITY, 3.0, 448.0, 0), 3.0);
+        assert_eq!(compute_scale(1e-45, 1.0, 57344.0, 0), f32::MAX, "clamped");
+    }
+}

@@ -109,6 +109,10 @@ pub struct TrainConfig {
     /// scale = fp8_max / amax / 2^margin.
     #[serde(default)]
     pub fp8_margin: i32,
+    /// Training data: empty for the synthetic progression task, else a UTF-8 text file (byte
+    /// tokens) or an llm.c `.bin` token shard.
+    #[serde(default)]
+    pub data: String,
 }
 
 fn default_amax_history_len() -> usize {
@@ -180,6 +184,7 @@ impl Config {
             seed: 1337,
             eval_sequences: 256,
             max_stride: 8,
+            data: String::new(),
             precision: Precision::Fp32,
             loss_scale: 0.0,
             fp8_format: Fp8Recipe::Hybrid,

@@ -2,9 +2,12 @@
 //! over any [`duet_device::Device`].
 #![forbid(unsafe_code)]
 
+pub mod checkpoint;
 pub mod config;
 pub mod data;
+pub mod dataset;
 pub mod fp8;
+pub mod generate;
 pub mod model;
 pub mod optim;
 pub mod precision;
@@ -29,6 +32,10 @@ pub enum EngineError {
     Config(String),
     #[error("{path}: {message}")]
     Io { path: String, message: String },
+    #[error("data file {path}: {message}")]
+    Data { path: String, message: String },
+    #[error("checkpoint {path}: {message}")]
+    Checkpoint { path: String, message: String },
     #[error("training diverged at step {step}: loss is {loss}")]
     Diverged { step: u64, loss: f32 },
 }

@@ -334,3 +334,16 @@ mod tests {
         assert_eq!(LossScaler::for_precision(Precision::Bf16, 0.0).scale(), 1.0);
     }
 }
+
+/// Checkpoint support: the scaler's resumable state.
+impl LossScaler {
+    /// (current scale, consecutive clean steps).
+    pub fn checkpoint_state(&self) -> (f32, u64) {
+        (self.scale, self.clean_steps as u64)
+    }
+
+    pub fn restore_state(&mut self, scale: f32, clean_steps: u64) {
+        self.scale = scale;
+        self.clean_steps = clean_steps.min(u32::MAX as u64) as u32;
+    }
+}

@@ -1,12 +1,16 @@
 //! The training loop on the arithmetic-progression task, and greedy-generation evaluation.
 
+use crate::checkpoint::Checkpoint;
 use crate::config::Config;
 use crate::data::{Progressions, keeps_stride, progression};
+use crate::dataset::{Prefetcher, Source, TokenFile, validation_batches};
 use crate::model::{Gpt, init_weights};
 use crate::optim::AdamW;
 use crate::precision::LossScaler;
+use crate::rng::Rng;
 use crate::{EngineError, Result};
-use duet_device::Device;
+use duet_device::{Device, DeviceExt};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -55,7 +59,11 @@ pub struct Trainer<D: Device> {
     cfg: Config,
     model: Gpt<D>,
     opt: AdamW<D>,
-    data: Progressions,
+    /// The sampler as of the last consumed batch (the prefetcher runs ahead on a copy).
+    data: Source,
+    prefetch: Option<Prefetcher>,
+    /// Validation tokens of a file source.
+    val_tokens: Option<Arc<TokenFile>>,
     step: u64,
     scaler: Option<LossScaler>,
 }
@@ -72,12 +80,37 @@ impl<D: Device> Trainer<D> {
         cfg.validate()?;
         let (model, opt, scaler) = crate::precision::build(dev, &cfg, weights)?;
         let t = &cfg.train;
-        let data = Progressions::new(cfg.model.vocab, t.max_stride, t.seed);
+        let (data, val_tokens) = if t.data.is_empty() {
+            (
+                Source::Progressions(Progressions::new(cfg.model.vocab, t.max_stride, t.seed)),
+                None,
+            )
+        } else {
+            let file = Arc::new(TokenFile::open(Path::new(&t.data), t.seq)?);
+            if file.vocab_needed > cfg.model.vocab {
+                return Err(EngineError::Data {
+                    path: t.data.clone(),
+                    message: format!(
+                        "holds token ids up to {} but the model's vocab is {} (use --vocab {} or more)",
+                        file.vocab_needed - 1,
+                        cfg.model.vocab,
+                        file.vocab_needed
+                    ),
+                });
+            }
+            let src = Source::File {
+                data: file.clone(),
+                rng: Rng::derive(t.seed, 3),
+            };
+            (src, Some(file))
+        };
         Ok(Self {
             cfg,
             model,
             opt,
             data,
+            prefetch: None,
+            val_tokens,
             step: 0,
             scaler,
         })
@@ -104,11 +137,99 @@ impl<D: Device> Trainer<D> {
         self.step
     }
 
-    /// One step on the next synthetic batch.
+    /// One step on the next batch of the run's data (prefetched on a background thread).
     pub fn train_step(&mut self) -> Result<StepReport> {
         let (b, t) = (self.cfg.train.batch, self.cfg.train.seq);
-        let (inputs, targets) = self.data.batch(b, t);
-        self.train_step_on(&inputs, &targets)
+        let data = &self.data;
+        let batch = self
+            .prefetch
+            .get_or_insert_with(|| Prefetcher::start(data.clone(), b, t, 2))
+            .next()?;
+        let report = self.train_step_on(&batch.inputs, &batch.targets)?;
+        self.data.set_state(batch.state_after);
+        Ok(report)
+    }
+
+    /// Mean loss over the validation set: fixed windows of the file's held-out tail, or the
+    /// held-out progressions (teacher-forced) for the synthetic task.
+    pub fn validation_loss(&mut self) -> Result<f32> {
+        let (b, t) = (self.cfg.train.batch, self.cfg.train.seq);
+        let batches = match &self.val_tokens {
+            Some(f) => validation_batches(&f.val, b, t, 8),
+            None => {
+                let Source::Progressions(p) = &self.data else {
+                    unreachable!("no file, synthetic data")
+                };
+                let pairs = p.held_out_pairs(4 * b, self.cfg.train.seed ^ 0x5a11);
+                pairs
+                    .chunks(b)
+                    .filter(|c| c.len() == b)
+                    .map(|c| {
+                        let mut x = Vec::with_capacity(b * t);
+                        let mut y = Vec::with_capacity(b * t);
+                        for &(s, k) in c {
+                            let seq = progression(self.cfg.model.vocab, s, k, t + 1);
+                            x.extend_from_slice(&seq[..t]);
+                            y.extend_from_slice(&seq[1..]);
+                        }
+                        (x, y)
+                    })
+                    .collect()
+            }
+        };
+        if batches.is_empty() {
+            return Err(EngineError::Config(
+                "no validation data for this batch size".into(),
+            ));
+        }
+        let mut total = 0f64;
+        for (x, y) in &batches {
+            self.model.forward(x)?;
+            total += self.model.loss(y, false)? as f64;
+        }
+        Ok((total / batches.len() as f64) as f32)
+    }
+
+    /// The complete resumable state of the run.
+    pub fn checkpoint(&self) -> Result<Checkpoint> {
+        let dev = self.model.device().clone();
+        let (m, v) = self.opt.moments();
+        let download = |bufs: &[D::Buffer]| -> Result<Vec<Vec<f32>>> {
+            bufs.iter().map(|b| Ok(dev.download_f32(b)?)).collect()
+        };
+        Ok(Checkpoint {
+            config: self.cfg.clone(),
+            step: self.step,
+            weights: self.opt.master_weights(&*dev, self.model.params())?,
+            adam_m: download(m)?,
+            adam_v: download(v)?,
+            data_state: self.data.state(),
+            loss_scaler: self.scaler.as_ref().map(|s| s.checkpoint_state()),
+            extra: Default::default(),
+        })
+    }
+
+    /// Continues a run from a checkpoint; the next steps are the ones it would have taken.
+    pub fn from_checkpoint(dev: Arc<D>, ck: &Checkpoint) -> Result<Self> {
+        let mut tr = Self::with_weights(dev.clone(), ck.config.clone(), &ck.weights)?;
+        tr.opt.set_master_weights(&*dev, &ck.weights)?;
+        {
+            let (m, v) = tr.opt.moments_mut();
+            for (buf, host) in m
+                .iter_mut()
+                .zip(&ck.adam_m)
+                .chain(v.iter_mut().zip(&ck.adam_v))
+            {
+                dev.upload(host, buf, 0)?;
+            }
+        }
+        tr.opt.set_steps_taken(ck.step);
+        tr.step = ck.step;
+        tr.data.set_state(ck.data_state);
+        if let (Some(s), Some((scale, clean))) = (tr.scaler.as_mut(), ck.loss_scaler) {
+            s.restore_state(scale, clean);
+        }
+        Ok(tr)
     }
 
     /// One step (forward, backward, AdamW) on a given batch.
@@ -161,7 +282,12 @@ impl<D: Device> Trainer<D> {
                 PROMPT_LEN + GEN_LEN - 1
             )));
         }
-        let pairs = self.data.held_out_pairs(n, self.cfg.train.seed);
+        let Source::Progressions(p) = &self.data else {
+            return Err(EngineError::Config(
+                "the generation check needs the synthetic progression task (no --data file)".into(),
+            ));
+        };
+        let pairs = p.held_out_pairs(n, self.cfg.train.seed);
         let mut exact = 0;
         let mut good_tokens = 0usize;
         for chunk in pairs.chunks(b) {

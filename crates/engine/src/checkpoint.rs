@@ -1,0 +1,310 @@
+//! Checkpoints in safetensors.
+//!
+//! Tensors: the weights under nanoGPT's names (`transformer.h.0.attn.c_attn.weight`, ... and
+//! `lm_head.weight`, a copy of the tied token embedding), so `torch` / nanoGPT can load them; and
+//! the optimizer state as `optim.m.<name>` and `optim.v.<name>` (FP32). The weights are the FP32
+//! master weights. Metadata: `format` = `duet-checkpoint`, `version`, the config (TOML), the step,
+//! the data sampler's RNG state, the loss-scaler state and the duet version.
+//!
+//! Writes are atomic: a temporary file in the same folder, flushed to disk, then renamed over the
+//! destination. A failed save leaves the previous checkpoint untouched.
+
+use crate::config::Config;
+use crate::model::param_specs;
+use crate::{EngineError, Result};
+use safetensors::SafeTensors;
+use safetensors::tensor::{Dtype, TensorView};
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::Path;
+
+pub const FORMAT: &str = "duet-checkpoint";
+pub const VERSION: &str = "1";
+
+/// Everything needed to continue a run exactly.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Checkpoint {
+    pub config: Config,
+    /// Steps completed.
+    pub step: u64,
+    /// FP32 master weights in `param_specs` order.
+    pub weights: Vec<Vec<f32>>,
+    pub adam_m: Vec<Vec<f32>>,
+    pub adam_v: Vec<Vec<f32>>,
+    /// State of the data sampler after the last consumed batch.
+    pub data_state: u64,
+    /// Loss scaler: (scale, clean steps since the last change), when one is in use.
+    pub loss_scaler: Option<(f32, u64)>,
+    /// Free-form extra state (e.g. FP8 scaling metadata as JSON), stored as metadata.
+    pub extra: HashMap<String, String>,
+}
+
+fn ck_err(path: &Path, message: impl Into<String>) -> EngineError {
+    EngineError::Checkpoint {
+        path: path.display().to_string(),
+        message: message.into(),
+    }
+}
+
+fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+impl Checkpoint {
+    /// Serialises to safetensors bytes.
+    pub fn to_bytes(&self) -> Result<Vec<u8>> {
+        let specs = param_specs(&self.config.model);
+        let n = specs.len();
+        if self.weights.len() != n || self.adam_m.len() != n || self.adam_v.len() != n {
+            return Err(EngineError::Config(
+                "checkpoint state does not match the model".into(),
+            ));
+        }
+        let mut owned: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::with_capacity(3 * n + 1);
+        for (i, s) in specs.iter().enumerate() {
+            owned.push((s.name.clone(), s.shape.clone(), f32_bytes(&self.weights[i])));
+            owned.push((
+                format!("optim.m.{}", s.name),
+                s.shape.clone(),
+                f32_bytes(&self.adam_m[i]),
+            ));
+            owned.push((
+                format!("optim.v.{}", s.name),
+                s.shape.clone(),
+                f32_bytes(&self.adam_v[i]),
+            ));
+        }
+        owned.push((
+            "lm_head.weight".into(),
+            specs[0].shape.clone(),
+            f32_bytes(&self.weights[0]),
+        ));
+        let views: Vec<(String, TensorView<'_>)> = owned
+            .iter()
+            .map(|(name, shape, data)| {
+                (
+                    name.clone(),
+                    TensorView::new(Dtype::F32, shape.clone(), data).expect("consistent view"),
+                )
+            })
+            .collect();
+        let mut meta = self.extra.clone();
+        meta.insert("format".into(), FORMAT.into());
+        meta.insert("version".into(), VERSION.into());
+        meta.insert("config".into(), self.config.to_toml());
+        meta.insert("step".into(), self.step.to_string());
+        meta.insert("data_state".into(), self.data_state.to_string());
+        if let Some((scale, clean)) = self.loss_scaler {
+            meta.insert("loss_scale".into(), scale.to_string());
+            meta.insert("loss_scale_clean_steps".into(), clean.to_string());
+        }
+        meta.insert("duet_version".into(), env!("CARGO_PKG_VERSION").into());
+        safetensors::serialize(views, Some(meta))
+            .map_err(|e| EngineError::Config(format!("cannot serialise checkpoint: {e}")))
+    }
+
+    /// Writes atomically (temporary file + fsync + rename).
+    pub fn save(&self, path: &Path) -> Result<()> {
+        let bytes = self.to_bytes()?;
+        let dir = path
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        let file_name = path
+            .file_name()
+            .ok_or_else(|| ck_err(path, "not a file path"))?
+            .to_string_lossy()
+            .to_string();
+        let tmp = dir.join(format!(".{file_name}.tmp-{}", std::process::id()));
+        let write = || -> std::io::Result<()> {
+            let mut f = std::fs::File::create(&tmp)?;
+            f.write_all(&bytes)?;
+            f.sync_all()?;
+            std::fs::rename(&tmp, path)
+        };
+        write().map_err(|e| {
+            let _ = std::fs::remove_file(&tmp);
+            ck_err(path, format!("cannot write checkpoint: {e}"))
+        })
+    }
+
+    pub fn load(path: &Path) -> Result<Checkpoint> {
+        let bytes = std::fs::read(path).map_err(|e| ck_err(path, e.to_string()))?;
+        Self::from_bytes(&bytes).map_err(|m| ck_err(path, m))
+    }
+
+    /// Parses and validates: format, config, every tensor present with the right dtype and shape,
+    /// and finite values.
+    pub fn from_bytes(bytes: &[u8]) -> std::result::Result<Checkpoint, String> {
+        let (_, header) = SafeTensors::read_metadata(bytes)
+            .map_err(|e| format!("not a safetensors file (truncated or corrupt): {e}"))?;
+        let st = SafeTensors::deserialize(bytes)
+            .map_err(|e| format!("not a safetensors file (truncated or corrupt): {e}"))?;
+        let meta = header.metadata().clone().unwrap_or_default();
+        let get = |k: &str| {
+            meta.get(k)
+                .ok_or_else(|| format!("missing metadata '{k}' (not a duet checkpoint?)"))
+        };
+        if get("format")? != FORMAT {
+            return Err(format!(
+                "metadata format is '{}', expected '{FORMAT}'",
+                get("format")?
+            ));
+        }
+        if get("version")? != VERSION {
+            return Err(format!(
+                "checkpoint version {} is not supported (expected {VERSION})",
+                get("version")?
+            ));
+        }
+        let config: Config =
+            toml::from_str(get("config")?).map_err(|e| format!("bad config in checkpoint: {e}"))?;
+        config
+            .validate()
+            .map_err(|e| format!("bad config in checkpoint: {e}"))?;
+        let step: u64 = get("step")?
+            .parse()
+            .map_err(|_| "bad step in checkpoint".to_string())?;
+        let data_state: u64 = get("data_state")?
+            .parse()
+            .map_err(|_| "bad data_state".to_string())?;
+        let loss_scaler = match (meta.get("loss_scale"), meta.get("loss_scale_clean_steps")) {
+            (Some(s), Some(c)) => Some((
+                s.parse().map_err(|_| "bad loss_scale".to_string())?,
+                c.parse()
+                    .map_err(|_| "bad loss_scale_clean_steps".to_string())?,
+            )),
+            _ => None,
+        };
+        let read = |name: &str, shape: &[usize]| -> std::result::Result<Vec<f32>, String> {
+            let t = st
+                .tensor(name)
+                .map_err(|_| format!("tensor '{name}' is missing"))?;
+            if t.dtype() != Dtype::F32 {
+                return Err(format!("tensor '{name}' is {:?}, expected F32", t.dtype()));
+            }
+            if t.shape() != shape {
+                return Err(format!(
+                    "tensor '{name}' has shape {:?}, the config needs {shape:?}",
+                    t.shape()
+                ));
+            }
+            let v: Vec<f32> = t
+                .data()
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                .collect();
+            if let Some(i) = v.iter().position(|x| !x.is_finite()) {
+                return Err(format!("tensor '{name}' holds a non-finite value at {i}"));
+            }
+            Ok(v)
+        };
+        let specs = param_specs(&config.model);
+        let mut weights = Vec::with_capacity(specs.len());
+        let mut adam_m = Vec::with_capacity(specs.len());
+        let mut adam_v = Vec::with_capacity(specs.len());
+        for s in &specs {
+            weights.push(read(&s.name, &s.shape)?);
+            adam_m.push(read(&format!("optim.m.{}", s.name), &s.shape)?);
+            adam_v.push(read(&format!("optim.v.{}", s.name), &s.shape)?);
+        }
+        let reserved = [
+            "format",
+            "version",
+            "config",
+            "step",
+            "data_state",
+            "loss_scale",
+            "loss_scale_clean_steps",
+            "duet_version",
+        ];
+        let extra = meta
+            .into_iter()
+            .filter(|(k, _)| !reserved.contains(&k.as_str()))
+            .collect();
+        Ok(Checkpoint {
+            config,
+            step,
+            weights,
+            adam_m,
+            adam_v,
+            data_state,
+            loss_scaler,
+            extra,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Preset;
+    use crate::model::init_weights;
+
+    fn sample() -> Checkpoint {
+        let config = Config::preset(Preset::Tiny);
+        let weights = init_weights(&config.model, 3);
+        let adam_m = weights
+            .iter()
+            .map(|w| w.iter().map(|x| x * 0.5).collect())
+            .collect();
+        let adam_v = weights
+            .iter()
+            .map(|w| w.iter().map(|x| x * x).collect())
+            .collect();
+        Checkpoint {
+            config,
+            step: 7,
+            weights,
+            adam_m,
+            adam_v,
+            data_state: 12345,
+            loss_scaler: Some((1024.0, 3)),
+            extra: HashMap::from([("fp8".to_string(), "{}".to_string())]),
+        }
+    }
+
+    #[test]
+    fn roundtrip() {
+        let c = sample();
+        let back = Checkpoint::from_bytes(&c.to_bytes().unwrap()).unwrap();
+        assert_eq!(back, c);
+    }
+
+    #[test]
+    fn corrupt_and_truncated_are_errors() {
+        let bytes = sample().to_bytes().unwrap();
+        assert!(
+            Checkpoint::from_bytes(&bytes[..bytes.len() / 2])
+                .unwrap_err()
+                .contains("truncated")
+        );
+        assert!(Checkpoint::from_bytes(b"garbage").is_err());
+        let mut bad = bytes.clone();
+        let n = bad.len();
+        bad[n - 4..].copy_from_slice(&f32::NAN.to_le_bytes());
+        assert!(
+            Checkpoint::from_bytes(&bad)
+                .unwrap_err()
+                .contains("non-finite")
+        );
+    }
+
+    #[test]
+    fn atomic_save_keeps_the_old_file_on_failure() {
+        let dir = std::env::temp_dir().join(format!("duet-ckpt-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("c.safetensors");
+        let c = sample();
+        c.save(&path).unwrap();
+        let before = std::fs::read(&path).unwrap();
+        // A checkpoint that cannot be serialised (wrong tensor count) must not touch the file.
+        let mut broken = c.clone();
+        broken.weights.pop();
+        assert!(broken.save(&path).is_err());
+        assert_eq!(std::fs::read(&path).unwrap(), before);
+        // Saving into a missing folder fails cleanly.
+        assert!(c.save(&dir.join("nope/c.safetensors")).is_err());
+        assert_eq!(Checkpoint::load(&path).unwrap(), c);
+    }
+}

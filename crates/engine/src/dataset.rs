@@ -1,0 +1,356 @@
+//! Training data: the synthetic progression task, UTF-8 text files as byte tokens, and llm.c's
+//! `.bin` token shards. Batches are produced from a seeded RNG (random windows, as nanoGPT's
+//! `get_batch`), so a run's data order depends only on the seed and can be resumed from one
+//! saved RNG state. A background thread prefetches the next batches.
+
+use crate::data::Progressions;
+use crate::rng::Rng;
+use crate::{EngineError, Result};
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{Receiver, sync_channel};
+use std::thread::JoinHandle;
+
+/// llm.c shard header: 256 little-endian i32, magic 20240520, version 1, token count.
+pub const LLMC_MAGIC: i32 = 20240520;
+pub const LLMC_VERSION: i32 = 1;
+const LLMC_HEADER_BYTES: usize = 256 * 4;
+
+/// Fraction of a token file held out for validation (its tail).
+pub const VAL_FRACTION: f64 = 0.1;
+
+/// Tokens read from a file, split into training and validation parts.
+#[derive(Clone, Debug)]
+pub struct TokenFile {
+    pub path: PathBuf,
+    pub train: Vec<u32>,
+    pub val: Vec<u32>,
+    /// Smallest vocabulary that covers every token.
+    pub vocab_needed: usize,
+}
+
+fn data_err(path: &Path, message: impl Into<String>) -> EngineError {
+    EngineError::Data {
+        path: path.display().to_string(),
+        message: message.into(),
+    }
+}
+
+impl TokenFile {
+    /// Reads a `.bin` llm.c shard or, for any other extension, a UTF-8 text file as bytes.
+    pub fn open(path: &Path, seq: usize) -> Result<TokenFile> {
+        let bytes = std::fs::read(path).map_err(|e| data_err(path, e.to_string()))?;
+        let is_bin = path.extension().is_some_and(|e| e == "bin");
+        let (tokens, vocab_needed) = if is_bin {
+            let t = parse_llmc_shard(path, &bytes)?;
+            let v = t.iter().copied().max().map_or(1, |m| m as usize + 1);
+            (t, v)
+        } else {
+            if std::str::from_utf8(&bytes).is_err() {
+                return Err(data_err(
+                    path,
+                    "not valid UTF-8 text (and not a .bin token shard)",
+                ));
+            }
+            (bytes.iter().map(|&b| b as u32).collect(), 256)
+        };
+        // Validation takes the tail; both parts need at least one window of seq + 1 tokens.
+        let n_val = ((tokens.len() as f64 * VAL_FRACTION) as usize).max(seq + 1);
+        if tokens.len() < n_val + seq + 1 {
+            return Err(data_err(
+                path,
+                format!(
+                    "{} tokens is too few: need at least {} for sequences of {seq} (training and validation)",
+                    tokens.len(),
+                    n_val + seq + 1
+                ),
+            ));
+        }
+        let split = tokens.len() - n_val;
+        Ok(TokenFile {
+            path: path.to_path_buf(),
+            val: tokens[split..].to_vec(),
+            train: tokens[..split].to_vec(),
+            vocab_needed,
+        })
+    }
+
+    /// Unigram entropy (nats per token) of the training part: the loss of a model that knows
+    /// only token frequencies.
+    pub fn unigram_entropy(&self) -> f64 {
+        let mut counts = std::collections::HashMap::<u32, u64>::new();
+        for &t in &self.train {
+            *counts.entry(t).or_default() += 1;
+        }
+        let n = self.train.len() as f64;
+        counts
+            .values()
+            .map(|&c| c as f64 / n)
+            .map(|p| -p * p.ln())
+            .sum()
+    }
+}
+
+/// Parses an llm.c token shard (uint16 tokens after a 1024-byte header).
+pub fn parse_llmc_shard(path: &Path, bytes: &[u8]) -> Result<Vec<u32>> {
+    if bytes.len() < LLMC_HEADER_BYTES {
+        return Err(data_err(
+            path,
+            format!(
+                "{} bytes is shorter than the 1024-byte llm.c shard header",
+                bytes.len()
+            ),
+        ));
+    }
+    let word = |i: usize| i32::from_le_bytes(bytes[4 * i..4 * i + 4].try_into().expect("4 bytes"));
+    if word(0) != LLMC_MAGIC {
+        return Err(data_err(
+            path,
+            format!(
+                "bad magic {} (an llm.c shard starts with {LLMC_MAGIC})",
+                word(0)
+            ),
+        ));
+    }
+    if word(1) != LLMC_VERSION {
+        return Err(data_err(
+            path,
+            format!(
+                "unsupported shard version {} (expected {LLMC_VERSION}: uint16 tokens)",
+                word(1)
+            ),
+        ));
+    }
+    let n = word(2);
+    let expected = LLMC_HEADER_BYTES as u64 + 2 * n.max(0) as u64;
+    if n < 0 || bytes.len() as u64 != expected {
+        return Err(data_err(
+            path,
+            format!(
+                "header says {n} tokens, so the file should be {expected} bytes, but it is {} (truncated or corrupt)",
+                bytes.len()
+            ),
+        ));
+    }
+    Ok(bytes[LLMC_HEADER_BYTES..]
+        .chunks_exact(2)
+        .map(|c| u16::from_le_bytes([c[0], c[1]]) as u32)
+        .collect())
+}
+
+/// Writes an llm.c shard (for tests and tools).
+pub fn write_llmc_shard(path: &Path, tokens: &[u16]) -> std::io::Result<()> {
+    let mut header = [0i32; 256];
+    header[0] = LLMC_MAGIC;
+    header[1] = LLMC_VERSION;
+    header[2] = tokens.len() as i32;
+    let mut out: Vec<u8> = header.iter().flat_map(|x| x.to_le_bytes()).collect();
+    out.extend(tokens.iter().flat_map(|t| t.to_le_bytes()));
+    std::fs::write(path, out)
+}
+
+/// One batch and the sampler state right after drawing it.
+#[derive(Clone, Debug)]
+pub struct Batch {
+    pub inputs: Vec<i32>,
+    pub targets: Vec<i32>,
+    pub state_after: u64,
+}
+
+/// Where training batches come from.
+#[derive(Clone, Debug)]
+pub enum Source {
+    Progressions(Progressions),
+    File {
+        data: std::sync::Arc<TokenFile>,
+        rng: Rng,
+    },
+}
+
+impl Source {
+    /// Draws the next training batch of `b` sequences of `t` tokens.
+    pub fn next_batch(&mut self, b: usize, t: usize) -> Batch {
+        match self {
+            Source::Progressions(p) => {
+                let (inputs, targets) = p.batch(b, t);
+                Batch {
+                    inputs,
+                    targets,
+                    state_after: p.rng_state(),
+                }
+            }
+            Source::File { data, rng } => {
+                let (inputs, targets) = random_windows(&data.train, rng, b, t);
+                Batch {
+                    inputs,
+                    targets,
+                    state_after: rng.state(),
+                }
+            }
+        }
+    }
+
+    pub fn set_state(&mut self, state: u64) {
+        match self {
+            Source::Progressions(p) => p.set_rng_state(state),
+            Source::File { rng, .. } => *rng = Rng::new(state),
+        }
+    }
+
+    pub fn state(&self) -> u64 {
+        match self {
+            Source::Progressions(p) => p.rng_state(),
+            Source::File { rng, .. } => rng.state(),
+        }
+    }
+}
+
+fn random_windows(tokens: &[u32], rng: &mut Rng, b: usize, t: usize) -> (Vec<i32>, Vec<i32>) {
+    let mut inputs = Vec::with_capacity(b * t);
+    let mut targets = Vec::with_capacity(b * t);
+    let starts = (tokens.len() - t) as u64;
+    for _ in 0..b {
+        let s = rng.below(starts) as usize;
+        inputs.extend(tokens[s..s + t].iter().map(|&x| x as i32));
+        targets.extend(tokens[s + 1..s + t + 1].iter().map(|&x| x as i32));
+    }
+    (inputs, targets)
+}
+
+/// Fixed validation batches: evenly spaced windows over the validation tokens (at most
+/// `max_batches` batches), the same for every run.
+pub fn validation_batches(
+    val: &[u32],
+    b: usize,
+    t: usize,
+    max_batches: usize,
+) -> Vec<(Vec<i32>, Vec<i32>)> {
+    let windows = (val.len() - 1) / t;
+    let n_batches = windows.div_ceil(b).clamp(1, max_batches);
+    let total = n_batches * b;
+    let stride = ((val.len() - t - 1) as f64 / total.max(1) as f64).max(0.0);
+    (0..n_batches)
+        .map(|i| {
+            let mut x = Vec::with_capacity(b * t);
+            let mut y = Vec::with_capacity(b * t);
+            for r in 0..b {
+                let s = ((i * b + r) as f64 * stride) as usize;
+                x.extend(val[s..s + t].iter().map(|&v| v as i32));
+                y.extend(val[s + 1..s + t + 1].iter().map(|&v| v as i32));
+            }
+            (x, y)
+        })
+        .collect()
+}
+
+/// Prefetches batches on a background thread (a bounded queue of `depth` batches).
+pub struct Prefetcher {
+    rx: Option<Receiver<Batch>>,
+    handle: Option<JoinHandle<()>>,
+}
+
+impl Prefetcher {
+    pub fn start(mut source: Source, b: usize, t: usize, depth: usize) -> Self {
+        let (tx, rx) = sync_channel(depth.max(1));
+        let handle = std::thread::Builder::new()
+            .name("duet-data".into())
+            .spawn(move || while tx.send(source.next_batch(b, t)).is_ok() {})
+            .expect("spawn data thread");
+        Self {
+            rx: Some(rx),
+            handle: Some(handle),
+        }
+    }
+
+    pub fn next(&mut self) -> Result<Batch> {
+        self.rx
+            .as_ref()
+            .and_then(|rx| rx.recv().ok())
+            .ok_or_else(|| EngineError::Config("the data thread stopped".into()))
+    }
+}
+
+impl Drop for Prefetcher {
+    fn drop(&mut self) {
+        // Closing the receiver makes the producer's next send fail, so it exits.
+        self.rx.take();
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tmp(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("duet-data-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        d.join(name)
+    }
+
+    #[test]
+    fn shard_roundtrip_and_errors() {
+        let p = tmp("ok.bin");
+        let toks: Vec<u16> = (0..500).map(|i| (i * 7 % 1000) as u16).collect();
+        write_llmc_shard(&p, &toks).unwrap();
+        let f = TokenFile::open(&p, 16).unwrap();
+        assert_eq!(f.train.len() + f.val.len(), 500);
+        assert_eq!(f.vocab_needed, *toks.iter().max().unwrap() as usize + 1);
+
+        let mut bytes = std::fs::read(&p).unwrap();
+        bytes[0] ^= 1;
+        let bad = tmp("badmagic.bin");
+        std::fs::write(&bad, &bytes).unwrap();
+        let e = TokenFile::open(&bad, 16).unwrap_err().to_string();
+        assert!(e.contains("badmagic.bin") && e.contains("bad magic"), "{e}");
+
+        let bytes = std::fs::read(&p).unwrap();
+        let trunc = tmp("trunc.bin");
+        std::fs::write(&trunc, &bytes[..bytes.len() - 3]).unwrap();
+        let e = TokenFile::open(&trunc, 16).unwrap_err().to_string();
+        assert!(e.contains("truncated"), "{e}");
+
+        let empty = tmp("empty.txt");
+        std::fs::write(&empty, "").unwrap();
+        let e = TokenFile::open(&empty, 16).unwrap_err().to_string();
+        assert!(e.contains("empty.txt") && e.contains("too few"), "{e}");
+        let e = TokenFile::open(&tmp("missing.txt"), 16)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("missing.txt"), "{e}");
+    }
+
+    #[test]
+    fn text_windows_and_validation() {
+        let p = tmp("t.txt");
+        std::fs::write(&p, "hello world, ".repeat(40)).unwrap();
+        let f = std::sync::Arc::new(TokenFile::open(&p, 8).unwrap());
+        assert_eq!(f.vocab_needed, 256);
+        let mut s = Source::File {
+            data: f.clone(),
+            rng: Rng::new(1),
+        };
+        let b = s.next_batch(4, 8);
+        assert_eq!(b.inputs.len(), 32);
+        assert_eq!(&b.inputs[1..8], &b.targets[..7]);
+        // Restoring the state reproduces the next batch.
+        let state = s.state();
+        let next = s.next_batch(4, 8);
+        s.set_state(state);
+        assert_eq!(s.next_batch(4, 8).inputs, next.inputs);
+        let v = validation_batches(&f.val, 4, 8, 3);
+        assert!(!v.is_empty() && v.len() <= 3);
+        assert!(f.unigram_entropy() > 1.0);
+    }
+
+    #[test]
+    fn prefetcher_yields_the_same_batches_in_order() {
+        let src = Source::Progressions(Progressions::new(96, 8, 5));
+        let mut direct = src.clone();
+        let mut pre = Prefetcher::start(src, 2, 6, 2);
+        for _ in 0..5 {
+            assert_eq!(pre.next().unwrap().inputs, direct.next_batch(2, 6).inputs);
+        }
+    }
+}

@@ -10,6 +10,7 @@
 //! [`DeviceError::InvalidArgument`] (the CPU backend checks these on the host before running).
 
 use crate::blas::Blas;
+use crate::blaslt::{self, BlasLt};
 use crate::conv;
 use crate::error::{self, BACKEND, dim, drv};
 use crate::kernels::{self, Arg, KernelModule, Kernels};
@@ -59,6 +60,10 @@ pub struct CudaDevice {
     err_word: DeviceMemory,
     info: DeviceInfo,
     sm_count: u32,
+    /// Compute capability as major·10 + minor.
+    cc: i32,
+    /// cuBLASLt for FP8 GEMMs, created on first use.
+    blas_lt: Mutex<Option<BlasLt>>,
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -283,6 +288,8 @@ impl CudaDevice {
             err_word,
             info,
             sm_count,
+            cc,
+            blas_lt: Mutex::new(None),
         })
     }
 
@@ -1519,6 +1526,33 @@ impl Device for CudaDevice {
         Ok(())
     }
 
+    fn quantize_fp8(
+        &self,
+        src: &CudaBuffer,
+        dst: &mut CudaBuffer,
+        dst_t: Option<&mut CudaBuffer>,
+        rows: usize,
+        cols: usize,
+        scale: &CudaBuffer,
+        amax: &mut CudaBuffer,
+        slot: usize,
+    ) -> Result<()> {
+        self.quantize_fp8_impl(src, dst, dst_t, rows, cols, scale, amax, slot)
+    }
+
+    fn gemm_fp8(
+        &self,
+        desc: &GemmDesc,
+        a: &CudaBuffer,
+        b: &CudaBuffer,
+        c: &mut CudaBuffer,
+        scale_inv: &CudaBuffer,
+        a_slot: usize,
+        b_slot: usize,
+    ) -> Result<()> {
+        self.gemm_fp8_impl(desc, a, b, c, scale_inv, a_slot, b_slot)
+    }
+
     fn sum_squares(&self, x: &CudaBuffer, out: &mut CudaBuffer, slot: usize) -> Result<()> {
         const OP: &str = "sum_squares";
         let s = float_sfx(OP, x.dtype())?;
@@ -1563,6 +1597,124 @@ impl Device for CudaDevice {
 }
 
 impl CudaDevice {
+    /// FP8 quantisation (see [`Device::quantize_fp8`]).
+    #[allow(clippy::too_many_arguments)]
+    fn quantize_fp8_impl(
+        &self,
+        src: &CudaBuffer,
+        dst: &mut CudaBuffer,
+        dst_t: Option<&mut CudaBuffer>,
+        rows: usize,
+        cols: usize,
+        scale: &CudaBuffer,
+        amax: &mut CudaBuffer,
+        slot: usize,
+    ) -> Result<()> {
+        const OP: &str = "quantize_fp8";
+        let ss = float_sfx(OP, src.dtype())?;
+        if !dst.dtype().is_fp8() {
+            return Err(DeviceError::Unsupported {
+                op: OP.into(),
+                dtype: dst.dtype(),
+            });
+        }
+        let ds = conv::kernel_suffix(dst.dtype()).expect("fp8 dtype");
+        let n = mul(OP, &[rows, cols])?;
+        check_len(OP, "src", src, n)?;
+        check_len(OP, "dst", dst, n)?;
+        if let Some(t) = &dst_t {
+            check_dtype(OP, *t, dst.dtype())?;
+            check_len(OP, "dst_t", *t, n)?;
+        }
+        check_dtype(OP, scale, DType::F32)?;
+        check_dtype(OP, amax, DType::F32)?;
+        check_range(OP, slot, 1, scale.len())?;
+        check_range(OP, slot, 1, amax.len())?;
+        if n == 0 {
+            return Ok(());
+        }
+        match dst_t {
+            None => {
+                // SAFETY: quantize_S_D(const S*, D*, u64 n, const float* scale, float* amax):
+                // src and dst hold n elements; scale and amax point at slot < len (checked).
+                unsafe {
+                    self.launch_1d(
+                        KernelModule::Fp8,
+                        &format!("quantize_{ss}_{ds}"),
+                        n,
+                        &[
+                            src.ptr().into(),
+                            dst.ptr().into(),
+                            (n as u64).into(),
+                            scale.ptr_at(slot).into(),
+                            amax.ptr_at(slot).into(),
+                        ],
+                    )
+                }
+            }
+            Some(t) => {
+                let f = self.func(KernelModule::Fp8, &format!("quantize_t_{ss}_{ds}"))?;
+                let grid = (
+                    grid_dim(OP, cols.div_ceil(32))?,
+                    u32::try_from(rows.div_ceil(32))
+                        .ok()
+                        .filter(|&g| g <= 65535)
+                        .ok_or_else(|| error::too_large(OP, "rows / 32", rows.div_ceil(32)))?,
+                    1,
+                );
+                // SAFETY: quantize_t_S_D(const S*, D*, D* dst_t, u64 rows, u64 cols,
+                // const float*, float*): src, dst and dst_t hold rows × cols elements; the
+                // tiles guard every index against rows and cols; scale/amax at slot (checked).
+                unsafe {
+                    kernels::launch(
+                        &self.stream,
+                        &f,
+                        cfg(grid, (32, 8, 1)),
+                        &[
+                            src.ptr().into(),
+                            dst.ptr().into(),
+                            t.ptr().into(),
+                            (rows as u64).into(),
+                            (cols as u64).into(),
+                            scale.ptr_at(slot).into(),
+                            amax.ptr_at(slot).into(),
+                        ],
+                    )
+                }
+            }
+        }
+    }
+
+    /// FP8 GEMM through cuBLASLt (see [`Device::gemm_fp8`] and [`crate::blaslt`]).
+    #[allow(clippy::too_many_arguments)]
+    fn gemm_fp8_impl(
+        &self,
+        desc: &GemmDesc,
+        a: &CudaBuffer,
+        b: &CudaBuffer,
+        c: &mut CudaBuffer,
+        scale_inv: &CudaBuffer,
+        a_slot: usize,
+        b_slot: usize,
+    ) -> Result<()> {
+        blaslt::validate(desc, a, b, c, scale_inv, a_slot, b_slot, self.cc)?;
+        self.bind()?;
+        let mut lt = lock(&self.blas_lt, "gemm_fp8")?;
+        if lt.is_none() {
+            *lt = Some(BlasLt::new(&self.ctx, &self.stream, self.cc, &self.mem)?);
+        }
+        lt.as_ref().expect("created above").gemm_fp8(
+            &self.stream,
+            desc,
+            a,
+            b,
+            c,
+            scale_inv,
+            a_slot,
+            b_slot,
+        )
+    }
+
     /// The function and grid size of a head permutation over `n` elements.
     fn permute_launch(
         &self,

@@ -45,10 +45,11 @@ pub enum KernelModule {
     CrossEntropy,
     Attention,
     AdamW,
+    Fp8,
 }
 
 impl KernelModule {
-    pub const ALL: [KernelModule; 8] = [
+    pub const ALL: [KernelModule; 9] = [
         Self::Elementwise,
         Self::Reduce,
         Self::Embedding,
@@ -57,6 +58,7 @@ impl KernelModule {
         Self::CrossEntropy,
         Self::Attention,
         Self::AdamW,
+        Self::Fp8,
     ];
 
     pub fn file_name(self) -> &'static str {
@@ -69,6 +71,7 @@ impl KernelModule {
             Self::CrossEntropy => "cross_entropy.cu",
             Self::Attention => "attention.cu",
             Self::AdamW => "adamw.cu",
+            Self::Fp8 => "fp8.cu",
         }
     }
 
@@ -82,6 +85,7 @@ impl KernelModule {
             Self::CrossEntropy => include_str!("../../../kernels-cuda/cross_entropy.cu"),
             Self::Attention => include_str!("../../../kernels-cuda/attention.cu"),
             Self::AdamW => include_str!("../../../kernels-cuda/adamw.cu"),
+            Self::Fp8 => include_str!("../../../kernels-cuda/fp8.cu"),
         }
     }
 
@@ -270,9 +274,10 @@ impl Kernels {
                     s.spawn(move || -> Result<(Vec<u8>, Origin)> {
                         if let Some(d) = &dir
                             && let Ok(bytes) = std::fs::read(cache_file(d, m, arch, nvrtc))
-                                && !bytes.is_empty() {
-                                    return Ok((bytes, Origin::Cache));
-                                }
+                            && !bytes.is_empty()
+                        {
+                            return Ok((bytes, Origin::Cache));
+                        }
                         let cubin = compile(m, arch)?;
                         if let Some(d) = &dir {
                             write_cache(&cache_file(d, m, arch, nvrtc), &cubin);

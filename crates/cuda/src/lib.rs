@@ -7,7 +7,8 @@
 //! - **Kernels.** `kernels-cuda/*.cu`, embedded in the binary, compiled by NVRTC for the GPU's
 //!   compute capability when the device opens and cached on disk ([`kernels`]).
 //! - **GEMMs.** cuBLAS `cublasGemmStridedBatchedEx` with FP32 compute ([`blas`]); f32 GEMMs
-//!   are true FP32 unless TF32 is allowed explicitly.
+//!   are true FP32 unless TF32 is allowed explicitly. FP8 GEMMs (delayed scaling, sm_89+) go
+//!   through cuBLASLt with device scale pointers ([`blaslt`]).
 //! - **Memory.** Stream-ordered allocations counted per device; uploads are staged through a
 //!   ring of pinned buffers and copied asynchronously ([`memory`]).
 //! - **Determinism.** No float atomics: embedding, bias, LayerNorm-parameter gradients and
@@ -20,6 +21,7 @@
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 mod blas;
+mod blaslt;
 mod conv;
 mod device;
 mod error;

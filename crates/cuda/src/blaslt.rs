@@ -1,0 +1,343 @@
+//! FP8 GEMMs through cuBLASLt (`cublasLtMatmul`, FP32 compute and scale type).
+//!
+//! duet's row-major `C = op(A)·op(B)` becomes the column-major `Cᵀ = op(B)ᵀ·op(A)ᵀ` exactly as
+//! for the cuBLAS GEMMs ([`conv::col_major_gemm`]): cuBLASLt's first operand is duet's B. On
+//! sm_89/sm_90 FP8 matmuls must be "TN" (cuBLASLt's A transposed, B not, both K-major), which in
+//! duet's terms is `trans_a = false, trans_b = true`; the engine arranges its operands that way
+//! (the quantisation kernels write the transposed copies the backward pass needs). Leading
+//! dimensions and `k` must be multiples of 16 and the operand offsets 16-byte aligned.
+//!
+//! The inverse scales are device pointers (`A_SCALE_POINTER`/`B_SCALE_POINTER`): cuBLASLt
+//! computes `D = alpha·(sa·sb)·op(A)·op(B) + beta·C`, the same formula the CPU backend emulates.
+//! C and D are one buffer (bf16, f16 or f32).
+
+use crate::conv;
+use crate::error::BACKEND;
+use crate::memory::{CudaBuffer, DeviceMemory, MemTracker};
+use cudarc::cublas::sys::cublasOperation_t;
+use cudarc::cublaslt::result as lt;
+use cudarc::cublaslt::sys::{
+    self as ltsys, cublasComputeType_t, cublasLtMatmulDescAttributes_t as DescAttr,
+    cublasLtMatmulPreferenceAttributes_t as PrefAttr, cudaDataType,
+};
+use cudarc::driver::{CudaContext, CudaStream};
+use duet_device::{Buffer, DType, DeviceError, GemmDesc, Result};
+use std::ffi::c_void;
+use std::sync::Arc;
+
+/// cuBLASLt workspace: NVIDIA recommends 32 MiB on Hopper (4 MiB before).
+const WORKSPACE_HOPPER: usize = 32 << 20;
+const WORKSPACE_OTHER: usize = 4 << 20;
+
+fn lt_err(call: &str, e: lt::CublasError) -> DeviceError {
+    DeviceError::Driver {
+        backend: BACKEND,
+        call: call.into(),
+        message: format!("{:?}", e.0),
+    }
+}
+
+/// cuBLASLt's type for an FP8 operand (OCP formats only; cuBLASLt has no FNUZ types).
+fn fp8_type(d: DType) -> Option<cudaDataType> {
+    match d {
+        DType::F8E4M3 => Some(cudaDataType::CUDA_R_8F_E4M3),
+        DType::F8E5M2 => Some(cudaDataType::CUDA_R_8F_E5M2),
+        _ => None,
+    }
+}
+
+fn out_type(d: DType) -> Option<cudaDataType> {
+    match d {
+        DType::F32 => Some(cudaDataType::CUDA_R_32F),
+        DType::BF16 => Some(cudaDataType::CUDA_R_16BF),
+        DType::F16 => Some(cudaDataType::CUDA_R_16F),
+        _ => None,
+    }
+}
+
+/// A cuBLASLt handle and its workspace, created on the first FP8 GEMM.
+pub(crate) struct BlasLt {
+    handle: ltsys::cublasLtHandle_t,
+    workspace: DeviceMemory,
+}
+
+// SAFETY: the handle is used only under the device's mutex (one thread at a time), and
+// cuBLASLt handles may be used from any thread as long as calls do not overlap.
+unsafe impl Send for BlasLt {}
+
+impl Drop for BlasLt {
+    fn drop(&mut self) {
+        // SAFETY: the handle was created by cublasLtCreate and is destroyed only here.
+        let _ = unsafe { lt::destroy_handle(self.handle) };
+    }
+}
+
+/// Destroys cuBLASLt descriptors when dropped.
+struct Descs {
+    matmul: Option<ltsys::cublasLtMatmulDesc_t>,
+    layouts: Vec<ltsys::cublasLtMatrixLayout_t>,
+    pref: Option<ltsys::cublasLtMatmulPreference_t>,
+}
+
+impl Drop for Descs {
+    fn drop(&mut self) {
+        // SAFETY: every descriptor here was created by the matching cublasLt*Create call and is
+        // destroyed exactly once.
+        unsafe {
+            if let Some(m) = self.matmul {
+                let _ = lt::destroy_matmul_desc(m);
+            }
+            for &l in &self.layouts {
+                let _ = lt::destroy_matrix_layout(l);
+            }
+            if let Some(p) = self.pref {
+                let _ = lt::destroy_matmul_pref(p);
+            }
+        }
+    }
+}
+
+/// Checks everything an FP8 GEMM needs that the descriptor alone cannot show.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn validate(
+    desc: &GemmDesc,
+    a: &CudaBuffer,
+    b: &CudaBuffer,
+    c: &CudaBuffer,
+    scale_inv: &CudaBuffer,
+    a_slot: usize,
+    b_slot: usize,
+    cc: i32,
+) -> Result<()> {
+    const OP: &str = "gemm_fp8";
+    let unsupported = |dtype| DeviceError::Unsupported {
+        op: OP.into(),
+        dtype,
+    };
+    for x in [a, b] {
+        if !x.dtype().is_fp8() {
+            return Err(unsupported(x.dtype()));
+        }
+        if fp8_type(x.dtype()).is_none() {
+            return Err(DeviceError::Unsupported {
+                op: format!("{OP} on CUDA (cuBLASLt has OCP FP8 types only, no FNUZ)"),
+                dtype: x.dtype(),
+            });
+        }
+    }
+    if a.dtype() == DType::F8E5M2 && b.dtype() == DType::F8E5M2 {
+        return Err(DeviceError::Unsupported {
+            op: format!("{OP} (cuBLASLt has no E5M2 × E5M2 matmul)"),
+            dtype: a.dtype(),
+        });
+    }
+    if out_type(c.dtype()).is_none() {
+        return Err(unsupported(c.dtype()));
+    }
+    if cc < 89 {
+        return Err(DeviceError::Unsupported {
+            op: format!("{OP} (FP8 tensor cores need sm_89+, this GPU is sm_{cc})"),
+            dtype: a.dtype(),
+        });
+    }
+    duet_device::check_dtype(OP, scale_inv, DType::F32)?;
+    duet_device::check_range(OP, a_slot, 1, scale_inv.len())?;
+    duet_device::check_range(OP, b_slot, 1, scale_inv.len())?;
+    desc.validate(a.len(), b.len(), c.len())?;
+    let layout_err = |what: String| {
+        Err(DeviceError::InvalidArgument(format!(
+            "{OP}: {what} (cuBLASLt FP8 on sm_89/sm_90)"
+        )))
+    };
+    if desc.trans_a || !desc.trans_b {
+        return layout_err(
+            "needs trans_a = false and trans_b = true (both operands K-major, \"TN\")".into(),
+        );
+    }
+    if desc.batch != 1 {
+        return layout_err(format!(
+            "batched FP8 GEMMs are not supported (batch {})",
+            desc.batch
+        ));
+    }
+    if !(desc.lda.is_multiple_of(16) && desc.ldb.is_multiple_of(16) && desc.k.is_multiple_of(16)) {
+        return layout_err(format!(
+            "lda {}, ldb {} and k {} must be multiples of 16",
+            desc.lda, desc.ldb, desc.k
+        ));
+    }
+    if !(desc.a_offset.is_multiple_of(16) && desc.b_offset.is_multiple_of(16)) {
+        return layout_err("operand offsets must be multiples of 16 elements".into());
+    }
+    Ok(())
+}
+
+impl BlasLt {
+    pub(crate) fn new(
+        ctx: &CudaContext,
+        stream: &Arc<CudaStream>,
+        cc: i32,
+        mem: &Arc<MemTracker>,
+    ) -> Result<Self> {
+        let handle = lt::create_handle().map_err(|e| lt_err("cublasLtCreate", e))?;
+        let bytes = if cc >= 90 {
+            WORKSPACE_HOPPER
+        } else {
+            WORKSPACE_OTHER
+        };
+        let workspace = match DeviceMemory::zeroed(ctx, stream, bytes, mem) {
+            Ok(w) => w,
+            Err(e) => {
+                // SAFETY: created just above, not used anywhere else.
+                let _ = unsafe { lt::destroy_handle(handle) };
+                return Err(e);
+            }
+        };
+        Ok(Self { handle, workspace })
+    }
+
+    /// Runs one FP8 GEMM (arguments checked by [`validate`] first).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn gemm_fp8(
+        &self,
+        stream: &CudaStream,
+        desc: &GemmDesc,
+        a: &CudaBuffer,
+        b: &CudaBuffer,
+        c: &mut CudaBuffer,
+        scale_inv: &CudaBuffer,
+        a_slot: usize,
+        b_slot: usize,
+    ) -> Result<()> {
+        if desc.m == 0 || desc.n == 0 {
+            return Ok(());
+        }
+        let g = conv::col_major_gemm(desc)?;
+        // cuBLASLt's A is duet's B (k × n stored column-major with ld = ldb, transposed),
+        // its B is duet's A (k × m, ld = lda, not transposed); C/D is n × m with ld = ldc.
+        let a_type = fp8_type(b.dtype()).expect("validated");
+        let b_type = fp8_type(a.dtype()).expect("validated");
+        let c_type = out_type(c.dtype()).expect("validated");
+        let (m, n, k) = (g.m as u64, g.n as u64, g.k as u64);
+        let mut d = Descs {
+            matmul: None,
+            layouts: Vec::with_capacity(3),
+            pref: None,
+        };
+        d.matmul = Some(
+            lt::create_matmul_desc(
+                cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                cudaDataType::CUDA_R_32F,
+            )
+            .map_err(|e| lt_err("cublasLtMatmulDescCreate", e))?,
+        );
+        let md = d.matmul.expect("set above");
+        let set = |attr: DescAttr, ptr: *const c_void, size: usize, what: &str| {
+            // SAFETY: `md` is a live descriptor; `ptr` points to `size` readable bytes of the
+            // type cuBLASLt documents for `attr` (checked at each call site below).
+            unsafe { lt::set_matmul_desc_attribute(md, attr, ptr, size) }
+                .map_err(|e| lt_err(&format!("cublasLtMatmulDescSetAttribute({what})"), e))
+        };
+        let transa = cublasOperation_t::CUBLAS_OP_T as i32;
+        let transb = cublasOperation_t::CUBLAS_OP_N as i32;
+        // TRANSA/TRANSB: int32 cublasOperation_t.
+        set(
+            DescAttr::CUBLASLT_MATMUL_DESC_TRANSA,
+            (&transa as *const i32).cast(),
+            4,
+            "TRANSA",
+        )?;
+        set(
+            DescAttr::CUBLASLT_MATMUL_DESC_TRANSB,
+            (&transb as *const i32).cast(),
+            4,
+            "TRANSB",
+        )?;
+        // Scale pointers: a `const float*` device address each, passed by value (8 bytes).
+        let a_scale: u64 = scale_inv.ptr_at(b_slot);
+        let b_scale: u64 = scale_inv.ptr_at(a_slot);
+        set(
+            DescAttr::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+            (&a_scale as *const u64).cast(),
+            8,
+            "A_SCALE_POINTER",
+        )?;
+        set(
+            DescAttr::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+            (&b_scale as *const u64).cast(),
+            8,
+            "B_SCALE_POINTER",
+        )?;
+        let layout = |t: cudaDataType, rows: u64, cols: u64, ld: i32| {
+            lt::create_matrix_layout(t, rows, cols, ld as i64)
+                .map_err(|e| lt_err("cublasLtMatrixLayoutCreate", e))
+        };
+        d.layouts.push(layout(a_type, k, m, g.lda)?);
+        d.layouts.push(layout(b_type, k, n, g.ldb)?);
+        d.layouts.push(layout(c_type, m, n, g.ldc)?);
+        let (la, lb, lc) = (d.layouts[0], d.layouts[1], d.layouts[2]);
+        d.pref = Some(
+            lt::create_matmul_pref().map_err(|e| lt_err("cublasLtMatmulPreferenceCreate", e))?,
+        );
+        let pref = d.pref.expect("set above");
+        let ws = self.workspace.bytes() as u64;
+        // SAFETY: live preference descriptor; MAX_WORKSPACE_BYTES takes a uint64.
+        unsafe {
+            lt::set_matmul_pref_attribute(
+                pref,
+                PrefAttr::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                (&ws as *const u64).cast(),
+                8,
+            )
+        }
+        .map_err(|e| lt_err("cublasLtMatmulPreferenceSetAttribute", e))?;
+        // SAFETY: every descriptor is live and describes the buffers passed to the matmul.
+        let heuristic =
+            unsafe { lt::get_matmul_algo_heuristic(self.handle, md, la, lb, lc, lc, pref) }
+                .map_err(|e| lt_err("cublasLtMatmulAlgoGetHeuristic", e))?;
+        let (alpha, beta) = (desc.alpha, desc.beta);
+        let cptr = c.ptr_at(desc.c_offset);
+        // SAFETY: `validate` checked the dtypes, the layout rules and that every operand range
+        // lies inside its (live) buffer; the layouts above describe exactly those ranges (A' =
+        // duet's B at b_offset, B' = duet's A at a_offset, C = D = duet's C at c_offset); the
+        // scale pointers address slots inside `scale_inv`; alpha/beta are host f32 values (the
+        // default host pointer mode with an f32 scale type); the workspace is a live
+        // allocation of `ws` bytes, 256-byte aligned like every allocation; the stream is the
+        // device's stream, so the matmul is ordered with every other op.
+        unsafe {
+            lt::matmul(
+                self.handle,
+                md,
+                (&alpha as *const f32).cast(),
+                (&beta as *const f32).cast(),
+                b.ptr_at(desc.b_offset) as *const c_void,
+                la,
+                a.ptr_at(desc.a_offset) as *const c_void,
+                lb,
+                cptr as *const c_void,
+                lc,
+                cptr as *mut c_void,
+                lc,
+                &heuristic.algo,
+                self.workspace.ptr() as *mut c_void,
+                ws as usize,
+                stream.cu_stream() as ltsys::cudaStream_t,
+            )
+        }
+        .map_err(|e| lt_err("cublasLtMatmul", e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fp8_types_are_ocp_only() {
+        assert_eq!(fp8_type(DType::F8E4M3), Some(cudaDataType::CUDA_R_8F_E4M3));
+        assert_eq!(fp8_type(DType::F8E5M2), Some(cudaDataType::CUDA_R_8F_E5M2));
+        assert_eq!(fp8_type(DType::F8E4M3Fnuz), None);
+        assert_eq!(out_type(DType::BF16), Some(cudaDataType::CUDA_R_16BF));
+        assert_eq!(out_type(DType::F8E4M3), None);
+    }
+}

@@ -22,6 +22,7 @@ use cudarc::cublaslt::sys::{
 };
 use cudarc::driver::{CudaContext, CudaStream};
 use duet_device::{Buffer, DType, DeviceError, GemmDesc, Result};
+use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::Arc;
 
@@ -55,10 +56,25 @@ fn out_type(d: DType) -> Option<cudaDataType> {
     }
 }
 
-/// A cuBLASLt handle and its workspace, created on the first FP8 GEMM.
+/// What the algorithm choice depends on: shape, layout, types and whether C is read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct AlgoKey {
+    m: i32,
+    n: i32,
+    k: i32,
+    lda: i32,
+    ldb: i32,
+    ldc: i32,
+    types: (DType, DType, DType),
+    accumulate: bool,
+}
+
+/// A cuBLASLt handle and its workspace, created on the first FP8 GEMM, and the algorithms the
+/// heuristic picked per problem (asked once per shape, not on every call).
 pub(crate) struct BlasLt {
     handle: ltsys::cublasLtHandle_t,
     workspace: DeviceMemory,
+    algos: HashMap<AlgoKey, ltsys::cublasLtMatmulAlgo_t>,
 }
 
 // SAFETY: the handle is used only under the device's mutex (one thread at a time), and
@@ -193,13 +209,17 @@ impl BlasLt {
                 return Err(e);
             }
         };
-        Ok(Self { handle, workspace })
+        Ok(Self {
+            handle,
+            workspace,
+            algos: HashMap::new(),
+        })
     }
 
     /// Runs one FP8 GEMM (arguments checked by [`validate`] first).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn gemm_fp8(
-        &self,
+        &mut self,
         stream: &CudaStream,
         desc: &GemmDesc,
         a: &CudaBuffer,
@@ -276,25 +296,43 @@ impl BlasLt {
         d.layouts.push(layout(b_type, k, n, g.ldb)?);
         d.layouts.push(layout(c_type, m, n, g.ldc)?);
         let (la, lb, lc) = (d.layouts[0], d.layouts[1], d.layouts[2]);
-        d.pref = Some(
-            lt::create_matmul_pref().map_err(|e| lt_err("cublasLtMatmulPreferenceCreate", e))?,
-        );
-        let pref = d.pref.expect("set above");
+        let key = AlgoKey {
+            m: g.m,
+            n: g.n,
+            k: g.k,
+            lda: g.lda,
+            ldb: g.ldb,
+            ldc: g.ldc,
+            types: (a.dtype(), b.dtype(), c.dtype()),
+            accumulate: desc.beta != 0.0,
+        };
         let ws = self.workspace.bytes() as u64;
-        // SAFETY: live preference descriptor; MAX_WORKSPACE_BYTES takes a uint64.
-        unsafe {
-            lt::set_matmul_pref_attribute(
-                pref,
-                PrefAttr::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                (&ws as *const u64).cast(),
-                8,
-            )
-        }
-        .map_err(|e| lt_err("cublasLtMatmulPreferenceSetAttribute", e))?;
-        // SAFETY: every descriptor is live and describes the buffers passed to the matmul.
-        let heuristic =
-            unsafe { lt::get_matmul_algo_heuristic(self.handle, md, la, lb, lc, lc, pref) }
-                .map_err(|e| lt_err("cublasLtMatmulAlgoGetHeuristic", e))?;
+        let algo = match self.algos.get(&key) {
+            Some(a) => *a,
+            None => {
+                d.pref = Some(
+                    lt::create_matmul_pref()
+                        .map_err(|e| lt_err("cublasLtMatmulPreferenceCreate", e))?,
+                );
+                let pref = d.pref.expect("set above");
+                // SAFETY: live preference descriptor; MAX_WORKSPACE_BYTES takes a uint64.
+                unsafe {
+                    lt::set_matmul_pref_attribute(
+                        pref,
+                        PrefAttr::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                        (&ws as *const u64).cast(),
+                        8,
+                    )
+                }
+                .map_err(|e| lt_err("cublasLtMatmulPreferenceSetAttribute", e))?;
+                // SAFETY: every descriptor is live and describes the buffers of this matmul.
+                let h =
+                    unsafe { lt::get_matmul_algo_heuristic(self.handle, md, la, lb, lc, lc, pref) }
+                        .map_err(|e| lt_err("cublasLtMatmulAlgoGetHeuristic", e))?;
+                self.algos.insert(key, h.algo);
+                h.algo
+            }
+        };
         let (alpha, beta) = (desc.alpha, desc.beta);
         let cptr = c.ptr_at(desc.c_offset);
         // SAFETY: `validate` checked the dtypes, the layout rules and that every operand range
@@ -318,7 +356,7 @@ impl BlasLt {
                 lc,
                 cptr as *mut c_void,
                 lc,
-                &heuristic.algo,
+                &algo,
                 self.workspace.ptr() as *mut c_void,
                 ws as usize,
                 stream.cu_stream() as ltsys::cudaStream_t,

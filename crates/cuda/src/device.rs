@@ -1703,7 +1703,7 @@ impl CudaDevice {
         if lt.is_none() {
             *lt = Some(BlasLt::new(&self.ctx, &self.stream, self.cc, &self.mem)?);
         }
-        lt.as_ref().expect("created above").gemm_fp8(
+        lt.as_mut().expect("created above").gemm_fp8(
             &self.stream,
             desc,
             a,

@@ -320,6 +320,44 @@ impl<D: Device> Fp8State<D> {
         Ok(())
     }
 
+    /// Every operand's scale and full amax history (for checkpoints).
+    pub fn export(&self) -> Vec<OperandScaling> {
+        self.ops.clone()
+    }
+
+    /// Restores what [`Fp8State::export`] returned (the same model shape and recipe) and writes
+    /// the scales to the device; the amaxes recorded so far are cleared.
+    pub fn import(&mut self, dev: &D, ops: &[OperandScaling]) -> Result<()> {
+        if ops.len() != self.ops.len() {
+            return Err(EngineError::Config(format!(
+                "FP8 state has {} operands, the model has {}",
+                ops.len(),
+                self.ops.len()
+            )));
+        }
+        for (dst, src) in self.ops.iter_mut().zip(ops) {
+            if src.fp8_max != dst.fp8_max {
+                return Err(EngineError::Config(format!(
+                    "FP8 state was saved for a format with max {}, the model uses {}",
+                    src.fp8_max, dst.fp8_max
+                )));
+            }
+            dst.scale = src.scale;
+            dst.history = src
+                .history
+                .iter()
+                .take(self.cfg.amax_history_len)
+                .copied()
+                .collect();
+        }
+        let scale: Vec<f32> = self.ops.iter().map(|o| o.scale).collect();
+        let inv: Vec<f32> = scale.iter().map(|&s| (1.0f64 / s as f64) as f32).collect();
+        dev.upload(&scale, &mut self.scale, 0)?;
+        dev.upload(&inv, &mut self.scale_inv, 0)?;
+        dev.fill(&mut self.amax, 0.0)?;
+        Ok(())
+    }
+
     /// Scale and the first `entries` amax-history entries of every operand.
     pub fn report(&self, entries: usize) -> Vec<OperandReport> {
         self.ops

@@ -569,6 +569,24 @@ impl<D: Device> Gpt<D> {
         Ok(())
     }
 
+    /// FP8 only: every operand's scale and amax history (what a checkpoint needs to resume
+    /// delayed scaling exactly), in metadata order (layer, linear, operand).
+    pub fn fp8_state(&self) -> Option<Vec<crate::fp8::OperandScaling>> {
+        self.fp8.as_ref().map(|q| q.state.export())
+    }
+
+    /// FP8 only: restores [`Gpt::fp8_state`]; an error in other precisions or for a different
+    /// model shape or format.
+    pub fn set_fp8_state(&mut self, ops: &[crate::fp8::OperandScaling]) -> Result<()> {
+        match &mut self.fp8 {
+            Some(q) => q.state.import(&*self.dev, ops),
+            None => Err(EngineError::Config(format!(
+                "the model runs in {}, it has no FP8 state",
+                self.precision
+            ))),
+        }
+    }
+
     /// FP8 only: per layer and operand, the current scale and the first `entries` amax-history
     /// entries (most recent first).
     pub fn fp8_report(&self, entries: usize) -> Option<Vec<OperandReport>> {

@@ -173,7 +173,7 @@ pub fn compute_scale(amax: f32, prev: f32, fp8_max: f32, margin: i32) -> f32 {
 }
 
 /// One operand's amax history (most recent first) and current scale.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct OperandScaling {
     pub fp8_max: f32,
     pub scale: f32,

@@ -3,6 +3,7 @@
 use crate::backends::{OnDevice, dispatch};
 use crate::{CliResult, ModelArgs};
 use duet_device::{BackendKind, Device, DeviceInfo, human_bytes};
+use duet_engine::checkpoint::Checkpoint;
 use duet_engine::trace::{TraceHeader, TraceWriter};
 use duet_engine::{Config, Preset, Trainer};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -10,6 +11,7 @@ use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 pub struct TrainOptions {
@@ -18,6 +20,11 @@ pub struct TrainOptions {
     pub log_every: Option<u64>,
     pub trace: Option<PathBuf>,
     pub fp8_report: bool,
+    pub out: Option<PathBuf>,
+    pub save_every: u64,
+    pub resume: Option<PathBuf>,
+    pub stop_after: Option<u64>,
+    pub val_every: u64,
 }
 
 /// Resolves the configured precision against the device (fallback with a warning, or an error
@@ -100,6 +107,21 @@ pub fn build_config(a: &ModelArgs) -> CliResult<Config> {
         t.fp8_amax_compute_algo = algo.parse()?;
     }
     set!(t.fp8_margin, a.fp8_margin);
+    if let Some(d) = &a.data {
+        t.data = d.display().to_string();
+        // The model's vocabulary must cover the file's tokens; pick it unless --vocab was given.
+        let file = duet_engine::dataset::TokenFile::open(d, t.seq)?;
+        if a.vocab.is_none() && cfg.model.vocab < file.vocab_needed {
+            eprintln!(
+                "vocab set to {} to cover the tokens of {}",
+                file.vocab_needed,
+                d.display()
+            );
+            cfg.model.vocab = file.vocab_needed;
+        }
+        // The generation check belongs to the synthetic task.
+        cfg.train.eval_sequences = 0;
+    }
     cfg.validate()?;
     Ok(cfg)
 }
@@ -108,23 +130,135 @@ fn backend_kind(a: &ModelArgs) -> CliResult<BackendKind> {
     Ok(a.backend.parse()?)
 }
 
-pub fn train(opts: &TrainOptions) -> CliResult<()> {
-    let cfg = build_config(&opts.model)?;
-    // Open the metrics file before any work so a bad path fails fast.
-    let metrics = match &opts.metrics {
-        Some(p) => Some(BufWriter::new(File::create(p).map_err(|e| {
-            format!("cannot create metrics file {}: {e}", p.display())
-        })?)),
+/// How a training run ended.
+pub enum TrainOutcome {
+    Finished,
+    /// Ctrl-C: a checkpoint was saved and the run stopped.
+    Interrupted,
+}
+
+/// Set by the Ctrl-C handler; the training loop checks it after every step.
+pub static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+const CHECKPOINT_FILE: &str = "checkpoint.safetensors";
+
+/// Flags that change the model or the optimisation, which a resumed run may not change.
+fn changed_on_resume(a: &ModelArgs) -> Vec<&'static str> {
+    let mut v = Vec::new();
+    let mut check = |given: bool, name: &'static str| {
+        if given {
+            v.push(name);
+        }
+    };
+    check(a.preset != "default", "--preset");
+    check(a.config.is_some(), "--config");
+    check(a.batch.is_some(), "--batch");
+    check(a.seq.is_some(), "--seq");
+    check(a.layers.is_some(), "--layers");
+    check(a.d_model.is_some(), "--d-model");
+    check(a.heads.is_some(), "--heads");
+    check(a.ffn.is_some(), "--ffn");
+    check(a.vocab.is_some(), "--vocab");
+    check(a.max_seq.is_some(), "--max-seq");
+    check(a.lr.is_some(), "--lr");
+    check(a.warmup.is_some(), "--warmup");
+    check(a.min_lr_ratio.is_some(), "--min-lr-ratio");
+    check(a.weight_decay.is_some(), "--weight-decay");
+    check(
+        a.beta1.is_some() || a.beta2.is_some() || a.eps.is_some(),
+        "--beta1/--beta2/--eps",
+    );
+    check(a.grad_clip.is_some(), "--grad-clip");
+    check(a.seed.is_some(), "--seed");
+    check(a.max_stride.is_some(), "--max-stride");
+    check(a.precision.is_some(), "--precision");
+    check(a.data.is_some(), "--data");
+    v
+}
+
+/// A checkpoint path given as the file or the `--out` folder holding it.
+fn checkpoint_path(p: &Path) -> PathBuf {
+    if p.is_dir() {
+        p.join(CHECKPOINT_FILE)
+    } else {
+        p.to_path_buf()
+    }
+}
+
+fn open_log(path: &Path, append: bool, what: &str) -> CliResult<BufWriter<File>> {
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .write(true)
+        .append(append)
+        .truncate(!append)
+        .open(path)
+        .map_err(|e| format!("cannot create {what} file {}: {e}", path.display()))?;
+    Ok(BufWriter::new(f))
+}
+
+pub fn train(opts: &TrainOptions) -> CliResult<TrainOutcome> {
+    let resume = match &opts.resume {
+        Some(p) => {
+            let changed = changed_on_resume(&opts.model);
+            if !changed.is_empty() {
+                return Err(format!(
+                    "cannot change {} when resuming: the checkpoint's config is used (only --steps may change)",
+                    changed.join(", ")
+                )
+                .into());
+            }
+            Some(Checkpoint::load(&checkpoint_path(p))?)
+        }
+        None => None,
+    };
+    let cfg = match &resume {
+        Some(ck) => {
+            let mut cfg = ck.config.clone();
+            if let Some(steps) = opts.model.steps {
+                cfg.train.steps = steps;
+            }
+            if cfg.train.steps <= ck.step {
+                return Err(format!(
+                    "the checkpoint is at step {} and the run has {} steps: nothing to do (raise --steps)",
+                    ck.step, cfg.train.steps
+                )
+                .into());
+            }
+            cfg
+        }
+        None => build_config(&opts.model)?,
+    };
+    if let Some(dir) = &opts.out {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| format!("cannot create output folder {}: {e}", dir.display()))?;
+        let ck = dir.join(CHECKPOINT_FILE);
+        let resuming_here = opts
+            .resume
+            .as_deref()
+            .map(checkpoint_path)
+            .is_some_and(|p| p == ck);
+        if ck.exists() && !resuming_here {
+            return Err(format!(
+                "{} already holds a checkpoint; resume it with --resume {} or choose another --out",
+                dir.display(),
+                dir.display()
+            )
+            .into());
+        }
+        std::fs::write(dir.join("config.toml"), cfg.to_toml())
+            .map_err(|e| format!("cannot write {}: {e}", dir.join("config.toml").display()))?;
+    }
+    // Open the logs before any work so a bad path fails fast. Resumed runs append.
+    let metrics_path = opts
+        .metrics
+        .clone()
+        .or_else(|| opts.out.as_ref().map(|d| d.join("metrics.jsonl")));
+    let metrics = match &metrics_path {
+        Some(p) => Some(open_log(p, resume.is_some(), "metrics")?),
         None => None,
     };
     let trace = match &opts.trace {
-        Some(p) => Some((
-            p.clone(),
-            BufWriter::new(
-                File::create(p)
-                    .map_err(|e| format!("cannot create trace file {}: {e}", p.display()))?,
-            ),
-        )),
+        Some(p) => Some((p.clone(), open_log(p, false, "trace")?)),
         None => None,
     };
     let kind = backend_kind(&opts.model)?;
@@ -133,8 +267,14 @@ pub fn train(opts: &TrainOptions) -> CliResult<()> {
         opts.model.threads,
         TrainTask {
             cfg,
+            resume,
             metrics,
+            metrics_path,
             trace,
+            out: opts.out.clone(),
+            save_every: opts.save_every,
+            stop_after: opts.stop_after,
+            val_every: opts.val_every,
             log_every: opts.log_every,
             strict: opts.model.strict,
             fp8_report: opts.fp8_report,
@@ -144,23 +284,36 @@ pub fn train(opts: &TrainOptions) -> CliResult<()> {
 
 struct TrainTask {
     cfg: Config,
+    resume: Option<Checkpoint>,
     metrics: Option<BufWriter<File>>,
+    metrics_path: Option<PathBuf>,
     trace: Option<(PathBuf, BufWriter<File>)>,
+    out: Option<PathBuf>,
+    save_every: u64,
+    stop_after: Option<u64>,
+    val_every: u64,
     log_every: Option<u64>,
     strict: bool,
     fp8_report: bool,
 }
 
-impl OnDevice for TrainTask {
-    type Output = ();
+impl TrainTask {
+    fn save<D: Device>(&self, trainer: &Trainer<D>, path: &Path) -> CliResult<()> {
+        trainer.checkpoint()?.save(path)?;
+        Ok(())
+    }
+}
 
-    fn run<D: Device>(mut self, dev: Arc<D>) -> CliResult<()> {
+impl OnDevice for TrainTask {
+    type Output = TrainOutcome;
+
+    fn run<D: Device>(mut self, dev: Arc<D>) -> CliResult<TrainOutcome> {
         let info = dev.info();
         resolve_precision(&mut self.cfg, &info, self.strict)?;
         let cfg = self.cfg.clone();
         let (m, t) = (&cfg.model, &cfg.train);
         eprintln!(
-            "duet: {} on {} ({}) | {} | {} params: vocab {}, d_model {}, heads {}, ffn {}, layers {} | batch {} × seq {}, {} steps, lr {}",
+            "duet: {} on {} ({}) | {} | {} params: vocab {}, d_model {}, heads {}, ffn {}, layers {} | batch {} × seq {}, {} steps, lr {}{}",
             info.backend,
             info.name,
             info.arch,
@@ -174,9 +327,22 @@ impl OnDevice for TrainTask {
             t.batch,
             t.seq,
             t.steps,
-            t.lr
+            t.lr,
+            if t.data.is_empty() {
+                String::new()
+            } else {
+                format!(" | data {}", t.data)
+            }
         );
-        let mut trainer = Trainer::new(dev.clone(), cfg.clone())?;
+        let mut trainer = match self.resume.take() {
+            Some(mut ck) => {
+                ck.config.train.precision = cfg.train.precision;
+                ck.config.train.steps = cfg.train.steps;
+                eprintln!("resuming from step {}", ck.step);
+                Trainer::from_checkpoint(dev.clone(), &ck)?
+            }
+            None => Trainer::new(dev.clone(), cfg.clone())?,
+        };
         let plan = trainer.model().memory_plan().clone();
         eprintln!(
             "memory plan: params {}, grads {}, optimizer {}, activations {}, scratch {}",
@@ -186,9 +352,15 @@ impl OnDevice for TrainTask {
             human_bytes(plan.activations),
             human_bytes(plan.scratch)
         );
+        let first_step = trainer.step();
+        let last_step = match self.stop_after {
+            Some(n) => (first_step + n).min(t.steps),
+            None => t.steps,
+        };
         let bar = match self.log_every {
             None => {
                 let bar = ProgressBar::new(t.steps);
+                bar.set_position(first_step);
                 bar.set_style(
                     ProgressStyle::with_template(
                         "{bar:30} step {pos}/{len} | {msg} | {elapsed_precise} ETA {eta_precise}",
@@ -218,7 +390,8 @@ impl OnDevice for TrainTask {
         let start = Instant::now();
         let mut last_loss = f32::NAN;
         let (mut skipped, mut last_scale) = (0u64, None);
-        for _ in 0..t.steps {
+        let mut interrupted = false;
+        while trainer.step() < last_step {
             let r = trainer.train_step()?;
             skipped += r.skipped as u64;
             last_scale = r.loss_scale;
@@ -233,13 +406,22 @@ impl OnDevice for TrainTask {
                 )?;
             }
             last_loss = r.loss;
+            let val_loss = if self.val_every > 0 && r.step % self.val_every == 0 {
+                Some(trainer.validation_loss()?)
+            } else {
+                None
+            };
             let elapsed = start.elapsed().as_secs_f64();
             let tps = r.tokens as f64 / r.seconds.max(1e-9);
             if let Some(w) = self.metrics.as_mut() {
                 let mut line = serde_json::json!({
                     "step": r.step, "loss": r.loss, "lr": r.lr, "grad_norm": r.grad_norm,
                     "tokens_per_s": tps, "elapsed_s": elapsed,
+                    "memory_bytes": dev.memory_stats().current,
                 });
+                if let Some(v) = val_loss {
+                    line["val_loss"] = v.into();
+                }
                 if let Some(ls) = r.loss_scale {
                     line["loss_scale"] = ls.into();
                     line["skipped"] = r.skipped.into();
@@ -249,13 +431,16 @@ impl OnDevice for TrainTask {
                 }
                 writeln!(w, "{line}")?;
             }
-            let msg = format!("loss {:.4} | {:.0} tok/s", r.loss, tps);
+            let val = val_loss
+                .map(|v| format!(" | val {v:.4}"))
+                .unwrap_or_default();
+            let msg = format!("loss {:.4}{val} | {:.0} tok/s", r.loss, tps);
             match (&bar, self.log_every) {
                 (Some(bar), _) => {
                     bar.set_message(msg);
                     bar.inc(1);
                 }
-                (None, Some(n)) if n > 0 && (r.step % n == 0 || r.step == t.steps) => {
+                (None, Some(n)) if (n > 0 && r.step % n == 0) || val_loss.is_some() => {
                     let scale = match r.loss_scale {
                         Some(ls) => format!(
                             " | loss scale {ls}{}",
@@ -273,6 +458,17 @@ impl OnDevice for TrainTask {
                 }
                 _ => {}
             }
+            if let Some(dir) = &self.out
+                && self.save_every > 0
+                && r.step % self.save_every == 0
+                && r.step < last_step
+            {
+                self.save(&trainer, &dir.join(CHECKPOINT_FILE))?;
+            }
+            if INTERRUPTED.load(Ordering::SeqCst) {
+                interrupted = true;
+                break;
+            }
         }
         if let Some(bar) = &bar {
             bar.finish();
@@ -284,13 +480,15 @@ impl OnDevice for TrainTask {
             tw.flush()?;
             eprintln!("trace written to {}", path.display());
         }
+        let ran = trainer.step() - first_step;
         let train_secs = start.elapsed().as_secs_f64();
         let mem = dev.memory_stats();
         println!(
-            "trained {} steps in {:.1}s ({:.0} tokens/s), final loss {:.4}, peak memory {}",
-            t.steps,
+            "trained {} steps (to step {}) in {:.1}s ({:.0} tokens/s), final loss {:.4}, peak memory {}",
+            ran,
+            trainer.step(),
             train_secs,
-            (t.steps as usize * t.batch * t.seq) as f64 / train_secs.max(1e-9),
+            (ran as usize * t.batch * t.seq) as f64 / train_secs.max(1e-9),
             last_loss,
             human_bytes(mem.peak)
         );
@@ -300,7 +498,43 @@ impl OnDevice for TrainTask {
         if self.fp8_report {
             print_fp8_report(&trainer);
         }
-        if t.eval_sequences > 0 {
+        let ck_path = match &self.out {
+            Some(dir) => Some(dir.join(CHECKPOINT_FILE)),
+            None if interrupted => Some(PathBuf::from("duet-interrupted.safetensors")),
+            None => None,
+        };
+        if let Some(p) = &ck_path {
+            self.save(&trainer, p)?;
+            println!(
+                "checkpoint at step {} saved to {}",
+                trainer.step(),
+                p.display()
+            );
+        }
+        if interrupted {
+            let p = ck_path.expect("interrupted runs always save");
+            eprintln!(
+                "interrupted at step {}; resume with: duet train --resume {}",
+                trainer.step(),
+                p.display()
+            );
+            return Ok(TrainOutcome::Interrupted);
+        }
+        if ran > 0 {
+            let v = trainer.validation_loss()?;
+            match trainer.unigram_entropy() {
+                Some(h) => println!(
+                    "validation loss {v:.4} nats/token (the file's unigram entropy is {h:.4})"
+                ),
+                None => println!("validation loss {v:.4}"),
+            }
+        }
+        if let (Some(dir), Some(mp)) = (&self.out, &self.metrics_path) {
+            let svg = dir.join("loss.svg");
+            crate::plot::write_loss_plot(mp, &svg)?;
+            println!("loss curve written to {}", svg.display());
+        }
+        if t.eval_sequences > 0 && t.data.is_empty() && trainer.step() == t.steps {
             let eval_start = Instant::now();
             let e = trainer.evaluate_generation(t.eval_sequences)?;
             println!(
@@ -313,7 +547,7 @@ impl OnDevice for TrainTask {
                 eval_start.elapsed().as_secs_f64()
             );
         }
-        Ok(())
+        Ok(TrainOutcome::Finished)
     }
 }
 

@@ -2,8 +2,10 @@
 #![forbid(unsafe_code)]
 
 mod backends;
+mod cli_generate;
 mod cli_train;
 mod parity;
+mod plot;
 
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
@@ -29,6 +31,8 @@ enum Command {
     Bench(BenchArgs),
     /// List the compiled-in backends, which ones load here, and their devices.
     Info,
+    /// Generate tokens from a checkpoint (greedy, temperature, top-k) with a KV cache.
+    Generate(cli_generate::GenerateArgs),
     /// Compare two training traces (from `duet train --trace`): exit 0 on match, 1 on
     /// divergence, 2 when a trace is unreadable or the two are not comparable.
     Parity { a: PathBuf, b: PathBuf },
@@ -93,6 +97,10 @@ pub struct ModelArgs {
     /// Strides of the arithmetic task are drawn from 1..=N (up to vocab − 1).
     #[arg(long, value_name = "N")]
     pub max_stride: Option<usize>,
+    /// Train on a file: UTF-8 text (byte tokens) or an llm.c `.bin` token shard; its last 10% is
+    /// the validation set.
+    #[arg(long, value_name = "FILE")]
+    pub data: Option<PathBuf>,
     /// fp32, bf16, fp16 or fp8 (FP32 master weights in every mode). Unsupported by the
     /// hardware: falls back (fp8 → bf16 → fp16 → fp32) with a warning, or fails with --strict.
     #[arg(long)]
@@ -128,6 +136,23 @@ struct TrainArgs {
     /// No progress bar; print a line every N steps instead (0: only the summary).
     #[arg(long, value_name = "N")]
     log_every: Option<u64>,
+    /// Gather the run in this folder: config.toml, metrics.jsonl, checkpoint.safetensors and
+    /// loss.svg.
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
+    /// Save a checkpoint into --out every N steps (0: only at the end).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    save_every: u64,
+    /// Continue a run from a checkpoint (the file, or the --out folder holding it). Only --steps
+    /// may change; the next losses are those the run would have had.
+    #[arg(long, value_name = "PATH")]
+    resume: Option<PathBuf>,
+    /// Stop after N steps of this invocation (saving a checkpoint into --out).
+    #[arg(long, value_name = "N")]
+    stop_after: Option<u64>,
+    /// Compute the validation loss every N steps (0: only at the end).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    val_every: u64,
     /// Write a deterministic per-step trace (loss, grad norm, lr, per-tensor norms and samples)
     /// for `duet parity`.
     #[arg(long, value_name = "FILE")]
@@ -156,13 +181,34 @@ struct BenchArgs {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Train(a) => cli_train::train(&cli_train::TrainOptions {
-            model: a.model,
-            metrics: a.metrics,
-            log_every: a.log_every,
-            trace: a.trace,
-            fp8_report: a.fp8_report,
-        }),
+        Command::Train(a) => {
+            // Ctrl-C stops after the current step and saves a checkpoint; a second one aborts.
+            let _ = ctrlc::set_handler(|| {
+                if cli_train::INTERRUPTED.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                    std::process::exit(130);
+                }
+                eprintln!(
+                    "\ninterrupt: finishing the current step and saving a checkpoint (Ctrl-C again aborts)"
+                );
+            });
+            match cli_train::train(&cli_train::TrainOptions {
+                model: a.model,
+                metrics: a.metrics,
+                log_every: a.log_every,
+                trace: a.trace,
+                fp8_report: a.fp8_report,
+                out: a.out,
+                save_every: a.save_every,
+                resume: a.resume,
+                stop_after: a.stop_after,
+                val_every: a.val_every,
+            }) {
+                Ok(cli_train::TrainOutcome::Interrupted) => return ExitCode::from(130),
+                Ok(cli_train::TrainOutcome::Finished) => Ok(()),
+                Err(e) => Err(e),
+            }
+        }
+        Command::Generate(a) => cli_generate::run(&a),
         Command::Bench(a) => cli_train::bench(&a.model, a.warmup_steps, a.iters, a.json.as_deref()),
         Command::Info => backends::info(),
         Command::Parity { a, b } => return parity::run(&a, &b),

@@ -18,7 +18,7 @@ fn tmp(name: &str) -> PathBuf {
     dir.join(name)
 }
 
-fn train_trace(path: &PathBuf, threads: &str, extra: &[&str]) {
+fn train_trace(path: &std::path::Path, threads: &str, extra: &[&str]) {
     let mut args = vec![
         "train",
         "--preset",

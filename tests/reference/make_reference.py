@@ -12,6 +12,10 @@ every gradient (`grad.<name>`), the weights after two AdamW steps with global-no
 (`step2.<name>`) and the two losses. Metadata carries the config.
 
 Usage (needs torch, numpy, safetensors):  python3 tests/reference/make_reference.py
+
+With --check-duet it instead loads tests/reference/duet_checkpoint.safetensors (written by duet,
+see tests/checkpoint_torch.rs) into this PyTorch model with load_state_dict(strict=True) and
+compares its logits on the fixed batch of duet_logits.safetensors with duet's.
 """
 
 import json
@@ -149,5 +153,35 @@ def main():
     print(f"wrote {path}: losses {losses}, grad norms {norms}, clip {grad_clip}")
 
 
+def check_duet_checkpoint():
+    import tomllib
+
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    ck_path = os.path.join(here, "duet_checkpoint.safetensors")
+    with safe_open(ck_path, "pt") as f:
+        meta = f.metadata()
+    cfg = tomllib.loads(meta["config"])["model"]
+    model = GPT(cfg["vocab"], cfg["d_model"], cfg["heads"], cfg["ffn"], cfg["layers"], cfg["max_seq"])
+    tensors = load_file(ck_path)
+    state = {k: v for k, v in tensors.items() if not k.startswith("optim.")}
+    # nanoGPT ties lm_head.weight to the token embedding; duet stores a copy under both names.
+    assert torch.equal(state.pop("lm_head.weight"), state["transformer.wte.weight"])
+    model.load_state_dict(state, strict=True)
+    ref = load_file(os.path.join(here, "duet_logits.safetensors"))
+    with torch.no_grad():
+        logits = model(ref["input_ids"].long()).reshape(-1, cfg["vocab"])
+    err = ((logits - ref["logits"]).abs().max() / ref["logits"].abs().max()).item()
+    print(f"loaded {len(state)} tensors with strict=True; logits vs duet: relative error {err:.2e}")
+    assert err < 1e-5, err
+
+
 if __name__ == "__main__":
-    main()
+    import sys
+
+    if "--check-duet" in sys.argv:
+        check_duet_checkpoint()
+    else:
+        main()

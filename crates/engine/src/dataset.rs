@@ -261,7 +261,7 @@ impl Prefetcher {
         }
     }
 
-    pub fn next(&mut self) -> Result<Batch> {
+    pub fn next_batch(&mut self) -> Result<Batch> {
         self.rx
             .as_ref()
             .and_then(|rx| rx.recv().ok())
@@ -350,7 +350,10 @@ mod tests {
         let mut direct = src.clone();
         let mut pre = Prefetcher::start(src, 2, 6, 2);
         for _ in 0..5 {
-            assert_eq!(pre.next().unwrap().inputs, direct.next_batch(2, 6).inputs);
+            assert_eq!(
+                pre.next_batch().unwrap().inputs,
+                direct.next_batch(2, 6).inputs
+            );
         }
     }
 }

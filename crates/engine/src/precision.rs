@@ -264,6 +264,19 @@ pub fn build<D: Device>(
     Ok((model, opt, scaler))
 }
 
+/// Checkpoint support: the scaler's resumable state.
+impl LossScaler {
+    /// (current scale, consecutive clean steps).
+    pub fn checkpoint_state(&self) -> (f32, u64) {
+        (self.scale, self.clean_steps as u64)
+    }
+
+    pub fn restore_state(&mut self, scale: f32, clean_steps: u64) {
+        self.scale = scale;
+        self.clean_steps = clean_steps.min(u32::MAX as u64) as u32;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -332,18 +345,5 @@ mod tests {
         assert!(LossScaler::for_precision(Precision::Fp16, 0.0).is_dynamic());
         assert!(!LossScaler::for_precision(Precision::Fp16, 1024.0).is_dynamic());
         assert_eq!(LossScaler::for_precision(Precision::Bf16, 0.0).scale(), 1.0);
-    }
-}
-
-/// Checkpoint support: the scaler's resumable state.
-impl LossScaler {
-    /// (current scale, consecutive clean steps).
-    pub fn checkpoint_state(&self) -> (f32, u64) {
-        (self.scale, self.clean_steps as u64)
-    }
-
-    pub fn restore_state(&mut self, scale: f32, clean_steps: u64) {
-        self.scale = scale;
-        self.clean_steps = clean_steps.min(u32::MAX as u64) as u32;
     }
 }

@@ -144,7 +144,7 @@ impl<D: Device> Trainer<D> {
         let batch = self
             .prefetch
             .get_or_insert_with(|| Prefetcher::start(data.clone(), b, t, 2))
-            .next()?;
+            .next_batch()?;
         let report = self.train_step_on(&batch.inputs, &batch.targets)?;
         self.data.set_state(batch.state_after);
         Ok(report)
@@ -188,6 +188,11 @@ impl<D: Device> Trainer<D> {
             total += self.model.loss(y, false)? as f64;
         }
         Ok((total / batches.len() as f64) as f32)
+    }
+
+    /// Unigram entropy (nats/token) of a file source's training tokens.
+    pub fn unigram_entropy(&self) -> Option<f64> {
+        self.val_tokens.as_ref().map(|f| f.unigram_entropy())
     }
 
     /// The complete resumable state of the run.

@@ -26,12 +26,12 @@ fn traced_run(threads: usize, steps: u64, perturb: Option<(u64, usize, f32)>) ->
         let mut w = TraceWriter::new(&mut buf, &header).unwrap();
         for _ in 0..steps {
             let r = tr.train_step().unwrap();
-            if let Some((at, idx, factor)) = perturb {
-                if r.step == at {
-                    let mut weights = tr.model().weights().unwrap();
-                    weights[idx].iter_mut().for_each(|x| *x *= factor);
-                    tr.model_mut().set_weights(&weights).unwrap();
-                }
+            if let Some((at, idx, factor)) = perturb
+                && r.step == at
+            {
+                let mut weights = tr.model().weights().unwrap();
+                weights[idx].iter_mut().for_each(|x| *x *= factor);
+                tr.model_mut().set_weights(&weights).unwrap();
             }
             w.record(tr.model(), r.step, r.loss, r.grad_norm, r.lr, None)
                 .unwrap();

@@ -1,0 +1,122 @@
+//! `duet generate`: continue a prompt from a checkpoint with a KV cache.
+
+use crate::CliResult;
+use crate::backends::{OnDevice, dispatch};
+use clap::Args;
+use duet_device::{BackendKind, Device};
+use duet_engine::checkpoint::Checkpoint;
+use duet_engine::generate::{Generator, Sampling};
+use duet_engine::model::Gpt;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+#[derive(Args, Debug)]
+pub struct GenerateArgs {
+    /// A checkpoint written by `duet train` (the file or its --out folder).
+    #[arg(long)]
+    checkpoint: PathBuf,
+    /// Text prompt (byte tokens; for models trained on text files).
+    #[arg(long, conflicts_with = "tokens")]
+    prompt: Option<String>,
+    /// Prompt as comma-separated token ids, e.g. "3,7,11,15".
+    #[arg(long)]
+    tokens: Option<String>,
+    /// Tokens to generate.
+    #[arg(long, default_value_t = 64)]
+    max_new: usize,
+    /// 0 = greedy.
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    /// Sample among the k most likely tokens (0 = all).
+    #[arg(long, default_value_t = 0)]
+    top_k: usize,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    #[arg(long, env = "DUET_BACKEND", default_value = "cpu")]
+    backend: String,
+    #[arg(long)]
+    threads: Option<usize>,
+}
+
+pub fn run(a: &GenerateArgs) -> CliResult<()> {
+    let path = if a.checkpoint.is_dir() {
+        a.checkpoint.join("checkpoint.safetensors")
+    } else {
+        a.checkpoint.clone()
+    };
+    let ck = Checkpoint::load(&path)?;
+    let vocab = ck.config.model.vocab;
+    let (prompt, text) = match (&a.prompt, &a.tokens) {
+        (Some(p), _) => {
+            if vocab < 256 {
+                return Err(format!(
+                    "this model has a vocabulary of {vocab} tokens, not bytes: give the prompt as --tokens"
+                )
+                .into());
+            }
+            (p.bytes().map(|b| b as i32).collect::<Vec<i32>>(), true)
+        }
+        (None, Some(t)) => {
+            let ids: Result<Vec<i32>, _> = t.split(',').map(|x| x.trim().parse::<i32>()).collect();
+            let ids =
+                ids.map_err(|_| format!("--tokens must be comma-separated integers, got '{t}'"))?;
+            if let Some(bad) = ids.iter().find(|&&x| x < 0 || x as usize >= vocab) {
+                return Err(format!("token {bad} is outside the vocabulary 0..{vocab}").into());
+            }
+            (ids, false)
+        }
+        (None, None) => return Err("give a --prompt or --tokens".into()),
+    };
+    if !(a.temperature.is_finite() && a.temperature >= 0.0) {
+        return Err("--temperature must be ≥ 0".into());
+    }
+    if prompt.len() >= ck.config.model.max_seq {
+        return Err(format!(
+            "the prompt has {} tokens; the model's context is {}",
+            prompt.len(),
+            ck.config.model.max_seq
+        )
+        .into());
+    }
+    let kind: BackendKind = a.backend.parse()?;
+    let sampling = Sampling {
+        temperature: a.temperature,
+        top_k: a.top_k,
+        seed: a.seed,
+    };
+    let out = dispatch(
+        kind,
+        a.threads,
+        GenTask {
+            ck,
+            prompt: prompt.clone(),
+            max_new: a.max_new,
+            sampling,
+        },
+    )?;
+    if text {
+        let bytes: Vec<u8> = prompt.iter().chain(&out).map(|&t| t as u8).collect();
+        println!("{}", String::from_utf8_lossy(&bytes));
+    } else {
+        let ids: Vec<String> = out.iter().map(i32::to_string).collect();
+        println!("{}", ids.join(","));
+    }
+    Ok(())
+}
+
+struct GenTask {
+    ck: Checkpoint,
+    prompt: Vec<i32>,
+    max_new: usize,
+    sampling: Sampling,
+}
+
+impl OnDevice for GenTask {
+    type Output = Vec<i32>;
+
+    fn run<D: Device>(self, dev: Arc<D>) -> CliResult<Vec<i32>> {
+        let model = Gpt::new(dev, &self.ck.config.model, 1, 1, &self.ck.weights)?;
+        let mut g = Generator::new(&model)?;
+        Ok(g.generate(&self.prompt, self.max_new, &self.sampling)?)
+    }
+}

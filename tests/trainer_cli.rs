@@ -1,0 +1,231 @@
+//! The trainer as a tool: `--out`, `--stop-after` + `--resume` continuing with identical losses,
+//! data files, and clear errors for bad checkpoints and data that leave files on disk untouched.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn duet(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_duet"))
+        .args(args)
+        .env_remove("DUET_BACKEND")
+        .output()
+        .unwrap()
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("duet-trainer-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+fn losses(metrics: &Path) -> Vec<f64> {
+    std::fs::read_to_string(metrics)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["loss"]
+                .as_f64()
+                .unwrap()
+        })
+        .collect()
+}
+
+fn assert_fails(args: &[&str], needle: &str) {
+    let out = duet(args);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+    assert!(err.contains(needle), "{args:?}: '{needle}' not in {err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn stop_and_resume_gives_the_same_losses() {
+    let (full, part) = (tmp("full"), tmp("part"));
+    let base = [
+        "train",
+        "--preset",
+        "tiny",
+        "--steps",
+        "20",
+        "--log-every",
+        "0",
+    ];
+    let out = duet(&[&base[..], &["--out", s(&full)]].concat());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = duet(&[&base[..], &["--out", s(&part), "--stop-after", "10"]].concat());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(losses(&part.join("metrics.jsonl")).len(), 10);
+    // Changing the model on resume is refused.
+    assert_fails(
+        &["train", "--resume", s(&part), "--lr", "0.5"],
+        "cannot change --lr when resuming",
+    );
+    let out = duet(&[
+        "train",
+        "--resume",
+        s(&part),
+        "--out",
+        s(&part),
+        "--log-every",
+        "0",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let a = losses(&full.join("metrics.jsonl"));
+    let b = losses(&part.join("metrics.jsonl"));
+    assert_eq!(a.len(), 20);
+    assert_eq!(
+        a, b,
+        "an interrupted and resumed run must log the same losses"
+    );
+    for f in ["config.toml", "checkpoint.safetensors", "loss.svg"] {
+        assert!(part.join(f).exists(), "{f}");
+    }
+    // A fresh run into a folder that holds a checkpoint is refused and leaves it untouched.
+    let before = std::fs::read(full.join("checkpoint.safetensors")).unwrap();
+    assert_fails(
+        &[&base[..], &["--out", s(&full)]].concat(),
+        "already holds a checkpoint",
+    );
+    assert_eq!(
+        std::fs::read(full.join("checkpoint.safetensors")).unwrap(),
+        before
+    );
+    // Generation from the checkpoint.
+    let out = duet(&[
+        "generate",
+        "--checkpoint",
+        s(&full),
+        "--tokens",
+        "1,3,5,7",
+        "--max-new",
+        "5",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .split(',')
+            .count(),
+        5
+    );
+}
+
+#[test]
+fn bad_checkpoints_are_clear_errors() {
+    let dir = tmp("ck");
+    let out = duet(&[
+        "train",
+        "--preset",
+        "tiny",
+        "--steps",
+        "2",
+        "--log-every",
+        "0",
+        "--out",
+        s(&dir),
+    ]);
+    assert!(out.status.success());
+    let good = std::fs::read(dir.join("checkpoint.safetensors")).unwrap();
+    let trunc = tmp("trunc.safetensors");
+    std::fs::write(&trunc, &good[..good.len() / 3]).unwrap();
+    assert_fails(&["train", "--resume", s(&trunc)], "trunc.safetensors");
+    assert_fails(
+        &["generate", "--checkpoint", s(&trunc), "--tokens", "1"],
+        "truncated or corrupt",
+    );
+    let garbage = tmp("garbage.safetensors");
+    std::fs::write(&garbage, b"\x08\x00\x00\x00\x00\x00\x00\x00{\"a\":1}").unwrap();
+    assert_fails(&["train", "--resume", s(&garbage)], "garbage.safetensors");
+    // Another model's tensors under duet's metadata: the shape mismatch is named.
+    let mut cfg_text = String::from_utf8_lossy(&good).to_string();
+    assert!(cfg_text.contains("d_model = 32"));
+    cfg_text = cfg_text.replacen("d_model = 32", "d_model = 64", 1);
+    // Only the header changed length-neutrally if the number of digits is equal.
+    let mismatched = tmp("mismatched.safetensors");
+    std::fs::write(&mismatched, cfg_text.as_bytes()).unwrap();
+    let out = duet(&["train", "--resume", s(&mismatched)]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("mismatched.safetensors"));
+    assert_fails(
+        &["train", "--resume", "/nonexistent/ck.safetensors"],
+        "/nonexistent/ck.safetensors",
+    );
+}
+
+#[test]
+fn data_files_train_and_bad_ones_are_named() {
+    let text = tmp("corpus.txt");
+    let body: String = (0..400)
+        .map(|i| format!("line {i}: the quick brown fox jumps over the lazy dog.\n"))
+        .collect();
+    std::fs::write(&text, body).unwrap();
+    let out = duet(&[
+        "train",
+        "--data",
+        s(&text),
+        "--steps",
+        "60",
+        "--seq",
+        "32",
+        "--batch",
+        "16",
+        "--log-every",
+        "0",
+        "--val-every",
+        "30",
+        "--lr",
+        "3e-3",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("validation loss"))
+        .expect(&stdout);
+    let nums: Vec<f64> = line
+        .split(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    let (val, entropy) = (nums[0], nums[1]);
+    assert!(
+        val < entropy,
+        "validation loss {val} should fall below the unigram entropy {entropy}"
+    );
+
+    let empty = tmp("empty.txt");
+    std::fs::write(&empty, "").unwrap();
+    assert_fails(&["train", "--data", s(&empty)], "empty.txt");
+    assert_fails(
+        &["train", "--data", "/nonexistent/data.txt"],
+        "/nonexistent/data.txt",
+    );
+    let shard = tmp("shard.bin");
+    let mut bytes = vec![0u8; 1024 + 2 * 100];
+    bytes[..4].copy_from_slice(&12345i32.to_le_bytes());
+    std::fs::write(&shard, &bytes).unwrap();
+    assert_fails(&["train", "--data", s(&shard)], "bad magic");
+}

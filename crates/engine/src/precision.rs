@@ -138,6 +138,73 @@ pub fn resolve_precision(
     ))
 }
 
+/// [`resolve_precision`] for a concrete device: besides what [`DeviceInfo`] claims, FP8 is
+/// only chosen when the backend actually implements the FP8 ops (a 16 × 16 quantisation and
+/// FP8 GEMM are tried once); a backend that answers `Unsupported` falls back like hardware
+/// without FP8 does (or fails with `strict`).
+pub fn resolve_precision_on<D: Device>(
+    dev: &D,
+    requested: Precision,
+    strict: bool,
+) -> Result<(Precision, Option<String>)> {
+    let mut info = dev.info();
+    if requested == Precision::Fp8
+        && info.supports_fp8
+        && let Err(why) = probe_fp8(dev, &info)?
+    {
+        if strict {
+            return Err(EngineError::Config(format!(
+                "--precision fp8 was requested with --strict, but the {} backend cannot run it: {why}",
+                info.backend
+            )));
+        }
+        info.supports_fp8 = false;
+        let (p, _) = resolve_precision(requested, &info, false)?;
+        return Ok((
+            p,
+            Some(format!(
+                "warning: the {} backend cannot run FP8 ({why}); falling back from --precision fp8 to {p}",
+                info.backend
+            )),
+        ));
+    }
+    resolve_precision(requested, &info, strict)
+}
+
+/// Tries the FP8 ops once: `Ok(Err(reason))` when the backend reports them unsupported.
+fn probe_fp8<D: Device>(dev: &D, info: &DeviceInfo) -> Result<std::result::Result<(), String>> {
+    use duet_device::{DeviceError, GemmDesc};
+    let (fwd, _) = crate::fp8::Fp8Family::of_device(info).dtypes(crate::fp8::Fp8Recipe::Hybrid);
+    let n = 16;
+    let src = dev.alloc(DType::BF16, n * n)?;
+    let mut q = dev.alloc(fwd, n * n)?;
+    let mut scale = dev.alloc(DType::F32, 1)?;
+    dev.fill(&mut scale, 1.0)?;
+    let mut amax = dev.alloc(DType::F32, 1)?;
+    let mut out = dev.alloc(DType::BF16, n * n)?;
+    let r = dev
+        .quantize_fp8(&src, &mut q, None, n, n, &scale, &mut amax, 0)
+        .and_then(|_| {
+            dev.gemm_fp8(
+                &GemmDesc::new(false, true, n, n, n),
+                &q,
+                &q,
+                &mut out,
+                &scale,
+                0,
+                0,
+            )
+        })
+        .and_then(|_| dev.synchronize());
+    match r {
+        Ok(()) => Ok(Ok(())),
+        Err(DeviceError::Unsupported { op, dtype }) => {
+            Ok(Err(format!("{op} does not support {dtype}")))
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// FP16 loss scaling after PyTorch's `GradScaler`: a static factor, or a dynamic one that halves
 /// (and skips the step) whenever a gradient is inf/NaN and doubles after `growth_interval`
 /// consecutive finite steps.
@@ -317,6 +384,19 @@ mod tests {
             assert_eq!(p.as_str().parse::<Precision>().unwrap(), p);
         }
         assert!("fp4".parse::<Precision>().is_err());
+    }
+
+    #[test]
+    fn fp8_probe_on_a_real_device() {
+        let cpu = duet_cpu::CpuDevice::new(Some(1)).unwrap();
+        assert_eq!(
+            resolve_precision_on(&cpu, Precision::Fp8, true).unwrap(),
+            (Precision::Fp8, None)
+        );
+        assert_eq!(
+            resolve_precision_on(&cpu, Precision::Bf16, true).unwrap(),
+            (Precision::Bf16, None)
+        );
     }
 
     #[test]

@@ -185,6 +185,17 @@ fn checkpoint_path(p: &Path) -> PathBuf {
     }
 }
 
+/// Checks that a log file can be written without touching an existing one (a run that fails
+/// before training must not destroy the previous run's logs).
+fn check_writable(path: &Path, what: &str) -> CliResult<()> {
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map(drop)
+        .map_err(|e| format!("cannot create {what} file {}: {e}", path.display()).into())
+}
+
 fn open_log(path: &Path, append: bool, what: &str) -> CliResult<BufWriter<File>> {
     let f = std::fs::OpenOptions::new()
         .create(true)
@@ -253,14 +264,12 @@ pub fn train(opts: &TrainOptions) -> CliResult<TrainOutcome> {
         .metrics
         .clone()
         .or_else(|| opts.out.as_ref().map(|d| d.join("metrics.jsonl")));
-    let metrics = match &metrics_path {
-        Some(p) => Some(open_log(p, resume.is_some(), "metrics")?),
-        None => None,
-    };
-    let trace = match &opts.trace {
-        Some(p) => Some((p.clone(), open_log(p, false, "trace")?)),
-        None => None,
-    };
+    if let Some(p) = &metrics_path {
+        check_writable(p, "metrics")?;
+    }
+    if let Some(p) = &opts.trace {
+        check_writable(p, "trace")?;
+    }
     let kind = backend_kind(&opts.model)?;
     dispatch(
         kind,
@@ -268,9 +277,9 @@ pub fn train(opts: &TrainOptions) -> CliResult<TrainOutcome> {
         TrainTask {
             cfg,
             resume,
-            metrics,
+            metrics: None,
             metrics_path,
-            trace,
+            trace: opts.trace.clone(),
             out: opts.out.clone(),
             save_every: opts.save_every,
             stop_after: opts.stop_after,
@@ -285,9 +294,10 @@ pub fn train(opts: &TrainOptions) -> CliResult<TrainOutcome> {
 struct TrainTask {
     cfg: Config,
     resume: Option<Checkpoint>,
+    /// Opened (truncated, or appended to when resuming) once the model is built.
     metrics: Option<BufWriter<File>>,
     metrics_path: Option<PathBuf>,
-    trace: Option<(PathBuf, BufWriter<File>)>,
+    trace: Option<PathBuf>,
     out: Option<PathBuf>,
     save_every: u64,
     stop_after: Option<u64>,
@@ -334,6 +344,7 @@ impl OnDevice for TrainTask {
                 format!(" | data {}", t.data)
             }
         );
+        let resuming = self.resume.is_some();
         let mut trainer = match self.resume.take() {
             Some(mut ck) => {
                 ck.config.train.precision = cfg.train.precision;
@@ -352,6 +363,9 @@ impl OnDevice for TrainTask {
             human_bytes(plan.activations),
             human_bytes(plan.scratch)
         );
+        if let Some(p) = &self.metrics_path {
+            self.metrics = Some(open_log(p, resuming, "metrics")?);
+        }
         let first_step = trainer.step();
         let last_step = match self.stop_after {
             Some(n) => (first_step + n).min(t.steps),
@@ -372,7 +386,8 @@ impl OnDevice for TrainTask {
             Some(_) => None,
         };
         let mut tracer = match self.trace.take() {
-            Some((path, w)) => {
+            Some(path) => {
+                let w = open_log(&path, false, "trace")?;
                 let header = TraceHeader {
                     kind: "header".into(),
                     duet_version: env!("CARGO_PKG_VERSION").into(),

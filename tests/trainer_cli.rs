@@ -229,3 +229,93 @@ fn data_files_train_and_bad_ones_are_named() {
     std::fs::write(&shard, &bytes).unwrap();
     assert_fails(&["train", "--data", s(&shard)], "bad magic");
 }
+
+#[test]
+fn ctrl_c_saves_a_checkpoint_that_resumes() {
+    let dir = tmp("interrupt");
+    let child = Command::new(env!("CARGO_BIN_EXE_duet"))
+        .args([
+            "train",
+            "--preset",
+            "tiny",
+            "--steps",
+            "1000000",
+            "--log-every",
+            "0",
+            "--out",
+            s(&dir),
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait until training has started (the metrics file has lines), then interrupt.
+    let metrics = dir.join("metrics.jsonl");
+    for _ in 0..200 {
+        if std::fs::read_to_string(&metrics)
+            .map(|t| t.lines().count() > 3)
+            .unwrap_or(false)
+        {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let status = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{err}");
+    assert!(err.contains("resume with: duet train --resume"), "{err}");
+    let ck = dir.join("checkpoint.safetensors");
+    assert!(ck.exists());
+    let steps_done = losses(&metrics).len();
+    let target = (steps_done + 3).to_string();
+    let out = duet(&[
+        "train",
+        "--resume",
+        s(&dir),
+        "--out",
+        s(&dir),
+        "--steps",
+        &target,
+        "--log-every",
+        "0",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(losses(&metrics).len(), steps_done + 3);
+}
+
+#[test]
+fn a_failed_run_leaves_existing_logs_alone() {
+    let m = tmp("keep.jsonl");
+    std::fs::write(&m, "{\"step\":1,\"loss\":1.0}\n").unwrap();
+    // The CUDA backend is unavailable on CI machines; with or without it, a config error happens
+    // before anything is written.
+    assert_fails(&["train", "--heads", "5", "--metrics", s(&m)], "heads");
+    assert_eq!(
+        std::fs::read_to_string(&m).unwrap(),
+        "{\"step\":1,\"loss\":1.0}\n"
+    );
+    let out = duet(&[
+        "train",
+        "--preset",
+        "tiny",
+        "--backend",
+        "hip",
+        "--metrics",
+        s(&m),
+    ]);
+    if !out.status.success() {
+        assert_eq!(
+            std::fs::read_to_string(&m).unwrap(),
+            "{\"step\":1,\"loss\":1.0}\n"
+        );
+    }
+}

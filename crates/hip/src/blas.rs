@@ -6,6 +6,7 @@ use crate::hipblaslt::safe::{Fp8Ptrs, LtHandle, Operand};
 use crate::memory::{HipBuffer, MemShared};
 use crate::rocblas::safe::RocblasHandle;
 use duet_device::{Buffer, DType, DeviceError, GemmDesc, Result};
+use std::ffi::c_void;
 use std::sync::Arc;
 
 /// hipBLASLt state: the handle, device scales of 1.0 for A and B, and a workspace.
@@ -78,7 +79,9 @@ pub fn gemm(
 }
 
 /// Runs an FP8 `desc` on hipBLASLt. `Unsupported` when the GPU lacks this FP8 format or
-/// hipBLASLt has no kernel for the combination.
+/// hipBLASLt has no kernel for the combination. `scales` are device pointers to the f32 factors
+/// of A and B (`scale_inv` of delayed scaling); `None` uses ones.
+#[allow(clippy::too_many_arguments)]
 pub fn gemm_fp8(
     lt: &Lt,
     arch_base: &str,
@@ -87,6 +90,7 @@ pub fn gemm_fp8(
     a: &HipBuffer,
     b: &HipBuffer,
     c: &mut HipBuffer,
+    scales: Option<(*mut c_void, *mut c_void)>,
 ) -> Result<()> {
     let unsupported = |what: String, dtype| DeviceError::Unsupported { op: what, dtype };
     if !conv::fp8_supported(arch_base, a.dtype()) {
@@ -131,8 +135,9 @@ pub fn gemm_fp8(
         a: b.ptr_at(desc.b_offset),
         b: a.ptr_at(desc.a_offset),
         c: c.ptr_at(desc.c_offset),
-        a_scale: lt.ones.ptr_at(0),
-        b_scale: lt.ones.ptr_at(1),
+        // hipBLASLt's A is our B and vice versa.
+        a_scale: scales.map_or(lt.ones.ptr_at(0), |(_, sb)| sb),
+        b_scale: scales.map_or(lt.ones.ptr_at(1), |(sa, _)| sa),
         workspace: lt.workspace.ptr(),
         workspace_size: LT_WORKSPACE,
     };

@@ -379,7 +379,7 @@ impl Device for HipDevice {
             let lt = lt
                 .lock()
                 .map_err(|_| DeviceError::InvalidArgument("hipBLASLt lock poisoned".into()))?;
-            return blas::gemm_fp8(&lt, &self.arch_base, self.stream.raw(), desc, a, b, c);
+            return blas::gemm_fp8(&lt, &self.arch_base, self.stream.raw(), desc, a, b, c, None);
         }
         let h = self
             .blas
@@ -958,5 +958,96 @@ impl Device for HipDevice {
             .ptr(out.ptr())
             .u64(slot as u64);
         self.launch("sum_squares_finish", (1, 1), args)
+    }
+
+    fn quantize_fp8(
+        &self,
+        src: &HipBuffer,
+        dst: &mut HipBuffer,
+        dst_t: Option<&mut HipBuffer>,
+        rows: usize,
+        cols: usize,
+        scale: &HipBuffer,
+        amax: &mut HipBuffer,
+        slot: usize,
+    ) -> Result<()> {
+        const OP: &str = "quantize_fp8";
+        let s = act(OP, src)?;
+        if !dst.dtype().is_fp8() {
+            return Err(unsupported(OP, dst.dtype()));
+        }
+        let n = rows.checked_mul(cols).ok_or_else(|| {
+            DeviceError::InvalidArgument(format!("{OP}: {rows} × {cols} overflows"))
+        })?;
+        check_len(OP, "src", src, n)?;
+        check_len(OP, "dst", dst, n)?;
+        if let Some(t) = &dst_t {
+            check_dtype(OP, *t, dst.dtype())?;
+            check_len(OP, "dst_t", *t, n)?;
+        }
+        check_dtype(OP, scale, DType::F32)?;
+        check_dtype(OP, amax, DType::F32)?;
+        check_range(OP, slot, 1, scale.len())?;
+        check_range(OP, slot, 1, amax.len())?;
+        if n == 0 {
+            return Ok(());
+        }
+        // quantize_S_D(const S*, D*, D* dst_t (or null), u64 rows, u64 cols, const float*,
+        // float*): src, dst (and dst_t) hold rows × cols elements; scale/amax at slot (checked).
+        let args = Args::default()
+            .ptr(src.ptr())
+            .ptr(dst.ptr())
+            .ptr(dst_t.map_or(std::ptr::null_mut(), |t| t.ptr()))
+            .u64(rows as u64)
+            .u64(cols as u64)
+            .ptr(scale.ptr_at(slot))
+            .ptr(amax.ptr_at(slot));
+        self.launch(
+            &format!("quantize_{s}_{}", dst.dtype().name()),
+            grid1(n as u64),
+            args,
+        )
+    }
+
+    fn gemm_fp8(
+        &self,
+        desc: &GemmDesc,
+        a: &HipBuffer,
+        b: &HipBuffer,
+        c: &mut HipBuffer,
+        scale_inv: &HipBuffer,
+        a_slot: usize,
+        b_slot: usize,
+    ) -> Result<()> {
+        const OP: &str = "gemm_fp8";
+        for x in [a, b] {
+            if !x.dtype().is_fp8() {
+                return Err(unsupported(OP, x.dtype()));
+            }
+        }
+        check_dtype(OP, scale_inv, DType::F32)?;
+        check_range(OP, a_slot, 1, scale_inv.len())?;
+        check_range(OP, b_slot, 1, scale_inv.len())?;
+        desc.validate(a.len(), b.len(), c.len())?;
+        if desc.batch == 0 || desc.m == 0 || desc.n == 0 {
+            return Ok(());
+        }
+        let lt = self.lt.as_ref().ok_or_else(|| {
+            unsupported("gemm_fp8 (needs hipBLASLt, which was not found)", a.dtype())
+        })?;
+        let lt = lt
+            .lock()
+            .map_err(|_| DeviceError::InvalidArgument("hipBLASLt lock poisoned".into()))?;
+        let scales = (scale_inv.ptr_at(a_slot), scale_inv.ptr_at(b_slot));
+        blas::gemm_fp8(
+            &lt,
+            &self.arch_base,
+            self.stream.raw(),
+            desc,
+            a,
+            b,
+            c,
+            Some(scales),
+        )
     }
 }

@@ -29,10 +29,11 @@ pub enum KernelModule {
     Embedding,
     Layernorm,
     Reduce,
+    Fp8,
 }
 
 impl KernelModule {
-    pub const ALL: [KernelModule; 7] = [
+    pub const ALL: [KernelModule; 8] = [
         Self::Adamw,
         Self::Attention,
         Self::CrossEntropy,
@@ -40,6 +41,7 @@ impl KernelModule {
         Self::Embedding,
         Self::Layernorm,
         Self::Reduce,
+        Self::Fp8,
     ];
 
     pub fn file(self) -> &'static str {
@@ -51,6 +53,7 @@ impl KernelModule {
             Self::Embedding => "embedding.hip",
             Self::Layernorm => "layernorm.hip",
             Self::Reduce => "reduce.hip",
+            Self::Fp8 => "fp8.hip",
         }
     }
 
@@ -63,12 +66,13 @@ impl KernelModule {
             Self::Embedding => include_str!("../../../kernels-hip/embedding.hip"),
             Self::Layernorm => include_str!("../../../kernels-hip/layernorm.hip"),
             Self::Reduce => include_str!("../../../kernels-hip/reduce.hip"),
+            Self::Fp8 => include_str!("../../../kernels-hip/fp8.hip"),
         }
     }
 
     /// The module holding the kernel `name` (by its op prefix).
     pub fn of(name: &str) -> Option<Self> {
-        const PREFIXES: [(&str, KernelModule); 15] = [
+        const PREFIXES: [(&str, KernelModule); 16] = [
             ("adamw_", KernelModule::Adamw),
             ("split_heads", KernelModule::Attention),
             ("merge_heads", KernelModule::Attention),
@@ -84,6 +88,7 @@ impl KernelModule {
             ("sum_squares_", KernelModule::Reduce),
             ("colsum_", KernelModule::Reduce),
             ("add_assign_", KernelModule::Elementwise),
+            ("quantize_", KernelModule::Fp8),
         ];
         PREFIXES
             .iter()

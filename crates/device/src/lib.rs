@@ -399,7 +399,7 @@ pub trait Device: Send + Sync + Sized + 'static {
     /// and `dst_t`, when given, receives the same codes transposed (`cols × rows`, same dtype as
     /// `dst`) for GEMM layouts that need the other operand order. `scale` and `amax` are f32.
     ///
-    /// Backends without FP8 support return [`DeviceError::Unsupported`].
+    /// A backend or GPU without FP8 support returns [`DeviceError::Unsupported`].
     #[allow(clippy::too_many_arguments)]
     fn quantize_fp8(
         &self,
@@ -411,13 +411,7 @@ pub trait Device: Send + Sync + Sized + 'static {
         scale: &Self::Buffer,
         amax: &mut Self::Buffer,
         slot: usize,
-    ) -> Result<()> {
-        let _ = (src, dst_t, rows, cols, scale, amax, slot);
-        Err(DeviceError::Unsupported {
-            op: "quantize_fp8".into(),
-            dtype: dst.dtype(),
-        })
-    }
+    ) -> Result<()>;
 
     /// FP8 GEMM: `C = alpha · (op(A)·sa) · (op(B)·sb) + beta · C` with `sa = scale_inv[a_slot]`,
     /// `sb = scale_inv[b_slot]` (f32, on the device), A and B FP8 (each E4M3 or E5M2 of one
@@ -436,13 +430,7 @@ pub trait Device: Send + Sync + Sized + 'static {
         scale_inv: &Self::Buffer,
         a_slot: usize,
         b_slot: usize,
-    ) -> Result<()> {
-        let _ = (desc, b, c, scale_inv, a_slot, b_slot);
-        Err(DeviceError::Unsupported {
-            op: "gemm_fp8".into(),
-            dtype: a.dtype(),
-        })
-    }
+    ) -> Result<()>;
 }
 
 /// Typed helpers on top of the byte-level copies.

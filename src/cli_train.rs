@@ -2,10 +2,10 @@
 
 use crate::backends::{OnDevice, dispatch};
 use crate::{CliResult, ModelArgs};
-use duet_device::{BackendKind, Device, DeviceInfo, human_bytes};
+use duet_device::{BackendKind, Device, human_bytes};
 use duet_engine::checkpoint::Checkpoint;
 use duet_engine::trace::{TraceHeader, TraceWriter};
-use duet_engine::{Config, Preset, Trainer};
+use duet_engine::{Config, Precision, Preset, Trainer};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -29,9 +29,9 @@ pub struct TrainOptions {
 
 /// Resolves the configured precision against the device (fallback with a warning, or an error
 /// with `--strict`) and writes the result back into `cfg`.
-fn resolve_precision(cfg: &mut Config, info: &DeviceInfo, strict: bool) -> CliResult<()> {
+fn resolve_precision<D: Device>(cfg: &mut Config, dev: &D, strict: bool) -> CliResult<()> {
     let (p, warning) =
-        duet_engine::precision::resolve_precision(cfg.train.precision, info, strict)?;
+        duet_engine::precision::resolve_precision_on(dev, cfg.train.precision, strict)?;
     if let Some(w) = warning {
         eprintln!("{w}");
     }
@@ -319,7 +319,7 @@ impl OnDevice for TrainTask {
 
     fn run<D: Device>(mut self, dev: Arc<D>) -> CliResult<TrainOutcome> {
         let info = dev.info();
-        resolve_precision(&mut self.cfg, &info, self.strict)?;
+        resolve_precision(&mut self.cfg, &*dev, self.strict)?;
         let cfg = self.cfg.clone();
         let (m, t) = (&cfg.model, &cfg.train);
         eprintln!(
@@ -567,21 +567,68 @@ impl OnDevice for TrainTask {
 }
 
 pub fn bench(a: &ModelArgs, warmup: u64, iters: u64, json: Option<&Path>) -> CliResult<()> {
-    let cfg = build_config(a)?;
+    // `--precision fp32,bf16,fp16,fp8` (or `all`) benchmarks each in one run on one device.
+    let list = a
+        .precision
+        .as_deref()
+        .filter(|p| p.contains(',') || *p == "all");
+    let precisions: Vec<Precision> = match list {
+        Some("all") => Precision::ALL.to_vec(),
+        Some(l) => l
+            .split(',')
+            .map(|p| p.parse::<Precision>())
+            .collect::<Result<_, _>>()?,
+        None => vec![],
+    };
+    let cfg = if precisions.is_empty() {
+        build_config(a)?
+    } else {
+        build_config(&ModelArgs {
+            precision: None,
+            ..a.clone()
+        })?
+    };
     if iters == 0 {
         return Err("--iters must be at least 1".into());
     }
+    let cfgs = if precisions.is_empty() {
+        vec![cfg]
+    } else {
+        precisions
+            .iter()
+            .map(|&p| {
+                let mut c = cfg.clone();
+                c.train.precision = p;
+                c
+            })
+            .collect()
+    };
     let kind = backend_kind(a)?;
-    let out = dispatch(
+    let mut runs = dispatch(
         kind,
         a.threads,
         BenchTask {
-            cfg,
+            cfgs,
             warmup,
             iters,
             strict: a.strict,
         },
     )?;
+    let out = if runs.len() == 1 {
+        runs.remove(0)
+    } else {
+        eprintln!("precision  ms/step (median)  tokens/s    peak memory");
+        for r in &runs {
+            eprintln!(
+                "{:<10} {:>16.2} {:>10.0}   {}",
+                r["precision"].as_str().unwrap_or("?"),
+                r["ms_per_step_median"].as_f64().unwrap_or(f64::NAN),
+                r["tokens_per_s"].as_f64().unwrap_or(f64::NAN),
+                human_bytes(r["peak_memory_bytes"].as_u64().unwrap_or(0))
+            );
+        }
+        serde_json::Value::Array(runs)
+    };
     println!("{}", serde_json::to_string_pretty(&out)?);
     if let Some(p) = json {
         std::fs::write(p, serde_json::to_string_pretty(&out)? + "\n")
@@ -591,47 +638,62 @@ pub fn bench(a: &ModelArgs, warmup: u64, iters: u64, json: Option<&Path>) -> Cli
 }
 
 struct BenchTask {
-    cfg: Config,
+    cfgs: Vec<Config>,
     warmup: u64,
     iters: u64,
     strict: bool,
 }
 
 impl OnDevice for BenchTask {
-    type Output = serde_json::Value;
+    type Output = Vec<serde_json::Value>;
 
-    fn run<D: Device>(mut self, dev: Arc<D>) -> CliResult<serde_json::Value> {
-        resolve_precision(&mut self.cfg, &dev.info(), self.strict)?;
-        let mut trainer = Trainer::new(dev.clone(), self.cfg.clone())?;
-        for _ in 0..self.warmup {
-            trainer.train_step()?;
+    fn run<D: Device>(self, dev: Arc<D>) -> CliResult<Vec<serde_json::Value>> {
+        let mut out = Vec::with_capacity(self.cfgs.len());
+        for cfg in &self.cfgs {
+            let mut cfg = cfg.clone();
+            resolve_precision(&mut cfg, &*dev, self.strict)?;
+            out.push(bench_one(&dev, &cfg, self.warmup, self.iters)?);
         }
-        dev.synchronize()?;
-        dev.reset_peak_memory();
-        let mut times = Vec::with_capacity(self.iters as usize);
-        for _ in 0..self.iters {
-            let s = Instant::now();
-            trainer.train_step()?;
-            dev.synchronize()?;
-            times.push(s.elapsed().as_secs_f64() * 1e3);
-        }
-        times.sort_by(f64::total_cmp);
-        let median = times[times.len() / 2];
-        let tokens = (self.cfg.train.batch * self.cfg.train.seq) as f64;
-        let info = dev.info();
-        let mem = dev.memory_stats();
-        Ok(serde_json::json!({
-            "backend": info.backend,
-            "device": info.name,
-            "precision": self.cfg.train.precision.as_str(),
-            "model": self.cfg.model,
-            "batch": self.cfg.train.batch,
-            "seq": self.cfg.train.seq,
-            "ms_per_step_median": median,
-            "ms_per_step_min": times[0],
-            "tokens_per_s": tokens / (median / 1e3),
-            "peak_memory_bytes": mem.peak,
-            "git_rev": env!("DUET_GIT_REV"),
-        }))
+        Ok(out)
     }
+}
+
+/// Median step time and peak memory of one configuration (the trainer is dropped afterwards).
+fn bench_one<D: Device>(
+    dev: &Arc<D>,
+    cfg: &Config,
+    warmup: u64,
+    iters: u64,
+) -> CliResult<serde_json::Value> {
+    let mut trainer = Trainer::new(dev.clone(), cfg.clone())?;
+    for _ in 0..warmup {
+        trainer.train_step()?;
+    }
+    dev.synchronize()?;
+    dev.reset_peak_memory();
+    let mut times = Vec::with_capacity(iters as usize);
+    for _ in 0..iters {
+        let s = Instant::now();
+        trainer.train_step()?;
+        dev.synchronize()?;
+        times.push(s.elapsed().as_secs_f64() * 1e3);
+    }
+    times.sort_by(f64::total_cmp);
+    let median = times[times.len() / 2];
+    let tokens = (cfg.train.batch * cfg.train.seq) as f64;
+    let info = dev.info();
+    let mem = dev.memory_stats();
+    Ok(serde_json::json!({
+        "backend": info.backend,
+        "device": info.name,
+        "precision": cfg.train.precision.as_str(),
+        "model": cfg.model,
+        "batch": cfg.train.batch,
+        "seq": cfg.train.seq,
+        "ms_per_step_median": median,
+        "ms_per_step_min": times[0],
+        "tokens_per_s": tokens / (median / 1e3),
+        "peak_memory_bytes": mem.peak,
+        "git_rev": env!("DUET_GIT_REV"),
+    }))
 }

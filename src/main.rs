@@ -103,6 +103,7 @@ pub struct ModelArgs {
     pub data: Option<PathBuf>,
     /// fp32, bf16, fp16 or fp8 (FP32 master weights in every mode). Unsupported by the
     /// hardware: falls back (fp8 → bf16 → fp16 → fp32) with a warning, or fails with --strict.
+    /// `bench` also takes a comma list or `all` and measures each in one run.
     #[arg(long)]
     pub precision: Option<String>,
     /// Fail instead of falling back when the hardware lacks the requested precision.

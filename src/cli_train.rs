@@ -359,7 +359,7 @@ impl OnDevice for TrainTask {
             "memory plan: params {}, grads {}, optimizer {}, activations {}, scratch {}",
             human_bytes(plan.params),
             human_bytes(plan.grads),
-            human_bytes(2 * plan.params),
+            human_bytes(plan.optimizer),
             human_bytes(plan.activations),
             human_bytes(plan.scratch)
         );

@@ -223,15 +223,19 @@ struct Scratch<B> {
 /// Bytes held by each category of buffer (the memory plan).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct MemoryPlan {
+    /// The model's (working) weights.
     pub params: u64,
     pub grads: u64,
+    /// What AdamW holds for this model: f32 moments and, for weights whose working copy is not
+    /// f32, the FP32 master weights.
+    pub optimizer: u64,
     pub activations: u64,
     pub scratch: u64,
 }
 
 impl MemoryPlan {
     pub fn total(&self) -> u64 {
-        self.params + self.grads + self.activations + self.scratch
+        self.params + self.grads + self.optimizer + self.activations + self.scratch
     }
 }
 
@@ -504,9 +508,15 @@ impl<D: Device> Gpt<D> {
         }
         // encoded, lnf (act); lnf stats, logits, dlogits, losses (f32).
         let head = (2 * n * c * act.size_bytes() + 4 * (2 * n + 2 * n * v + n)) as u64;
+        let masters: u64 = params
+            .iter()
+            .filter(|p| p.dtype() != f32)
+            .map(|p| 4 * p.len() as u64)
+            .sum();
         let plan_bytes = MemoryPlan {
             params: bytes(&params.iter().collect::<Vec<_>>()),
             grads: bytes(&grads.iter().collect::<Vec<_>>()),
+            optimizer: 2 * bytes(&grads.iter().collect::<Vec<_>>()) + masters,
             activations: bytes(&act_bufs) + head,
             scratch: bytes(&scratch_bufs),
         };

@@ -424,6 +424,15 @@ impl<D: Device> Gpt<D> {
             d_f2: a(n * f)?,
         };
         let fp8 = if plan.precision == Precision::Fp8 {
+            // FP8 tensor-core GEMMs (cuBLASLt, hipBLASLt) need every dimension of the linear
+            // layers' GEMMs to be a multiple of 16; enforced on every backend so a config that
+            // trains on the CPU also trains on a GPU.
+            if !(c.is_multiple_of(16) && f.is_multiple_of(16) && n.is_multiple_of(16)) {
+                return Err(EngineError::Config(format!(
+                    "fp8 needs d_model, ffn and batch × seq to be multiples of 16 \
+                     (got {c}, {f} and {b} × {t} = {n})"
+                )));
+            }
             let family = plan
                 .fp8_family
                 .unwrap_or_else(|| Fp8Family::of_device(&dev.info()));

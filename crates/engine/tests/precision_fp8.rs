@@ -304,3 +304,24 @@ fn delayed_scaling_follows_the_amaxes_the_device_records() {
         "OCP state into an FNUZ model"
     );
 }
+
+#[test]
+fn fp8_models_need_gemm_dimensions_divisible_by_16() {
+    use duet_engine::model::{Gpt, PrecisionPlan, init_weights};
+    use duet_engine::{Config, Precision, Preset};
+    use std::sync::Arc;
+    let dev = Arc::new(CpuDevice::new(Some(1)).unwrap());
+    let mut cfg = Config::preset(Preset::Tiny).model;
+    let w = init_weights(&cfg, 1);
+    let plan = PrecisionPlan::new(Precision::Fp8);
+    assert!(Gpt::with_precision(dev.clone(), &cfg, 4, 16, &w, plan).is_ok());
+    let err = Gpt::with_precision(dev.clone(), &cfg, 3, 5, &w, plan)
+        .err()
+        .expect("15 rows are refused");
+    assert!(err.to_string().contains("multiples of 16"), "{err}");
+    cfg.ffn = 40;
+    let w = init_weights(&cfg, 1);
+    assert!(Gpt::with_precision(dev.clone(), &cfg, 4, 16, &w, plan).is_err());
+    // Other precisions have no such rule.
+    assert!(Gpt::with_precision(dev, &cfg, 3, 5, &w, PrecisionPlan::new(Precision::Bf16)).is_ok());
+}

@@ -14,6 +14,9 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
+/// Checkpoint metadata key of the FP8 scaling state (JSON).
+pub const FP8_STATE_KEY: &str = "fp8_state";
+
 /// Prompt and continuation lengths of the generation check.
 pub const PROMPT_LEN: usize = 16;
 pub const GEN_LEN: usize = 32;
@@ -210,7 +213,14 @@ impl<D: Device> Trainer<D> {
             adam_v: download(v)?,
             data_state: self.data.state(),
             loss_scaler: self.scaler.as_ref().map(|s| s.checkpoint_state()),
-            extra: Default::default(),
+            extra: match self.model.fp8_state() {
+                Some(ops) => [(
+                    FP8_STATE_KEY.to_string(),
+                    serde_json::to_string(&ops).expect("fp8 state serialises"),
+                )]
+                .into(),
+                None => Default::default(),
+            },
         })
     }
 
@@ -233,6 +243,13 @@ impl<D: Device> Trainer<D> {
         tr.data.set_state(ck.data_state);
         if let (Some(s), Some((scale, clean))) = (tr.scaler.as_mut(), ck.loss_scaler) {
             s.restore_state(scale, clean);
+        }
+        // FP8 delayed scaling resumes with its scales and amax histories (ignored when the run
+        // continues in another precision).
+        if let (Some(_), Some(json)) = (tr.model.fp8_state(), ck.extra.get(FP8_STATE_KEY)) {
+            let ops: Vec<crate::fp8::OperandScaling> = serde_json::from_str(json)
+                .map_err(|e| EngineError::Config(format!("checkpoint FP8 state: {e}")))?;
+            tr.model.set_fp8_state(&ops)?;
         }
         Ok(tr)
     }

@@ -180,3 +180,30 @@ fn fp16_reaches_fp32_accuracy() {
 fn fp8_reaches_fp32_accuracy() {
     converges_like_fp32(Precision::Fp8);
 }
+
+/// Train 12 steps straight, or 6 + checkpoint round trip + 6: the losses must be identical.
+fn resume_is_exact(p: Precision) {
+    let mut cfg = Config::preset(Preset::Tiny);
+    cfg.train.steps = 12;
+    cfg.train.precision = p;
+    let dev = Arc::new(CpuDevice::new(Some(2)).unwrap());
+    let mut full = Trainer::new(dev.clone(), cfg.clone()).unwrap();
+    let all: Vec<f32> = (0..12).map(|_| full.train_step().unwrap().loss).collect();
+    let mut first = Trainer::new(dev.clone(), cfg).unwrap();
+    for _ in 0..6 {
+        first.train_step().unwrap();
+    }
+    let bytes = first.checkpoint().unwrap().to_bytes().unwrap();
+    drop(first);
+    let ck = duet_engine::checkpoint::Checkpoint::from_bytes(&bytes).unwrap();
+    let mut resumed = Trainer::from_checkpoint(dev, &ck).unwrap();
+    let rest: Vec<f32> = (0..6).map(|_| resumed.train_step().unwrap().loss).collect();
+    assert_eq!(&all[6..], &rest[..], "{p}: losses after resume");
+}
+
+#[test]
+fn mixed_precision_resume_is_exact() {
+    for p in [Precision::Bf16, Precision::Fp16, Precision::Fp8] {
+        resume_is_exact(p);
+    }
+}

@@ -177,8 +177,18 @@ pub fn compute_scale(amax: f32, prev: f32, fp8_max: f32, margin: i32) -> f32 {
 pub struct OperandScaling {
     pub fp8_max: f32,
     pub scale: f32,
-    /// Most recent first; at most `amax_history_len` entries.
+    /// Most recent first; at most `amax_history_len` entries. (JSON has no inf/NaN: they are
+    /// written as `null` and read back as NaN, which the update treats the same way — the
+    /// previous scale is kept while such an entry decides the amax.)
+    #[serde(deserialize_with = "nulls_as_nan")]
     pub history: Vec<f32>,
+}
+
+fn nulls_as_nan<'de, De: serde::Deserializer<'de>>(
+    d: De,
+) -> std::result::Result<Vec<f32>, De::Error> {
+    let v: Vec<Option<f32>> = Deserialize::deserialize(d)?;
+    Ok(v.into_iter().map(|x| x.unwrap_or(f32::NAN)).collect())
 }
 
 impl OperandScaling {
@@ -470,6 +480,27 @@ mod tests {
             AmaxAlgo::MostRecent
         );
         assert!("e5m2".parse::<Fp8Recipe>().is_err(), "pure E5M2 is refused");
+    }
+
+    #[test]
+    fn state_survives_json_with_non_finite_amaxes() {
+        let c = cfg(4, AmaxAlgo::Max, 0);
+        let mut op = OperandScaling::new(448.0);
+        for a in [2.0, f32::INFINITY, 1.0] {
+            op.update(a, &c);
+        }
+        let json = serde_json::to_string(&op).unwrap();
+        let back: OperandScaling = serde_json::from_str(&json).unwrap();
+        assert_eq!(back.scale, op.scale);
+        assert_eq!(back.history[0], 1.0);
+        assert!(back.history[1].is_nan(), "inf comes back as NaN");
+        // Both keep the previous scale while in the window.
+        let (mut a, mut b) = (op.clone(), back);
+        for x in [0.5, 0.25, 0.125, 0.1] {
+            a.update(x, &c);
+            b.update(x, &c);
+            assert_eq!(a.scale, b.scale);
+        }
     }
 
     #[test]

@@ -649,7 +649,9 @@ impl<D: Device> Gpt<D> {
         &self.grads
     }
 
-    /// Replaces every weight (host f32, [`param_specs`] order).
+    /// Replaces every weight (host f32, [`param_specs`] order), rounded to each tensor's working
+    /// dtype. In mixed precision the FP32 masters live in the optimizer: set them too
+    /// ([`crate::optim::AdamW::set_master_weights`]) or the next step overwrites these.
     pub fn set_weights(&mut self, weights: &[Vec<f32>]) -> Result<()> {
         if weights.len() != self.specs.len() {
             return Err(EngineError::Config(format!(

@@ -16,6 +16,9 @@ use std::time::Instant;
 
 /// Checkpoint metadata key of the FP8 scaling state (JSON).
 pub const FP8_STATE_KEY: &str = "fp8_state";
+/// Checkpoint metadata key of AdamW's step count (when it differs from the run's step count
+/// because a loss scaler skipped steps).
+pub const ADAM_STEPS_KEY: &str = "adam_steps";
 
 /// Prompt and continuation lengths of the generation check.
 pub const PROMPT_LEN: usize = 16;
@@ -131,6 +134,16 @@ impl<D: Device> Trainer<D> {
         &mut self.model
     }
 
+    /// The loss scaler, when the run uses one (fp16, or a static `loss_scale`).
+    pub fn loss_scaler(&self) -> Option<&LossScaler> {
+        self.scaler.as_ref()
+    }
+
+    /// Replaces the loss scaler (e.g. a dynamic one with another initial scale).
+    pub fn set_loss_scaler(&mut self, scaler: Option<LossScaler>) {
+        self.scaler = scaler;
+    }
+
     pub fn optimizer(&self) -> &AdamW<D> {
         &self.opt
     }
@@ -213,13 +226,19 @@ impl<D: Device> Trainer<D> {
             adam_v: download(v)?,
             data_state: self.data.state(),
             loss_scaler: self.scaler.as_ref().map(|s| s.checkpoint_state()),
-            extra: match self.model.fp8_state() {
-                Some(ops) => [(
-                    FP8_STATE_KEY.to_string(),
-                    serde_json::to_string(&ops).expect("fp8 state serialises"),
-                )]
-                .into(),
-                None => Default::default(),
+            extra: {
+                let mut extra = std::collections::HashMap::new();
+                if let Some(ops) = self.model.fp8_state() {
+                    let json = serde_json::to_string(&ops).expect("fp8 state serialises");
+                    extra.insert(FP8_STATE_KEY.to_string(), json);
+                }
+                // AdamW's own count (bias corrections) trails the step count by the steps a
+                // loss scaler skipped.
+                extra.insert(
+                    ADAM_STEPS_KEY.to_string(),
+                    self.opt.steps_taken().to_string(),
+                );
+                extra
             },
         })
     }
@@ -238,7 +257,13 @@ impl<D: Device> Trainer<D> {
                 dev.upload(host, buf, 0)?;
             }
         }
-        tr.opt.set_steps_taken(ck.step);
+        let adam_steps = match ck.extra.get(ADAM_STEPS_KEY) {
+            Some(v) => v.parse().map_err(|_| {
+                EngineError::Config(format!("checkpoint {ADAM_STEPS_KEY} '{v}' is not a count"))
+            })?,
+            None => ck.step,
+        };
+        tr.opt.set_steps_taken(adam_steps);
         tr.step = ck.step;
         tr.data.set_state(ck.data_state);
         if let (Some(s), Some((scale, clean))) = (tr.scaler.as_mut(), ck.loss_scaler) {

@@ -207,3 +207,51 @@ fn mixed_precision_resume_is_exact() {
         resume_is_exact(p);
     }
 }
+
+#[test]
+fn fp16_resume_after_skipped_steps_is_exact() {
+    // A dynamic scale starting at 2^40 overflows f16 for the first steps (skipped, halving)
+    // until it fits; resuming must restore the scale, its clean-step count and Adam's own step
+    // count (which trails the run's steps by the skipped ones).
+    let mut cfg = Config::preset(Preset::Tiny);
+    cfg.train.steps = 40;
+    cfg.train.precision = Precision::Fp16;
+    let dev = Arc::new(CpuDevice::new(Some(2)).unwrap());
+    let start = || Some(LossScaler::dynamic_with(2f32.powi(40), 7));
+    let mut full = Trainer::new(dev.clone(), cfg.clone()).unwrap();
+    full.set_loss_scaler(start());
+    let reports: Vec<_> = (0..40).map(|_| full.train_step().unwrap()).collect();
+    let skipped = reports.iter().filter(|r| r.skipped).count();
+    assert!(skipped >= 2, "the test needs skipped steps ({skipped})");
+    assert!(
+        reports[39].loss < reports[0].loss,
+        "training continues after the skips"
+    );
+    assert_eq!(full.optimizer().steps_taken(), 40 - skipped as u64);
+
+    let mut first = Trainer::new(dev.clone(), cfg).unwrap();
+    first.set_loss_scaler(start());
+    for _ in 0..20 {
+        first.train_step().unwrap();
+    }
+    let bytes = first.checkpoint().unwrap().to_bytes().unwrap();
+    drop(first);
+    let ck = duet_engine::checkpoint::Checkpoint::from_bytes(&bytes).unwrap();
+    let mut resumed = Trainer::from_checkpoint(dev, &ck).unwrap();
+    // from_checkpoint restores the scale and clean-step count into the configured scaler
+    // (growth every 2000 steps); this test grows every 7, so restore into such a scaler.
+    let (scale, clean) = ck.loss_scaler.expect("fp16 saves its scaler");
+    assert_eq!(resumed.loss_scaler().unwrap().scale(), scale);
+    let mut s = LossScaler::dynamic_with(1.0, 7);
+    s.restore_state(scale, clean);
+    resumed.set_loss_scaler(Some(s));
+    let rest: Vec<_> = (0..20).map(|_| resumed.train_step().unwrap()).collect();
+    for (a, b) in reports[20..].iter().zip(&rest) {
+        assert_eq!(
+            (a.loss, a.loss_scale, a.skipped),
+            (b.loss, b.loss_scale, b.skipped),
+            "step {}",
+            a.step
+        );
+    }
+}

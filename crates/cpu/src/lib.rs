@@ -52,10 +52,12 @@
 #![deny(unsafe_code)]
 
 mod buffer;
+mod collective;
 mod info;
 mod ops;
 
 pub use buffer::CpuBuffer;
+pub use collective::{CpuComm, CpuGroup};
 
 use buffer::MemCounter;
 use duet_device::{

@@ -11,10 +11,12 @@
 //!   overwrites its output.
 #![forbid(unsafe_code)]
 
+mod collective;
 mod dtype;
 mod error;
 mod gemm;
 
+pub use collective::{Collective, ReduceOp, check_collective_lens};
 pub use dtype::{DType, Fp8Format, Fp8Kind, HostType};
 pub use error::human_bytes;
 pub use error::{DeviceError, Result};

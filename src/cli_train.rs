@@ -2,7 +2,7 @@
 
 use crate::backends::{OnDevice, dispatch};
 use crate::{CliResult, ModelArgs};
-use duet_device::{BackendKind, Device, human_bytes};
+use duet_device::{BackendKind, DType, Device, DeviceError, DeviceExt, GemmDesc, human_bytes};
 use duet_engine::checkpoint::Checkpoint;
 use duet_engine::trace::{TraceHeader, TraceWriter};
 use duet_engine::{Config, Precision, Preset, Trainer};
@@ -107,6 +107,11 @@ pub fn build_config(a: &ModelArgs) -> CliResult<Config> {
         t.fp8_amax_compute_algo = algo.parse()?;
     }
     set!(t.fp8_margin, a.fp8_margin);
+    match (a.checkpoint, a.checkpoint_every) {
+        (_, Some(n)) => t.checkpoint_every = n,
+        (true, None) => t.checkpoint_every = 4,
+        (false, None) => {}
+    }
     if let Some(d) = &a.data {
         t.data = d.display().to_string();
         // The model's vocabulary must cover the file's tokens; pick it unless --vocab was given.
@@ -173,6 +178,10 @@ fn changed_on_resume(a: &ModelArgs) -> Vec<&'static str> {
     check(a.max_stride.is_some(), "--max-stride");
     check(a.precision.is_some(), "--precision");
     check(a.data.is_some(), "--data");
+    check(
+        a.checkpoint || a.checkpoint_every.is_some(),
+        "--checkpoint/--checkpoint-every",
+    );
     v
 }
 
@@ -363,6 +372,12 @@ impl OnDevice for TrainTask {
             human_bytes(plan.activations),
             human_bytes(plan.scratch)
         );
+        if t.checkpoint_every > 0 {
+            eprintln!(
+                "activation checkpointing: every {} blocks (segments recomputed in the backward pass)",
+                t.checkpoint_every
+            );
+        }
         if let Some(p) = &self.metrics_path {
             self.metrics = Some(open_log(p, resuming, "metrics")?);
         }
@@ -617,13 +632,18 @@ pub fn bench(a: &ModelArgs, warmup: u64, iters: u64, json: Option<&Path>) -> Cli
     let out = if runs.len() == 1 {
         runs.remove(0)
     } else {
-        eprintln!("precision  ms/step (median)  tokens/s    peak memory");
+        eprintln!(
+            "precision  ms/step (median)  ms/step (min)  tokens/s  TFLOP/s    MFU   peak memory"
+        );
         for r in &runs {
             eprintln!(
-                "{:<10} {:>16.2} {:>10.0}   {}",
+                "{:<10} {:>16.2} {:>14.2} {:>9.0} {:>8.1} {:>5.1}%   {}",
                 r["precision"].as_str().unwrap_or("?"),
                 r["ms_per_step_median"].as_f64().unwrap_or(f64::NAN),
+                r["ms_per_step_min"].as_f64().unwrap_or(f64::NAN),
                 r["tokens_per_s"].as_f64().unwrap_or(f64::NAN),
+                r["model_tflops"].as_f64().unwrap_or(f64::NAN),
+                100.0 * r["mfu"].as_f64().unwrap_or(f64::NAN),
                 human_bytes(r["peak_memory_bytes"].as_u64().unwrap_or(0))
             );
         }
@@ -649,16 +669,119 @@ impl OnDevice for BenchTask {
 
     fn run<D: Device>(self, dev: Arc<D>) -> CliResult<Vec<serde_json::Value>> {
         let mut out = Vec::with_capacity(self.cfgs.len());
+        let mut ceilings: Vec<(DType, Option<f64>)> = Vec::new();
         for cfg in &self.cfgs {
             let mut cfg = cfg.clone();
             resolve_precision(&mut cfg, &*dev, self.strict)?;
-            out.push(bench_one(&dev, &cfg, self.warmup, self.iters)?);
+            let mut r = bench_one(&dev, &cfg, self.warmup, self.iters)?;
+            // MFU against a GEMM ceiling measured here, in the GEMM dtype the precision uses
+            // (measured after the trainer is dropped so its memory is free again).
+            let dtype = ceiling_dtype(&*dev, cfg.train.precision, &cfg);
+            let ceiling = match ceilings.iter().find(|(d, _)| *d == dtype) {
+                Some(&(_, c)) => c,
+                None => {
+                    let c = gemm_ceiling(&*dev, dtype)?;
+                    ceilings.push((dtype, c));
+                    c
+                }
+            };
+            let tflops = r["model_tflops"].as_f64().unwrap_or(f64::NAN);
+            r["gemm_ceiling_dtype"] = dtype.to_string().into();
+            r["gemm_ceiling_tflops"] = ceiling.into();
+            r["mfu"] = ceiling.map(|c| tflops / c).into();
+            out.push(r);
         }
         Ok(out)
     }
 }
 
-/// Median step time and peak memory of one configuration (the trainer is dropped afterwards).
+/// Dense matmul FLOPs of one training step: the forward's GEMMs (four linears per block, the
+/// two attention products over the full T × T score matrix, the tied LM head) times three
+/// (forward, input gradients, weight gradients). `scripts/bench/torch_ref.py` uses the same
+/// count, so model TFLOP/s compare directly.
+pub fn train_flops(cfg: &Config) -> f64 {
+    let m = &cfg.model;
+    let (b, t) = (cfg.train.batch as f64, cfg.train.seq as f64);
+    let (c, f, v, l) = (
+        m.d_model as f64,
+        m.ffn as f64,
+        m.vocab as f64,
+        m.layers as f64,
+    );
+    let n = b * t;
+    let per_layer = 2.0 * n * c * 3.0 * c + 2.0 * n * c * c + 4.0 * n * c * f + 4.0 * b * t * t * c;
+    3.0 * (l * per_layer + 2.0 * n * c * v)
+}
+
+/// The GEMM input dtype a precision's linear layers run in.
+fn ceiling_dtype<D: Device>(dev: &D, p: Precision, cfg: &Config) -> DType {
+    match p {
+        Precision::Fp8 => {
+            duet_engine::fp8::Fp8Family::of_device(&dev.info())
+                .dtypes(cfg.train.fp8_format)
+                .0
+        }
+        other => other.activation_dtype(),
+    }
+}
+
+/// TFLOP/s of one large square GEMM `C = X·Xᵀ` in `dtype` (random data; FP8 through
+/// `gemm_fp8` with unit scales), timed over repeated launches between two synchronisations.
+/// `None` when the backend cannot run that GEMM.
+fn gemm_ceiling<D: Device>(dev: &D, dtype: DType) -> CliResult<Option<f64>> {
+    let info = dev.info();
+    let size: usize = if info.backend == "cpu" { 256 } else { 8192 };
+    let reps = if info.backend == "cpu" { 3 } else { 20 };
+    let mut state = 0x9E37_79B9_7F4A_7C15u64;
+    let host: Vec<f32> = (0..size * size)
+        .map(|_| {
+            state = state
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            ((state >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect();
+    let src = dev.upload_new(&host)?;
+    drop(host);
+    let mut x = dev.alloc(dtype, size * size)?;
+    dev.cast(&src, &mut x, 1.0)?;
+    drop(src);
+    let out_dtype = if dtype.is_fp8() { DType::BF16 } else { dtype };
+    let mut c = dev.alloc(out_dtype, size * size)?;
+    let desc = GemmDesc::new(false, true, size, size, size);
+    let scale_inv = dev.upload_new(&[1.0f32])?;
+    let mut launch = || -> duet_device::Result<()> {
+        if dtype.is_fp8() {
+            dev.gemm_fp8(&desc, &x, &x, &mut c, &scale_inv, 0, 0)
+        } else {
+            dev.gemm(&desc, &x, &x, &mut c)
+        }
+    };
+    for _ in 0..2 {
+        match launch() {
+            Ok(()) => {}
+            Err(DeviceError::Unsupported { .. }) | Err(DeviceError::InvalidArgument(_)) => {
+                return Ok(None);
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    dev.synchronize()?;
+    let s = Instant::now();
+    for _ in 0..reps {
+        launch()?;
+    }
+    dev.synchronize()?;
+    let secs = s.elapsed().as_secs_f64();
+    Ok(Some(
+        2.0 * (size as f64).powi(3) * reps as f64 / secs / 1e12,
+    ))
+}
+
+/// Step times, throughput and peak memory of one configuration (the trainer is dropped
+/// afterwards). Every step is timed on the host clock between two device synchronisations
+/// (a step ends with the device idle, so this is the step's wall time); the steps are also
+/// timed back to back with one synchronisation at the end, which gives the mean.
 fn bench_one<D: Device>(
     dev: &Arc<D>,
     cfg: &Config,
@@ -672,17 +795,26 @@ fn bench_one<D: Device>(
     dev.synchronize()?;
     dev.reset_peak_memory();
     let mut times = Vec::with_capacity(iters as usize);
+    let mut last_loss = f32::NAN;
     for _ in 0..iters {
         let s = Instant::now();
-        trainer.train_step()?;
+        last_loss = trainer.train_step()?.loss;
         dev.synchronize()?;
         times.push(s.elapsed().as_secs_f64() * 1e3);
     }
+    let s = Instant::now();
+    for _ in 0..iters {
+        trainer.train_step()?;
+    }
+    dev.synchronize()?;
+    let mean_back_to_back = s.elapsed().as_secs_f64() * 1e3 / iters as f64;
     times.sort_by(f64::total_cmp);
     let median = times[times.len() / 2];
     let tokens = (cfg.train.batch * cfg.train.seq) as f64;
+    let flops = train_flops(cfg);
     let info = dev.info();
     let mem = dev.memory_stats();
+    let plan = trainer.model().memory_plan().clone();
     Ok(serde_json::json!({
         "backend": info.backend,
         "device": info.name,
@@ -690,10 +822,18 @@ fn bench_one<D: Device>(
         "model": cfg.model,
         "batch": cfg.train.batch,
         "seq": cfg.train.seq,
+        "warmup_steps": warmup,
+        "iters": iters,
         "ms_per_step_median": median,
         "ms_per_step_min": times[0],
+        "ms_per_step_mean_back_to_back": mean_back_to_back,
         "tokens_per_s": tokens / (median / 1e3),
+        "flops_per_step": flops,
+        "model_tflops": flops / (median / 1e3) / 1e12,
         "peak_memory_bytes": mem.peak,
+        "memory_plan_bytes": plan.total(),
+        "loss": last_loss,
+        "timing": "host clock between device synchronisations, per step",
         "git_rev": env!("DUET_GIT_REV"),
     }))
 }

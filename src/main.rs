@@ -97,6 +97,13 @@ pub struct ModelArgs {
     /// Strides of the arithmetic task are drawn from 1..=N (up to vocab − 1).
     #[arg(long, value_name = "N")]
     pub max_stride: Option<usize>,
+    /// Activation checkpointing with the default interval (every 4 blocks).
+    #[arg(long)]
+    pub checkpoint: bool,
+    /// Activation checkpointing: keep only the input of every segment of N blocks and recompute
+    /// each segment in the backward pass (about a third more compute, far less memory).
+    #[arg(long, value_name = "N")]
+    pub checkpoint_every: Option<usize>,
     /// Train on a file: UTF-8 text (byte tokens) or an llm.c `.bin` token shard; its last 10% is
     /// the validation set.
     #[arg(long, value_name = "FILE")]

@@ -113,6 +113,10 @@ pub struct TrainConfig {
     /// tokens) or an llm.c `.bin` token shard.
     #[serde(default)]
     pub data: String,
+    /// Activation checkpointing: keep the input of every segment of this many blocks and
+    /// recompute the segment in the backward pass (0 = off).
+    #[serde(default)]
+    pub checkpoint_every: usize,
 }
 
 fn default_amax_history_len() -> usize {
@@ -185,6 +189,7 @@ impl Config {
             eval_sequences: 256,
             max_stride: 8,
             data: String::new(),
+            checkpoint_every: 0,
             precision: Precision::Fp32,
             loss_scale: 0.0,
             fp8_format: Fp8Recipe::Hybrid,

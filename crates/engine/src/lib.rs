@@ -5,6 +5,7 @@
 pub mod checkpoint;
 pub mod config;
 pub mod data;
+pub mod dist;
 pub mod dataset;
 pub mod fp8;
 pub mod generate;
@@ -36,6 +37,16 @@ pub enum EngineError {
     Data { path: String, message: String },
     #[error("checkpoint {path}: {message}")]
     Checkpoint { path: String, message: String },
+    #[error(
+        "the memory plan needs about {} but only {} is free on the device: {hint}",
+        duet_device::human_bytes(*.needed),
+        duet_device::human_bytes(*.free)
+    )]
+    OutOfMemory {
+        needed: u64,
+        free: u64,
+        hint: String,
+    },
     #[error("training diverged at step {step}: loss is {loss}")]
     Diverged { step: u64, loss: f32 },
 }

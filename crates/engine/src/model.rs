@@ -12,7 +12,7 @@ use crate::fp8::{DelayedScaling, Fp8Family, Fp8State, Operand, OperandReport};
 use crate::precision::Precision;
 use crate::rng::Rng;
 use crate::{EngineError, Result};
-use duet_device::{Buffer, DType, Device, DeviceExt, GemmDesc};
+use duet_device::{Buffer, DType, Device, DeviceError, DeviceExt, GemmDesc};
 use half::{bf16, f16};
 use std::sync::Arc;
 
@@ -247,6 +247,9 @@ pub struct PrecisionPlan {
     pub fp8: DelayedScaling,
     /// FP8 encodings; `None` picks the device's ([`Fp8Family::of_device`]).
     pub fp8_family: Option<Fp8Family>,
+    /// Activation checkpointing: keep only the input of every segment of this many blocks and
+    /// recompute the segment in the backward pass (0 = off).
+    pub checkpoint_every: usize,
 }
 
 impl PrecisionPlan {
@@ -278,6 +281,9 @@ struct Fp8Bufs<D: Device> {
     /// Per kind of linear layer: the output gradient and its transpose (reused by every layer).
     dy8: Vec<D::Buffer>,
     dy8t: Vec<D::Buffer>,
+    /// Receives the amaxes of a checkpointed segment's recomputation, so the recompute neither
+    /// records an amax twice nor touches the scaling history.
+    amax_discard: D::Buffer,
 }
 
 /// `(in_features, out_features)` of linear kind `k` (see [`LINEARS`]).
@@ -319,7 +325,12 @@ pub struct Gpt<D: Device> {
     tokens: D::Buffer,
     targets: D::Buffer,
     encoded: D::Buffer,
+    /// Activations of the blocks: one slot per block, or per block of a segment when
+    /// checkpointing (see [`Gpt::slot`]).
     blocks: Vec<BlockActs<D::Buffer>>,
+    /// Checkpointing: the input of each segment of `checkpoint_every` blocks.
+    seg_inputs: Vec<D::Buffer>,
+    checkpoint_every: usize,
     lnf: D::Buffer,
     lnf_mean: D::Buffer,
     lnf_rstd: D::Buffer,
@@ -373,6 +384,28 @@ impl<D: Device> Gpt<D> {
                 cfg.max_seq
             )));
         }
+        let needed = estimate_memory(cfg, b, t, &plan);
+        if let Some((free, _)) = dev.memory_stats().driver
+            && needed > free
+        {
+            return Err(out_of_memory(needed, free, plan.checkpoint_every));
+        }
+        Self::allocate(dev, cfg, b, t, weights, plan).map_err(|e| match e {
+            EngineError::Device(DeviceError::OutOfMemory { free, .. }) => {
+                out_of_memory(needed, free, plan.checkpoint_every)
+            }
+            other => other,
+        })
+    }
+
+    fn allocate(
+        dev: Arc<D>,
+        cfg: &ModelConfig,
+        b: usize,
+        t: usize,
+        weights: &[Vec<f32>],
+        plan: PrecisionPlan,
+    ) -> Result<Self> {
         let specs = param_specs(cfg);
         let f32 = DType::F32;
         let act = plan.precision.activation_dtype();
@@ -387,8 +420,23 @@ impl<D: Device> Gpt<D> {
         let att = b * nh * t * t;
         let a = |len: usize| dev.alloc(act, len);
         let a32 = |len: usize| dev.alloc(f32, len);
-        let mut blocks = Vec::with_capacity(cfg.layers);
-        for _ in 0..cfg.layers {
+        // With checkpointing, one segment's worth of block activations is reused by every
+        // segment, and only each segment's input is kept.
+        let ckpt = plan.checkpoint_every;
+        let slots = if ckpt > 0 {
+            ckpt.min(cfg.layers)
+        } else {
+            cfg.layers
+        };
+        let seg_inputs = if ckpt > 0 {
+            (0..cfg.layers.div_ceil(ckpt))
+                .map(|_| a(n * c))
+                .collect::<std::result::Result<Vec<_>, _>>()?
+        } else {
+            Vec::new()
+        };
+        let mut blocks = Vec::with_capacity(slots);
+        for _ in 0..slots {
             blocks.push(BlockActs {
                 ln1: a(n * c)?,
                 ln1_mean: a32(n)?,
@@ -444,7 +492,9 @@ impl<D: Device> Gpt<D> {
             }
             let state = Fp8State::new(&*dev, plan.fp8, family, &names)?;
             let (fwd, bwd) = (state.fwd, state.bwd);
+            let amax_discard = dev.alloc(DType::F32, state.amax.len())?;
             let mut bufs = Fp8Bufs {
+                amax_discard,
                 state,
                 x8: vec![],
                 x8t: vec![],
@@ -473,7 +523,7 @@ impl<D: Device> Gpt<D> {
         };
         let dlogits_lp = if act == f32 { None } else { Some(a(n * v)?) };
         let bytes = |bs: &[&D::Buffer]| bs.iter().map(|b| b.size_bytes() as u64).sum::<u64>();
-        let mut act_bufs: Vec<&D::Buffer> = Vec::new();
+        let mut act_bufs: Vec<&D::Buffer> = seg_inputs.iter().collect();
         for k in &blocks {
             act_bufs.extend([
                 &k.ln1,
@@ -540,6 +590,8 @@ impl<D: Device> Gpt<D> {
             losses: a32(n)?,
             dlogits: a32(n * v)?,
             blocks,
+            seg_inputs,
+            checkpoint_every: ckpt,
             scratch,
             params,
             grads,
@@ -645,6 +697,17 @@ impl<D: Device> Gpt<D> {
         (&mut self.params, &self.grads)
     }
 
+    /// The gradients, writable (data parallelism stores the reduced sums back into them).
+    pub fn grads_mut(&mut self) -> &mut [D::Buffer] {
+        &mut self.grads
+    }
+
+    /// FP8 only: the device amaxes recorded since the last [`Gpt::fp8_update`] (data
+    /// parallelism reduces them over the ranks first).
+    pub fn fp8_amax_mut(&mut self) -> Option<&mut D::Buffer> {
+        self.fp8.as_mut().map(|q| &mut q.state.amax)
+    }
+
     pub fn grads(&self) -> &[D::Buffer] {
         &self.grads
     }
@@ -717,126 +780,111 @@ impl<D: Device> Gpt<D> {
         Ok(())
     }
 
+    /// The activation slot block `l` uses.
+    fn slot(&self, l: usize) -> usize {
+        if self.checkpoint_every > 0 {
+            l % self.checkpoint_every
+        } else {
+            l
+        }
+    }
+
+    /// FP8 only: the amaxes recorded since the last [`Gpt::fp8_update`], per operand slot
+    /// (`3·linear + operand`, operands input, weight, output gradient).
+    pub fn fp8_recorded_amax(&self) -> Result<Option<Vec<f32>>> {
+        match &self.fp8 {
+            Some(q) => Ok(Some(self.dev.download(&q.state.amax)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// FP8 only: clears the amaxes recorded since the last update (for inspection and tests).
+    pub fn fp8_clear_recorded_amax(&mut self) -> Result<()> {
+        if let Some(q) = &mut self.fp8 {
+            self.dev.fill(&mut q.state.amax, 0.0)?;
+        }
+        Ok(())
+    }
+
+    /// Activation checkpointing interval (0 = off).
+    pub fn checkpoint_every(&self) -> usize {
+        self.checkpoint_every
+    }
+
+    fn dims(&self) -> Dims {
+        let (c, nh) = (self.cfg.d_model, self.cfg.heads);
+        Dims {
+            b: self.b,
+            t: self.t,
+            c,
+            nh,
+            hs: c / nh,
+            f: self.cfg.ffn,
+            n: self.b * self.t,
+        }
+    }
+
+    /// Runs block `l`'s forward pass from its input (the previous block's output, or the saved
+    /// segment input). `record` is false when a checkpointed segment is recomputed.
+    fn run_block_forward(&mut self, l: usize, record: bool) -> Result<()> {
+        let dims = self.dims();
+        let k = self.slot(l);
+        let every = self.checkpoint_every;
+        let dev = &*self.dev;
+        let (x, a): (&D::Buffer, &mut BlockActs<D::Buffer>) =
+            if every > 0 && l.is_multiple_of(every) {
+                (&self.seg_inputs[l / every], &mut self.blocks[k])
+            } else if l == 0 {
+                (&self.encoded, &mut self.blocks[k])
+            } else {
+                let prev = if every > 0 { (l - 1) % every } else { l - 1 };
+                let (xa, a) = two_mut(&mut self.blocks, prev, k);
+                (&xa.res3, a)
+            };
+        block_forward(
+            dev,
+            &self.params,
+            &mut self.fp8,
+            record,
+            l,
+            x,
+            a,
+            &mut self.scratch.scores,
+            dims,
+        )
+    }
+
     /// Runs the forward pass on `tokens` (`b·t`, row-major), up to the logits.
     pub fn forward(&mut self, tokens: &[i32]) -> Result<()> {
         self.check_tokens("forward", tokens, false)?;
-        let dev = &*self.dev;
-        let (b, t, c, nh, f, v) = (
-            self.b,
-            self.t,
-            self.cfg.d_model,
-            self.cfg.heads,
-            self.cfg.ffn,
-            self.cfg.vocab,
-        );
-        let hs = c / nh;
-        let n = b * t;
-        let p = &self.params;
-        let q8 = &mut self.fp8;
-        dev.upload(tokens, &mut self.tokens, 0)?;
-        dev.embedding_forward(&self.tokens, &p[0], &p[1], &mut self.encoded, b, t, c)?;
-        let scale = 1.0 / (hs as f32).sqrt();
-        for l in 0..self.cfg.layers {
-            let (done, rest) = self.blocks.split_at_mut(l);
-            let x = if l == 0 {
-                &self.encoded
-            } else {
-                &done[l - 1].res3
-            };
-            let a = &mut rest[0];
-            let w = |bp: BlockParam| &p[param_index(l, bp)];
-            // Attention.
-            dev.layernorm_forward(
-                x,
-                w(BlockParam::Ln1W),
-                w(BlockParam::Ln1B),
-                &mut a.ln1,
-                &mut a.ln1_mean,
-                &mut a.ln1_rstd,
-                n,
-                c,
-                LN_EPS,
-            )?;
-            linear_forward(
-                dev,
-                q8.as_mut().map(|q| (q, 4 * l)),
-                &a.ln1,
-                w(BlockParam::AttnW),
-                w(BlockParam::AttnB),
-                &mut a.qkv,
-                n,
-                c,
-                3 * c,
-                0.0,
-            )?;
-            dev.split_heads(&a.qkv, &mut a.q, &mut a.k, &mut a.v, b, t, nh, hs)?;
-            dev.gemm(
-                &GemmDesc::batched(false, true, t, t, hs, b * nh),
-                &a.q,
-                &a.k,
-                &mut self.scratch.scores,
-            )?;
-            dev.softmax_causal_forward(&self.scratch.scores, &mut a.probs, b * nh, t, scale)?;
-            dev.gemm(
-                &GemmDesc::batched(false, false, t, hs, t, b * nh),
-                &a.probs,
-                &a.v,
-                &mut a.atty,
-            )?;
-            dev.merge_heads(&a.atty, &mut a.attc, b, t, nh, hs, false)?;
-            dev.copy(x, 0, &mut a.res2, 0, n * c)?;
-            linear_forward(
-                dev,
-                q8.as_mut().map(|q| (q, 4 * l + 1)),
-                &a.attc,
-                w(BlockParam::ProjW),
-                w(BlockParam::ProjB),
-                &mut a.res2,
-                n,
-                c,
-                c,
-                1.0,
-            )?;
-            // MLP.
-            dev.layernorm_forward(
-                &a.res2,
-                w(BlockParam::Ln2W),
-                w(BlockParam::Ln2B),
-                &mut a.ln2,
-                &mut a.ln2_mean,
-                &mut a.ln2_rstd,
-                n,
-                c,
-                LN_EPS,
-            )?;
-            linear_forward(
-                dev,
-                q8.as_mut().map(|q| (q, 4 * l + 2)),
-                &a.ln2,
-                w(BlockParam::FcW),
-                w(BlockParam::FcB),
-                &mut a.fch,
-                n,
-                c,
-                f,
-                0.0,
-            )?;
-            dev.gelu_forward(&a.fch, &mut a.fch_gelu)?;
-            dev.copy(&a.res2, 0, &mut a.res3, 0, n * c)?;
-            linear_forward(
-                dev,
-                q8.as_mut().map(|q| (q, 4 * l + 3)),
-                &a.fch_gelu,
-                w(BlockParam::FcProjW),
-                w(BlockParam::FcProjB),
-                &mut a.res3,
-                n,
-                f,
-                c,
-                1.0,
-            )?;
+        let d = self.dims();
+        let v = self.cfg.vocab;
+        {
+            let dev = &*self.dev;
+            let p = &self.params;
+            dev.upload(tokens, &mut self.tokens, 0)?;
+            dev.embedding_forward(&self.tokens, &p[0], &p[1], &mut self.encoded, d.b, d.t, d.c)?;
         }
-        let last = self.blocks.last().map(|a| &a.res3).unwrap_or(&self.encoded);
+        let every = self.checkpoint_every;
+        for l in 0..self.cfg.layers {
+            if every > 0 && l % every == 0 {
+                // Keep this segment's input: the backward pass recomputes the segment from it.
+                let src = if l == 0 {
+                    &self.encoded
+                } else {
+                    &self.blocks[self.slot(l - 1)].res3
+                };
+                self.dev
+                    .copy(src, 0, &mut self.seg_inputs[l / every], 0, d.n * d.c)?;
+            }
+            self.run_block_forward(l, true)?;
+        }
+        let dev = &*self.dev;
+        let p = &self.params;
+        let last = match self.cfg.layers {
+            0 => &self.encoded,
+            layers => &self.blocks[self.slot(layers - 1)].res3,
+        };
         let nparams = p.len();
         dev.layernorm_forward(
             last,
@@ -845,13 +893,13 @@ impl<D: Device> Gpt<D> {
             &mut self.lnf,
             &mut self.lnf_mean,
             &mut self.lnf_rstd,
-            n,
-            c,
+            d.n,
+            d.c,
             LN_EPS,
         )?;
         // Tied LM head: logits = lnf · wteᵀ.
         dev.gemm(
-            &GemmDesc::new(false, true, n, v, c),
+            &GemmDesc::new(false, true, d.n, v, d.c),
             &self.lnf,
             &p[0],
             &mut self.logits,
@@ -902,44 +950,57 @@ impl<D: Device> Gpt<D> {
     }
 
     /// Backward pass from the gradient prepared by `loss(.., true)`; accumulates into the
-    /// parameter gradients (call [`Gpt::zero_grads`] first).
+    /// parameter gradients (call [`Gpt::zero_grads`] first). With checkpointing, each segment
+    /// but the last (whose activations the forward pass left in place) is first recomputed from
+    /// its saved input.
     pub fn backward(&mut self) -> Result<()> {
-        let dev = &*self.dev;
-        let (b, t, c, nh, f, v) = (
-            self.b,
-            self.t,
-            self.cfg.d_model,
-            self.cfg.heads,
-            self.cfg.ffn,
-            self.cfg.vocab,
-        );
-        let hs = c / nh;
-        let n = b * t;
-        let scale = 1.0 / (hs as f32).sqrt();
-        let p = &self.params;
-        let g = &mut self.grads;
-        let s = &mut self.scratch;
-        let q8 = &mut self.fp8;
-        let dlogits = self.dlogits_lp.as_ref().unwrap_or(&self.dlogits);
-        let np = p.len();
+        self.backward_hooked(&mut |_, _| Ok(()))
+    }
 
-        // LM head: logits = lnf · wteᵀ.
-        dev.gemm(
-            &GemmDesc::new(false, false, n, c, v),
-            dlogits,
-            &p[0],
-            &mut s.d_c,
-        )?;
-        dev.gemm(
-            &GemmDesc::new(true, false, v, c, n).beta(1.0),
-            dlogits,
-            &self.lnf,
-            &mut g[0],
-        )?;
-        // Final LayerNorm: its input gradient starts the residual stream gradient.
-        dev.fill(&mut s.dresid, 0.0)?;
-        let last = self.blocks.last().map(|a| &a.res3).unwrap_or(&self.encoded);
+    /// [`Gpt::backward`], calling `ready(group, grads)` as soon as a group of gradients is
+    /// final (data parallelism starts reducing them while the pass goes on). Groups, in order:
+    /// 0 the final LayerNorm, `1 + k` block `layers − 1 − k`, `layers + 1` the embeddings
+    /// (see [`crate::dist::ready_groups`]).
+    pub fn backward_hooked(
+        &mut self,
+        ready: &mut dyn FnMut(usize, &[D::Buffer]) -> Result<()>,
+    ) -> Result<()> {
+        let d = self.dims();
+        let v = self.cfg.vocab;
+        let layers = self.cfg.layers;
         {
+            let dev = &*self.dev;
+            let p = &self.params;
+            let g = &mut self.grads;
+            let s = &mut self.scratch;
+            let dlogits = self.dlogits_lp.as_ref().unwrap_or(&self.dlogits);
+            let np = p.len();
+            // LM head: logits = lnf · wteᵀ.
+            dev.gemm(
+                &GemmDesc::new(false, false, d.n, d.c, v),
+                dlogits,
+                &p[0],
+                &mut s.d_c,
+            )?;
+            dev.gemm(
+                &GemmDesc::new(true, false, v, d.c, d.n).beta(1.0),
+                dlogits,
+                &self.lnf,
+                &mut g[0],
+            )?;
+            // Final LayerNorm: its input gradient starts the residual stream gradient.
+            dev.fill(&mut s.dresid, 0.0)?;
+            let last = match layers {
+                0 => &self.encoded,
+                _ => {
+                    &self.blocks[if self.checkpoint_every > 0 {
+                        (layers - 1) % self.checkpoint_every
+                    } else {
+                        layers - 1
+                    }]
+                    .res3
+                }
+            };
             let (gw, gb) = two_mut(g, np - 2, np - 1);
             dev.layernorm_backward(
                 &s.d_c,
@@ -950,158 +1011,405 @@ impl<D: Device> Gpt<D> {
                 &mut s.dresid,
                 gw,
                 gb,
-                n,
-                c,
+                d.n,
+                d.c,
             )?;
         }
-
-        for l in (0..self.cfg.layers).rev() {
-            let x = if l == 0 {
-                &self.encoded
-            } else {
-                &self.blocks[l - 1].res3
-            };
-            let a = &self.blocks[l];
-            let w = |bp: BlockParam| &p[param_index(l, bp)];
-            let gi = |bp: BlockParam| param_index(l, bp);
-
-            // res3 = res2 + fch_gelu · FcProjWᵀ + FcProjB; dresid passes through unchanged.
-            {
-                let (gw, gb) = two_mut(g, gi(BlockParam::FcProjW), gi(BlockParam::FcProjB));
-                linear_backward(
-                    dev,
-                    q8.as_mut().map(|q| (q, 4 * l + 3)),
-                    &s.dresid,
-                    &a.fch_gelu,
-                    w(BlockParam::FcProjW),
-                    &mut s.d_f,
-                    gw,
-                    gb,
-                    n,
-                    f,
-                    c,
-                )?;
+        ready(0, &self.grads)?;
+        let every = self.checkpoint_every;
+        let seg_len = if every > 0 { every } else { layers.max(1) };
+        let segments = layers.div_ceil(seg_len);
+        for seg in (0..segments).rev() {
+            let (lo, hi) = (seg * seg_len, ((seg + 1) * seg_len).min(layers));
+            if every > 0 && seg + 1 < segments {
+                for l in lo..hi {
+                    self.run_block_forward(l, false)?;
+                }
             }
-            dev.gelu_backward(&a.fch, &s.d_f, &mut s.d_f2)?;
-            {
-                let (gw, gb) = two_mut(g, gi(BlockParam::FcW), gi(BlockParam::FcB));
-                linear_backward(
-                    dev,
-                    q8.as_mut().map(|q| (q, 4 * l + 2)),
-                    &s.d_f2,
-                    &a.ln2,
-                    w(BlockParam::FcW),
-                    &mut s.d_c,
-                    gw,
-                    gb,
-                    n,
-                    c,
-                    f,
-                )?;
-            }
-            {
-                let (gw, gb) = two_mut(g, gi(BlockParam::Ln2W), gi(BlockParam::Ln2B));
-                dev.layernorm_backward(
-                    &s.d_c,
-                    &a.res2,
-                    w(BlockParam::Ln2W),
-                    &a.ln2_mean,
-                    &a.ln2_rstd,
-                    &mut s.dresid,
-                    gw,
-                    gb,
-                    n,
-                    c,
-                )?;
-            }
-            // res2 = x + attc · ProjWᵀ + ProjB.
-            {
-                let (gw, gb) = two_mut(g, gi(BlockParam::ProjW), gi(BlockParam::ProjB));
-                linear_backward(
-                    dev,
-                    q8.as_mut().map(|q| (q, 4 * l + 1)),
-                    &s.dresid,
-                    &a.attc,
-                    w(BlockParam::ProjW),
-                    &mut s.d_c,
-                    gw,
-                    gb,
-                    n,
-                    c,
-                    c,
-                )?;
-            }
-            // attc = merge(atty): the gradient goes back through the inverse permutation.
-            dev.merge_heads(&s.d_c, &mut s.d_c2, b, t, nh, hs, true)?;
-            // atty = P · v.
-            dev.gemm(
-                &GemmDesc::batched(false, true, t, t, hs, b * nh),
-                &s.d_c2,
-                &a.v,
-                &mut s.dprobs,
-            )?;
-            dev.gemm(
-                &GemmDesc::batched(true, false, t, hs, t, b * nh),
-                &a.probs,
-                &s.d_c2,
-                &mut s.dv,
-            )?;
-            // P = softmax(scale · q·kᵀ).
-            dev.softmax_causal_backward(&a.probs, &s.dprobs, &mut s.dscores, b * nh, t, scale)?;
-            dev.gemm(
-                &GemmDesc::batched(false, false, t, hs, t, b * nh),
-                &s.dscores,
-                &a.k,
-                &mut s.dq,
-            )?;
-            dev.gemm(
-                &GemmDesc::batched(true, false, t, hs, t, b * nh),
-                &s.dscores,
-                &a.q,
-                &mut s.dk,
-            )?;
-            dev.split_heads_backward(&s.dq, &s.dk, &s.dv, &mut s.dqkv, b, t, nh, hs)?;
-            {
-                let (gw, gb) = two_mut(g, gi(BlockParam::AttnW), gi(BlockParam::AttnB));
-                linear_backward(
-                    dev,
-                    q8.as_mut().map(|q| (q, 4 * l)),
-                    &s.dqkv,
-                    &a.ln1,
-                    w(BlockParam::AttnW),
-                    &mut s.d_c,
-                    gw,
-                    gb,
-                    n,
-                    c,
-                    3 * c,
-                )?;
-                // The key bias adds q_i·b to a whole row of scores, which the softmax ignores:
-                // its gradient is exactly zero, and what a GEMM leaves there is rounding noise
-                // that Adam would turn into lr-sized random updates (different on every
-                // backend). Make it exactly zero.
-                dev.copy(&self.zeros_c, 0, gb, c, c)?;
-            }
-            {
-                let (gw, gb) = two_mut(g, gi(BlockParam::Ln1W), gi(BlockParam::Ln1B));
-                dev.layernorm_backward(
-                    &s.d_c,
+            for l in (lo..hi).rev() {
+                let k = self.slot(l);
+                let x = if every > 0 && l % every == 0 {
+                    &self.seg_inputs[l / every]
+                } else if l == 0 {
+                    &self.encoded
+                } else {
+                    &self.blocks[self.slot(l - 1)].res3
+                };
+                block_backward(
+                    &*self.dev,
+                    &self.params,
+                    &mut self.grads,
+                    &mut self.scratch,
+                    &mut self.fp8,
+                    &self.zeros_c,
+                    l,
                     x,
-                    w(BlockParam::Ln1W),
-                    &a.ln1_mean,
-                    &a.ln1_rstd,
-                    &mut s.dresid,
-                    gw,
-                    gb,
-                    n,
-                    c,
+                    &self.blocks[k],
+                    d,
                 )?;
+                ready(layers - l, &self.grads)?;
             }
         }
-        let (gwte, gwpe) = two_mut(g, 0, 1);
-        dev.embedding_backward(&self.tokens, &s.dresid, gwte, gwpe, b, t, c)?;
-        Ok(())
+        let (gwte, gwpe) = two_mut(&mut self.grads, 0, 1);
+        self.dev.embedding_backward(
+            &self.tokens,
+            &self.scratch.dresid,
+            gwte,
+            gwpe,
+            d.b,
+            d.t,
+            d.c,
+        )?;
+        ready(layers + 1, &self.grads)
     }
+}
+
+/// An estimate of the bytes a model plans for (weights, gradients, optimizer state,
+/// activations and scratch), computed from the shapes before anything is allocated.
+pub fn estimate_memory(cfg: &ModelConfig, b: usize, t: usize, plan: &PrecisionPlan) -> u64 {
+    let act = plan.precision.activation_dtype().size_bytes() as u64;
+    let (c, f, nh, v, l) = (
+        cfg.d_model as u64,
+        cfg.ffn as u64,
+        cfg.heads as u64,
+        cfg.vocab as u64,
+        cfg.layers as u64,
+    );
+    let (b, t) = (b as u64, t as u64);
+    let n = b * t;
+    let att = b * nh * t * t;
+    let params = cfg.num_params() as u64;
+    let lowp = act != 4;
+    // Weights (worst case: all in the activation dtype plus f32 masters), f32 grads, m and v.
+    let weights = params * act + if lowp { 4 * params } else { 0 } + 3 * 4 * params;
+    let per_block = act * (n * c * 9 + att + 2 * n * f) + 4 * 4 * n;
+    let slots = if plan.checkpoint_every > 0 {
+        (plan.checkpoint_every as u64).min(l)
+    } else {
+        l
+    };
+    let seg = if plan.checkpoint_every > 0 {
+        l.div_ceil(plan.checkpoint_every as u64) * n * c * act
+    } else {
+        0
+    };
+    let scratch = act * (3 * att + n * (9 * c + 2 * f)) + 4 * (2 * n * v + 4 * n) + act * 2 * n * c;
+    let fp8 = if plan.precision == Precision::Fp8 {
+        // Per linear: input (and transpose), weight (and transpose); output gradients per kind.
+        l * 2 * (n * (c + c + c + f) + (3 * c * c + c * c + f * c + c * f))
+            + 2 * n * (3 * c + c + f + c)
+    } else {
+        0
+    };
+    weights + per_block * slots + seg + scratch + fp8
+}
+
+fn out_of_memory(needed: u64, free: u64, checkpoint_every: usize) -> EngineError {
+    let hint = if checkpoint_every == 0 {
+        "turn on activation checkpointing (--checkpoint) or use a smaller --batch"
+    } else {
+        "checkpoint more often (--checkpoint-every 1) or use a smaller --batch"
+    };
+    EngineError::OutOfMemory {
+        needed,
+        free,
+        hint: hint.into(),
+    }
+}
+
+/// The shapes a block works with.
+#[derive(Clone, Copy, Debug)]
+struct Dims {
+    b: usize,
+    t: usize,
+    c: usize,
+    nh: usize,
+    hs: usize,
+    f: usize,
+    n: usize,
+}
+
+/// One block's forward pass from `x` into its activations `a`.
+#[allow(clippy::too_many_arguments)]
+fn block_forward<D: Device>(
+    dev: &D,
+    p: &[D::Buffer],
+    q8: &mut Option<Fp8Bufs<D>>,
+    record: bool,
+    l: usize,
+    x: &D::Buffer,
+    a: &mut BlockActs<D::Buffer>,
+    scores: &mut D::Buffer,
+    d: Dims,
+) -> Result<()> {
+    let Dims {
+        b,
+        t,
+        c,
+        nh,
+        hs,
+        f,
+        n,
+    } = d;
+    let scale = 1.0 / (hs as f32).sqrt();
+    let w = |bp: BlockParam| &p[param_index(l, bp)];
+    // Attention.
+    dev.layernorm_forward(
+        x,
+        w(BlockParam::Ln1W),
+        w(BlockParam::Ln1B),
+        &mut a.ln1,
+        &mut a.ln1_mean,
+        &mut a.ln1_rstd,
+        n,
+        c,
+        LN_EPS,
+    )?;
+    linear_forward(
+        dev,
+        q8.as_mut().map(|q| (q, 4 * l)),
+        record,
+        &a.ln1,
+        w(BlockParam::AttnW),
+        w(BlockParam::AttnB),
+        &mut a.qkv,
+        n,
+        c,
+        3 * c,
+        0.0,
+    )?;
+    dev.split_heads(&a.qkv, &mut a.q, &mut a.k, &mut a.v, b, t, nh, hs)?;
+    dev.gemm(
+        &GemmDesc::batched(false, true, t, t, hs, b * nh),
+        &a.q,
+        &a.k,
+        scores,
+    )?;
+    dev.softmax_causal_forward(scores, &mut a.probs, b * nh, t, scale)?;
+    dev.gemm(
+        &GemmDesc::batched(false, false, t, hs, t, b * nh),
+        &a.probs,
+        &a.v,
+        &mut a.atty,
+    )?;
+    dev.merge_heads(&a.atty, &mut a.attc, b, t, nh, hs, false)?;
+    dev.copy(x, 0, &mut a.res2, 0, n * c)?;
+    linear_forward(
+        dev,
+        q8.as_mut().map(|q| (q, 4 * l + 1)),
+        record,
+        &a.attc,
+        w(BlockParam::ProjW),
+        w(BlockParam::ProjB),
+        &mut a.res2,
+        n,
+        c,
+        c,
+        1.0,
+    )?;
+    // MLP.
+    dev.layernorm_forward(
+        &a.res2,
+        w(BlockParam::Ln2W),
+        w(BlockParam::Ln2B),
+        &mut a.ln2,
+        &mut a.ln2_mean,
+        &mut a.ln2_rstd,
+        n,
+        c,
+        LN_EPS,
+    )?;
+    linear_forward(
+        dev,
+        q8.as_mut().map(|q| (q, 4 * l + 2)),
+        record,
+        &a.ln2,
+        w(BlockParam::FcW),
+        w(BlockParam::FcB),
+        &mut a.fch,
+        n,
+        c,
+        f,
+        0.0,
+    )?;
+    dev.gelu_forward(&a.fch, &mut a.fch_gelu)?;
+    dev.copy(&a.res2, 0, &mut a.res3, 0, n * c)?;
+    linear_forward(
+        dev,
+        q8.as_mut().map(|q| (q, 4 * l + 3)),
+        record,
+        &a.fch_gelu,
+        w(BlockParam::FcProjW),
+        w(BlockParam::FcProjB),
+        &mut a.res3,
+        n,
+        f,
+        c,
+        1.0,
+    )?;
+    Ok(())
+}
+
+/// One block's backward pass: consumes `s.dresid` (the gradient of the block's output) and
+/// leaves the gradient of its input there; accumulates the block's parameter gradients.
+#[allow(clippy::too_many_arguments)]
+fn block_backward<D: Device>(
+    dev: &D,
+    p: &[D::Buffer],
+    g: &mut [D::Buffer],
+    s: &mut Scratch<D::Buffer>,
+    q8: &mut Option<Fp8Bufs<D>>,
+    zeros_c: &D::Buffer,
+    l: usize,
+    x: &D::Buffer,
+    a: &BlockActs<D::Buffer>,
+    d: Dims,
+) -> Result<()> {
+    let Dims {
+        b,
+        t,
+        c,
+        nh,
+        hs,
+        f,
+        n,
+    } = d;
+    let scale = 1.0 / (hs as f32).sqrt();
+    let w = |bp: BlockParam| &p[param_index(l, bp)];
+    let gi = |bp: BlockParam| param_index(l, bp);
+    // res3 = res2 + fch_gelu · FcProjWᵀ + FcProjB; dresid passes through unchanged.
+    {
+        let (gw, gb) = two_mut(g, gi(BlockParam::FcProjW), gi(BlockParam::FcProjB));
+        linear_backward(
+            dev,
+            q8.as_mut().map(|q| (q, 4 * l + 3)),
+            &s.dresid,
+            &a.fch_gelu,
+            w(BlockParam::FcProjW),
+            &mut s.d_f,
+            gw,
+            gb,
+            n,
+            f,
+            c,
+        )?;
+    }
+    dev.gelu_backward(&a.fch, &s.d_f, &mut s.d_f2)?;
+    {
+        let (gw, gb) = two_mut(g, gi(BlockParam::FcW), gi(BlockParam::FcB));
+        linear_backward(
+            dev,
+            q8.as_mut().map(|q| (q, 4 * l + 2)),
+            &s.d_f2,
+            &a.ln2,
+            w(BlockParam::FcW),
+            &mut s.d_c,
+            gw,
+            gb,
+            n,
+            c,
+            f,
+        )?;
+    }
+    {
+        let (gw, gb) = two_mut(g, gi(BlockParam::Ln2W), gi(BlockParam::Ln2B));
+        dev.layernorm_backward(
+            &s.d_c,
+            &a.res2,
+            w(BlockParam::Ln2W),
+            &a.ln2_mean,
+            &a.ln2_rstd,
+            &mut s.dresid,
+            gw,
+            gb,
+            n,
+            c,
+        )?;
+    }
+    // res2 = x + attc · ProjWᵀ + ProjB.
+    {
+        let (gw, gb) = two_mut(g, gi(BlockParam::ProjW), gi(BlockParam::ProjB));
+        linear_backward(
+            dev,
+            q8.as_mut().map(|q| (q, 4 * l + 1)),
+            &s.dresid,
+            &a.attc,
+            w(BlockParam::ProjW),
+            &mut s.d_c,
+            gw,
+            gb,
+            n,
+            c,
+            c,
+        )?;
+    }
+    // attc = merge(atty): the gradient goes back through the inverse permutation.
+    dev.merge_heads(&s.d_c, &mut s.d_c2, b, t, nh, hs, true)?;
+    // atty = P · v.
+    dev.gemm(
+        &GemmDesc::batched(false, true, t, t, hs, b * nh),
+        &s.d_c2,
+        &a.v,
+        &mut s.dprobs,
+    )?;
+    dev.gemm(
+        &GemmDesc::batched(true, false, t, hs, t, b * nh),
+        &a.probs,
+        &s.d_c2,
+        &mut s.dv,
+    )?;
+    // P = softmax(scale · q·kᵀ).
+    dev.softmax_causal_backward(&a.probs, &s.dprobs, &mut s.dscores, b * nh, t, scale)?;
+    dev.gemm(
+        &GemmDesc::batched(false, false, t, hs, t, b * nh),
+        &s.dscores,
+        &a.k,
+        &mut s.dq,
+    )?;
+    dev.gemm(
+        &GemmDesc::batched(true, false, t, hs, t, b * nh),
+        &s.dscores,
+        &a.q,
+        &mut s.dk,
+    )?;
+    dev.split_heads_backward(&s.dq, &s.dk, &s.dv, &mut s.dqkv, b, t, nh, hs)?;
+    {
+        let (gw, gb) = two_mut(g, gi(BlockParam::AttnW), gi(BlockParam::AttnB));
+        linear_backward(
+            dev,
+            q8.as_mut().map(|q| (q, 4 * l)),
+            &s.dqkv,
+            &a.ln1,
+            w(BlockParam::AttnW),
+            &mut s.d_c,
+            gw,
+            gb,
+            n,
+            c,
+            3 * c,
+        )?;
+        // The key bias adds q_i·b to a whole row of scores, which the softmax ignores: its
+        // gradient is exactly zero, and what a GEMM leaves there is rounding noise that Adam
+        // would turn into lr-sized random updates (different on every backend). Make it exactly
+        // zero.
+        dev.copy(zeros_c, 0, gb, c, c)?;
+    }
+    {
+        let (gw, gb) = two_mut(g, gi(BlockParam::Ln1W), gi(BlockParam::Ln1B));
+        dev.layernorm_backward(
+            &s.d_c,
+            x,
+            w(BlockParam::Ln1W),
+            &a.ln1_mean,
+            &a.ln1_rstd,
+            &mut s.dresid,
+            gw,
+            gb,
+            n,
+            c,
+        )?;
+    }
+    Ok(())
 }
 
 /// `out = beta·out + x · Wᵀ + bias` for `x` (`n × k`), `W` (`m × k`), `out` (`n × m`). With
@@ -1112,6 +1420,7 @@ impl<D: Device> Gpt<D> {
 fn linear_forward<D: Device>(
     dev: &D,
     q8: Option<(&mut Fp8Bufs<D>, usize)>,
+    record: bool,
     x: &D::Buffer,
     w: &D::Buffer,
     bias: &D::Buffer,
@@ -1130,10 +1439,15 @@ fn linear_forward<D: Device>(
                 Fp8State::<D>::slot(id, Operand::Input),
                 Fp8State::<D>::slot(id, Operand::Weight),
             );
+            let amax = if record {
+                &mut st.amax
+            } else {
+                &mut q.amax_discard
+            };
             let (x8, x8t) = (&mut q.x8[id], Some(&mut q.x8t[id]));
-            dev.quantize_fp8(x, x8, x8t, n, k, &st.scale, &mut st.amax, sx)?;
+            dev.quantize_fp8(x, x8, x8t, n, k, &st.scale, amax, sx)?;
             let (w8, w8t) = (&mut q.w8[id], Some(&mut q.w8t[id]));
-            dev.quantize_fp8(w, w8, w8t, m, k, &st.scale, &mut st.amax, sw)?;
+            dev.quantize_fp8(w, w8, w8t, m, k, &st.scale, amax, sw)?;
             dev.gemm_fp8(&desc, &q.x8[id], &q.w8[id], out, &st.scale_inv, sx, sw)?;
         }
     }

@@ -312,6 +312,7 @@ pub fn build<D: Device>(
         precision: t.precision,
         fp8: t.delayed_scaling(),
         fp8_family: None,
+        checkpoint_every: t.checkpoint_every,
     };
     let model = Gpt::with_precision(dev.clone(), &cfg.model, t.batch, t.seq, weights, plan)?;
     let ocfg = AdamWConfig {

@@ -22,5 +22,5 @@ for l in sys.stdin:
     if m.get("reason")=="compiler-artifact" and m.get("executable") and m["target"]["name"]=="gpu_training": print(m["executable"])')
 cp "$bin" .carry/gpu-tests/gpu_training
 strip .carry/duet .carry/gpu-tests/gpu_training 2>/dev/null || true
-cp scripts/run-gpu-train.sh .carry/run-gpu-train.sh
+cp scripts/run-gpu-train.sh scripts/run-gpu-report.sh .carry/
 du -sh .carry

@@ -37,7 +37,7 @@ pub struct CpuGroup;
 
 impl CpuGroup {
     /// One communicator per device; rank `i` uses `devices[i]`. Hand each to its own thread.
-    pub fn new(devices: Vec<Arc<CpuDevice>>) -> Result<Vec<CpuComm>> {
+    pub fn communicators(devices: Vec<Arc<CpuDevice>>) -> Result<Vec<CpuComm>> {
         if devices.is_empty() {
             return Err(DeviceError::InvalidArgument(
                 "a collective group needs at least one rank".into(),
@@ -273,7 +273,7 @@ mod tests {
         let devs: Vec<_> = (0..world)
             .map(|_| Arc::new(CpuDevice::new(Some(1)).unwrap()))
             .collect();
-        let comms = CpuGroup::new(devs.clone()).unwrap();
+        let comms = CpuGroup::communicators(devs.clone()).unwrap();
         let f = Arc::new(f);
         let handles: Vec<_> = comms
             .into_iter()
@@ -332,7 +332,7 @@ mod tests {
         let devs: Vec<_> = (0..2)
             .map(|_| Arc::new(CpuDevice::new(Some(1)).unwrap()))
             .collect();
-        let mut comms = CpuGroup::new(devs.clone()).unwrap();
+        let mut comms = CpuGroup::communicators(devs.clone()).unwrap();
         let c1 = comms.pop().unwrap();
         let c0 = comms.pop().unwrap();
         let src = devs[0].upload_new(&[1.0f32; 5]).unwrap();

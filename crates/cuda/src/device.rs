@@ -169,6 +169,16 @@ fn integral(value: f32, min: f64, max: f64, what: &str) -> Result<f64> {
 }
 
 impl CudaDevice {
+    /// The device's context (for the NCCL communicator).
+    pub(crate) fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// The stream every op runs on (NCCL orders its own stream against it).
+    pub(crate) fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
     /// Opens GPU `ordinal`: loads the driver, NVRTC and cuBLAS, creates a context and a stream,
     /// and loads every kernel module (from the disk cache, or compiled by NVRTC for the GPU's
     /// compute capability). A machine without a usable driver, library or device gets

@@ -28,7 +28,9 @@ mod error;
 pub mod kernels;
 pub mod loader;
 mod memory;
+pub mod nccl;
 
 pub use device::CudaDevice;
 pub use kernels::{KernelModule, compile};
 pub use memory::CudaBuffer;
+pub use nccl::NcclComm;

@@ -5,8 +5,8 @@
 pub mod checkpoint;
 pub mod config;
 pub mod data;
-pub mod dist;
 pub mod dataset;
+pub mod dist;
 pub mod fp8;
 pub mod generate;
 pub mod model;

@@ -16,6 +16,9 @@ use duet_device::{Buffer, DType, Device, DeviceError, DeviceExt, GemmDesc};
 use half::{bf16, f16};
 use std::sync::Arc;
 
+/// The callback of [`Gpt::backward_hooked`]: `(ready group, every gradient)`.
+pub type GradsReady<'a, B> = dyn FnMut(usize, &[B]) -> Result<()> + 'a;
+
 /// LayerNorm epsilon (PyTorch's default).
 pub const LN_EPS: f32 = 1e-5;
 
@@ -961,10 +964,7 @@ impl<D: Device> Gpt<D> {
     /// final (data parallelism starts reducing them while the pass goes on). Groups, in order:
     /// 0 the final LayerNorm, `1 + k` block `layers − 1 − k`, `layers + 1` the embeddings
     /// (see [`crate::dist::ready_groups`]).
-    pub fn backward_hooked(
-        &mut self,
-        ready: &mut dyn FnMut(usize, &[D::Buffer]) -> Result<()>,
-    ) -> Result<()> {
+    pub fn backward_hooked(&mut self, ready: &mut GradsReady<'_, D::Buffer>) -> Result<()> {
         let d = self.dims();
         let v = self.cfg.vocab;
         let layers = self.cfg.layers;

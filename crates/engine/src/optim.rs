@@ -14,7 +14,7 @@
 use crate::model::ParamSpec;
 use crate::precision::LossScaler;
 use crate::{EngineError, Result};
-use duet_device::{AdamWStep, Buffer, DType, Device, DeviceExt};
+use duet_device::{AdamWStep, Buffer, Collective, DType, Device, DeviceExt, ReduceOp};
 
 /// Optimizer hyper-parameters that do not change during a run.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -25,6 +25,58 @@ pub struct AdamWConfig {
     pub weight_decay: f32,
     /// Clip the global gradient norm to this value (0 disables).
     pub grad_clip: f32,
+}
+
+/// What the gradient norm decides before an update: clipping, loss-scale unscaling, or a skip.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct UpdatePlan {
+    pub stats: StepStats,
+    /// AdamW's `grad_scale`: the clipping factor divided by the loss scale.
+    pub grad_scale: f32,
+}
+
+impl AdamWConfig {
+    /// Decides the update from the global norm of the (loss-scaled) gradients: an inf/NaN norm
+    /// under a loss scaler skips the step (the scaler adjusts its scale), else PyTorch's
+    /// `clip_grad_norm_` factor and the unscaling give AdamW's gradient factor.
+    pub fn plan(&self, raw_norm: f32, scaler: Option<&mut LossScaler>) -> UpdatePlan {
+        let loss_scale = scaler.as_ref().map_or(1.0, |s| s.scale());
+        let grad_norm = (raw_norm as f64 / loss_scale as f64) as f32;
+        if let Some(s) = scaler
+            && s.update(raw_norm.is_finite())
+        {
+            return UpdatePlan {
+                stats: StepStats {
+                    grad_norm,
+                    clip_scale: 1.0,
+                    skipped: true,
+                    loss_scale,
+                },
+                grad_scale: 0.0,
+            };
+        }
+        // PyTorch's clip_grad_norm_: coefficient max_norm / (norm + 1e-6), applied when < 1.
+        let coef = self.grad_clip / (grad_norm + 1e-6);
+        let clip_scale = if self.grad_clip > 0.0 && coef < 1.0 {
+            coef
+        } else {
+            1.0
+        };
+        let grad_scale = if loss_scale == 1.0 {
+            clip_scale
+        } else {
+            (clip_scale as f64 / loss_scale as f64) as f32
+        };
+        UpdatePlan {
+            stats: StepStats {
+                grad_norm,
+                clip_scale,
+                skipped: false,
+                loss_scale,
+            },
+            grad_scale,
+        }
+    }
 }
 
 /// Per-parameter first and second moments, on the device.
@@ -139,11 +191,37 @@ impl<D: Device> AdamW<D> {
         self.step = step;
     }
 
+    /// The hyper-parameters.
+    pub fn config(&self) -> &AdamWConfig {
+        &self.cfg
+    }
+
+    /// Whether weight decay applies to each parameter.
+    pub fn decay_flags(&self) -> &[bool] {
+        &self.decay
+    }
+
     /// Global L2 norm of `grads` (one host read).
     pub fn grad_norm(&mut self, dev: &D, grads: &[D::Buffer]) -> Result<f32> {
+        self.grad_norm_reduced(dev, grads, None)
+    }
+
+    /// [`AdamW::grad_norm`] averaged over the ranks of `comm` (data parallelism: every rank
+    /// holds the same all-reduced gradients, and the average makes sure every rank takes the
+    /// same clipping and loss-scaling decision even if a backend's all-reduce differed).
+    fn grad_norm_reduced(
+        &mut self,
+        dev: &D,
+        grads: &[D::Buffer],
+        comm: Option<&dyn Collective<D>>,
+    ) -> Result<f32> {
         dev.fill(&mut self.norm, 0.0)?;
         for g in grads {
             dev.sum_squares(g, &mut self.norm, 0)?;
+        }
+        if let Some(c) = comm {
+            c.all_reduce(&mut self.norm, ReduceOp::Avg)?;
+            c.wait()?;
         }
         let sq: Vec<f32> = dev.download(&self.norm)?;
         Ok(sq[0].sqrt())
@@ -171,31 +249,31 @@ impl<D: Device> AdamW<D> {
         lr: f32,
         scaler: Option<&mut LossScaler>,
     ) -> Result<StepStats> {
-        let raw_norm = self.grad_norm(dev, grads)?;
-        let loss_scale = scaler.as_ref().map_or(1.0, |s| s.scale());
-        let grad_norm = (raw_norm as f64 / loss_scale as f64) as f32;
-        if let Some(s) = scaler
-            && s.update(raw_norm.is_finite())
-        {
-            return Ok(StepStats {
-                grad_norm,
-                clip_scale: 1.0,
-                skipped: true,
-                loss_scale,
-            });
+        self.step_reduced(dev, params, grads, lr, scaler, None)
+    }
+
+    /// [`AdamW::step_scaled`] on gradients already all-reduced over the ranks of `comm`
+    /// (replicated data parallelism): the norm is agreed between the ranks first.
+    pub fn step_reduced(
+        &mut self,
+        dev: &D,
+        params: &mut [D::Buffer],
+        grads: &[D::Buffer],
+        lr: f32,
+        scaler: Option<&mut LossScaler>,
+        comm: Option<&dyn Collective<D>>,
+    ) -> Result<StepStats> {
+        let raw_norm = self.grad_norm_reduced(dev, grads, comm)?;
+        let plan = self.cfg.plan(raw_norm, scaler);
+        if plan.stats.skipped {
+            return Ok(plan.stats);
         }
-        // PyTorch's clip_grad_norm_: coefficient max_norm / (norm + 1e-6), applied when < 1.
-        let coef = self.cfg.grad_clip / (grad_norm + 1e-6);
-        let clip_scale = if self.cfg.grad_clip > 0.0 && coef < 1.0 {
-            coef
-        } else {
-            1.0
-        };
-        let grad_scale = if loss_scale == 1.0 {
-            clip_scale
-        } else {
-            (clip_scale as f64 / loss_scale as f64) as f32
-        };
+        let (clip_scale, loss_scale, grad_norm, grad_scale) = (
+            plan.stats.clip_scale,
+            plan.stats.loss_scale,
+            plan.stats.grad_norm,
+            plan.grad_scale,
+        );
         self.step += 1;
         let (bc1, bc2) = AdamWStep::bias_corrections(self.cfg.beta1, self.cfg.beta2, self.step);
         for (i, (p, g)) in params.iter_mut().zip(grads).enumerate() {

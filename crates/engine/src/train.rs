@@ -4,12 +4,14 @@ use crate::checkpoint::Checkpoint;
 use crate::config::Config;
 use crate::data::{Progressions, keeps_stride, progression};
 use crate::dataset::{Prefetcher, Source, TokenFile, validation_batches};
+use crate::dist::zero::ShardedAdamW;
+use crate::dist::{Dist, DpOptions, local_batch, plan_buckets, ready_groups};
 use crate::model::{Gpt, init_weights};
 use crate::optim::AdamW;
 use crate::precision::LossScaler;
 use crate::rng::Rng;
 use crate::{EngineError, Result};
-use duet_device::{Device, DeviceExt};
+use duet_device::{Buffer, Collective, Device, DeviceExt, ReduceOp};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
@@ -72,6 +74,8 @@ pub struct Trainer<D: Device> {
     val_tokens: Option<Arc<TokenFile>>,
     step: u64,
     scaler: Option<LossScaler>,
+    /// Data parallelism: this rank's communicator, gradient buckets and (ZeRO) optimizer shard.
+    dist: Option<Dist<D>>,
 }
 
 impl<D: Device> Trainer<D> {
@@ -83,8 +87,62 @@ impl<D: Device> Trainer<D> {
     }
 
     pub fn with_weights(dev: Arc<D>, cfg: Config, weights: &[Vec<f32>]) -> Result<Self> {
+        Self::build(dev, cfg, weights, None)
+    }
+
+    /// One rank of a data-parallel run over `comm`'s group: `cfg.train.batch` is the global
+    /// batch, of which this rank trains on its `1/world` slice (see [`crate::dist`]). Every rank
+    /// must be created with the same config; the weights start from the config's seed.
+    pub fn new_data_parallel(
+        dev: Arc<D>,
+        cfg: Config,
+        comm: Arc<dyn Collective<D>>,
+        opts: DpOptions,
+    ) -> Result<Self> {
         cfg.validate()?;
-        let (model, opt, scaler) = crate::precision::build(dev, &cfg, weights)?;
+        let weights = init_weights(&cfg.model, cfg.train.seed);
+        Self::build(dev, cfg, &weights, Some((comm, opts)))
+    }
+
+    fn build(
+        dev: Arc<D>,
+        cfg: Config,
+        weights: &[Vec<f32>],
+        dp: Option<(Arc<dyn Collective<D>>, DpOptions)>,
+    ) -> Result<Self> {
+        cfg.validate()?;
+        // The model is planned for this rank's slice of the batch.
+        let mut local = cfg.clone();
+        if let Some((comm, _)) = &dp {
+            local.train.batch = local_batch(cfg.train.batch, comm.world_size())?;
+        }
+        let (model, mut opt, scaler) = crate::precision::build(dev.clone(), &local, weights)?;
+        let dist = match dp {
+            None => None,
+            Some((comm, o)) => {
+                let numels: Vec<usize> = model.specs().iter().map(|s| s.numel()).collect();
+                let dtypes: Vec<_> = model.params().iter().map(|p| p.dtype()).collect();
+                let groups = ready_groups(cfg.model.layers, numels.len());
+                let buckets =
+                    plan_buckets(&groups, &numels, &dtypes, o.bucket_bytes, comm.world_size());
+                let zero = if o.zero {
+                    // The replicated optimizer state is dropped before the shards are made.
+                    let (ocfg, decay) = (*opt.config(), opt.decay_flags().to_vec());
+                    opt = AdamW::new(&*dev, ocfg, &[])?;
+                    Some(ShardedAdamW::new(
+                        &*dev,
+                        ocfg,
+                        comm.clone(),
+                        buckets.clone(),
+                        decay,
+                        weights,
+                    )?)
+                } else {
+                    None
+                };
+                Some(Dist::new(&*dev, comm, buckets, zero)?)
+            }
+        };
         let t = &cfg.train;
         let (data, val_tokens) = if t.data.is_empty() {
             (
@@ -119,7 +177,21 @@ impl<D: Device> Trainer<D> {
             val_tokens,
             step: 0,
             scaler,
+            dist,
         })
+    }
+
+    /// The data-parallel state, when this trainer is one rank of several.
+    pub fn dist(&self) -> Option<&Dist<D>> {
+        self.dist.as_ref()
+    }
+
+    /// AdamW's own step count (the run's step count minus loss-scaler skips).
+    pub fn optimizer_steps(&self) -> u64 {
+        match self.dist.as_ref().and_then(|d| d.zero.as_ref()) {
+            Some(z) => z.steps_taken(),
+            None => self.opt.steps_taken(),
+        }
     }
 
     pub fn config(&self) -> &Config {
@@ -198,6 +270,24 @@ impl<D: Device> Trainer<D> {
                 "no validation data for this batch size".into(),
             ));
         }
+        if let Some(dist) = self.dist.as_mut() {
+            // Each rank evaluates its rows of every batch; the sums of losses and the target
+            // counts are added over the ranks.
+            let (rank, n) = (dist.rank(), self.model.batch_size() * t);
+            let (mut sum, mut count) = (0f64, 0f64);
+            for (x, y) in &batches {
+                let (xs, ys) = (&x[rank * n..(rank + 1) * n], &y[rank * n..(rank + 1) * n]);
+                let c = ys.iter().filter(|&&v| v >= 0).count();
+                if c > 0 {
+                    self.model.forward(xs)?;
+                    sum += self.model.loss(ys, false)? as f64 * c as f64;
+                    count += c as f64;
+                }
+            }
+            let dev = self.model.device().clone();
+            let (s, c) = dist.sum2(&*dev, sum as f32, count as f32)?;
+            return Ok(s / c.max(1.0));
+        }
         let mut total = 0f64;
         for (x, y) in &batches {
             self.model.forward(x)?;
@@ -211,19 +301,33 @@ impl<D: Device> Trainer<D> {
         self.val_tokens.as_ref().map(|f| f.unigram_entropy())
     }
 
-    /// The complete resumable state of the run.
+    /// The complete resumable state of the run. Under ZeRO the optimizer state is gathered from
+    /// every rank, so every rank must call this (only one needs to save the result).
     pub fn checkpoint(&self) -> Result<Checkpoint> {
         let dev = self.model.device().clone();
-        let (m, v) = self.opt.moments();
         let download = |bufs: &[D::Buffer]| -> Result<Vec<Vec<f32>>> {
             bufs.iter().map(|b| Ok(dev.download_f32(b)?)).collect()
+        };
+        let (weights, adam_m, adam_v) = match self.dist.as_ref().and_then(|d| d.zero.as_ref()) {
+            Some(z) => {
+                let numels: Vec<usize> = self.model.specs().iter().map(|s| s.numel()).collect();
+                z.gather_state(&*dev, &numels)?
+            }
+            None => {
+                let (m, v) = self.opt.moments();
+                (
+                    self.opt.master_weights(&*dev, self.model.params())?,
+                    download(m)?,
+                    download(v)?,
+                )
+            }
         };
         Ok(Checkpoint {
             config: self.cfg.clone(),
             step: self.step,
-            weights: self.opt.master_weights(&*dev, self.model.params())?,
-            adam_m: download(m)?,
-            adam_v: download(v)?,
+            weights,
+            adam_m,
+            adam_v,
             data_state: self.data.state(),
             loss_scaler: self.scaler.as_ref().map(|s| s.checkpoint_state()),
             extra: {
@@ -236,7 +340,7 @@ impl<D: Device> Trainer<D> {
                 // loss scaler skipped.
                 extra.insert(
                     ADAM_STEPS_KEY.to_string(),
-                    self.opt.steps_taken().to_string(),
+                    self.optimizer_steps().to_string(),
                 );
                 extra
             },
@@ -245,16 +349,38 @@ impl<D: Device> Trainer<D> {
 
     /// Continues a run from a checkpoint; the next steps are the ones it would have taken.
     pub fn from_checkpoint(dev: Arc<D>, ck: &Checkpoint) -> Result<Self> {
-        let mut tr = Self::with_weights(dev.clone(), ck.config.clone(), &ck.weights)?;
-        tr.opt.set_master_weights(&*dev, &ck.weights)?;
-        {
-            let (m, v) = tr.opt.moments_mut();
-            for (buf, host) in m
-                .iter_mut()
-                .zip(&ck.adam_m)
-                .chain(v.iter_mut().zip(&ck.adam_v))
-            {
-                dev.upload(host, buf, 0)?;
+        Self::resume(dev, ck, None)
+    }
+
+    /// [`Trainer::from_checkpoint`] as one rank of a data-parallel run (any world size: the
+    /// checkpoint holds the full state).
+    pub fn from_checkpoint_data_parallel(
+        dev: Arc<D>,
+        ck: &Checkpoint,
+        comm: Arc<dyn Collective<D>>,
+        opts: DpOptions,
+    ) -> Result<Self> {
+        Self::resume(dev, ck, Some((comm, opts)))
+    }
+
+    fn resume(
+        dev: Arc<D>,
+        ck: &Checkpoint,
+        dp: Option<(Arc<dyn Collective<D>>, DpOptions)>,
+    ) -> Result<Self> {
+        let mut tr = Self::build(dev.clone(), ck.config.clone(), &ck.weights, dp)?;
+        match tr.dist.as_mut().and_then(|d| d.zero.as_mut()) {
+            Some(z) => z.load_state(&*dev, &ck.weights, &ck.adam_m, &ck.adam_v)?,
+            None => {
+                tr.opt.set_master_weights(&*dev, &ck.weights)?;
+                let (m, v) = tr.opt.moments_mut();
+                for (buf, host) in m
+                    .iter_mut()
+                    .zip(&ck.adam_m)
+                    .chain(v.iter_mut().zip(&ck.adam_v))
+                {
+                    dev.upload(host, buf, 0)?;
+                }
             }
         }
         let adam_steps = match ck.extra.get(ADAM_STEPS_KEY) {
@@ -263,7 +389,10 @@ impl<D: Device> Trainer<D> {
             })?,
             None => ck.step,
         };
-        tr.opt.set_steps_taken(adam_steps);
+        match tr.dist.as_mut().and_then(|d| d.zero.as_mut()) {
+            Some(z) => z.set_steps_taken(adam_steps),
+            None => tr.opt.set_steps_taken(adam_steps),
+        }
         tr.step = ck.step;
         tr.data.set_state(ck.data_state);
         if let (Some(s), Some((scale, clean))) = (tr.scaler.as_mut(), ck.loss_scaler) {
@@ -279,8 +408,12 @@ impl<D: Device> Trainer<D> {
         Ok(tr)
     }
 
-    /// One step (forward, backward, AdamW) on a given batch.
+    /// One step (forward, backward, AdamW) on a given batch (the global batch of a
+    /// data-parallel run: every rank passes the same one and trains on its slice).
     pub fn train_step_on(&mut self, inputs: &[i32], targets: &[i32]) -> Result<StepReport> {
+        if self.dist.is_some() {
+            return self.train_step_dp(inputs, targets);
+        }
         let start = Instant::now();
         let lr = self.cfg.lr_at(self.step);
         if let Some(s) = &self.scaler {
@@ -315,11 +448,102 @@ impl<D: Device> Trainer<D> {
         })
     }
 
+    /// The data-parallel step: forward and backward on this rank's rows, gradient buckets
+    /// reduced while the backward pass runs, then the replicated or ZeRO update.
+    fn train_step_dp(&mut self, inputs: &[i32], targets: &[i32]) -> Result<StepReport> {
+        let start = Instant::now();
+        let lr = self.cfg.lr_at(self.step);
+        let dev = self.model.device().clone();
+        let dist = self.dist.as_mut().expect("data-parallel trainer");
+        let (rank, world) = (dist.rank(), dist.world_size());
+        let n = self.model.batch_size() * self.cfg.train.seq;
+        if inputs.len() != n * world || targets.len() != n * world {
+            return Err(EngineError::Config(format!(
+                "data-parallel step: got {} tokens and {} targets, the global batch is {} × {}",
+                inputs.len(),
+                targets.len(),
+                self.cfg.train.batch,
+                self.cfg.train.seq
+            )));
+        }
+        // Every rank sees the global batch, so all take the same decisions here.
+        let counts: Vec<usize> = targets
+            .chunks(n)
+            .map(|c| c.iter().filter(|&&y| y >= 0).count())
+            .collect();
+        if let Some(r) = counts.iter().position(|&c| c == 0) {
+            return Err(EngineError::Config(format!(
+                "every target of rank {r}'s slice of the batch is ignored"
+            )));
+        }
+        let global: usize = counts.iter().sum();
+        // Scaling each rank's loss gradient by its share of the targets makes the sum over
+        // the ranks the gradient of the global mean loss.
+        let scale = self.scaler.as_ref().map_or(1.0, |s| s.scale());
+        self.model
+            .set_loss_scale((scale as f64 * counts[rank] as f64 / global as f64) as f32);
+        let (x, y) = (
+            &inputs[rank * n..(rank + 1) * n],
+            &targets[rank * n..(rank + 1) * n],
+        );
+        self.model.forward(x)?;
+        let local = self.model.loss(y, true)?;
+        let (sum, _) = dist.sum2(&*dev, local * counts[rank] as f32, 0.0)?;
+        let loss = sum / global as f32;
+        if !loss.is_finite() {
+            return Err(EngineError::Diverged {
+                step: self.step + 1,
+                loss,
+            });
+        }
+        self.model.zero_grads()?;
+        let sync = &mut dist.sync;
+        self.model
+            .backward_hooked(&mut |g, grads| sync.group_ready(&*dev, g, grads))?;
+        sync.finish(&*dev, self.model.grads_mut())?;
+        let comm = dist.comm().clone();
+        let stats = match dist.zero.as_mut() {
+            Some(z) => {
+                let (params, _) = self.model.params_and_grads();
+                z.step(&*dev, params, &mut dist.sync, lr, self.scaler.as_mut())?
+            }
+            None => {
+                let (params, grads) = self.model.params_and_grads();
+                self.opt.step_reduced(
+                    &*dev,
+                    params,
+                    grads,
+                    lr,
+                    self.scaler.as_mut(),
+                    Some(&*comm),
+                )?
+            }
+        };
+        // Every rank's FP8 scales follow the largest amax any rank saw.
+        if let Some(amax) = self.model.fp8_amax_mut() {
+            comm.all_reduce(amax, ReduceOp::Max)?;
+            comm.wait()?;
+        }
+        self.model.fp8_update()?;
+        self.step += 1;
+        Ok(StepReport {
+            step: self.step,
+            loss,
+            lr,
+            grad_norm: stats.grad_norm,
+            tokens: inputs.len(),
+            seconds: start.elapsed().as_secs_f64(),
+            loss_scale: self.scaler.as_ref().map(|_| stats.loss_scale),
+            skipped: stats.skipped,
+        })
+    }
+
     /// Greedy generation on `n` held-out progressions: prompt [`PROMPT_LEN`] tokens, generate
-    /// [`GEN_LEN`], exact when every generated token keeps the stride.
+    /// [`GEN_LEN`], exact when every generated token keeps the stride. In a data-parallel run
+    /// it uses only this rank's model (no collectives): one rank may run it alone.
     pub fn evaluate_generation(&mut self, n: usize) -> Result<GenerationEval> {
         let (b, t, v) = (
-            self.cfg.train.batch,
+            self.model.batch_size(),
             self.cfg.train.seq,
             self.cfg.model.vocab,
         );

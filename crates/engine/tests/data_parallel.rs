@@ -1,0 +1,238 @@
+//! Data parallelism on the CPU's in-process collective: ranks × local batch must train like one
+//! rank with the whole batch, replicated or with ZeRO-1, in every precision path.
+
+use duet_cpu::{CpuDevice, CpuGroup};
+use duet_device::Collective;
+use duet_engine::dist::DpOptions;
+use duet_engine::{Config, Precision, Preset, Trainer};
+use std::sync::Arc;
+
+const STEPS: usize = 5;
+
+fn cfg(precision: Precision) -> Config {
+    let mut c = Config::preset(Preset::Tiny);
+    c.train.batch = 16;
+    c.train.precision = precision;
+    // Clipping engages, so the agreed global norm matters.
+    c.train.grad_clip = 0.5;
+    c
+}
+
+type Fp8Scales = Option<Vec<f32>>;
+
+/// Full-precision weights (masters), losses, grad norms and FP8 scales of a single-device run.
+fn single(c: &Config) -> (Vec<Vec<f32>>, Vec<f32>, Vec<f32>, Fp8Scales) {
+    let dev = Arc::new(CpuDevice::new(Some(1)).unwrap());
+    let mut tr = Trainer::new(dev, c.clone()).unwrap();
+    let (mut losses, mut norms) = (vec![], vec![]);
+    for _ in 0..STEPS {
+        let r = tr.train_step().unwrap();
+        losses.push(r.loss);
+        norms.push(r.grad_norm);
+    }
+    let scales = fp8_scales(&tr);
+    (tr.checkpoint().unwrap().weights, losses, norms, scales)
+}
+
+fn fp8_scales(tr: &Trainer<CpuDevice>) -> Fp8Scales {
+    tr.model()
+        .fp8_state()
+        .map(|ops| ops.iter().map(|o| o.scale).collect())
+}
+
+struct RankResult {
+    weights: Vec<Vec<f32>>,
+    working: Vec<Vec<f32>>,
+    losses: Vec<f32>,
+    norms: Vec<f32>,
+    fp8: Fp8Scales,
+}
+
+/// Every rank's result of a `world`-rank run (threads sharing an in-process group).
+fn parallel(c: &Config, world: usize, opts: DpOptions) -> Vec<RankResult> {
+    let devs: Vec<_> = (0..world)
+        .map(|_| Arc::new(CpuDevice::new(Some(1)).unwrap()))
+        .collect();
+    let comms = CpuGroup::communicators(devs.clone()).unwrap();
+    let handles: Vec<_> = comms
+        .into_iter()
+        .zip(devs)
+        .map(|(comm, dev)| {
+            let c = c.clone();
+            std::thread::spawn(move || {
+                let comm: Arc<dyn Collective<CpuDevice>> = Arc::new(comm);
+                let mut tr = Trainer::new_data_parallel(dev, c, comm, opts).unwrap();
+                let (mut losses, mut norms) = (vec![], vec![]);
+                for _ in 0..STEPS {
+                    let r = tr.train_step().unwrap();
+                    losses.push(r.loss);
+                    norms.push(r.grad_norm);
+                }
+                RankResult {
+                    weights: tr.checkpoint().unwrap().weights,
+                    working: tr.model().weights().unwrap(),
+                    losses,
+                    norms,
+                    fp8: fp8_scales(&tr),
+                }
+            })
+        })
+        .collect();
+    handles.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
+fn max_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .flat_map(|(x, y)| x.iter().zip(y).map(|(p, q)| (p - q).abs()))
+        .fold(0.0, f32::max)
+}
+
+fn check(precision: Precision, zero: bool, tol: f32) {
+    let c = cfg(precision);
+    let (w1, l1, n1, s1) = single(&c);
+    // Small buckets: several per step, shards that cut across parameters.
+    let opts = DpOptions {
+        zero,
+        bucket_bytes: 8 << 10,
+    };
+    let ranks = parallel(&c, 2, opts);
+    for r in &ranks[1..] {
+        assert_eq!(r.working, ranks[0].working, "ranks hold identical weights");
+        assert_eq!(r.losses, ranks[0].losses);
+        assert_eq!(r.norms, ranks[0].norms);
+        assert_eq!(r.fp8, ranks[0].fp8, "ranks keep the same FP8 scales");
+    }
+    let r = &ranks[0];
+    let d = max_diff(&w1, &r.weights);
+    eprintln!("{precision} zero={zero}: max |Δw| after {STEPS} steps = {d:e}");
+    assert!(d <= tol, "2 ranks × 8 vs 1 × 16: max |Δw| {d:e} > {tol:e}");
+    // The weights moved (lr 1e-3, five steps): the comparison is not trivially met.
+    let init = duet_engine::model::init_weights(&c.model, c.train.seed);
+    assert!(max_diff(&init, &r.weights) > 1e-3);
+    for (a, b) in l1.iter().zip(&r.losses) {
+        assert!(
+            (a - b).abs() <= 1e-5 * a.abs(),
+            "losses {l1:?} vs {:?}",
+            r.losses
+        );
+    }
+    assert_eq!(s1.is_some(), precision == Precision::Fp8);
+    if let (Some(a), Some(b)) = (&s1, &r.fp8) {
+        for (x, y) in a.iter().zip(b) {
+            assert!((x - y).abs() <= 1e-5 * x.abs(), "fp8 scales {a:?} vs {b:?}");
+        }
+    }
+    for (a, b) in n1.iter().zip(&r.norms) {
+        assert!(
+            (a - b).abs() <= 1e-4 * a.abs(),
+            "norms {n1:?} vs {:?}",
+            r.norms
+        );
+    }
+}
+
+#[test]
+fn two_ranks_match_one_rank_fp32() {
+    check(Precision::Fp32, false, 2e-6);
+}
+
+#[test]
+fn two_ranks_match_one_rank_fp32_zero1() {
+    check(Precision::Fp32, true, 2e-6);
+}
+
+#[test]
+fn two_ranks_match_one_rank_bf16_zero1() {
+    check(Precision::Bf16, true, 2e-5);
+}
+
+#[test]
+fn two_ranks_match_one_rank_fp16_loss_scaling() {
+    check(Precision::Fp16, false, 2e-5);
+}
+
+/// FP8 delayed scaling: the amaxes are max-reduced over the ranks, so every rank's scales are
+/// those of the single-device run (the max over the whole batch).
+#[test]
+fn two_ranks_match_one_rank_fp8_zero1() {
+    check(Precision::Fp8, true, 2e-5);
+}
+
+/// A checkpoint of a ZeRO run holds the full gathered state: resuming it on two ranks is
+/// exact, and it also resumes on a single device.
+#[test]
+fn zero1_checkpoint_resumes_exactly_and_on_any_world_size() {
+    let c = cfg(Precision::Fp32);
+    let opts = DpOptions {
+        zero: true,
+        bucket_bytes: 8 << 10,
+    };
+    let world = 2;
+    let run = |resume: Option<duet_engine::checkpoint::Checkpoint>, steps: usize| {
+        let devs: Vec<_> = (0..world)
+            .map(|_| Arc::new(CpuDevice::new(Some(1)).unwrap()))
+            .collect();
+        let comms = CpuGroup::communicators(devs.clone()).unwrap();
+        let hs: Vec<_> = comms
+            .into_iter()
+            .zip(devs)
+            .map(|(comm, dev)| {
+                let (c, resume) = (c.clone(), resume.clone());
+                std::thread::spawn(move || {
+                    let comm: Arc<dyn Collective<CpuDevice>> = Arc::new(comm);
+                    let mut tr = match &resume {
+                        Some(ck) => {
+                            Trainer::from_checkpoint_data_parallel(dev, ck, comm, opts).unwrap()
+                        }
+                        None => Trainer::new_data_parallel(dev, c, comm, opts).unwrap(),
+                    };
+                    for _ in 0..steps {
+                        tr.train_step().unwrap();
+                    }
+                    tr.checkpoint().unwrap()
+                })
+            })
+            .collect();
+        let mut cks: Vec<_> = hs.into_iter().map(|h| h.join().unwrap()).collect();
+        cks.swap_remove(0)
+    };
+    let full = run(None, STEPS);
+    let part = run(None, 3);
+    assert_eq!(part.step, 3);
+    let resumed = run(Some(part.clone()), STEPS - 3);
+    assert_eq!(resumed.step, STEPS as u64);
+    assert_eq!(resumed.weights, full.weights, "exact resume");
+    assert_eq!(resumed.adam_m, full.adam_m);
+    assert_eq!(resumed.adam_v, full.adam_v);
+    let dev = Arc::new(CpuDevice::new(Some(1)).unwrap());
+    let mut one = Trainer::from_checkpoint(dev, &part).unwrap();
+    for _ in 3..STEPS {
+        one.train_step().unwrap();
+    }
+    let d = max_diff(&one.checkpoint().unwrap().weights, &full.weights);
+    assert!(d < 2e-6, "resumed on one device: {d:e}");
+}
+
+#[test]
+fn an_uneven_batch_is_refused() {
+    let mut c = cfg(Precision::Fp32);
+    c.train.batch = 15;
+    let r = parallel_err(&c, 2);
+    assert!(r.contains("multiple of 2"), "{r}");
+}
+
+fn parallel_err(c: &Config, world: usize) -> String {
+    let devs: Vec<_> = (0..world)
+        .map(|_| Arc::new(CpuDevice::new(Some(1)).unwrap()))
+        .collect();
+    let comm = CpuGroup::communicators(devs.clone())
+        .unwrap()
+        .swap_remove(0);
+    let comm: Arc<dyn Collective<CpuDevice>> = Arc::new(comm);
+    match Trainer::new_data_parallel(devs[0].clone(), c.clone(), comm, DpOptions::default()) {
+        Ok(_) => panic!("accepted"),
+        Err(e) => e.to_string(),
+    }
+}

@@ -18,10 +18,7 @@ fn cuda(test: &str) -> Option<Arc<CudaDevice>> {
         Err(e) => {
             // Straight to stderr, past the harness's capture, so a skip is never silent.
             use std::io::Write;
-            let _ = writeln!(
-                std::io::stderr(),
-                "SKIP cpu_and_cuda_train_the_same_fp32: {e}"
-            );
+            let _ = writeln!(std::io::stderr(), "SKIP {test}: {e}");
             None
         }
     }

@@ -189,29 +189,32 @@ struct BlockActs<B> {
     ln1: B,
     ln1_mean: B,
     ln1_rstd: B,
+    /// The attention's input (q, k and v are split from it again in the backward pass, and the
+    /// attention probabilities recomputed: no `t × t` matrix is kept per block).
     qkv: B,
-    q: B,
-    k: B,
-    v: B,
-    probs: B,
-    atty: B,
     attc: B,
     /// Residual stream after attention.
     res2: B,
     ln2: B,
     ln2_mean: B,
     ln2_rstd: B,
+    /// The MLP's hidden pre-activation (gelu(fch) is recomputed in the backward pass).
     fch: B,
-    fch_gelu: B,
     /// Residual stream after the MLP (the block's output).
     res3: B,
 }
 
-/// Scratch buffers the backward pass reuses across blocks.
+/// Scratch buffers the forward and backward passes reuse across blocks. The three score-sized
+/// buffers hold one chunk of `Dims::ab` attention matrices (`ab × t × t`), not all `b·nh`.
 struct Scratch<B> {
+    /// Scores, and in the backward pass their gradient.
     scores: B,
+    probs: B,
     dprobs: B,
-    dscores: B,
+    /// Heads split from a block's `qkv` (`b × nh × t × hs` each).
+    q: B,
+    k: B,
+    v: B,
     dresid: B,
     d_c: B,
     d_c2: B,
@@ -221,6 +224,38 @@ struct Scratch<B> {
     dqkv: B,
     d_f: B,
     d_f2: B,
+}
+
+impl<B> Scratch<B> {
+    /// Scratch for `n` tokens of width `c`, FFN width `f` and `att` score elements per
+    /// attention chunk, in the activation dtype `act`.
+    fn alloc<D: Device<Buffer = B>>(
+        dev: &D,
+        act: DType,
+        n: usize,
+        c: usize,
+        f: usize,
+        att: usize,
+    ) -> Result<Self> {
+        let a = |len: usize| dev.alloc(act, len);
+        Ok(Self {
+            scores: a(att)?,
+            probs: a(att)?,
+            dprobs: a(att)?,
+            q: a(n * c)?,
+            k: a(n * c)?,
+            v: a(n * c)?,
+            dresid: a(n * c)?,
+            d_c: a(n * c)?,
+            d_c2: a(n * c)?,
+            dq: a(n * c)?,
+            dk: a(n * c)?,
+            dv: a(n * c)?,
+            dqkv: a(n * 3 * c)?,
+            d_f: a(n * f)?,
+            d_f2: a(n * f)?,
+        })
+    }
 }
 
 /// Bytes held by each category of buffer (the memory plan).
@@ -275,7 +310,8 @@ const LINEARS: [(BlockParam, &str); 4] = [
 /// FP8 copies of the linear layers' operands and their scaling metadata.
 struct Fp8Bufs<D: Device> {
     state: Fp8State<D>,
-    /// Per linear layer (`4·layer + kind`): the input and its transpose (kept for the weight
+    /// Per kind of linear layer: the input (used by the forward GEMM only, so reused by every
+    /// layer). Per linear layer (`4·layer + kind`): the input's transpose (kept for the weight
     /// gradient), the weight and its transpose (for the input gradient).
     x8: Vec<D::Buffer>,
     x8t: Vec<D::Buffer>,
@@ -420,7 +456,7 @@ impl<D: Device> Gpt<D> {
         }
         let (c, f, nh, v) = (cfg.d_model, cfg.ffn, cfg.heads, cfg.vocab);
         let n = b * t;
-        let att = b * nh * t * t;
+        let att = attention_chunk(b * nh, t) * t * t;
         let a = |len: usize| dev.alloc(act, len);
         let a32 = |len: usize| dev.alloc(f32, len);
         // With checkpointing, one segment's worth of block activations is reused by every
@@ -445,35 +481,16 @@ impl<D: Device> Gpt<D> {
                 ln1_mean: a32(n)?,
                 ln1_rstd: a32(n)?,
                 qkv: a(n * 3 * c)?,
-                q: a(n * c)?,
-                k: a(n * c)?,
-                v: a(n * c)?,
-                probs: a(att)?,
-                atty: a(n * c)?,
                 attc: a(n * c)?,
                 res2: a(n * c)?,
                 ln2: a(n * c)?,
                 ln2_mean: a32(n)?,
                 ln2_rstd: a32(n)?,
                 fch: a(n * f)?,
-                fch_gelu: a(n * f)?,
                 res3: a(n * c)?,
             });
         }
-        let scratch = Scratch {
-            scores: a(att)?,
-            dprobs: a(att)?,
-            dscores: a(att)?,
-            dresid: a(n * c)?,
-            d_c: a(n * c)?,
-            d_c2: a(n * c)?,
-            dq: a(n * c)?,
-            dk: a(n * c)?,
-            dv: a(n * c)?,
-            dqkv: a(n * 3 * c)?,
-            d_f: a(n * f)?,
-            d_f2: a(n * f)?,
-        };
+        let scratch = Scratch::alloc(&*dev, act, n, c, f, att)?;
         let fp8 = if plan.precision == Precision::Fp8 {
             // FP8 tensor-core GEMMs (cuBLASLt, hipBLASLt) need every dimension of the linear
             // layers' GEMMs to be a multiple of 16; enforced on every backend so a config that
@@ -509,14 +526,14 @@ impl<D: Device> Gpt<D> {
             for _ in 0..cfg.layers {
                 for k in 0..LINEARS.len() {
                     let (fi, fo) = linear_dims(cfg, k);
-                    bufs.x8.push(dev.alloc(fwd, n * fi)?);
                     bufs.x8t.push(dev.alloc(fwd, n * fi)?);
                     bufs.w8.push(dev.alloc(fwd, fo * fi)?);
                     bufs.w8t.push(dev.alloc(fwd, fo * fi)?);
                 }
             }
             for k in 0..LINEARS.len() {
-                let (_, fo) = linear_dims(cfg, k);
+                let (fi, fo) = linear_dims(cfg, k);
+                bufs.x8.push(dev.alloc(fwd, n * fi)?);
                 bufs.dy8.push(dev.alloc(bwd, n * fo)?);
                 bufs.dy8t.push(dev.alloc(bwd, n * fo)?);
             }
@@ -533,40 +550,30 @@ impl<D: Device> Gpt<D> {
                 &k.ln1_mean,
                 &k.ln1_rstd,
                 &k.qkv,
-                &k.q,
-                &k.k,
-                &k.v,
-                &k.probs,
-                &k.atty,
                 &k.attc,
                 &k.res2,
                 &k.ln2,
                 &k.ln2_mean,
                 &k.ln2_rstd,
                 &k.fch,
-                &k.fch_gelu,
                 &k.res3,
             ]);
         }
         let sc = &scratch;
         let mut scratch_bufs: Vec<&D::Buffer> = vec![
-            &sc.scores,
-            &sc.dprobs,
-            &sc.dscores,
-            &sc.dresid,
-            &sc.d_c,
-            &sc.d_c2,
-            &sc.dq,
-            &sc.dk,
-            &sc.dv,
-            &sc.dqkv,
-            &sc.d_f,
-            &sc.d_f2,
+            &sc.scores, &sc.probs, &sc.dprobs, &sc.q, &sc.k, &sc.v, &sc.dresid, &sc.d_c, &sc.d_c2,
+            &sc.dq, &sc.dk, &sc.dv, &sc.dqkv, &sc.d_f, &sc.d_f2,
         ];
         scratch_bufs.extend(dlogits_lp.iter());
         if let Some(q) = &fp8 {
-            act_bufs.extend(q.x8.iter().chain(&q.x8t));
-            scratch_bufs.extend(q.w8.iter().chain(&q.w8t).chain(&q.dy8).chain(&q.dy8t));
+            act_bufs.extend(q.x8t.iter());
+            scratch_bufs.extend(
+                q.x8.iter()
+                    .chain(&q.w8)
+                    .chain(&q.w8t)
+                    .chain(&q.dy8)
+                    .chain(&q.dy8t),
+            );
         }
         // encoded, lnf (act); lnf stats, logits, dlogits, losses (f32).
         let head = (2 * n * c * act.size_bytes() + 4 * (2 * n + 2 * n * v + n)) as u64;
@@ -824,6 +831,7 @@ impl<D: Device> Gpt<D> {
             hs: c / nh,
             f: self.cfg.ffn,
             n: self.b * self.t,
+            ab: attention_chunk(self.b * nh, self.t),
         }
     }
 
@@ -852,7 +860,7 @@ impl<D: Device> Gpt<D> {
             l,
             x,
             a,
-            &mut self.scratch.scores,
+            &mut self.scratch,
             dims,
         )
     }
@@ -1077,12 +1085,13 @@ pub fn estimate_memory(cfg: &ModelConfig, b: usize, t: usize, plan: &PrecisionPl
     );
     let (b, t) = (b as u64, t as u64);
     let n = b * t;
-    let att = b * nh * t * t;
+    // One chunk of attention matrices (scratch; no block keeps a t × t matrix).
+    let att = attention_chunk((b * nh) as usize, t as usize) as u64 * t * t;
     let params = cfg.num_params() as u64;
     let lowp = act != 4;
     // Weights (worst case: all in the activation dtype plus f32 masters), f32 grads, m and v.
     let weights = params * act + if lowp { 4 * params } else { 0 } + 3 * 4 * params;
-    let per_block = act * (n * c * 9 + att + 2 * n * f) + 4 * 4 * n;
+    let per_block = act * (n * c * 8 + n * f) + 4 * 4 * n;
     let slots = if plan.checkpoint_every > 0 {
         (plan.checkpoint_every as u64).min(l)
     } else {
@@ -1093,10 +1102,13 @@ pub fn estimate_memory(cfg: &ModelConfig, b: usize, t: usize, plan: &PrecisionPl
     } else {
         0
     };
-    let scratch = act * (3 * att + n * (9 * c + 2 * f)) + 4 * (2 * n * v + 4 * n) + act * 2 * n * c;
+    let scratch =
+        act * (3 * att + n * (12 * c + 2 * f)) + 4 * (2 * n * v + 4 * n) + act * 2 * n * c;
     let fp8 = if plan.precision == Precision::Fp8 {
-        // Per linear: input (and transpose), weight (and transpose); output gradients per kind.
-        l * 2 * (n * (c + c + c + f) + (3 * c * c + c * c + f * c + c * f))
+        // Per linear: the input's transpose, the weight (and transpose); per kind: the input,
+        // the output gradient (and transpose).
+        l * (n * (c + c + c + f) + 2 * (3 * c * c + c * c + f * c + c * f))
+            + n * (c + c + c + f)
             + 2 * n * (3 * c + c + f + c)
     } else {
         0
@@ -1127,6 +1139,20 @@ struct Dims {
     hs: usize,
     f: usize,
     n: usize,
+    /// Attention matrices (of the `b·nh`) handled per chunk; divides `b·nh`.
+    ab: usize,
+}
+
+/// Score-matrix elements the attention works on at once: 8 Mi (16 MiB in bf16, 32 in f32),
+/// so the scores and probabilities of a chunk stay in a GPU's L2 cache between the GEMM and the
+/// softmax, and the scratch does not grow with `b·nh·t²`.
+const ATTENTION_CHUNK_ELEMS: usize = 1 << 23;
+
+/// The number of attention matrices per chunk: the largest divisor of `bh` (= batch × heads)
+/// whose `t × t` score matrices fit in [`ATTENTION_CHUNK_ELEMS`] (at least 1).
+fn attention_chunk(bh: usize, t: usize) -> usize {
+    let fit = (ATTENTION_CHUNK_ELEMS / (t * t).max(1)).clamp(1, bh.max(1));
+    (1..=fit).rev().find(|d| bh.is_multiple_of(*d)).unwrap_or(1)
 }
 
 /// One block's forward pass from `x` into its activations `a`.
@@ -1139,7 +1165,7 @@ fn block_forward<D: Device>(
     l: usize,
     x: &D::Buffer,
     a: &mut BlockActs<D::Buffer>,
-    scores: &mut D::Buffer,
+    s: &mut Scratch<D::Buffer>,
     d: Dims,
 ) -> Result<()> {
     let Dims {
@@ -1150,6 +1176,7 @@ fn block_forward<D: Device>(
         hs,
         f,
         n,
+        ..
     } = d;
     let scale = 1.0 / (hs as f32).sqrt();
     let w = |bp: BlockParam| &p[param_index(l, bp)];
@@ -1178,21 +1205,9 @@ fn block_forward<D: Device>(
         3 * c,
         0.0,
     )?;
-    dev.split_heads(&a.qkv, &mut a.q, &mut a.k, &mut a.v, b, t, nh, hs)?;
-    dev.gemm(
-        &GemmDesc::batched(false, true, t, t, hs, b * nh),
-        &a.q,
-        &a.k,
-        scores,
-    )?;
-    dev.softmax_causal_forward(scores, &mut a.probs, b * nh, t, scale)?;
-    dev.gemm(
-        &GemmDesc::batched(false, false, t, hs, t, b * nh),
-        &a.probs,
-        &a.v,
-        &mut a.atty,
-    )?;
-    dev.merge_heads(&a.atty, &mut a.attc, b, t, nh, hs, false)?;
+    dev.split_heads(&a.qkv, &mut s.q, &mut s.k, &mut s.v, b, t, nh, hs)?;
+    attention_forward(dev, s, d, scale)?;
+    dev.merge_heads(&s.d_c2, &mut a.attc, b, t, nh, hs, false)?;
     dev.copy(x, 0, &mut a.res2, 0, n * c)?;
     linear_forward(
         dev,
@@ -1232,13 +1247,14 @@ fn block_forward<D: Device>(
         f,
         0.0,
     )?;
-    dev.gelu_forward(&a.fch, &mut a.fch_gelu)?;
+    // gelu(fch) lives in scratch: the backward pass recomputes it.
+    dev.gelu_forward(&a.fch, &mut s.d_f2)?;
     dev.copy(&a.res2, 0, &mut a.res3, 0, n * c)?;
     linear_forward(
         dev,
         q8.as_mut().map(|q| (q, 4 * l + 3)),
         record,
-        &a.fch_gelu,
+        &s.d_f2,
         w(BlockParam::FcProjW),
         w(BlockParam::FcProjB),
         &mut a.res3,
@@ -1273,18 +1289,24 @@ fn block_backward<D: Device>(
         hs,
         f,
         n,
+        ..
     } = d;
     let scale = 1.0 / (hs as f32).sqrt();
     let w = |bp: BlockParam| &p[param_index(l, bp)];
     let gi = |bp: BlockParam| param_index(l, bp);
-    // res3 = res2 + fch_gelu · FcProjWᵀ + FcProjB; dresid passes through unchanged.
+    // res3 = res2 + gelu(fch) · FcProjWᵀ + FcProjB; dresid passes through unchanged. The weight
+    // gradient needs gelu(fch): recomputed into d_f2 (bit for bit what the forward pass used;
+    // FP8 keeps its own transposed copy instead).
+    if q8.is_none() {
+        dev.gelu_forward(&a.fch, &mut s.d_f2)?;
+    }
     {
         let (gw, gb) = two_mut(g, gi(BlockParam::FcProjW), gi(BlockParam::FcProjB));
         linear_backward(
             dev,
             q8.as_mut().map(|q| (q, 4 * l + 3)),
             &s.dresid,
-            &a.fch_gelu,
+            &s.d_f2,
             w(BlockParam::FcProjW),
             &mut s.d_f,
             gw,
@@ -1345,33 +1367,9 @@ fn block_backward<D: Device>(
     }
     // attc = merge(atty): the gradient goes back through the inverse permutation.
     dev.merge_heads(&s.d_c, &mut s.d_c2, b, t, nh, hs, true)?;
-    // atty = P · v.
-    dev.gemm(
-        &GemmDesc::batched(false, true, t, t, hs, b * nh),
-        &s.d_c2,
-        &a.v,
-        &mut s.dprobs,
-    )?;
-    dev.gemm(
-        &GemmDesc::batched(true, false, t, hs, t, b * nh),
-        &a.probs,
-        &s.d_c2,
-        &mut s.dv,
-    )?;
-    // P = softmax(scale · q·kᵀ).
-    dev.softmax_causal_backward(&a.probs, &s.dprobs, &mut s.dscores, b * nh, t, scale)?;
-    dev.gemm(
-        &GemmDesc::batched(false, false, t, hs, t, b * nh),
-        &s.dscores,
-        &a.k,
-        &mut s.dq,
-    )?;
-    dev.gemm(
-        &GemmDesc::batched(true, false, t, hs, t, b * nh),
-        &s.dscores,
-        &a.q,
-        &mut s.dk,
-    )?;
+    // q, k and v are split from the saved qkv again (the forward pass kept no copy).
+    dev.split_heads(&a.qkv, &mut s.q, &mut s.k, &mut s.v, b, t, nh, hs)?;
+    attention_backward(dev, s, d, scale)?;
     dev.split_heads_backward(&s.dq, &s.dk, &s.dv, &mut s.dqkv, b, t, nh, hs)?;
     {
         let (gw, gb) = two_mut(g, gi(BlockParam::AttnW), gi(BlockParam::AttnB));
@@ -1412,6 +1410,74 @@ fn block_backward<D: Device>(
     Ok(())
 }
 
+/// Causal attention `y = softmax(scale · q·kᵀ) · v` over the `b·nh` heads in `s.q`, `s.k`,
+/// `s.v`, `d.ab` heads at a time (no `t × t` matrix beyond one chunk is ever written); `y`
+/// (head layout) goes to `s.d_c2`, which the backward pass only uses later for its own gradient.
+fn attention_forward<D: Device>(
+    dev: &D,
+    s: &mut Scratch<D::Buffer>,
+    d: Dims,
+    scale: f32,
+) -> Result<()> {
+    let (t, hs, ab) = (d.t, d.hs, d.ab);
+    for j in (0..d.b * d.nh).step_by(ab) {
+        attention_probs(dev, s, j, d, scale)?;
+        let mut pv = GemmDesc::batched(false, false, t, hs, t, ab);
+        (pv.b_offset, pv.c_offset) = (j * t * hs, j * t * hs);
+        dev.gemm(&pv, &s.probs, &s.v, &mut s.d_c2)?;
+    }
+    Ok(())
+}
+
+/// Backward of [`attention_forward`]: from `dy` in `s.d_c2` and `s.q`, `s.k`, `s.v`, writes
+/// `s.dq`, `s.dk`, `s.dv`. Each chunk's probabilities are recomputed exactly as the forward
+/// pass computed them (same ops, same shapes, so the same bits).
+fn attention_backward<D: Device>(
+    dev: &D,
+    s: &mut Scratch<D::Buffer>,
+    d: Dims,
+    scale: f32,
+) -> Result<()> {
+    let (t, hs, ab) = (d.t, d.hs, d.ab);
+    for j in (0..d.b * d.nh).step_by(ab) {
+        let off = j * t * hs;
+        attention_probs(dev, s, j, d, scale)?;
+        // dP = dy · vᵀ, dv = Pᵀ · dy.
+        let mut dp = GemmDesc::batched(false, true, t, t, hs, ab);
+        (dp.a_offset, dp.b_offset) = (off, off);
+        dev.gemm(&dp, &s.d_c2, &s.v, &mut s.dprobs)?;
+        let mut dv = GemmDesc::batched(true, false, t, hs, t, ab);
+        (dv.b_offset, dv.c_offset) = (off, off);
+        dev.gemm(&dv, &s.probs, &s.d_c2, &mut s.dv)?;
+        // dS (into the scores buffer, free again), then dq = dS · k, dk = dSᵀ · q.
+        dev.softmax_causal_backward(&s.probs, &s.dprobs, &mut s.scores, ab, t, scale)?;
+        let mut dq = GemmDesc::batched(false, false, t, hs, t, ab);
+        (dq.b_offset, dq.c_offset) = (off, off);
+        dev.gemm(&dq, &s.scores, &s.k, &mut s.dq)?;
+        let mut dk = GemmDesc::batched(true, false, t, hs, t, ab);
+        (dk.b_offset, dk.c_offset) = (off, off);
+        dev.gemm(&dk, &s.scores, &s.q, &mut s.dk)?;
+    }
+    Ok(())
+}
+
+/// The causal attention probabilities of the chunk of `d.ab` heads starting at head `j`
+/// (of the `b·nh` in `s.q`, `s.k`): `s.probs = softmax(scale · q·kᵀ)`, via `s.scores`.
+fn attention_probs<D: Device>(
+    dev: &D,
+    s: &mut Scratch<D::Buffer>,
+    j: usize,
+    d: Dims,
+    scale: f32,
+) -> Result<()> {
+    let (t, hs, ab) = (d.t, d.hs, d.ab);
+    let mut qk = GemmDesc::batched(false, true, t, t, hs, ab);
+    (qk.a_offset, qk.b_offset) = (j * t * hs, j * t * hs);
+    dev.gemm(&qk, &s.q, &s.k, &mut s.scores)?;
+    dev.softmax_causal_forward(&s.scores, &mut s.probs, ab, t, scale)?;
+    Ok(())
+}
+
 /// `out = beta·out + x · Wᵀ + bias` for `x` (`n × k`), `W` (`m × k`), `out` (`n × m`). With
 /// `q8` (FP8 buffers and the linear layer's index) the GEMM runs on FP8 copies of `x` and `W`
 /// quantised with their current scales (recording their amaxes); the transposed copies are kept
@@ -1444,11 +1510,12 @@ fn linear_forward<D: Device>(
             } else {
                 &mut q.amax_discard
             };
-            let (x8, x8t) = (&mut q.x8[id], Some(&mut q.x8t[id]));
+            let kind = id % LINEARS.len();
+            let (x8, x8t) = (&mut q.x8[kind], Some(&mut q.x8t[id]));
             dev.quantize_fp8(x, x8, x8t, n, k, &st.scale, amax, sx)?;
             let (w8, w8t) = (&mut q.w8[id], Some(&mut q.w8t[id]));
             dev.quantize_fp8(w, w8, w8t, m, k, &st.scale, amax, sw)?;
-            dev.gemm_fp8(&desc, &q.x8[id], &q.w8[id], out, &st.scale_inv, sx, sw)?;
+            dev.gemm_fp8(&desc, &q.x8[kind], &q.w8[id], out, &st.scale_inv, sx, sw)?;
         }
     }
     dev.bias_add(out, bias, n, m)?;
@@ -1544,5 +1611,71 @@ mod tests {
             "transformer.h.1.mlp.c_proj.bias"
         );
         assert_eq!(specs.len(), 2 + 12 * cfg.layers + 2);
+    }
+
+    #[test]
+    fn attention_chunk_divides_and_fits() {
+        assert_eq!(attention_chunk(384, 256), 128); // the seed model: 3 chunks
+        assert_eq!(attention_chunk(512, 256), 128); // the large model: 4 chunks
+        assert_eq!(attention_chunk(128, 48), 128); // small models: one chunk
+        assert_eq!(attention_chunk(7, 4096), 1);
+        assert_eq!(attention_chunk(1, 1), 1);
+        for (bh, t) in [(384, 256), (100, 300), (97, 512), (12, 2048)] {
+            let ab = attention_chunk(bh, t);
+            assert!(bh.is_multiple_of(ab) && (ab == 1 || ab * t * t <= ATTENTION_CHUNK_ELEMS));
+        }
+    }
+
+    /// The chunked attention computes what one pass over all heads computes (forward and
+    /// backward), for chunks of 1, 2 and 3 of 6 heads.
+    #[test]
+    fn chunked_attention_matches_one_pass() {
+        use duet_cpu::CpuDevice;
+        let dev = CpuDevice::new(Some(2)).unwrap();
+        let (b, nh, t, hs) = (2, 3, 7, 4);
+        let (c, n) = (nh * hs, b * t);
+        let mut rng = Rng::new(7);
+        let mut rand = |len: usize| -> Vec<f32> {
+            (0..len).map(|_| rng.normal() as f32).collect::<Vec<f32>>()
+        };
+        let (q, k, v, dy) = (rand(n * c), rand(n * c), rand(n * c), rand(n * c));
+        let run = |ab: usize| -> Vec<Vec<f32>> {
+            let d = Dims {
+                b,
+                t,
+                c,
+                nh,
+                hs,
+                f: 8,
+                n,
+                ab,
+            };
+            let mut s = Scratch::alloc(&dev, DType::F32, n, c, 8, ab * t * t).unwrap();
+            dev.upload(&q, &mut s.q, 0).unwrap();
+            dev.upload(&k, &mut s.k, 0).unwrap();
+            dev.upload(&v, &mut s.v, 0).unwrap();
+            let scale = 0.5;
+            attention_forward(&dev, &mut s, d, scale).unwrap();
+            let y = dev.download_f32(&s.d_c2).unwrap();
+            dev.upload(&dy, &mut s.d_c2, 0).unwrap();
+            attention_backward(&dev, &mut s, d, scale).unwrap();
+            let out = [&s.dq, &s.dk, &s.dv].map(|x| dev.download_f32(x).unwrap());
+            let mut all = vec![y];
+            all.extend(out);
+            all
+        };
+        let whole = run(b * nh);
+        assert!(whole[0].iter().all(|x| x.is_finite()) && whole[0].iter().any(|&x| x != 0.0));
+        for ab in [1, 2, 3] {
+            let chunked = run(ab);
+            for (w, c) in whole.iter().zip(&chunked) {
+                for (x, y) in w.iter().zip(c) {
+                    assert!(
+                        (x - y).abs() <= 1e-6 * (1.0 + x.abs()),
+                        "ab {ab}: {x} vs {y}"
+                    );
+                }
+            }
+        }
     }
 }

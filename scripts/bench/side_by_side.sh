@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# duet bench and the PyTorch reference (scripts/bench/torch_ref.py) side by side, in ONE call on
+# the GPU machine. Prepare here with `bash scripts/bench/side_by_side.sh --pack` (builds the duet
+# binary into .carry-bench/, git-ignored through .git/info/exclude; the torchao wheel must be in
+# .whl/, see scripts/bench/README.md), then with the device tool:
+#   run(command="bash .carry-bench/side_by_side.sh", carry=[".carry-bench", ".whl"])
+# Results: $OUT/duet-<preset>.json, $OUT/torch-<preset>.jsonl, $OUT/table.md (also printed last).
+# Environment: PRESETS (default "seed large"), TORCH_SEED_MODES / TORCH_LARGE_MODES (comma
+# lists of torch_ref.py modes), DUET_ITERS (default 20), TORCH_ITERS (default 30).
+# With SAVE_CACHES=1 the compile caches (NVRTC cubins, TorchInductor/Triton) are saved to
+# $OUT/caches.tar.gz; copy it to .carry-bench/caches.tar.gz to start the next call warm.
+# PROFILE=bf16 adds an ncu kernel-time summary of about one seed step ($OUT/ncu-summary.txt).
+set -uo pipefail
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+if [ "${1:-}" = "--pack" ]; then
+    ROOT="$(cd "$HERE/../.." && pwd)"
+    cd "$ROOT"
+    cargo build --release --bin duet
+    mkdir -p .carry-bench
+    cp target/release/duet .carry-bench/duet && strip .carry-bench/duet
+    cp scripts/bench/side_by_side.sh scripts/bench/torch_ref.py scripts/bench/table.py .carry-bench/
+    du -sh .carry-bench .whl 2>/dev/null
+    exit 0
+fi
+OUT="${OUT:-$(mktemp -d)}"
+exec > >(tee "$OUT/side_by_side.log") 2>&1
+nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap,clocks.sm --format=csv,noheader
+dirs=""
+for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
+         /opt/*/.venv/lib/python3*/site-packages/nvidia/cu13/lib \
+         /usr/local/lib/python3*/dist-packages/nvidia/cu13/lib; do
+    [ -d "$d" ] && dirs="$dirs:$d"
+done
+export LD_LIBRARY_PATH="${dirs#:}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export DUET_CUDA_CACHE_DIR=/tmp/caches/duet TORCHINDUCTOR_CACHE_DIR=/tmp/caches/inductor
+export PYTHONUNBUFFERED=1
+mkdir -p /tmp/caches
+[ -f "$HERE/caches.tar.gz" ] && tar -xzf "$HERE/caches.tar.gz" -C /tmp/caches && echo "warm caches restored"
+if ls "$HERE"/../.whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site "$HERE"/../.whl/*.whl && export PYTHONPATH=/tmp/site
+fi
+python3 -c 'import torch; print("torch", torch.__version__)'
+python3 -c 'import torchao; print("torchao", torchao.__version__)' || echo "torchao missing: fp8 modes will report an error"
+ITERS="${DUET_ITERS:-20}"
+# max-autotune is off by default: its GEMM autotuning took 363 s of compilation on the seed model
+# (2026-11-29) and it ran no faster than reduce-overhead (4.57 vs 4.41 ms/step). TORCH_MAX_AUTOTUNE=1
+# adds it (last, so a time-out loses nothing else).
+SEED_MODES="${TORCH_SEED_MODES:-eager-fp32,eager-bf16,eager-fp16,compile-bf16,compile-bf16-ro,fp8-torchao,fp8-torchao-compile}"
+[ -n "${TORCH_MAX_AUTOTUNE:-}" ] && SEED_MODES="$SEED_MODES,compile-bf16-ma"
+LARGE_MODES="${TORCH_LARGE_MODES:-eager-bf16,compile-bf16-ro,fp8-torchao-compile}"
+for p in ${PRESETS:-seed large}; do
+    echo "== duet bench --preset $p --precision all"
+    t0=$(date +%s)
+    "$HERE/duet" bench --backend cuda --preset "$p" --precision all --warmup-steps 5 --iters "$ITERS" \
+        --json "$OUT/duet-$p.json" >/dev/null 2>"/tmp/duet-$p.err"; cat "/tmp/duet-$p.err"
+    echo "== duet $p: $(( $(date +%s) - t0 )) s"
+    modes=$SEED_MODES; [ "$p" = large ] && modes=$LARGE_MODES
+    echo "== torch_ref.py --preset $p --modes $modes"
+    t0=$(date +%s)
+    python3 "$HERE/torch_ref.py" --preset "$p" --modes "$modes" --warmup 8 --iters "${TORCH_ITERS:-30}" \
+        --json "$OUT/torch-$p.jsonl" >/dev/null 2>"/tmp/torch-$p.err" || true
+    grep -E "Error|error|Traceback" "/tmp/torch-$p.err" | grep -v "autotun\|select_algorithm\|triton configs" | tail -5
+    echo "== torch $p: $(( $(date +%s) - t0 )) s"
+done
+[ -n "${SAVE_CACHES:-}" ] && tar -czf "$OUT/caches.tar.gz" -C /tmp/caches . 2>/dev/null
+ls -la "$OUT"
+python3 "$HERE/table.py" "$OUT" | tee "$OUT/table.md"
+if [ -n "${PROFILE:-}" ] && command -v ncu >/dev/null; then
+    # Kernel time of one bf16 step (kernels ~ one step after warm-up): GPU-bound vs host-bound.
+    timeout 120 ncu --clock-control none --metrics gpu__time_duration.sum --csv \
+        --launch-skip "${PROFILE_SKIP:-1500}" --launch-count "${PROFILE_COUNT:-700}" \
+        "$HERE/duet" bench --backend cuda --preset seed --precision "${PROFILE:-bf16}" \
+        --warmup-steps 4 --iters 1 >"$OUT/ncu.csv" 2>"$OUT/ncu.err"
+    echo "ncu exit $?"
+    python3 - "$OUT/ncu.csv" <<'PY' | tee "$OUT/ncu-summary.txt"
+import csv, sys, collections
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
+if not rows: sys.exit("no ncu rows")
+h = rows[0]; ki = h.index("Kernel Name"); vi = h.index("Metric Value"); ui = h.index("Metric Unit")
+tot = collections.Counter(); cnt = collections.Counter()
+for r in rows[1:]:
+    v = float(r[vi].replace(",", "")); v = v / 1e3 if r[ui] == "nsecond" else v * (1e3 if r[ui] == "msecond" else 1)
+    k = r[ki].split("(")[0][:60]; tot[k] += v; cnt[k] += 1
+s = sum(tot.values())
+print(f"kernels {sum(cnt.values())}, GPU time {s/1e3:.2f} ms (us below)")
+for k, v in tot.most_common(30): print(f"{v:10.1f} {cnt[k]:5d}  {k}")
+PY
+fi

@@ -25,6 +25,12 @@ pub struct TrainOptions {
     pub resume: Option<PathBuf>,
     pub stop_after: Option<u64>,
     pub val_every: u64,
+    /// `--gpus N`: one process per GPU (data parallelism).
+    pub gpus: Option<usize>,
+    /// `--zero 1`: ZeRO-1 optimizer sharding.
+    pub zero: u8,
+    /// `--bucket-mb`: gradient bucket size.
+    pub bucket_mb: f64,
 }
 
 /// Resolves the configured precision against the device (fallback with a warning, or an error
@@ -248,7 +254,24 @@ pub fn train(opts: &TrainOptions) -> CliResult<TrainOutcome> {
         }
         None => build_config(&opts.model)?,
     };
-    if let Some(dir) = &opts.out {
+    // Data parallelism: `--gpus N` starts one process per GPU running this same command line;
+    // each of those (and each process of a torchrun-style multi-node launch) is one rank.
+    let launch = duet_engine::dist::rendezvous::LaunchEnv::from_env()?;
+    if opts.zero > 1 {
+        return Err("--zero takes 0 or 1 (optimizer-state sharding)".into());
+    }
+    if launch.is_none()
+        && let Some(n) = opts.gpus
+    {
+        return crate::cli_dist::spawn_ranks(n, cfg.train.batch, backend_kind(&opts.model)?);
+    }
+    let dp = launch.as_ref().map(|_| duet_engine::dist::DpOptions {
+        zero: opts.zero == 1,
+        bucket_bytes: (opts.bucket_mb * 1048576.0).max(1.0) as usize,
+    });
+    // Only rank 0 writes files and logs.
+    let is_main = launch.as_ref().is_none_or(|l| l.rank == 0);
+    if let Some(dir) = opts.out.as_ref().filter(|_| is_main) {
         std::fs::create_dir_all(dir)
             .map_err(|e| format!("cannot create output folder {}: {e}", dir.display()))?;
         let ck = dir.join(CHECKPOINT_FILE);
@@ -272,35 +295,39 @@ pub fn train(opts: &TrainOptions) -> CliResult<TrainOutcome> {
     let metrics_path = opts
         .metrics
         .clone()
-        .or_else(|| opts.out.as_ref().map(|d| d.join("metrics.jsonl")));
+        .or_else(|| opts.out.as_ref().map(|d| d.join("metrics.jsonl")))
+        .filter(|_| is_main);
+    let trace = opts.trace.clone().filter(|_| is_main);
     if let Some(p) = &metrics_path {
         check_writable(p, "metrics")?;
     }
-    if let Some(p) = &opts.trace {
+    if let Some(p) = &trace {
         check_writable(p, "trace")?;
     }
     let kind = backend_kind(&opts.model)?;
-    dispatch(
-        kind,
-        opts.model.threads,
-        TrainTask {
-            cfg,
-            resume,
-            metrics: None,
-            metrics_path,
-            trace: opts.trace.clone(),
-            out: opts.out.clone(),
-            save_every: opts.save_every,
-            stop_after: opts.stop_after,
-            val_every: opts.val_every,
-            log_every: opts.log_every,
-            strict: opts.model.strict,
-            fp8_report: opts.fp8_report,
-        },
-    )
+    let task = TrainTask {
+        cfg,
+        resume,
+        metrics: None,
+        metrics_path,
+        trace,
+        out: opts.out.clone(),
+        save_every: opts.save_every,
+        stop_after: opts.stop_after,
+        val_every: opts.val_every,
+        log_every: opts.log_every,
+        strict: opts.model.strict,
+        fp8_report: opts.fp8_report,
+        dp,
+        is_main,
+    };
+    match &launch {
+        Some(env) => crate::cli_dist::run_rank(kind, env, task),
+        None => dispatch(kind, opts.model.threads, task),
+    }
 }
 
-struct TrainTask {
+pub(crate) struct TrainTask {
     cfg: Config,
     resume: Option<Checkpoint>,
     /// Opened (truncated, or appended to when resuming) once the model is built.
@@ -314,24 +341,66 @@ struct TrainTask {
     log_every: Option<u64>,
     strict: bool,
     fp8_report: bool,
+    /// Set when this process is one rank of a data-parallel run.
+    dp: Option<duet_engine::dist::DpOptions>,
+    /// Rank 0 (or a single-process run): the one that logs and writes files.
+    is_main: bool,
 }
 
 impl TrainTask {
+    /// Writes a checkpoint from rank 0. Under ZeRO every rank takes part in gathering the
+    /// optimizer state, so every rank must call this.
     fn save<D: Device>(&self, trainer: &Trainer<D>, path: &Path) -> CliResult<()> {
-        trainer.checkpoint()?.save(path)?;
+        let zero = trainer.dist().is_some_and(|d| d.zero());
+        if self.is_main || zero {
+            let ck = trainer.checkpoint()?;
+            if self.is_main {
+                ck.save(path)?;
+            }
+        }
         Ok(())
+    }
+
+    /// What every rank of a run must agree on (the rendezvous refuses ranks that differ).
+    pub(crate) fn fingerprint(&self) -> String {
+        format!(
+            "{}\n{:?}\n{:?}",
+            self.cfg.to_toml(),
+            self.dp,
+            self.resume.as_ref().map(|c| c.step)
+        )
     }
 }
 
 impl OnDevice for TrainTask {
     type Output = TrainOutcome;
 
-    fn run<D: Device>(mut self, dev: Arc<D>) -> CliResult<TrainOutcome> {
+    fn run<D: Device>(self, dev: Arc<D>) -> CliResult<TrainOutcome> {
+        self.run_with(dev, None)
+    }
+}
+
+impl TrainTask {
+    /// The training run on `dev`; with `comm`, as one rank of a data-parallel group.
+    pub(crate) fn run_with<D: Device>(
+        mut self,
+        dev: Arc<D>,
+        comm: Option<Arc<dyn duet_device::Collective<D>>>,
+    ) -> CliResult<TrainOutcome> {
         let info = dev.info();
         resolve_precision(&mut self.cfg, &*dev, self.strict)?;
         let cfg = self.cfg.clone();
         let (m, t) = (&cfg.model, &cfg.train);
-        eprintln!(
+        let main = self.is_main;
+        // Other ranks print nothing but errors.
+        macro_rules! say {
+            ($($arg:tt)*) => {
+                if main {
+                    eprintln!($($arg)*);
+                }
+            };
+        }
+        say!(
             "duet: {} on {} ({}) | {} | {} params: vocab {}, d_model {}, heads {}, ffn {}, layers {} | batch {} × seq {}, {} steps, lr {}{}",
             info.backend,
             info.name,
@@ -354,17 +423,40 @@ impl OnDevice for TrainTask {
             }
         );
         let resuming = self.resume.is_some();
-        let mut trainer = match self.resume.take() {
-            Some(mut ck) => {
+        let dp = match (&comm, self.dp) {
+            (Some(c), Some(o)) => Some((c.clone(), o)),
+            _ => None,
+        };
+        let mut trainer = match (self.resume.take(), dp) {
+            (Some(mut ck), dp) => {
                 ck.config.train.precision = cfg.train.precision;
                 ck.config.train.steps = cfg.train.steps;
-                eprintln!("resuming from step {}", ck.step);
-                Trainer::from_checkpoint(dev.clone(), &ck)?
+                say!("resuming from step {}", ck.step);
+                match dp {
+                    Some((c, o)) => Trainer::from_checkpoint_data_parallel(dev.clone(), &ck, c, o)?,
+                    None => Trainer::from_checkpoint(dev.clone(), &ck)?,
+                }
             }
-            None => Trainer::new(dev.clone(), cfg.clone())?,
+            (None, Some((c, o))) => Trainer::new_data_parallel(dev.clone(), cfg.clone(), c, o)?,
+            (None, None) => Trainer::new(dev.clone(), cfg.clone())?,
         };
+        if let Some(d) = trainer.dist() {
+            let w = d.world_size();
+            say!(
+                "data parallel: {w} ranks over {}, global batch {} = {w} × {}, {} gradient buckets reduced during the backward pass{}",
+                d.comm().describe(),
+                t.batch,
+                t.batch / w,
+                d.buckets().len(),
+                if d.zero() {
+                    ", ZeRO-1 (optimizer state sharded)"
+                } else {
+                    ""
+                }
+            );
+        }
         let plan = trainer.model().memory_plan().clone();
-        eprintln!(
+        say!(
             "memory plan: params {}, grads {}, optimizer {}, activations {}, scratch {}",
             human_bytes(plan.params),
             human_bytes(plan.grads),
@@ -373,7 +465,7 @@ impl OnDevice for TrainTask {
             human_bytes(plan.scratch)
         );
         if t.checkpoint_every > 0 {
-            eprintln!(
+            say!(
                 "activation checkpointing: every {} blocks (segments recomputed in the backward pass)",
                 t.checkpoint_every
             );
@@ -387,7 +479,7 @@ impl OnDevice for TrainTask {
             None => t.steps,
         };
         let bar = match self.log_every {
-            None => {
+            None if main => {
                 let bar = ProgressBar::new(t.steps);
                 bar.set_position(first_step);
                 bar.set_style(
@@ -398,7 +490,7 @@ impl OnDevice for TrainTask {
                 );
                 Some(bar)
             }
-            Some(_) => None,
+            _ => None,
         };
         let mut tracer = match self.trace.take() {
             Some(path) => {
@@ -470,7 +562,7 @@ impl OnDevice for TrainTask {
                     bar.set_message(msg);
                     bar.inc(1);
                 }
-                (None, Some(n)) if (n > 0 && r.step % n == 0) || val_loss.is_some() => {
+                (None, Some(n)) if main && ((n > 0 && r.step % n == 0) || val_loss.is_some()) => {
                     let scale = match r.loss_scale {
                         Some(ls) => format!(
                             " | loss scale {ls}{}",
@@ -495,7 +587,8 @@ impl OnDevice for TrainTask {
             {
                 self.save(&trainer, &dir.join(CHECKPOINT_FILE))?;
             }
-            if INTERRUPTED.load(Ordering::SeqCst) {
+            // Every rank stops after the same step.
+            if trainer.any_rank(INTERRUPTED.load(Ordering::SeqCst))? {
                 interrupted = true;
                 break;
             }
@@ -513,7 +606,15 @@ impl OnDevice for TrainTask {
         let ran = trainer.step() - first_step;
         let train_secs = start.elapsed().as_secs_f64();
         let mem = dev.memory_stats();
-        println!(
+        // Rank 0 reports; every rank still takes part in the collectives below.
+        macro_rules! report {
+            ($($arg:tt)*) => {
+                if main {
+                    println!($($arg)*);
+                }
+            };
+        }
+        report!(
             "trained {} steps (to step {}) in {:.1}s ({:.0} tokens/s), final loss {:.4}, peak memory {}",
             ran,
             trainer.step(),
@@ -523,9 +624,9 @@ impl OnDevice for TrainTask {
             human_bytes(mem.peak)
         );
         if let Some(ls) = last_scale {
-            println!("loss scale {ls} at the end; {skipped} step(s) skipped for inf/NaN gradients");
+            report!("loss scale {ls} at the end; {skipped} step(s) skipped for inf/NaN gradients");
         }
-        if self.fp8_report {
+        if self.fp8_report && main {
             print_fp8_report(&trainer);
         }
         let ck_path = match &self.out {
@@ -535,7 +636,7 @@ impl OnDevice for TrainTask {
         };
         if let Some(p) = &ck_path {
             self.save(&trainer, p)?;
-            println!(
+            report!(
                 "checkpoint at step {} saved to {}",
                 trainer.step(),
                 p.display()
@@ -543,7 +644,7 @@ impl OnDevice for TrainTask {
         }
         if interrupted {
             let p = ck_path.expect("interrupted runs always save");
-            eprintln!(
+            say!(
                 "interrupted at step {}; resume with: duet train --resume {}",
                 trainer.step(),
                 p.display()
@@ -553,10 +654,10 @@ impl OnDevice for TrainTask {
         if ran > 0 {
             let v = trainer.validation_loss()?;
             match trainer.unigram_entropy() {
-                Some(h) => println!(
+                Some(h) => report!(
                     "validation loss {v:.4} nats/token (the file's unigram entropy is {h:.4})"
                 ),
-                None => println!("validation loss {v:.4}"),
+                None => report!("validation loss {v:.4}"),
             }
         }
         if let (Some(dir), Some(mp)) = (&self.out, &self.metrics_path) {
@@ -564,7 +665,8 @@ impl OnDevice for TrainTask {
             crate::plot::write_loss_plot(mp, &svg)?;
             println!("loss curve written to {}", svg.display());
         }
-        if t.eval_sequences > 0 && t.data.is_empty() && trainer.step() == t.steps {
+        // Generation uses no collectives: rank 0 alone runs it.
+        if main && t.eval_sequences > 0 && t.data.is_empty() && trainer.step() == t.steps {
             let eval_start = Instant::now();
             let e = trainer.evaluate_generation(t.eval_sequences)?;
             println!(
@@ -629,13 +731,6 @@ pub fn bench(a: &ModelArgs, warmup: u64, iters: u64, json: Option<&Path>) -> Cli
             strict: a.strict,
         },
     )?;
-    if let Some(e) = runs
-        .iter()
-        .all(|r| r.get("error").is_some())
-        .then(|| runs[0]["error"].as_str().unwrap_or("?").to_string())
-    {
-        return Err(format!("bench failed: {e}").into());
-    }
     let out = if runs.len() == 1 {
         runs.remove(0)
     } else {
@@ -643,10 +738,6 @@ pub fn bench(a: &ModelArgs, warmup: u64, iters: u64, json: Option<&Path>) -> Cli
             "precision  ms/step (median)  ms/step (min)  tokens/s  TFLOP/s    MFU   peak memory"
         );
         for r in &runs {
-            if let Some(e) = r["error"].as_str() {
-                eprintln!("{:<10} error: {e}", r["precision"].as_str().unwrap_or("?"));
-                continue;
-            }
             eprintln!(
                 "{:<10} {:>16.2} {:>14.2} {:>9.0} {:>8.1} {:>5.1}%   {}",
                 r["precision"].as_str().unwrap_or("?"),
@@ -680,48 +771,26 @@ impl OnDevice for BenchTask {
 
     fn run<D: Device>(self, dev: Arc<D>) -> CliResult<Vec<serde_json::Value>> {
         let mut out = Vec::with_capacity(self.cfgs.len());
-        let mut ceilings: Vec<(DType, Result<Option<f64>, String>)> = Vec::new();
+        let mut ceilings: Vec<(DType, Option<f64>)> = Vec::new();
         for cfg in &self.cfgs {
             let mut cfg = cfg.clone();
             resolve_precision(&mut cfg, &*dev, self.strict)?;
-            // A precision that fails (an unsupported GEMM, out of memory) is recorded with its
-            // error and the others still run.
-            let mut r = match bench_one(&dev, &cfg, self.warmup, self.iters) {
-                Ok(r) => r,
-                Err(e) => {
-                    eprintln!("bench {}: {e}", cfg.train.precision);
-                    serde_json::json!({
-                        "backend": dev.info().backend,
-                        "precision": cfg.train.precision.as_str(),
-                        "model": cfg.model,
-                        "batch": cfg.train.batch,
-                        "seq": cfg.train.seq,
-                        "error": e.to_string(),
-                        "git_rev": env!("DUET_GIT_REV"),
-                    })
-                }
-            };
+            let mut r = bench_one(&dev, &cfg, self.warmup, self.iters)?;
             // MFU against a GEMM ceiling measured here, in the GEMM dtype the precision uses
             // (measured after the trainer is dropped so its memory is free again).
             let dtype = ceiling_dtype(&*dev, cfg.train.precision, &cfg);
             let ceiling = match ceilings.iter().find(|(d, _)| *d == dtype) {
-                Some((_, c)) => c.clone(),
+                Some(&(_, c)) => c,
                 None => {
-                    let c = gemm_ceiling(&*dev, dtype).map_err(|e| e.to_string());
-                    ceilings.push((dtype, c.clone()));
+                    let c = gemm_ceiling(&*dev, dtype)?;
+                    ceilings.push((dtype, c));
                     c
                 }
             };
+            let tflops = r["model_tflops"].as_f64().unwrap_or(f64::NAN);
             r["gemm_ceiling_dtype"] = dtype.to_string().into();
-            match ceiling {
-                Ok(c) => {
-                    r["gemm_ceiling_tflops"] = c.into();
-                    if let (Some(t), Some(c)) = (r["model_tflops"].as_f64(), c) {
-                        r["mfu"] = (t / c).into();
-                    }
-                }
-                Err(e) => r["gemm_ceiling_error"] = e.into(),
-            }
+            r["gemm_ceiling_tflops"] = ceiling.into();
+            r["mfu"] = ceiling.map(|c| tflops / c).into();
             out.push(r);
         }
         Ok(out)

@@ -2,6 +2,7 @@
 #![forbid(unsafe_code)]
 
 mod backends;
+mod cli_dist;
 mod cli_generate;
 mod cli_train;
 mod parity;
@@ -169,6 +170,19 @@ struct TrainArgs {
     /// end (and every --log-every steps); the metrics log carries them at every step.
     #[arg(long)]
     fp8_report: bool,
+    /// Data parallelism on N GPUs of this machine: one process per GPU, --batch is the global
+    /// batch (split evenly). Multi-node runs are started by a launcher that sets RANK,
+    /// WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT (as torchrun does) instead.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
+    gpus: Option<u16>,
+    /// ZeRO stage: 1 shards the optimizer state (FP32 master weights, AdamW moments) over the
+    /// ranks of a data-parallel run; 0 replicates it.
+    #[arg(long, value_name = "STAGE", default_value_t = 0)]
+    zero: u8,
+    /// Gradient bucket size in MiB for data parallelism (buckets are reduced while the backward
+    /// pass continues).
+    #[arg(long, value_name = "MIB", default_value_t = 25.0)]
+    bucket_mb: f64,
 }
 
 #[derive(Args)]
@@ -210,6 +224,9 @@ fn main() -> ExitCode {
                 resume: a.resume,
                 stop_after: a.stop_after,
                 val_every: a.val_every,
+                gpus: a.gpus.map(usize::from),
+                zero: a.zero,
+                bucket_mb: a.bucket_mb,
             }) {
                 Ok(cli_train::TrainOutcome::Interrupted) => return ExitCode::from(130),
                 Ok(cli_train::TrainOutcome::Finished) => Ok(()),

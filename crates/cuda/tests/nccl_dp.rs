@@ -82,26 +82,28 @@ fn nccl_collectives_on_one_rank() {
     assert!(comm.all_gather(&dst, &mut short).is_err());
 }
 
+type RunResult = (Vec<Vec<f32>>, Vec<f32>, f64);
+
 fn run(
     dev: &Arc<CudaDevice>,
     cfg: &Config,
     dp: Option<DpOptions>,
     steps: usize,
-) -> (Vec<Vec<f32>>, Vec<f32>, f64) {
+) -> duet_engine::Result<RunResult> {
     let mut tr = match dp {
-        None => Trainer::new(dev.clone(), cfg.clone()).unwrap(),
-        Some(o) => Trainer::new_data_parallel(dev.clone(), cfg.clone(), world1(dev), o).unwrap(),
+        None => Trainer::new(dev.clone(), cfg.clone())?,
+        Some(o) => Trainer::new_data_parallel(dev.clone(), cfg.clone(), world1(dev), o)?,
     };
-    tr.train_step().unwrap();
-    dev.synchronize().unwrap();
+    tr.train_step()?;
+    dev.synchronize()?;
     let start = Instant::now();
     let mut losses = Vec::new();
     for _ in 1..steps {
-        losses.push(tr.train_step().unwrap().loss);
+        losses.push(tr.train_step()?.loss);
     }
-    dev.synchronize().unwrap();
+    dev.synchronize()?;
     let ms = start.elapsed().as_secs_f64() * 1e3 / (steps - 1) as f64;
-    (tr.checkpoint().unwrap().weights, losses, ms)
+    Ok((tr.checkpoint()?.weights, losses, ms))
 }
 
 fn max_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
@@ -112,26 +114,40 @@ fn max_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
 }
 
 /// NCCL with world size 1 runs the whole data-parallel path and matches the plain run: bit for
-/// bit when replicated (a one-rank sum is exact, every op is the same), within rounding of the
-/// gradient norm's summation order under ZeRO-1.
+/// bit when replicated (a one-rank sum is exact, every op is the same), within the rounding of
+/// the gradient norm's summation order under ZeRO-1.
 #[test]
 fn nccl_world1_matches_the_plain_run() {
     let Some(dev) = gpu("nccl_world1_matches_the_plain_run") else {
         return;
     };
     let steps = 10;
-    for precision in [Precision::Fp32, Precision::Bf16, Precision::Fp8] {
+    for precision in [
+        Precision::Fp32,
+        Precision::Bf16,
+        Precision::Fp16,
+        Precision::Fp8,
+    ] {
         let mut cfg = Config::preset(Preset::Seed);
         cfg.train.batch = 8;
         cfg.train.precision = precision;
-        let (w0, l0, ms0) = run(&dev, &cfg, None, steps);
+        let (w0, l0, ms0) = match run(&dev, &cfg, None, steps) {
+            Ok(r) => r,
+            // FP8 GEMM support depends on the GPU and cuBLASLt: when the plain run cannot train
+            // in FP8 there is nothing to compare against.
+            Err(e) if precision == Precision::Fp8 => {
+                eprintln!("SKIP fp8: the plain single-GPU run fails here: {e}");
+                continue;
+            }
+            Err(e) => panic!("{precision}: plain run: {e}"),
+        };
         for zero in [false, true] {
             // 1 MiB buckets: several per step, so reductions start during the backward pass.
             let o = DpOptions {
                 zero,
                 bucket_bytes: 1 << 20,
             };
-            let (w1, l1, ms1) = run(&dev, &cfg, Some(o), steps);
+            let (w1, l1, ms1) = run(&dev, &cfg, Some(o), steps).expect("data-parallel run");
             let d = max_diff(&w0, &w1);
             eprintln!(
                 "{precision} zero={zero}: max |Δw| vs plain after {steps} steps = {d:e}; \
@@ -140,7 +156,16 @@ fn nccl_world1_matches_the_plain_run() {
                 &l1[l1.len() - 2..]
             );
             if zero {
-                assert!(d < 1e-5, "{precision} ZeRO-1: {d:e}");
+                // ZeRO sums the gradient norm over shards in another order: the clipping factor
+                // differs in the last bits, and in bf16/fp8 a master weight sitting on a rounding
+                // boundary of its working copy can then round the other way. Bound: well under
+                // one step's update (lr ≤ 1e-4 during these warm-up steps).
+                let tol = if precision == Precision::Fp32 {
+                    1e-6
+                } else {
+                    1e-4
+                };
+                assert!(d < tol, "{precision} ZeRO-1: {d:e}");
             } else {
                 assert_eq!(d, 0.0, "{precision}: replicated world-1 run is exact");
                 for (a, b) in l0.iter().zip(&l1) {

@@ -300,6 +300,11 @@ impl<D: Device> Dist<D> {
         self.zero.is_some()
     }
 
+    /// The gradient buckets, in launch order.
+    pub fn buckets(&self) -> &[Bucket] {
+        self.sync.buckets()
+    }
+
     /// Sums two host values over the ranks (one tiny all-reduce; waits for it).
     pub(crate) fn sum2(&mut self, dev: &D, a: f32, b: f32) -> Result<(f32, f32)> {
         dev.upload(&[a, b], &mut self.scalars, 0)?;

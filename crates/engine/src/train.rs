@@ -186,6 +186,18 @@ impl<D: Device> Trainer<D> {
         self.dist.as_ref()
     }
 
+    /// Whether `flag` is set on any rank (e.g. an interrupt that must stop every rank after
+    /// the same step); `flag` itself on a single device. Collective: every rank must call it.
+    pub fn any_rank(&mut self, flag: bool) -> Result<bool> {
+        match self.dist.as_mut() {
+            None => Ok(flag),
+            Some(d) => {
+                let dev = self.model.device().clone();
+                Ok(d.sum2(&*dev, flag as u8 as f32, 0.0)?.0 > 0.0)
+            }
+        }
+    }
+
     /// AdamW's own step count (the run's step count minus loss-scaler skips).
     pub fn optimizer_steps(&self) -> u64 {
         match self.dist.as_ref().and_then(|d| d.zero.as_ref()) {

@@ -75,6 +75,11 @@ pub struct HipDevice {
 }
 
 impl HipDevice {
+    /// The stream every op runs on (RCCL orders its own stream against it).
+    pub(crate) fn stream(&self) -> &Arc<Stream> {
+        &self.stream
+    }
+
     /// Opens GPU `ordinal`: loads the ROCm libraries, creates a stream and the BLAS handles,
     /// and compiles (or loads from the cache) every kernel module for the GPU's architecture.
     pub fn new(ordinal: usize) -> Result<Self> {

@@ -35,10 +35,12 @@ pub mod hiprtc;
 pub mod kernels;
 pub mod loader;
 mod memory;
+pub mod rccl;
 pub mod rocblas;
 
 pub use device::HipDevice;
 pub use memory::HipBuffer;
+pub use rccl::RcclComm;
 
 /// Whether a ROCm 6/7 HIP runtime can be loaded on this machine (it may still have no GPU).
 pub fn is_available() -> bool {

@@ -1,0 +1,154 @@
+//! Data-parallel launches: `duet train --gpus N` starts one process per GPU, each running the
+//! same command line as one rank; a process that finds `RANK`/`WORLD_SIZE` in its environment
+//! (set by `--gpus`, torchrun, Slurm scripts, ...) joins the group, rank 0 handing out the
+//! collective library's unique id over TCP (`MASTER_ADDR:MASTER_PORT`).
+
+use crate::CliResult;
+use crate::cli_train::{TrainOutcome, TrainTask};
+use duet_device::BackendKind;
+use duet_engine::dist::rendezvous::{LaunchEnv, tag_of};
+use std::process::{Child, Command};
+use std::time::Duration;
+
+/// NVLink multicast (NVLS) stays off unless the user set it: on shared machines it can take
+/// GPUs out of service.
+const NVLS_ENV: &str = "NCCL_NVLS_ENABLE";
+
+const CPU_REFUSED: &str = "data parallelism (--gpus, RANK/WORLD_SIZE) needs a GPU backend: --backend cuda or hip \
+     (the CPU backend's collective is in-process, for tests)";
+
+/// Starts `n` ranks of this command line on this machine and waits for them.
+pub fn spawn_ranks(n: usize, global_batch: usize, kind: BackendKind) -> CliResult<TrainOutcome> {
+    if kind == BackendKind::Cpu {
+        return Err(CPU_REFUSED.into());
+    }
+    if !global_batch.is_multiple_of(n) {
+        return Err(format!(
+            "--batch {global_batch} is the global batch and must split evenly over {n} GPUs: use a multiple of {n}"
+        )
+        .into());
+    }
+    let addr = std::env::var("MASTER_ADDR").unwrap_or_else(|_| "127.0.0.1".into());
+    let port = match std::env::var("MASTER_PORT") {
+        Ok(p) => p,
+        Err(_) => {
+            // A free port on loopback (released for rank 0 to bind again).
+            let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+            l.local_addr()?.port().to_string()
+        }
+    };
+    let exe = std::env::current_exe()?;
+    let args: Vec<_> = std::env::args_os().skip(1).collect();
+    let mut children: Vec<Child> = Vec::with_capacity(n);
+    for r in 0..n {
+        let mut cmd = Command::new(&exe);
+        cmd.args(&args)
+            .env("RANK", r.to_string())
+            .env("WORLD_SIZE", n.to_string())
+            .env("LOCAL_RANK", r.to_string())
+            .env("MASTER_ADDR", &addr)
+            .env("MASTER_PORT", &port);
+        if std::env::var_os(NVLS_ENV).is_none() {
+            cmd.env(NVLS_ENV, "0");
+        }
+        match cmd.spawn() {
+            Ok(c) => children.push(c),
+            Err(e) => {
+                stop(&mut children);
+                return Err(format!("cannot start rank {r}: {e}").into());
+            }
+        }
+    }
+    // Wait for every rank; the first failure stops the others (they would wait for it).
+    let mut codes: Vec<Option<i32>> = vec![None; n];
+    loop {
+        for (r, c) in children.iter_mut().enumerate() {
+            if codes[r].is_some() {
+                continue;
+            }
+            if let Some(st) = c.try_wait()? {
+                let code = st.code().unwrap_or(-1);
+                codes[r] = Some(code);
+                if code != 0 && code != 130 {
+                    stop(&mut children);
+                    return Err(format!("rank {r} of {n} failed (exit status {code})").into());
+                }
+            }
+        }
+        if codes.iter().all(Option::is_some) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(if codes.contains(&Some(130)) {
+        TrainOutcome::Interrupted
+    } else {
+        TrainOutcome::Finished
+    })
+}
+
+/// Kills the ranks still running (the processes this launcher started) and reaps them.
+fn stop(children: &mut [Child]) {
+    for c in children.iter_mut() {
+        if let Ok(None) = c.try_wait() {
+            let _ = c.kill();
+        }
+        let _ = c.wait();
+    }
+}
+
+/// Runs this process as rank `env.rank`: opens GPU `LOCAL_RANK`, joins the NCCL/RCCL group
+/// and trains.
+pub fn run_rank(kind: BackendKind, env: &LaunchEnv, task: TrainTask) -> CliResult<TrainOutcome> {
+    let tag = tag_of(task.fingerprint().as_bytes());
+    match kind {
+        BackendKind::Cpu => Err(CPU_REFUSED.into()),
+        BackendKind::Cuda => run_cuda(env, tag, task),
+        BackendKind::Hip => run_hip(env, tag, task),
+        BackendKind::Auto => {
+            if cuda_present() {
+                run_cuda(env, tag, task)
+            } else {
+                run_hip(env, tag, task)
+            }
+        }
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn cuda_present() -> bool {
+    duet_cuda::CudaDevice::device_count().is_ok_and(|n| n > 0)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_present() -> bool {
+    false
+}
+
+#[cfg(feature = "cuda")]
+fn run_cuda(env: &LaunchEnv, tag: u64, task: TrainTask) -> CliResult<TrainOutcome> {
+    use std::sync::Arc;
+    let dev = Arc::new(duet_cuda::CudaDevice::new(env.local_rank)?);
+    let id = env.share(tag, || Ok(duet_cuda::NcclComm::unique_id()?))?;
+    let comm = duet_cuda::NcclComm::new(dev.clone(), env.rank, env.world_size, &id)?;
+    task.run_with(dev, Some(Arc::new(comm)))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn run_cuda(_: &LaunchEnv, _: u64, _: TrainTask) -> CliResult<TrainOutcome> {
+    Err(duet_device::DeviceError::NotCompiled("cuda").into())
+}
+
+#[cfg(feature = "hip")]
+fn run_hip(env: &LaunchEnv, tag: u64, task: TrainTask) -> CliResult<TrainOutcome> {
+    use std::sync::Arc;
+    let dev = Arc::new(duet_hip::HipDevice::new(env.local_rank)?);
+    let id = env.share(tag, || Ok(duet_hip::RcclComm::unique_id()?))?;
+    let comm = duet_hip::RcclComm::new(dev.clone(), env.rank, env.world_size, &id)?;
+    task.run_with(dev, Some(Arc::new(comm)))
+}
+
+#[cfg(not(feature = "hip"))]
+fn run_hip(_: &LaunchEnv, _: u64, _: TrainTask) -> CliResult<TrainOutcome> {
+    Err(duet_device::DeviceError::NotCompiled("hip").into())
+}

@@ -731,6 +731,13 @@ pub fn bench(a: &ModelArgs, warmup: u64, iters: u64, json: Option<&Path>) -> Cli
             strict: a.strict,
         },
     )?;
+    if let Some(e) = runs
+        .iter()
+        .all(|r| r.get("error").is_some())
+        .then(|| runs[0]["error"].as_str().unwrap_or("?").to_string())
+    {
+        return Err(format!("bench failed: {e}").into());
+    }
     let out = if runs.len() == 1 {
         runs.remove(0)
     } else {
@@ -738,6 +745,10 @@ pub fn bench(a: &ModelArgs, warmup: u64, iters: u64, json: Option<&Path>) -> Cli
             "precision  ms/step (median)  ms/step (min)  tokens/s  TFLOP/s    MFU   peak memory"
         );
         for r in &runs {
+            if let Some(e) = r["error"].as_str() {
+                eprintln!("{:<10} error: {e}", r["precision"].as_str().unwrap_or("?"));
+                continue;
+            }
             eprintln!(
                 "{:<10} {:>16.2} {:>14.2} {:>9.0} {:>8.1} {:>5.1}%   {}",
                 r["precision"].as_str().unwrap_or("?"),
@@ -771,26 +782,48 @@ impl OnDevice for BenchTask {
 
     fn run<D: Device>(self, dev: Arc<D>) -> CliResult<Vec<serde_json::Value>> {
         let mut out = Vec::with_capacity(self.cfgs.len());
-        let mut ceilings: Vec<(DType, Option<f64>)> = Vec::new();
+        let mut ceilings: Vec<(DType, Result<Option<f64>, String>)> = Vec::new();
         for cfg in &self.cfgs {
             let mut cfg = cfg.clone();
             resolve_precision(&mut cfg, &*dev, self.strict)?;
-            let mut r = bench_one(&dev, &cfg, self.warmup, self.iters)?;
+            // A precision that fails (an unsupported GEMM, out of memory) is recorded with its
+            // error and the others still run.
+            let mut r = match bench_one(&dev, &cfg, self.warmup, self.iters) {
+                Ok(r) => r,
+                Err(e) => {
+                    eprintln!("bench {}: {e}", cfg.train.precision);
+                    serde_json::json!({
+                        "backend": dev.info().backend,
+                        "precision": cfg.train.precision.as_str(),
+                        "model": cfg.model,
+                        "batch": cfg.train.batch,
+                        "seq": cfg.train.seq,
+                        "error": e.to_string(),
+                        "git_rev": env!("DUET_GIT_REV"),
+                    })
+                }
+            };
             // MFU against a GEMM ceiling measured here, in the GEMM dtype the precision uses
             // (measured after the trainer is dropped so its memory is free again).
             let dtype = ceiling_dtype(&*dev, cfg.train.precision, &cfg);
             let ceiling = match ceilings.iter().find(|(d, _)| *d == dtype) {
-                Some(&(_, c)) => c,
+                Some((_, c)) => c.clone(),
                 None => {
-                    let c = gemm_ceiling(&*dev, dtype)?;
-                    ceilings.push((dtype, c));
+                    let c = gemm_ceiling(&*dev, dtype).map_err(|e| e.to_string());
+                    ceilings.push((dtype, c.clone()));
                     c
                 }
             };
-            let tflops = r["model_tflops"].as_f64().unwrap_or(f64::NAN);
             r["gemm_ceiling_dtype"] = dtype.to_string().into();
-            r["gemm_ceiling_tflops"] = ceiling.into();
-            r["mfu"] = ceiling.map(|c| tflops / c).into();
+            match ceiling {
+                Ok(c) => {
+                    r["gemm_ceiling_tflops"] = c.into();
+                    if let (Some(t), Some(c)) = (r["model_tflops"].as_f64(), c) {
+                        r["mfu"] = (t / c).into();
+                    }
+                }
+                Err(e) => r["gemm_ceiling_error"] = e.into(),
+            }
             out.push(r);
         }
         Ok(out)

@@ -44,6 +44,7 @@ struct Run {
 fn train<D: Device>(dev: Arc<D>, p: Precision) -> Run {
     let mut cfg = Config::preset(Preset::Default);
     cfg.train.steps = STEPS;
+    cfg.train.max_stride = 8;
     cfg.train.precision = p;
     let mut tr = Trainer::new(dev, cfg).unwrap();
     let mut losses = Vec::new();

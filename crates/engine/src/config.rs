@@ -207,7 +207,13 @@ impl Config {
                     layers: 2,
                     max_seq: 64,
                 },
-                train,
+                // Strides 1..=48: half of all progressions, learned to 100% greedy accuracy in
+                // well under a minute on two cores.
+                train: TrainConfig {
+                    steps: 1000,
+                    max_stride: 48,
+                    ..train
+                },
             },
             Preset::Seed => Config {
                 model: ModelConfig {

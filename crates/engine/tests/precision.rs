@@ -127,6 +127,7 @@ fn fp16_overflow_skips_the_step_and_halves_the_scale() {
 fn accuracy(p: Precision) -> (f64, f32, u64) {
     let mut cfg = Config::preset(Preset::Default);
     cfg.train.steps = 300;
+    cfg.train.max_stride = 8;
     cfg.train.precision = p;
     let dev = Arc::new(CpuDevice::new(None).unwrap());
     let mut tr = Trainer::new(dev, cfg.clone()).unwrap();

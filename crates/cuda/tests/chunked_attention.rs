@@ -1,5 +1,5 @@
 //! The model's chunked attention on CUDA against the CPU backend, at a sequence length where the
-//! attention runs in several chunks (b·nh = 32 heads of t = 1024: 8 heads per chunk, 4 chunks),
+//! attention runs in several chunks (b·nh = 32 heads of t = 1024: 16 heads per chunk, 2 chunks),
 //! so the GEMMs with per-chunk offsets and the recomputed probabilities of the backward pass are
 //! exercised on the GPU: FP32 loss, logits and every gradient match the CPU's. Without a CUDA
 //! device the test prints why it skips.

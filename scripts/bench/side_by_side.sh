@@ -10,15 +10,29 @@
 # With SAVE_CACHES=1 the compile caches (NVRTC cubins, TorchInductor/Triton) are saved to
 # $OUT/caches.tar.gz; copy it to .carry-bench/caches.tar.gz to start the next call warm.
 # PROFILE=bf16 adds an ncu kernel-time summary of about one seed step ($OUT/ncu-summary.txt).
+# The GPU tests packed into .carry-bench/tests run first (NO_TESTS=1 skips them).
 set -uo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 if [ "${1:-}" = "--pack" ]; then
     ROOT="$(cd "$HERE/../.." && pwd)"
     cd "$ROOT"
+    grep -qx "/.carry-bench/" .git/info/exclude 2>/dev/null || echo /.carry-bench/ >>.git/info/exclude
     cargo build --release --bin duet
-    mkdir -p .carry-bench
+    mkdir -p .carry-bench/tests
     cp target/release/duet .carry-bench/duet && strip .carry-bench/duet
     cp scripts/bench/side_by_side.sh scripts/bench/torch_ref.py scripts/bench/table.py .carry-bench/
+    # The GPU checks that must pass before the numbers count: the CPU-vs-CUDA training parity
+    # and the chunked attention on the GPU.
+    for spec in "duet gpu_training" "duet-cuda chunked_attention"; do
+        set -- $spec
+        bin=$(cargo test --release -p "$1" --test "$2" --no-run --message-format=json 2>/dev/null |
+            python3 -c 'import json,sys
+for l in sys.stdin:
+    try: m=json.loads(l)
+    except ValueError: continue
+    if m.get("reason")=="compiler-artifact" and m.get("executable"): print(m["executable"])' | tail -1)
+        [ -n "$bin" ] && cp "$bin" ".carry-bench/tests/$2" && strip ".carry-bench/tests/$2"
+    done
     du -sh .carry-bench .whl 2>/dev/null
     exit 0
 fi
@@ -42,6 +56,13 @@ if ls "$HERE"/../.whl/*.whl >/dev/null 2>&1; then
 fi
 python3 -c 'import torch; print("torch", torch.__version__)'
 python3 -c 'import torchao; print("torchao", torchao.__version__)' || echo "torchao missing: fp8 modes will report an error"
+if [ -z "${NO_TESTS:-}" ]; then
+    for t in "$HERE"/tests/*; do
+        [ -x "$t" ] || continue
+        echo "== test $(basename "$t")"
+        "$t" 2>&1 | grep -E "^test |test result|panicked|SKIP" | tail -15
+    done
+fi
 ITERS="${DUET_ITERS:-20}"
 # max-autotune is off by default: its GEMM autotuning took 363 s of compilation on the seed model
 # (2026-11-29) and it ran no faster than reduce-overhead (4.57 vs 4.41 ms/step). TORCH_MAX_AUTOTUNE=1

@@ -31,6 +31,8 @@ pub struct TrainOptions {
     pub zero: u8,
     /// `--bucket-mb`: gradient bucket size.
     pub bucket_mb: f64,
+    /// Reduce buckets during the backward pass (`--no-overlap` turns it off).
+    pub overlap: bool,
 }
 
 /// Resolves the configured precision against the device (fallback with a warning, or an error
@@ -268,6 +270,7 @@ pub fn train(opts: &TrainOptions) -> CliResult<TrainOutcome> {
     let dp = launch.as_ref().map(|_| duet_engine::dist::DpOptions {
         zero: opts.zero == 1,
         bucket_bytes: (opts.bucket_mb * 1048576.0).max(1.0) as usize,
+        overlap: opts.overlap,
     });
     // Only rank 0 writes files and logs.
     let is_main = launch.as_ref().is_none_or(|l| l.rank == 0);
@@ -443,15 +446,22 @@ impl TrainTask {
         if let Some(d) = trainer.dist() {
             let w = d.world_size();
             say!(
-                "data parallel: {w} ranks over {}, global batch {} = {w} × {}, {} gradient buckets reduced during the backward pass{}",
+                "data parallel: {w} ranks over {}, global batch {} = {w} × {}, {} gradient buckets reduced {}{}",
                 d.comm().describe(),
                 t.batch,
                 t.batch / w,
                 d.buckets().len(),
-                if d.zero() {
-                    ", ZeRO-1 (optimizer state sharded)"
+                if d.overlaps() {
+                    "during the backward pass"
                 } else {
-                    ""
+                    "after the backward pass"
+                },
+                match d.sharded_state_bytes() {
+                    Some(b) => format!(
+                        ", ZeRO-1: this rank holds {} of optimizer state",
+                        human_bytes(b)
+                    ),
+                    None => String::new(),
                 }
             );
         }

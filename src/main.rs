@@ -183,6 +183,10 @@ struct TrainArgs {
     /// pass continues).
     #[arg(long, value_name = "MIB", default_value_t = 25.0)]
     bucket_mb: f64,
+    /// Data parallelism: start the gradient reductions only after the backward pass (same
+    /// results; for measuring what the overlap hides).
+    #[arg(long)]
+    no_overlap: bool,
 }
 
 #[derive(Args)]
@@ -227,6 +231,7 @@ fn main() -> ExitCode {
                 gpus: a.gpus.map(usize::from),
                 zero: a.zero,
                 bucket_mb: a.bucket_mb,
+                overlap: !a.no_overlap,
             }) {
                 Ok(cli_train::TrainOutcome::Interrupted) => return ExitCode::from(130),
                 Ok(cli_train::TrainOutcome::Finished) => Ok(()),

@@ -146,6 +146,7 @@ fn nccl_world1_matches_the_plain_run() {
             let o = DpOptions {
                 zero,
                 bucket_bytes: 1 << 20,
+                ..DpOptions::default()
             };
             let (w1, l1, ms1) = run(&dev, &cfg, Some(o), steps).expect("data-parallel run");
             let d = max_diff(&w0, &w1);

@@ -39,6 +39,10 @@ pub struct DpOptions {
     pub zero: bool,
     /// Target bytes per gradient bucket.
     pub bucket_bytes: usize,
+    /// Launch each bucket's reduction as soon as the backward pass has finished its gradients
+    /// (the default). Off, every reduction starts after the backward pass: the same results,
+    /// with nothing hidden behind compute (to measure what the overlap saves).
+    pub overlap: bool,
 }
 
 impl Default for DpOptions {
@@ -46,6 +50,7 @@ impl Default for DpOptions {
         Self {
             zero: false,
             bucket_bytes: DEFAULT_BUCKET_BYTES,
+            overlap: true,
         }
     }
 }
@@ -264,6 +269,7 @@ impl<D: Device> GradSync<D> {
 /// Everything a data-parallel rank adds to a trainer.
 pub struct Dist<D: Device> {
     pub(crate) sync: GradSync<D>,
+    pub(crate) overlap: bool,
     pub(crate) zero: Option<zero::ShardedAdamW<D>>,
     /// Two f32 scalars for reductions of host values (loss sums).
     scalars: D::Buffer,
@@ -275,10 +281,12 @@ impl<D: Device> Dist<D> {
         comm: Arc<dyn Collective<D>>,
         buckets: Vec<Bucket>,
         zero: Option<zero::ShardedAdamW<D>>,
+        overlap: bool,
     ) -> Result<Self> {
         let sync = GradSync::new(dev, comm, buckets, zero.is_some())?;
         Ok(Self {
             sync,
+            overlap,
             zero,
             scalars: dev.alloc(DType::F32, 2)?,
         })
@@ -298,6 +306,16 @@ impl<D: Device> Dist<D> {
 
     pub fn zero(&self) -> bool {
         self.zero.is_some()
+    }
+
+    /// Whether buckets are reduced during the backward pass.
+    pub fn overlaps(&self) -> bool {
+        self.overlap
+    }
+
+    /// ZeRO: bytes of optimizer state (FP32 masters and moments) this rank holds.
+    pub fn sharded_state_bytes(&self) -> Option<u64> {
+        self.zero.as_ref().map(|z| z.state_bytes())
     }
 
     /// The gradient buckets, in launch order.

@@ -140,7 +140,7 @@ impl<D: Device> Trainer<D> {
                 } else {
                     None
                 };
-                Some(Dist::new(&*dev, comm, buckets, zero)?)
+                Some(Dist::new(&*dev, comm, buckets, zero, o.overlap)?)
             }
         };
         let t = &cfg.train;
@@ -510,8 +510,12 @@ impl<D: Device> Trainer<D> {
         }
         self.model.zero_grads()?;
         let sync = &mut dist.sync;
-        self.model
-            .backward_hooked(&mut |g, grads| sync.group_ready(&*dev, g, grads))?;
+        if dist.overlap {
+            self.model
+                .backward_hooked(&mut |g, grads| sync.group_ready(&*dev, g, grads))?;
+        } else {
+            self.model.backward()?;
+        }
         sync.finish(&*dev, self.model.grads_mut())?;
         let comm = dist.comm().clone();
         let stats = match dist.zero.as_mut() {

@@ -29,6 +29,8 @@ use std::sync::Arc;
 /// cuBLASLt workspace: NVIDIA recommends 32 MiB on Hopper (4 MiB before).
 const WORKSPACE_HOPPER: usize = 32 << 20;
 const WORKSPACE_OTHER: usize = 4 << 20;
+/// Algorithms asked of the heuristic for a new FP8 GEMM shape (tried in order).
+const HEURISTIC_CANDIDATES: usize = 8;
 
 fn lt_err(call: &str, e: lt::CublasError) -> DeviceError {
     DeviceError::Driver {
@@ -307,62 +309,110 @@ impl BlasLt {
             accumulate: desc.beta != 0.0,
         };
         let ws = self.workspace.bytes() as u64;
-        let algo = match self.algos.get(&key) {
-            Some(a) => *a,
-            None => {
-                d.pref = Some(
-                    lt::create_matmul_pref()
-                        .map_err(|e| lt_err("cublasLtMatmulPreferenceCreate", e))?,
-                );
-                let pref = d.pref.expect("set above");
-                // SAFETY: live preference descriptor; MAX_WORKSPACE_BYTES takes a uint64.
-                unsafe {
-                    lt::set_matmul_pref_attribute(
-                        pref,
-                        PrefAttr::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                        (&ws as *const u64).cast(),
-                        8,
-                    )
-                }
-                .map_err(|e| lt_err("cublasLtMatmulPreferenceSetAttribute", e))?;
-                // SAFETY: every descriptor is live and describes the buffers of this matmul.
-                let h =
-                    unsafe { lt::get_matmul_algo_heuristic(self.handle, md, la, lb, lc, lc, pref) }
-                        .map_err(|e| lt_err("cublasLtMatmulAlgoGetHeuristic", e))?;
-                self.algos.insert(key, h.algo);
-                h.algo
-            }
-        };
         let (alpha, beta) = (desc.alpha, desc.beta);
         let cptr = c.ptr_at(desc.c_offset);
-        // SAFETY: `validate` checked the dtypes, the layout rules and that every operand range
-        // lies inside its (live) buffer; the layouts above describe exactly those ranges (A' =
-        // duet's B at b_offset, B' = duet's A at a_offset, C = D = duet's C at c_offset); the
-        // scale pointers address slots inside `scale_inv`; alpha/beta are host f32 values (the
-        // default host pointer mode with an f32 scale type); the workspace is a live
-        // allocation of `ws` bytes, 256-byte aligned like every allocation; the stream is the
-        // device's stream, so the matmul is ordered with every other op.
+        let (handle, wsp) = (self.handle, self.workspace.ptr());
+        let run = |algo: &ltsys::cublasLtMatmulAlgo_t| {
+            // SAFETY: `validate` checked the dtypes, the layout rules and that every operand
+            // range lies inside its (live) buffer; the layouts above describe exactly those
+            // ranges (A' = duet's B at b_offset, B' = duet's A at a_offset, C = D = duet's C at
+            // c_offset); the scale pointers address slots inside `scale_inv`; alpha/beta are
+            // host f32 values (the default host pointer mode with an f32 scale type); the
+            // workspace is a live allocation of `ws` bytes, 256-byte aligned like every
+            // allocation; `algo` came from the heuristic for these descriptors; the stream is
+            // the device's stream, so the matmul is ordered with every other op.
+            unsafe {
+                lt::matmul(
+                    handle,
+                    md,
+                    (&alpha as *const f32).cast(),
+                    (&beta as *const f32).cast(),
+                    b.ptr_at(desc.b_offset) as *const c_void,
+                    la,
+                    a.ptr_at(desc.a_offset) as *const c_void,
+                    lb,
+                    cptr as *const c_void,
+                    lc,
+                    cptr as *mut c_void,
+                    lc,
+                    algo,
+                    wsp as *mut c_void,
+                    ws as usize,
+                    stream.cu_stream() as ltsys::cudaStream_t,
+                )
+            }
+        };
+        let what = || {
+            format!(
+                "cublasLtMatmul (FP8 GEMM m {} n {} k {}, {} × {} → {}, beta {})",
+                desc.m,
+                desc.n,
+                desc.k,
+                a.dtype(),
+                b.dtype(),
+                c.dtype(),
+                desc.beta
+            )
+        };
+        if let Some(algo) = self.algos.get(&key) {
+            return run(algo).map_err(|e| lt_err(&what(), e));
+        }
+        d.pref = Some(
+            lt::create_matmul_pref().map_err(|e| lt_err("cublasLtMatmulPreferenceCreate", e))?,
+        );
+        let pref = d.pref.expect("set above");
+        // SAFETY: live preference descriptor; MAX_WORKSPACE_BYTES takes a uint64.
         unsafe {
-            lt::matmul(
-                self.handle,
-                md,
-                (&alpha as *const f32).cast(),
-                (&beta as *const f32).cast(),
-                b.ptr_at(desc.b_offset) as *const c_void,
-                la,
-                a.ptr_at(desc.a_offset) as *const c_void,
-                lb,
-                cptr as *const c_void,
-                lc,
-                cptr as *mut c_void,
-                lc,
-                &algo,
-                self.workspace.ptr() as *mut c_void,
-                ws as usize,
-                stream.cu_stream() as ltsys::cudaStream_t,
+            lt::set_matmul_pref_attribute(
+                pref,
+                PrefAttr::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                (&ws as *const u64).cast(),
+                8,
             )
         }
-        .map_err(|e| lt_err("cublasLtMatmul", e))
+        .map_err(|e| lt_err("cublasLtMatmulPreferenceSetAttribute", e))?;
+        // The heuristic's candidates, best first. A candidate the matmul then refuses (seen as
+        // CUBLAS_STATUS_NOT_SUPPORTED at launch, which enqueues nothing) is skipped; the first
+        // that runs is cached for this shape.
+        // SAFETY: the result array is plain old data that the call fills (the first `count`
+        // entries); the count out-parameter is a plain int.
+        let mut results: [ltsys::cublasLtMatmulHeuristicResult_t; HEURISTIC_CANDIDATES] =
+            unsafe { std::mem::zeroed() };
+        let mut count: std::ffi::c_int = 0;
+        // SAFETY: every descriptor is live and describes the buffers of this matmul; `results`
+        // holds HEURISTIC_CANDIDATES entries.
+        unsafe {
+            ltsys::cublasLtMatmulAlgoGetHeuristic(
+                self.handle,
+                md,
+                la,
+                lb,
+                lc,
+                lc,
+                pref,
+                HEURISTIC_CANDIDATES as std::ffi::c_int,
+                results.as_mut_ptr(),
+                &mut count,
+            )
+        }
+        .result()
+        .map_err(|e| lt_err("cublasLtMatmulAlgoGetHeuristic", lt::CublasError(e.0)))?;
+        let candidates = &results[..(count.max(0) as usize).min(HEURISTIC_CANDIDATES)];
+        let mut last = lt::CublasError(ltsys::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED);
+        for h in candidates {
+            match run(&h.algo) {
+                Ok(()) => {
+                    self.algos.insert(key, h.algo);
+                    return Ok(());
+                }
+                Err(e) if e.0 == ltsys::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED => last = e,
+                Err(e) => return Err(lt_err(&what(), e)),
+            }
+        }
+        Err(lt_err(
+            &format!("{} ({} heuristic candidates)", what(), candidates.len()),
+            last,
+        ))
     }
 }
 

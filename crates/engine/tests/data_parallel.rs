@@ -90,7 +90,12 @@ fn max_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
 }
 
 fn check(precision: Precision, zero: bool, tol: f32) {
-    let c = cfg(precision);
+    check_world(precision, zero, tol, 2, 16);
+}
+
+fn check_world(precision: Precision, zero: bool, tol: f32, world: usize, batch: usize) {
+    let mut c = cfg(precision);
+    c.train.batch = batch;
     let (w1, l1, n1, s1) = single(&c);
     // Small buckets: several per step, shards that cut across parameters.
     let opts = DpOptions {
@@ -98,7 +103,7 @@ fn check(precision: Precision, zero: bool, tol: f32) {
         bucket_bytes: 8 << 10,
         ..DpOptions::default()
     };
-    let ranks = parallel(&c, 2, opts);
+    let ranks = parallel(&c, world, opts);
     for r in &ranks[1..] {
         assert_eq!(r.working, ranks[0].working, "ranks hold identical weights");
         assert_eq!(r.losses, ranks[0].losses);
@@ -107,8 +112,12 @@ fn check(precision: Precision, zero: bool, tol: f32) {
     }
     let r = &ranks[0];
     let d = max_diff(&w1, &r.weights);
-    eprintln!("{precision} zero={zero}: max |Δw| after {STEPS} steps = {d:e}");
-    assert!(d <= tol, "2 ranks × 8 vs 1 × 16: max |Δw| {d:e} > {tol:e}");
+    eprintln!("{precision} zero={zero} world={world}: max |Δw| after {STEPS} steps = {d:e}");
+    assert!(
+        d <= tol,
+        "{world} ranks × {} vs 1 × {batch}: max |Δw| {d:e} > {tol:e}",
+        batch / world
+    );
     // The weights moved (lr 1e-3, five steps): the comparison is not trivially met.
     let init = duet_engine::model::init_weights(&c.model, c.train.seed);
     assert!(max_diff(&init, &r.weights) > 1e-3);
@@ -258,4 +267,11 @@ fn overlap_does_not_change_the_result() {
     let (a, b) = (run(true), run(false));
     assert_eq!(a.working, b.working);
     assert_eq!(a.losses, b.losses);
+}
+
+/// Three ranks: bucket lengths are padded to a multiple of 3 and the shards cut parameters at
+/// other places than with two.
+#[test]
+fn three_ranks_match_one_rank_fp32_zero1() {
+    check_world(Precision::Fp32, true, 2e-6, 3, 12);
 }

@@ -76,6 +76,10 @@ struct AlgoKey {
 pub(crate) struct BlasLt {
     handle: ltsys::cublasLtHandle_t,
     workspace: DeviceMemory,
+    /// The two inverse scales of the current GEMM, copied to 256-byte aligned addresses (byte 0
+    /// and byte 256): the operands' scale slots sit 4 bytes apart in the FP8 metadata buffer,
+    /// and cuBLASLt refuses (CUBLAS_STATUS_NOT_SUPPORTED) scale pointers that are not aligned.
+    scales: DeviceMemory,
     algos: HashMap<AlgoKey, ltsys::cublasLtMatmulAlgo_t>,
 }
 
@@ -211,9 +215,18 @@ impl BlasLt {
                 return Err(e);
             }
         };
+        let scales = match DeviceMemory::zeroed(ctx, stream, 512, mem) {
+            Ok(s) => s,
+            Err(e) => {
+                // SAFETY: created just above, not used anywhere else.
+                let _ = unsafe { lt::destroy_handle(handle) };
+                return Err(e);
+            }
+        };
         Ok(Self {
             handle,
             workspace,
+            scales,
             algos: HashMap::new(),
         })
     }
@@ -275,9 +288,23 @@ impl BlasLt {
             4,
             "TRANSB",
         )?;
-        // Scale pointers: a `const float*` device address each, passed by value (8 bytes).
-        let a_scale: u64 = scale_inv.ptr_at(b_slot);
-        let b_scale: u64 = scale_inv.ptr_at(a_slot);
+        // Scale pointers: a `const float*` device address each, passed by value (8 bytes),
+        // pointing at aligned copies of the two slots (stream-ordered before the matmul).
+        let (a_scale, b_scale) = (self.scales.ptr(), self.scales.ptr() + 256);
+        for (dst, slot) in [(a_scale, b_slot), (b_scale, a_slot)] {
+            // SAFETY: `validate` checked that both slots lie inside `scale_inv` (f32); `dst` is
+            // one of two 4-byte places inside the live 512-byte `scales` allocation; the copy is
+            // ordered on the device's stream like the matmul that reads it.
+            unsafe {
+                cudarc::driver::result::memcpy_dtod_async(
+                    dst,
+                    scale_inv.ptr_at(slot),
+                    4,
+                    stream.cu_stream(),
+                )
+            }
+            .map_err(|e| crate::error::driver("cuMemcpyDtoDAsync", e))?;
+        }
         set(
             DescAttr::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
             (&a_scale as *const u64).cast(),

@@ -101,7 +101,7 @@ fn stop(children: &mut [Child]) {
 /// and trains.
 pub fn run_rank(kind: BackendKind, env: &LaunchEnv, task: TrainTask) -> CliResult<TrainOutcome> {
     let tag = tag_of(task.fingerprint().as_bytes());
-    match kind {
+    let r = match kind {
         BackendKind::Cpu => Err(CPU_REFUSED.into()),
         BackendKind::Cuda => run_cuda(env, tag, task),
         BackendKind::Hip => run_hip(env, tag, task),
@@ -112,7 +112,9 @@ pub fn run_rank(kind: BackendKind, env: &LaunchEnv, task: TrainTask) -> CliResul
                 run_hip(env, tag, task)
             }
         }
-    }
+    };
+    // Say which rank failed (every rank prints its own errors).
+    r.map_err(|e| format!("rank {} of {}: {e}", env.rank, env.world_size).into())
 }
 
 #[cfg(feature = "cuda")]

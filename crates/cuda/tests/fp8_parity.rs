@@ -161,7 +161,10 @@ fn quantize_matches_the_cpu_bit_for_bit() {
                     assert_eq!(ga[0], 0.0, "other slots untouched: {what}");
                     assert_eq!(ga[2], 0.0, "other slots untouched: {what}");
                     assert_eq!(ga[1].to_bits(), ca[1].to_bits(), "amax differs: {what}");
-                    assert!(ca[1] >= 1e5, "amax includes the large values: {what}");
+                    // 1e5 and -7e4 overflow f16 to ±inf, which the amax does not count.
+                    if src_t != DType::F16 {
+                        assert!(ca[1] >= 1e5, "amax includes the large values: {what}");
+                    }
                 }
             }
         }

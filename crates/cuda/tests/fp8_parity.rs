@@ -161,9 +161,10 @@ fn quantize_matches_the_cpu_bit_for_bit() {
                     assert_eq!(ga[0], 0.0, "other slots untouched: {what}");
                     assert_eq!(ga[2], 0.0, "other slots untouched: {what}");
                     assert_eq!(ga[1].to_bits(), ca[1].to_bits(), "amax differs: {what}");
-                    // 1e5 and -7e4 overflow f16 to ±inf, which the amax does not count.
+                    // 1e5 and -7e4 overflow f16 to ±inf, which the amax does not count; bf16
+                    // rounds 1e5 to 99840.
                     if src_t != DType::F16 {
-                        assert!(ca[1] >= 1e5, "amax includes the large values: {what}");
+                        assert!(ca[1] >= 9.9e4, "amax includes the large values: {what}");
                     }
                 }
             }

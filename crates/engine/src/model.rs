@@ -288,6 +288,9 @@ pub struct PrecisionPlan {
     /// Activation checkpointing: keep only the input of every segment of this many blocks and
     /// recompute the segment in the backward pass (0 = off).
     pub checkpoint_every: usize,
+    /// Ranks the optimizer state is split over (ZeRO-1); 0 or 1 = not split. Only the memory
+    /// estimate uses it: the sharded optimizer lives outside the model.
+    pub optimizer_shards: usize,
 }
 
 impl PrecisionPlan {
@@ -585,7 +588,9 @@ impl<D: Device> Gpt<D> {
         let plan_bytes = MemoryPlan {
             params: bytes(&params.iter().collect::<Vec<_>>()),
             grads: bytes(&grads.iter().collect::<Vec<_>>()),
-            optimizer: 2 * bytes(&grads.iter().collect::<Vec<_>>()) + masters,
+            // ZeRO-1: each rank holds only its shard of the optimizer state.
+            optimizer: (2 * bytes(&grads.iter().collect::<Vec<_>>()) + masters)
+                .div_ceil(plan.optimizer_shards.max(1) as u64),
             activations: bytes(&act_bufs) + head,
             scratch: bytes(&scratch_bufs),
         };
@@ -1089,8 +1094,11 @@ pub fn estimate_memory(cfg: &ModelConfig, b: usize, t: usize, plan: &PrecisionPl
     let att = attention_chunk((b * nh) as usize, t as usize) as u64 * t * t;
     let params = cfg.num_params() as u64;
     let lowp = act != 4;
-    // Weights (worst case: all in the activation dtype plus f32 masters), f32 grads, m and v.
-    let weights = params * act + if lowp { 4 * params } else { 0 } + 3 * 4 * params;
+    // Weights (worst case: all in the activation dtype), f32 grads, and the optimizer state
+    // (f32 masters in mixed precision, m and v), divided over the ZeRO-1 shards.
+    let shards = plan.optimizer_shards.max(1) as u64;
+    let optimizer = (if lowp { 4 * params } else { 0 } + 2 * 4 * params).div_ceil(shards);
+    let weights = params * act + 4 * params + optimizer;
     let per_block = act * (n * c * 8 + n * f) + 4 * 4 * n;
     let slots = if plan.checkpoint_every > 0 {
         (plan.checkpoint_every as u64).min(l)

@@ -307,29 +307,63 @@ pub fn build<D: Device>(
     cfg: &Config,
     weights: &[Vec<f32>],
 ) -> Result<(Gpt<D>, AdamW<D>, Option<LossScaler>)> {
+    let model = build_model(dev.clone(), cfg, weights, 1)?;
+    let opt = build_optimizer(&*dev, cfg, &model, weights)?;
+    Ok((model, opt, build_scaler(cfg)))
+}
+
+/// The model alone, planned with the optimizer state split over `optimizer_shards` ranks
+/// (ZeRO-1; 1 otherwise).
+pub fn build_model<D: Device>(
+    dev: Arc<D>,
+    cfg: &Config,
+    weights: &[Vec<f32>],
+    optimizer_shards: usize,
+) -> Result<Gpt<D>> {
     let t = &cfg.train;
     let plan = PrecisionPlan {
         precision: t.precision,
         fp8: t.delayed_scaling(),
         fp8_family: None,
         checkpoint_every: t.checkpoint_every,
+        optimizer_shards,
     };
-    let model = Gpt::with_precision(dev.clone(), &cfg.model, t.batch, t.seq, weights, plan)?;
-    let ocfg = AdamWConfig {
+    Gpt::with_precision(dev, &cfg.model, t.batch, t.seq, weights, plan)
+}
+
+/// AdamW's hyper-parameters from the config.
+pub fn adamw_config(cfg: &Config) -> AdamWConfig {
+    let t = &cfg.train;
+    AdamWConfig {
         beta1: t.beta1,
         beta2: t.beta2,
         eps: t.eps,
         weight_decay: t.weight_decay,
         grad_clip: t.grad_clip,
-    };
-    let opt = if t.precision == Precision::Fp32 {
-        AdamW::new(&*dev, ocfg, model.specs())?
+    }
+}
+
+/// The replicated optimizer for `model`: FP32 moments, and FP32 masters for every weight whose
+/// working copy is not f32.
+pub fn build_optimizer<D: Device>(
+    dev: &D,
+    cfg: &Config,
+    model: &Gpt<D>,
+    weights: &[Vec<f32>],
+) -> Result<AdamW<D>> {
+    let ocfg = adamw_config(cfg);
+    if cfg.train.precision == Precision::Fp32 {
+        AdamW::new(dev, ocfg, model.specs())
     } else {
-        AdamW::with_masters(&*dev, ocfg, model.specs(), model.params(), weights)?
-    };
-    let scaler = (t.precision == Precision::Fp16 || t.loss_scale > 0.0)
-        .then(|| LossScaler::for_precision(t.precision, t.loss_scale));
-    Ok((model, opt, scaler))
+        AdamW::with_masters(dev, ocfg, model.specs(), model.params(), weights)
+    }
+}
+
+/// The loss scaler: FP16, or any precision given a static `loss_scale`.
+pub fn build_scaler(cfg: &Config) -> Option<LossScaler> {
+    let t = &cfg.train;
+    (t.precision == Precision::Fp16 || t.loss_scale > 0.0)
+        .then(|| LossScaler::for_precision(t.precision, t.loss_scale))
 }
 
 /// Checkpoint support: the scaler's resumable state.

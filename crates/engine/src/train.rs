@@ -116,7 +116,19 @@ impl<D: Device> Trainer<D> {
         if let Some((comm, _)) = &dp {
             local.train.batch = local_batch(cfg.train.batch, comm.world_size())?;
         }
-        let (model, mut opt, scaler) = crate::precision::build(dev.clone(), &local, weights)?;
+        // Under ZeRO-1 the replicated optimizer state is never allocated: each rank holds only
+        // its shard, and the model's memory plan counts only that.
+        let zero_shards = match &dp {
+            Some((comm, o)) if o.zero => comm.world_size(),
+            _ => 1,
+        };
+        let model = crate::precision::build_model(dev.clone(), &local, weights, zero_shards)?;
+        let scaler = crate::precision::build_scaler(&local);
+        let opt = if matches!(&dp, Some((_, o)) if o.zero) {
+            AdamW::new(&*dev, crate::precision::adamw_config(&local), &[])?
+        } else {
+            crate::precision::build_optimizer(&*dev, &local, &model, weights)?
+        };
         let dist = match dp {
             None => None,
             Some((comm, o)) => {
@@ -126,9 +138,8 @@ impl<D: Device> Trainer<D> {
                 let buckets =
                     plan_buckets(&groups, &numels, &dtypes, o.bucket_bytes, comm.world_size());
                 let zero = if o.zero {
-                    // The replicated optimizer state is dropped before the shards are made.
-                    let (ocfg, decay) = (*opt.config(), opt.decay_flags().to_vec());
-                    opt = AdamW::new(&*dev, ocfg, &[])?;
+                    let ocfg = *opt.config();
+                    let decay: Vec<bool> = model.specs().iter().map(|s| s.decay).collect();
                     Some(ShardedAdamW::new(
                         &*dev,
                         ocfg,

@@ -275,3 +275,43 @@ fn overlap_does_not_change_the_result() {
 fn three_ranks_match_one_rank_fp32_zero1() {
     check_world(Precision::Fp32, true, 2e-6, 3, 12);
 }
+
+/// Under ZeRO-1 a rank never allocates the replicated optimizer state: its memory plan counts
+/// only its shard. (Its communication buffers are not in the plan, as with replicated data
+/// parallelism; at these sizes they still outweigh the saving, see the README.)
+#[test]
+fn zero1_ranks_plan_only_their_shard() {
+    let mut c = Config::preset(Preset::Default);
+    c.train.batch = 4;
+    c.train.seq = 16;
+    c.train.precision = Precision::Bf16;
+    let optimizer_bytes = |zero: bool| -> u64 {
+        let devs: Vec<_> = (0..2)
+            .map(|_| Arc::new(CpuDevice::new(Some(1)).unwrap()))
+            .collect();
+        let comms = CpuGroup::communicators(devs.clone()).unwrap();
+        let handles: Vec<_> = comms
+            .into_iter()
+            .zip(devs)
+            .map(|(comm, dev)| {
+                let c = c.clone();
+                std::thread::spawn(move || {
+                    let comm: Arc<dyn Collective<CpuDevice>> = Arc::new(comm);
+                    let opts = DpOptions {
+                        zero,
+                        ..DpOptions::default()
+                    };
+                    let mut tr = Trainer::new_data_parallel(dev, c, comm, opts).unwrap();
+                    tr.train_step().unwrap();
+                    tr.model().memory_plan().optimizer
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap())
+            .next()
+            .unwrap()
+    };
+    assert_eq!(optimizer_bytes(true), optimizer_bytes(false).div_ceil(2));
+}

@@ -3,12 +3,54 @@
 //!
 //! Everything runs on the device except the attention softmax over the cached positions (a few
 //! hundred numbers per head), which is done on the host, and the sampling.
+//!
+//! The generator holds its own copy of the weights, in f32 or — like Transformer Engine's
+//! `fp8_model_init` — with the linear layers' matrices in FP8 (E4M3 with a per-tensor scale, OCP
+//! or FNUZ as the device uses), a quarter of their f32 size; each is dequantised into a scratch
+//! matrix right before its GEMM.
 
-use crate::model::{BlockParam, Gpt, LN_EPS, param_index};
+use crate::config::ModelConfig;
+use crate::fp8::{Fp8Family, Fp8Recipe};
+use crate::model::{BlockParam, Gpt, LN_EPS, param_index, param_specs};
 use crate::rng::Rng;
 use crate::train::argmax;
 use crate::{EngineError, Result};
-use duet_device::{DType, Device, DeviceExt, GemmDesc};
+use duet_device::{Buffer, DType, Device, DeviceExt, Fp8Format, GemmDesc};
+use std::sync::Arc;
+
+/// How the generator stores the linear layers' weight matrices.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WeightFormat {
+    F32,
+    /// E4M3 with one scale per matrix (the device's FP8 family).
+    Fp8,
+}
+
+/// The weight matrix of linear kind `kind` in layer `l`, as f32 (dequantised into its scratch
+/// matrix when stored in FP8).
+fn linear_weight<'a, D: Device>(
+    dev: &D,
+    params: &'a [D::Buffer],
+    wtmp: &'a mut [D::Buffer],
+    scale_inv: &[f32],
+    l: usize,
+    kind: usize,
+) -> Result<&'a D::Buffer> {
+    let i = param_index(l, LINEAR_WEIGHTS[kind]);
+    if params[i].dtype() == DType::F32 {
+        return Ok(&params[i]);
+    }
+    dev.cast(&params[i], &mut wtmp[kind], scale_inv[i])?;
+    Ok(&wtmp[kind])
+}
+
+/// The linear layers' weight matrices of a block.
+const LINEAR_WEIGHTS: [BlockParam; 4] = [
+    BlockParam::AttnW,
+    BlockParam::ProjW,
+    BlockParam::FcW,
+    BlockParam::FcProjW,
+];
 
 /// How to pick the next token.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -56,9 +98,16 @@ pub fn sample(logits: &[f32], s: &Sampling, rng: &mut Rng) -> usize {
     *idx.last().expect("non-empty")
 }
 
-/// Per-layer key/value caches and one-position activations.
-pub struct Generator<'m, D: Device> {
-    model: &'m Gpt<D>,
+/// Weights, per-layer key/value caches and one-position activations.
+pub struct Generator<D: Device> {
+    dev: Arc<D>,
+    cfg: ModelConfig,
+    /// [`param_specs`] order; the linear matrices in FP8 with [`WeightFormat::Fp8`].
+    params: Vec<D::Buffer>,
+    /// Per parameter: the factor that turns stored values back into weights (1 for f32).
+    scale_inv: Vec<f32>,
+    /// FP8 only: one f32 scratch matrix per kind of linear layer, dequantised before each GEMM.
+    wtmp: Vec<D::Buffer>,
     k_cache: Vec<D::Buffer>,
     v_cache: Vec<D::Buffer>,
     x: D::Buffer,
@@ -79,23 +128,84 @@ pub struct Generator<'m, D: Device> {
     len: usize,
 }
 
-impl<'m, D: Device> Generator<'m, D> {
-    /// Caches for up to the model's `max_seq` positions. The model's parameters must be f32.
-    pub fn new(model: &'m Gpt<D>) -> Result<Self> {
-        let dev = &**model.device();
-        let cfg = model.config();
-        let (c, f, nh, t, v) = (cfg.d_model, cfg.ffn, cfg.heads, cfg.max_seq, cfg.vocab);
-        if let Some(p) = model
-            .params()
-            .iter()
-            .find(|p| duet_device::Buffer::dtype(*p) != DType::F32)
-        {
+impl<D: Device> Generator<D> {
+    /// A generator with f32 copies of `model`'s weights.
+    pub fn new(model: &Gpt<D>) -> Result<Self> {
+        let weights = model.weights()?;
+        Self::from_weights(
+            model.device().clone(),
+            model.config(),
+            &weights,
+            WeightFormat::F32,
+        )
+    }
+
+    /// A generator for `weights` (host f32, [`param_specs`] order) with caches for up to
+    /// `cfg.max_seq` positions.
+    pub fn from_weights(
+        dev: Arc<D>,
+        cfg: &ModelConfig,
+        weights: &[Vec<f32>],
+        format: WeightFormat,
+    ) -> Result<Self> {
+        cfg.validate()?;
+        let specs = param_specs(cfg);
+        if weights.len() != specs.len() {
             return Err(EngineError::Config(format!(
-                "generation needs f32 weights, the model holds {}",
-                duet_device::Buffer::dtype(p)
+                "expected {} weight tensors, got {}",
+                specs.len(),
+                weights.len()
             )));
         }
+        let (c, f, nh, t, v) = (cfg.d_model, cfg.ffn, cfg.heads, cfg.max_seq, cfg.vocab);
+        let fp8 = match format {
+            WeightFormat::F32 => None,
+            WeightFormat::Fp8 => {
+                let (dtype, _) = Fp8Family::of_device(&dev.info()).dtypes(Fp8Recipe::Hybrid);
+                Some((dtype, Fp8Format::of(dtype).expect("an fp8 dtype")))
+            }
+        };
+        let linear: Vec<usize> = (0..cfg.layers)
+            .flat_map(|l| LINEAR_WEIGHTS.map(|bp| param_index(l, bp)))
+            .collect();
+        let mut params = Vec::with_capacity(specs.len());
+        let mut scale_inv = Vec::with_capacity(specs.len());
+        for (i, (spec, w)) in specs.iter().zip(weights).enumerate() {
+            if w.len() != spec.numel() {
+                return Err(EngineError::Config(format!(
+                    "{} has {} values, expected {}",
+                    spec.name,
+                    w.len(),
+                    spec.numel()
+                )));
+            }
+            match fp8 {
+                Some((dtype, fmt)) if linear.contains(&i) => {
+                    // Per-tensor scale: the largest magnitude maps to the format's largest value.
+                    let amax = w.iter().fold(0f32, |m, x| m.max(x.abs()));
+                    let scale = if amax > 0.0 && amax.is_finite() {
+                        fmt.max_finite() / amax
+                    } else {
+                        1.0
+                    };
+                    let codes: Vec<u8> = w.iter().map(|&x| fmt.encode(x * scale)).collect();
+                    let mut buf = dev.alloc(dtype, codes.len())?;
+                    dev.upload(&codes, &mut buf, 0)?;
+                    params.push(buf);
+                    scale_inv.push(1.0 / scale);
+                }
+                _ => {
+                    params.push(dev.upload_new(w)?);
+                    scale_inv.push(1.0);
+                }
+            }
+        }
         let a = |n: usize| dev.alloc(DType::F32, n);
+        let wtmp = if fp8.is_some() {
+            vec![a(3 * c * c)?, a(c * c)?, a(f * c)?, a(c * f)?]
+        } else {
+            Vec::new()
+        };
         let mut k_cache = Vec::new();
         let mut v_cache = Vec::new();
         for _ in 0..cfg.layers {
@@ -103,9 +213,6 @@ impl<'m, D: Device> Generator<'m, D> {
             v_cache.push(a(nh * t * (c / nh))?);
         }
         Ok(Self {
-            model,
-            k_cache,
-            v_cache,
             x: a(c)?,
             x2: a(c)?,
             ln: a(c)?,
@@ -120,8 +227,20 @@ impl<'m, D: Device> Generator<'m, D> {
             h: a(f)?,
             hg: a(f)?,
             logits: a(v)?,
+            k_cache,
+            v_cache,
+            params,
+            scale_inv,
+            wtmp,
+            cfg: cfg.clone(),
+            dev,
             len: 0,
         })
+    }
+
+    /// Bytes of device memory the weights take.
+    pub fn weight_bytes(&self) -> u64 {
+        self.params.iter().map(|p| p.size_bytes() as u64).sum()
     }
 
     /// Positions cached so far.
@@ -136,9 +255,9 @@ impl<'m, D: Device> Generator<'m, D> {
     /// Runs one position (token `tok` at position `len`), appends its keys and values to the
     /// cache and returns the logits for the next token.
     pub fn step(&mut self, tok: i32) -> Result<Vec<f32>> {
-        let model = self.model;
-        let dev = &**model.device();
-        let cfg = model.config();
+        let dev = self.dev.clone();
+        let dev = &*dev;
+        let cfg = self.cfg.clone();
         let (c, f, nh, tmax, v) = (cfg.d_model, cfg.ffn, cfg.heads, cfg.max_seq, cfg.vocab);
         let hs = c / nh;
         let pos = self.len;
@@ -152,19 +271,18 @@ impl<'m, D: Device> Generator<'m, D> {
                 "token {tok} is outside the vocabulary 0..{v}"
             )));
         }
-        let p = model.params();
-        let np = p.len();
+        let np = self.params.len();
         // Embedding: wte[tok] + wpe[pos].
-        dev.copy(&p[0], tok as usize * c, &mut self.x, 0, c)?;
-        dev.copy(&p[1], pos * c, &mut self.x2, 0, c)?;
+        dev.copy(&self.params[0], tok as usize * c, &mut self.x, 0, c)?;
+        dev.copy(&self.params[1], pos * c, &mut self.x2, 0, c)?;
         dev.add_assign(&mut self.x, &self.x2)?;
         let scale = 1.0 / (hs as f32).sqrt();
         for l in 0..cfg.layers {
-            let w = |bp: BlockParam| &p[param_index(l, bp)];
+            let pi = |bp: BlockParam| param_index(l, bp);
             dev.layernorm_forward(
                 &self.x,
-                w(BlockParam::Ln1W),
-                w(BlockParam::Ln1B),
+                &self.params[pi(BlockParam::Ln1W)],
+                &self.params[pi(BlockParam::Ln1B)],
                 &mut self.ln,
                 &mut self.mean,
                 &mut self.rstd,
@@ -172,13 +290,14 @@ impl<'m, D: Device> Generator<'m, D> {
                 c,
                 LN_EPS,
             )?;
+            let w = linear_weight(dev, &self.params, &mut self.wtmp, &self.scale_inv, l, 0)?;
             dev.gemm(
                 &GemmDesc::new(false, true, 1, 3 * c, c),
                 &self.ln,
-                w(BlockParam::AttnW),
+                w,
                 &mut self.qkv,
             )?;
-            dev.bias_add(&mut self.qkv, w(BlockParam::AttnB), 1, 3 * c)?;
+            dev.bias_add(&mut self.qkv, &self.params[pi(BlockParam::AttnB)], 1, 3 * c)?;
             dev.split_heads(
                 &self.qkv,
                 &mut self.q,
@@ -205,9 +324,9 @@ impl<'m, D: Device> Generator<'m, D> {
             };
             dev.gemm(&qk, &self.q, &self.k_cache[l], &mut self.scores)?;
             // Softmax over the cached positions, on the host.
-            let mut s: Vec<f32> = dev.download(&self.scores)?;
+            let mut sc: Vec<f32> = dev.download(&self.scores)?;
             for h in 0..nh {
-                let row = &mut s[h * tmax..h * tmax + n];
+                let row = &mut sc[h * tmax..h * tmax + n];
                 let m = row.iter().fold(f32::NEG_INFINITY, |a, &x| a.max(x * scale));
                 let mut total = 0f32;
                 for x in row.iter_mut() {
@@ -216,7 +335,7 @@ impl<'m, D: Device> Generator<'m, D> {
                 }
                 row.iter_mut().for_each(|x| *x /= total);
             }
-            dev.upload(&s, &mut self.scores, 0)?;
+            dev.upload(&sc, &mut self.scores, 0)?;
             let pv = GemmDesc {
                 lda: tmax,
                 stride_a: tmax,
@@ -226,17 +345,18 @@ impl<'m, D: Device> Generator<'m, D> {
             };
             dev.gemm(&pv, &self.scores, &self.v_cache[l], &mut self.y)?;
             // One position: heads already lie in (nh, hs) order = the merged layout.
+            let w = linear_weight(dev, &self.params, &mut self.wtmp, &self.scale_inv, l, 1)?;
             dev.gemm(
                 &GemmDesc::new(false, true, 1, c, c).beta(1.0),
                 &self.y,
-                w(BlockParam::ProjW),
+                w,
                 &mut self.x,
             )?;
-            dev.bias_add(&mut self.x, w(BlockParam::ProjB), 1, c)?;
+            dev.bias_add(&mut self.x, &self.params[pi(BlockParam::ProjB)], 1, c)?;
             dev.layernorm_forward(
                 &self.x,
-                w(BlockParam::Ln2W),
-                w(BlockParam::Ln2B),
+                &self.params[pi(BlockParam::Ln2W)],
+                &self.params[pi(BlockParam::Ln2B)],
                 &mut self.ln,
                 &mut self.mean,
                 &mut self.rstd,
@@ -244,26 +364,28 @@ impl<'m, D: Device> Generator<'m, D> {
                 c,
                 LN_EPS,
             )?;
+            let w = linear_weight(dev, &self.params, &mut self.wtmp, &self.scale_inv, l, 2)?;
             dev.gemm(
                 &GemmDesc::new(false, true, 1, f, c),
                 &self.ln,
-                w(BlockParam::FcW),
+                w,
                 &mut self.h,
             )?;
-            dev.bias_add(&mut self.h, w(BlockParam::FcB), 1, f)?;
+            dev.bias_add(&mut self.h, &self.params[pi(BlockParam::FcB)], 1, f)?;
             dev.gelu_forward(&self.h, &mut self.hg)?;
+            let w = linear_weight(dev, &self.params, &mut self.wtmp, &self.scale_inv, l, 3)?;
             dev.gemm(
                 &GemmDesc::new(false, true, 1, c, f).beta(1.0),
                 &self.hg,
-                w(BlockParam::FcProjW),
+                w,
                 &mut self.x,
             )?;
-            dev.bias_add(&mut self.x, w(BlockParam::FcProjB), 1, c)?;
+            dev.bias_add(&mut self.x, &self.params[pi(BlockParam::FcProjB)], 1, c)?;
         }
         dev.layernorm_forward(
             &self.x,
-            &p[np - 2],
-            &p[np - 1],
+            &self.params[np - 2],
+            &self.params[np - 1],
             &mut self.ln,
             &mut self.mean,
             &mut self.rstd,
@@ -274,7 +396,7 @@ impl<'m, D: Device> Generator<'m, D> {
         dev.gemm(
             &GemmDesc::new(false, true, 1, v, c),
             &self.ln,
-            &p[0],
+            &self.params[0],
             &mut self.logits,
         )?;
         self.len += 1;
@@ -291,7 +413,7 @@ impl<'m, D: Device> Generator<'m, D> {
         for &t in prompt {
             logits = self.step(t)?;
         }
-        let tmax = self.model.config().max_seq;
+        let tmax = self.cfg.max_seq;
         let mut out = Vec::with_capacity(max_new);
         for i in 0..max_new {
             let next = sample(&logits, s, &mut rng) as i32;

@@ -79,3 +79,45 @@ fn kv_cache_generation_matches_the_full_forward() {
         g2.generate(&[1, 2, 3], 8, &s).unwrap()
     );
 }
+
+#[test]
+fn fp8_weights_generate_like_f32_in_a_quarter_of_the_memory() {
+    use duet_engine::generate::WeightFormat;
+    let mut cfg = Config::preset(Preset::Tiny);
+    cfg.train.steps = 60;
+    cfg.train.lr = 1e-2;
+    let dev = Arc::new(CpuDevice::new(Some(2)).unwrap());
+    let mut tr = Trainer::new(dev.clone(), cfg.clone()).unwrap();
+    for _ in 0..cfg.train.steps {
+        tr.train_step().unwrap();
+    }
+    let weights = tr.checkpoint().unwrap().weights;
+    let m = &cfg.model;
+    let mut f32g = Generator::from_weights(dev.clone(), m, &weights, WeightFormat::F32).unwrap();
+    let mut fp8g = Generator::from_weights(dev, m, &weights, WeightFormat::Fp8).unwrap();
+    let linear: u64 = (m.layers * (4 * m.d_model * m.d_model + 2 * m.d_model * m.ffn)) as u64;
+    assert_eq!(
+        f32g.weight_bytes() - fp8g.weight_bytes(),
+        3 * linear,
+        "matrices shrink 4×"
+    );
+    let prompt = [3, 7, 11, 15, 19, 23];
+    let mut worst = 0f32;
+    for &t in &prompt {
+        let a = f32g.step(t).unwrap();
+        let b = fp8g.step(t).unwrap();
+        let scale = a.iter().fold(0f32, |m, x| m.max(x.abs()));
+        let err = a
+            .iter()
+            .zip(&b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0f32, f32::max)
+            / scale;
+        worst = worst.max(err);
+        assert!(err > 0.0, "FP8 weights must actually be quantised");
+    }
+    assert!(
+        worst < 0.1,
+        "logits with FP8 weights differ by {worst} of their scale"
+    );
+}

@@ -49,6 +49,16 @@ pub struct StepTrace {
     pub lr: f32,
     pub loss_scale: Option<f32>,
     pub params: BTreeMap<String, TensorTrace>,
+    /// FP8 runs: per GEMM operand, the scale in use and the most recent amax.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fp8: Option<BTreeMap<String, Fp8Trace>>,
+}
+
+/// One FP8 operand's scaling state after a step.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Fp8Trace {
+    pub scale: f32,
+    pub amax: f32,
 }
 
 /// The fixed positions sampled from a tensor of `numel` elements: spread over the tensor, the
@@ -114,6 +124,20 @@ impl<W: Write> TraceWriter<W> {
                 },
             );
         }
+        let fp8 = model.fp8_report(1).map(|ops| {
+            ops.into_iter()
+                .map(|o| {
+                    let amax = o.amax_history.first().copied().unwrap_or(0.0);
+                    (
+                        o.name,
+                        Fp8Trace {
+                            scale: o.scale,
+                            amax,
+                        },
+                    )
+                })
+                .collect()
+        });
         let rec = StepTrace {
             kind: "step".into(),
             step,
@@ -122,6 +146,7 @@ impl<W: Write> TraceWriter<W> {
             lr,
             loss_scale,
             params,
+            fp8,
         };
         writeln!(
             self.out,
@@ -282,6 +307,27 @@ pub fn compare(a: &Trace, b: &Trace) -> std::result::Result<ParityOutcome, Incom
         if let (Some(x), Some(y)) = (sa.loss_scale, sb.loss_scale) {
             checks.push(("loss_scale".into(), x as f64, y as f64, (y as f64).abs()));
         }
+        if let (Some(fa), Some(fb)) = (&sa.fp8, &sb.fp8) {
+            for (name, x) in fa {
+                let Some(y) = fb.get(name) else {
+                    return Err(Incompatible(format!(
+                        "FP8 operand {name} is missing from the second trace"
+                    )));
+                };
+                checks.push((
+                    format!("fp8 {name}.scale"),
+                    x.scale as f64,
+                    y.scale as f64,
+                    (y.scale as f64).abs(),
+                ));
+                checks.push((
+                    format!("fp8 {name}.amax"),
+                    x.amax as f64,
+                    y.amax as f64,
+                    (y.amax as f64).abs(),
+                ));
+            }
+        }
         for (name, ta) in &sa.params {
             let Some(tb) = sb.params.get(name) else {
                 return Err(Incompatible(format!(
@@ -322,6 +368,8 @@ pub fn compare(a: &Trace, b: &Trace) -> std::result::Result<ParityOutcome, Incom
                 .to_string();
             let key = if quantity.starts_with("transformer.") {
                 "parameters".to_string()
+            } else if quantity.starts_with("fp8 ") {
+                "fp8 scaling".to_string()
             } else {
                 key
             };

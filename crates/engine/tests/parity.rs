@@ -8,7 +8,17 @@ use std::sync::Arc;
 /// Trains `steps` steps and returns the trace; `perturb` = (step, tensor index, factor) scales one
 /// weight tensor right after that step.
 fn traced_run(threads: usize, steps: u64, perturb: Option<(u64, usize, f32)>) -> Trace {
-    let cfg = Config::preset(Preset::Tiny);
+    traced_run_in(duet_engine::Precision::Fp32, threads, steps, perturb)
+}
+
+fn traced_run_in(
+    precision: duet_engine::Precision,
+    threads: usize,
+    steps: u64,
+    perturb: Option<(u64, usize, f32)>,
+) -> Trace {
+    let mut cfg = Config::preset(Preset::Tiny);
+    cfg.train.precision = precision;
     let dev = Arc::new(CpuDevice::new(Some(threads)).unwrap());
     let mut tr = Trainer::new(dev, cfg.clone()).unwrap();
     let header = TraceHeader {
@@ -17,7 +27,7 @@ fn traced_run(threads: usize, steps: u64, perturb: Option<(u64, usize, f32)>) ->
         git_rev: "test".into(),
         backend: "cpu".into(),
         device: format!("cpu x{threads}"),
-        precision: "fp32".into(),
+        precision: precision.as_str().into(),
         seed: cfg.train.seed,
         config: cfg,
     };
@@ -84,4 +94,40 @@ fn different_configs_are_not_comparable() {
     let mut c = a.clone();
     c.header.seed += 1;
     assert!(compare(&a, &c).unwrap_err().to_string().contains("seed"));
+}
+
+#[test]
+fn fp8_traces_carry_the_scaling_state() {
+    let a = traced_run_in(duet_engine::Precision::Fp8, 1, 4, None);
+    let b = traced_run_in(duet_engine::Precision::Fp8, 2, 4, None);
+    let fp8 = a.steps[3]
+        .fp8
+        .as_ref()
+        .expect("fp8 runs trace their scales");
+    let (name, op) = fp8.iter().next().unwrap();
+    assert!(op.scale > 0.0 && op.amax > 0.0, "{name}: {op:?}");
+    assert!(matches!(
+        compare(&a, &b).unwrap(),
+        ParityOutcome::Match { .. }
+    ));
+    // A different amax is reported as an FP8 divergence at its step.
+    let mut c = b.clone();
+    let first = c.steps[2]
+        .fp8
+        .as_mut()
+        .unwrap()
+        .values_mut()
+        .next()
+        .unwrap();
+    first.amax *= 2.0;
+    match compare(&a, &c).unwrap() {
+        ParityOutcome::Diverged { step, quantity, .. } => {
+            assert_eq!(step, 3);
+            assert!(
+                quantity.starts_with("fp8 ") && quantity.ends_with(".amax"),
+                "{quantity}"
+            );
+        }
+        other => panic!("expected a divergence, got {other:?}"),
+    }
 }

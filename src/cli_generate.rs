@@ -42,11 +42,7 @@ pub struct GenerateArgs {
 }
 
 pub fn run(a: &GenerateArgs) -> CliResult<()> {
-    let path = if a.checkpoint.is_dir() {
-        a.checkpoint.join("checkpoint.safetensors")
-    } else {
-        a.checkpoint.clone()
-    };
+    let path = crate::cli_train::checkpoint_path(&a.checkpoint);
     let ck = Checkpoint::load(&path)?;
     let vocab = ck.config.model.vocab;
     let (prompt, text) = match (&a.prompt, &a.tokens) {

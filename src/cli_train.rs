@@ -194,7 +194,7 @@ fn changed_on_resume(a: &ModelArgs) -> Vec<&'static str> {
 }
 
 /// A checkpoint path given as the file or the `--out` folder holding it.
-fn checkpoint_path(p: &Path) -> PathBuf {
+pub(crate) fn checkpoint_path(p: &Path) -> PathBuf {
     if p.is_dir() {
         p.join(CHECKPOINT_FILE)
     } else {

@@ -54,15 +54,8 @@ impl Progressions {
 
     /// A batch of `b` training sequences: inputs and next-token targets, each `b·t`.
     pub fn batch(&mut self, b: usize, t: usize) -> (Vec<i32>, Vec<i32>) {
-        let mut inputs = Vec::with_capacity(b * t);
-        let mut targets = Vec::with_capacity(b * t);
-        for _ in 0..b {
-            let (s, k) = self.train_pair();
-            let seq = progression(self.vocab, s, k, t + 1);
-            inputs.extend_from_slice(&seq[..t]);
-            targets.extend_from_slice(&seq[1..]);
-        }
-        (inputs, targets)
+        let pairs: Vec<(usize, usize)> = (0..b).map(|_| self.train_pair()).collect();
+        batch_of(self.vocab, &pairs, t)
     }
 
     /// Up to `n` distinct held-out (s, k) pairs (k ∈ 1..=max_stride) chosen by `seed`.
@@ -81,6 +74,18 @@ impl Progressions {
         all.truncate(n);
         all
     }
+}
+
+/// Inputs and next-token targets (each `pairs.len()·t`) of the progressions `pairs`.
+pub fn batch_of(vocab: usize, pairs: &[(usize, usize)], t: usize) -> (Vec<i32>, Vec<i32>) {
+    let mut inputs = Vec::with_capacity(pairs.len() * t);
+    let mut targets = Vec::with_capacity(pairs.len() * t);
+    for &(s, k) in pairs {
+        let seq = progression(vocab, s, k, t + 1);
+        inputs.extend_from_slice(&seq[..t]);
+        targets.extend_from_slice(&seq[1..]);
+    }
+    (inputs, targets)
 }
 
 /// Whether `generated` continues the progression of `prompt` with its stride at every step.

@@ -11,7 +11,7 @@
 
 use crate::config::ModelConfig;
 use crate::fp8::{Fp8Family, Fp8Recipe};
-use crate::model::{BlockParam, Gpt, LN_EPS, param_index, param_specs};
+use crate::model::{BlockParam, Gpt, LN_EPS, check_weights, param_index, param_specs};
 use crate::rng::Rng;
 use crate::train::argmax;
 use crate::{EngineError, Result};
@@ -150,13 +150,7 @@ impl<D: Device> Generator<D> {
     ) -> Result<Self> {
         cfg.validate()?;
         let specs = param_specs(cfg);
-        if weights.len() != specs.len() {
-            return Err(EngineError::Config(format!(
-                "expected {} weight tensors, got {}",
-                specs.len(),
-                weights.len()
-            )));
-        }
+        check_weights(&specs, weights)?;
         let (c, f, nh, t, v) = (cfg.d_model, cfg.ffn, cfg.heads, cfg.max_seq, cfg.vocab);
         let fp8 = match format {
             WeightFormat::F32 => None,
@@ -170,15 +164,7 @@ impl<D: Device> Generator<D> {
             .collect();
         let mut params = Vec::with_capacity(specs.len());
         let mut scale_inv = Vec::with_capacity(specs.len());
-        for (i, (spec, w)) in specs.iter().zip(weights).enumerate() {
-            if w.len() != spec.numel() {
-                return Err(EngineError::Config(format!(
-                    "{} has {} values, expected {}",
-                    spec.name,
-                    w.len(),
-                    spec.numel()
-                )));
-            }
+        for (i, w) in weights.iter().enumerate() {
             match fp8 {
                 Some((dtype, fmt)) if linear.contains(&i) => {
                     // Per-tensor scale: the largest magnitude maps to the format's largest value.

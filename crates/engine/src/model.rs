@@ -167,6 +167,29 @@ pub fn param_specs(cfg: &ModelConfig) -> Vec<ParamSpec> {
     specs
 }
 
+/// Checks that `weights` (host f32) hold one tensor of the right size per spec.
+pub fn check_weights(specs: &[ParamSpec], weights: &[Vec<f32>]) -> Result<()> {
+    if weights.len() != specs.len() {
+        return Err(EngineError::Config(format!(
+            "expected {} weight tensors, got {}",
+            specs.len(),
+            weights.len()
+        )));
+    }
+    for (spec, w) in specs.iter().zip(weights) {
+        if w.len() != spec.numel() {
+            return Err(EngineError::Config(format!(
+                "{} has {} values, expected {} (shape {:?})",
+                spec.name,
+                w.len(),
+                spec.numel(),
+                spec.shape
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Initial weights for `cfg` drawn from `seed` (host f32, [`param_specs`] order).
 pub fn init_weights(cfg: &ModelConfig, seed: u64) -> Vec<Vec<f32>> {
     param_specs(cfg)
@@ -731,23 +754,8 @@ impl<D: Device> Gpt<D> {
     /// dtype. In mixed precision the FP32 masters live in the optimizer: set them too
     /// ([`crate::optim::AdamW::set_master_weights`]) or the next step overwrites these.
     pub fn set_weights(&mut self, weights: &[Vec<f32>]) -> Result<()> {
-        if weights.len() != self.specs.len() {
-            return Err(EngineError::Config(format!(
-                "expected {} weight tensors, got {}",
-                self.specs.len(),
-                weights.len()
-            )));
-        }
-        for ((spec, w), buf) in self.specs.iter().zip(weights).zip(&mut self.params) {
-            if w.len() != spec.numel() {
-                return Err(EngineError::Config(format!(
-                    "{} has {} values, expected {} (shape {:?})",
-                    spec.name,
-                    w.len(),
-                    spec.numel(),
-                    spec.shape
-                )));
-            }
+        check_weights(&self.specs, weights)?;
+        for (w, buf) in weights.iter().zip(&mut self.params) {
             upload_f32_as(&*self.dev, w, buf)?;
         }
         Ok(())

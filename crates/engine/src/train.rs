@@ -2,12 +2,12 @@
 
 use crate::checkpoint::Checkpoint;
 use crate::config::Config;
-use crate::data::{Progressions, keeps_stride, progression};
+use crate::data::{Progressions, batch_of, keeps_stride, progression};
 use crate::dataset::{Prefetcher, Source, TokenFile, validation_batches};
 use crate::dist::zero::ShardedAdamW;
 use crate::dist::{Dist, DpOptions, local_batch, plan_buckets, ready_groups};
 use crate::model::{Gpt, init_weights};
-use crate::optim::AdamW;
+use crate::optim::{AdamW, StepStats};
 use crate::precision::LossScaler;
 use crate::rng::Rng;
 use crate::{EngineError, Result};
@@ -275,16 +275,7 @@ impl<D: Device> Trainer<D> {
                 pairs
                     .chunks(b)
                     .filter(|c| c.len() == b)
-                    .map(|c| {
-                        let mut x = Vec::with_capacity(b * t);
-                        let mut y = Vec::with_capacity(b * t);
-                        for &(s, k) in c {
-                            let seq = progression(self.cfg.model.vocab, s, k, t + 1);
-                            x.extend_from_slice(&seq[..t]);
-                            y.extend_from_slice(&seq[1..]);
-                        }
-                        (x, y)
-                    })
+                    .map(|c| batch_of(self.cfg.model.vocab, c, t))
                     .collect()
             }
         };
@@ -457,6 +448,18 @@ impl<D: Device> Trainer<D> {
         let stats = self
             .opt
             .step_scaled(&*dev, params, grads, lr, self.scaler.as_mut())?;
+        self.finish_step(loss, lr, &stats, inputs.len(), start)
+    }
+
+    /// The end of every step: FP8 scales from this step's amaxes, the step count, the report.
+    fn finish_step(
+        &mut self,
+        loss: f32,
+        lr: f32,
+        stats: &StepStats,
+        tokens: usize,
+        start: Instant,
+    ) -> Result<StepReport> {
         self.model.fp8_update()?;
         self.step += 1;
         Ok(StepReport {
@@ -464,7 +467,7 @@ impl<D: Device> Trainer<D> {
             loss,
             lr,
             grad_norm: stats.grad_norm,
-            tokens: inputs.len(),
+            tokens,
             seconds: start.elapsed().as_secs_f64(),
             loss_scale: self.scaler.as_ref().map(|_| stats.loss_scale),
             skipped: stats.skipped,
@@ -551,18 +554,7 @@ impl<D: Device> Trainer<D> {
             comm.all_reduce(amax, ReduceOp::Max)?;
             comm.wait()?;
         }
-        self.model.fp8_update()?;
-        self.step += 1;
-        Ok(StepReport {
-            step: self.step,
-            loss,
-            lr,
-            grad_norm: stats.grad_norm,
-            tokens: inputs.len(),
-            seconds: start.elapsed().as_secs_f64(),
-            loss_scale: self.scaler.as_ref().map(|_| stats.loss_scale),
-            skipped: stats.skipped,
-        })
+        self.finish_step(loss, lr, &stats, inputs.len(), start)
     }
 
     /// Greedy generation on `n` held-out progressions: prompt [`PROMPT_LEN`] tokens, generate

@@ -1,22 +1,9 @@
 //! The `duet` command line: bad input ends with one clear line and a non-zero exit code; a tiny
 //! run trains, writes its metrics and reports the generation check.
 
-use std::path::PathBuf;
-use std::process::{Command, Output};
+mod common;
 
-fn duet(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_duet"))
-        .args(args)
-        .env_remove("DUET_BACKEND")
-        .output()
-        .expect("runs duet")
-}
-
-fn tmp(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("duet-cli-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
-}
+use common::{duet, tmp};
 
 /// Fails with exit code 1, one `error:` line naming `needle`, and no panic.
 fn assert_clean_error(args: &[&str], needle: &str) {

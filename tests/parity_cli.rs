@@ -1,22 +1,9 @@
 //! `duet train --trace` and `duet parity`: exit codes 0 (match), 1 (divergence), 2 (unreadable or
 //! incompatible traces).
 
-use std::path::PathBuf;
-use std::process::{Command, Output};
+mod common;
 
-fn duet(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_duet"))
-        .args(args)
-        .env_remove("DUET_BACKEND")
-        .output()
-        .unwrap()
-}
-
-fn tmp(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("duet-parity-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
-}
+use common::{duet, tmp};
 
 fn train_trace(path: &std::path::Path, threads: &str, extra: &[&str]) {
     let mut args = vec![

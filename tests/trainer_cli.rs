@@ -1,22 +1,11 @@
 //! The trainer as a tool: `--out`, `--stop-after` + `--resume` continuing with identical losses,
 //! data files, and clear errors for bad checkpoints and data that leave files on disk untouched.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
 
-fn duet(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_duet"))
-        .args(args)
-        .env_remove("DUET_BACKEND")
-        .output()
-        .unwrap()
-}
-
-fn tmp(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("duet-trainer-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
-}
+use common::{duet, tmp};
+use std::path::Path;
+use std::process::Command;
 
 fn s(p: &Path) -> &str {
     p.to_str().unwrap()

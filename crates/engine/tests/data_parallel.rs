@@ -48,8 +48,12 @@ struct RankResult {
     fp8: Fp8Scales,
 }
 
-/// Every rank's result of a `world`-rank run (threads sharing an in-process group).
-fn parallel(c: &Config, world: usize, opts: DpOptions) -> Vec<RankResult> {
+/// Runs `f` on every rank of a `world`-rank in-process group (one thread each) and returns the
+/// ranks' results in rank order.
+fn on_ranks<T: Send + 'static>(
+    world: usize,
+    f: impl Fn(Arc<CpuDevice>, Arc<dyn Collective<CpuDevice>>) -> T + Clone + Send + 'static,
+) -> Vec<T> {
     let devs: Vec<_> = (0..world)
         .map(|_| Arc::new(CpuDevice::new(Some(1)).unwrap()))
         .collect();
@@ -58,27 +62,32 @@ fn parallel(c: &Config, world: usize, opts: DpOptions) -> Vec<RankResult> {
         .into_iter()
         .zip(devs)
         .map(|(comm, dev)| {
-            let c = c.clone();
-            std::thread::spawn(move || {
-                let comm: Arc<dyn Collective<CpuDevice>> = Arc::new(comm);
-                let mut tr = Trainer::new_data_parallel(dev, c, comm, opts).unwrap();
-                let (mut losses, mut norms) = (vec![], vec![]);
-                for _ in 0..STEPS {
-                    let r = tr.train_step().unwrap();
-                    losses.push(r.loss);
-                    norms.push(r.grad_norm);
-                }
-                RankResult {
-                    weights: tr.checkpoint().unwrap().weights,
-                    working: tr.model().weights().unwrap(),
-                    losses,
-                    norms,
-                    fp8: fp8_scales(&tr),
-                }
-            })
+            let f = f.clone();
+            std::thread::spawn(move || f(dev, Arc::new(comm)))
         })
         .collect();
     handles.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
+/// Every rank's result of a `world`-rank run (threads sharing an in-process group).
+fn parallel(c: &Config, world: usize, opts: DpOptions) -> Vec<RankResult> {
+    let c = c.clone();
+    on_ranks(world, move |dev, comm| {
+        let mut tr = Trainer::new_data_parallel(dev, c.clone(), comm, opts).unwrap();
+        let (mut losses, mut norms) = (vec![], vec![]);
+        for _ in 0..STEPS {
+            let r = tr.train_step().unwrap();
+            losses.push(r.loss);
+            norms.push(r.grad_norm);
+        }
+        RankResult {
+            weights: tr.checkpoint().unwrap().weights,
+            working: tr.model().weights().unwrap(),
+            losses,
+            norms,
+            fp8: fp8_scales(&tr),
+        }
+    })
 }
 
 fn max_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
@@ -182,32 +191,18 @@ fn zero1_checkpoint_resumes_exactly_and_on_any_world_size() {
     };
     let world = 2;
     let run = |resume: Option<duet_engine::checkpoint::Checkpoint>, steps: usize| {
-        let devs: Vec<_> = (0..world)
-            .map(|_| Arc::new(CpuDevice::new(Some(1)).unwrap()))
-            .collect();
-        let comms = CpuGroup::communicators(devs.clone()).unwrap();
-        let hs: Vec<_> = comms
-            .into_iter()
-            .zip(devs)
-            .map(|(comm, dev)| {
-                let (c, resume) = (c.clone(), resume.clone());
-                std::thread::spawn(move || {
-                    let comm: Arc<dyn Collective<CpuDevice>> = Arc::new(comm);
-                    let mut tr = match &resume {
-                        Some(ck) => {
-                            Trainer::from_checkpoint_data_parallel(dev, ck, comm, opts).unwrap()
-                        }
-                        None => Trainer::new_data_parallel(dev, c, comm, opts).unwrap(),
-                    };
-                    for _ in 0..steps {
-                        tr.train_step().unwrap();
-                    }
-                    tr.checkpoint().unwrap()
-                })
-            })
-            .collect();
-        let mut cks: Vec<_> = hs.into_iter().map(|h| h.join().unwrap()).collect();
-        cks.swap_remove(0)
+        let c = c.clone();
+        on_ranks(world, move |dev, comm| {
+            let mut tr = match &resume {
+                Some(ck) => Trainer::from_checkpoint_data_parallel(dev, ck, comm, opts).unwrap(),
+                None => Trainer::new_data_parallel(dev, c.clone(), comm, opts).unwrap(),
+            };
+            for _ in 0..steps {
+                tr.train_step().unwrap();
+            }
+            tr.checkpoint().unwrap()
+        })
+        .swap_remove(0)
     };
     let full = run(None, STEPS);
     let part = run(None, 3);
@@ -286,32 +281,16 @@ fn zero1_ranks_plan_only_their_shard() {
     c.train.seq = 16;
     c.train.precision = Precision::Bf16;
     let optimizer_bytes = |zero: bool| -> u64 {
-        let devs: Vec<_> = (0..2)
-            .map(|_| Arc::new(CpuDevice::new(Some(1)).unwrap()))
-            .collect();
-        let comms = CpuGroup::communicators(devs.clone()).unwrap();
-        let handles: Vec<_> = comms
-            .into_iter()
-            .zip(devs)
-            .map(|(comm, dev)| {
-                let c = c.clone();
-                std::thread::spawn(move || {
-                    let comm: Arc<dyn Collective<CpuDevice>> = Arc::new(comm);
-                    let opts = DpOptions {
-                        zero,
-                        ..DpOptions::default()
-                    };
-                    let mut tr = Trainer::new_data_parallel(dev, c, comm, opts).unwrap();
-                    tr.train_step().unwrap();
-                    tr.model().memory_plan().optimizer
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().unwrap())
-            .next()
-            .unwrap()
+        let c = c.clone();
+        on_ranks(2, move |dev, comm| {
+            let opts = DpOptions {
+                zero,
+                ..DpOptions::default()
+            };
+            let mut tr = Trainer::new_data_parallel(dev, c.clone(), comm, opts).unwrap();
+            tr.train_step().unwrap();
+            tr.model().memory_plan().optimizer
+        })[0]
     };
     assert_eq!(optimizer_bytes(true), optimizer_bytes(false).div_ceil(2));
 }

@@ -1,0 +1,20 @@
+//! Helpers shared by the command-line tests.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+/// Runs the `duet` binary with `args` (ignoring any `DUET_BACKEND` of the caller).
+pub fn duet(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_duet"))
+        .args(args)
+        .env_remove("DUET_BACKEND")
+        .output()
+        .expect("runs duet")
+}
+
+/// A path for `name` in a folder private to this test process.
+pub fn tmp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("duet-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}

@@ -26,6 +26,8 @@ use half::{bf16, f16};
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+mod flash;
+
 /// Rows per chunk of the two-pass column reductions (bias, LayerNorm parameters, position
 /// embedding). Fixed, so the summation order depends only on the shape.
 const REDUCE_ROWS: usize = 64;
@@ -1404,6 +1406,40 @@ impl Device for CudaDevice {
                 ],
             )
         }
+    }
+
+    fn supports_flash_attention(&self, dtype: DType, hs: usize) -> bool {
+        self.flash_supported(dtype, hs)
+    }
+
+    fn flash_attention_forward(
+        &self,
+        qkv: &CudaBuffer,
+        out: &mut CudaBuffer,
+        lse: &mut CudaBuffer,
+        b: usize,
+        t: usize,
+        nh: usize,
+        hs: usize,
+        scale: f32,
+    ) -> Result<()> {
+        self.flash_forward_impl(qkv, out, lse, b, t, nh, hs, scale)
+    }
+
+    fn flash_attention_backward(
+        &self,
+        qkv: &CudaBuffer,
+        out: &CudaBuffer,
+        dout: &CudaBuffer,
+        lse: &CudaBuffer,
+        dqkv: &mut CudaBuffer,
+        b: usize,
+        t: usize,
+        nh: usize,
+        hs: usize,
+        scale: f32,
+    ) -> Result<()> {
+        self.flash_backward_impl(qkv, out, dout, lse, dqkv, b, t, nh, hs, scale)
     }
 
     fn cross_entropy(

@@ -46,10 +46,11 @@ pub enum KernelModule {
     Attention,
     AdamW,
     Fp8,
+    FlashAttention,
 }
 
 impl KernelModule {
-    pub const ALL: [KernelModule; 9] = [
+    pub const ALL: [KernelModule; 10] = [
         Self::Elementwise,
         Self::Reduce,
         Self::Embedding,
@@ -59,6 +60,7 @@ impl KernelModule {
         Self::Attention,
         Self::AdamW,
         Self::Fp8,
+        Self::FlashAttention,
     ];
 
     pub fn file_name(self) -> &'static str {
@@ -72,6 +74,7 @@ impl KernelModule {
             Self::Attention => "attention.cu",
             Self::AdamW => "adamw.cu",
             Self::Fp8 => "fp8.cu",
+            Self::FlashAttention => "flash_attention.cu",
         }
     }
 
@@ -86,6 +89,7 @@ impl KernelModule {
             Self::Attention => include_str!("../../../kernels-cuda/attention.cu"),
             Self::AdamW => include_str!("../../../kernels-cuda/adamw.cu"),
             Self::Fp8 => include_str!("../../../kernels-cuda/fp8.cu"),
+            Self::FlashAttention => include_str!("../../../kernels-cuda/flash_attention.cu"),
         }
     }
 

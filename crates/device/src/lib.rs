@@ -359,6 +359,62 @@ pub trait Device: Send + Sync + Sized + 'static {
         scale: f32,
     ) -> Result<()>;
 
+    /// Whether [`Device::flash_attention_forward`] and [`Device::flash_attention_backward`]
+    /// run for activations of `dtype` and head size `hs`. Callers use the unfused ops
+    /// (split/merge heads, batched GEMMs, causal softmax) when this is false.
+    fn supports_flash_attention(&self, dtype: DType, hs: usize) -> bool {
+        let _ = (dtype, hs);
+        false
+    }
+
+    /// Fused causal self-attention straight from the QKV projection: `qkv` is
+    /// `b × t × 3 × nh × hs` (the c_attn output layout), `out` (`b × t × nh·hs`, heads merged)
+    /// receives `softmax_causal(scale · q·kᵀ) · v`, and `lse` (f32, `b × nh × t`) the
+    /// log-sum-exp of each query row's scaled scores (over keys j ≤ i), for the backward pass.
+    /// No `t × t` matrix is written to memory.
+    #[allow(clippy::too_many_arguments)]
+    fn flash_attention_forward(
+        &self,
+        qkv: &Self::Buffer,
+        out: &mut Self::Buffer,
+        lse: &mut Self::Buffer,
+        b: usize,
+        t: usize,
+        nh: usize,
+        hs: usize,
+        scale: f32,
+    ) -> Result<()> {
+        let _ = (out, lse, b, t, nh, hs, scale);
+        Err(DeviceError::Unsupported {
+            op: "flash_attention_forward".into(),
+            dtype: qkv.dtype(),
+        })
+    }
+
+    /// Backward of [`Device::flash_attention_forward`]: from `dout` (`b × t × nh·hs`) and the
+    /// forward pass's `qkv`, `out` and `lse`, overwrites `dqkv` (`b × t × 3 × nh × hs`).
+    /// Deterministic (no floating-point atomics).
+    #[allow(clippy::too_many_arguments)]
+    fn flash_attention_backward(
+        &self,
+        qkv: &Self::Buffer,
+        out: &Self::Buffer,
+        dout: &Self::Buffer,
+        lse: &Self::Buffer,
+        dqkv: &mut Self::Buffer,
+        b: usize,
+        t: usize,
+        nh: usize,
+        hs: usize,
+        scale: f32,
+    ) -> Result<()> {
+        let _ = (out, dout, lse, dqkv, b, t, nh, hs, scale);
+        Err(DeviceError::Unsupported {
+            op: "flash_attention_backward".into(),
+            dtype: qkv.dtype(),
+        })
+    }
+
     /// Fused softmax + cross-entropy over `logits` (`n × v`) with i32 `targets` (`n`; a negative
     /// target is ignored: loss 0, gradient 0). Writes per-row `losses` (f32, `n`). When `dlogits`
     /// is given, also writes `dlogits = (softmax(logits) − onehot(target)) · grad_scale`.

@@ -40,3 +40,50 @@ __device__ __forceinline__ void adamw_body(float* __restrict__ param, const G* _
                    grad_scale);                                                               \
     }
 FOR_FLOAT_PAIRS(ADAMW)
+
+// ------------------------------------------------------------------ multi-tensor AdamW
+// One launch updates every parameter tensor: block k handles chunk k of the table (a piece of
+// one tensor). The gradient factor is derived here from the global sum of squares, exactly as
+// duet_device::clip_grad_scale does on the host (f32 square root, f64 unscaling, one rounding),
+// so no value travels through the host.
+
+struct AdamWChunk {
+    u64 param, grad, m, v, copy;  // copy: 0 when none
+    u64 offset;                   // first element of this chunk within the tensor
+    unsigned int len;             // elements in this chunk
+    int grad_dt, copy_dt;         // 0 f32, 1 bf16, 2 f16
+    float weight_decay;
+};
+
+__device__ __forceinline__ float clip_grad_scale(float norm_sq, float max_norm, float loss_scale) {
+    const float raw = sqrtf(norm_sq);
+    const float norm = (float)((double)raw / (double)loss_scale);
+    const float coef = max_norm / (norm + 1e-6f);
+    const float clip = (max_norm > 0.0f && coef < 1.0f) ? coef : 1.0f;
+    return loss_scale == 1.0f ? clip : (float)((double)clip / (double)loss_scale);
+}
+
+extern "C" __global__ void adamw_multi(const AdamWChunk* __restrict__ chunks,
+                                       const float* __restrict__ norm_sq, float lr, float beta1,
+                                       float beta2, float eps, float bc1, float bc2,
+                                       float max_norm, float loss_scale) {
+    const AdamWChunk c = chunks[blockIdx.x];
+    const float grad_scale = clip_grad_scale(norm_sq[0], max_norm, loss_scale);
+    float* param = (float*)c.param;
+    float* m = (float*)c.m;
+    float* v = (float*)c.v;
+    for (u64 j = threadIdx.x; j < c.len; j += blockDim.x) {
+        const u64 i = c.offset + j;
+        const float g = load_dt(c.grad, i, c.grad_dt) * grad_scale;
+        const float mi = beta1 * m[i] + (1.0f - beta1) * g;
+        const float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
+        m[i] = mi;
+        v[i] = vi;
+        const float mhat = mi / bc1;
+        const float vhat = vi / bc2;
+        float p = param[i];
+        p -= lr * (mhat / (sqrtf(vhat) + eps) + c.weight_decay * p);
+        param[i] = p;
+        if (c.copy != 0) store_dt(c.copy, i, c.copy_dt, p);
+    }
+}

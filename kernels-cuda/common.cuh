@@ -217,3 +217,22 @@ __device__ __forceinline__ float block_max(float v, float* sh) {
     M(float, f32, float, f32) M(float, f32, bf16_t, bf16) M(float, f32, f16_t, f16)          \
         M(bf16_t, bf16, float, f32) M(bf16_t, bf16, bf16_t, bf16) M(bf16_t, bf16, f16_t, f16) \
             M(f16_t, f16, float, f32) M(f16_t, f16, bf16_t, bf16) M(f16_t, f16, f16_t, f16)
+
+// ------------------------------------------------------------------ runtime-typed access
+// Multi-tensor kernels see tensors of different dtypes in one launch: the code (0 f32, 1 bf16,
+// 2 f16) is uniform within a block, so the branch costs nothing.
+
+__device__ __forceinline__ float load_dt(u64 base, u64 i, int dt) {
+    if (dt == 0) return ((const float*)base)[i];
+    if (dt == 1) return to_f32(((const bf16_t*)base)[i]);
+    return to_f32(((const f16_t*)base)[i]);
+}
+
+__device__ __forceinline__ void store_dt(u64 base, u64 i, int dt, float x) {
+    if (dt == 0)
+        ((float*)base)[i] = x;
+    else if (dt == 1)
+        ((bf16_t*)base)[i] = from_f32<bf16_t>(x);
+    else
+        ((f16_t*)base)[i] = from_f32<f16_t>(x);
+}

@@ -100,30 +100,63 @@ extern "C" __global__ void sum_squares_finish(const double* __restrict__ partial
     if (threadIdx.x == 0) out[slot] = (float)((double)out[slot] + acc);
 }
 
+// Multi-tensor sum of squares: block k sums chunk k of the table (a piece of one tensor) into
+// partial[k]; sum_squares_finish then adds the partials in table order. The table depends only
+// on the tensors' lengths and dtypes, so the result is reproducible.
+struct SumSqChunk {
+    u64 ptr;
+    u64 offset;
+    u64 len;
+    int dt;  // 0 f32, 1 bf16, 2 f16
+    int pad;
+};
+
+extern "C" __global__ void sum_squares_many_partial(const SumSqChunk* __restrict__ chunks,
+                                                    double* __restrict__ partial) {
+    __shared__ double sh[32];
+    const SumSqChunk c = chunks[blockIdx.x];
+    double acc = 0.0;
+    for (u64 j = threadIdx.x; j < c.len; j += blockDim.x) {
+        const double v = (double)load_dt(c.ptr, c.offset + j, c.dt);
+        acc += v * v;
+    }
+    acc = block_sum_f64(acc, sh);
+    if (threadIdx.x == 0) partial[blockIdx.x] = acc;
+}
+
 // ------------------------------------------------------------------ column sums
 // Used by bias_backward (rows × c) and the position-embedding gradient (b × t·c).
 
-// Block (32, 8): 32 consecutive columns × one chunk of `rows_per_chunk` rows.
+// Block (32, 8): 64 consecutive columns (two per thread, so a warp reads whole 128-byte lines
+// of bf16/f16) × one chunk of `rows_per_chunk` rows; the 8 row phases are added in order.
 // partial[chunk * cols + col] = Σ_{r in chunk} x[r * cols + col].
 template <typename A>
 __device__ __forceinline__ void colsum_partial_body(const A* __restrict__ x,
                                                     float* __restrict__ partial, u64 rows,
                                                     u64 cols, u64 rows_per_chunk) {
-    __shared__ float sh[8][33];
-    const u64 col = (u64)blockIdx.x * 32 + threadIdx.x;
+    __shared__ float sh[8][65];
+    const u64 col = (u64)blockIdx.x * 64 + 2 * threadIdx.x;
     const u64 r0 = (u64)blockIdx.y * rows_per_chunk;
     u64 r1 = r0 + rows_per_chunk;
     if (r1 > rows) r1 = rows;
-    float acc = 0.0f;
-    if (col < cols)
-        for (u64 r = r0 + threadIdx.y; r < r1; r += 8) acc += to_f32(x[r * cols + col]);
-    sh[threadIdx.y][threadIdx.x] = acc;
+    float a0 = 0.0f, a1 = 0.0f;
+    for (u64 r = r0 + threadIdx.y; r < r1; r += 8) {
+        const A* row = x + r * cols;
+        if (col < cols) a0 += to_f32(row[col]);
+        if (col + 1 < cols) a1 += to_f32(row[col + 1]);
+    }
+    sh[threadIdx.y][2 * threadIdx.x] = a0;
+    sh[threadIdx.y][2 * threadIdx.x + 1] = a1;
     __syncthreads();
-    if (threadIdx.y == 0 && col < cols) {
-        float s = 0.0f;
+    if (threadIdx.y < 2) {
+        const int lc = threadIdx.y * 32 + threadIdx.x;
+        const u64 c = (u64)blockIdx.x * 64 + lc;
+        if (c < cols) {
+            float s = 0.0f;
 #pragma unroll
-        for (int k = 0; k < 8; ++k) s += sh[k][threadIdx.x];
-        partial[(u64)blockIdx.y * cols + col] = s;
+            for (int k = 0; k < 8; ++k) s += sh[k][lc];
+            partial[(u64)blockIdx.y * cols + c] = s;
+        }
     }
 }
 
@@ -135,15 +168,23 @@ __device__ __forceinline__ void colsum_partial_body(const A* __restrict__ x,
     }
 FOR_FLOAT(COLSUM_PARTIAL)
 
-// out[col] += Σ_{k < chunks} partial[k * cols + col], in chunk order.
+// out[col] += Σ_{k < chunks} partial[k * cols + col]. Block (32, 8), grid ⌈cols / 32⌉: thread
+// row y adds chunks y, y + 8, ...; the 8 sums are then added in order (a fixed order).
 template <typename G>
 __device__ __forceinline__ void colsum_finish_body(const float* __restrict__ partial, G* out,
                                                    u64 chunks, u64 cols) {
-    const u64 stride = (u64)gridDim.x * blockDim.x;
-    for (u64 col = (u64)blockIdx.x * blockDim.x + threadIdx.x; col < cols; col += stride) {
-        float s = 0.0f;
-        for (u64 k = 0; k < chunks; ++k) s += partial[k * cols + col];
-        out[col] = from_f32<G>(to_f32(out[col]) + s);
+    __shared__ float sh[8][33];
+    const u64 col = (u64)blockIdx.x * 32 + threadIdx.x;
+    float s = 0.0f;
+    if (col < cols)
+        for (u64 k = threadIdx.y; k < chunks; k += 8) s += partial[k * cols + col];
+    sh[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y == 0 && col < cols) {
+        float t = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 8; ++k) t += sh[k][threadIdx.x];
+        out[col] = from_f32<G>(to_f32(out[col]) + t);
     }
 }
 

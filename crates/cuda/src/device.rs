@@ -27,6 +27,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 mod flash;
+mod multi;
 
 /// Rows per chunk of the two-pass column reductions (bias, LayerNorm parameters, position
 /// embedding). Fixed, so the summation order depends only on the shape.
@@ -66,6 +67,8 @@ pub struct CudaDevice {
     cc: i32,
     /// cuBLASLt for FP8 GEMMs, created on first use.
     blas_lt: Mutex<Option<BlasLt>>,
+    /// Chunk tables of the multi-tensor kernels (see device/multi.rs).
+    tables: Mutex<multi::Tables>,
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -302,6 +305,7 @@ impl CudaDevice {
             sm_count,
             cc,
             blas_lt: Mutex::new(None),
+            tables: Mutex::new(multi::Tables::default()),
         })
     }
 
@@ -409,7 +413,7 @@ impl CudaDevice {
             KernelModule::Reduce,
             &format!("colsum_partial_{}", float_sfx(op, x_dtype)?),
         )?;
-        let grid = (grid_dim(op, cols.div_ceil(32))?, grid_dim(op, chunks)?, 1);
+        let grid = (grid_dim(op, cols.div_ceil(64))?, grid_dim(op, chunks)?, 1);
         // SAFETY: `x` covers rows × cols elements (caller), `partial` chunks × cols f32 (just
         // sized); the signature is colsum_partial(const T*, float*, u64, u64, u64).
         unsafe {
@@ -426,12 +430,35 @@ impl CudaDevice {
                 ],
             )?;
         }
-        // SAFETY: `out` covers cols elements (caller); colsum_finish(const float*, T*, u64, u64).
+        // SAFETY: `out` covers cols elements of out_dtype (caller), `partial` chunks × cols.
+        unsafe { self.colsum_finish(op, partial, out, out_dtype, chunks, cols) }
+    }
+
+    /// `out[col] += Σ_k partial[k·cols + col]` (colsum_finish in reduce.cu, fixed order).
+    ///
+    /// # Safety
+    /// `partial` must hold `chunks × cols` f32 and `out` at least `cols` elements of
+    /// `out_dtype`.
+    unsafe fn colsum_finish(
+        &self,
+        op: &'static str,
+        partial: u64,
+        out: u64,
+        out_dtype: DType,
+        chunks: usize,
+        cols: usize,
+    ) -> Result<()> {
+        let f = self.func(
+            KernelModule::Reduce,
+            &format!("colsum_finish_{}", float_sfx(op, out_dtype)?),
+        )?;
+        // SAFETY: colsum_finish(const float*, G*, u64 chunks, u64 cols), block (32, 8), one
+        // block per 32 columns; sizes from the caller.
         unsafe {
-            self.launch_1d(
-                KernelModule::Reduce,
-                &format!("colsum_finish_{}", float_sfx(op, out_dtype)?),
-                cols,
+            kernels::launch(
+                &self.stream,
+                &f,
+                cfg((grid_dim(op, cols.div_ceil(32))?, 1, 1), (32, 8, 1)),
                 &[
                     partial.into(),
                     out.into(),
@@ -1059,23 +1086,9 @@ impl Device for CudaDevice {
                 ],
             )?;
         }
-        let sg = float_sfx(OP, dgamma.dtype())?;
-        for (partial, out) in [(pg, dgamma.ptr()), (pb, dbeta.ptr())] {
-            // SAFETY: colsum_finish(const float*, G*, u64 chunks, u64 cols): chunks·c partials,
-            // c outputs.
-            unsafe {
-                self.launch_1d(
-                    KernelModule::Reduce,
-                    &format!("colsum_finish_{sg}"),
-                    c,
-                    &[
-                        partial.into(),
-                        out.into(),
-                        (chunks as u64).into(),
-                        (c as u64).into(),
-                    ],
-                )?;
-            }
+        for (partial, out) in [(pg, &*dgamma), (pb, &*dbeta)] {
+            // SAFETY: chunks·c partials, c outputs of the gradient's dtype (checked above).
+            unsafe { self.colsum_finish(OP, partial, out.ptr(), out.dtype(), chunks, c)? };
         }
         Ok(())
     }
@@ -1570,6 +1583,24 @@ impl Device for CudaDevice {
             self.cast(param, pc, 1.0)?;
         }
         Ok(())
+    }
+
+    fn sum_squares_many(
+        &self,
+        xs: &[&CudaBuffer],
+        out: &mut CudaBuffer,
+        slot: usize,
+    ) -> Result<()> {
+        self.sum_squares_many_impl(xs, out, slot)
+    }
+
+    fn adamw_clipped(
+        &self,
+        tensors: &mut [duet_device::AdamWTensor<'_, CudaBuffer>],
+        step: &duet_device::AdamWClipStep,
+        norm_sq: &CudaBuffer,
+    ) -> Result<()> {
+        self.adamw_clipped_impl(tensors, step, norm_sq)
     }
 
     fn quantize_fp8(

@@ -120,6 +120,11 @@ impl CudaBuffer {
         }
     }
 
+    /// The allocation behind the buffer (None for an empty one).
+    pub(crate) fn into_memory(self) -> Option<DeviceMemory> {
+        self.mem
+    }
+
     /// Device address of the first element.
     pub(crate) fn ptr(&self) -> u64 {
         self.ptr_at(0)

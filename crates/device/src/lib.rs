@@ -122,6 +122,54 @@ impl AdamWStep {
     }
 }
 
+/// One tensor of a multi-tensor AdamW update ([`Device::adamw_clipped`]).
+pub struct AdamWTensor<'a, B> {
+    /// f32 (master) weights, updated in place.
+    pub param: &'a mut B,
+    pub grad: &'a B,
+    pub m: &'a mut B,
+    pub v: &'a mut B,
+    /// The low-precision working copy written with the updated weights, if any.
+    pub copy: Option<&'a mut B>,
+    pub weight_decay: f32,
+}
+
+/// The step-wide values of [`Device::adamw_clipped`]: the gradient factor is not given but
+/// derived on the device from the global gradient norm (clipping and loss-scale unscaling).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AdamWClipStep {
+    pub lr: f32,
+    pub beta1: f32,
+    pub beta2: f32,
+    pub eps: f32,
+    pub bias_correction1: f32,
+    pub bias_correction2: f32,
+    /// Clip the global gradient norm to this value (0 disables clipping).
+    pub max_norm: f32,
+    /// The factor the gradients carry (1 without loss scaling).
+    pub loss_scale: f32,
+}
+
+/// AdamW's gradient factor from the sum of squares of the (loss-scaled) gradients:
+/// PyTorch's `clip_grad_norm_` coefficient `max_norm / (norm + 1e-6)` where it is below 1,
+/// divided by the loss scale. Every backend computes exactly this (f32 square root, the
+/// unscaling in f64, rounded once), on the host or on the device.
+pub fn clip_grad_scale(norm_sq: f32, max_norm: f32, loss_scale: f32) -> f32 {
+    let raw = norm_sq.sqrt();
+    let norm = (raw as f64 / loss_scale as f64) as f32;
+    let coef = max_norm / (norm + 1e-6);
+    let clip = if max_norm > 0.0 && coef < 1.0 {
+        coef
+    } else {
+        1.0
+    };
+    if loss_scale == 1.0 {
+        clip
+    } else {
+        (clip as f64 / loss_scale as f64) as f32
+    }
+}
+
 /// A typed buffer owned by a device.
 pub trait Buffer: Send + Sync {
     fn dtype(&self) -> DType;
@@ -447,6 +495,52 @@ pub trait Device: Send + Sync + Sized + 'static {
 
     /// Accumulates `out[slot] += Σ x²` (in f32) for the global gradient L2 norm; `out` is f32.
     fn sum_squares(&self, x: &Self::Buffer, out: &mut Self::Buffer, slot: usize) -> Result<()>;
+
+    /// `out[slot] += Σ_i Σ x_i²` over several tensors (f32 result, fixed summation order).
+    /// Backends may fuse the tensors into one pass; the default calls [`Device::sum_squares`]
+    /// per tensor.
+    fn sum_squares_many(
+        &self,
+        xs: &[&Self::Buffer],
+        out: &mut Self::Buffer,
+        slot: usize,
+    ) -> Result<()> {
+        for x in xs {
+            self.sum_squares(x, out, slot)?;
+        }
+        Ok(())
+    }
+
+    /// AdamW on many tensors with the gradient factor computed from `norm_sq[0]` (the sum of
+    /// squares of all the gradients, see [`Device::sum_squares_many`]) by [`clip_grad_scale`]:
+    /// on a GPU the factor never travels through the host, so the step needs no host
+    /// synchronisation. The default reads `norm_sq` back and calls [`Device::adamw`] per tensor.
+    fn adamw_clipped(
+        &self,
+        tensors: &mut [AdamWTensor<'_, Self::Buffer>],
+        step: &AdamWClipStep,
+        norm_sq: &Self::Buffer,
+    ) -> Result<()> {
+        check_dtype("adamw_clipped", norm_sq, DType::F32)?;
+        check_min_len("adamw_clipped", "norm_sq", norm_sq, 1)?;
+        let sq = self.download_bytes(norm_sq, 0, 1)?;
+        let sq = f32::from_le_bytes([sq[0], sq[1], sq[2], sq[3]]);
+        let grad_scale = clip_grad_scale(sq, step.max_norm, step.loss_scale);
+        for t in tensors.iter_mut() {
+            let s = AdamWStep {
+                lr: step.lr,
+                beta1: step.beta1,
+                beta2: step.beta2,
+                eps: step.eps,
+                weight_decay: t.weight_decay,
+                bias_correction1: step.bias_correction1,
+                bias_correction2: step.bias_correction2,
+                grad_scale,
+            };
+            self.adamw(t.param, t.grad, t.m, t.v, &s, t.copy.as_deref_mut())?;
+        }
+        Ok(())
+    }
 
     // ------------------------------------------------------------------ FP8 (delayed scaling)
 

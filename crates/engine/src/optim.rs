@@ -14,7 +14,9 @@
 use crate::model::ParamSpec;
 use crate::precision::LossScaler;
 use crate::{EngineError, Result};
-use duet_device::{AdamWStep, Buffer, Collective, DType, Device, DeviceExt, ReduceOp};
+use duet_device::{
+    AdamWClipStep, AdamWStep, AdamWTensor, Buffer, Collective, DType, Device, DeviceExt, ReduceOp,
+};
 
 /// Optimizer hyper-parameters that do not change during a run.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -227,6 +229,72 @@ impl<D: Device> AdamW<D> {
         Ok(sq[0].sqrt())
     }
 
+    /// The update without a loss scaler (nothing can be skipped): the norm, the clipping
+    /// factor and the update stay on the device (one multi-tensor launch each where the backend
+    /// fuses them); the norm is read back for the report only after the update is queued.
+    fn step_on_device(
+        &mut self,
+        dev: &D,
+        params: &mut [D::Buffer],
+        grads: &[D::Buffer],
+        lr: f32,
+        comm: Option<&dyn Collective<D>>,
+    ) -> Result<StepStats> {
+        if params.len() != grads.len() || params.len() != self.m.len() {
+            return Err(EngineError::Config(format!(
+                "optimizer: {} parameters, {} gradients, {} moment tensors",
+                params.len(),
+                grads.len(),
+                self.m.len()
+            )));
+        }
+        dev.fill(&mut self.norm, 0.0)?;
+        let refs: Vec<&D::Buffer> = grads.iter().collect();
+        dev.sum_squares_many(&refs, &mut self.norm, 0)?;
+        if let Some(c) = comm {
+            c.all_reduce(&mut self.norm, ReduceOp::Avg)?;
+            c.wait()?;
+        }
+        self.step += 1;
+        let cfg = self.cfg;
+        let (bc1, bc2) = AdamWStep::bias_corrections(cfg.beta1, cfg.beta2, self.step);
+        let mut tensors = Vec::with_capacity(params.len());
+        for ((((p, g), m), v), (master, &decay)) in params
+            .iter_mut()
+            .zip(grads)
+            .zip(self.m.iter_mut())
+            .zip(self.v.iter_mut())
+            .zip(self.master.iter_mut().zip(&self.decay))
+        {
+            let (param, copy) = match master {
+                Some(mb) => (mb, Some(p)),
+                None => (p, None),
+            };
+            tensors.push(AdamWTensor {
+                param,
+                grad: g,
+                m,
+                v,
+                copy,
+                weight_decay: if decay { cfg.weight_decay } else { 0.0 },
+            });
+        }
+        let step = AdamWClipStep {
+            lr,
+            beta1: cfg.beta1,
+            beta2: cfg.beta2,
+            eps: cfg.eps,
+            bias_correction1: bc1,
+            bias_correction2: bc2,
+            max_norm: cfg.grad_clip,
+            loss_scale: 1.0,
+        };
+        dev.adamw_clipped(&mut tensors, &step, &self.norm)?;
+        let sq: Vec<f32> = dev.download(&self.norm)?;
+        let plan = cfg.plan(sq[0].sqrt(), None);
+        Ok(plan.stats)
+    }
+
     /// Clips and applies one AdamW update with learning rate `lr`.
     pub fn step(
         &mut self,
@@ -263,6 +331,9 @@ impl<D: Device> AdamW<D> {
         scaler: Option<&mut LossScaler>,
         comm: Option<&dyn Collective<D>>,
     ) -> Result<StepStats> {
+        if scaler.is_none() {
+            return self.step_on_device(dev, params, grads, lr, comm);
+        }
         let raw_norm = self.grad_norm_reduced(dev, grads, comm)?;
         let plan = self.cfg.plan(raw_norm, scaler);
         if plan.stats.skipped {

@@ -1,0 +1,212 @@
+//! Multi-tensor optimizer kernels: the global gradient sum of squares and AdamW over every
+//! parameter in one launch each (kernels-cuda/reduce.cu `sum_squares_many_partial`,
+//! kernels-cuda/adamw.cu `adamw_multi`). Each launch reads a table of chunks (a piece of one
+//! tensor per block) that is built on the host, uploaded once and reused while the tensors stay
+//! the same (a training run passes the same buffers every step).
+
+use super::{CudaDevice, cfg, lock};
+use crate::kernels::{self, KernelModule};
+use crate::memory::{CudaBuffer, DeviceMemory};
+use duet_device::{
+    AdamWClipStep, AdamWTensor, Buffer, DType, Device, DeviceError, Result, check_dtype,
+    check_len, check_range,
+};
+
+/// Elements per chunk (one block of 256 threads).
+const CHUNK: usize = 1 << 16;
+/// Most tables kept on the device.
+const MAX_TABLES: usize = 8;
+
+/// Uploaded chunk tables, keyed by their bytes.
+#[derive(Default)]
+pub(super) struct Tables {
+    entries: Vec<(Vec<u8>, DeviceMemory)>,
+}
+
+fn dt_code(op: &'static str, d: DType) -> Result<i32> {
+    match d {
+        DType::F32 => Ok(0),
+        DType::BF16 => Ok(1),
+        DType::F16 => Ok(2),
+        dtype => Err(DeviceError::Unsupported {
+            op: op.into(),
+            dtype,
+        }),
+    }
+}
+
+/// `(offset, len)` of each chunk of a tensor of `n` elements.
+fn chunks(n: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..n.div_ceil(CHUNK)).map(move |k| (k * CHUNK, CHUNK.min(n - k * CHUNK)))
+}
+
+impl CudaDevice {
+    /// The device address of `table` (uploading it unless an identical one is cached).
+    fn table(&self, op: &'static str, table: Vec<u8>) -> Result<u64> {
+        let mut tables = lock(&self.tables, op)?;
+        if let Some((_, mem)) = tables.entries.iter().find(|(k, _)| *k == table) {
+            return Ok(mem.ptr());
+        }
+        if tables.entries.len() >= MAX_TABLES {
+            tables.entries.remove(0);
+        }
+        let mut mem = CudaBuffer::new(
+            Some(DeviceMemory::zeroed(
+                &self.ctx,
+                &self.stream,
+                table.len(),
+                &self.mem,
+            )?),
+            DType::U8,
+            table.len(),
+        );
+        self.upload_bytes(&table, &mut mem, 0)?;
+        let ptr = mem.ptr();
+        let mem = mem.into_memory().expect("non-empty table");
+        tables.entries.push((table, mem));
+        Ok(ptr)
+    }
+
+    pub(super) fn sum_squares_many_impl(
+        &self,
+        xs: &[&CudaBuffer],
+        out: &mut CudaBuffer,
+        slot: usize,
+    ) -> Result<()> {
+        const OP: &str = "sum_squares_many";
+        check_dtype(OP, out, DType::F32)?;
+        check_range(OP, slot, 1, out.len())?;
+        let mut table = Vec::new();
+        let mut count = 0usize;
+        for x in xs {
+            let dt = dt_code(OP, x.dtype())?;
+            for (offset, len) in chunks(x.len()) {
+                table.extend_from_slice(&x.ptr().to_le_bytes());
+                table.extend_from_slice(&(offset as u64).to_le_bytes());
+                table.extend_from_slice(&(len as u64).to_le_bytes());
+                table.extend_from_slice(&dt.to_le_bytes());
+                table.extend_from_slice(&0i32.to_le_bytes());
+                count += 1;
+            }
+        }
+        if count == 0 {
+            return Ok(());
+        }
+        let blocks = super::grid_dim(OP, count)?;
+        let table = self.table(OP, table)?;
+        let mut scratch = lock(&self.scratch, OP)?;
+        let partial = scratch.get(&self.ctx, &self.stream, count * 8, &self.mem)?;
+        let fp = self.func(KernelModule::Reduce, "sum_squares_many_partial")?;
+        // SAFETY: sum_squares_many_partial(const SumSqChunk*, double*): `count` 32-byte chunk
+        // records (ptr, offset, len, dtype) describing ranges inside live buffers, and `count`
+        // doubles of scratch.
+        unsafe {
+            kernels::launch(
+                &self.stream,
+                &fp,
+                cfg((blocks, 1, 1), (256, 1, 1)),
+                &[table.into(), partial.into()],
+            )?;
+        }
+        let ff = self.func(KernelModule::Reduce, "sum_squares_finish")?;
+        // SAFETY: sum_squares_finish(const double*, int count, float*, u64 slot): `count`
+        // partials, slot < out.len() (checked).
+        unsafe {
+            kernels::launch(
+                &self.stream,
+                &ff,
+                cfg((1, 1, 1), (256, 1, 1)),
+                &[
+                    partial.into(),
+                    (count as i32).into(),
+                    out.ptr().into(),
+                    (slot as u64).into(),
+                ],
+            )
+        }
+    }
+
+    pub(super) fn adamw_clipped_impl(
+        &self,
+        tensors: &mut [AdamWTensor<'_, CudaBuffer>],
+        step: &AdamWClipStep,
+        norm_sq: &CudaBuffer,
+    ) -> Result<()> {
+        const OP: &str = "adamw_clipped";
+        check_dtype(OP, norm_sq, DType::F32)?;
+        check_range(OP, 0, 1, norm_sq.len())?;
+        let mut table = Vec::new();
+        let mut count = 0usize;
+        let mut fp8_copies = Vec::new();
+        for (i, t) in tensors.iter().enumerate() {
+            let n = t.param.len();
+            check_dtype(OP, &*t.param, DType::F32)?;
+            check_dtype(OP, &*t.m, DType::F32)?;
+            check_dtype(OP, &*t.v, DType::F32)?;
+            check_len(OP, "grad", t.grad, n)?;
+            check_len(OP, "m", &*t.m, n)?;
+            check_len(OP, "v", &*t.v, n)?;
+            let gdt = dt_code(OP, t.grad.dtype())?;
+            let (copy, cdt) = match t.copy.as_deref() {
+                None => (0u64, 0i32),
+                Some(c) => {
+                    check_len(OP, "param_copy", c, n)?;
+                    if c.dtype().is_fp8() {
+                        // Written by a cast after the update.
+                        fp8_copies.push(i);
+                        (0, 0)
+                    } else {
+                        (c.ptr(), dt_code(OP, c.dtype())?)
+                    }
+                }
+            };
+            for (offset, len) in chunks(n) {
+                for p in [t.param.ptr(), t.grad.ptr(), t.m.ptr(), t.v.ptr(), copy] {
+                    table.extend_from_slice(&p.to_le_bytes());
+                }
+                table.extend_from_slice(&(offset as u64).to_le_bytes());
+                table.extend_from_slice(&(len as u32).to_le_bytes());
+                table.extend_from_slice(&gdt.to_le_bytes());
+                table.extend_from_slice(&cdt.to_le_bytes());
+                table.extend_from_slice(&t.weight_decay.to_le_bytes());
+                count += 1;
+            }
+        }
+        if count > 0 {
+            let blocks = super::grid_dim(OP, count)?;
+            let table = self.table(OP, table)?;
+            let f = self.func(KernelModule::AdamW, "adamw_multi")?;
+            let s = *step;
+            // SAFETY: adamw_multi(const AdamWChunk*, const float* norm_sq, 8 floats): `count`
+            // 64-byte chunk records describing ranges inside live f32 param/m/v buffers, a grad
+            // and an optional copy of the recorded dtypes (lengths checked above); norm_sq
+            // holds at least one f32.
+            unsafe {
+                kernels::launch(
+                    &self.stream,
+                    &f,
+                    cfg((blocks, 1, 1), (256, 1, 1)),
+                    &[
+                        table.into(),
+                        norm_sq.ptr().into(),
+                        s.lr.into(),
+                        s.beta1.into(),
+                        s.beta2.into(),
+                        s.eps.into(),
+                        s.bias_correction1.into(),
+                        s.bias_correction2.into(),
+                        s.max_norm.into(),
+                        s.loss_scale.into(),
+                    ],
+                )?;
+            }
+        }
+        for i in fp8_copies {
+            let t = &mut tensors[i];
+            if let Some(c) = t.copy.as_deref_mut() {
+                self.cast(t.param, c, 1.0)?;
+            }
+        }
+        Ok(())
+    }
+}

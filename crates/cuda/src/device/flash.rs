@@ -1,14 +1,129 @@
 //! Fused causal attention (kernels-cuda/flash_attention.cu): see
 //! [`duet_device::Device::flash_attention_forward`].
+//!
+//! Forward: one kernel, a block per 64 queries of one head, looping over the key tiles up to
+//! the diagonal with an online softmax; it writes `out` and the per-row log-sum-exp `lse`.
+//! Backward: `rowdot` computes `D_i = Σ_c dO·O` per query row into backend scratch, then
+//! `backward_dkv` (a block per 64 keys, looping over the query tiles from the diagonal on)
+//! writes dK and dV, and `backward_dq` (a block per 64 queries, looping over the key tiles up
+//! to the diagonal) writes dQ, each recomputing the probabilities from Q, K and `lse`. Every
+//! output element is written by exactly one thread with a fixed summation order: no atomics,
+//! results are bit-identical run to run.
 
-use super::CudaDevice;
+use super::{CudaDevice, cfg, grid_dim, lock, mul};
+use crate::error::{dim, drv};
+use crate::kernels::{self, KernelModule};
 use crate::memory::CudaBuffer;
-use duet_device::{Buffer, DType, DeviceError, Result};
+use cudarc::driver::CudaFunction;
+use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
+use duet_device::{Buffer, DType, DeviceError, Result, check_dtype, check_len};
+
+/// Threads per block of the attention kernels (4 warps of 16 rows each).
+const THREADS: u32 = 128;
+/// Query rows per block of the forward and dQ kernels, key rows per block of the dK/dV kernel.
+const TILE: usize = 64;
+/// Threads per block of the `rowdot` kernel.
+const ROWDOT_BLOCK: u32 = 256;
+
+/// The kernel variant for a head size: its name part and the dynamic shared memory (bytes) of
+/// the forward, dK/dV and dQ kernels. Must match the tile sizes in flash_attention.cu.
+struct Variant {
+    name: &'static str,
+    hs: usize,
+    smem_forward: u32,
+    smem_dkv: u32,
+    smem_dq: u32,
+}
+
+/// Bytes of one `rows × hs` tile of a 16-bit type.
+const fn tile_bytes(rows: usize, hs: usize) -> u32 {
+    (rows * hs * 2) as u32
+}
+
+/// The forward kernel keeps Q (64 rows) and two stages of K and V (64 rows each); dK/dV keeps
+/// K, V (64 rows) and two stages of Q, dO (BQ rows) plus lse and D (f32, BQ each); dQ keeps Q,
+/// dO (64 rows) and two stages of K, V (BK rows). BQ = BK = 64 for hs = 64, 32 for hs = 128.
+const fn variant(name: &'static str, hs: usize, inner: usize) -> Variant {
+    Variant {
+        name,
+        hs,
+        smem_forward: tile_bytes(TILE, hs) + 4 * tile_bytes(TILE, hs),
+        smem_dkv: 2 * tile_bytes(TILE, hs) + 4 * tile_bytes(inner, hs) + (4 * inner * 4) as u32,
+        smem_dq: 2 * tile_bytes(TILE, hs) + 4 * tile_bytes(inner, hs),
+    }
+}
+
+const VARIANTS: [Variant; 2] = [variant("hs64", 64, 64), variant("hs128", 128, 32)];
+
+fn variant_for(hs: usize) -> Option<&'static Variant> {
+    VARIANTS.iter().find(|v| v.hs == hs)
+}
+
+fn dtype_sfx(d: DType) -> Option<&'static str> {
+    match d {
+        DType::BF16 => Some("bf16"),
+        DType::F16 => Some("f16"),
+        _ => None,
+    }
+}
 
 impl CudaDevice {
     pub(super) fn flash_supported(&self, dtype: DType, hs: usize) -> bool {
-        let _ = (dtype, hs);
-        false
+        self.flash_variant(dtype, hs).is_ok()
+    }
+
+    /// The variant for (`dtype`, `hs`), or why there is none. Needs sm_80 or newer (mma.sync
+    /// bf16/f16, ldmatrix, cp.async) and enough opt-in shared memory per block.
+    fn flash_variant(
+        &self,
+        dtype: DType,
+        hs: usize,
+    ) -> std::result::Result<(&'static Variant, &'static str), String> {
+        let sfx = dtype_sfx(dtype).ok_or_else(|| format!("dtype {dtype} (bf16 or f16 only)"))?;
+        let v = variant_for(hs).ok_or_else(|| format!("head size {hs} (64 or 128 only)"))?;
+        if self.cc < 80 {
+            return Err(format!(
+                "compute capability {}.{} (needs 8.0 or newer)",
+                self.cc / 10,
+                self.cc % 10
+            ));
+        }
+        let need = v.smem_forward.max(v.smem_dkv).max(v.smem_dq);
+        let have = self
+            .ctx
+            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+            .unwrap_or(0)
+            .max(0) as u32;
+        if have < need {
+            return Err(format!(
+                "{have} bytes of shared memory per block (needs {need})"
+            ));
+        }
+        Ok((v, sfx))
+    }
+
+    fn flash_check(
+        &self,
+        op: &'static str,
+        dtype: DType,
+        hs: usize,
+    ) -> Result<(&'static Variant, &'static str)> {
+        self.flash_variant(dtype, hs)
+            .map_err(|why| DeviceError::Unsupported {
+                op: format!("{op}: {why}"),
+                dtype,
+            })
+    }
+
+    /// Looks up `name` and allows it `smem` bytes of dynamic shared memory.
+    fn flash_func(&self, name: &str, smem: u32) -> Result<CudaFunction> {
+        let f = self.func(KernelModule::FlashAttention, name)?;
+        f.set_attribute(
+            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            smem as i32,
+        )
+        .map_err(drv("cuFuncSetAttribute"))?;
+        Ok(f)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -23,11 +138,45 @@ impl CudaDevice {
         hs: usize,
         scale: f32,
     ) -> Result<()> {
-        let _ = (out, lse, b, t, nh, hs, scale);
-        Err(DeviceError::Unsupported {
-            op: "flash_attention_forward".into(),
-            dtype: qkv.dtype(),
-        })
+        const OP: &str = "flash_attention_forward";
+        let dtype = qkv.dtype();
+        let (v, sfx) = self.flash_check(OP, dtype, hs)?;
+        check_dtype(OP, out, dtype)?;
+        check_dtype(OP, lse, DType::F32)?;
+        let n = mul(OP, &[b, t, nh, hs])?;
+        check_len(OP, "qkv", qkv, mul(OP, &[n, 3])?)?;
+        check_len(OP, "out", out, n)?;
+        check_len(OP, "lse", lse, mul(OP, &[b, nh, t])?)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let heads = grid_dim(OP, b * nh)?;
+        let tiles = tile_count(OP, t)?;
+        let f = self.flash_func(
+            &format!("flash_attention_forward_{}_{sfx}", v.name),
+            v.smem_forward,
+        )?;
+        let mut c = cfg((heads, tiles, 1), (THREADS, 1, 1));
+        c.shared_mem_bytes = v.smem_forward;
+        // SAFETY: flash_attention_forward(const T* qkv, T* out, float* lse, int t, int nh,
+        // float scale): qkv holds b·t·3·nh·hs elements, out b·t·nh·hs, lse b·nh·t (checked);
+        // the grid covers b·nh heads × ⌈t/64⌉ query tiles and rows past t are neither read
+        // nor written; the dynamic shared memory is the size the kernel's tiles need.
+        unsafe {
+            kernels::launch(
+                &self.stream,
+                &f,
+                c,
+                &[
+                    qkv.ptr().into(),
+                    out.ptr().into(),
+                    lse.ptr().into(),
+                    dim(OP, "t", t)?.into(),
+                    dim(OP, "nh", nh)?.into(),
+                    scale.into(),
+                ],
+            )
+        }
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -44,10 +193,90 @@ impl CudaDevice {
         hs: usize,
         scale: f32,
     ) -> Result<()> {
-        let _ = (out, dout, lse, dqkv, b, t, nh, hs, scale);
-        Err(DeviceError::Unsupported {
-            op: "flash_attention_backward".into(),
-            dtype: qkv.dtype(),
-        })
+        const OP: &str = "flash_attention_backward";
+        let dtype = qkv.dtype();
+        let (v, sfx) = self.flash_check(OP, dtype, hs)?;
+        for buf in [out, dout, &*dqkv] {
+            check_dtype(OP, buf, dtype)?;
+        }
+        check_dtype(OP, lse, DType::F32)?;
+        let n = mul(OP, &[b, t, nh, hs])?;
+        let rows = mul(OP, &[b, nh, t])?;
+        check_len(OP, "qkv", qkv, mul(OP, &[n, 3])?)?;
+        check_len(OP, "out", out, n)?;
+        check_len(OP, "dout", dout, n)?;
+        check_len(OP, "lse", lse, rows)?;
+        check_len(OP, "dqkv", dqkv, mul(OP, &[n, 3])?)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let heads = grid_dim(OP, b * nh)?;
+        let tiles = tile_count(OP, t)?;
+        let (t32, nh32) = (dim(OP, "t", t)?, dim(OP, "nh", nh)?);
+        let fr = self.func(
+            KernelModule::FlashAttention,
+            &format!("flash_attention_rowdot_{}_{sfx}", v.name),
+        )?;
+        let fkv = self.flash_func(
+            &format!("flash_attention_backward_dkv_{}_{sfx}", v.name),
+            v.smem_dkv,
+        )?;
+        let fq = self.flash_func(
+            &format!("flash_attention_backward_dq_{}_{sfx}", v.name),
+            v.smem_dq,
+        )?;
+        let rowdot_threads = mul(OP, &[rows, hs / 8])?;
+        let rowdot_blocks = grid_dim(OP, rowdot_threads.div_ceil(ROWDOT_BLOCK as usize))?;
+
+        let mut scratch = lock(&self.scratch, OP)?;
+        let d = scratch.get(&self.ctx, &self.stream, rows * 4, &self.mem)?;
+        // SAFETY: rowdot(const T* out, const T* dout, float* d, u64 rows, int t, int nh): out
+        // and dout hold rows·hs elements (checked), `d` rows f32 (scratch just sized); hs/8
+        // threads per row, threads past the last row only join the shuffles.
+        unsafe {
+            kernels::launch(
+                &self.stream,
+                &fr,
+                cfg((rowdot_blocks, 1, 1), (ROWDOT_BLOCK, 1, 1)),
+                &[
+                    out.ptr().into(),
+                    dout.ptr().into(),
+                    d.into(),
+                    (rows as u64).into(),
+                    t32.into(),
+                    nh32.into(),
+                ],
+            )?;
+        }
+        let args = [
+            qkv.ptr().into(),
+            dout.ptr().into(),
+            lse.ptr().into(),
+            d.into(),
+            dqkv.ptr().into(),
+            t32.into(),
+            nh32.into(),
+            scale.into(),
+        ];
+        let mut c = cfg((heads, tiles, 1), (THREADS, 1, 1));
+        c.shared_mem_bytes = v.smem_dkv;
+        // SAFETY: backward_dkv(const T* qkv, const T* dout, const float* lse, const float* d,
+        // T* dqkv, int t, int nh, float scale): qkv and dqkv hold b·t·3·nh·hs elements, dout
+        // b·t·nh·hs, lse and d b·nh·t (checked / sized above); one block per head and 64-key
+        // tile, writing only the k and v parts of its rows before t.
+        unsafe { kernels::launch(&self.stream, &fkv, c, &args)? };
+        c.shared_mem_bytes = v.smem_dq;
+        // SAFETY: backward_dq has the same parameters and sizes; one block per head and
+        // 64-query tile, writing only the q part of its rows before t.
+        unsafe { kernels::launch(&self.stream, &fq, c, &args) }
     }
+}
+
+/// Number of 64-row tiles covering `t` rows (gridDim.y).
+fn tile_count(op: &'static str, t: usize) -> Result<u32> {
+    let tiles = t.div_ceil(TILE);
+    u32::try_from(tiles)
+        .ok()
+        .filter(|&n| n <= 65535)
+        .ok_or_else(|| crate::error::too_large(op, "t / 64 (grid rows)", tiles))
 }

@@ -1,0 +1,110 @@
+//! Times the fused causal attention against the unfused CUDA composition (split heads, batched
+//! GEMMs, causal softmax, merge heads) at the seed (b=32, t=256, nh=12, hs=64) and large
+//! (b=32, t=256, nh=16, hs=128) shapes: `cargo run -p duet-cuda --release --example flash_bench
+//! [bf16|f16]`. Each variant is warmed up, then run 50 times between two synchronisations; the
+//! table gives the mean host-clock time per call. No pass/fail.
+
+use duet_cuda::CudaDevice;
+use duet_device::{DType, Device, GemmDesc};
+use std::time::Instant;
+
+const ITERS: usize = 50;
+
+fn time<F: FnMut()>(dev: &CudaDevice, mut f: F) -> f64 {
+    for _ in 0..3 {
+        f();
+    }
+    dev.synchronize().unwrap();
+    let t = Instant::now();
+    for _ in 0..ITERS {
+        f();
+    }
+    dev.synchronize().unwrap();
+    t.elapsed().as_secs_f64() / ITERS as f64 * 1e6
+}
+
+fn bench(dev: &CudaDevice, dtype: DType, name: &str, b: usize, t: usize, nh: usize, hs: usize) {
+    let n = b * t * nh * hs;
+    let heads = b * nh;
+    let scale = 1.0 / (hs as f32).sqrt();
+    let a = |dtype: DType, len: usize, v: f32| {
+        let mut buf = dev.alloc(dtype, len).unwrap();
+        dev.fill(&mut buf, v).unwrap();
+        buf
+    };
+    let qkv = a(dtype, 3 * n, 0.02);
+    let dout = a(dtype, n, 0.01);
+    let mut out = a(dtype, n, 0.0);
+    let mut lse = a(DType::F32, heads * t, 0.0);
+    let mut dqkv = a(dtype, 3 * n, 0.0);
+
+    let flash_fwd = time(dev, || {
+        dev.flash_attention_forward(&qkv, &mut out, &mut lse, b, t, nh, hs, scale)
+            .unwrap()
+    });
+    let flash_bwd = time(dev, || {
+        dev.flash_attention_backward(&qkv, &out, &dout, &lse, &mut dqkv, b, t, nh, hs, scale)
+            .unwrap()
+    });
+
+    // The unfused composition, all heads at once.
+    let (mut q, mut k, mut v) = (a(dtype, n, 0.0), a(dtype, n, 0.0), a(dtype, n, 0.0));
+    let mut scores = a(dtype, heads * t * t, 0.0);
+    let mut probs = a(dtype, heads * t * t, 0.0);
+    let mut dprobs = a(dtype, heads * t * t, 0.0);
+    let (mut y, mut dy) = (a(dtype, n, 0.0), a(dtype, n, 0.0));
+    let (mut dq, mut dk, mut dv) = (a(dtype, n, 0.0), a(dtype, n, 0.0), a(dtype, n, 0.0));
+    let qk = GemmDesc::batched(false, true, t, t, hs, heads);
+    let pv = GemmDesc::batched(false, false, t, hs, t, heads);
+    let dpd = GemmDesc::batched(false, true, t, t, hs, heads);
+    let tn = GemmDesc::batched(true, false, t, hs, t, heads);
+    let unf_fwd = time(dev, || {
+        dev.split_heads(&qkv, &mut q, &mut k, &mut v, b, t, nh, hs)
+            .unwrap();
+        dev.gemm(&qk, &q, &k, &mut scores).unwrap();
+        dev.softmax_causal_forward(&scores, &mut probs, heads, t, scale)
+            .unwrap();
+        dev.gemm(&pv, &probs, &v, &mut y).unwrap();
+        dev.merge_heads(&y, &mut out, b, t, nh, hs, false).unwrap();
+    });
+    let unf_bwd = time(dev, || {
+        dev.merge_heads(&dout, &mut dy, b, t, nh, hs, true).unwrap();
+        dev.gemm(&dpd, &dy, &v, &mut dprobs).unwrap();
+        dev.gemm(&tn, &probs, &dy, &mut dv).unwrap();
+        dev.softmax_causal_backward(&probs, &dprobs, &mut scores, heads, t, scale)
+            .unwrap();
+        dev.gemm(&pv, &scores, &k, &mut dq).unwrap();
+        dev.gemm(&tn, &scores, &q, &mut dk).unwrap();
+        dev.split_heads_backward(&dq, &dk, &dv, &mut dqkv, b, t, nh, hs)
+            .unwrap();
+    });
+    println!(
+        "{name:<6} {dtype:<5} b={b} t={t} nh={nh} hs={hs:<4} | flash fwd {flash_fwd:8.1} µs  bwd {flash_bwd:8.1} µs | unfused fwd {unf_fwd:8.1} µs  bwd {unf_bwd:8.1} µs | speed-up fwd {:4.1}x  bwd {:4.1}x",
+        unf_fwd / flash_fwd,
+        unf_bwd / flash_bwd
+    );
+}
+
+fn main() {
+    let dtypes: Vec<DType> = match std::env::args().nth(1).as_deref() {
+        Some("bf16") => vec![DType::BF16],
+        Some("f16") => vec![DType::F16],
+        _ => vec![DType::BF16, DType::F16],
+    };
+    let dev = match CudaDevice::new(0) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("flash_bench: no CUDA device: {e}");
+            return;
+        }
+    };
+    let info = dev.info();
+    println!(
+        "{} {} — {ITERS} calls per timing, µs per call",
+        info.name, info.arch
+    );
+    for dtype in dtypes {
+        bench(&dev, dtype, "seed", 32, 256, 12, 64);
+        bench(&dev, dtype, "large", 32, 256, 16, 128);
+    }
+}

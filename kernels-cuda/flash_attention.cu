@@ -590,8 +590,8 @@ __device__ __forceinline__ void fa_backward_dq(const T* __restrict__ qkv,
 
 // ------------------------------------------------------------------ entry points
 
-#define FA_ENTRIES(T, S, HS)                                                                   \
-    extern "C" __global__ void __launch_bounds__(FA_THREADS)                                  \
+#define FA_ENTRIES(T, S, HS, MB_FWD, MB_DKV, MB_DQ)                                           \
+    extern "C" __global__ void __launch_bounds__(FA_THREADS, MB_FWD)                          \
         flash_attention_forward_hs##HS##_##S(const T* qkv, T* out, float* lse, int t, int nh, \
                                              float scale) {                                   \
         fa_forward<T, HS>(qkv, out, lse, t, nh, scale);                                       \
@@ -600,22 +600,24 @@ __device__ __forceinline__ void fa_backward_dq(const T* __restrict__ qkv,
         const T* out, const T* dout, float* d, u64 rows, int t, int nh) {                     \
         fa_rowdot<T, HS>(out, dout, d, rows, t, nh);                                          \
     }                                                                                          \
-    extern "C" __global__ void __launch_bounds__(FA_THREADS)                                  \
+    extern "C" __global__ void __launch_bounds__(FA_THREADS, MB_DKV)                          \
         flash_attention_backward_dkv_hs##HS##_##S(const T* qkv, const T* dout,                \
                                                   const float* lse, const float* d, T* dqkv,  \
                                                   int t, int nh, float scale) {               \
         fa_backward_dkv<T, HS>(qkv, dout, lse, d, dqkv, t, nh, scale);                        \
     }                                                                                          \
-    extern "C" __global__ void __launch_bounds__(FA_THREADS)                                  \
+    extern "C" __global__ void __launch_bounds__(FA_THREADS, MB_DQ)                           \
         flash_attention_backward_dq_hs##HS##_##S(const T* qkv, const T* dout,                 \
                                                  const float* lse, const float* d, T* dqkv,   \
                                                  int t, int nh, float scale) {                \
         fa_backward_dq<T, HS>(qkv, dout, lse, d, dqkv, t, nh, scale);                         \
     }
 
-FA_ENTRIES(bf16_t, bf16, 64)
-FA_ENTRIES(bf16_t, bf16, 128)
-FA_ENTRIES(f16_t, f16, 64)
-FA_ENTRIES(f16_t, f16, 128)
+// Minimum resident blocks per SM (forward, dK/dV, dQ): caps the registers so that many blocks
+// fit (a few bytes of spill at most); the shared memory of each kernel allows as many.
+FA_ENTRIES(bf16_t, bf16, 64, 4, 3, 3)
+FA_ENTRIES(bf16_t, bf16, 128, 2, 2, 3)
+FA_ENTRIES(f16_t, f16, 64, 4, 3, 3)
+FA_ENTRIES(f16_t, f16, 128, 2, 2, 3)
 
 #endif  // __CUDA_ARCH__ >= 800

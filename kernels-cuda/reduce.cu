@@ -194,3 +194,20 @@ __device__ __forceinline__ void colsum_finish_body(const float* __restrict__ par
         colsum_finish_body(partial, out, chunks, cols);                                       \
     }
 FOR_FLOAT(COLSUM_FINISH)
+
+// ------------------------------------------------------------------ multi-tensor zeroing
+// Block k clears `len` bytes at `ptr` (a chunk of one buffer, 16-byte aligned start), 16 bytes
+// per thread-iteration with a byte tail.
+struct ZeroChunk {
+    u64 ptr;
+    u64 len;
+};
+
+extern "C" __global__ void zero_many(const ZeroChunk* __restrict__ chunks) {
+    const ZeroChunk c = chunks[blockIdx.x];
+    unsigned char* p = (unsigned char*)c.ptr;
+    const u64 vecs = c.len / 16;
+    uint4 z = make_uint4(0u, 0u, 0u, 0u);
+    for (u64 i = threadIdx.x; i < vecs; i += blockDim.x) ((uint4*)p)[i] = z;
+    for (u64 i = vecs * 16 + threadIdx.x; i < c.len; i += blockDim.x) p[i] = 0;
+}

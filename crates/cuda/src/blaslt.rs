@@ -69,6 +69,62 @@ struct AlgoKey {
     ldc: i32,
     types: (DType, DType, DType),
     accumulate: bool,
+    trans: (bool, bool),
+    /// cuBLASLt epilogue code and the bias dtype (F32 when there is none).
+    epilogue: (u32, DType),
+}
+
+/// The epilogue of a [`BlasLt::matmul`], in cuBLASLt's terms (device addresses).
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum LtEpilogue {
+    None,
+    Bias {
+        bias: u64,
+        dtype: DType,
+    },
+    GeluAuxBias {
+        bias: u64,
+        dtype: DType,
+        aux: u64,
+        ld: i64,
+    },
+    DGelu {
+        aux: u64,
+        ld: i64,
+    },
+}
+
+impl LtEpilogue {
+    fn code(self) -> ltsys::cublasLtEpilogue_t {
+        use ltsys::cublasLtEpilogue_t as E;
+        match self {
+            Self::None => E::CUBLASLT_EPILOGUE_DEFAULT,
+            Self::Bias { .. } => E::CUBLASLT_EPILOGUE_BIAS,
+            Self::GeluAuxBias { .. } => E::CUBLASLT_EPILOGUE_GELU_AUX_BIAS,
+            Self::DGelu { .. } => E::CUBLASLT_EPILOGUE_DGELU,
+        }
+    }
+
+    fn bias(self) -> Option<(u64, DType)> {
+        match self {
+            Self::Bias { bias, dtype } | Self::GeluAuxBias { bias, dtype, .. } => {
+                Some((bias, dtype))
+            }
+            _ => None,
+        }
+    }
+
+    fn aux(self) -> Option<(u64, i64)> {
+        match self {
+            Self::GeluAuxBias { aux, ld, .. } | Self::DGelu { aux, ld } => Some((aux, ld)),
+            _ => None,
+        }
+    }
+}
+
+/// cuBLASLt's type for a GEMM operand of a non-FP8 GEMM.
+pub(crate) fn float_type(d: DType) -> Option<cudaDataType> {
+    out_type(d)
 }
 
 /// A cuBLASLt handle and its workspace, created on the first FP8 GEMM, and the algorithms the
@@ -244,15 +300,40 @@ impl BlasLt {
         a_slot: usize,
         b_slot: usize,
     ) -> Result<()> {
+        let types = (
+            fp8_type(a.dtype()).expect("validated"),
+            fp8_type(b.dtype()).expect("validated"),
+        );
+        let scales = (scale_inv.ptr_at(a_slot), scale_inv.ptr_at(b_slot));
+        self.matmul(stream, desc, a, b, c, types, Some(scales), LtEpilogue::None)
+    }
+
+    /// One GEMM through cuBLASLt: `types` are cuBLASLt's types of duet's A and B; `scales`
+    /// the device addresses of the inverse scales of A and B (FP8); `epilogue` what follows
+    /// the product. Arguments are checked by the caller.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn matmul(
+        &mut self,
+        stream: &CudaStream,
+        desc: &GemmDesc,
+        a: &CudaBuffer,
+        b: &CudaBuffer,
+        c: &mut CudaBuffer,
+        types: (cudaDataType, cudaDataType),
+        scales: Option<(u64, u64)>,
+        epilogue: LtEpilogue,
+    ) -> Result<()> {
         if desc.m == 0 || desc.n == 0 {
             return Ok(());
         }
         let g = conv::col_major_gemm(desc)?;
-        // cuBLASLt's A is duet's B (k × n stored column-major with ld = ldb, transposed),
-        // its B is duet's A (k × m, ld = lda, not transposed); C/D is n × m with ld = ldc.
-        let a_type = fp8_type(b.dtype()).expect("validated");
-        let b_type = fp8_type(a.dtype()).expect("validated");
-        let c_type = out_type(c.dtype()).expect("validated");
+        // cuBLASLt's A is duet's B (stored column-major with ld = ldb, op = trans_b), its B is
+        // duet's A (ld = lda, op = trans_a); C/D is n × m with ld = ldc.
+        let (b_type, a_type) = types;
+        let c_type = out_type(c.dtype()).ok_or_else(|| DeviceError::Unsupported {
+            op: "cuBLASLt matmul output".into(),
+            dtype: c.dtype(),
+        })?;
         let (m, n, k) = (g.m as u64, g.n as u64, g.k as u64);
         let mut d = Descs {
             matmul: None,
@@ -273,8 +354,8 @@ impl BlasLt {
             unsafe { lt::set_matmul_desc_attribute(md, attr, ptr, size) }
                 .map_err(|e| lt_err(&format!("cublasLtMatmulDescSetAttribute({what})"), e))
         };
-        let transa = cublasOperation_t::CUBLAS_OP_T as i32;
-        let transb = cublasOperation_t::CUBLAS_OP_N as i32;
+        let transa = g.transa as i32;
+        let transb = g.transb as i32;
         // TRANSA/TRANSB: int32 cublasOperation_t.
         set(
             DescAttr::CUBLASLT_MATMUL_DESC_TRANSA,
@@ -288,41 +369,89 @@ impl BlasLt {
             4,
             "TRANSB",
         )?;
-        // Scale pointers: a `const float*` device address each, passed by value (8 bytes),
-        // pointing at aligned copies of the two slots (stream-ordered before the matmul).
-        let (a_scale, b_scale) = (self.scales.ptr(), self.scales.ptr() + 256);
-        for (dst, slot) in [(a_scale, b_slot), (b_scale, a_slot)] {
-            // SAFETY: `validate` checked that both slots lie inside `scale_inv` (f32); `dst` is
-            // one of two 4-byte places inside the live 512-byte `scales` allocation; the copy is
-            // ordered on the device's stream like the matmul that reads it.
-            unsafe {
-                cudarc::driver::result::memcpy_dtod_async(
-                    dst,
-                    scale_inv.ptr_at(slot),
-                    4,
-                    stream.cu_stream(),
-                )
+        if let Some((sa, sb)) = scales {
+            // Scale pointers: a `const float*` device address each, passed by value (8 bytes),
+            // pointing at aligned copies of the two slots (stream-ordered before the matmul).
+            let (a_scale, b_scale) = (self.scales.ptr(), self.scales.ptr() + 256);
+            for (dst, src) in [(a_scale, sb), (b_scale, sa)] {
+                // SAFETY: the caller checked that both sources are f32 slots inside a live
+                // buffer; `dst` is one of two 4-byte places inside the live 512-byte `scales`
+                // allocation; the copy is ordered on the device's stream like the matmul.
+                unsafe {
+                    cudarc::driver::result::memcpy_dtod_async(dst, src, 4, stream.cu_stream())
+                }
+                .map_err(|e| crate::error::driver("cuMemcpyDtoDAsync", e))?;
             }
-            .map_err(|e| crate::error::driver("cuMemcpyDtoDAsync", e))?;
+            set(
+                DescAttr::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+                (&a_scale as *const u64).cast(),
+                8,
+                "A_SCALE_POINTER",
+            )?;
+            set(
+                DescAttr::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                (&b_scale as *const u64).cast(),
+                8,
+                "B_SCALE_POINTER",
+            )?;
         }
-        set(
-            DescAttr::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
-            (&a_scale as *const u64).cast(),
-            8,
-            "A_SCALE_POINTER",
-        )?;
-        set(
-            DescAttr::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
-            (&b_scale as *const u64).cast(),
-            8,
-            "B_SCALE_POINTER",
-        )?;
+        let epi = epilogue.code() as u32;
+        if epilogue.code() != ltsys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_DEFAULT {
+            // EPILOGUE: uint32 cublasLtEpilogue_t.
+            set(
+                DescAttr::CUBLASLT_MATMUL_DESC_EPILOGUE,
+                (&epi as *const u32).cast(),
+                4,
+                "EPILOGUE",
+            )?;
+        }
+        if let Some((bias, dtype)) = epilogue.bias() {
+            let bt = out_type(dtype).ok_or_else(|| DeviceError::Unsupported {
+                op: "cuBLASLt bias".into(),
+                dtype,
+            })? as i32;
+            // BIAS_POINTER: a device address by value; BIAS_DATA_TYPE: int32 cudaDataType.
+            set(
+                DescAttr::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                (&bias as *const u64).cast(),
+                8,
+                "BIAS_POINTER",
+            )?;
+            set(
+                DescAttr::CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                (&bt as *const i32).cast(),
+                4,
+                "BIAS_DATA_TYPE",
+            )?;
+        }
+        if let Some((aux, ld)) = epilogue.aux() {
+            // EPILOGUE_AUX_POINTER: a device address by value; EPILOGUE_AUX_LD: int64.
+            set(
+                DescAttr::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                (&aux as *const u64).cast(),
+                8,
+                "EPILOGUE_AUX_POINTER",
+            )?;
+            set(
+                DescAttr::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
+                (&ld as *const i64).cast(),
+                8,
+                "EPILOGUE_AUX_LD",
+            )?;
+        }
         let layout = |t: cudaDataType, rows: u64, cols: u64, ld: i32| {
             lt::create_matrix_layout(t, rows, cols, ld as i64)
                 .map_err(|e| lt_err("cublasLtMatrixLayoutCreate", e))
         };
-        d.layouts.push(layout(a_type, k, m, g.lda)?);
-        d.layouts.push(layout(b_type, k, n, g.ldb)?);
+        let (ta, tb) = (
+            g.transa == cublasOperation_t::CUBLAS_OP_T,
+            g.transb == cublasOperation_t::CUBLAS_OP_T,
+        );
+        // Stored shapes (rows × cols, column-major): op(A') is m × k, op(B') is k × n.
+        let (ar, ac) = if ta { (k, m) } else { (m, k) };
+        let (br, bc) = if tb { (n, k) } else { (k, n) };
+        d.layouts.push(layout(a_type, ar, ac, g.lda)?);
+        d.layouts.push(layout(b_type, br, bc, g.ldb)?);
         d.layouts.push(layout(c_type, m, n, g.ldc)?);
         let (la, lb, lc) = (d.layouts[0], d.layouts[1], d.layouts[2]);
         let key = AlgoKey {
@@ -334,6 +463,8 @@ impl BlasLt {
             ldc: g.ldc,
             types: (a.dtype(), b.dtype(), c.dtype()),
             accumulate: desc.beta != 0.0,
+            trans: (ta, tb),
+            epilogue: (epi, epilogue.bias().map_or(DType::F32, |(_, d)| d)),
         };
         let ws = self.workspace.bytes() as u64;
         let (alpha, beta) = (desc.alpha, desc.beta);
@@ -371,14 +502,15 @@ impl BlasLt {
         };
         let what = || {
             format!(
-                "cublasLtMatmul (FP8 GEMM m {} n {} k {}, {} × {} → {}, beta {})",
+                "cublasLtMatmul (m {} n {} k {}, {} × {} → {}, beta {}, epilogue {:?})",
                 desc.m,
                 desc.n,
                 desc.k,
                 a.dtype(),
                 b.dtype(),
                 c.dtype(),
-                desc.beta
+                desc.beta,
+                epilogue.code()
             )
         };
         if let Some(algo) = self.algos.get(&key) {

@@ -26,7 +26,10 @@ use half::{bf16, f16};
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+mod embedding;
+mod epilogue;
 mod flash;
+mod layernorm;
 mod multi;
 
 /// Rows per chunk of the two-pass column reductions (bias, LayerNorm parameters, position
@@ -69,7 +72,12 @@ pub struct CudaDevice {
     blas_lt: Mutex<Option<BlasLt>>,
     /// Chunk tables of the multi-tensor kernels (see device/multi.rs).
     tables: Mutex<multi::Tables>,
+    /// Whether the fused paths (flash attention, GEMM epilogues) are offered.
+    fused: std::sync::atomic::AtomicBool,
 }
+
+/// Set to 1 to start with the fused paths off ([`CudaDevice::set_fused_ops`]).
+pub const UNFUSED_ENV: &str = "DUET_CUDA_UNFUSED";
 
 impl std::fmt::Debug for CudaDevice {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -306,6 +314,9 @@ impl CudaDevice {
             cc,
             blas_lt: Mutex::new(None),
             tables: Mutex::new(multi::Tables::default()),
+            fused: std::sync::atomic::AtomicBool::new(
+                std::env::var(UNFUSED_ENV).map_or(true, |v| v.trim() != "1"),
+            ),
         })
     }
 
@@ -313,6 +324,17 @@ impl CudaDevice {
     /// CPU and GPU agree to FP32 rounding). `DUET_CUDA_ALLOW_TF32=1` sets it at start.
     pub fn set_allow_tf32(&self, allow: bool) {
         self.blas.set_allow_tf32(allow);
+    }
+
+    /// Offers (default) or withholds the fused paths: flash attention and GEMM epilogues
+    /// (`supports_flash_attention` / `supports_gemm_epilogue` answer false while off, so the
+    /// engine runs the separate ops). For A/B comparisons; `DUET_CUDA_UNFUSED=1` starts off.
+    pub fn set_fused_ops(&self, on: bool) {
+        self.fused.store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn fused_ops(&self) -> bool {
+        self.fused.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     fn bind(&self) -> Result<()> {
@@ -658,6 +680,21 @@ impl Device for CudaDevice {
 
     // ------------------------------------------------------------------ elementwise and casts
 
+    fn supports_gemm_epilogue(&self, dtype: DType) -> bool {
+        self.fused_ops() && self.epilogue_supported(dtype)
+    }
+
+    fn gemm_epilogue(
+        &self,
+        desc: &GemmDesc,
+        a: &CudaBuffer,
+        b: &CudaBuffer,
+        c: &mut CudaBuffer,
+        epilogue: duet_device::Epilogue<'_, CudaBuffer>,
+    ) -> Result<()> {
+        self.gemm_epilogue_impl(desc, a, b, c, epilogue)
+    }
+
     fn cast(&self, src: &CudaBuffer, dst: &mut CudaBuffer, scale: f32) -> Result<()> {
         const OP: &str = "cast";
         let unsupported = |dtype| DeviceError::Unsupported {
@@ -830,94 +867,7 @@ impl Device for CudaDevice {
         t: usize,
         c: usize,
     ) -> Result<()> {
-        const OP: &str = "embedding_backward";
-        let act = dout.dtype();
-        let sa = float_sfx(OP, act)?;
-        let sg = wide_sfx(OP, act, "dwte", dwte.dtype())?;
-        check_dtype(OP, dwpe, dwte.dtype())?;
-        check_dtype(OP, tokens, DType::I32)?;
-        let bt = mul(OP, &[b, t])?;
-        let total = mul(OP, &[bt, c])?;
-        let tc = mul(OP, &[t, c])?;
-        check_len(OP, "tokens", tokens, bt)?;
-        check_len(OP, "dout", dout, total)?;
-        if c == 0 {
-            return Err(DeviceError::Shape {
-                op: OP,
-                detail: "c must be positive".into(),
-            });
-        }
-        if dwte.is_empty() || !dwte.len().is_multiple_of(c) {
-            return Err(DeviceError::Shape {
-                op: OP,
-                detail: format!(
-                    "token table has {} elements, not a positive multiple of c = {c}",
-                    dwte.len()
-                ),
-            });
-        }
-        check_min_len(OP, "position table", dwpe, tc)?;
-        if bt == 0 {
-            return Ok(());
-        }
-        let n = dim(OP, "b·t", bt)?;
-        let vocab = dim(OP, "vocab", dwte.len() / c)?;
-        let mut scratch = lock(&self.scratch, OP)?;
-        let sorted = scratch.get(&self.ctx, &self.stream, align_up(bt * 4), &self.mem)?;
-        let sort = self.func(KernelModule::Embedding, "embedding_sort_positions")?;
-        // SAFETY: embedding_sort_positions(const int*, int*, int n): reads n tokens, writes a
-        // permutation of 0..n into the n-int scratch area.
-        unsafe {
-            kernels::launch(
-                &self.stream,
-                &sort,
-                cfg((grid_dim(OP, bt.div_ceil(256))?, 1, 1), (256, 1, 1)),
-                &[tokens.ptr().into(), sorted.into(), n.into()],
-            )?;
-        }
-        let wte_k = self.func(
-            KernelModule::Embedding,
-            &format!("embedding_backward_wte_{sa}_{sg}"),
-        )?;
-        let block = (c.div_ceil(32) * 32).clamp(32, 256);
-        // SAFETY: embedding_backward_wte(const int*, const int*, const A*, G*, int n, int c,
-        // int vocab, unsigned*): reads dout rows < n (b·t·c elements) and updates dwte rows
-        // < vocab (dwte = vocab·c); columns < c.
-        unsafe {
-            kernels::launch(
-                &self.stream,
-                &wte_k,
-                cfg(
-                    (grid_dim(OP, bt)?, grid_dim(OP, c.div_ceil(block))?, 1),
-                    (block as u32, 1, 1),
-                ),
-                &[
-                    tokens.ptr().into(),
-                    sorted.into(),
-                    dout.ptr().into(),
-                    dwte.ptr().into(),
-                    n.into(),
-                    dim(OP, "c", c)?.into(),
-                    vocab.into(),
-                    self.err_word.ptr().into(),
-                ],
-            )?;
-        }
-        // dwpe[t, :] += Σ_b dout[b, t, :]: a column sum of dout seen as b × (t·c). The scratch
-        // area is re-sized for it; the sort output is no longer needed (stream order).
-        // SAFETY: dout holds b × (t·c) elements, dwpe at least t·c.
-        unsafe {
-            self.column_sum(
-                OP,
-                &mut scratch,
-                dout.ptr(),
-                act,
-                dwpe.ptr(),
-                dwpe.dtype(),
-                b,
-                tc,
-            )
-        }
+        self.embedding_backward_impl(tokens, dout, dwte, dwpe, b, t, c)
     }
 
     fn layernorm_forward(
@@ -932,57 +882,7 @@ impl Device for CudaDevice {
         c: usize,
         eps: f32,
     ) -> Result<()> {
-        const OP: &str = "layernorm_forward";
-        let act = x.dtype();
-        let sa = float_sfx(OP, act)?;
-        let sp = wide_sfx(OP, act, "gamma", gamma.dtype())?;
-        check_dtype(OP, beta, gamma.dtype())?;
-        check_dtype(OP, out, act)?;
-        check_dtype(OP, mean, DType::F32)?;
-        check_dtype(OP, rstd, DType::F32)?;
-        let total = mul(OP, &[n, c])?;
-        if c == 0 && n > 0 {
-            return Err(DeviceError::Shape {
-                op: OP,
-                detail: "c must be positive".into(),
-            });
-        }
-        check_len(OP, "x", x, total)?;
-        check_len(OP, "gamma", gamma, c)?;
-        check_len(OP, "beta", beta, c)?;
-        check_len(OP, "out", out, total)?;
-        check_len(OP, "mean", mean, n)?;
-        check_len(OP, "rstd", rstd, n)?;
-        if n == 0 {
-            return Ok(());
-        }
-        let f = self.func(
-            KernelModule::LayerNorm,
-            &format!("layernorm_forward_{sa}_{sp}"),
-        )?;
-        // SAFETY: layernorm_forward(const A*, const P*, const P*, A*, float*, float*, int n,
-        // int c, float eps): one warp per row < n; x/out hold n·c, gamma/beta c, mean/rstd n.
-        unsafe {
-            kernels::launch(
-                &self.stream,
-                &f,
-                cfg(
-                    (grid_dim(OP, n.div_ceil(ROWS_PER_BLOCK))?, 1, 1),
-                    (ROW_BLOCK, 1, 1),
-                ),
-                &[
-                    x.ptr().into(),
-                    gamma.ptr().into(),
-                    beta.ptr().into(),
-                    out.ptr().into(),
-                    mean.ptr().into(),
-                    rstd.ptr().into(),
-                    dim(OP, "n", n)?.into(),
-                    dim(OP, "c", c)?.into(),
-                    eps.into(),
-                ],
-            )
-        }
+        self.layernorm_forward_impl(x, gamma, beta, out, mean, rstd, n, c, eps)
     }
 
     fn layernorm_backward(
@@ -998,99 +898,7 @@ impl Device for CudaDevice {
         n: usize,
         c: usize,
     ) -> Result<()> {
-        const OP: &str = "layernorm_backward";
-        let act = dout.dtype();
-        let sa = float_sfx(OP, act)?;
-        let sp = wide_sfx(OP, act, "gamma", gamma.dtype())?;
-        wide_sfx(OP, act, "dgamma", dgamma.dtype())?;
-        check_dtype(OP, dbeta, dgamma.dtype())?;
-        same_dtype(OP, act, &[x, dx])?;
-        check_dtype(OP, mean, DType::F32)?;
-        check_dtype(OP, rstd, DType::F32)?;
-        let total = mul(OP, &[n, c])?;
-        if c == 0 && n > 0 {
-            return Err(DeviceError::Shape {
-                op: OP,
-                detail: "c must be positive".into(),
-            });
-        }
-        check_len(OP, "dout", dout, total)?;
-        check_len(OP, "x", x, total)?;
-        check_len(OP, "gamma", gamma, c)?;
-        check_len(OP, "dx", dx, total)?;
-        check_len(OP, "dgamma", dgamma, c)?;
-        check_len(OP, "dbeta", dbeta, c)?;
-        check_len(OP, "mean", mean, n)?;
-        check_len(OP, "rstd", rstd, n)?;
-        if n == 0 {
-            return Ok(());
-        }
-        let (ni, ci) = (dim(OP, "n", n)?, dim(OP, "c", c)?);
-        let f = self.func(
-            KernelModule::LayerNorm,
-            &format!("layernorm_backward_dx_{sa}_{sp}"),
-        )?;
-        // SAFETY: layernorm_backward_dx(const A*, const A*, const P*, const float*, const float*,
-        // A*, int n, int c): one warp per row < n over buffers of n·c / c / n elements.
-        unsafe {
-            kernels::launch(
-                &self.stream,
-                &f,
-                cfg(
-                    (grid_dim(OP, n.div_ceil(ROWS_PER_BLOCK))?, 1, 1),
-                    (ROW_BLOCK, 1, 1),
-                ),
-                &[
-                    dout.ptr().into(),
-                    x.ptr().into(),
-                    gamma.ptr().into(),
-                    mean.ptr().into(),
-                    rstd.ptr().into(),
-                    dx.ptr().into(),
-                    ni.into(),
-                    ci.into(),
-                ],
-            )?;
-        }
-        let rpc = rows_per_chunk(n);
-        let chunks = n.div_ceil(rpc);
-        let part_bytes = align_up(chunks * c * 4);
-        let mut scratch = lock(&self.scratch, OP)?;
-        let pg = scratch.get(&self.ctx, &self.stream, 2 * part_bytes, &self.mem)?;
-        let pb = pg + part_bytes as u64;
-        let fp = self.func(
-            KernelModule::LayerNorm,
-            &format!("layernorm_dparams_partial_{sa}"),
-        )?;
-        // SAFETY: layernorm_dparams_partial(const A*, const A*, const float*, const float*,
-        // float*, float*, int n, int c, int rows_per_chunk): reads n·c / n elements, writes
-        // chunks·c floats to each of the two scratch areas.
-        unsafe {
-            kernels::launch(
-                &self.stream,
-                &fp,
-                cfg(
-                    (grid_dim(OP, c.div_ceil(32))?, grid_dim(OP, chunks)?, 1),
-                    (32, 8, 1),
-                ),
-                &[
-                    dout.ptr().into(),
-                    x.ptr().into(),
-                    mean.ptr().into(),
-                    rstd.ptr().into(),
-                    pg.into(),
-                    pb.into(),
-                    ni.into(),
-                    ci.into(),
-                    dim(OP, "rows per chunk", rpc)?.into(),
-                ],
-            )?;
-        }
-        for (partial, out) in [(pg, &*dgamma), (pb, &*dbeta)] {
-            // SAFETY: chunks·c partials, c outputs of the gradient's dtype (checked above).
-            unsafe { self.colsum_finish(OP, partial, out.ptr(), out.dtype(), chunks, c)? };
-        }
-        Ok(())
+        self.layernorm_backward_impl(dout, x, gamma, mean, rstd, dx, dgamma, dbeta, n, c)
     }
 
     fn bias_add(&self, x: &mut CudaBuffer, bias: &CudaBuffer, rows: usize, c: usize) -> Result<()> {
@@ -1422,7 +1230,7 @@ impl Device for CudaDevice {
     }
 
     fn supports_flash_attention(&self, dtype: DType, hs: usize) -> bool {
-        self.flash_supported(dtype, hs)
+        self.fused_ops() && self.flash_supported(dtype, hs)
     }
 
     fn flash_attention_forward(
@@ -1583,6 +1391,10 @@ impl Device for CudaDevice {
             self.cast(param, pc, 1.0)?;
         }
         Ok(())
+    }
+
+    fn zero_many(&self, dsts: &mut [&mut CudaBuffer]) -> Result<()> {
+        self.zero_many_impl(dsts)
     }
 
     fn sum_squares_many(

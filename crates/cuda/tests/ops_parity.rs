@@ -1060,3 +1060,215 @@ fn unsupported_dtypes_are_typed_errors() {
         Err(DeviceError::Unsupported { .. })
     ));
 }
+
+/// The multi-tensor pair (sum_squares_many, adamw_clipped) against the CPU backend (whose
+/// defaults loop over the single-tensor ops): tensors of mixed gradient dtypes and sizes that
+/// span several chunks, copies of every kind, clipping active and inactive, a loss scale.
+#[test]
+fn multi_tensor_adamw_clipped() {
+    let Some(g) = gpu("multi_tensor_adamw_clipped") else {
+        return;
+    };
+    use duet_device::AdamWClipStep;
+    let mut r = rng();
+    let sizes = [3usize, 70_000, 1, 200_001, 4096];
+    let gdts = [DType::F32, DType::BF16, DType::F16, DType::BF16, DType::F32];
+    let copies = [
+        None,
+        Some(DType::BF16),
+        Some(DType::F16),
+        Some(DType::F8E4M3),
+        Some(DType::F32),
+    ];
+    for (max_norm, loss_scale) in [(1.0f32, 1.0f32), (1e6, 1.0), (0.5, 1024.0), (0.0, 1.0)] {
+        let what = format!("max_norm {max_norm} loss_scale {loss_scale}");
+        let mut c_side = Vec::new();
+        let mut g_side = Vec::new();
+        for (i, &n) in sizes.iter().enumerate() {
+            let (cp, gp) = both(DType::F32, &r.vec(n, -1.0, 1.0), g);
+            let (cg, gg) = both(gdts[i], &r.vec(n, -0.5, 0.5), g);
+            let (cm, gm) = both(DType::F32, &r.vec(n, -0.01, 0.01), g);
+            let (cv, gv) = both(DType::F32, &r.vec(n, 0.0, 0.001), g);
+            let (cc, gc) = match copies[i] {
+                Some(d) => {
+                    let (a, b) = out(d, n, g);
+                    (Some(a), Some(b))
+                }
+                None => (None, None),
+            };
+            c_side.push((cp, cg, cm, cv, cc));
+            g_side.push((gp, gg, gm, gv, gc));
+        }
+        let (mut cn, mut gn) = both(DType::F32, &[0.0], g);
+        let crefs: Vec<&_> = c_side.iter().map(|t| &t.1).collect();
+        cpu().sum_squares_many(&crefs, &mut cn, 0).unwrap();
+        let grefs: Vec<&_> = g_side.iter().map(|t| &t.1).collect();
+        g.sum_squares_many(&grefs, &mut gn, 0).unwrap();
+        compare(&format!("{what} norm"), &cn, &gn, g, 1e-5);
+        for t in 1..=2u64 {
+            let (bc1, bc2) = AdamWStep::bias_corrections(0.9, 0.95, t);
+            let step = AdamWClipStep {
+                lr: 1e-3,
+                beta1: 0.9,
+                beta2: 0.95,
+                eps: 1e-8,
+                bias_correction1: bc1,
+                bias_correction2: bc2,
+                max_norm,
+                loss_scale,
+            };
+            cpu()
+                .adamw_clipped(&mut tensors(&mut c_side), &step, &cn)
+                .unwrap();
+            g.adamw_clipped(&mut tensors(&mut g_side), &step, &gn)
+                .unwrap();
+            for (i, (c, gg)) in c_side.iter().zip(&g_side).enumerate() {
+                let w = format!("{what} tensor {i} step {t}");
+                compare(&format!("{w} param"), &c.0, &gg.0, g, 1e-5);
+                compare(&format!("{w} m"), &c.2, &gg.2, g, 1e-5);
+                compare(&format!("{w} v"), &c.3, &gg.3, g, 1e-5);
+                if let (Some(cc), Some(gc)) = (&c.4, &gg.4) {
+                    let gpu_params = g.download_f32(&gg.0).unwrap();
+                    let expect = put(cpu(), cc.dtype(), &gpu_params);
+                    assert_eq!(
+                        cpu().download_bytes(&expect, 0, cc.len()).unwrap(),
+                        g.download_bytes(gc, 0, gc.len()).unwrap(),
+                        "{w}: the copy is not the rounded parameter"
+                    );
+                }
+            }
+        }
+    }
+}
+
+type Side<B> = Vec<(B, B, B, B, Option<B>)>;
+
+/// AdamW tensors over (param, grad, m, v, copy) tuples; weight decay on every other one.
+fn tensors<B>(side: &mut Side<B>) -> Vec<duet_device::AdamWTensor<'_, B>> {
+    side.iter_mut()
+        .enumerate()
+        .map(|(i, (p, gr, m, v, c))| duet_device::AdamWTensor {
+            param: p,
+            grad: &*gr,
+            m,
+            v,
+            copy: c.as_mut(),
+            weight_decay: if i % 2 == 0 { 0.1 } else { 0.0 },
+        })
+        .collect()
+}
+
+/// GEMMs with fused epilogues against the CPU's unfused sequence (gemm, bias_add, gelu),
+/// in bf16 and f16, with f32 and 16-bit biases, plain and accumulating (beta 1) bias GEMMs.
+#[test]
+fn gemm_epilogues_match_the_unfused_ops() {
+    let Some(g) = gpu("gemm_epilogues_match_the_unfused_ops") else {
+        return;
+    };
+    use duet_device::Epilogue;
+    let mut r = rng();
+    for dt in [DType::BF16, DType::F16] {
+        if !g.supports_gemm_epilogue(dt) {
+            skip!("SKIP gemm_epilogues_match_the_unfused_ops: no {dt} epilogues on this GPU");
+            continue;
+        }
+        let t = if dt == DType::BF16 { 2e-2 } else { 1e-2 };
+        // x (n × k) · Wᵀ (W m × k), the linear layers' layout; and dy (n × m) · W (m × k).
+        let (n, k, m) = (96, 64, 136);
+        let (cx, gx) = both(dt, &r.vec(n * k, -1.0, 1.0), g);
+        let (cw, gw) = both(dt, &r.vec(m * k, -0.2, 0.2), g);
+        for bias_dt in [DType::F32, dt] {
+            let what = format!("{dt} bias {bias_dt}");
+            let (cb, gb) = both(bias_dt, &r.vec(m, -0.5, 0.5), g);
+            // Bias, overwrite and accumulate.
+            for beta in [0.0f32, 1.0] {
+                let desc = GemmDesc::new(false, true, n, m, k).beta(beta);
+                let init = r.vec(n * m, -1.0, 1.0);
+                let (mut cc, mut gc) = both(dt, &init, g);
+                cpu().gemm(&desc, &cx, &cw, &mut cc).unwrap();
+                cpu().bias_add(&mut cc, &cb, n, m).unwrap();
+                g.gemm_epilogue(&desc, &gx, &gw, &mut gc, Epilogue::Bias(&gb))
+                    .unwrap();
+                compare(&format!("{what} bias beta {beta}"), &cc, &gc, g, t);
+            }
+            // Bias + GELU, keeping the pre-activation.
+            let desc = GemmDesc::new(false, true, n, m, k);
+            let (mut cpre, mut gpre) = out(dt, n * m, g);
+            let (mut cy, mut gy) = out(dt, n * m, g);
+            cpu().gemm(&desc, &cx, &cw, &mut cpre).unwrap();
+            cpu().bias_add(&mut cpre, &cb, n, m).unwrap();
+            cpu().gelu_forward(&cpre, &mut cy).unwrap();
+            g.gemm_epilogue(
+                &desc,
+                &gx,
+                &gw,
+                &mut gy,
+                Epilogue::BiasGelu {
+                    bias: &gb,
+                    pre: &mut gpre,
+                },
+            )
+            .unwrap();
+            compare(&format!("{what} gelu pre-activation"), &cpre, &gpre, g, t);
+            compare(&format!("{what} gelu output"), &cy, &gy, g, t);
+        }
+        // GELU backward: dpre = (dy · W) ⊙ gelu'(pre).
+        let (cdy, gdy) = both(dt, &r.vec(n * m, -1.0, 1.0), g);
+        let (cpre, gpre) = both(dt, &r.vec(n * k, -3.0, 3.0), g);
+        let desc = GemmDesc::new(false, false, n, k, m);
+        let (mut cd, _) = out(dt, n * k, g);
+        let (mut cdx, mut gdx) = out(dt, n * k, g);
+        cpu().gemm(&desc, &cdy, &cw, &mut cd).unwrap();
+        cpu().gelu_backward(&cpre, &cd, &mut cdx).unwrap();
+        g.gemm_epilogue(&desc, &gdy, &gw, &mut gdx, Epilogue::DGelu { pre: &gpre })
+            .unwrap();
+        compare(&format!("{dt} dgelu"), &cdx, &gdx, g, t);
+        // Misuse is an error, not a wrong answer.
+        let bad = GemmDesc::new(false, false, n, k, m).beta(1.0);
+        assert!(
+            g.gemm_epilogue(&bad, &gdy, &gw, &mut gdx, Epilogue::DGelu { pre: &gpre })
+                .is_err()
+        );
+    }
+    let (_, x32) = both(DType::F32, &[1.0; 4], g);
+    let (_, mut y32) = both(DType::F32, &[0.0; 4], g);
+    let (_, b32) = both(DType::F32, &[0.0; 2], g);
+    assert!(
+        g.gemm_epilogue(
+            &GemmDesc::new(false, true, 2, 2, 2),
+            &x32,
+            &x32,
+            &mut y32,
+            Epilogue::Bias(&b32)
+        )
+        .is_err(),
+        "f32 epilogues are not offered"
+    );
+}
+
+/// zero_many clears buffers of every size and dtype completely (odd byte counts, several
+/// chunks) and nothing else.
+#[test]
+fn zero_many_clears_whole_buffers() {
+    let Some(g) = gpu("zero_many_clears_whole_buffers") else {
+        return;
+    };
+    let specs = [
+        (DType::F32, 300_001usize),
+        (DType::BF16, 7),
+        (DType::U8, 3),
+        (DType::F16, 65_537),
+    ];
+    let mut bufs: Vec<_> = specs
+        .iter()
+        .map(|&(d, n)| put(g, d, &vec![1.0; n]))
+        .collect();
+    let keep = put(g, DType::F32, &[1.0; 5]);
+    let mut refs: Vec<&mut _> = bufs.iter_mut().collect();
+    g.zero_many(&mut refs).unwrap();
+    for (b, &(d, n)) in bufs.iter().zip(&specs) {
+        let bytes = g.download_bytes(b, 0, n).unwrap();
+        assert!(bytes.iter().all(|&x| x == 0), "{d} × {n} not cleared");
+    }
+    assert_eq!(g.download_f32(&keep).unwrap(), vec![1.0; 5]);
+}

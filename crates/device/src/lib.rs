@@ -122,6 +122,19 @@ impl AdamWStep {
     }
 }
 
+/// What a fused GEMM epilogue does after `op(A)·op(B)` ([`Device::gemm_epilogue`]).
+pub enum Epilogue<'a, B> {
+    /// `C = alpha·op(A)·op(B) + beta·C + bias`: `bias` holds one value per column of C (f32
+    /// or C's dtype).
+    Bias(&'a B),
+    /// `pre = op(A)·op(B) + bias` and `C = gelu(pre)` (tanh approximation); `pre` has C's
+    /// shape and dtype. Needs alpha = 1, beta = 0.
+    BiasGelu { bias: &'a B, pre: &'a mut B },
+    /// `C = (op(A)·op(B)) ⊙ gelu'(pre)`: the GELU backward fused into the GEMM that produces
+    /// the gradient of the GELU's output. Needs alpha = 1, beta = 0.
+    DGelu { pre: &'a B },
+}
+
 /// One tensor of a multi-tensor AdamW update ([`Device::adamw_clipped`]).
 pub struct AdamWTensor<'a, B> {
     /// f32 (master) weights, updated in place.
@@ -219,6 +232,15 @@ pub trait Device: Send + Sync + Sized + 'static {
     /// Sets every element to `value` (converted to the buffer's dtype).
     fn fill(&self, dst: &mut Self::Buffer, value: f32) -> Result<()>;
 
+    /// Sets every element of every buffer in `dsts` to zero (one launch on a GPU backend;
+    /// the default calls [`Device::fill`] per buffer).
+    fn zero_many(&self, dsts: &mut [&mut Self::Buffer]) -> Result<()> {
+        for d in dsts.iter_mut() {
+            self.fill(d, 0.0)?;
+        }
+        Ok(())
+    }
+
     /// Waits until all queued work has finished, reporting any deferred error.
     fn synchronize(&self) -> Result<()>;
 
@@ -236,6 +258,30 @@ pub trait Device: Send + Sync + Sized + 'static {
         b: &Self::Buffer,
         c: &mut Self::Buffer,
     ) -> Result<()>;
+
+    /// Whether [`Device::gemm_epilogue`] runs for A, B and C of `dtype`. Callers use
+    /// [`Device::gemm`] followed by the separate ops (bias_add, gelu) when this is false.
+    fn supports_gemm_epilogue(&self, dtype: DType) -> bool {
+        let _ = dtype;
+        false
+    }
+
+    /// A single (unbatched) GEMM with a fused epilogue (see [`Epilogue`]); same conventions as
+    /// [`Device::gemm`]. The result equals the unfused sequence up to rounding.
+    fn gemm_epilogue(
+        &self,
+        desc: &GemmDesc,
+        a: &Self::Buffer,
+        b: &Self::Buffer,
+        c: &mut Self::Buffer,
+        epilogue: Epilogue<'_, Self::Buffer>,
+    ) -> Result<()> {
+        let _ = (desc, b, c, epilogue);
+        Err(DeviceError::Unsupported {
+            op: "gemm_epilogue".into(),
+            dtype: a.dtype(),
+        })
+    }
 
     // ------------------------------------------------------------------ elementwise and casts
 

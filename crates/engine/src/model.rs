@@ -12,7 +12,7 @@ use crate::fp8::{DelayedScaling, Fp8Family, Fp8State, Operand, OperandReport};
 use crate::precision::Precision;
 use crate::rng::Rng;
 use crate::{EngineError, Result};
-use duet_device::{Buffer, DType, Device, DeviceError, DeviceExt, GemmDesc};
+use duet_device::{Buffer, DType, Device, DeviceError, DeviceExt, Epilogue, GemmDesc};
 use half::{bf16, f16};
 use std::sync::Arc;
 
@@ -107,6 +107,13 @@ pub enum Init {
 impl ParamSpec {
     pub fn numel(&self) -> usize {
         self.shape.iter().product()
+    }
+
+    /// Whether mixed precision keeps the working copy in the activation dtype (with an FP32
+    /// master in the optimizer): matrices, embeddings and the linear layers' biases (which the
+    /// GEMM epilogue adds, as PyTorch autocast casts them); LayerNorm parameters stay f32.
+    pub fn low_precision(&self) -> bool {
+        self.decay || (self.name.ends_with(".bias") && !self.name.contains("ln_"))
     }
 }
 
@@ -225,6 +232,10 @@ struct BlockActs<B> {
     fch: B,
     /// Residual stream after the MLP (the block's output).
     res3: B,
+    /// Fused (flash) attention only: the log-sum-exp of each attention row (f32,
+    /// `b × nh × t`), what its backward pass needs instead of the probabilities. Empty when
+    /// the unfused ops run.
+    lse: B,
 }
 
 /// Scratch buffers the forward and backward passes reuse across blocks. The three score-sized
@@ -252,6 +263,9 @@ struct Scratch<B> {
 impl<B> Scratch<B> {
     /// Scratch for `n` tokens of width `c`, FFN width `f` and `att` score elements per
     /// attention chunk, in the activation dtype `act`.
+    /// `heads`: whether the split q/k/v buffers (and their gradients) of the unfused
+    /// attention are needed.
+    #[allow(clippy::too_many_arguments)]
     fn alloc<D: Device<Buffer = B>>(
         dev: &D,
         act: DType,
@@ -259,21 +273,23 @@ impl<B> Scratch<B> {
         c: usize,
         f: usize,
         att: usize,
+        heads: bool,
     ) -> Result<Self> {
         let a = |len: usize| dev.alloc(act, len);
+        let h = if heads { n * c } else { 0 };
         Ok(Self {
             scores: a(att)?,
             probs: a(att)?,
             dprobs: a(att)?,
-            q: a(n * c)?,
-            k: a(n * c)?,
-            v: a(n * c)?,
+            q: a(h)?,
+            k: a(h)?,
+            v: a(h)?,
             dresid: a(n * c)?,
             d_c: a(n * c)?,
-            d_c2: a(n * c)?,
-            dq: a(n * c)?,
-            dk: a(n * c)?,
-            dv: a(n * c)?,
+            d_c2: a(h)?,
+            dq: a(h)?,
+            dk: a(h)?,
+            dv: a(h)?,
             dqkv: a(n * 3 * c)?,
             d_f: a(n * f)?,
             d_f2: a(n * f)?,
@@ -411,6 +427,8 @@ pub struct Gpt<D: Device> {
     precision: Precision,
     /// Activation dtype.
     act: DType,
+    /// Attention runs fused (see [`Device::flash_attention_forward`]).
+    flash: bool,
     /// The logits' gradient in the activation dtype (mixed precision only).
     dlogits_lp: Option<D::Buffer>,
     /// Multiplies the loss gradient (FP16 loss scaling).
@@ -477,12 +495,19 @@ impl<D: Device> Gpt<D> {
         let mut params = Vec::with_capacity(specs.len());
         let mut grads = Vec::with_capacity(specs.len());
         for s in &specs {
-            params.push(dev.alloc(if s.decay { act } else { f32 }, s.numel())?);
+            params.push(dev.alloc(if s.low_precision() { act } else { f32 }, s.numel())?);
             grads.push(dev.alloc(f32, s.numel())?);
         }
         let (c, f, nh, v) = (cfg.d_model, cfg.ffn, cfg.heads, cfg.vocab);
         let n = b * t;
-        let att = attention_chunk(b * nh, t) * t * t;
+        // Fused attention where the backend has it for this dtype and head size: then no score
+        // matrix and no split q/k/v exist at all.
+        let flash = dev.supports_flash_attention(act, c / nh.max(1));
+        let att = if flash {
+            0
+        } else {
+            attention_chunk(b * nh, t) * t * t
+        };
         let a = |len: usize| dev.alloc(act, len);
         let a32 = |len: usize| dev.alloc(f32, len);
         // With checkpointing, one segment's worth of block activations is reused by every
@@ -514,9 +539,10 @@ impl<D: Device> Gpt<D> {
                 ln2_rstd: a32(n)?,
                 fch: a(n * f)?,
                 res3: a(n * c)?,
+                lse: a32(if flash { b * nh * t } else { 0 })?,
             });
         }
-        let scratch = Scratch::alloc(&*dev, act, n, c, f, att)?;
+        let scratch = Scratch::alloc(&*dev, act, n, c, f, att, !flash)?;
         let fp8 = if plan.precision == Precision::Fp8 {
             // FP8 tensor-core GEMMs (cuBLASLt, hipBLASLt) need every dimension of the linear
             // layers' GEMMs to be a multiple of 16; enforced on every backend so a config that
@@ -583,6 +609,7 @@ impl<D: Device> Gpt<D> {
                 &k.ln2_rstd,
                 &k.fch,
                 &k.res3,
+                &k.lse,
             ]);
         }
         let sc = &scratch;
@@ -642,6 +669,7 @@ impl<D: Device> Gpt<D> {
             last_count: 0,
             precision: plan.precision,
             act,
+            flash,
             dlogits_lp,
             loss_scale: 1.0,
             fp8,
@@ -845,6 +873,7 @@ impl<D: Device> Gpt<D> {
             f: self.cfg.ffn,
             n: self.b * self.t,
             ab: attention_chunk(self.b * nh, self.t),
+            flash: self.flash,
         }
     }
 
@@ -934,6 +963,14 @@ impl<D: Device> Gpt<D> {
     /// Mean cross-entropy of the last forward pass against `targets` (negative = ignored).
     /// With `with_grad`, also prepares the logits' gradient for [`Gpt::backward`].
     pub fn loss(&mut self, targets: &[i32], with_grad: bool) -> Result<f32> {
+        self.queue_loss(targets, with_grad)?;
+        self.read_loss()
+    }
+
+    /// [`Gpt::loss`] without reading the result back: the per-row losses stay on the device
+    /// until [`Gpt::read_loss`], so a training step can queue its backward pass and update
+    /// first and synchronise once at its end.
+    pub fn queue_loss(&mut self, targets: &[i32], with_grad: bool) -> Result<()> {
         self.check_tokens("loss", targets, true)?;
         let count = targets.iter().filter(|&&x| x >= 0).count();
         if count == 0 {
@@ -960,17 +997,20 @@ impl<D: Device> Gpt<D> {
         if let (true, Some(lp)) = (with_grad, self.dlogits_lp.as_mut()) {
             dev.cast(&self.dlogits, lp, 1.0)?;
         }
-        let losses: Vec<f32> = dev.download(&self.losses)?;
+        Ok(())
+    }
+
+    /// The mean loss of the last [`Gpt::queue_loss`] (waits for the device).
+    pub fn read_loss(&self) -> Result<f32> {
+        let losses: Vec<f32> = self.dev.download(&self.losses)?;
         let sum: f64 = losses.iter().map(|&x| x as f64).sum();
-        Ok((sum / count as f64) as f32)
+        Ok((sum / self.last_count.max(1) as f64) as f32)
     }
 
     /// Zeroes every parameter gradient.
     pub fn zero_grads(&mut self) -> Result<()> {
-        for g in &mut self.grads {
-            self.dev.fill(g, 0.0)?;
-        }
-        Ok(())
+        let mut all: Vec<&mut D::Buffer> = self.grads.iter_mut().collect();
+        Ok(self.dev.zero_many(&mut all)?)
     }
 
     /// Backward pass from the gradient prepared by `loss(.., true)`; accumulates into the
@@ -1157,6 +1197,8 @@ struct Dims {
     n: usize,
     /// Attention matrices (of the `b·nh`) handled per chunk; divides `b·nh`.
     ab: usize,
+    /// The backend's fused attention runs (see [`Device::flash_attention_forward`]).
+    flash: bool,
 }
 
 /// Score-matrix elements the attention works on at once: 16 Mi (32 MiB in bf16), so the
@@ -1222,9 +1264,13 @@ fn block_forward<D: Device>(
         3 * c,
         0.0,
     )?;
-    dev.split_heads(&a.qkv, &mut s.q, &mut s.k, &mut s.v, b, t, nh, hs)?;
-    attention_forward(dev, s, d, scale)?;
-    dev.merge_heads(&s.d_c2, &mut a.attc, b, t, nh, hs, false)?;
+    if d.flash {
+        dev.flash_attention_forward(&a.qkv, &mut a.attc, &mut a.lse, b, t, nh, hs, scale)?;
+    } else {
+        dev.split_heads(&a.qkv, &mut s.q, &mut s.k, &mut s.v, b, t, nh, hs)?;
+        attention_forward(dev, s, d, scale)?;
+        dev.merge_heads(&s.d_c2, &mut a.attc, b, t, nh, hs, false)?;
+    }
     dev.copy(x, 0, &mut a.res2, 0, n * c)?;
     linear_forward(
         dev,
@@ -1251,7 +1297,8 @@ fn block_forward<D: Device>(
         c,
         LN_EPS,
     )?;
-    linear_forward(
+    // gelu(fch) lives in scratch: the backward pass recomputes it.
+    linear_gelu_forward(
         dev,
         q8.as_mut().map(|q| (q, 4 * l + 2)),
         record,
@@ -1259,13 +1306,11 @@ fn block_forward<D: Device>(
         w(BlockParam::FcW),
         w(BlockParam::FcB),
         &mut a.fch,
+        &mut s.d_f2,
         n,
         c,
         f,
-        0.0,
     )?;
-    // gelu(fch) lives in scratch: the backward pass recomputes it.
-    dev.gelu_forward(&a.fch, &mut s.d_f2)?;
     dev.copy(&a.res2, 0, &mut a.res3, 0, n * c)?;
     linear_forward(
         dev,
@@ -1317,7 +1362,7 @@ fn block_backward<D: Device>(
     if q8.is_none() {
         dev.gelu_forward(&a.fch, &mut s.d_f2)?;
     }
-    {
+    let fused_gelu = {
         let (gw, gb) = two_mut(g, gi(BlockParam::FcProjW), gi(BlockParam::FcProjB));
         linear_backward(
             dev,
@@ -1328,23 +1373,28 @@ fn block_backward<D: Device>(
             &mut s.d_f,
             gw,
             gb,
+            Some(&a.fch),
             n,
             f,
             c,
-        )?;
+        )?
+    };
+    // The gradient of fch: fused into the GEMM above, or a separate pass into d_f2.
+    if !fused_gelu {
+        dev.gelu_backward(&a.fch, &s.d_f, &mut s.d_f2)?;
     }
-    dev.gelu_backward(&a.fch, &s.d_f, &mut s.d_f2)?;
     {
         let (gw, gb) = two_mut(g, gi(BlockParam::FcW), gi(BlockParam::FcB));
         linear_backward(
             dev,
             q8.as_mut().map(|q| (q, 4 * l + 2)),
-            &s.d_f2,
+            if fused_gelu { &s.d_f } else { &s.d_f2 },
             &a.ln2,
             w(BlockParam::FcW),
             &mut s.d_c,
             gw,
             gb,
+            None,
             n,
             c,
             f,
@@ -1377,17 +1427,33 @@ fn block_backward<D: Device>(
             &mut s.d_c,
             gw,
             gb,
+            None,
             n,
             c,
             c,
         )?;
     }
-    // attc = merge(atty): the gradient goes back through the inverse permutation.
-    dev.merge_heads(&s.d_c, &mut s.d_c2, b, t, nh, hs, true)?;
-    // q, k and v are split from the saved qkv again (the forward pass kept no copy).
-    dev.split_heads(&a.qkv, &mut s.q, &mut s.k, &mut s.v, b, t, nh, hs)?;
-    attention_backward(dev, s, d, scale)?;
-    dev.split_heads_backward(&s.dq, &s.dk, &s.dv, &mut s.dqkv, b, t, nh, hs)?;
+    if d.flash {
+        dev.flash_attention_backward(
+            &a.qkv,
+            &a.attc,
+            &s.d_c,
+            &a.lse,
+            &mut s.dqkv,
+            b,
+            t,
+            nh,
+            hs,
+            scale,
+        )?;
+    } else {
+        // attc = merge(atty): the gradient goes back through the inverse permutation.
+        dev.merge_heads(&s.d_c, &mut s.d_c2, b, t, nh, hs, true)?;
+        // q, k and v are split from the saved qkv again (the forward pass kept no copy).
+        dev.split_heads(&a.qkv, &mut s.q, &mut s.k, &mut s.v, b, t, nh, hs)?;
+        attention_backward(dev, s, d, scale)?;
+        dev.split_heads_backward(&s.dq, &s.dk, &s.dv, &mut s.dqkv, b, t, nh, hs)?;
+    }
     {
         let (gw, gb) = two_mut(g, gi(BlockParam::AttnW), gi(BlockParam::AttnB));
         linear_backward(
@@ -1399,6 +1465,7 @@ fn block_backward<D: Device>(
             &mut s.d_c,
             gw,
             gb,
+            None,
             n,
             c,
             3 * c,
@@ -1515,6 +1582,9 @@ fn linear_forward<D: Device>(
 ) -> Result<()> {
     let desc = GemmDesc::new(false, true, n, m, k).beta(beta);
     match q8 {
+        None if dev.supports_gemm_epilogue(out.dtype()) => {
+            return Ok(dev.gemm_epilogue(&desc, x, w, out, Epilogue::Bias(bias))?);
+        }
         None => dev.gemm(&desc, x, w, out)?,
         Some((q, id)) => {
             let st = &mut q.state;
@@ -1539,9 +1609,37 @@ fn linear_forward<D: Device>(
     Ok(())
 }
 
+/// [`linear_forward`] into `pre` followed by `out = gelu(pre)`: one GEMM with a fused
+/// bias + GELU epilogue where the backend has one (not for FP8 GEMMs).
+#[allow(clippy::too_many_arguments)]
+fn linear_gelu_forward<D: Device>(
+    dev: &D,
+    q8: Option<(&mut Fp8Bufs<D>, usize)>,
+    record: bool,
+    x: &D::Buffer,
+    w: &D::Buffer,
+    bias: &D::Buffer,
+    pre: &mut D::Buffer,
+    out: &mut D::Buffer,
+    n: usize,
+    k: usize,
+    m: usize,
+) -> Result<()> {
+    if q8.is_none() && dev.supports_gemm_epilogue(out.dtype()) {
+        let desc = GemmDesc::new(false, true, n, m, k);
+        return Ok(dev.gemm_epilogue(&desc, x, w, out, Epilogue::BiasGelu { bias, pre })?);
+    }
+    linear_forward(dev, q8, record, x, w, bias, pre, n, k, m, 0.0)?;
+    dev.gelu_forward(pre, out)?;
+    Ok(())
+}
+
 /// Backward of [`linear_forward`]: `dx = dout · W` (overwrites), `dW += doutᵀ · x`,
 /// `dbias += Σ_rows dout`. With `q8`, `dout` is quantised (E5M2 in the HYBRID recipe) and both
 /// GEMMs run in FP8 on the copies the forward pass made, in the K-major layout FP8 GEMMs need.
+/// With `dgelu_pre` (the pre-activation of a GELU whose output was this layer's input `x`),
+/// `dx` becomes the gradient of that pre-activation where the backend fuses the GELU backward
+/// into the GEMM; returns whether it did (else the caller applies `gelu_backward`).
 #[allow(clippy::too_many_arguments)]
 fn linear_backward<D: Device>(
     dev: &D,
@@ -1552,13 +1650,22 @@ fn linear_backward<D: Device>(
     dx: &mut D::Buffer,
     dw: &mut D::Buffer,
     dbias: &mut D::Buffer,
+    dgelu_pre: Option<&D::Buffer>,
     n: usize,
     k: usize,
     m: usize,
-) -> Result<()> {
+) -> Result<bool> {
+    let mut fused = false;
     match q8 {
         None => {
-            dev.gemm(&GemmDesc::new(false, false, n, k, m), dout, w, dx)?;
+            let desc = GemmDesc::new(false, false, n, k, m);
+            match dgelu_pre {
+                Some(pre) if dev.supports_gemm_epilogue(dx.dtype()) => {
+                    dev.gemm_epilogue(&desc, dout, w, dx, Epilogue::DGelu { pre })?;
+                    fused = true;
+                }
+                _ => dev.gemm(&desc, dout, w, dx)?,
+            }
             dev.gemm(&GemmDesc::new(true, false, m, k, n).beta(1.0), dout, x, dw)?;
         }
         Some((q, id)) => {
@@ -1594,7 +1701,7 @@ fn linear_backward<D: Device>(
         }
     }
     dev.bias_backward(dout, dbias, n, m)?;
-    Ok(())
+    Ok(fused)
 }
 
 /// Two distinct mutable elements of a slice.
@@ -1666,8 +1773,9 @@ mod tests {
                 f: 8,
                 n,
                 ab,
+                flash: false,
             };
-            let mut s = Scratch::alloc(&dev, DType::F32, n, c, 8, ab * t * t).unwrap();
+            let mut s = Scratch::alloc(&dev, DType::F32, n, c, 8, ab * t * t, true).unwrap();
             dev.upload(&q, &mut s.q, 0).unwrap();
             dev.upload(&k, &mut s.k, 0).unwrap();
             dev.upload(&v, &mut s.v, 0).unwrap();

@@ -433,14 +433,10 @@ impl<D: Device> Trainer<D> {
         if let Some(s) = &self.scaler {
             self.model.set_loss_scale(s.scale());
         }
+        // The whole step is queued before anything is read back: the loss and the gradient
+        // norm come back together at its end (one synchronisation per step).
         self.model.forward(inputs)?;
-        let loss = self.model.loss(targets, true)?;
-        if !loss.is_finite() {
-            return Err(EngineError::Diverged {
-                step: self.step + 1,
-                loss,
-            });
-        }
+        self.model.queue_loss(targets, true)?;
         self.model.zero_grads()?;
         self.model.backward()?;
         let dev = self.model.device().clone();
@@ -448,6 +444,15 @@ impl<D: Device> Trainer<D> {
         let stats = self
             .opt
             .step_scaled(&*dev, params, grads, lr, self.scaler.as_mut())?;
+        let loss = self.model.read_loss()?;
+        if !loss.is_finite() {
+            // The update already ran on non-finite gradients: the run cannot continue (its
+            // last checkpoint on disk is untouched).
+            return Err(EngineError::Diverged {
+                step: self.step + 1,
+                loss,
+            });
+        }
         self.finish_step(loss, lr, &stats, inputs.len(), start)
     }
 

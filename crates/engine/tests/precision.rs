@@ -38,9 +38,13 @@ fn working_copies_are_low_precision_and_masters_fp32() {
     .unwrap();
     let opt = AdamW::with_masters(&*dev, opt_cfg(&cfg), model.specs(), model.params(), &w).unwrap();
     for (i, (spec, p)) in model.specs().iter().zip(model.params()).enumerate() {
-        let expect = if spec.decay { DType::BF16 } else { DType::F32 };
+        // Matrices, embeddings and the linear layers' biases are bf16 (with f32 masters);
+        // LayerNorm parameters stay f32.
+        let low = spec.decay || (spec.name.ends_with(".bias") && !spec.name.contains("ln_"));
+        assert_eq!(low, spec.low_precision(), "{}", spec.name);
+        let expect = if low { DType::BF16 } else { DType::F32 };
         assert_eq!(duet_device::Buffer::dtype(p), expect, "{}", spec.name);
-        assert_eq!(opt.master(i).is_some(), spec.decay, "{}", spec.name);
+        assert_eq!(opt.master(i).is_some(), low, "{}", spec.name);
     }
     // Masters hold the exact f32 initial weights; the working copy their bf16 rounding.
     let masters = opt.master_weights(&*dev, model.params()).unwrap();

@@ -8,12 +8,13 @@ use super::{CudaDevice, cfg, lock};
 use crate::kernels::{self, KernelModule};
 use crate::memory::{CudaBuffer, DeviceMemory};
 use duet_device::{
-    AdamWClipStep, AdamWTensor, Buffer, DType, Device, DeviceError, Result, check_dtype,
-    check_len, check_range,
+    AdamWClipStep, AdamWTensor, Buffer, DType, Device, DeviceError, Result, check_dtype, check_len,
+    check_range,
 };
 
-/// Elements per chunk (one block of 256 threads).
-const CHUNK: usize = 1 << 16;
+/// Elements per chunk (one block of 256 threads, 64 elements each: enough blocks in flight
+/// to keep these bandwidth-bound passes near the memory bandwidth).
+const CHUNK: usize = 1 << 14;
 /// Most tables kept on the device.
 const MAX_TABLES: usize = 8;
 
@@ -65,6 +66,40 @@ impl CudaDevice {
         let mem = mem.into_memory().expect("non-empty table");
         tables.entries.push((table, mem));
         Ok(ptr)
+    }
+
+    pub(super) fn zero_many_impl(&self, dsts: &mut [&mut CudaBuffer]) -> Result<()> {
+        const OP: &str = "zero_many";
+        // Chunks of CHUNK · 4 bytes; every chunk start stays 16-byte aligned (allocations are
+        // 256-byte aligned and the chunk size is a multiple of 16).
+        let bytes_per = CHUNK * 4;
+        let mut table = Vec::new();
+        let mut count = 0usize;
+        for d in dsts.iter() {
+            let bytes = d.size_bytes();
+            for k in 0..bytes.div_ceil(bytes_per) {
+                let len = bytes_per.min(bytes - k * bytes_per);
+                table.extend_from_slice(&(d.ptr() + (k * bytes_per) as u64).to_le_bytes());
+                table.extend_from_slice(&(len as u64).to_le_bytes());
+                count += 1;
+            }
+        }
+        if count == 0 {
+            return Ok(());
+        }
+        let blocks = super::grid_dim(OP, count)?;
+        let table = self.table(OP, table)?;
+        let f = self.func(KernelModule::Reduce, "zero_many")?;
+        // SAFETY: zero_many(const ZeroChunk*): `count` 16-byte records, each a byte range
+        // inside one of the live buffers in `dsts`, starting 16-byte aligned.
+        unsafe {
+            kernels::launch(
+                &self.stream,
+                &f,
+                cfg((blocks, 1, 1), (256, 1, 1)),
+                &[table.into()],
+            )
+        }
     }
 
     pub(super) fn sum_squares_many_impl(

@@ -63,12 +63,14 @@ __device__ __forceinline__ float clip_grad_scale(float norm_sq, float max_norm, 
     return loss_scale == 1.0f ? clip : (float)((double)clip / (double)loss_scale);
 }
 
+// scalars: [sum of squares of the gradients, lr, 1 − β1^t, 1 − β2^t] (duet_device::ADAMW_SCALARS).
 extern "C" __global__ void adamw_multi(const AdamWChunk* __restrict__ chunks,
-                                       const float* __restrict__ norm_sq, float lr, float beta1,
-                                       float beta2, float eps, float bc1, float bc2,
-                                       float max_norm, float loss_scale) {
+                                       const float* __restrict__ scalars, float beta1,
+                                       float beta2, float eps, float max_norm,
+                                       float loss_scale) {
     const AdamWChunk c = chunks[blockIdx.x];
-    const float grad_scale = clip_grad_scale(norm_sq[0], max_norm, loss_scale);
+    const float grad_scale = clip_grad_scale(scalars[0], max_norm, loss_scale);
+    const float lr = scalars[1], bc1 = scalars[2], bc2 = scalars[3];
     float* param = (float*)c.param;
     float* m = (float*)c.m;
     float* v = (float*)c.v;

@@ -115,6 +115,9 @@ pub fn build_config(a: &ModelArgs) -> CliResult<Config> {
         t.fp8_amax_compute_algo = algo.parse()?;
     }
     set!(t.fp8_margin, a.fp8_margin);
+    if a.no_graphs {
+        t.graphs = false;
+    }
     match (a.checkpoint, a.checkpoint_every) {
         (_, Some(n)) => t.checkpoint_every = n,
         (true, None) => t.checkpoint_every = 4,

@@ -153,6 +153,7 @@ impl Default for CpuDevice {
 
 impl Device for CpuDevice {
     type Buffer = CpuBuffer;
+    type Graph = ();
 
     fn info(&self) -> DeviceInfo {
         DeviceInfo {

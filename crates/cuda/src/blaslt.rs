@@ -92,6 +92,11 @@ pub(crate) enum LtEpilogue {
         aux: u64,
         ld: i64,
     },
+    /// Bias gradient of cuBLASLt's B (duet's A) reduced over k, written to `bias`.
+    BGradB {
+        bias: u64,
+        dtype: DType,
+    },
 }
 
 impl LtEpilogue {
@@ -102,14 +107,15 @@ impl LtEpilogue {
             Self::Bias { .. } => E::CUBLASLT_EPILOGUE_BIAS,
             Self::GeluAuxBias { .. } => E::CUBLASLT_EPILOGUE_GELU_AUX_BIAS,
             Self::DGelu { .. } => E::CUBLASLT_EPILOGUE_DGELU,
+            Self::BGradB { .. } => E::CUBLASLT_EPILOGUE_BGRADB,
         }
     }
 
     fn bias(self) -> Option<(u64, DType)> {
         match self {
-            Self::Bias { bias, dtype } | Self::GeluAuxBias { bias, dtype, .. } => {
-                Some((bias, dtype))
-            }
+            Self::Bias { bias, dtype }
+            | Self::GeluAuxBias { bias, dtype, .. }
+            | Self::BGradB { bias, dtype } => Some((bias, dtype)),
             _ => None,
         }
     }

@@ -29,6 +29,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 mod embedding;
 mod epilogue;
 mod flash;
+mod graph;
+pub use graph::CudaStepGraph;
 mod layernorm;
 mod multi;
 
@@ -72,6 +74,10 @@ pub struct CudaDevice {
     blas_lt: Mutex<Option<BlasLt>>,
     /// Chunk tables of the multi-tensor kernels (see device/multi.rs).
     tables: Mutex<multi::Tables>,
+    /// cuBLASLt refused the bias-gradient epilogue once: use the plain GEMM and a column sum.
+    bgrad_refused: std::sync::atomic::AtomicBool,
+    /// A graph is being recorded (see device/graph.rs).
+    capturing: std::sync::atomic::AtomicBool,
     /// Whether the fused paths (flash attention, GEMM epilogues) are offered.
     fused: std::sync::atomic::AtomicBool,
 }
@@ -314,6 +320,8 @@ impl CudaDevice {
             cc,
             blas_lt: Mutex::new(None),
             tables: Mutex::new(multi::Tables::default()),
+            bgrad_refused: std::sync::atomic::AtomicBool::new(false),
+            capturing: std::sync::atomic::AtomicBool::new(false),
             fused: std::sync::atomic::AtomicBool::new(
                 std::env::var(UNFUSED_ENV).map_or(true, |v| v.trim() != "1"),
             ),
@@ -494,6 +502,7 @@ impl CudaDevice {
 
 impl Device for CudaDevice {
     type Buffer = CudaBuffer;
+    type Graph = graph::CudaStepGraph;
 
     fn info(&self) -> DeviceInfo {
         let mut info = self.info.clone();
@@ -511,6 +520,7 @@ impl Device for CudaDevice {
     // ------------------------------------------------------------------ memory and copies
 
     fn alloc(&self, dtype: DType, len: usize) -> Result<CudaBuffer> {
+        self.not_while_capturing("allocating")?;
         let bytes = len.checked_mul(dtype.size_bytes()).ok_or_else(|| {
             DeviceError::InvalidArgument(format!("alloc: {len} × {dtype} overflows"))
         })?;
@@ -522,6 +532,7 @@ impl Device for CudaDevice {
     }
 
     fn upload_bytes(&self, src: &[u8], dst: &mut CudaBuffer, offset: usize) -> Result<()> {
+        self.not_while_capturing("uploading")?;
         const OP: &str = "upload_bytes";
         let size = dst.dtype().size_bytes();
         if !src.len().is_multiple_of(size) {
@@ -550,6 +561,7 @@ impl Device for CudaDevice {
     }
 
     fn download_bytes(&self, src: &CudaBuffer, offset: usize, len: usize) -> Result<Vec<u8>> {
+        self.not_while_capturing("downloading")?;
         check_range("download_bytes", offset, len, src.len())?;
         let mut out = vec![0u8; len * src.dtype().size_bytes()];
         if !out.is_empty() {
@@ -642,7 +654,24 @@ impl Device for CudaDevice {
         r.result().map_err(drv("cuMemsetAsync"))
     }
 
+    fn supports_capture(&self) -> bool {
+        true
+    }
+
+    fn capture_begin(&self) -> Result<()> {
+        self.capture_begin_impl()
+    }
+
+    fn capture_end(&self) -> Result<graph::CudaStepGraph> {
+        self.capture_end_impl()
+    }
+
+    fn replay(&self, graph: &graph::CudaStepGraph) -> Result<()> {
+        self.replay_impl(graph)
+    }
+
     fn synchronize(&self) -> Result<()> {
+        self.not_while_capturing("synchronising")?;
         self.stream
             .synchronize()
             .map_err(drv("cuStreamSynchronize"))?;
@@ -1410,9 +1439,9 @@ impl Device for CudaDevice {
         &self,
         tensors: &mut [duet_device::AdamWTensor<'_, CudaBuffer>],
         step: &duet_device::AdamWClipStep,
-        norm_sq: &CudaBuffer,
+        scalars: &CudaBuffer,
     ) -> Result<()> {
-        self.adamw_clipped_impl(tensors, step, norm_sq)
+        self.adamw_clipped_impl(tensors, step, scalars)
     }
 
     fn quantize_fp8(

@@ -30,7 +30,7 @@ pub mod loader;
 mod memory;
 pub mod nccl;
 
-pub use device::{CudaDevice, UNFUSED_ENV};
+pub use device::{CudaDevice, CudaStepGraph, UNFUSED_ENV};
 pub use kernels::{KernelModule, compile};
 pub use memory::CudaBuffer;
 pub use nccl::NcclComm;

@@ -56,6 +56,16 @@ impl DeviceMemory {
         tracker: &Arc<MemTracker>,
     ) -> Result<Self> {
         debug_assert!(bytes > 0);
+        // An allocation inside a graph recording would become part of the graph (and be freed
+        // outside it): refuse. Rare (allocations are), so the driver query costs nothing.
+        if stream.capture_status().is_ok_and(|s| {
+            s != cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE
+        }) {
+            return Err(DeviceError::InvalidArgument(format!(
+                "allocating {bytes} bytes while recording a CUDA graph (the recording may only \
+                 queue device work; run the step once unrecorded first)"
+            )));
+        }
         let slice = stream.alloc_zeros::<u8>(bytes).map_err(|e| {
             if error::is_out_of_memory(&e) {
                 let free = ctx.mem_get_info().map(|(f, _)| f as u64).unwrap_or(0);

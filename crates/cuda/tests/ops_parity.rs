@@ -1099,7 +1099,7 @@ fn multi_tensor_adamw_clipped() {
             c_side.push((cp, cg, cm, cv, cc));
             g_side.push((gp, gg, gm, gv, gc));
         }
-        let (mut cn, mut gn) = both(DType::F32, &[0.0], g);
+        let (mut cn, mut gn) = both(DType::F32, &[0.0; duet_device::ADAMW_SCALARS], g);
         let crefs: Vec<&_> = c_side.iter().map(|t| &t.1).collect();
         cpu().sum_squares_many(&crefs, &mut cn, 0).unwrap();
         let grefs: Vec<&_> = g_side.iter().map(|t| &t.1).collect();
@@ -1108,15 +1108,14 @@ fn multi_tensor_adamw_clipped() {
         for t in 1..=2u64 {
             let (bc1, bc2) = AdamWStep::bias_corrections(0.9, 0.95, t);
             let step = AdamWClipStep {
-                lr: 1e-3,
                 beta1: 0.9,
                 beta2: 0.95,
                 eps: 1e-8,
-                bias_correction1: bc1,
-                bias_correction2: bc2,
                 max_norm,
                 loss_scale,
             };
+            cpu().upload(&[1e-3, bc1, bc2], &mut cn, 1).unwrap();
+            g.upload(&[1e-3, bc1, bc2], &mut gn, 1).unwrap();
             cpu()
                 .adamw_clipped(&mut tensors(&mut c_side), &step, &cn)
                 .unwrap();
@@ -1223,6 +1222,24 @@ fn gemm_epilogues_match_the_unfused_ops() {
         g.gemm_epilogue(&desc, &gdy, &gw, &mut gdx, Epilogue::DGelu { pre: &gpre })
             .unwrap();
         compare(&format!("{dt} dgelu"), &cdx, &gdx, g, t);
+        // Weight gradient (accumulated into f32) with the bias gradient from the same GEMM.
+        let cdw0 = r.vec(m * k, -1.0, 1.0);
+        let (mut cdw, mut gdw) = both(DType::F32, &cdw0, g);
+        let (mut cdb, _) = both(DType::F32, &vec![0.0; m], g);
+        let (_, mut gdb) = out(DType::F32, m, g);
+        let wdesc = GemmDesc::new(true, false, m, k, n).beta(1.0);
+        cpu().gemm(&wdesc, &cdy, &cx, &mut cdw).unwrap();
+        cpu().bias_backward(&cdy, &mut cdb, n, m).unwrap();
+        g.gemm_epilogue(
+            &wdesc,
+            &gdy,
+            &gx,
+            &mut gdw,
+            Epilogue::BiasGradA { dbias: &mut gdb },
+        )
+        .unwrap();
+        compare(&format!("{dt} weight gradient"), &cdw, &gdw, g, 1e-3);
+        compare(&format!("{dt} bias gradient"), &cdb, &gdb, g, 1e-3);
         // Misuse is an error, not a wrong answer.
         let bad = GemmDesc::new(false, false, n, k, m).beta(1.0);
         assert!(

@@ -133,6 +133,10 @@ pub enum Epilogue<'a, B> {
     /// `C = (op(A)·op(B)) ⊙ gelu'(pre)`: the GELU backward fused into the GEMM that produces
     /// the gradient of the GELU's output. Needs alpha = 1, beta = 0.
     DGelu { pre: &'a B },
+    /// The usual `C = alpha·op(A)·op(B) + beta·C`, and `dbias[i] = Σ_k op(A)[i, k]` (one f32
+    /// value per row of C, overwritten): a linear layer's bias gradient computed in its
+    /// weight-gradient GEMM, where A is the output gradient stored `k × m` (`trans_a`).
+    BiasGradA { dbias: &'a mut B },
 }
 
 /// One tensor of a multi-tensor AdamW update ([`Device::adamw_clipped`]).
@@ -147,21 +151,25 @@ pub struct AdamWTensor<'a, B> {
     pub weight_decay: f32,
 }
 
-/// The step-wide values of [`Device::adamw_clipped`]: the gradient factor is not given but
-/// derived on the device from the global gradient norm (clipping and loss-scale unscaling).
+/// The run-wide values of [`Device::adamw_clipped`]. The per-step values (learning rate, bias
+/// corrections) live in a device buffer, see [`ADAMW_SCALARS`], and the gradient factor is
+/// derived on the device from the global gradient norm (clipping and loss-scale unscaling), so
+/// one queued (or recorded) update serves every step.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AdamWClipStep {
-    pub lr: f32,
     pub beta1: f32,
     pub beta2: f32,
     pub eps: f32,
-    pub bias_correction1: f32,
-    pub bias_correction2: f32,
     /// Clip the global gradient norm to this value (0 disables clipping).
     pub max_norm: f32,
     /// The factor the gradients carry (1 without loss scaling).
     pub loss_scale: f32,
 }
+
+/// Layout of the f32 scalar buffer of [`Device::adamw_clipped`]: the sum of squares of all the
+/// gradients (slot 0, accumulated by [`Device::sum_squares_many`]), the learning rate, and the
+/// bias corrections 1 − β1^t and 1 − β2^t.
+pub const ADAMW_SCALARS: usize = 4;
 
 /// AdamW's gradient factor from the sum of squares of the (loss-scaled) gradients:
 /// PyTorch's `clip_grad_norm_` coefficient `max_norm / (norm + 1e-6)` where it is below 1,
@@ -203,6 +211,9 @@ pub trait Buffer: Send + Sync {
 /// enforce that for distinct buffers.
 pub trait Device: Send + Sync + Sized + 'static {
     type Buffer: Buffer;
+    /// A recorded sequence of queued ops ([`Device::capture_begin`]); `()` where the backend
+    /// cannot record.
+    type Graph: Send;
 
     fn info(&self) -> DeviceInfo;
 
@@ -244,6 +255,39 @@ pub trait Device: Send + Sync + Sized + 'static {
     /// Waits until all queued work has finished, reporting any deferred error.
     fn synchronize(&self) -> Result<()>;
 
+    /// Whether [`Device::capture_begin`] works here (CUDA graphs; not the CPU).
+    fn supports_capture(&self) -> bool {
+        false
+    }
+
+    /// Starts recording: until [`Device::capture_end`], ops are recorded instead of run.
+    /// Recorded ops keep the buffers and scalar arguments they were given, so what changes
+    /// between replays must live in device buffers written before each replay. While recording,
+    /// nothing may allocate, upload, download or synchronise (those return an error).
+    fn capture_begin(&self) -> Result<()> {
+        Err(DeviceError::InvalidArgument(format!(
+            "the {} backend cannot record graphs",
+            self.info().backend
+        )))
+    }
+
+    /// Ends recording and returns the graph (also after a failed op: recording always stops).
+    fn capture_end(&self) -> Result<Self::Graph> {
+        Err(DeviceError::InvalidArgument(format!(
+            "the {} backend cannot record graphs",
+            self.info().backend
+        )))
+    }
+
+    /// Queues a recorded graph: its ops run again, in order, on the current buffer contents.
+    fn replay(&self, graph: &Self::Graph) -> Result<()> {
+        let _ = graph;
+        Err(DeviceError::InvalidArgument(format!(
+            "the {} backend cannot record graphs",
+            self.info().backend
+        )))
+    }
+
     fn memory_stats(&self) -> MemoryStats;
     fn reset_peak_memory(&self);
 
@@ -259,7 +303,8 @@ pub trait Device: Send + Sync + Sized + 'static {
         c: &mut Self::Buffer,
     ) -> Result<()>;
 
-    /// Whether [`Device::gemm_epilogue`] runs for A, B and C of `dtype`. Callers use
+    /// Whether [`Device::gemm_epilogue`] runs for A and B of `dtype` (C of `dtype`, or f32
+    /// for [`Epilogue::BiasGradA`] and [`Epilogue::Bias`]). Callers use
     /// [`Device::gemm`] followed by the separate ops (bias_add, gelu) when this is false.
     fn supports_gemm_epilogue(&self, dtype: DType) -> bool {
         let _ = dtype;
@@ -557,30 +602,35 @@ pub trait Device: Send + Sync + Sized + 'static {
         Ok(())
     }
 
-    /// AdamW on many tensors with the gradient factor computed from `norm_sq[0]` (the sum of
-    /// squares of all the gradients, see [`Device::sum_squares_many`]) by [`clip_grad_scale`]:
-    /// on a GPU the factor never travels through the host, so the step needs no host
-    /// synchronisation. The default reads `norm_sq` back and calls [`Device::adamw`] per tensor.
+    /// AdamW on many tensors reading its per-step values from `scalars` (f32, laid out as
+    /// [`ADAMW_SCALARS`] says: sum of squares of the gradients, lr, bias corrections), with the
+    /// gradient factor derived from the sum of squares by [`clip_grad_scale`]. On a GPU nothing
+    /// travels through the host, so the step needs no host synchronisation and can be recorded
+    /// once and replayed. The default reads `scalars` back and calls [`Device::adamw`] per
+    /// tensor.
     fn adamw_clipped(
         &self,
         tensors: &mut [AdamWTensor<'_, Self::Buffer>],
         step: &AdamWClipStep,
-        norm_sq: &Self::Buffer,
+        scalars: &Self::Buffer,
     ) -> Result<()> {
-        check_dtype("adamw_clipped", norm_sq, DType::F32)?;
-        check_min_len("adamw_clipped", "norm_sq", norm_sq, 1)?;
-        let sq = self.download_bytes(norm_sq, 0, 1)?;
-        let sq = f32::from_le_bytes([sq[0], sq[1], sq[2], sq[3]]);
-        let grad_scale = clip_grad_scale(sq, step.max_norm, step.loss_scale);
+        check_dtype("adamw_clipped", scalars, DType::F32)?;
+        check_min_len("adamw_clipped", "scalars", scalars, ADAMW_SCALARS)?;
+        let raw = self.download_bytes(scalars, 0, ADAMW_SCALARS)?;
+        let v: Vec<f32> = raw
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        let grad_scale = clip_grad_scale(v[0], step.max_norm, step.loss_scale);
         for t in tensors.iter_mut() {
             let s = AdamWStep {
-                lr: step.lr,
+                lr: v[1],
                 beta1: step.beta1,
                 beta2: step.beta2,
                 eps: step.eps,
                 weight_decay: t.weight_decay,
-                bias_correction1: step.bias_correction1,
-                bias_correction2: step.bias_correction2,
+                bias_correction1: v[2],
+                bias_correction2: v[3],
                 grad_scale,
             };
             self.adamw(t.param, t.grad, t.m, t.v, &s, t.copy.as_deref_mut())?;

@@ -117,6 +117,14 @@ pub struct TrainConfig {
     /// recompute the segment in the backward pass (0 = off).
     #[serde(default)]
     pub checkpoint_every: usize,
+    /// Record the training step once and replay it (CUDA graphs) where the backend can and the
+    /// step allows it (no loss scaler, no FP8, one device); the results are the same bits.
+    #[serde(default = "default_true")]
+    pub graphs: bool,
+}
+
+fn default_true() -> bool {
+    true
 }
 
 fn default_amax_history_len() -> usize {
@@ -190,6 +198,7 @@ impl Config {
             max_stride: 8,
             data: String::new(),
             checkpoint_every: 0,
+            graphs: true,
             precision: Precision::Fp32,
             loss_scale: 0.0,
             fp8_format: Fp8Recipe::Hybrid,

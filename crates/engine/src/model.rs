@@ -910,12 +910,30 @@ impl<D: Device> Gpt<D> {
     /// Runs the forward pass on `tokens` (`b·t`, row-major), up to the logits.
     pub fn forward(&mut self, tokens: &[i32]) -> Result<()> {
         self.check_tokens("forward", tokens, false)?;
+        self.dev.upload(tokens, &mut self.tokens, 0)?;
+        self.forward_loaded()
+    }
+
+    /// Uploads a training batch (checked like [`Gpt::forward`] and [`Gpt::loss`]) for
+    /// [`Gpt::forward_loaded`] and [`Gpt::queue_loss_loaded`]; returns the number of targets
+    /// that count (not ignored).
+    pub fn load_batch(&mut self, tokens: &[i32], targets: &[i32]) -> Result<usize> {
+        self.check_tokens("forward", tokens, false)?;
+        let count = self.check_targets(targets)?;
+        self.dev.upload(tokens, &mut self.tokens, 0)?;
+        self.dev.upload(targets, &mut self.targets, 0)?;
+        self.last_count = count;
+        Ok(count)
+    }
+
+    /// The forward pass on the tokens already on the device (no host data involved: a
+    /// recordable sequence of device ops).
+    pub fn forward_loaded(&mut self) -> Result<()> {
         let d = self.dims();
         let v = self.cfg.vocab;
         {
             let dev = &*self.dev;
             let p = &self.params;
-            dev.upload(tokens, &mut self.tokens, 0)?;
             dev.embedding_forward(&self.tokens, &p[0], &p[1], &mut self.encoded, d.b, d.t, d.c)?;
         }
         let every = self.checkpoint_every;
@@ -971,15 +989,27 @@ impl<D: Device> Gpt<D> {
     /// until [`Gpt::read_loss`], so a training step can queue its backward pass and update
     /// first and synchronise once at its end.
     pub fn queue_loss(&mut self, targets: &[i32], with_grad: bool) -> Result<()> {
+        let count = self.check_targets(targets)?;
+        self.last_count = count;
+        self.dev.upload(targets, &mut self.targets, 0)?;
+        self.queue_loss_loaded(with_grad)
+    }
+
+    /// Checks training targets; returns how many count (are not ignored).
+    fn check_targets(&self, targets: &[i32]) -> Result<usize> {
         self.check_tokens("loss", targets, true)?;
         let count = targets.iter().filter(|&&x| x >= 0).count();
         if count == 0 {
             return Err(EngineError::Config("loss: every target is ignored".into()));
         }
-        self.last_count = count;
+        Ok(count)
+    }
+
+    /// [`Gpt::queue_loss`] on the targets already on the device ([`Gpt::load_batch`]).
+    pub fn queue_loss_loaded(&mut self, with_grad: bool) -> Result<()> {
+        let count = self.last_count.max(1);
         let dev = &*self.dev;
         let n = self.b * self.t;
-        dev.upload(targets, &mut self.targets, 0)?;
         let dlogits = if with_grad {
             Some(&mut self.dlogits)
         } else {
@@ -1666,7 +1696,14 @@ fn linear_backward<D: Device>(
                 }
                 _ => dev.gemm(&desc, dout, w, dx)?,
             }
-            dev.gemm(&GemmDesc::new(true, false, m, k, n).beta(1.0), dout, x, dw)?;
+            let dw_desc = GemmDesc::new(true, false, m, k, n).beta(1.0);
+            if dev.supports_gemm_epilogue(dout.dtype()) {
+                // The bias gradient comes out of the weight-gradient GEMM (written, not added:
+                // it is the bias's only contribution in a step, onto zeroed gradients).
+                dev.gemm_epilogue(&dw_desc, dout, x, dw, Epilogue::BiasGradA { dbias })?;
+                return Ok(fused);
+            }
+            dev.gemm(&dw_desc, dout, x, dw)?;
         }
         Some((q, id)) => {
             let kind = id % LINEARS.len();

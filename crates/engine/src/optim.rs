@@ -89,7 +89,11 @@ pub struct AdamW<D: Device> {
     /// FP32 master weights of the tensors whose working copy is not f32.
     master: Vec<Option<D::Buffer>>,
     decay: Vec<bool>,
+    /// The sum of squares of the gradients, then (device path) lr and the bias corrections:
+    /// [`duet_device::ADAMW_SCALARS`] f32.
     norm: D::Buffer,
+    /// lr and bias corrections of the prepared device step.
+    scalars: [f32; 3],
     /// Number of updates applied so far.
     step: u64,
 }
@@ -121,7 +125,8 @@ impl<D: Device> AdamW<D> {
             v,
             master: specs.iter().map(|_| None).collect(),
             decay: specs.iter().map(|s| s.decay).collect(),
-            norm: dev.alloc(DType::F32, 1)?,
+            norm: dev.alloc(DType::F32, duet_device::ADAMW_SCALARS)?,
+            scalars: [0.0; 3],
             step: 0,
         })
     }
@@ -240,6 +245,32 @@ impl<D: Device> AdamW<D> {
         lr: f32,
         comm: Option<&dyn Collective<D>>,
     ) -> Result<StepStats> {
+        self.prepare_device_step(dev, lr)?;
+        self.queue_device_step(dev, params, grads, comm)?;
+        self.device_step_stats(dev)
+    }
+
+    /// First part of an update without a loss scaler: counts the step and uploads its learning
+    /// rate and bias corrections (and a zero norm accumulator) to the device. What
+    /// [`AdamW::queue_device_step`] then queues reads them from there, so that part is the same
+    /// for every step (it can be recorded once and replayed).
+    pub fn prepare_device_step(&mut self, dev: &D, lr: f32) -> Result<()> {
+        self.step += 1;
+        let (bc1, bc2) = AdamWStep::bias_corrections(self.cfg.beta1, self.cfg.beta2, self.step);
+        self.scalars = [lr, bc1, bc2];
+        dev.upload(&[0.0, lr, bc1, bc2], &mut self.norm, 0)?;
+        Ok(())
+    }
+
+    /// Second part: the global gradient norm and the clipped update, queued on the device
+    /// (gradients already all-reduced over `comm`'s ranks, whose norms are averaged).
+    pub fn queue_device_step(
+        &mut self,
+        dev: &D,
+        params: &mut [D::Buffer],
+        grads: &[D::Buffer],
+        comm: Option<&dyn Collective<D>>,
+    ) -> Result<()> {
         if params.len() != grads.len() || params.len() != self.m.len() {
             return Err(EngineError::Config(format!(
                 "optimizer: {} parameters, {} gradients, {} moment tensors",
@@ -248,16 +279,15 @@ impl<D: Device> AdamW<D> {
                 self.m.len()
             )));
         }
-        dev.fill(&mut self.norm, 0.0)?;
         let refs: Vec<&D::Buffer> = grads.iter().collect();
         dev.sum_squares_many(&refs, &mut self.norm, 0)?;
         if let Some(c) = comm {
             c.all_reduce(&mut self.norm, ReduceOp::Avg)?;
             c.wait()?;
+            // Averaging may round the per-step values the ranks agree on: put them back.
+            dev.upload(&self.scalars, &mut self.norm, 1)?;
         }
-        self.step += 1;
         let cfg = self.cfg;
-        let (bc1, bc2) = AdamWStep::bias_corrections(cfg.beta1, cfg.beta2, self.step);
         let mut tensors = Vec::with_capacity(params.len());
         for ((((p, g), m), v), (master, &decay)) in params
             .iter_mut()
@@ -280,19 +310,20 @@ impl<D: Device> AdamW<D> {
             });
         }
         let step = AdamWClipStep {
-            lr,
             beta1: cfg.beta1,
             beta2: cfg.beta2,
             eps: cfg.eps,
-            bias_correction1: bc1,
-            bias_correction2: bc2,
             max_norm: cfg.grad_clip,
             loss_scale: 1.0,
         };
         dev.adamw_clipped(&mut tensors, &step, &self.norm)?;
-        let sq: Vec<f32> = dev.download(&self.norm)?;
-        let plan = cfg.plan(sq[0].sqrt(), None);
-        Ok(plan.stats)
+        Ok(())
+    }
+
+    /// Last part: reads the gradient norm back (waits for the device) for the step's report.
+    pub fn device_step_stats(&self, dev: &D) -> Result<StepStats> {
+        let sq: Vec<f32> = dev.download_range(&self.norm, 0, 1)?;
+        Ok(self.cfg.plan(sq[0].sqrt(), None).stats)
     }
 
     /// Clips and applies one AdamW update with learning rate `lr`.

@@ -76,6 +76,20 @@ pub struct Trainer<D: Device> {
     scaler: Option<LossScaler>,
     /// Data parallelism: this rank's communicator, gradient buckets and (ZeRO) optimizer shard.
     dist: Option<Dist<D>>,
+    /// The recorded step (see [`Trainer::train_step_on`]).
+    graph: StepGraph<D>,
+}
+
+/// Where the recording of the training step stands.
+enum StepGraph<D: Device> {
+    /// Not recorded yet; the number of steps run unrecorded so far (the first warms every
+    /// buffer, table and library plan up, so the recording allocates nothing).
+    Unrecorded(u32),
+    /// The recorded step, for batches with this many counted targets (the loss gradient's
+    /// scale is part of the recording).
+    Recorded { graph: D::Graph, count: usize },
+    /// Graphs are off (config), impossible for this run, or recording failed.
+    Off,
 }
 
 impl<D: Device> Trainer<D> {
@@ -189,6 +203,7 @@ impl<D: Device> Trainer<D> {
             step: 0,
             scaler,
             dist,
+            graph: StepGraph::Unrecorded(0),
         })
     }
 
@@ -237,6 +252,7 @@ impl<D: Device> Trainer<D> {
     /// Replaces the loss scaler (e.g. a dynamic one with another initial scale).
     pub fn set_loss_scaler(&mut self, scaler: Option<LossScaler>) {
         self.scaler = scaler;
+        self.graph = StepGraph::Unrecorded(0);
     }
 
     pub fn optimizer(&self) -> &AdamW<D> {
@@ -428,6 +444,9 @@ impl<D: Device> Trainer<D> {
         if self.dist.is_some() {
             return self.train_step_dp(inputs, targets);
         }
+        if self.graphable() {
+            return self.train_step_graphed(inputs, targets);
+        }
         let start = Instant::now();
         let lr = self.cfg.lr_at(self.step);
         if let Some(s) = &self.scaler {
@@ -448,6 +467,88 @@ impl<D: Device> Trainer<D> {
         if !loss.is_finite() {
             // The update already ran on non-finite gradients: the run cannot continue (its
             // last checkpoint on disk is untouched).
+            return Err(EngineError::Diverged {
+                step: self.step + 1,
+                loss,
+            });
+        }
+        self.finish_step(loss, lr, &stats, inputs.len(), start)
+    }
+
+    /// Whether the steps now replay a recorded graph.
+    pub fn step_recorded(&self) -> bool {
+        matches!(self.graph, StepGraph::Recorded { .. })
+    }
+
+    /// Whether this step may be recorded and replayed: the backend records graphs, the config
+    /// allows it, and nothing in the step needs the host (no loss scaler deciding skips, no FP8
+    /// scale update between steps, no other ranks).
+    fn graphable(&self) -> bool {
+        if matches!(self.graph, StepGraph::Off) {
+            return false;
+        }
+        self.cfg.train.graphs
+            && self.scaler.is_none()
+            && self.dist.is_none()
+            && self.model.precision() != crate::Precision::Fp8
+            && self.model.device().supports_capture()
+    }
+
+    /// The queued part of a step on an uploaded batch: forward, loss, backward and the
+    /// device-side update (the part a graph records).
+    fn queue_step(&mut self) -> Result<()> {
+        self.model.forward_loaded()?;
+        self.model.queue_loss_loaded(true)?;
+        self.model.zero_grads()?;
+        self.model.backward()?;
+        let dev = self.model.device().clone();
+        let (params, grads) = self.model.params_and_grads();
+        self.opt.queue_device_step(&*dev, params, grads, None)
+    }
+
+    /// A step through the recorded graph: upload the batch and the step's scalars, replay (or
+    /// record on the second step), read the loss and the norm back. The same device work as an
+    /// unrecorded step, so the same bits.
+    fn train_step_graphed(&mut self, inputs: &[i32], targets: &[i32]) -> Result<StepReport> {
+        let start = Instant::now();
+        let lr = self.cfg.lr_at(self.step);
+        let dev = self.model.device().clone();
+        let count = self.model.load_batch(inputs, targets)?;
+        self.opt.prepare_device_step(&*dev, lr)?;
+        match &self.graph {
+            StepGraph::Recorded { graph, count: c } if *c == count => dev.replay(graph)?,
+            StepGraph::Unrecorded(0) => {
+                self.queue_step()?;
+                self.graph = StepGraph::Unrecorded(1);
+            }
+            _ => {
+                dev.capture_begin()?;
+                let queued = self.queue_step();
+                let recorded = dev.capture_end();
+                match (queued, recorded) {
+                    (Ok(()), Ok(graph)) => {
+                        dev.replay(&graph)?;
+                        self.graph = StepGraph::Recorded { graph, count };
+                    }
+                    (q, r) => {
+                        // Nothing ran: do the step unrecorded, and stop trying.
+                        let why = q
+                            .err()
+                            .map(|e| e.to_string())
+                            .or(r.err().map(|e| e.to_string()));
+                        eprintln!(
+                            "warning: recording the training step failed ({}); running it unrecorded",
+                            why.unwrap_or_default()
+                        );
+                        self.graph = StepGraph::Off;
+                        self.queue_step()?;
+                    }
+                }
+            }
+        }
+        let stats = self.opt.device_step_stats(&*dev)?;
+        let loss = self.model.read_loss()?;
+        if !loss.is_finite() {
             return Err(EngineError::Diverged {
                 step: self.step + 1,
                 loss,

@@ -236,6 +236,7 @@ impl HipDevice {
 
 impl Device for HipDevice {
     type Buffer = HipBuffer;
+    type Graph = ();
 
     fn info(&self) -> DeviceInfo {
         self.info.clone()

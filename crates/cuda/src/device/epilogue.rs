@@ -21,15 +21,24 @@ impl CudaDevice {
         c: &mut CudaBuffer,
         epilogue: Epilogue<'_, CudaBuffer>,
     ) -> Result<()> {
-        let dt = c.dtype();
+        // A and B share the 16-bit dtype; C is that dtype, or f32 for the epilogues that
+        // allow it (bias, bias gradient).
+        let dt = a.dtype();
         if !self.epilogue_supported(dt) {
             return Err(DeviceError::Unsupported {
                 op: format!("{OP} on sm_{}", self.cc),
                 dtype: dt,
             });
         }
-        duet_device::check_dtype(OP, a, dt)?;
         duet_device::check_dtype(OP, b, dt)?;
+        let f32_out_ok = matches!(epilogue, Epilogue::Bias(_) | Epilogue::BiasGradA { .. });
+        if c.dtype() != dt && !(f32_out_ok && c.dtype() == DType::F32) {
+            return Err(DeviceError::DTypeMismatch {
+                op: OP,
+                expected: dt,
+                got: c.dtype(),
+            });
+        }
         desc.validate(a.len(), b.len(), c.len())?;
         if desc.batch != 1 {
             return Err(DeviceError::InvalidArgument(format!(
@@ -69,7 +78,7 @@ impl CudaDevice {
             }
             Ok(())
         };
-        let (lt_epi, bias) = match &epilogue {
+        let (lt_epi, bias) = match epilogue {
             Epilogue::Bias(bias) => {
                 check_bias(bias)?;
                 (
@@ -77,13 +86,13 @@ impl CudaDevice {
                         bias: bias.ptr(),
                         dtype: bias.dtype(),
                     },
-                    Some(*bias),
+                    Some(bias),
                 )
             }
             Epilogue::BiasGelu { bias, pre } => {
                 fused_only("bias + GELU")?;
                 check_bias(bias)?;
-                let (aux, ld) = aux(pre)?;
+                let (aux, ld) = aux(&*pre)?;
                 (
                     LtEpilogue::GeluAuxBias {
                         bias: bias.ptr(),
@@ -91,13 +100,23 @@ impl CudaDevice {
                         aux,
                         ld,
                     },
-                    Some(*bias),
+                    Some(bias),
                 )
             }
             Epilogue::DGelu { pre } => {
                 fused_only("GELU backward")?;
                 let (aux, ld) = aux(pre)?;
                 (LtEpilogue::DGelu { aux, ld }, None)
+            }
+            Epilogue::BiasGradA { dbias } => {
+                duet_device::check_dtype(OP, &*dbias, DType::F32)?;
+                duet_device::check_len(OP, "dbias", &*dbias, desc.m)?;
+                if !desc.trans_a {
+                    return Err(DeviceError::InvalidArgument(format!(
+                        "{OP}: the bias-gradient epilogue needs trans_a (A stored k × m)"
+                    )));
+                }
+                return self.gemm_bias_grad(desc, a, b, c, dbias);
             }
         };
         let ty = float_type(dt).expect("bf16/f16");
@@ -151,5 +170,48 @@ impl CudaDevice {
             }
             (Err(e), _) => Err(e),
         }
+    }
+
+    /// The weight-gradient GEMM with cuBLASLt's BGRADB epilogue; where this cuBLASLt cannot
+    /// (remembered after the first refusal), the plain GEMM and a column sum.
+    fn gemm_bias_grad(
+        &self,
+        desc: &GemmDesc,
+        a: &CudaBuffer,
+        b: &CudaBuffer,
+        c: &mut CudaBuffer,
+        dbias: &mut CudaBuffer,
+    ) -> Result<()> {
+        use std::sync::atomic::Ordering;
+        let ty = float_type(a.dtype()).expect("bf16/f16");
+        if !self.bgrad_refused.load(Ordering::Relaxed) {
+            self.bind()?;
+            let mut lt = lock(&self.blas_lt, OP)?;
+            if lt.is_none() {
+                *lt = Some(BlasLt::new(&self.ctx, &self.stream, self.cc, &self.mem)?);
+            }
+            let epi = LtEpilogue::BGradB {
+                bias: dbias.ptr(),
+                dtype: DType::F32,
+            };
+            let r = lt.as_mut().expect("created above").matmul(
+                &self.stream,
+                desc,
+                a,
+                b,
+                c,
+                (ty, ty),
+                None,
+                epi,
+            );
+            match r {
+                Ok(()) => return Ok(()),
+                Err(_) => self.bgrad_refused.store(true, Ordering::Relaxed),
+            }
+        }
+        self.gemm(desc, a, b, c)?;
+        self.fill(dbias, 0.0)?;
+        // A is stored k × m: the bias gradient is its column sum.
+        self.bias_backward(a, dbias, desc.k, desc.m)
     }
 }

@@ -165,11 +165,11 @@ impl CudaDevice {
         &self,
         tensors: &mut [AdamWTensor<'_, CudaBuffer>],
         step: &AdamWClipStep,
-        norm_sq: &CudaBuffer,
+        scalars: &CudaBuffer,
     ) -> Result<()> {
         const OP: &str = "adamw_clipped";
-        check_dtype(OP, norm_sq, DType::F32)?;
-        check_range(OP, 0, 1, norm_sq.len())?;
+        check_dtype(OP, scalars, DType::F32)?;
+        check_range(OP, 0, duet_device::ADAMW_SCALARS, scalars.len())?;
         let mut table = Vec::new();
         let mut count = 0usize;
         let mut fp8_copies = Vec::new();
@@ -212,10 +212,10 @@ impl CudaDevice {
             let table = self.table(OP, table)?;
             let f = self.func(KernelModule::AdamW, "adamw_multi")?;
             let s = *step;
-            // SAFETY: adamw_multi(const AdamWChunk*, const float* norm_sq, 8 floats): `count`
+            // SAFETY: adamw_multi(const AdamWChunk*, const float* scalars, 5 floats): `count`
             // 64-byte chunk records describing ranges inside live f32 param/m/v buffers, a grad
-            // and an optional copy of the recorded dtypes (lengths checked above); norm_sq
-            // holds at least one f32.
+            // and an optional copy of the recorded dtypes (lengths checked above); `scalars`
+            // holds ADAMW_SCALARS f32.
             unsafe {
                 kernels::launch(
                     &self.stream,
@@ -223,13 +223,10 @@ impl CudaDevice {
                     cfg((blocks, 1, 1), (256, 1, 1)),
                     &[
                         table.into(),
-                        norm_sq.ptr().into(),
-                        s.lr.into(),
+                        scalars.ptr().into(),
                         s.beta1.into(),
                         s.beta2.into(),
                         s.eps.into(),
-                        s.bias_correction1.into(),
-                        s.bias_correction2.into(),
                         s.max_norm.into(),
                         s.loss_scale.into(),
                     ],

@@ -76,6 +76,8 @@ pub struct CudaDevice {
     tables: Mutex<multi::Tables>,
     /// cuBLASLt refused the bias-gradient epilogue once: use the plain GEMM and a column sum.
     bgrad_refused: std::sync::atomic::AtomicBool,
+    /// NVTX ranges for profiler timelines, when the library is present.
+    nvtx: Option<crate::nvtx::Nvtx>,
     /// A graph is being recorded (see device/graph.rs).
     capturing: std::sync::atomic::AtomicBool,
     /// Whether the fused paths (flash attention, GEMM epilogues) are offered.
@@ -322,6 +324,7 @@ impl CudaDevice {
             tables: Mutex::new(multi::Tables::default()),
             bgrad_refused: std::sync::atomic::AtomicBool::new(false),
             capturing: std::sync::atomic::AtomicBool::new(false),
+            nvtx: crate::nvtx::Nvtx::load(),
             fused: std::sync::atomic::AtomicBool::new(
                 std::env::var(UNFUSED_ENV).map_or(true, |v| v.trim() != "1"),
             ),
@@ -503,6 +506,18 @@ impl CudaDevice {
 impl Device for CudaDevice {
     type Buffer = CudaBuffer;
     type Graph = graph::CudaStepGraph;
+
+    fn range_push(&self, name: &str) {
+        if let Some(n) = &self.nvtx {
+            n.push(name);
+        }
+    }
+
+    fn range_pop(&self) {
+        if let Some(n) = &self.nvtx {
+            n.pop();
+        }
+    }
 
     fn info(&self) -> DeviceInfo {
         let mut info = self.info.clone();

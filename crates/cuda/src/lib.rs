@@ -28,6 +28,8 @@ mod error;
 pub mod kernels;
 pub mod loader;
 mod memory;
+mod nvtx;
+pub use nvtx::NVTX_LIB_ENV;
 pub mod nccl;
 
 pub use device::{CudaDevice, CudaStepGraph, UNFUSED_ENV};

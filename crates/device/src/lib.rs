@@ -255,6 +255,16 @@ pub trait Device: Send + Sync + Sized + 'static {
     /// Waits until all queued work has finished, reporting any deferred error.
     fn synchronize(&self) -> Result<()>;
 
+    /// Opens a named range on the profiler timeline (NVTX on CUDA, roctx on HIP, where their
+    /// libraries load; nothing elsewhere), closed by [`Device::range_pop`]. Ranges nest. Host
+    /// side only: inside a recorded graph they mark the recording, not each replay.
+    fn range_push(&self, name: &str) {
+        let _ = name;
+    }
+
+    /// Closes the innermost range of [`Device::range_push`].
+    fn range_pop(&self) {}
+
     /// Whether [`Device::capture_begin`] works here (CUDA graphs; not the CPU).
     fn supports_capture(&self) -> bool {
         false

@@ -929,6 +929,13 @@ impl<D: Device> Gpt<D> {
     /// The forward pass on the tokens already on the device (no host data involved: a
     /// recordable sequence of device ops).
     pub fn forward_loaded(&mut self) -> Result<()> {
+        self.dev.range_push("forward");
+        let r = self.forward_blocks();
+        self.dev.range_pop();
+        r
+    }
+
+    fn forward_blocks(&mut self) -> Result<()> {
         let d = self.dims();
         let v = self.cfg.vocab;
         {
@@ -948,7 +955,9 @@ impl<D: Device> Gpt<D> {
                 self.dev
                     .copy(src, 0, &mut self.seg_inputs[l / every], 0, d.n * d.c)?;
             }
+            self.dev.range_push(&format!("forward block {l}"));
             self.run_block_forward(l, true)?;
+            self.dev.range_pop();
         }
         let dev = &*self.dev;
         let p = &self.params;
@@ -1056,6 +1065,13 @@ impl<D: Device> Gpt<D> {
     /// 0 the final LayerNorm, `1 + k` block `layers − 1 − k`, `layers + 1` the embeddings
     /// (see [`crate::dist::ready_groups`]).
     pub fn backward_hooked(&mut self, ready: &mut GradsReady<'_, D::Buffer>) -> Result<()> {
+        self.dev.range_push("backward");
+        let r = self.backward_blocks(ready);
+        self.dev.range_pop();
+        r
+    }
+
+    fn backward_blocks(&mut self, ready: &mut GradsReady<'_, D::Buffer>) -> Result<()> {
         let d = self.dims();
         let v = self.cfg.vocab;
         let layers = self.cfg.layers;
@@ -1126,6 +1142,7 @@ impl<D: Device> Gpt<D> {
                 } else {
                     &self.blocks[self.slot(l - 1)].res3
                 };
+                self.dev.range_push(&format!("backward block {l}"));
                 block_backward(
                     &*self.dev,
                     &self.params,
@@ -1138,6 +1155,7 @@ impl<D: Device> Gpt<D> {
                     &self.blocks[k],
                     d,
                 )?;
+                self.dev.range_pop();
                 ready(layers - l, &self.grads)?;
             }
         }

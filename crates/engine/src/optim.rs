@@ -279,6 +279,19 @@ impl<D: Device> AdamW<D> {
                 self.m.len()
             )));
         }
+        dev.range_push("optimizer");
+        let r = self.queue_update(dev, params, grads, comm);
+        dev.range_pop();
+        r
+    }
+
+    fn queue_update(
+        &mut self,
+        dev: &D,
+        params: &mut [D::Buffer],
+        grads: &[D::Buffer],
+        comm: Option<&dyn Collective<D>>,
+    ) -> Result<()> {
         let refs: Vec<&D::Buffer> = grads.iter().collect();
         dev.sum_squares_many(&refs, &mut self.norm, 0)?;
         if let Some(c) = comm {

@@ -516,7 +516,12 @@ impl<D: Device> Trainer<D> {
         let count = self.model.load_batch(inputs, targets)?;
         self.opt.prepare_device_step(&*dev, lr)?;
         match &self.graph {
-            StepGraph::Recorded { graph, count: c } if *c == count => dev.replay(graph)?,
+            StepGraph::Recorded { graph, count: c } if *c == count => {
+                dev.range_push("training step (graph replay)");
+                let r = dev.replay(graph);
+                dev.range_pop();
+                r?
+            }
             StepGraph::Unrecorded(0) => {
                 self.queue_step()?;
                 self.graph = StepGraph::Unrecorded(1);

@@ -72,6 +72,8 @@ pub struct HipDevice {
     mem: Arc<MemShared>,
     stream: Arc<Stream>,
     api: Arc<HipApi>,
+    /// roctx ranges for profiler timelines, when the library is present.
+    roctx: Option<crate::roctx::Roctx>,
 }
 
 impl HipDevice {
@@ -173,6 +175,7 @@ impl HipDevice {
             mem,
             stream,
             api,
+            roctx: crate::roctx::Roctx::load(),
         })
     }
 
@@ -237,6 +240,18 @@ impl HipDevice {
 impl Device for HipDevice {
     type Buffer = HipBuffer;
     type Graph = ();
+
+    fn range_push(&self, name: &str) {
+        if let Some(r) = &self.roctx {
+            r.push(name);
+        }
+    }
+
+    fn range_pop(&self) {
+        if let Some(r) = &self.roctx {
+            r.pop();
+        }
+    }
 
     fn info(&self) -> DeviceInfo {
         self.info.clone()

@@ -35,6 +35,8 @@ pub mod hiprtc;
 pub mod kernels;
 pub mod loader;
 mod memory;
+mod roctx;
+pub use roctx::ROCTX_LIB_ENV;
 pub mod rccl;
 pub mod rocblas;
 

@@ -1,0 +1,64 @@
+//! roctx ranges for ROCm profiler timelines (rocprof / rocprofv3): `roctxRangePushA` and
+//! `roctxRangePop`, loaded at run time from libroctx64 (ROCm 6) or the rocprofiler-sdk roctx
+//! library (ROCm 7) when present (`DUET_ROCTX_LIB` names another file). Without it the ranges
+//! cost nothing and do nothing.
+
+use std::ffi::{CString, c_char, c_int};
+
+/// Environment variable naming the roctx library to load.
+pub const ROCTX_LIB_ENV: &str = "DUET_ROCTX_LIB";
+
+type PushFn = unsafe extern "C" fn(*const c_char) -> c_int;
+type PopFn = unsafe extern "C" fn() -> c_int;
+
+pub(crate) struct Roctx {
+    push: PushFn,
+    pop: PopFn,
+    /// Keeps the functions above loaded.
+    _lib: libloading::Library,
+}
+
+impl Roctx {
+    /// The roctx library, if one loads and has both functions.
+    pub(crate) fn load() -> Option<Self> {
+        let mut names: Vec<String> = std::env::var(ROCTX_LIB_ENV).into_iter().collect();
+        names.extend(
+            [
+                "libroctx64.so.4",
+                "libroctx64.so",
+                "librocprofiler-sdk-roctx.so.1",
+                "librocprofiler-sdk-roctx.so",
+            ]
+            .map(String::from),
+        );
+        names.into_iter().find_map(|n| {
+            // SAFETY: loading a shared library runs its initialisers; roctx's only register
+            // its tracing hooks.
+            let lib = unsafe { libloading::Library::new(&n) }.ok()?;
+            // SAFETY: roctx.h: int roctxRangePushA(const char*), int roctxRangePop(void).
+            let (push, pop) = unsafe {
+                (
+                    *lib.get::<PushFn>(b"roctxRangePushA\0").ok()?,
+                    *lib.get::<PopFn>(b"roctxRangePop\0").ok()?,
+                )
+            };
+            Some(Self {
+                push,
+                pop,
+                _lib: lib,
+            })
+        })
+    }
+
+    pub(crate) fn push(&self, name: &str) {
+        if let Ok(c) = CString::new(name) {
+            // SAFETY: a valid NUL-terminated string that outlives the call.
+            unsafe { (self.push)(c.as_ptr()) };
+        }
+    }
+
+    pub(crate) fn pop(&self) {
+        // SAFETY: no arguments.
+        unsafe { (self.pop)() };
+    }
+}

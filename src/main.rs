@@ -106,7 +106,7 @@ pub struct ModelArgs {
     #[arg(long, value_name = "N")]
     pub checkpoint_every: Option<usize>,
     /// Run every step unrecorded (by default a GPU records the step once as a CUDA graph and
-    /// replays it, where nothing in the step needs the host: no fp16 loss scaler, no fp8).
+    /// replays it, where nothing in the step needs the host: no fp16 loss scaler, one GPU).
     #[arg(long)]
     pub no_graphs: bool,
     /// Train on a file: UTF-8 text (byte tokens) or an llm.c `.bin` token shard; its last 10% is

@@ -174,14 +174,15 @@ fn fused_ops_train_like_the_separate_ops() {
 }
 
 /// A recorded (CUDA graph) training step computes exactly what the unrecorded step computes:
-/// fp32 and bf16 runs of 12 steps with and without graphs give bit-identical losses, gradient
-/// norms and weights, and the graphed run really replays a graph.
+/// fp32, bf16 and fp8 (delayed scaling updated between replays) runs of 12 steps with and
+/// without graphs give bit-identical losses, gradient norms and weights, and the graphed run
+/// really replays a graph.
 #[test]
 fn recorded_steps_are_bit_identical() {
     let test = "recorded_steps_are_bit_identical";
     let _guard = lock();
     let Some(g) = gpu(test) else { return };
-    for p in [Precision::Fp32, Precision::Bf16] {
+    for p in [Precision::Fp32, Precision::Bf16, Precision::Fp8] {
         if !p.supported_by(&g.info()) {
             skip!("SKIP {test} ({p}): not supported by {}", g.info().name);
             continue;

@@ -118,7 +118,7 @@ pub struct TrainConfig {
     #[serde(default)]
     pub checkpoint_every: usize,
     /// Record the training step once and replay it (CUDA graphs) where the backend can and the
-    /// step allows it (no loss scaler, no FP8, one device); the results are the same bits.
+    /// step allows it (no loss scaler, one device); the results are the same bits.
     #[serde(default = "default_true")]
     pub graphs: bool,
 }

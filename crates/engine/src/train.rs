@@ -481,8 +481,9 @@ impl<D: Device> Trainer<D> {
     }
 
     /// Whether this step may be recorded and replayed: the backend records graphs, the config
-    /// allows it, and nothing in the step needs the host (no loss scaler deciding skips, no FP8
-    /// scale update between steps, no other ranks).
+    /// allows it, and nothing in the step needs the host (no loss scaler deciding skips, no other
+    /// ranks). FP8's delayed-scaling update runs between replays (it reads the amaxes the step
+    /// recorded and writes the scales the next replay reads, both in device buffers).
     fn graphable(&self) -> bool {
         if matches!(self.graph, StepGraph::Off) {
             return false;
@@ -490,7 +491,6 @@ impl<D: Device> Trainer<D> {
         self.cfg.train.graphs
             && self.scaler.is_none()
             && self.dist.is_none()
-            && self.model.precision() != crate::Precision::Fp8
             && self.model.device().supports_capture()
     }
 

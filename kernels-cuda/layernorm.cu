@@ -1,10 +1,27 @@
 // LayerNorm over the last dimension, forward and backward.
 //
-// Row kernels use one warp per row (8 rows per 256-thread block): loads are coalesced across
-// the warp and the statistics are warp-shuffle reductions. The parameter gradients dgamma/dbeta
-// are column sums over rows; they are computed deterministically in two passes
-// (layernorm_dparams_partial here, colsum_finish in reduce.cu) with a partition fixed by the
-// shape.
+// Fast path (layernorm_fwd_* / layernorm_bwd_* + layernorm_dparams_finish_*): a row is held in
+// registers by a "row group" of G warps (forward: G = 1..8, ⌊8 / G⌋ groups per block;
+// backward: G = 1..4, ⌊4 / G⌋ groups per block). Thread t of a group owns the vectors t,
+// t + 32G, ... of the row (M at most, M a compile-time bound), each of V consecutive elements:
+// V = 16 bytes of the activation type when c is a multiple of that and the buffers are 16-byte
+// aligned (one 128-bit access), else V = 1. G, M and V are chosen by the
+// host (device/layernorm.rs, `plan`) from c and the dtypes, so every summation order is fixed by
+// the shape:
+//   * row statistics: each thread sums its elements in order, then warp_sum (xor tree), then the
+//     group's G warp sums in warp order;
+//   * backward: block b handles the fixed chunk of rows [b·rpc, (b+1)·rpc); group g of the block
+//     handles the chunk's rows g, g + groups, ... in order, accumulates dx and keeps its
+//     columns' dgamma/dbeta sums (shared-memory slots of its own); the groups' sums
+//     are added in group order and written as one partial row per chunk;
+//     layernorm_dparams_finish adds the chunks' partial rows in a fixed order and accumulates
+//     into dgamma and dbeta.
+// No floating-point atomics anywhere.
+//
+// Fallback (rows too wide for the fast path): the row kernels right below use one warp per row
+// (8 rows per 256-thread block) reading global memory for every pass; dgamma/dbeta are computed
+// in two passes (layernorm_dparams_partial here, colsum_finish in reduce.cu) with a partition
+// fixed by the shape.
 #include "common.cuh"
 
 template <typename A, typename P>
@@ -129,3 +146,350 @@ __device__ __forceinline__ void layernorm_dparams_partial_body(
         layernorm_dparams_partial_body(dout, x, mean, rstd, pg, pb, n, c, rows_per_chunk);    \
     }
 FOR_FLOAT(LAYERNORM_DPARAMS)
+
+// ------------------------------------------------------------------ fast path
+
+// V consecutive storage elements, aligned for 128-bit accesses when they fill whole 16 bytes.
+template <typename T, int V>
+struct alignas((V * sizeof(T)) % 16 == 0 ? 16 : sizeof(T)) Vec {
+    T v[V];
+};
+
+template <typename T, int V> __device__ __forceinline__ Vec<T, V> load_vec(const T* p) {
+    Vec<T, V> r;
+    if constexpr ((V * sizeof(T)) % 16 == 0) {
+#pragma unroll
+        for (int i = 0; i < (int)(V * sizeof(T) / 16); ++i)
+            reinterpret_cast<uint4*>(&r)[i] = reinterpret_cast<const uint4*>(p)[i];
+    } else {
+#pragma unroll
+        for (int i = 0; i < V; ++i) r.v[i] = p[i];
+    }
+    return r;
+}
+
+template <typename T, int V> __device__ __forceinline__ void store_vec(T* p, const Vec<T, V>& r) {
+    if constexpr ((V * sizeof(T)) % 16 == 0) {
+#pragma unroll
+        for (int i = 0; i < (int)(V * sizeof(T) / 16); ++i)
+            reinterpret_cast<uint4*>(p)[i] = reinterpret_cast<const uint4*>(&r)[i];
+    } else {
+#pragma unroll
+        for (int i = 0; i < V; ++i) p[i] = r.v[i];
+    }
+}
+
+// Sums K values over the row group of G warps: warp_sum, then the G warp sums in warp order.
+// Every thread of the group gets the same bits. `sh` holds 8·K floats. Must be reached by every
+// thread of the block when G > 1 (it synchronises the block).
+template <int K>
+__device__ __forceinline__ void group_sum(float (&s)[K], float* sh, int G) {
+#pragma unroll
+    for (int k = 0; k < K; ++k) s[k] = warp_sum(s[k]);
+    if (G > 1) {
+        const int w = threadIdx.x >> 5, first = w / G * G;
+        if ((threadIdx.x & 31) == 0) {
+#pragma unroll
+            for (int k = 0; k < K; ++k) sh[k * 8 + w] = s[k];
+        }
+        __syncthreads();
+#pragma unroll
+        for (int k = 0; k < K; ++k) {
+            float t = 0.0f;
+            for (int i = 0; i < G; ++i) t += sh[k * 8 + first + i];
+            s[k] = t;
+        }
+        __syncthreads();
+    }
+}
+
+// out = (x − μ)·rstd·γ + β, one row per group of G warps, the row kept in registers.
+template <typename A, typename P, bool VEC, int M>
+__device__ __forceinline__ void layernorm_fwd_body(const A* __restrict__ x,
+                                                   const P* __restrict__ gamma,
+                                                   const P* __restrict__ beta, A* __restrict__ out,
+                                                   float* __restrict__ mean,
+                                                   float* __restrict__ rstd, int n, int c,
+                                                   float eps, int G) {
+    constexpr int V = VEC ? Pack<A>::N : 1;
+    __shared__ float sh[8];
+    const int gt = G * 32, groups = blockDim.x / gt;
+    const int grp = threadIdx.x / gt, t = threadIdx.x - grp * gt;
+    const int row = blockIdx.x * groups + grp;
+    const bool live = row < n;
+    const int nv = c / V;
+    const u64 base = (u64)(live ? row : 0) * c;
+    Vec<A, V> xr[M];
+#pragma unroll
+    for (int k = 0; k < M; ++k) {
+        const int j = k * gt + t;
+        if (live && j < nv) xr[k] = load_vec<A, V>(x + base + (u64)j * V);
+    }
+    float s[1] = {0.0f};
+#pragma unroll
+    for (int k = 0; k < M; ++k) {
+        if (live && k * gt + t < nv) {
+#pragma unroll
+            for (int e = 0; e < V; ++e) s[0] += to_f32(xr[k].v[e]);
+        }
+    }
+    group_sum<1>(s, sh, G);
+    const float mu = s[0] / (float)c;
+    float q[1] = {0.0f};
+#pragma unroll
+    for (int k = 0; k < M; ++k) {
+        if (live && k * gt + t < nv) {
+#pragma unroll
+            for (int e = 0; e < V; ++e) {
+                const float d = to_f32(xr[k].v[e]) - mu;
+                q[0] += d * d;
+            }
+        }
+    }
+    group_sum<1>(q, sh, G);
+    const float rs = 1.0f / sqrtf(q[0] / (float)c + eps);
+#pragma unroll
+    for (int k = 0; k < M; ++k) {
+        const int j = k * gt + t;
+        if (live && j < nv) {
+            const Vec<P, V> g = load_vec<P, V>(gamma + j * V);
+            const Vec<P, V> b = load_vec<P, V>(beta + j * V);
+            Vec<A, V> o;
+#pragma unroll
+            for (int e = 0; e < V; ++e)
+                o.v[e] = from_f32<A>((to_f32(xr[k].v[e]) - mu) * rs * to_f32(g.v[e]) +
+                                     to_f32(b.v[e]));
+            store_vec<A, V>(out + base + (u64)j * V, o);
+        }
+    }
+    if (live && t == 0) {
+        mean[row] = mu;
+        rstd[row] = rs;
+    }
+}
+
+// Backward for the chunk of rows [blockIdx.x·rpc, min(n, (blockIdx.x + 1)·rpc)):
+//   dx += rstd · (dnorm − mean(dnorm) − x̂ · mean(dnorm · x̂)),  dnorm = dout · γ;
+//   pg[chunk, :] = Σ dout · x̂,  pb[chunk, :] = Σ dout  over the chunk's rows (fixed order).
+// Blocks of at most 128 threads (⌊4 / G⌋ row groups). Each thread keeps its columns' sums in
+// shared-memory slots of its own, leaving the registers to the x, dout and dx vectors of two
+// rows: the next row's loads are issued before the current row is computed.
+template <typename A, int V, int M> struct LnRow {
+    Vec<A, V> x[M], d[M], g[M];  // x, dout, dx (before the update)
+};
+
+template <typename A, int V, int M>
+__device__ __forceinline__ void ln_load_row(LnRow<A, V, M>& r, const A* __restrict__ x,
+                                            const A* __restrict__ dout, const A* __restrict__ dx,
+                                            u64 base, bool live, int t, int gt, int nv) {
+#pragma unroll
+    for (int k = 0; k < M; ++k) {
+        const int j = k * gt + t;
+        if (live && j < nv) {
+            r.x[k] = load_vec<A, V>(x + base + (u64)j * V);
+            r.d[k] = load_vec<A, V>(dout + base + (u64)j * V);
+            r.g[k] = load_vec<A, V>(dx + base + (u64)j * V);
+        }
+    }
+}
+
+template <typename A, typename P, bool VEC, int M>
+__device__ __forceinline__ void layernorm_bwd_body(
+    const A* __restrict__ dout, const A* __restrict__ x, const P* __restrict__ gamma,
+    const float* __restrict__ mean, const float* __restrict__ rstd, A* __restrict__ dx,
+    float* __restrict__ pg, float* __restrict__ pb, int n, int c, int rpc, int G) {
+    constexpr int V = VEC ? Pack<A>::N : 1;
+    constexpr int E = M * V;  // elements per thread
+    constexpr int B = 128;    // most threads per block (slot stride)
+    __shared__ float sh[16];
+    // sacc[slot·B + thread]: Σ dout · x̂; sacc[(E + slot)·B + thread]: Σ dout.
+    __shared__ float sacc[2 * E * B];
+    const int tid = threadIdx.x;
+    const int gt = G * 32, groups = blockDim.x / gt;
+    const int grp = tid / gt, t = tid - grp * gt;
+    const int nv = c / V;
+    const int r0 = blockIdx.x * rpc, r1 = min(n, r0 + rpc);
+#pragma unroll
+    for (int i = 0; i < 2 * E; ++i) sacc[i * B + tid] = 0.0f;
+    const int iters = (rpc + groups - 1) / groups;
+    LnRow<A, V, M> cur, nxt;
+    {
+        const int row = r0 + grp;
+        ln_load_row(cur, x, dout, dx, (u64)(row < r1 ? row : 0) * c, row < r1, t, gt, nv);
+    }
+    for (int it = 0; it < iters; ++it) {
+        const int row = r0 + it * groups + grp;
+        const bool live = row < r1;
+        const u64 base = (u64)(live ? row : 0) * c;
+        {
+            const int nrow = row + groups;
+            const bool nlive = it + 1 < iters && nrow < r1;
+            ln_load_row(nxt, x, dout, dx, (u64)(nlive ? nrow : 0) * c, nlive, t, gt, nv);
+        }
+        const float mu = live ? mean[row] : 0.0f, rs = live ? rstd[row] : 0.0f;
+        float s[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int k = 0; k < M; ++k) {
+            const int j = k * gt + t;
+            if (live && j < nv) {
+                const Vec<P, V> g = load_vec<P, V>(gamma + j * V);
+#pragma unroll
+                for (int e = 0; e < V; ++e) {
+                    const float xh = (to_f32(cur.x[k].v[e]) - mu) * rs;
+                    const float dn = to_f32(cur.d[k].v[e]) * to_f32(g.v[e]);
+                    s[0] += dn;
+                    s[1] += dn * xh;
+                }
+            }
+        }
+        group_sum<2>(s, sh, G);
+        const float m1 = s[0] / (float)c, m2 = s[1] / (float)c;
+#pragma unroll
+        for (int k = 0; k < M; ++k) {
+            const int j = k * gt + t;
+            if (live && j < nv) {
+                const Vec<P, V> g = load_vec<P, V>(gamma + j * V);
+                Vec<A, V> o;
+#pragma unroll
+                for (int e = 0; e < V; ++e) {
+                    const float d = to_f32(cur.d[k].v[e]);
+                    const float xh = (to_f32(cur.x[k].v[e]) - mu) * rs;
+                    const float dn = d * to_f32(g.v[e]);
+                    o.v[e] = from_f32<A>(to_f32(cur.g[k].v[e]) + (dn - m1 - xh * m2) * rs);
+                    sacc[(k * V + e) * B + tid] += d * xh;
+                    sacc[(E + k * V + e) * B + tid] += d;
+                }
+                store_vec<A, V>(dx + base + (u64)j * V, o);
+            }
+        }
+        cur = nxt;
+    }
+    // Group 0 adds the row groups' sums in group order and writes the chunk's partial rows.
+    __syncthreads();
+    if (grp == 0) {
+        const u64 prow = (u64)blockIdx.x * c;
+#pragma unroll
+        for (int k = 0; k < M; ++k) {
+            const int j = k * gt + t;
+            if (j < nv) {
+                float ag[V], ab[V];
+#pragma unroll
+                for (int e = 0; e < V; ++e) {
+                    const int sg = (k * V + e) * B + t, sb = (E + k * V + e) * B + t;
+                    float a = sacc[sg], b = sacc[sb];
+                    for (int q = 1; q < groups; ++q) {
+                        a += sacc[sg + q * gt];
+                        b += sacc[sb + q * gt];
+                    }
+                    ag[e] = a;
+                    ab[e] = b;
+                }
+                float* qg = pg + prow + (u64)j * V;
+                float* qb = pb + prow + (u64)j * V;
+                if constexpr (V % 4 == 0) {
+#pragma unroll
+                    for (int e = 0; e < V; e += 4) {
+                        reinterpret_cast<float4*>(qg)[e / 4] =
+                            make_float4(ag[e], ag[e + 1], ag[e + 2], ag[e + 3]);
+                        reinterpret_cast<float4*>(qb)[e / 4] =
+                            make_float4(ab[e], ab[e + 1], ab[e + 2], ab[e + 3]);
+                    }
+                } else {
+#pragma unroll
+                    for (int e = 0; e < V; ++e) {
+                        qg[e] = ag[e];
+                        qb[e] = ab[e];
+                    }
+                }
+            }
+        }
+    }
+}
+
+// Entry points: layernorm_fwd_<act>_<param>_<v|s><M> and layernorm_bwd_..., v = 16-byte
+// vectors, s = single elements, M = vectors per thread (host: layernorm.rs, `plan`).
+#define LN_FWD(A, SA, P, SP, VEC, VN, M)                                                      \
+    extern "C" __global__ void __launch_bounds__(256)                                         \
+        layernorm_fwd_##SA##_##SP##_##VN##M(const A* __restrict__ x,                          \
+                                            const P* __restrict__ gamma,                      \
+                                            const P* __restrict__ beta, A* __restrict__ out,  \
+                                            float* __restrict__ mean,                         \
+                                            float* __restrict__ rstd, int n, int c,           \
+                                            float eps, int G) {                               \
+        layernorm_fwd_body<A, P, VEC, M>(x, gamma, beta, out, mean, rstd, n, c, eps, G);      \
+    }
+#define LN_BWD(A, SA, P, SP, VEC, VN, M)                                                      \
+    extern "C" __global__ void __launch_bounds__(128, 4) layernorm_bwd_##SA##_##SP##_##VN##M( \
+        const A* __restrict__ dout, const A* __restrict__ x, const P* __restrict__ gamma,     \
+        const float* __restrict__ mean, const float* __restrict__ rstd, A* __restrict__ dx,   \
+        float* __restrict__ pg, float* __restrict__ pb, int n, int c, int rpc, int G) {       \
+        layernorm_bwd_body<A, P, VEC, M>(dout, x, gamma, mean, rstd, dx, pg, pb, n, c, rpc,   \
+                                         G);                                                  \
+    }
+#define LN_BOTH(A, SA, P, SP, VEC, VN, M)                                                     \
+    LN_FWD(A, SA, P, SP, VEC, VN, M) LN_BWD(A, SA, P, SP, VEC, VN, M)
+// M in {1, 2, 3, 4, 6}; vectorised: at most 24 elements per thread forward and 3 vectors
+// (48 bytes of each of x, dout and dx) per thread backward.
+#define LN_SET(A, SA, P, SP)                                                                  \
+    LN_BOTH(A, SA, P, SP, false, s, 1)                                                        \
+    LN_BOTH(A, SA, P, SP, false, s, 2)                                                        \
+    LN_BOTH(A, SA, P, SP, false, s, 3)                                                        \
+    LN_BOTH(A, SA, P, SP, false, s, 4)                                                        \
+    LN_BOTH(A, SA, P, SP, false, s, 6)                                                        \
+    LN_BOTH(A, SA, P, SP, true, v, 1)                                                         \
+    LN_BOTH(A, SA, P, SP, true, v, 2) LN_BOTH(A, SA, P, SP, true, v, 3)
+LN_SET(float, f32, float, f32)
+LN_FWD(float, f32, float, f32, true, v, 4)
+LN_FWD(float, f32, float, f32, true, v, 6)
+LN_SET(bf16_t, bf16, bf16_t, bf16)
+LN_SET(bf16_t, bf16, float, f32)
+LN_SET(f16_t, f16, f16_t, f16)
+LN_SET(f16_t, f16, float, f32)
+
+// dgamma[col] += Σ_k pg[k·c + col] and dbeta[col] += Σ_k pb[k·c + col] (blockIdx.y picks
+// which).
+// Block (32, 32), grid (⌈c / 32⌉, 2): thread row y adds chunks y, y + 32, ... in order, then the
+// 32 sums are added in y order.
+template <typename G>
+__device__ __forceinline__ void layernorm_dparams_finish_body(const float* __restrict__ pg,
+                                                              const float* __restrict__ pb,
+                                                              G* __restrict__ dgamma,
+                                                              G* __restrict__ dbeta, int chunks,
+                                                              int c) {
+    __shared__ float sh[32][33];
+    const float* part = blockIdx.y == 0 ? pg : pb;
+    G* out = blockIdx.y == 0 ? dgamma : dbeta;
+    const int col = blockIdx.x * 32 + threadIdx.x;
+    float s = 0.0f;
+    if (col < c) {
+        int k = threadIdx.y;
+        // Four loads in flight per step; the additions stay in chunk order.
+        for (; k + 96 < chunks; k += 128) {
+            const float a0 = part[(u64)k * c + col];
+            const float a1 = part[(u64)(k + 32) * c + col];
+            const float a2 = part[(u64)(k + 64) * c + col];
+            const float a3 = part[(u64)(k + 96) * c + col];
+            s += a0;
+            s += a1;
+            s += a2;
+            s += a3;
+        }
+        for (; k < chunks; k += 32) s += part[(u64)k * c + col];
+    }
+    sh[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y == 0 && col < c) {
+        float t = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 32; ++i) t += sh[i][threadIdx.x];
+        out[col] = from_f32<G>(to_f32(out[col]) + t);
+    }
+}
+
+#define LAYERNORM_FINISH(T, S)                                                                \
+    extern "C" __global__ void layernorm_dparams_finish_##S(                                  \
+        const float* __restrict__ pg, const float* __restrict__ pb, T* __restrict__ dgamma,   \
+        T* __restrict__ dbeta, int chunks, int c) {                                           \
+        layernorm_dparams_finish_body(pg, pb, dgamma, dbeta, chunks, c);                      \
+    }
+FOR_FLOAT(LAYERNORM_FINISH)

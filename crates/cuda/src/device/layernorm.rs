@@ -1,6 +1,88 @@
 //! LayerNorm forward and backward (kernels-cuda/layernorm.cu).
+//!
+//! Fast path: the row is held in registers by a group of `g` warps, each thread owning `m`
+//! vectors of the row ([`plan`]); the backward is one kernel over fixed chunks of rows (dx plus
+//! one dgamma/dbeta partial row per chunk) and one finish kernel for both parameter gradients.
+//! Rows too wide for the fast kernels use the original warp-per-row kernels. Every choice
+//! depends on the shape and dtypes only (buffers are allocation-aligned), so the summation
+//! orders are fixed and the results bit-reproducible.
 
 use super::*;
+
+/// Vectors per thread the fast kernels are instantiated for.
+const LN_M: [usize; 5] = [1, 2, 3, 4, 6];
+/// Warps per block of the fast forward (at most; `⌊8 / g⌋` row groups of `g` warps).
+const LN_WARPS: usize = 8;
+/// Warps per block of the fused backward (at most; `⌊4 / g⌋` row groups of `g` warps).
+const LN_BWD_WARPS: usize = 4;
+/// Most chunks (partial rows) of the fused backward.
+const LN_MAX_CHUNKS: usize = 512;
+
+/// How the fast LayerNorm kernels split a row of `c` elements.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Plan {
+    /// 16-byte vectors (`c` a multiple of the vector width, buffers 16-byte aligned), else
+    /// single elements.
+    vec: bool,
+    /// Warps per row (1..=8).
+    g: usize,
+    /// Vectors per thread (one of [`LN_M`]).
+    m: usize,
+}
+
+impl Plan {
+    /// Kernel name of this plan: `layernorm_{fwd|bwd}_<act>_<param>_<v|s><m>`.
+    fn kernel(&self, pass: &str, sa: &str, sp: &str) -> String {
+        let v = if self.vec { 'v' } else { 's' };
+        format!("layernorm_{pass}_{sa}_{sp}_{v}{}", self.m)
+    }
+
+    /// Row groups per block and threads per block, for blocks of at most `warps` warps.
+    fn block(&self, warps: usize) -> (usize, u32) {
+        let groups = warps / self.g;
+        (groups, (groups * self.g * 32) as u32)
+    }
+}
+
+/// The split of a row for the fast kernels, or `None` when the row is too wide for them.
+/// Among the group sizes (forward up to 8 warps, backward up to 4) whose threads need at most
+/// the instantiated vectors each (forward: 24 elements per thread vectorised; backward: 3
+/// vectors of 16 bytes; single elements: 6), picks the one with the fewest thread slots, then
+/// the fewest warps per row.
+fn plan(c: usize, act: DType, aligned: bool, backward: bool) -> Option<Plan> {
+    let pack = 16 / act.size_bytes();
+    let vec = aligned && c.is_multiple_of(pack);
+    let (width, max_m) = match (vec, backward) {
+        (false, _) => (1, 6),
+        (true, true) => (pack, 3),
+        (true, false) => (pack, 24 / pack),
+    };
+    let nv = c / width;
+    let mut best: Option<(usize, Plan)> = None;
+    let max_g = if backward { LN_BWD_WARPS } else { LN_WARPS };
+    for g in 1..=max_g {
+        let per = nv.div_ceil(32 * g);
+        let Some(&m) = LN_M.iter().find(|&&m| m >= per && m <= max_m) else {
+            continue;
+        };
+        let slots = 32 * g * per;
+        if best.is_none_or(|(s, _)| slots < s) {
+            best = Some((slots, Plan { vec, g, m }));
+        }
+    }
+    best.map(|(_, p)| p)
+}
+
+/// Rows per chunk of the fused backward: a multiple of 4 (every row group gets the same number
+/// of rows), at least 4, and at most [`LN_MAX_CHUNKS`] chunks. A function of `n` only.
+fn ln_rows_per_chunk(n: usize) -> usize {
+    n.div_ceil(LN_MAX_CHUNKS).max(4).next_multiple_of(4)
+}
+
+/// Whether every address is 16-byte aligned (always true for whole allocations).
+fn aligned16(ptrs: &[u64]) -> bool {
+    ptrs.iter().all(|p| p.is_multiple_of(16))
+}
 
 impl CudaDevice {
     #[allow(clippy::too_many_arguments)]
@@ -40,6 +122,35 @@ impl CudaDevice {
         if n == 0 {
             return Ok(());
         }
+        let aligned = aligned16(&[x.ptr(), gamma.ptr(), beta.ptr(), out.ptr()]);
+        if let Some(p) = plan(c, act, aligned, false) {
+            let f = self.func(KernelModule::LayerNorm, &p.kernel("fwd", sa, sp))?;
+            let (groups, threads) = p.block(LN_WARPS);
+            // SAFETY: layernorm_fwd_*(const A*, const P*, const P*, A*, float*, float*, int n,
+            // int c, float eps, int G): rows < n, `groups` rows of G warps per block; x/out hold
+            // n·c, gamma/beta c, mean/rstd n elements; vector accesses only when `aligned` and
+            // c is a multiple of the vector width (`plan`).
+            return unsafe {
+                kernels::launch(
+                    &self.stream,
+                    &f,
+                    cfg((grid_dim(OP, n.div_ceil(groups))?, 1, 1), (threads, 1, 1)),
+                    &[
+                        x.ptr().into(),
+                        gamma.ptr().into(),
+                        beta.ptr().into(),
+                        out.ptr().into(),
+                        mean.ptr().into(),
+                        rstd.ptr().into(),
+                        dim(OP, "n", n)?.into(),
+                        dim(OP, "c", c)?.into(),
+                        eps.into(),
+                        (p.g as i32).into(),
+                    ],
+                )
+            };
+        }
+        // Rows too wide for the fast kernel: one warp per row.
         let f = self.func(
             KernelModule::LayerNorm,
             &format!("layernorm_forward_{sa}_{sp}"),
@@ -111,6 +222,68 @@ impl CudaDevice {
             return Ok(());
         }
         let (ni, ci) = (dim(OP, "n", n)?, dim(OP, "c", c)?);
+        let aligned = aligned16(&[dout.ptr(), x.ptr(), gamma.ptr(), dx.ptr()]);
+        if let Some(p) = plan(c, act, aligned, true) {
+            let sg = float_sfx(OP, dgamma.dtype())?;
+            let rpc = ln_rows_per_chunk(n);
+            let chunks = n.div_ceil(rpc);
+            let part_bytes = align_up(chunks * c * 4);
+            let mut scratch = lock(&self.scratch, OP)?;
+            let pg = scratch.get(&self.ctx, &self.stream, 2 * part_bytes, &self.mem)?;
+            let pb = pg + part_bytes as u64;
+            let f = self.func(KernelModule::LayerNorm, &p.kernel("bwd", sa, sp))?;
+            let (_, threads) = p.block(LN_BWD_WARPS);
+            // SAFETY: layernorm_bwd_*(const A*, const A*, const P*, const float*, const float*,
+            // A*, float*, float*, int n, int c, int rpc, int G): block b handles rows
+            // [b·rpc, min(n, (b+1)·rpc)) of buffers holding n·c / c / n elements and writes row b
+            // of the two chunks × c f32 partial areas (scratch of 2·part_bytes); vector accesses
+            // only when `aligned` and c is a multiple of the vector width (`plan`).
+            unsafe {
+                kernels::launch(
+                    &self.stream,
+                    &f,
+                    cfg((grid_dim(OP, chunks)?, 1, 1), (threads, 1, 1)),
+                    &[
+                        dout.ptr().into(),
+                        x.ptr().into(),
+                        gamma.ptr().into(),
+                        mean.ptr().into(),
+                        rstd.ptr().into(),
+                        dx.ptr().into(),
+                        pg.into(),
+                        pb.into(),
+                        ni.into(),
+                        ci.into(),
+                        dim(OP, "rows per chunk", rpc)?.into(),
+                        (p.g as i32).into(),
+                    ],
+                )?;
+            }
+            let ff = self.func(
+                KernelModule::LayerNorm,
+                &format!("layernorm_dparams_finish_{sg}"),
+            )?;
+            // SAFETY: layernorm_dparams_finish(const float*, const float*, G*, G*, int chunks,
+            // int c): block (32, 32), grid (⌈c/32⌉, 2); reads chunks·c partials from each area and
+            // updates c elements of dgamma and dbeta (dtype G, checked above).
+            return unsafe {
+                kernels::launch(
+                    &self.stream,
+                    &ff,
+                    cfg((grid_dim(OP, c.div_ceil(32))?, 2, 1), (32, 32, 1)),
+                    &[
+                        pg.into(),
+                        pb.into(),
+                        dgamma.ptr().into(),
+                        dbeta.ptr().into(),
+                        dim(OP, "chunks", chunks)?.into(),
+                        ci.into(),
+                    ],
+                )
+            };
+        }
+        // Rows too wide for the fused kernel: dx with one warp per row, then the parameter
+        // gradients in two passes.
         let f = self.func(
             KernelModule::LayerNorm,
             &format!("layernorm_backward_dx_{sa}_{sp}"),
@@ -176,5 +349,40 @@ impl CudaDevice {
             unsafe { self.colsum_finish(OP, partial, out.ptr(), out.dtype(), chunks, c)? };
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plans() {
+        let p = |c, act, bwd| plan(c, act, true, bwd);
+        let v = |g, m| Some(Plan { vec: true, g, m });
+        let s = |g, m| Some(Plan { vec: false, g, m });
+        assert_eq!(p(768, DType::BF16, false), v(1, 3));
+        assert_eq!(p(768, DType::BF16, true), v(1, 3));
+        assert_eq!(p(2048, DType::BF16, false), v(4, 2));
+        assert_eq!(p(2048, DType::BF16, true), v(4, 2));
+        assert_eq!(p(768, DType::F32, false), v(1, 6));
+        assert_eq!(p(768, DType::F32, true), v(2, 3));
+        assert_eq!(p(1, DType::F32, true), s(1, 1));
+        assert_eq!(p(7, DType::BF16, false), s(1, 1));
+        assert_eq!(p(100, DType::BF16, true), s(1, 4));
+        assert_eq!(p(100, DType::F32, true), v(1, 1));
+        assert_eq!(plan(768, DType::BF16, false, true), s(4, 6));
+        assert_eq!(p(3072, DType::BF16, true), v(4, 3));
+        assert_eq!(p(3080, DType::BF16, true), None);
+        assert_eq!(p(6144, DType::BF16, false), v(8, 3));
+        assert_eq!(p(6152, DType::BF16, false), None);
+        assert_eq!(p(769, DType::F16, true), None);
+        assert_eq!(p(1537, DType::F16, false), None);
+        assert_eq!(ln_rows_per_chunk(1), 4);
+        assert_eq!(ln_rows_per_chunk(8192), 16);
+        assert_eq!(ln_rows_per_chunk(1 << 20), 2048);
+        for n in [1usize, 7, 8, 9, 100, 2049, 8192, 70000, 1 << 22] {
+            assert!(n.div_ceil(ln_rows_per_chunk(n)) <= LN_MAX_CHUNKS);
+        }
     }
 }

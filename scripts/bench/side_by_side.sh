@@ -101,7 +101,8 @@ if not rows: sys.exit("no ncu rows")
 h = rows[0]; ki = h.index("Kernel Name"); vi = h.index("Metric Value"); ui = h.index("Metric Unit")
 tot = collections.Counter(); cnt = collections.Counter()
 for r in rows[1:]:
-    v = float(r[vi].replace(",", "")); v = v / 1e3 if r[ui] == "nsecond" else v * (1e3 if r[ui] == "msecond" else 1)
+    # to microseconds (ncu 2025+ writes "ns"/"us"/"ms", older versions "nsecond"/...)
+    v = float(r[vi].replace(",", "")) * {"ns": 1e-3, "nsecond": 1e-3, "ms": 1e3, "msecond": 1e3}.get(r[ui], 1.0)
     k = r[ki].split("(")[0][:60]; tot[k] += v; cnt[k] += 1
 s = sum(tot.values())
 print(f"kernels {sum(cnt.values())}, GPU time {s/1e3:.2f} ms (us below)")

@@ -503,6 +503,54 @@ impl CudaDevice {
     }
 }
 
+impl CudaDevice {
+    /// `out[slot] += Σ partial[0..count)` in a fixed order (sum_squares_finish in reduce.cu).
+    ///
+    /// # Safety
+    /// `partial` must hold `count` f64 partial sums written by earlier queued work, and `slot`
+    /// must lie inside `out` (f32).
+    pub(super) unsafe fn sum_squares_finish(
+        &self,
+        op: &'static str,
+        partial: u64,
+        count: usize,
+        out: &CudaBuffer,
+        slot: usize,
+    ) -> Result<()> {
+        let count = i32::try_from(count).map_err(|_| error::too_large(op, "partials", count))?;
+        let ff = self.func(KernelModule::Reduce, "sum_squares_finish")?;
+        // SAFETY: sum_squares_finish(const double*, int count, float*, u64 slot), one block of
+        // 256 threads; sizes from the caller.
+        unsafe {
+            kernels::launch(
+                &self.stream,
+                &ff,
+                cfg((1, 1, 1), (256, 1, 1)),
+                &[
+                    partial.into(),
+                    count.into(),
+                    out.ptr().into(),
+                    (slot as u64).into(),
+                ],
+            )
+        }
+    }
+
+    /// The cuBLASLt handle (created on first use), for one call.
+    pub(super) fn with_lt<R>(
+        &self,
+        op: &str,
+        f: impl FnOnce(&mut BlasLt) -> Result<R>,
+    ) -> Result<R> {
+        self.bind()?;
+        let mut lt = lock(&self.blas_lt, op)?;
+        if lt.is_none() {
+            *lt = Some(BlasLt::new(&self.ctx, &self.stream, self.cc, &self.mem)?);
+        }
+        f(lt.as_mut().expect("created above"))
+    }
+}
+
 impl Device for CudaDevice {
     type Buffer = CudaBuffer;
     type Graph = graph::CudaStepGraph;
@@ -1510,22 +1558,8 @@ impl Device for CudaDevice {
                 &[x.ptr().into(), (n as u64).into(), partial.into()],
             )?;
         }
-        let ff = self.func(KernelModule::Reduce, "sum_squares_finish")?;
-        // SAFETY: sum_squares_finish(const double*, int count, float*, u64 slot): `blocks`
-        // partials, slot < out.len() (checked).
-        unsafe {
-            kernels::launch(
-                &self.stream,
-                &ff,
-                cfg((1, 1, 1), (256, 1, 1)),
-                &[
-                    partial.into(),
-                    (blocks as i32).into(),
-                    out.ptr().into(),
-                    (slot as u64).into(),
-                ],
-            )
-        }
+        // SAFETY: `blocks` partials just written; slot < out.len() (checked).
+        unsafe { self.sum_squares_finish(OP, partial, blocks, out, slot) }
     }
 }
 
@@ -1631,21 +1665,9 @@ impl CudaDevice {
         b_slot: usize,
     ) -> Result<()> {
         blaslt::validate(desc, a, b, c, scale_inv, a_slot, b_slot, self.cc)?;
-        self.bind()?;
-        let mut lt = lock(&self.blas_lt, "gemm_fp8")?;
-        if lt.is_none() {
-            *lt = Some(BlasLt::new(&self.ctx, &self.stream, self.cc, &self.mem)?);
-        }
-        lt.as_mut().expect("created above").gemm_fp8(
-            &self.stream,
-            desc,
-            a,
-            b,
-            c,
-            scale_inv,
-            a_slot,
-            b_slot,
-        )
+        self.with_lt("gemm_fp8", |lt| {
+            lt.gemm_fp8(&self.stream, desc, a, b, c, scale_inv, a_slot, b_slot)
+        })
     }
 
     /// The function and grid size of a head permutation over `n` elements.

@@ -275,27 +275,18 @@ pub trait Device: Send + Sync + Sized + 'static {
     /// between replays must live in device buffers written before each replay. While recording,
     /// nothing may allocate, upload, download or synchronise (those return an error).
     fn capture_begin(&self) -> Result<()> {
-        Err(DeviceError::InvalidArgument(format!(
-            "the {} backend cannot record graphs",
-            self.info().backend
-        )))
+        Err(no_graphs(self))
     }
 
     /// Ends recording and returns the graph (also after a failed op: recording always stops).
     fn capture_end(&self) -> Result<Self::Graph> {
-        Err(DeviceError::InvalidArgument(format!(
-            "the {} backend cannot record graphs",
-            self.info().backend
-        )))
+        Err(no_graphs(self))
     }
 
     /// Queues a recorded graph: its ops run again, in order, on the current buffer contents.
     fn replay(&self, graph: &Self::Graph) -> Result<()> {
         let _ = graph;
-        Err(DeviceError::InvalidArgument(format!(
-            "the {} backend cannot record graphs",
-            self.info().backend
-        )))
+        Err(no_graphs(self))
     }
 
     fn memory_stats(&self) -> MemoryStats;
@@ -689,6 +680,14 @@ pub trait Device: Send + Sync + Sized + 'static {
         a_slot: usize,
         b_slot: usize,
     ) -> Result<()>;
+}
+
+/// The error of the graph methods on a backend that cannot record.
+fn no_graphs<D: Device>(dev: &D) -> DeviceError {
+    DeviceError::InvalidArgument(format!(
+        "the {} backend cannot record graphs",
+        dev.info().backend
+    ))
 }
 
 /// Typed helpers on top of the byte-level copies.

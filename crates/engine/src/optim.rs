@@ -285,6 +285,7 @@ impl<D: Device> AdamW<D> {
         r
     }
 
+    /// [`AdamW::queue_device_step`] after its checks (inside the profiler range).
     fn queue_update(
         &mut self,
         dev: &D,

@@ -1,8 +1,8 @@
 //! GEMMs with fused epilogues through cuBLASLt (bias, bias + GELU with the pre-activation kept,
 //! GELU backward): see [`duet_device::Device::gemm_epilogue`].
 
-use super::{CudaDevice, lock};
-use crate::blaslt::{BlasLt, LtEpilogue, float_type};
+use super::CudaDevice;
+use crate::blaslt::{LtEpilogue, float_type};
 use crate::memory::CudaBuffer;
 use duet_device::{Buffer, DType, Device, DeviceError, Epilogue, GemmDesc, Result};
 
@@ -119,24 +119,7 @@ impl CudaDevice {
                 return self.gemm_bias_grad(desc, a, b, c, dbias);
             }
         };
-        let ty = float_type(dt).expect("bf16/f16");
-        self.bind()?;
-        let first = {
-            let mut lt = lock(&self.blas_lt, OP)?;
-            if lt.is_none() {
-                *lt = Some(BlasLt::new(&self.ctx, &self.stream, self.cc, &self.mem)?);
-            }
-            lt.as_mut().expect("created above").matmul(
-                &self.stream,
-                desc,
-                a,
-                b,
-                c,
-                (ty, ty),
-                None,
-                lt_epi,
-            )
-        };
+        let first = self.lt_matmul(desc, a, b, c, lt_epi);
         match (first, bias) {
             (Ok(()), _) => Ok(()),
             // cuBLASLt versions without f32 bias for 16-bit outputs: the bias goes in C's dtype.
@@ -156,20 +139,25 @@ impl CudaDevice {
                     },
                     other => other,
                 };
-                let mut lt = lock(&self.blas_lt, OP)?;
-                lt.as_mut().expect("created above").matmul(
-                    &self.stream,
-                    desc,
-                    a,
-                    b,
-                    c,
-                    (ty, ty),
-                    None,
-                    lt_epi,
-                )
+                self.lt_matmul(desc, a, b, c, lt_epi)
             }
             (Err(e), _) => Err(e),
         }
+    }
+
+    /// One 16-bit cuBLASLt matmul (A and B of A's dtype, no scales) with `epi`.
+    fn lt_matmul(
+        &self,
+        desc: &GemmDesc,
+        a: &CudaBuffer,
+        b: &CudaBuffer,
+        c: &mut CudaBuffer,
+        epi: LtEpilogue,
+    ) -> Result<()> {
+        let ty = float_type(a.dtype()).expect("bf16/f16");
+        self.with_lt(OP, |lt| {
+            lt.matmul(&self.stream, desc, a, b, c, (ty, ty), None, epi)
+        })
     }
 
     /// The weight-gradient GEMM with cuBLASLt's BGRADB epilogue; where this cuBLASLt cannot
@@ -183,28 +171,12 @@ impl CudaDevice {
         dbias: &mut CudaBuffer,
     ) -> Result<()> {
         use std::sync::atomic::Ordering;
-        let ty = float_type(a.dtype()).expect("bf16/f16");
         if !self.bgrad_refused.load(Ordering::Relaxed) {
-            self.bind()?;
-            let mut lt = lock(&self.blas_lt, OP)?;
-            if lt.is_none() {
-                *lt = Some(BlasLt::new(&self.ctx, &self.stream, self.cc, &self.mem)?);
-            }
             let epi = LtEpilogue::BGradB {
                 bias: dbias.ptr(),
                 dtype: DType::F32,
             };
-            let r = lt.as_mut().expect("created above").matmul(
-                &self.stream,
-                desc,
-                a,
-                b,
-                c,
-                (ty, ty),
-                None,
-                epi,
-            );
-            match r {
+            match self.lt_matmul(desc, a, b, c, epi) {
                 Ok(()) => return Ok(()),
                 Err(_) => self.bgrad_refused.store(true, Ordering::Relaxed),
             }

@@ -143,22 +143,8 @@ impl CudaDevice {
                 &[table.into(), partial.into()],
             )?;
         }
-        let ff = self.func(KernelModule::Reduce, "sum_squares_finish")?;
-        // SAFETY: sum_squares_finish(const double*, int count, float*, u64 slot): `count`
-        // partials, slot < out.len() (checked).
-        unsafe {
-            kernels::launch(
-                &self.stream,
-                &ff,
-                cfg((1, 1, 1), (256, 1, 1)),
-                &[
-                    partial.into(),
-                    (count as i32).into(),
-                    out.ptr().into(),
-                    (slot as u64).into(),
-                ],
-            )
-        }
+        // SAFETY: `count` partials just written; slot < out.len() (checked).
+        unsafe { self.sum_squares_finish(OP, partial, count, out, slot) }
     }
 
     pub(super) fn adamw_clipped_impl(

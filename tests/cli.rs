@@ -64,6 +64,25 @@ fn bad_configs_fail_cleanly() {
 }
 
 #[test]
+fn no_graphs_flag_runs() {
+    let out = duet(&[
+        "train",
+        "--preset",
+        "tiny",
+        "--steps",
+        "2",
+        "--eval-sequences",
+        "0",
+        "--no-graphs",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
 fn unknown_flag_is_a_usage_error() {
     let out = duet(&["train", "--no-such-flag"]);
     assert_eq!(out.status.code(), Some(2));

@@ -809,3 +809,23 @@ pub fn check_float<B: Buffer>(op: &'static str, buf: &B) -> Result<()> {
         }),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::clip_grad_scale;
+
+    #[test]
+    fn clip_grad_scale_follows_clip_grad_norm() {
+        // No clipping below the threshold, or with clipping off.
+        assert_eq!(clip_grad_scale(0.25, 1.0, 1.0), 1.0);
+        assert_eq!(clip_grad_scale(100.0, 0.0, 1.0), 1.0);
+        // Norm 2 clipped to 1: max_norm / (norm + 1e-6).
+        assert_eq!(clip_grad_scale(4.0, 1.0, 1.0), 1.0 / (2.0 + 1e-6));
+        // Loss-scaled gradients: the norm is unscaled first, the factor carries 1/scale.
+        let s = clip_grad_scale(16.0, 1.0, 2.0);
+        assert_eq!(s, ((1.0f32 / (2.0 + 1e-6)) as f64 / 2.0) as f32);
+        assert_eq!(clip_grad_scale(0.25, 1.0, 4.0), 0.25);
+        // Non-finite norms give no clipping factor (the step then fails or is skipped).
+        assert_eq!(clip_grad_scale(f32::NAN, 1.0, 1.0), 1.0);
+    }
+}

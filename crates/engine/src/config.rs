@@ -425,6 +425,15 @@ mod tests {
     }
 
     #[test]
+    fn graphs_default_on_and_toml_can_turn_them_off() {
+        let base = Config::preset(Preset::Seed);
+        assert!(base.train.graphs);
+        let c = Config::from_toml_str("[train]\ngraphs = false\n", base.clone()).unwrap();
+        assert!(!c.train.graphs);
+        assert!(Config::from_toml_str("[train]\ngraphs = \"no\"\n", base).is_err());
+    }
+
+    #[test]
     fn validation_rejects_bad_shapes() {
         let mut c = Config::preset(Preset::Default);
         c.model.heads = 3;

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{duet, tmp};
+use common::{assert_success, duet, tmp};
 
 /// Fails with exit code 1, one `error:` line naming `needle`, and no panic.
 fn assert_clean_error(args: &[&str], needle: &str) {
@@ -75,11 +75,7 @@ fn no_graphs_flag_runs() {
         "0",
         "--no-graphs",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out);
 }
 
 #[test]
@@ -149,11 +145,7 @@ fn generation_check_runs_on_a_small_model() {
         "0",
     ]);
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out);
     assert!(
         stdout.contains("greedy generation on 8 held-out progressions"),
         "{stdout}"

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{duet, tmp};
+use common::{assert_success, duet, tmp};
 
 fn train_trace(path: &std::path::Path, threads: &str, extra: &[&str]) {
     let mut args = vec![
@@ -21,11 +21,7 @@ fn train_trace(path: &std::path::Path, threads: &str, extra: &[&str]) {
     ];
     args.extend_from_slice(extra);
     let out = duet(&args);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out);
 }
 
 #[test]

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{duet, tmp};
+use common::{assert_success, duet, tmp};
 use std::path::Path;
 use std::process::Command;
 
@@ -44,17 +44,9 @@ fn stop_and_resume_gives_the_same_losses() {
         "0",
     ];
     let out = duet(&[&base[..], &["--out", s(&full)]].concat());
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out);
     let out = duet(&[&base[..], &["--out", s(&part), "--stop-after", "10"]].concat());
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out);
     assert_eq!(losses(&part.join("metrics.jsonl")).len(), 10);
     // Changing the model on resume is refused.
     assert_fails(
@@ -70,11 +62,7 @@ fn stop_and_resume_gives_the_same_losses() {
         "--log-every",
         "0",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out);
     let a = losses(&full.join("metrics.jsonl"));
     let b = losses(&part.join("metrics.jsonl"));
     assert_eq!(a.len(), 20);
@@ -105,11 +93,7 @@ fn stop_and_resume_gives_the_same_losses() {
         "--max-new",
         "5",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out);
     assert_eq!(
         String::from_utf8_lossy(&out.stdout)
             .trim()
@@ -186,11 +170,7 @@ fn data_files_train_and_bad_ones_are_named() {
         "3e-3",
     ]);
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out);
     let line = stdout
         .lines()
         .find(|l| l.starts_with("validation loss"))
@@ -273,11 +253,7 @@ fn ctrl_c_saves_a_checkpoint_that_resumes() {
         "--log-every",
         "0",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out);
     assert_eq!(losses(&metrics).len(), steps_done + 3);
 }
 

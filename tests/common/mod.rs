@@ -18,3 +18,13 @@ pub fn tmp(name: &str) -> PathBuf {
     std::fs::create_dir_all(&dir).unwrap();
     dir.join(name)
 }
+
+/// Fails the test with duet's stderr unless the run succeeded.
+pub fn assert_success(out: &Output) {
+    assert!(
+        out.status.success(),
+        "duet failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -721,6 +721,26 @@ impl Device for CudaDevice {
         true
     }
 
+    fn time_ms<E: From<DeviceError>>(
+        &self,
+        work: impl FnOnce() -> std::result::Result<(), E>,
+    ) -> std::result::Result<f64, E> {
+        self.not_while_capturing("timing")?;
+        let timed = Some(cu::CUevent_flags::CU_EVENT_DEFAULT);
+        let start = self.ctx.new_event(timed).map_err(drv("cuEventCreate"))?;
+        let end = self.ctx.new_event(timed).map_err(drv("cuEventCreate"))?;
+        start.record(&self.stream).map_err(drv("cuEventRecord"))?;
+        work()?;
+        end.record(&self.stream).map_err(drv("cuEventRecord"))?;
+        end.synchronize().map_err(drv("cuEventSynchronize"))?;
+        let ms = start.elapsed_ms(&end).map_err(drv("cuEventElapsedTime"))?;
+        Ok(ms as f64)
+    }
+
+    fn timer_kind(&self) -> &'static str {
+        "device events"
+    }
+
     fn capture_begin(&self) -> Result<()> {
         self.capture_begin_impl()
     }

@@ -289,6 +289,25 @@ pub trait Device: Send + Sync + Sized + 'static {
         Err(no_graphs(self))
     }
 
+    /// Runs `work` (which queues device work, and may wait for it) and returns the
+    /// milliseconds the device took for it: between device events recorded before and after it
+    /// where the backend has them (CUDA), else on the host clock between synchronisations.
+    fn time_ms<E: From<DeviceError>>(
+        &self,
+        work: impl FnOnce() -> std::result::Result<(), E>,
+    ) -> std::result::Result<f64, E> {
+        self.synchronize()?;
+        let start = std::time::Instant::now();
+        work()?;
+        self.synchronize()?;
+        Ok(start.elapsed().as_secs_f64() * 1e3)
+    }
+
+    /// What [`Device::time_ms`] measures with: "device events" or "host clock".
+    fn timer_kind(&self) -> &'static str {
+        "host clock"
+    }
+
     fn memory_stats(&self) -> MemoryStats;
     fn reset_peak_memory(&self);
 

@@ -583,7 +583,6 @@ impl Device for CudaDevice {
     // ------------------------------------------------------------------ memory and copies
 
     fn alloc(&self, dtype: DType, len: usize) -> Result<CudaBuffer> {
-        self.not_while_capturing("allocating")?;
         let bytes = len.checked_mul(dtype.size_bytes()).ok_or_else(|| {
             DeviceError::InvalidArgument(format!("alloc: {len} × {dtype} overflows"))
         })?;

@@ -741,6 +741,15 @@ pub trait DeviceExt: Device {
         Ok(T::from_bytes(&bytes))
     }
 
+    /// Runs `f` inside a profiler range named `name` ([`Device::range_push`]); the range is
+    /// closed whatever `f` returns.
+    fn in_range<R>(&self, name: &str, f: impl FnOnce() -> R) -> R {
+        self.range_push(name);
+        let r = f();
+        self.range_pop();
+        r
+    }
+
     /// Reads any float buffer back as f32 (converting on the host).
     fn download_f32(&self, src: &Self::Buffer) -> Result<Vec<f32>> {
         let bytes = self.download_bytes(src, 0, src.len())?;

@@ -929,10 +929,8 @@ impl<D: Device> Gpt<D> {
     /// The forward pass on the tokens already on the device (no host data involved: a
     /// recordable sequence of device ops).
     pub fn forward_loaded(&mut self) -> Result<()> {
-        self.dev.range_push("forward");
-        let r = self.forward_blocks();
-        self.dev.range_pop();
-        r
+        let dev = self.dev.clone();
+        dev.in_range("forward", || self.forward_blocks())
     }
 
     fn forward_blocks(&mut self) -> Result<()> {
@@ -944,6 +942,7 @@ impl<D: Device> Gpt<D> {
             dev.embedding_forward(&self.tokens, &p[0], &p[1], &mut self.encoded, d.b, d.t, d.c)?;
         }
         let every = self.checkpoint_every;
+        let dev = self.dev.clone();
         for l in 0..self.cfg.layers {
             if every > 0 && l % every == 0 {
                 // Keep this segment's input: the backward pass recomputes the segment from it.
@@ -955,9 +954,9 @@ impl<D: Device> Gpt<D> {
                 self.dev
                     .copy(src, 0, &mut self.seg_inputs[l / every], 0, d.n * d.c)?;
             }
-            self.dev.range_push(&format!("forward block {l}"));
-            self.run_block_forward(l, true)?;
-            self.dev.range_pop();
+            dev.in_range(&format!("forward block {l}"), || {
+                self.run_block_forward(l, true)
+            })?;
         }
         let dev = &*self.dev;
         let p = &self.params;
@@ -1065,10 +1064,8 @@ impl<D: Device> Gpt<D> {
     /// 0 the final LayerNorm, `1 + k` block `layers − 1 − k`, `layers + 1` the embeddings
     /// (see [`crate::dist::ready_groups`]).
     pub fn backward_hooked(&mut self, ready: &mut GradsReady<'_, D::Buffer>) -> Result<()> {
-        self.dev.range_push("backward");
-        let r = self.backward_blocks(ready);
-        self.dev.range_pop();
-        r
+        let dev = self.dev.clone();
+        dev.in_range("backward", || self.backward_blocks(ready))
     }
 
     fn backward_blocks(&mut self, ready: &mut GradsReady<'_, D::Buffer>) -> Result<()> {
@@ -1142,20 +1139,20 @@ impl<D: Device> Gpt<D> {
                 } else {
                     &self.blocks[self.slot(l - 1)].res3
                 };
-                self.dev.range_push(&format!("backward block {l}"));
-                block_backward(
-                    &*self.dev,
-                    &self.params,
-                    &mut self.grads,
-                    &mut self.scratch,
-                    &mut self.fp8,
-                    &self.zeros_c,
-                    l,
-                    x,
-                    &self.blocks[k],
-                    d,
-                )?;
-                self.dev.range_pop();
+                self.dev.in_range(&format!("backward block {l}"), || {
+                    block_backward(
+                        &*self.dev,
+                        &self.params,
+                        &mut self.grads,
+                        &mut self.scratch,
+                        &mut self.fp8,
+                        &self.zeros_c,
+                        l,
+                        x,
+                        &self.blocks[k],
+                        d,
+                    )
+                })?;
                 ready(layers - l, &self.grads)?;
             }
         }

@@ -279,10 +279,7 @@ impl<D: Device> AdamW<D> {
                 self.m.len()
             )));
         }
-        dev.range_push("optimizer");
-        let r = self.queue_update(dev, params, grads, comm);
-        dev.range_pop();
-        r
+        dev.in_range("optimizer", || self.queue_update(dev, params, grads, comm))
     }
 
     /// [`AdamW::queue_device_step`] after its checks (inside the profiler range).

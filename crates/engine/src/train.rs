@@ -82,9 +82,11 @@ pub struct Trainer<D: Device> {
 
 /// Where the recording of the training step stands.
 enum StepGraph<D: Device> {
-    /// Not recorded yet; the number of steps run unrecorded so far (the first warms every
-    /// buffer, table and library plan up, so the recording allocates nothing).
-    Unrecorded(u32),
+    /// Not recorded yet, and no step run: the first step runs unrecorded, warming every
+    /// buffer, table and library plan up so that the recording allocates nothing.
+    Cold,
+    /// One step has run: the next is recorded.
+    Warm,
     /// The recorded step, for batches with this many counted targets (the loss gradient's
     /// scale is part of the recording).
     Recorded { graph: D::Graph, count: usize },
@@ -203,7 +205,7 @@ impl<D: Device> Trainer<D> {
             step: 0,
             scaler,
             dist,
-            graph: StepGraph::Unrecorded(0),
+            graph: StepGraph::Cold,
         })
     }
 
@@ -252,7 +254,7 @@ impl<D: Device> Trainer<D> {
     /// Replaces the loss scaler (e.g. a dynamic one with another initial scale).
     pub fn set_loss_scaler(&mut self, scaler: Option<LossScaler>) {
         self.scaler = scaler;
-        self.graph = StepGraph::Unrecorded(0);
+        self.graph = StepGraph::Cold;
     }
 
     pub fn optimizer(&self) -> &AdamW<D> {
@@ -464,14 +466,9 @@ impl<D: Device> Trainer<D> {
             .opt
             .step_scaled(&*dev, params, grads, lr, self.scaler.as_mut())?;
         let loss = self.model.read_loss()?;
-        if !loss.is_finite() {
-            // The update already ran on non-finite gradients: the run cannot continue (its
-            // last checkpoint on disk is untouched).
-            return Err(EngineError::Diverged {
-                step: self.step + 1,
-                loss,
-            });
-        }
+        // The update already ran on non-finite gradients: the run cannot continue (its last
+        // checkpoint on disk is untouched).
+        check_finite(self.step, loss)?;
         self.finish_step(loss, lr, &stats, inputs.len(), start)
     }
 
@@ -517,14 +514,11 @@ impl<D: Device> Trainer<D> {
         self.opt.prepare_device_step(&*dev, lr)?;
         match &self.graph {
             StepGraph::Recorded { graph, count: c } if *c == count => {
-                dev.range_push("training step (graph replay)");
-                let r = dev.replay(graph);
-                dev.range_pop();
-                r?
+                dev.in_range("training step (graph replay)", || dev.replay(graph))?
             }
-            StepGraph::Unrecorded(0) => {
+            StepGraph::Cold => {
                 self.queue_step()?;
-                self.graph = StepGraph::Unrecorded(1);
+                self.graph = StepGraph::Warm;
             }
             _ => {
                 dev.capture_begin()?;
@@ -553,12 +547,7 @@ impl<D: Device> Trainer<D> {
         }
         let stats = self.opt.device_step_stats(&*dev)?;
         let loss = self.model.read_loss()?;
-        if !loss.is_finite() {
-            return Err(EngineError::Diverged {
-                step: self.step + 1,
-                loss,
-            });
-        }
+        check_finite(self.step, loss)?;
         self.finish_step(loss, lr, &stats, inputs.len(), start)
     }
 
@@ -627,12 +616,7 @@ impl<D: Device> Trainer<D> {
         let local = self.model.loss(y, true)?;
         let (sum, _) = dist.sum2(&*dev, local * counts[rank] as f32, 0.0)?;
         let loss = sum / global as f32;
-        if !loss.is_finite() {
-            return Err(EngineError::Diverged {
-                step: self.step + 1,
-                loss,
-            });
-        }
+        check_finite(self.step, loss)?;
         self.model.zero_grads()?;
         let sync = &mut dist.sync;
         if dist.overlap {
@@ -722,6 +706,18 @@ impl<D: Device> Trainer<D> {
             sequences: pairs.len(),
             exact,
             token_accuracy: good_tokens as f64 / (pairs.len() * GEN_LEN).max(1) as f64,
+        })
+    }
+}
+
+/// [`EngineError::Diverged`] for a non-finite loss of the step after `steps_done`.
+fn check_finite(steps_done: u64, loss: f32) -> Result<()> {
+    if loss.is_finite() {
+        Ok(())
+    } else {
+        Err(EngineError::Diverged {
+            step: steps_done + 1,
+            loss,
         })
     }
 }

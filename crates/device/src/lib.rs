@@ -681,6 +681,69 @@ pub trait Device: Send + Sync + Sized + 'static {
         slot: usize,
     ) -> Result<()>;
 
+    /// The gradient side of an FP8 linear layer in one pass, as Transformer Engine fuses it:
+    /// `g = dout` or, with `gelu_pre`, `g = gelu'(gelu_pre) ⊙ dout` rounded to `dout`'s dtype
+    /// (exactly [`Device::gelu_backward`]); then `dbias[c] += Σ_rows g[r, c]` (f32, `cols`
+    /// values) and [`Device::quantize_fp8`] of `g` into `dst` and `dst_t`, recording its amax.
+    /// `g` itself is not written. The default runs the separate ops (with a temporary for `g`
+    /// when `gelu_pre` is given); the codes equal the separate ops' bit for bit, `dbias` up to
+    /// the summation order.
+    #[allow(clippy::too_many_arguments)]
+    fn quantize_fp8_grad(
+        &self,
+        dout: &Self::Buffer,
+        gelu_pre: Option<&Self::Buffer>,
+        dst: &mut Self::Buffer,
+        dst_t: Option<&mut Self::Buffer>,
+        dbias: &mut Self::Buffer,
+        rows: usize,
+        cols: usize,
+        scale: &Self::Buffer,
+        amax: &mut Self::Buffer,
+        slot: usize,
+    ) -> Result<()> {
+        let tmp;
+        let g = match gelu_pre {
+            Some(pre) => {
+                let mut t = self.alloc(dout.dtype(), dout.len())?;
+                self.gelu_backward(pre, dout, &mut t)?;
+                tmp = t;
+                &tmp
+            }
+            None => dout,
+        };
+        self.bias_backward(g, dbias, rows, cols)?;
+        self.quantize_fp8(g, dst, dst_t, rows, cols, scale, amax, slot)
+    }
+
+    /// Whether [`Device::gemm_fp8_epilogue`] runs (C bf16 or f16).
+    fn supports_fp8_epilogue(&self, dtype: DType) -> bool {
+        let _ = dtype;
+        false
+    }
+
+    /// [`Device::gemm_fp8`] with a fused [`Epilogue::Bias`] or [`Epilogue::BiasGelu`] (bias and
+    /// `pre` in C's dtype); other epilogues are refused. The result equals `gemm_fp8` followed
+    /// by the separate ops up to rounding.
+    #[allow(clippy::too_many_arguments)]
+    fn gemm_fp8_epilogue(
+        &self,
+        desc: &GemmDesc,
+        a: &Self::Buffer,
+        b: &Self::Buffer,
+        c: &mut Self::Buffer,
+        scale_inv: &Self::Buffer,
+        a_slot: usize,
+        b_slot: usize,
+        epilogue: Epilogue<'_, Self::Buffer>,
+    ) -> Result<()> {
+        let _ = (desc, b, c, scale_inv, a_slot, b_slot, epilogue);
+        Err(DeviceError::Unsupported {
+            op: "gemm_fp8_epilogue".into(),
+            dtype: a.dtype(),
+        })
+    }
+
     /// FP8 GEMM: `C = alpha · (op(A)·sa) · (op(B)·sb) + beta · C` with `sa = scale_inv[a_slot]`,
     /// `sb = scale_inv[b_slot]` (f32, on the device), A and B FP8 (each E4M3 or E5M2 of one
     /// family, OCP or FNUZ), C f32, bf16 or f16; FP32 accumulation. Backends may restrict the

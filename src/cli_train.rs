@@ -118,6 +118,9 @@ pub fn build_config(a: &ModelArgs) -> CliResult<Config> {
     if a.no_graphs {
         t.graphs = false;
     }
+    if a.gemm_autotune {
+        t.gemm_autotune = true;
+    }
     match (a.checkpoint, a.checkpoint_every) {
         (_, Some(n)) => t.checkpoint_every = n,
         (true, None) => t.checkpoint_every = 4,
@@ -986,6 +989,8 @@ fn bench_one<D: Device>(
             "{} around each step (a step ends by reading its loss back)",
             dev.timer_kind()
         ),
+        "graphs": cfg.train.graphs,
+        "gemm_autotune": cfg.train.gemm_autotune,
         "git_rev": env!("DUET_GIT_REV"),
     }))
 }

@@ -109,6 +109,10 @@ pub struct ModelArgs {
     /// replays it, where nothing in the step needs the host: no fp16 loss scaler, one GPU).
     #[arg(long)]
     pub no_graphs: bool,
+    /// Time the GEMM algorithms once per shape and keep the fastest (CUDA; like PyTorch's
+    /// max-autotune). Faster, but two runs may then differ in the last bits.
+    #[arg(long)]
+    pub gemm_autotune: bool,
     /// Train on a file: UTF-8 text (byte tokens) or an llm.c `.bin` token shard; its last 10% is
     /// the validation set.
     #[arg(long, value_name = "FILE")]

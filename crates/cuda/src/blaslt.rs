@@ -29,8 +29,11 @@ use std::sync::Arc;
 /// cuBLASLt workspace: NVIDIA recommends 32 MiB on Hopper (4 MiB before).
 const WORKSPACE_HOPPER: usize = 32 << 20;
 const WORKSPACE_OTHER: usize = 4 << 20;
-/// Algorithms asked of the heuristic for a new FP8 GEMM shape (tried in order).
-const HEURISTIC_CANDIDATES: usize = 8;
+/// Algorithms asked of the heuristic for a new GEMM shape (tried in order, or timed when
+/// autotuning).
+const HEURISTIC_CANDIDATES: usize = 16;
+/// Timed runs per candidate when autotuning (after one untimed run).
+const TUNE_REPS: usize = 3;
 
 fn lt_err(call: &str, e: lt::CublasError) -> DeviceError {
     DeviceError::Driver {
@@ -143,6 +146,11 @@ pub(crate) struct BlasLt {
     /// and cuBLASLt refuses (CUBLAS_STATUS_NOT_SUPPORTED) scale pointers that are not aligned.
     scales: DeviceMemory,
     algos: HashMap<AlgoKey, ltsys::cublasLtMatmulAlgo_t>,
+    /// Whether a new shape may be autotuned now (set by the device before each call: only
+    /// when autotuning is on and no graph is being recorded).
+    pub(crate) may_tune: bool,
+    ctx: Arc<CudaContext>,
+    mem: Arc<MemTracker>,
 }
 
 // SAFETY: the handle is used only under the device's mutex (one thread at a time), and
@@ -258,7 +266,7 @@ pub(crate) fn validate(
 
 impl BlasLt {
     pub(crate) fn new(
-        ctx: &CudaContext,
+        ctx: &Arc<CudaContext>,
         stream: &Arc<CudaStream>,
         cc: i32,
         mem: &Arc<MemTracker>,
@@ -290,28 +298,31 @@ impl BlasLt {
             workspace,
             scales,
             algos: HashMap::new(),
+            may_tune: false,
+            ctx: Arc::clone(ctx),
+            mem: Arc::clone(mem),
         })
     }
 
-    /// Runs one FP8 GEMM (arguments checked by [`validate`] first).
+    /// Runs one FP8 GEMM (arguments checked by [`validate`] first) with `epilogue`.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn gemm_fp8(
         &mut self,
-        stream: &CudaStream,
+        stream: &Arc<CudaStream>,
         desc: &GemmDesc,
         a: &CudaBuffer,
         b: &CudaBuffer,
         c: &mut CudaBuffer,
         scale_inv: &CudaBuffer,
-        a_slot: usize,
-        b_slot: usize,
+        (a_slot, b_slot): (usize, usize),
+        epilogue: LtEpilogue,
     ) -> Result<()> {
         let types = (
             fp8_type(a.dtype()).expect("validated"),
             fp8_type(b.dtype()).expect("validated"),
         );
         let scales = (scale_inv.ptr_at(a_slot), scale_inv.ptr_at(b_slot));
-        self.matmul(stream, desc, a, b, c, types, Some(scales), LtEpilogue::None)
+        self.matmul(stream, desc, a, b, c, types, Some(scales), epilogue)
     }
 
     /// One GEMM through cuBLASLt: `types` are cuBLASLt's types of duet's A and B; `scales`
@@ -320,7 +331,7 @@ impl BlasLt {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn matmul(
         &mut self,
-        stream: &CudaStream,
+        stream: &Arc<CudaStream>,
         desc: &GemmDesc,
         a: &CudaBuffer,
         b: &CudaBuffer,
@@ -563,6 +574,29 @@ impl BlasLt {
         .result()
         .map_err(|e| lt_err("cublasLtMatmulAlgoGetHeuristic", lt::CublasError(e.0)))?;
         let candidates = &results[..(count.max(0) as usize).min(HEURISTIC_CANDIDATES)];
+        if self.may_tune && candidates.len() > 1 {
+            let (c_ptr, c_bytes) = (c.ptr(), c.size_bytes());
+            let best = tune(
+                &self.ctx,
+                stream,
+                &self.mem,
+                candidates,
+                (desc.beta != 0.0).then_some((c_ptr, c_bytes)),
+                &run,
+            )
+            .map_err(|e| match e {
+                TuneError::Lt(e) => lt_err(&what(), e),
+                TuneError::Other(e) => e,
+            })?;
+            if let Some(i) = best {
+                run(&candidates[i].algo).map_err(|e| lt_err(&what(), e))?;
+                if std::env::var_os(AUTOTUNE_LOG_ENV).is_some() {
+                    eprintln!("gemm autotune: {} -> candidate {i} of {}", what(), candidates.len());
+                }
+                self.algos.insert(key, candidates[i].algo);
+                return Ok(());
+            }
+        }
         let mut last = lt::CublasError(ltsys::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED);
         for h in candidates {
             match run(&h.algo) {
@@ -579,6 +613,73 @@ impl BlasLt {
             last,
         ))
     }
+}
+
+/// Set to print each autotuned GEMM's choice on stderr.
+pub const AUTOTUNE_LOG_ENV: &str = "DUET_GEMM_AUTOTUNE_LOG";
+
+enum TuneError {
+    Lt(lt::CublasError),
+    Other(DeviceError),
+}
+
+/// Times every candidate (one untimed run, then [`TUNE_REPS`] between two events) and returns
+/// the fastest's index (None when none runs). `accumulate`: the address and size of C when the
+/// GEMM reads it (beta ≠ 0); C is saved first and restored afterwards, so the trial runs leave
+/// no trace. Outputs the GEMM only writes (D with beta = 0, the GELU pre-activation, the bias
+/// gradient) are rewritten by the caller's final run.
+fn tune(
+    ctx: &Arc<CudaContext>,
+    stream: &Arc<CudaStream>,
+    mem: &Arc<MemTracker>,
+    candidates: &[ltsys::cublasLtMatmulHeuristicResult_t],
+    accumulate: Option<(u64, usize)>,
+    run: &dyn Fn(&ltsys::cublasLtMatmulAlgo_t) -> std::result::Result<(), lt::CublasError>,
+) -> std::result::Result<Option<usize>, TuneError> {
+    let drv = |call: &'static str| {
+        move |e: cudarc::driver::DriverError| TuneError::Other(crate::error::driver(call, e))
+    };
+    let copy = |dst: u64, src: u64, bytes: usize| {
+        // SAFETY: both ranges are live device allocations of at least `bytes` bytes (C, and
+        // the backup made for it below); the copy is ordered on the GEMM's stream.
+        unsafe { cudarc::driver::result::memcpy_dtod_async(dst, src, bytes, stream.cu_stream()) }
+            .map_err(drv("cuMemcpyDtoDAsync"))
+    };
+    let backup = match accumulate {
+        Some((c, bytes)) => {
+            let b = DeviceMemory::zeroed(ctx, stream, bytes, mem).map_err(TuneError::Other)?;
+            copy(b.ptr(), c, bytes)?;
+            Some((b, c, bytes))
+        }
+        None => None,
+    };
+    let timed = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+    let start = ctx.new_event(timed).map_err(drv("cuEventCreate"))?;
+    let end = ctx.new_event(timed).map_err(drv("cuEventCreate"))?;
+    let mut best: Option<(usize, f32)> = None;
+    for (i, h) in candidates.iter().enumerate() {
+        match run(&h.algo) {
+            Ok(()) => {}
+            Err(e) if e.0 == ltsys::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED => continue,
+            Err(e) => return Err(TuneError::Lt(e)),
+        }
+        start.record(stream).map_err(drv("cuEventRecord"))?;
+        for _ in 0..TUNE_REPS {
+            run(&h.algo).map_err(TuneError::Lt)?;
+        }
+        end.record(stream).map_err(drv("cuEventRecord"))?;
+        end.synchronize().map_err(drv("cuEventSynchronize"))?;
+        let ms = start.elapsed_ms(&end).map_err(drv("cuEventElapsedTime"))?;
+        if best.is_none_or(|(_, b)| ms < b) {
+            best = Some((i, ms));
+        }
+    }
+    if let Some((b, c, bytes)) = &backup {
+        copy(*c, b.ptr(), *bytes)?;
+        // The backup is freed when dropped: wait until the restore has read it.
+        stream.synchronize().map_err(drv("cuStreamSynchronize"))?;
+    }
+    Ok(best.map(|(i, _)| i))
 }
 
 #[cfg(test)]

@@ -323,6 +323,15 @@ pub trait Device: Send + Sync + Sized + 'static {
         c: &mut Self::Buffer,
     ) -> Result<()>;
 
+    /// Turns GEMM autotuning on or off where the backend has it (CUDA: each new cuBLASLt GEMM
+    /// shape times the heuristic's candidates once and keeps the fastest, as PyTorch's
+    /// max-autotune does). The choice depends on timings, so two runs may pick different
+    /// algorithms and differ in the last bits. Returns whether the backend autotunes.
+    fn set_gemm_autotune(&self, on: bool) -> bool {
+        let _ = on;
+        false
+    }
+
     /// Whether [`Device::gemm_epilogue`] runs for A and B of `dtype` (C of `dtype`, or f32
     /// for [`Epilogue::BiasGradA`] and [`Epilogue::Bias`]). Callers use
     /// [`Device::gemm`] followed by the separate ops (bias_add, gelu) when this is false.

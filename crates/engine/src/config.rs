@@ -121,6 +121,10 @@ pub struct TrainConfig {
     /// step allows it (no loss scaler, one device); the results are the same bits.
     #[serde(default = "default_true")]
     pub graphs: bool,
+    /// Time the GEMM algorithms once per shape and keep the fastest (CUDA), instead of the
+    /// library heuristic's first choice. Faster; two runs may differ in the last bits.
+    #[serde(default)]
+    pub gemm_autotune: bool,
 }
 
 fn default_true() -> bool {
@@ -199,6 +203,7 @@ impl Config {
             data: String::new(),
             checkpoint_every: 0,
             graphs: true,
+            gemm_autotune: false,
             precision: Precision::Fp32,
             loss_scale: 0.0,
             fp8_format: Fp8Recipe::Hybrid,

@@ -1419,13 +1419,16 @@ fn block_backward<D: Device>(
             gw,
             gb,
             Some(&a.fch),
+            None,
             n,
             f,
             c,
         )?
     };
-    // The gradient of fch: fused into the GEMM above, or a separate pass into d_f2.
-    if !fused_gelu {
+    // The gradient of fch: fused into the GEMM above, into FP8's quantisation below, or a
+    // separate pass into d_f2.
+    let gelu_in_quantize = q8.is_some();
+    if !fused_gelu && !gelu_in_quantize {
         dev.gelu_backward(&a.fch, &s.d_f, &mut s.d_f2)?;
     }
     {
@@ -1433,13 +1436,18 @@ fn block_backward<D: Device>(
         linear_backward(
             dev,
             q8.as_mut().map(|q| (q, 4 * l + 2)),
-            if fused_gelu { &s.d_f } else { &s.d_f2 },
+            if fused_gelu || gelu_in_quantize {
+                &s.d_f
+            } else {
+                &s.d_f2
+            },
             &a.ln2,
             w(BlockParam::FcW),
             &mut s.d_c,
             gw,
             gb,
             None,
+            gelu_in_quantize.then_some(&a.fch),
             n,
             c,
             f,
@@ -1472,6 +1480,7 @@ fn block_backward<D: Device>(
             &mut s.d_c,
             gw,
             gb,
+            None,
             None,
             n,
             c,
@@ -1510,6 +1519,7 @@ fn block_backward<D: Device>(
             &mut s.d_c,
             gw,
             gb,
+            None,
             None,
             n,
             c,
@@ -1610,7 +1620,8 @@ fn attention_probs<D: Device>(
 /// `out = beta·out + x · Wᵀ + bias` for `x` (`n × k`), `W` (`m × k`), `out` (`n × m`). With
 /// `q8` (FP8 buffers and the linear layer's index) the GEMM runs on FP8 copies of `x` and `W`
 /// quantised with their current scales (recording their amaxes); the transposed copies are kept
-/// for the backward pass.
+/// for the backward pass. Bias (and GELU, see [`linear_gelu_forward`]) are fused into the GEMM
+/// where the backend offers the epilogue, else separate ops.
 #[allow(clippy::too_many_arguments)]
 fn linear_forward<D: Device>(
     dev: &D,
@@ -1625,12 +1636,61 @@ fn linear_forward<D: Device>(
     m: usize,
     beta: f32,
 ) -> Result<()> {
+    linear_act_forward(dev, q8, record, x, w, bias, out, None, n, k, m, beta)
+}
+
+/// [`linear_forward`] into `pre` followed by `out = gelu(pre)`: one GEMM with a fused
+/// bias + GELU epilogue where the backend has one (16-bit and FP8 GEMMs).
+#[allow(clippy::too_many_arguments)]
+fn linear_gelu_forward<D: Device>(
+    dev: &D,
+    q8: Option<(&mut Fp8Bufs<D>, usize)>,
+    record: bool,
+    x: &D::Buffer,
+    w: &D::Buffer,
+    bias: &D::Buffer,
+    pre: &mut D::Buffer,
+    out: &mut D::Buffer,
+    n: usize,
+    k: usize,
+    m: usize,
+) -> Result<()> {
+    linear_act_forward(dev, q8, record, x, w, bias, out, Some(pre), n, k, m, 0.0)
+}
+
+/// The body of [`linear_forward`] (`gelu_pre` None) and [`linear_gelu_forward`].
+#[allow(clippy::too_many_arguments)]
+fn linear_act_forward<D: Device>(
+    dev: &D,
+    q8: Option<(&mut Fp8Bufs<D>, usize)>,
+    record: bool,
+    x: &D::Buffer,
+    w: &D::Buffer,
+    bias: &D::Buffer,
+    out: &mut D::Buffer,
+    gelu_pre: Option<&mut D::Buffer>,
+    n: usize,
+    k: usize,
+    m: usize,
+    beta: f32,
+) -> Result<()> {
     let desc = GemmDesc::new(false, true, n, m, k).beta(beta);
-    match q8 {
-        None if dev.supports_gemm_epilogue(out.dtype()) => {
-            return Ok(dev.gemm_epilogue(&desc, x, w, out, Epilogue::Bias(bias))?);
+    let target = match q8 {
+        None => {
+            if dev.supports_gemm_epilogue(out.dtype()) {
+                let epi = match gelu_pre {
+                    Some(pre) => Epilogue::BiasGelu { bias, pre },
+                    None => Epilogue::Bias(bias),
+                };
+                return Ok(dev.gemm_epilogue(&desc, x, w, out, epi)?);
+            }
+            let (target, gelu_out) = match gelu_pre {
+                Some(pre) => (pre, Some(out)),
+                None => (out, None),
+            };
+            dev.gemm(&desc, x, w, target)?;
+            (target, gelu_out)
         }
-        None => dev.gemm(&desc, x, w, out)?,
         Some((q, id)) => {
             let st = &mut q.state;
             let (sx, sw) = (
@@ -1647,44 +1707,40 @@ fn linear_forward<D: Device>(
             dev.quantize_fp8(x, x8, x8t, n, k, &st.scale, amax, sx)?;
             let (w8, w8t) = (&mut q.w8[id], Some(&mut q.w8t[id]));
             dev.quantize_fp8(w, w8, w8t, m, k, &st.scale, amax, sw)?;
-            dev.gemm_fp8(&desc, &q.x8[kind], &q.w8[id], out, &st.scale_inv, sx, sw)?;
+            let (x8, w8, si) = (&q.x8[kind], &q.w8[id], &st.scale_inv);
+            if dev.supports_fp8_epilogue(out.dtype()) {
+                let epi = match gelu_pre {
+                    Some(pre) => Epilogue::BiasGelu { bias, pre },
+                    None => Epilogue::Bias(bias),
+                };
+                return Ok(dev.gemm_fp8_epilogue(&desc, x8, w8, out, si, sx, sw, epi)?);
+            }
+            let (target, gelu_out) = match gelu_pre {
+                Some(pre) => (pre, Some(out)),
+                None => (out, None),
+            };
+            dev.gemm_fp8(&desc, x8, w8, target, si, sx, sw)?;
+            (target, gelu_out)
         }
+    };
+    let (target, gelu_out) = target;
+    dev.bias_add(target, bias, n, m)?;
+    if let Some(out) = gelu_out {
+        dev.gelu_forward(target, out)?;
     }
-    dev.bias_add(out, bias, n, m)?;
-    Ok(())
-}
-
-/// [`linear_forward`] into `pre` followed by `out = gelu(pre)`: one GEMM with a fused
-/// bias + GELU epilogue where the backend has one (not for FP8 GEMMs).
-#[allow(clippy::too_many_arguments)]
-fn linear_gelu_forward<D: Device>(
-    dev: &D,
-    q8: Option<(&mut Fp8Bufs<D>, usize)>,
-    record: bool,
-    x: &D::Buffer,
-    w: &D::Buffer,
-    bias: &D::Buffer,
-    pre: &mut D::Buffer,
-    out: &mut D::Buffer,
-    n: usize,
-    k: usize,
-    m: usize,
-) -> Result<()> {
-    if q8.is_none() && dev.supports_gemm_epilogue(out.dtype()) {
-        let desc = GemmDesc::new(false, true, n, m, k);
-        return Ok(dev.gemm_epilogue(&desc, x, w, out, Epilogue::BiasGelu { bias, pre })?);
-    }
-    linear_forward(dev, q8, record, x, w, bias, pre, n, k, m, 0.0)?;
-    dev.gelu_forward(pre, out)?;
     Ok(())
 }
 
 /// Backward of [`linear_forward`]: `dx = dout · W` (overwrites), `dW += doutᵀ · x`,
 /// `dbias += Σ_rows dout`. With `q8`, `dout` is quantised (E5M2 in the HYBRID recipe) and both
 /// GEMMs run in FP8 on the copies the forward pass made, in the K-major layout FP8 GEMMs need.
-/// With `dgelu_pre` (the pre-activation of a GELU whose output was this layer's input `x`),
-/// `dx` becomes the gradient of that pre-activation where the backend fuses the GELU backward
-/// into the GEMM; returns whether it did (else the caller applies `gelu_backward`).
+///
+/// GELU: with `dgelu_pre` (the pre-activation of a GELU whose output was this layer's input
+/// `x`), `dx` becomes the gradient of that pre-activation where the backend fuses the GELU
+/// backward into the 16-bit GEMM; returns whether it did (else the caller applies
+/// `gelu_backward`, or passes `dout_gelu_pre` to the next layer). With `dout_gelu_pre` (FP8
+/// only), `dout` is the gradient of `gelu(dout_gelu_pre)`, this layer's output: the GELU
+/// backward runs inside the quantisation ([`Device::quantize_fp8_grad`]).
 #[allow(clippy::too_many_arguments)]
 fn linear_backward<D: Device>(
     dev: &D,
@@ -1696,6 +1752,7 @@ fn linear_backward<D: Device>(
     dw: &mut D::Buffer,
     dbias: &mut D::Buffer,
     dgelu_pre: Option<&D::Buffer>,
+    dout_gelu_pre: Option<&D::Buffer>,
     n: usize,
     k: usize,
     m: usize,
@@ -1703,6 +1760,12 @@ fn linear_backward<D: Device>(
     let mut fused = false;
     match q8 {
         None => {
+            if dout_gelu_pre.is_some() {
+                return Err(DeviceError::InvalidArgument(
+                    "linear_backward: the GELU backward rides on the FP8 quantisation only".into(),
+                )
+                .into());
+            }
             let desc = GemmDesc::new(false, false, n, k, m);
             match dgelu_pre {
                 Some(pre) if dev.supports_gemm_epilogue(dx.dtype()) => {
@@ -1719,6 +1782,7 @@ fn linear_backward<D: Device>(
                 return Ok(fused);
             }
             dev.gemm(&dw_desc, dout, x, dw)?;
+            dev.bias_backward(dout, dbias, n, m)?;
         }
         Some((q, id)) => {
             let kind = id % LINEARS.len();
@@ -1728,8 +1792,21 @@ fn linear_backward<D: Device>(
                 Fp8State::<D>::slot(id, Operand::Input),
                 Fp8State::<D>::slot(id, Operand::Weight),
             );
+            // The bias gradient (of the GELU backward's result, where there is one) comes
+            // out of the quantisation pass.
             let (dy8, dy8t) = (&mut q.dy8[kind], Some(&mut q.dy8t[kind]));
-            dev.quantize_fp8(dout, dy8, dy8t, n, m, &st.scale, &mut st.amax, sy)?;
+            dev.quantize_fp8_grad(
+                dout,
+                dout_gelu_pre,
+                dy8,
+                dy8t,
+                dbias,
+                n,
+                m,
+                &st.scale,
+                &mut st.amax,
+                sy,
+            )?;
             // dx (n × k) = dy (n × m) · W (m × k) = dy · (Wᵀ stored k × m)ᵀ.
             dev.gemm_fp8(
                 &GemmDesc::new(false, true, n, k, m),
@@ -1752,7 +1829,6 @@ fn linear_backward<D: Device>(
             )?;
         }
     }
-    dev.bias_backward(dout, dbias, n, m)?;
     Ok(fused)
 }
 

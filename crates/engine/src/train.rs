@@ -127,6 +127,12 @@ impl<D: Device> Trainer<D> {
         dp: Option<(Arc<dyn Collective<D>>, DpOptions)>,
     ) -> Result<Self> {
         cfg.validate()?;
+        if cfg.train.gemm_autotune && !dev.set_gemm_autotune(true) {
+            eprintln!(
+                "warning: gemm_autotune: the {} backend has no GEMM autotuning; using its defaults",
+                dev.info().backend
+            );
+        }
         // The model is planned for this rank's slice of the batch.
         let mut local = cfg.clone();
         if let Some((comm, _)) = &dp {

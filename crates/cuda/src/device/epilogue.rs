@@ -1,8 +1,9 @@
 //! GEMMs with fused epilogues through cuBLASLt (bias, bias + GELU with the pre-activation kept,
-//! GELU backward): see [`duet_device::Device::gemm_epilogue`].
+//! GELU backward): see [`duet_device::Device::gemm_epilogue`]; and the FP8 GEMMs' bias and
+//! bias + GELU epilogues ([`duet_device::Device::gemm_fp8_epilogue`]).
 
 use super::CudaDevice;
-use crate::blaslt::{LtEpilogue, float_type};
+use crate::blaslt::{self, LtEpilogue, float_type};
 use crate::memory::CudaBuffer;
 use duet_device::{Buffer, DType, Device, DeviceError, Epilogue, GemmDesc, Result};
 
@@ -146,7 +147,7 @@ impl CudaDevice {
     }
 
     /// One 16-bit cuBLASLt matmul (A and B of A's dtype, no scales) with `epi`.
-    fn lt_matmul(
+    pub(super) fn lt_matmul(
         &self,
         desc: &GemmDesc,
         a: &CudaBuffer,
@@ -185,5 +186,104 @@ impl CudaDevice {
         self.fill(dbias, 0.0)?;
         // A is stored k × m: the bias gradient is its column sum.
         self.bias_backward(a, dbias, desc.k, desc.m)
+    }
+
+    /// An FP8 GEMM with a bias or bias + GELU epilogue (bias and pre-activation in C's dtype).
+    /// Where cuBLASLt refuses one (remembered), the FP8 GEMM and the separate ops.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn gemm_fp8_epilogue_impl(
+        &self,
+        desc: &GemmDesc,
+        a: &CudaBuffer,
+        b: &CudaBuffer,
+        c: &mut CudaBuffer,
+        scale_inv: &CudaBuffer,
+        a_slot: usize,
+        b_slot: usize,
+        epilogue: Epilogue<'_, CudaBuffer>,
+    ) -> Result<()> {
+        use std::sync::atomic::Ordering;
+        const OP8: &str = "gemm_fp8_epilogue";
+        blaslt::validate(desc, a, b, c, scale_inv, a_slot, b_slot, self.cc)?;
+        let dt = c.dtype();
+        if !matches!(dt, DType::BF16 | DType::F16) {
+            return Err(DeviceError::Unsupported {
+                op: format!("{OP8} (C must be bf16 or f16)"),
+                dtype: dt,
+            });
+        }
+        // The fallback adds the bias over whole rows of C.
+        if desc.ldc != desc.n || desc.c_offset != 0 || c.len() != desc.m * desc.n {
+            return Err(DeviceError::InvalidArgument(format!(
+                "{OP8}: C must be exactly the m × n result (ldc {}, offset {}, {} elements)",
+                desc.ldc,
+                desc.c_offset,
+                c.len()
+            )));
+        }
+        let check_bias = |bias: &CudaBuffer| -> Result<()> {
+            duet_device::check_dtype(OP8, bias, dt)?;
+            duet_device::check_len(OP8, "bias", bias, desc.n)
+        };
+        let (slots, scales) = ((a_slot, b_slot), scale_inv);
+        match epilogue {
+            Epilogue::Bias(bias) => {
+                check_bias(bias)?;
+                if self.fp8_epilogue_refused.load(Ordering::Relaxed) & 1 == 0 {
+                    let epi = LtEpilogue::Bias {
+                        bias: bias.ptr(),
+                        dtype: dt,
+                    };
+                    match self.with_lt(OP8, |lt| {
+                        lt.gemm_fp8(&self.stream, desc, a, b, c, scales, slots, epi)
+                    }) {
+                        Ok(()) => return Ok(()),
+                        Err(_) => {
+                            self.fp8_epilogue_refused.fetch_or(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+                self.gemm_fp8(desc, a, b, c, scales, a_slot, b_slot)?;
+                self.bias_add(c, bias, desc.m, desc.n)
+            }
+            Epilogue::BiasGelu { bias, pre } => {
+                check_bias(bias)?;
+                duet_device::check_dtype(OP8, &*pre, dt)?;
+                duet_device::check_len(OP8, "pre", &*pre, c.len())?;
+                if desc.alpha != 1.0 || desc.beta != 0.0 {
+                    return Err(DeviceError::InvalidArgument(format!(
+                        "{OP8}: the bias + GELU epilogue needs alpha 1 and beta 0"
+                    )));
+                }
+                if !desc.n.is_multiple_of(8) {
+                    return Err(DeviceError::InvalidArgument(format!(
+                        "{OP8}: n {} must be a multiple of 8 for a GELU epilogue",
+                        desc.n
+                    )));
+                }
+                if self.fp8_epilogue_refused.load(Ordering::Relaxed) & 2 == 0 {
+                    let epi = LtEpilogue::GeluAuxBias {
+                        bias: bias.ptr(),
+                        dtype: dt,
+                        aux: pre.ptr(),
+                        ld: desc.ldc as i64,
+                    };
+                    match self.with_lt(OP8, |lt| {
+                        lt.gemm_fp8(&self.stream, desc, a, b, c, scales, slots, epi)
+                    }) {
+                        Ok(()) => return Ok(()),
+                        Err(_) => {
+                            self.fp8_epilogue_refused.fetch_or(2, Ordering::Relaxed);
+                        }
+                    }
+                }
+                self.gemm_fp8(desc, a, b, pre, scales, a_slot, b_slot)?;
+                self.bias_add(pre, bias, desc.m, desc.n)?;
+                self.gelu_forward(pre, c)
+            }
+            _ => Err(DeviceError::InvalidArgument(format!(
+                "{OP8}: only the bias and bias + GELU epilogues run on FP8 GEMMs"
+            ))),
+        }
     }
 }

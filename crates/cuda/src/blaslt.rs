@@ -591,7 +591,11 @@ impl BlasLt {
             if let Some(i) = best {
                 run(&candidates[i].algo).map_err(|e| lt_err(&what(), e))?;
                 if std::env::var_os(AUTOTUNE_LOG_ENV).is_some() {
-                    eprintln!("gemm autotune: {} -> candidate {i} of {}", what(), candidates.len());
+                    eprintln!(
+                        "gemm autotune: {} -> candidate {i} of {}",
+                        what(),
+                        candidates.len()
+                    );
                 }
                 self.algos.insert(key, candidates[i].algo);
                 return Ok(());

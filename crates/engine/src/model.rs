@@ -256,7 +256,11 @@ struct Scratch<B> {
     dk: B,
     dv: B,
     dqkv: B,
+    /// The gradient of the MLP's hidden activation; empty where it shares `d_f2` (see
+    /// [`GradIo::Shared`]).
     d_f: B,
+    /// gelu(fch): the MLP's hidden activation (forward), recomputed for the weight gradient
+    /// and then overwritten by its gradient when `d_f` is empty.
     d_f2: B,
 }
 
@@ -274,6 +278,7 @@ impl<B> Scratch<B> {
         f: usize,
         att: usize,
         heads: bool,
+        one_mlp_grad: bool,
     ) -> Result<Self> {
         let a = |len: usize| dev.alloc(act, len);
         let h = if heads { n * c } else { 0 };
@@ -291,7 +296,7 @@ impl<B> Scratch<B> {
             dk: a(h)?,
             dv: a(h)?,
             dqkv: a(n * 3 * c)?,
-            d_f: a(n * f)?,
+            d_f: a(if one_mlp_grad { 0 } else { n * f })?,
             d_f2: a(n * f)?,
         })
     }
@@ -542,7 +547,10 @@ impl<D: Device> Gpt<D> {
                 lse: a32(if flash { b * nh * t } else { 0 })?,
             });
         }
-        let scratch = Scratch::alloc(&*dev, act, n, c, f, att, !flash)?;
+        // The MLP's hidden gradient can overwrite the recomputed GELU output (d_f2) where the
+        // GELU backward needs no separate pass: fused into the GEMM, or into FP8's quantisation.
+        let one_mlp_grad = plan.precision == Precision::Fp8 || dev.supports_gemm_epilogue(act);
+        let scratch = Scratch::alloc(&*dev, act, n, c, f, att, !flash, one_mlp_grad)?;
         let fp8 = if plan.precision == Precision::Fp8 {
             // FP8 tensor-core GEMMs (cuBLASLt, hipBLASLt) need every dimension of the linear
             // layers' GEMMs to be a multiple of 16; enforced on every backend so a config that
@@ -1407,15 +1415,23 @@ fn block_backward<D: Device>(
     if q8.is_none() {
         dev.gelu_forward(&a.fch, &mut s.d_f2)?;
     }
+    let one_buffer = s.d_f.is_empty();
     let fused_gelu = {
         let (gw, gb) = two_mut(g, gi(BlockParam::FcProjW), gi(BlockParam::FcProjB));
+        let io = if one_buffer {
+            GradIo::Shared(&mut s.d_f2)
+        } else {
+            GradIo::Split {
+                x: &s.d_f2,
+                dx: &mut s.d_f,
+            }
+        };
         linear_backward(
             dev,
             q8.as_mut().map(|q| (q, 4 * l + 3)),
             &s.dresid,
-            &s.d_f2,
+            io,
             w(BlockParam::FcProjW),
-            &mut s.d_f,
             gw,
             gb,
             Some(&a.fch),
@@ -1428,22 +1444,34 @@ fn block_backward<D: Device>(
     // The gradient of fch: fused into the GEMM above, into FP8's quantisation below, or a
     // separate pass into d_f2.
     let gelu_in_quantize = q8.is_some();
-    if !fused_gelu && !gelu_in_quantize {
+    let unfused = !fused_gelu && !gelu_in_quantize;
+    if unfused && one_buffer {
+        return Err(DeviceError::InvalidArgument(
+            "the backend's fused GEMM epilogues were switched off after the model was built \
+             (its memory plan relies on them): build the model again"
+                .into(),
+        )
+        .into());
+    }
+    if unfused {
         dev.gelu_backward(&a.fch, &s.d_f, &mut s.d_f2)?;
     }
+    let d_hidden = if one_buffer || unfused {
+        &s.d_f2
+    } else {
+        &s.d_f
+    };
     {
         let (gw, gb) = two_mut(g, gi(BlockParam::FcW), gi(BlockParam::FcB));
         linear_backward(
             dev,
             q8.as_mut().map(|q| (q, 4 * l + 2)),
-            if fused_gelu || gelu_in_quantize {
-                &s.d_f
-            } else {
-                &s.d_f2
+            d_hidden,
+            GradIo::Split {
+                x: &a.ln2,
+                dx: &mut s.d_c,
             },
-            &a.ln2,
             w(BlockParam::FcW),
-            &mut s.d_c,
             gw,
             gb,
             None,
@@ -1475,9 +1503,11 @@ fn block_backward<D: Device>(
             dev,
             q8.as_mut().map(|q| (q, 4 * l + 1)),
             &s.dresid,
-            &a.attc,
+            GradIo::Split {
+                x: &a.attc,
+                dx: &mut s.d_c,
+            },
             w(BlockParam::ProjW),
-            &mut s.d_c,
             gw,
             gb,
             None,
@@ -1514,9 +1544,11 @@ fn block_backward<D: Device>(
             dev,
             q8.as_mut().map(|q| (q, 4 * l)),
             &s.dqkv,
-            &a.ln1,
+            GradIo::Split {
+                x: &a.ln1,
+                dx: &mut s.d_c,
+            },
             w(BlockParam::AttnW),
-            &mut s.d_c,
             gw,
             gb,
             None,
@@ -1731,9 +1763,21 @@ fn linear_act_forward<D: Device>(
     Ok(())
 }
 
-/// Backward of [`linear_forward`]: `dx = dout · W` (overwrites), `dW += doutᵀ · x`,
-/// `dbias += Σ_rows dout`. With `q8`, `dout` is quantised (E5M2 in the HYBRID recipe) and both
-/// GEMMs run in FP8 on the copies the forward pass made, in the K-major layout FP8 GEMMs need.
+/// Where a linear layer's backward pass finds its input `x` and puts the input gradient `dx`.
+enum GradIo<'a, B> {
+    Split {
+        x: &'a B,
+        dx: &'a mut B,
+    },
+    /// One buffer holds `x` on entry and `dx` on return: the weight gradient (which reads `x`)
+    /// runs before the input gradient overwrites it.
+    Shared(&'a mut B),
+}
+
+/// Backward of [`linear_forward`]: `dW += doutᵀ · x`, `dbias += Σ_rows dout`, then
+/// `dx = dout · W` (overwrites). With `q8`, `dout` is quantised (E5M2 in the HYBRID recipe) and
+/// both GEMMs run in FP8 on the copies the forward pass made, in the K-major layout FP8 GEMMs
+/// need.
 ///
 /// GELU: with `dgelu_pre` (the pre-activation of a GELU whose output was this layer's input
 /// `x`), `dx` becomes the gradient of that pre-activation where the backend fuses the GELU
@@ -1746,9 +1790,8 @@ fn linear_backward<D: Device>(
     dev: &D,
     q8: Option<(&mut Fp8Bufs<D>, usize)>,
     dout: &D::Buffer,
-    x: &D::Buffer,
+    io: GradIo<'_, D::Buffer>,
     w: &D::Buffer,
-    dx: &mut D::Buffer,
     dw: &mut D::Buffer,
     dbias: &mut D::Buffer,
     dgelu_pre: Option<&D::Buffer>,
@@ -1757,7 +1800,6 @@ fn linear_backward<D: Device>(
     k: usize,
     m: usize,
 ) -> Result<bool> {
-    let mut fused = false;
     match q8 {
         None => {
             if dout_gelu_pre.is_some() {
@@ -1766,23 +1808,34 @@ fn linear_backward<D: Device>(
                 )
                 .into());
             }
-            let desc = GemmDesc::new(false, false, n, k, m);
-            match dgelu_pre {
-                Some(pre) if dev.supports_gemm_epilogue(dx.dtype()) => {
-                    dev.gemm_epilogue(&desc, dout, w, dx, Epilogue::DGelu { pre })?;
-                    fused = true;
-                }
-                _ => dev.gemm(&desc, dout, w, dx)?,
-            }
+            let x = match &io {
+                GradIo::Split { x, .. } => *x,
+                GradIo::Shared(buf) => &**buf,
+            };
             let dw_desc = GemmDesc::new(true, false, m, k, n).beta(1.0);
             if dev.supports_gemm_epilogue(dout.dtype()) {
                 // The bias gradient comes out of the weight-gradient GEMM (written, not added:
                 // it is the bias's only contribution in a step, onto zeroed gradients).
                 dev.gemm_epilogue(&dw_desc, dout, x, dw, Epilogue::BiasGradA { dbias })?;
-                return Ok(fused);
+            } else {
+                dev.gemm(&dw_desc, dout, x, dw)?;
+                dev.bias_backward(dout, dbias, n, m)?;
             }
-            dev.gemm(&dw_desc, dout, x, dw)?;
-            dev.bias_backward(dout, dbias, n, m)?;
+            let dx = match io {
+                GradIo::Split { dx, .. } => dx,
+                GradIo::Shared(buf) => buf,
+            };
+            let desc = GemmDesc::new(false, false, n, k, m);
+            match dgelu_pre {
+                Some(pre) if dev.supports_gemm_epilogue(dx.dtype()) => {
+                    dev.gemm_epilogue(&desc, dout, w, dx, Epilogue::DGelu { pre })?;
+                    Ok(true)
+                }
+                _ => {
+                    dev.gemm(&desc, dout, w, dx)?;
+                    Ok(false)
+                }
+            }
         }
         Some((q, id)) => {
             let kind = id % LINEARS.len();
@@ -1807,16 +1860,6 @@ fn linear_backward<D: Device>(
                 &mut st.amax,
                 sy,
             )?;
-            // dx (n × k) = dy (n × m) · W (m × k) = dy · (Wᵀ stored k × m)ᵀ.
-            dev.gemm_fp8(
-                &GemmDesc::new(false, true, n, k, m),
-                &q.dy8[kind],
-                &q.w8t[id],
-                dx,
-                &st.scale_inv,
-                sy,
-                sw,
-            )?;
             // dW (m × k) += dyᵀ (stored m × n) · x = dyᵀ · (xᵀ stored k × n)ᵀ.
             dev.gemm_fp8(
                 &GemmDesc::new(false, true, m, k, n).beta(1.0),
@@ -1827,9 +1870,23 @@ fn linear_backward<D: Device>(
                 sy,
                 sx,
             )?;
+            let dx = match io {
+                GradIo::Split { dx, .. } => dx,
+                GradIo::Shared(buf) => buf,
+            };
+            // dx (n × k) = dy (n × m) · W (m × k) = dy · (Wᵀ stored k × m)ᵀ.
+            dev.gemm_fp8(
+                &GemmDesc::new(false, true, n, k, m),
+                &q.dy8[kind],
+                &q.w8t[id],
+                dx,
+                &st.scale_inv,
+                sy,
+                sw,
+            )?;
+            Ok(false)
         }
     }
-    Ok(fused)
 }
 
 /// Two distinct mutable elements of a slice.
@@ -1903,7 +1960,7 @@ mod tests {
                 ab,
                 flash: false,
             };
-            let mut s = Scratch::alloc(&dev, DType::F32, n, c, 8, ab * t * t, true).unwrap();
+            let mut s = Scratch::alloc(&dev, DType::F32, n, c, 8, ab * t * t, true, false).unwrap();
             dev.upload(&q, &mut s.q, 0).unwrap();
             dev.upload(&k, &mut s.k, 0).unwrap();
             dev.upload(&v, &mut s.v, 0).unwrap();

@@ -111,15 +111,83 @@ struct SumSqChunk {
     int pad;
 };
 
+// Thread t adds the squares of elements t, t + 256, t + 512, ... of its chunk in that order. With
+// a 16-byte aligned chunk (always so for whole allocations: 256-byte aligned, chunks start at
+// multiples of 16384 elements), the chunk is read in tiles of SUMSQ_TILE elements with 16-byte
+// loads (element-consecutive per thread) and passed through shared memory, so each thread still
+// adds exactly its own elements in the same order; the next tile's loads are issued before the
+// current tile is added. The rest (and any misaligned chunk) is read one element at a time.
+#define SUMSQ_THREADS 256
+#define SUMSQ_TILE 4096
+
+// One 16-byte pack through the read-only global path (the table holds plain addresses, which the
+// compiler would otherwise read with generic loads).
+template <typename T> __device__ __forceinline__ Pack<T> load_pack_global(const T* p) {
+    Pack<T> r;
+    uint4 u;
+    asm("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w)
+        : "l"(p));
+    *reinterpret_cast<uint4*>(&r) = u;
+    return r;
+}
+
+template <typename T>
+__device__ __forceinline__ double sum_squares_chunk(const T* __restrict__ x, u64 len,
+                                                   float* __restrict__ tile) {
+    const int N = Pack<T>::N;
+    const int R = SUMSQ_TILE / (SUMSQ_THREADS * N);  // packs per thread per tile
+    const int t = threadIdx.x;
+    double acc = 0.0;
+    u64 done = 0;
+    if (blockDim.x == SUMSQ_THREADS && ((u64)x & 15) == 0) {
+        const u64 tiles = len / SUMSQ_TILE;
+        Pack<T> cur[R];
+        if (tiles > 0) {
+#pragma unroll
+            for (int r = 0; r < R; ++r) cur[r] = load_pack_global(x + (r * SUMSQ_THREADS + t) * N);
+        }
+        for (u64 k = 0; k < tiles; ++k) {
+#pragma unroll
+            for (int r = 0; r < R; ++r)
+#pragma unroll
+                for (int j = 0; j < N; ++j)
+                    tile[(r * SUMSQ_THREADS + t) * N + j] = to_f32(cur[r].v[j]);
+            __syncthreads();
+            if (k + 1 < tiles) {
+                const T* next = x + (k + 1) * SUMSQ_TILE;
+#pragma unroll
+                for (int r = 0; r < R; ++r)
+                    cur[r] = load_pack_global(next + (r * SUMSQ_THREADS + t) * N);
+            }
+#pragma unroll
+            for (int s = 0; s < SUMSQ_TILE / SUMSQ_THREADS; ++s) {
+                const double v = (double)tile[s * SUMSQ_THREADS + t];
+                acc += v * v;
+            }
+            __syncthreads();
+        }
+        done = tiles * SUMSQ_TILE;
+    }
+    for (u64 j = done + t; j < len; j += blockDim.x) {
+        const double v = (double)to_f32(x[j]);
+        acc += v * v;
+    }
+    return acc;
+}
+
 extern "C" __global__ void sum_squares_many_partial(const SumSqChunk* __restrict__ chunks,
                                                     double* __restrict__ partial) {
     __shared__ double sh[32];
+    __shared__ __align__(16) float tile[SUMSQ_TILE];
     const SumSqChunk c = chunks[blockIdx.x];
-    double acc = 0.0;
-    for (u64 j = threadIdx.x; j < c.len; j += blockDim.x) {
-        const double v = (double)load_dt(c.ptr, c.offset + j, c.dt);
-        acc += v * v;
-    }
+    double acc;
+    if (c.dt == 0)
+        acc = sum_squares_chunk((const float*)c.ptr + c.offset, c.len, tile);
+    else if (c.dt == 1)
+        acc = sum_squares_chunk((const bf16_t*)c.ptr + c.offset, c.len, tile);
+    else
+        acc = sum_squares_chunk((const f16_t*)c.ptr + c.offset, c.len, tile);
     acc = block_sum_f64(acc, sh);
     if (threadIdx.x == 0) partial[blockIdx.x] = acc;
 }

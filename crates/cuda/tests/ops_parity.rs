@@ -1062,8 +1062,11 @@ fn unsupported_dtypes_are_typed_errors() {
 }
 
 /// The multi-tensor pair (sum_squares_many, adamw_clipped) against the CPU backend (whose
-/// defaults loop over the single-tensor ops): tensors of mixed gradient dtypes and sizes that
-/// span several chunks, copies of every kind, clipping active and inactive, a loss scale.
+/// defaults loop over the single-tensor ops): every gradient dtype with every kind of copy, on
+/// tensors of lengths that are and are not multiples of 4 and 8 and that span several chunks,
+/// clipping active and inactive, a loss scale. Two checks are bit for bit: the sum of squares
+/// against a host model of the kernels' fixed reduction order, and adamw_clipped against the
+/// GPU's own single-tensor `adamw` called per tensor (what the trait's default does).
 #[test]
 fn multi_tensor_adamw_clipped() {
     let Some(g) = gpu("multi_tensor_adamw_clipped") else {
@@ -1071,8 +1074,10 @@ fn multi_tensor_adamw_clipped() {
     };
     use duet_device::AdamWClipStep;
     let mut r = rng();
-    let sizes = [3usize, 70_000, 1, 200_001, 4096];
-    let gdts = [DType::F32, DType::BF16, DType::F16, DType::BF16, DType::F32];
+    let sizes = [
+        3usize, 70_000, 1, 200_001, 4096, 7, 16_385, 100_003, 5, 16_384, 32_771, 2, 8_191, 65_537,
+        12,
+    ];
     let copies = [
         None,
         Some(DType::BF16),
@@ -1080,24 +1085,39 @@ fn multi_tensor_adamw_clipped() {
         Some(DType::F8E4M3),
         Some(DType::F32),
     ];
+    // Tensor i: grad dtype FLOATS[i / 5], copy copies[i % 5].
+    let kinds: Vec<(DType, Option<DType>)> = FLOATS
+        .iter()
+        .flat_map(|&gdt| copies.iter().map(move |&c| (gdt, c)))
+        .collect();
+    assert_eq!(kinds.len(), sizes.len());
     for (max_norm, loss_scale) in [(1.0f32, 1.0f32), (1e6, 1.0), (0.5, 1024.0), (0.0, 1.0)] {
         let what = format!("max_norm {max_norm} loss_scale {loss_scale}");
         let mut c_side = Vec::new();
         let mut g_side = Vec::new();
-        for (i, &n) in sizes.iter().enumerate() {
-            let (cp, gp) = both(DType::F32, &r.vec(n, -1.0, 1.0), g);
-            let (cg, gg) = both(gdts[i], &r.vec(n, -0.5, 0.5), g);
-            let (cm, gm) = both(DType::F32, &r.vec(n, -0.01, 0.01), g);
-            let (cv, gv) = both(DType::F32, &r.vec(n, 0.0, 0.001), g);
-            let (cc, gc) = match copies[i] {
+        // The same start on the GPU, updated by the single-tensor op.
+        let mut h_side = Vec::new();
+        for (&n, &(gdt, copy)) in sizes.iter().zip(&kinds) {
+            let three = |dtype: DType, data: Vec<f32>| {
+                let (c, gb) = both(dtype, &data, g);
+                (c, gb, put(g, dtype, &data))
+            };
+            let (cp, gp, hp) = three(DType::F32, r.vec(n, -1.0, 1.0));
+            let (cg, gg, hg) = three(gdt, r.vec(n, -0.5, 0.5));
+            let (cm, gm, hm) = three(DType::F32, r.vec(n, -0.01, 0.01));
+            let (cv, gv, hv) = three(DType::F32, r.vec(n, 0.0, 0.001));
+            let (cc, gc, hc) = match copy {
                 Some(d) => {
                     let (a, b) = out(d, n, g);
-                    (Some(a), Some(b))
+                    let mut h = g.alloc(d, n).unwrap();
+                    g.fill(&mut h, f32::NAN).unwrap();
+                    (Some(a), Some(b), Some(h))
                 }
-                None => (None, None),
+                None => (None, None, None),
             };
             c_side.push((cp, cg, cm, cv, cc));
             g_side.push((gp, gg, gm, gv, gc));
+            h_side.push((hp, hg, hm, hv, hc));
         }
         let (mut cn, mut gn) = both(DType::F32, &[0.0; duet_device::ADAMW_SCALARS], g);
         let crefs: Vec<&_> = c_side.iter().map(|t| &t.1).collect();
@@ -1105,6 +1125,18 @@ fn multi_tensor_adamw_clipped() {
         let grefs: Vec<&_> = g_side.iter().map(|t| &t.1).collect();
         g.sum_squares_many(&grefs, &mut gn, 0).unwrap();
         compare(&format!("{what} norm"), &cn, &gn, g, 1e-5);
+        let grads: Vec<Vec<f32>> = g_side
+            .iter()
+            .map(|t| g.download_f32(&t.1).unwrap())
+            .collect();
+        let norm_sq = g.download::<f32>(&gn).unwrap()[0];
+        let model = sum_squares_many_model(&grads, 0.0);
+        assert_eq!(
+            norm_sq.to_bits(),
+            model.to_bits(),
+            "{what}: sum_squares_many gives {norm_sq}, its reduction order gives {model} (seed {})",
+            base_seed()
+        );
         for t in 1..=2u64 {
             let (bc1, bc2) = AdamWStep::bias_corrections(0.9, 0.95, t);
             let step = AdamWClipStep {
@@ -1121,8 +1153,25 @@ fn multi_tensor_adamw_clipped() {
                 .unwrap();
             g.adamw_clipped(&mut tensors(&mut g_side), &step, &gn)
                 .unwrap();
-            for (i, (c, gg)) in c_side.iter().zip(&g_side).enumerate() {
-                let w = format!("{what} tensor {i} step {t}");
+            let grad_scale = duet_device::clip_grad_scale(norm_sq, max_norm, loss_scale);
+            for ht in tensors(&mut h_side) {
+                let s = AdamWStep {
+                    lr: 1e-3,
+                    beta1: step.beta1,
+                    beta2: step.beta2,
+                    eps: step.eps,
+                    weight_decay: ht.weight_decay,
+                    bias_correction1: bc1,
+                    bias_correction2: bc2,
+                    grad_scale,
+                };
+                g.adamw(ht.param, ht.grad, ht.m, ht.v, &s, ht.copy).unwrap();
+            }
+            for (i, ((c, gg), h)) in c_side.iter().zip(&g_side).zip(&h_side).enumerate() {
+                let w = format!(
+                    "{what} tensor {i} ({:?}, n {}) step {t}",
+                    kinds[i], sizes[i]
+                );
                 compare(&format!("{w} param"), &c.0, &gg.0, g, 1e-5);
                 compare(&format!("{w} m"), &c.2, &gg.2, g, 1e-5);
                 compare(&format!("{w} v"), &c.3, &gg.3, g, 1e-5);
@@ -1135,9 +1184,65 @@ fn multi_tensor_adamw_clipped() {
                         "{w}: the copy is not the rounded parameter"
                     );
                 }
+                let pairs = [(&gg.0, &h.0), (&gg.2, &h.2), (&gg.3, &h.3)];
+                let copy = gg.4.as_ref().zip(h.4.as_ref());
+                for (k, (a, b)) in pairs.into_iter().chain(copy).enumerate() {
+                    assert!(
+                        g.download_bytes(a, 0, a.len()).unwrap()
+                            == g.download_bytes(b, 0, b.len()).unwrap(),
+                        "{w}: adamw_clipped and per-tensor adamw differ in {} (seed {})",
+                        ["param", "m", "v", "copy"][k],
+                        base_seed()
+                    );
+                }
             }
         }
     }
+}
+
+/// The CUDA backend's sum_squares_many reduction replayed on the host, operation for operation:
+/// chunks of 16384 elements per tensor; in each, thread t of 256 adds x² of elements t, t + 256,
+/// ... by f64 FMAs; the block adds its 256 sums by warp butterflies, then the 8 warp sums by
+/// another; sum_squares_finish adds the chunk sums the same way (thread t: chunks t, t + 256, ...)
+/// and rounds `init + sum` to f32 once.
+fn sum_squares_many_model(xs: &[Vec<f32>], init: f32) -> f32 {
+    const CHUNK: usize = 1 << 14;
+    const THREADS: usize = 256;
+    fn butterfly(v: &mut [f64]) {
+        for o in [16, 8, 4, 2, 1] {
+            let prev = v.to_vec();
+            for (l, x) in v.iter_mut().enumerate() {
+                *x = prev[l] + prev[l ^ o];
+            }
+        }
+    }
+    fn block_sum(mut acc: Vec<f64>) -> f64 {
+        for warp in acc.chunks_mut(32) {
+            butterfly(warp);
+        }
+        let mut lanes = vec![0.0f64; 32];
+        for (w, lane) in lanes.iter_mut().take(THREADS / 32).enumerate() {
+            *lane = acc[w * 32];
+        }
+        butterfly(&mut lanes);
+        lanes[0]
+    }
+    let mut partials = Vec::new();
+    for x in xs {
+        for chunk in x.chunks(CHUNK) {
+            let mut acc = vec![0.0f64; THREADS];
+            for (j, &e) in chunk.iter().enumerate() {
+                let v = e as f64;
+                acc[j % THREADS] = v.mul_add(v, acc[j % THREADS]);
+            }
+            partials.push(block_sum(acc));
+        }
+    }
+    let mut acc = vec![0.0f64; THREADS];
+    for (i, &p) in partials.iter().enumerate() {
+        acc[i % THREADS] += p;
+    }
+    (init as f64 + block_sum(acc)) as f32
 }
 
 type Side<B> = Vec<(B, B, B, B, Option<B>)>;

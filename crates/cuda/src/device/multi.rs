@@ -12,9 +12,16 @@ use duet_device::{
     check_range,
 };
 
-/// Elements per chunk (one block of 256 threads, 64 elements each: enough blocks in flight
-/// to keep these bandwidth-bound passes near the memory bandwidth).
+/// Elements per chunk (one block of THREADS threads, 64 elements each: enough blocks in flight
+/// to keep these bandwidth-bound passes near the memory bandwidth). A multiple of 8, so every
+/// chunk of a 256-byte aligned allocation starts 16-byte aligned for every dtype; the kernels
+/// still check each address and fall back to element-wise accesses when one is not. The
+/// sum-of-squares partition (and so its rounding) depends on it: changing it changes the last
+/// bits of `sum_squares_many`.
 const CHUNK: usize = 1 << 14;
+/// Threads per block of sum_squares_many_partial and adamw_multi: the kernels are built for
+/// exactly this (SUMSQ_THREADS in reduce.cu, `__launch_bounds__` in adamw.cu).
+const THREADS: u32 = 256;
 /// Most tables kept on the device.
 const MAX_TABLES: usize = 8;
 
@@ -134,12 +141,13 @@ impl CudaDevice {
         let fp = self.func(KernelModule::Reduce, "sum_squares_many_partial")?;
         // SAFETY: sum_squares_many_partial(const SumSqChunk*, double*): `count` 32-byte chunk
         // records (ptr, offset, len, dtype) describing ranges inside live buffers, and `count`
-        // doubles of scratch.
+        // doubles of scratch. The kernel reads 16-byte packs only from chunks whose start is
+        // 16-byte aligned, and only whole packs inside the chunk.
         unsafe {
             kernels::launch(
                 &self.stream,
                 &fp,
-                cfg((blocks, 1, 1), (256, 1, 1)),
+                cfg((blocks, 1, 1), (THREADS, 1, 1)),
                 &[table.into(), partial.into()],
             )?;
         }
@@ -201,12 +209,14 @@ impl CudaDevice {
             // SAFETY: adamw_multi(const AdamWChunk*, const float* scalars, 5 floats): `count`
             // 64-byte chunk records describing ranges inside live f32 param/m/v buffers, a grad
             // and an optional copy of the recorded dtypes (lengths checked above); `scalars`
-            // holds ADAMW_SCALARS f32.
+            // holds ADAMW_SCALARS f32. The kernel moves 4-element vectors only when every
+            // stream's chunk start is aligned for them, and only whole vectors inside the
+            // chunk; the block size is its `__launch_bounds__`.
             unsafe {
                 kernels::launch(
                     &self.stream,
                     &f,
-                    cfg((blocks, 1, 1), (256, 1, 1)),
+                    cfg((blocks, 1, 1), (THREADS, 1, 1)),
                     &[
                         table.into(),
                         scalars.ptr().into(),

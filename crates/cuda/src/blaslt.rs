@@ -85,6 +85,12 @@ pub(crate) enum LtEpilogue {
         bias: u64,
         dtype: DType,
     },
+    /// The bias, and C read from `residual` (beta 1) while D is written.
+    BiasResidual {
+        bias: u64,
+        dtype: DType,
+        residual: u64,
+    },
     GeluAuxBias {
         bias: u64,
         dtype: DType,
@@ -107,7 +113,7 @@ impl LtEpilogue {
         use ltsys::cublasLtEpilogue_t as E;
         match self {
             Self::None => E::CUBLASLT_EPILOGUE_DEFAULT,
-            Self::Bias { .. } => E::CUBLASLT_EPILOGUE_BIAS,
+            Self::Bias { .. } | Self::BiasResidual { .. } => E::CUBLASLT_EPILOGUE_BIAS,
             Self::GeluAuxBias { .. } => E::CUBLASLT_EPILOGUE_GELU_AUX_BIAS,
             Self::DGelu { .. } => E::CUBLASLT_EPILOGUE_DGELU,
             Self::BGradB { .. } => E::CUBLASLT_EPILOGUE_BGRADB,
@@ -117,8 +123,17 @@ impl LtEpilogue {
     fn bias(self) -> Option<(u64, DType)> {
         match self {
             Self::Bias { bias, dtype }
+            | Self::BiasResidual { bias, dtype, .. }
             | Self::GeluAuxBias { bias, dtype, .. }
             | Self::BGradB { bias, dtype } => Some((bias, dtype)),
+            _ => None,
+        }
+    }
+
+    /// Where C is read from when that is not D.
+    fn residual(self) -> Option<u64> {
+        match self {
+            Self::BiasResidual { residual, .. } => Some(residual),
             _ => None,
         }
     }
@@ -479,19 +494,27 @@ impl BlasLt {
             ldb: g.ldb,
             ldc: g.ldc,
             types: (a.dtype(), b.dtype(), c.dtype()),
-            accumulate: desc.beta != 0.0,
+            accumulate: desc.beta != 0.0 || epilogue.residual().is_some(),
             trans: (ta, tb),
             epilogue: (epi, epilogue.bias().map_or(DType::F32, |(_, d)| d)),
         };
         let ws = self.workspace.bytes() as u64;
-        let (alpha, beta) = (desc.alpha, desc.beta);
         let cptr = c.ptr_at(desc.c_offset);
+        // C (read when beta ≠ 0) and D (written): one buffer, or a separate residual as C
+        // (beta 1).
+        let alpha = desc.alpha;
+        let beta = if epilogue.residual().is_some() {
+            1.0f32
+        } else {
+            desc.beta
+        };
+        let c_in = epilogue.residual().unwrap_or(cptr);
         let (handle, wsp) = (self.handle, self.workspace.ptr());
         let run = |algo: &ltsys::cublasLtMatmulAlgo_t| {
             // SAFETY: `validate` checked the dtypes, the layout rules and that every operand
             // range lies inside its (live) buffer; the layouts above describe exactly those
-            // ranges (A' = duet's B at b_offset, B' = duet's A at a_offset, C = D = duet's C at
-            // c_offset); the scale pointers address slots inside `scale_inv`; alpha/beta are
+            // ranges (A' = duet's B at b_offset, B' = duet's A at a_offset, D = duet's C at
+            // c_offset, C = D or the residual the caller checked has C's extent); the scale pointers address slots inside `scale_inv`; alpha/beta are
             // host f32 values (the default host pointer mode with an f32 scale type); the
             // workspace is a live allocation of `ws` bytes, 256-byte aligned like every
             // allocation; `algo` came from the heuristic for these descriptors; the stream is
@@ -506,7 +529,7 @@ impl BlasLt {
                     la,
                     a.ptr_at(desc.a_offset) as *const c_void,
                     lb,
-                    cptr as *const c_void,
+                    c_in as *const c_void,
                     lc,
                     cptr as *mut c_void,
                     lc,
@@ -581,7 +604,7 @@ impl BlasLt {
                 stream,
                 &self.mem,
                 candidates,
-                (desc.beta != 0.0).then_some((c_ptr, c_bytes)),
+                (beta != 0.0 && c_in == cptr).then_some((c_ptr, c_bytes)),
                 &run,
             )
             .map_err(|e| match e {

@@ -127,6 +127,10 @@ pub enum Epilogue<'a, B> {
     /// `C = alpha·op(A)·op(B) + beta·C + bias`: `bias` holds one value per column of C (f32
     /// or C's dtype).
     Bias(&'a B),
+    /// `C = residual + op(A)·op(B) + bias`: a linear layer on a residual stream in one pass
+    /// (C is only written; `residual` has C's shape and dtype, `bias` C's dtype). Needs
+    /// alpha = 1, beta = 0.
+    BiasResidual { bias: &'a B, residual: &'a B },
     /// `pre = op(A)·op(B) + bias` and `C = gelu(pre)` (tanh approximation); `pre` has C's
     /// shape and dtype. Needs alpha = 1, beta = 0.
     BiasGelu { bias: &'a B, pre: &'a mut B },
@@ -731,8 +735,9 @@ pub trait Device: Send + Sync + Sized + 'static {
         false
     }
 
-    /// [`Device::gemm_fp8`] with a fused [`Epilogue::Bias`] or [`Epilogue::BiasGelu`] (bias and
-    /// `pre` in C's dtype); other epilogues are refused. The result equals `gemm_fp8` followed
+    /// [`Device::gemm_fp8`] with a fused [`Epilogue::Bias`], [`Epilogue::BiasResidual`] or
+    /// [`Epilogue::BiasGelu`] (bias, residual and `pre` in C's dtype); other epilogues are
+    /// refused. The result equals `gemm_fp8` followed
     /// by the separate ops up to rounding.
     #[allow(clippy::too_many_arguments)]
     fn gemm_fp8_epilogue(

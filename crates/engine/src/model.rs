@@ -1312,10 +1312,10 @@ fn block_forward<D: Device>(
         w(BlockParam::AttnW),
         w(BlockParam::AttnB),
         &mut a.qkv,
+        None,
         n,
         c,
         3 * c,
-        0.0,
     )?;
     if d.flash {
         dev.flash_attention_forward(&a.qkv, &mut a.attc, &mut a.lse, b, t, nh, hs, scale)?;
@@ -1324,7 +1324,6 @@ fn block_forward<D: Device>(
         attention_forward(dev, s, d, scale)?;
         dev.merge_heads(&s.d_c2, &mut a.attc, b, t, nh, hs, false)?;
     }
-    dev.copy(x, 0, &mut a.res2, 0, n * c)?;
     linear_forward(
         dev,
         q8.as_mut().map(|q| (q, 4 * l + 1)),
@@ -1333,10 +1332,10 @@ fn block_forward<D: Device>(
         w(BlockParam::ProjW),
         w(BlockParam::ProjB),
         &mut a.res2,
+        Some(x),
         n,
         c,
         c,
-        1.0,
     )?;
     // MLP.
     dev.layernorm_forward(
@@ -1364,7 +1363,6 @@ fn block_forward<D: Device>(
         c,
         f,
     )?;
-    dev.copy(&a.res2, 0, &mut a.res3, 0, n * c)?;
     linear_forward(
         dev,
         q8.as_mut().map(|q| (q, 4 * l + 3)),
@@ -1373,10 +1371,10 @@ fn block_forward<D: Device>(
         w(BlockParam::FcProjW),
         w(BlockParam::FcProjB),
         &mut a.res3,
+        Some(&a.res2),
         n,
         f,
         c,
-        1.0,
     )?;
     Ok(())
 }
@@ -1649,7 +1647,8 @@ fn attention_probs<D: Device>(
     Ok(())
 }
 
-/// `out = beta·out + x · Wᵀ + bias` for `x` (`n × k`), `W` (`m × k`), `out` (`n × m`). With
+/// `out = residual + x · Wᵀ + bias` (no residual: `x · Wᵀ + bias`) for `x` (`n × k`), `W`
+/// (`m × k`), `out` and `residual` (`n × m`). With
 /// `q8` (FP8 buffers and the linear layer's index) the GEMM runs on FP8 copies of `x` and `W`
 /// quantised with their current scales (recording their amaxes); the transposed copies are kept
 /// for the backward pass. Bias (and GELU, see [`linear_gelu_forward`]) are fused into the GEMM
@@ -1663,12 +1662,12 @@ fn linear_forward<D: Device>(
     w: &D::Buffer,
     bias: &D::Buffer,
     out: &mut D::Buffer,
+    residual: Option<&D::Buffer>,
     n: usize,
     k: usize,
     m: usize,
-    beta: f32,
 ) -> Result<()> {
-    linear_act_forward(dev, q8, record, x, w, bias, out, None, n, k, m, beta)
+    linear_act_forward(dev, q8, record, x, w, bias, out, residual, None, n, k, m)
 }
 
 /// [`linear_forward`] into `pre` followed by `out = gelu(pre)`: one GEMM with a fused
@@ -1687,10 +1686,11 @@ fn linear_gelu_forward<D: Device>(
     k: usize,
     m: usize,
 ) -> Result<()> {
-    linear_act_forward(dev, q8, record, x, w, bias, out, Some(pre), n, k, m, 0.0)
+    linear_act_forward(dev, q8, record, x, w, bias, out, None, Some(pre), n, k, m)
 }
 
-/// The body of [`linear_forward`] (`gelu_pre` None) and [`linear_gelu_forward`].
+/// The body of [`linear_forward`] (`gelu_pre` None) and [`linear_gelu_forward`] (no
+/// residual).
 #[allow(clippy::too_many_arguments)]
 fn linear_act_forward<D: Device>(
     dev: &D,
@@ -1700,27 +1700,38 @@ fn linear_act_forward<D: Device>(
     w: &D::Buffer,
     bias: &D::Buffer,
     out: &mut D::Buffer,
+    residual: Option<&D::Buffer>,
     gelu_pre: Option<&mut D::Buffer>,
     n: usize,
     k: usize,
     m: usize,
-    beta: f32,
 ) -> Result<()> {
-    let desc = GemmDesc::new(false, true, n, m, k).beta(beta);
+    let desc = GemmDesc::new(false, true, n, m, k);
+    // Without a fused epilogue the residual is copied into `out` and the GEMM adds onto it.
+    let unfused_desc = if residual.is_some() {
+        desc.beta(1.0)
+    } else {
+        desc
+    };
     let target = match q8 {
         None => {
             if dev.supports_gemm_epilogue(out.dtype()) {
-                let epi = match gelu_pre {
-                    Some(pre) => Epilogue::BiasGelu { bias, pre },
-                    None => Epilogue::Bias(bias),
-                };
-                return Ok(dev.gemm_epilogue(&desc, x, w, out, epi)?);
+                return Ok(dev.gemm_epilogue(
+                    &desc,
+                    x,
+                    w,
+                    out,
+                    linear_epilogue(bias, residual, gelu_pre),
+                )?);
             }
             let (target, gelu_out) = match gelu_pre {
                 Some(pre) => (pre, Some(out)),
                 None => (out, None),
             };
-            dev.gemm(&desc, x, w, target)?;
+            if let Some(r) = residual {
+                dev.copy(r, 0, target, 0, n * m)?;
+            }
+            dev.gemm(&unfused_desc, x, w, target)?;
             (target, gelu_out)
         }
         Some((q, id)) => {
@@ -1741,17 +1752,17 @@ fn linear_act_forward<D: Device>(
             dev.quantize_fp8(w, w8, w8t, m, k, &st.scale, amax, sw)?;
             let (x8, w8, si) = (&q.x8[kind], &q.w8[id], &st.scale_inv);
             if dev.supports_fp8_epilogue(out.dtype()) {
-                let epi = match gelu_pre {
-                    Some(pre) => Epilogue::BiasGelu { bias, pre },
-                    None => Epilogue::Bias(bias),
-                };
+                let epi = linear_epilogue(bias, residual, gelu_pre);
                 return Ok(dev.gemm_fp8_epilogue(&desc, x8, w8, out, si, sx, sw, epi)?);
             }
             let (target, gelu_out) = match gelu_pre {
                 Some(pre) => (pre, Some(out)),
                 None => (out, None),
             };
-            dev.gemm_fp8(&desc, x8, w8, target, si, sx, sw)?;
+            if let Some(r) = residual {
+                dev.copy(r, 0, target, 0, n * m)?;
+            }
+            dev.gemm_fp8(&unfused_desc, x8, w8, target, si, sx, sw)?;
             (target, gelu_out)
         }
     };
@@ -1761,6 +1772,19 @@ fn linear_act_forward<D: Device>(
         dev.gelu_forward(target, out)?;
     }
     Ok(())
+}
+
+/// The fused epilogue of a linear layer's GEMM: bias, and GELU or a residual.
+fn linear_epilogue<'a, B>(
+    bias: &'a B,
+    residual: Option<&'a B>,
+    gelu_pre: Option<&'a mut B>,
+) -> Epilogue<'a, B> {
+    match (gelu_pre, residual) {
+        (Some(pre), _) => Epilogue::BiasGelu { bias, pre },
+        (None, Some(residual)) => Epilogue::BiasResidual { bias, residual },
+        (None, None) => Epilogue::Bias(bias),
+    }
 }
 
 /// Where a linear layer's backward pass finds its input `x` and puts the input gradient `dx`.

@@ -80,6 +80,20 @@ impl CudaDevice {
             Ok(())
         };
         let (lt_epi, bias) = match epilogue {
+            Epilogue::BiasResidual { bias, residual } => {
+                fused_only("bias + residual")?;
+                check_bias(bias)?;
+                duet_device::check_dtype(OP, residual, c.dtype())?;
+                duet_device::check_len(OP, "residual", residual, c.len())?;
+                (
+                    LtEpilogue::BiasResidual {
+                        bias: bias.ptr(),
+                        dtype: bias.dtype(),
+                        residual: residual.ptr_at(desc.c_offset),
+                    },
+                    Some(bias),
+                )
+            }
             Epilogue::Bias(bias) => {
                 check_bias(bias)?;
                 (
@@ -131,6 +145,11 @@ impl CudaDevice {
                     LtEpilogue::Bias { .. } => LtEpilogue::Bias {
                         bias: low.ptr(),
                         dtype: dt,
+                    },
+                    LtEpilogue::BiasResidual { residual, .. } => LtEpilogue::BiasResidual {
+                        bias: low.ptr(),
+                        dtype: dt,
+                        residual,
                     },
                     LtEpilogue::GeluAuxBias { aux, ld, .. } => LtEpilogue::GeluAuxBias {
                         bias: low.ptr(),
@@ -227,12 +246,32 @@ impl CudaDevice {
         };
         let (slots, scales) = ((a_slot, b_slot), scale_inv);
         match epilogue {
-            Epilogue::Bias(bias) => {
+            Epilogue::Bias(bias) | Epilogue::BiasResidual { bias, .. } => {
                 check_bias(bias)?;
+                let residual = match epilogue {
+                    Epilogue::BiasResidual { residual, .. } => {
+                        duet_device::check_dtype(OP8, residual, dt)?;
+                        duet_device::check_len(OP8, "residual", residual, c.len())?;
+                        if desc.alpha != 1.0 || desc.beta != 0.0 {
+                            return Err(DeviceError::InvalidArgument(format!(
+                                "{OP8}: the bias + residual epilogue needs alpha 1 and beta 0"
+                            )));
+                        }
+                        Some(residual)
+                    }
+                    _ => None,
+                };
                 if self.fp8_epilogue_refused.load(Ordering::Relaxed) & 1 == 0 {
-                    let epi = LtEpilogue::Bias {
-                        bias: bias.ptr(),
-                        dtype: dt,
+                    let epi = match residual {
+                        Some(r) => LtEpilogue::BiasResidual {
+                            bias: bias.ptr(),
+                            dtype: dt,
+                            residual: r.ptr(),
+                        },
+                        None => LtEpilogue::Bias {
+                            bias: bias.ptr(),
+                            dtype: dt,
+                        },
                     };
                     match self.with_lt(OP8, |lt| {
                         lt.gemm_fp8(&self.stream, desc, a, b, c, scales, slots, epi)
@@ -243,7 +282,14 @@ impl CudaDevice {
                         }
                     }
                 }
-                self.gemm_fp8(desc, a, b, c, scales, a_slot, b_slot)?;
+                match residual {
+                    Some(r) => {
+                        self.copy(r, 0, c, 0, c.len())?;
+                        let acc = GemmDesc { beta: 1.0, ..*desc };
+                        self.gemm_fp8(&acc, a, b, c, scales, a_slot, b_slot)?;
+                    }
+                    None => self.gemm_fp8(desc, a, b, c, scales, a_slot, b_slot)?,
+                }
                 self.bias_add(c, bias, desc.m, desc.n)
             }
             Epilogue::BiasGelu { bias, pre } => {
@@ -282,7 +328,7 @@ impl CudaDevice {
                 self.gelu_forward(pre, c)
             }
             _ => Err(DeviceError::InvalidArgument(format!(
-                "{OP8}: only the bias and bias + GELU epilogues run on FP8 GEMMs"
+                "{OP8}: only the bias, bias + residual and bias + GELU epilogues run on FP8 GEMMs"
             ))),
         }
     }

@@ -1,17 +1,128 @@
-// FP8 quantisation for delayed scaling (see duet_device::Device::quantize_fp8).
+// FP8 quantisation for delayed scaling (see duet_device::Device::quantize_fp8 and
+// Device::quantize_fp8_grad).
 //
-// dst = encode(src * scale[0]) with the codecs of common.cuh (round to nearest even, saturating,
-// bit-identical to the CPU reference), and amax[0] = max(amax[0], max |src|) in the same pass.
-// The amax is the one reduction with an atomic: a max is exact and order-independent, so the
-// result is deterministic. NaN elements are skipped (fmaxf). |x| ≥ 0 compares like its bit
-// pattern as an unsigned integer, so atomicMax on the bits is a float max.
+// dst = encode(src * scale[0]) (round to nearest even, saturating, bit-identical to the CPU
+// reference), and amax[0] = max(amax[0], max |src|) in the same pass. The amax is the one
+// reduction with an atomic: a max is exact and order-independent, so the result is
+// deterministic. NaN elements are skipped (fmaxf). |x| ≥ 0 compares like its bit pattern as an
+// unsigned integer, so atomicMax on the bits is a float max.
+//
+// Kernels:
+//   quantize_<S>_<D>          grid-stride over 8-element vectors (+ scalar tail), no transpose.
+//   quantize_t_<S>_<D>        64 × 64 tiles, vectorised; rows and cols multiples of 8.
+//   quantize_t_scalar_<S>_<D> 32 × 32 tiles, one element per thread; any shape.
+//   quantize_grad_t_<S>_<D>   the tile kernel on g = dout, plus per-tile column sums of g.
+//   quantize_dgelu_t_<S>_<D>  the same on g = gelu'(pre) · dout rounded to S.
+// The column sums are written to partial[tile_row · cols + col] (f32, a fixed order inside the
+// tile) and added into dbias by colsum_finish (reduce.cu) in tile order: no float atomics.
 #include "common.cuh"
+
+#define GELU_SQRT_2_OVER_PI 0.7978845608028654f
+#define GELU_COEFF 0.044715f
+
+// Exactly gelu_grad_f of elementwise.cu (same expression, so the same rounding): the fused
+// gradient must equal gelu_backward's output bit for bit.
+__device__ __forceinline__ float gelu_grad_f(float x) {
+    const float u = GELU_SQRT_2_OVER_PI * (x + GELU_COEFF * x * x * x);
+    const float t = tanhf(u);
+    const float sech2 = 1.0f - t * t;
+    return 0.5f * (1.0f + t) +
+           0.5f * x * sech2 * GELU_SQRT_2_OVER_PI * (1.0f + 3.0f * GELU_COEFF * x * x);
+}
 
 __device__ __forceinline__ void record_amax(float m, float* amax) {
     atomicMax(reinterpret_cast<unsigned int*>(amax), __float_as_uint(m));
 }
 
-// Grid-stride version without a transposed copy; blockDim.x = 256.
+// ------------------------------------------------------------------ 4 codes per word
+//
+// encode4<D>(a, b, c, d) packs the codes of a, b, c, d into bytes 0..3 of a word (little-endian
+// memory order: a first).
+//
+// On sm_89 and later the OCP formats use the hardware conversion cvt.rn.satfinite.{e4m3x2,
+// e5m2x2}.f32 (two values per instruction; the second source operand goes to the low byte).
+// Why its codes equal the CPU reference (duet_device::Fp8Format::encode and
+// duet_cpu's FastEncoder, i.e. fp8_encode in common.cuh), case by case:
+//   * Finite values below the largest finite code: both round the exact f32 input once, to
+//     nearest with ties to even, onto the format's grid (normals and subnormals alike; the
+//     hardware handles FP8 subnormals, cuda_fp8.hpp's reference emulation of the same
+//     instruction shows the denormal branch). Same code.
+//   * Ties: .rn is IEEE round-half-even; the CPU picks the even code on an exact tie (rintf /
+//     round_ties_even / the table's lo % 2 == 0). Same code.
+//   * Tiny values that round to zero keep their sign: the hardware gives ±0 (0x00 / 0x80), the
+//     CPU gives code 0 with the sign bit for a negative input (OCP formats have -0). f32
+//     subnormal inputs lie far below half the smallest FP8 subnormal (2^-10 for E4M3, 2^-17
+//     for E5M2), so flushing or not makes no difference: ±0 either way.
+//   * ±0: sign preserved by both (0x00 / 0x80).
+//   * |x| ≥ max finite (448 for E4M3, 57344 for E5M2), including ±inf: .satfinite clamps
+//     results that would be inf (E5M2) or NaN/out of range (E4M3) to ±max finite; values in
+//     [max, max + ulp/2] round to max anyway. The CPU maps every |x| ≥ max to the max code
+//     with the sign. Same code (0x7e/0xfe for E4M3, 0x7b/0xfb for E5M2).
+//   * NaN: the CPU always gives 0x7f (sign ignored). The hardware's NaN output is not
+//     documented precisely enough (cuda_fp8.hpp's emulation keeps the sign, giving 0xff for a
+//     negative NaN, and 0x7e|mantissa-bits for E5M2), so NaN inputs are fixed up explicitly
+//     to 0x7f below.
+// FNUZ formats (no hardware conversion) and sm_80 use the software codec of common.cuh.
+template <typename D> struct HwFp8 {
+    static constexpr int kind = 0;  // 0: software codec, 1: e4m3x2, 2: e5m2x2
+};
+template <> struct HwFp8<e4m3_t> {
+    static constexpr int kind = 1;
+};
+template <> struct HwFp8<e5m2_t> {
+    static constexpr int kind = 2;
+};
+
+template <typename D>
+__device__ __forceinline__ unsigned int encode4(float a, float b, float c, float d) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    if constexpr (HwFp8<D>::kind != 0) {
+        unsigned short lo, hi;
+        if constexpr (HwFp8<D>::kind == 1) {
+            asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(lo) : "f"(b), "f"(a));
+            asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(hi) : "f"(d), "f"(c));
+        } else {
+            asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(lo) : "f"(b), "f"(a));
+            asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(hi) : "f"(d), "f"(c));
+        }
+        const unsigned int w = (unsigned int)lo | ((unsigned int)hi << 16);
+        // NaN → 0x7f whatever the sign (the CPU's code; see above).
+        const unsigned int nan = (a != a ? 0x000000ffu : 0u) | (b != b ? 0x0000ff00u : 0u) |
+                                 (c != c ? 0x00ff0000u : 0u) | (d != d ? 0xff000000u : 0u);
+        return (w & ~nan) | (0x7f7f7f7fu & nan);
+    } else
+#endif
+    {
+        return (unsigned int)from_f32<D>(a).bits | ((unsigned int)from_f32<D>(b).bits << 8) |
+               ((unsigned int)from_f32<D>(c).bits << 16) |
+               ((unsigned int)from_f32<D>(d).bits << 24);
+    }
+}
+
+// 8 codes of v[0..8) * s as one 8-byte vector.
+template <typename D> __device__ __forceinline__ uint2 encode8(const float (&v)[8], float s) {
+    uint2 q;
+    q.x = encode4<D>(v[0] * s, v[1] * s, v[2] * s, v[3] * s);
+    q.y = encode4<D>(v[4] * s, v[5] * s, v[6] * s, v[7] * s);
+    return q;
+}
+
+// 8 consecutive source elements (16-byte aligned) as raw 16-byte packs: loaded first, converted
+// later, so a thread's loads are all in flight before it computes.
+template <typename S> struct Raw8 {
+    static const int N = Pack<S>::N;  // 8 for bf16/f16, 4 for f32
+    Pack<S> p[8 / Pack<S>::N];
+    __device__ __forceinline__ void load(const S* __restrict__ q) {
+#pragma unroll
+        for (int h = 0; h < 8 / N; ++h) p[h] = load_pack(q + h * N);
+    }
+    __device__ __forceinline__ float get(int j) const { return to_f32(p[j / N].v[j % N]); }
+};
+
+// ------------------------------------------------------------------ without transpose
+
+// Grid-stride over 8-element vectors (one or two 16-byte loads, one 8-byte store), then a scalar
+// tail; blockDim.x = 256. Buffers start at allocation boundaries, so the vectors are aligned.
 template <typename S, typename D>
 __device__ __forceinline__ void quantize_body(const S* __restrict__ src, D* __restrict__ dst,
                                               u64 n, const float* __restrict__ scale,
@@ -19,8 +130,22 @@ __device__ __forceinline__ void quantize_body(const S* __restrict__ src, D* __re
     __shared__ float sh[32];
     const float s = scale[0];
     const u64 stride = (u64)gridDim.x * blockDim.x;
+    const u64 first = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    unsigned char* out = reinterpret_cast<unsigned char*>(dst);
+    const u64 units = n / 8;
     float m = 0.0f;
-    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+    for (u64 i = first; i < units; i += stride) {
+        Raw8<S> x;
+        x.load(src + i * 8);
+        float v[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            v[j] = x.get(j);
+            m = fmaxf(m, fabsf(v[j]));
+        }
+        *reinterpret_cast<uint2*>(out + i * 8) = encode8<D>(v, s);
+    }
+    for (u64 i = units * 8 + first; i < n; i += stride) {
         const float x = to_f32(src[i]);
         m = fmaxf(m, fabsf(x));
         dst[i] = from_f32<D>(x * s);
@@ -29,13 +154,159 @@ __device__ __forceinline__ void quantize_body(const S* __restrict__ src, D* __re
     if (threadIdx.x == 0) record_amax(m, amax);
 }
 
-// 32 × 32 tiles with a (32, 8) block: writes dst (rows × cols) and its transpose dst_t
-// (cols × rows) through shared memory, so both stores are coalesced.
+// ------------------------------------------------------------------ 64 × 64 tiles, vectorised
+//
+// Block of QT_THREADS = 128 threads, grid (⌈rows / 64⌉, ⌈cols / 64⌉); rows and cols multiples
+// of 8 (the host checks), so every 8-element vector is either wholly inside the matrix or
+// wholly outside.
+//
+// Load phase: thread t owns columns 8·(t % 8) .. +7 of tile rows t / 8 + 16p (p = 0..3): it
+// loads 4 vectors (all in flight at once), encodes each into 8 codes, stores them to dst with
+// one 8-byte store and into the shared tile (64 rows × 16 words).
+// Transpose phase: thread t owns tile rows 8·(t % 8) .. +7 and word column t / 8 (4 tile
+// columns): it reads 8 words, transposes the 8 × 4 bytes in registers (__byte_perm) and writes
+// 4 × 8 bytes to dst_t, rows of dst_t being tile columns. The 8 lanes with the same word column
+// write 64 contiguous bytes of one dst_t row.
+// The shared tile is XOR-swizzled by word (w ^ 4·((row / 8) % 4)), which keeps the 8-byte
+// stores conflict-free and the transpose reads at most 2-way conflicted.
+#define QT 64
+#define QT_THREADS 128
+#define QT_PASSES 4  // QT / (QT_THREADS / 8)
+
+__device__ __forceinline__ int tile_word(int row, int w) { return w ^ (((row >> 3) & 3) << 2); }
+
+// Transposes a 4 × 4 byte block: out[i] byte k = in[k] byte i.
+__device__ __forceinline__ void transpose4x4(unsigned int a, unsigned int b, unsigned int c,
+                                             unsigned int d, unsigned int (&out)[4]) {
+    const unsigned int t0 = __byte_perm(a, b, 0x5140);  // a0 b0 a1 b1
+    const unsigned int t1 = __byte_perm(a, b, 0x7362);  // a2 b2 a3 b3
+    const unsigned int t2 = __byte_perm(c, d, 0x5140);  // c0 d0 c1 d1
+    const unsigned int t3 = __byte_perm(c, d, 0x7362);  // c2 d2 c3 d3
+    out[0] = __byte_perm(t0, t2, 0x5410);               // a0 b0 c0 d0
+    out[1] = __byte_perm(t0, t2, 0x7632);               // a1 b1 c1 d1
+    out[2] = __byte_perm(t1, t3, 0x5410);               // a2 b2 c2 d2
+    out[3] = __byte_perm(t1, t3, 0x7632);               // a3 b3 c3 d3
+}
+
+// MODE 0: quantise src. MODE 1: g = src (dout), plus column sums. MODE 2: g = gelu'(pre) · src
+// rounded to S, plus column sums. dst_t may be null in modes 1 and 2 (no transposed copy).
+template <typename S, typename D, int MODE>
+__device__ __forceinline__ void quantize_tile_body(const S* __restrict__ src,
+                                                   const S* __restrict__ pre, D* __restrict__ dst_,
+                                                   D* __restrict__ dst_t_,
+                                                   float* __restrict__ partial, u64 rows,
+                                                   u64 cols, const float* __restrict__ scale,
+                                                   float* __restrict__ amax) {
+    __shared__ __align__(16) unsigned int tile[QT][QT / 4];
+    __shared__ float wmax[QT_THREADS / 32];
+    __shared__ float csum[MODE != 0 ? QT_THREADS / 32 : 1][QT];
+    unsigned char* dst = reinterpret_cast<unsigned char*>(dst_);
+    unsigned char* dst_t = reinterpret_cast<unsigned char*>(dst_t_);
+    const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+    const u64 r0 = (u64)blockIdx.x * QT, c0 = (u64)blockIdx.y * QT;
+    const float s = scale[0];
+
+    const int cg = t & 7, rt = t >> 3;
+    const u64 c = c0 + cg * 8;
+    const bool col_ok = c < cols;
+    Raw8<S> xs[QT_PASSES];
+    Raw8<S> ps[MODE == 2 ? QT_PASSES : 1];
+#pragma unroll
+    for (int p = 0; p < QT_PASSES; ++p) {
+        const u64 r = r0 + rt + 16 * p;
+        if (col_ok && r < rows) {
+            xs[p].load(src + r * cols + c);
+            if constexpr (MODE == 2) ps[p].load(pre + r * cols + c);
+        }
+    }
+    float m = 0.0f;
+    float acc[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) acc[j] = 0.0f;
+#pragma unroll
+    for (int p = 0; p < QT_PASSES; ++p) {
+        const int tr = rt + 16 * p;
+        const u64 r = r0 + tr;
+        if (col_ok && r < rows) {
+            float v[8];
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                if constexpr (MODE == 2)
+                    v[j] = to_f32(from_f32<S>(gelu_grad_f(ps[p].get(j)) * xs[p].get(j)));
+                else
+                    v[j] = xs[p].get(j);
+                m = fmaxf(m, fabsf(v[j]));
+                if constexpr (MODE != 0) acc[j] += v[j];
+            }
+            const uint2 q = encode8<D>(v, s);
+            *reinterpret_cast<uint2*>(dst + r * cols + c) = q;
+            *reinterpret_cast<uint2*>(&tile[tr][tile_word(tr, 2 * cg)]) = q;
+        }
+    }
+
+    m = warp_max(m);
+    if (lane == 0) wmax[warp] = m;
+    if constexpr (MODE != 0) {
+        // Column sums over the tile's rows: lanes l, l + 8, l + 16, l + 24 hold the same
+        // columns (butterfly, so every lane gets the same sum), then the 4 warps in order.
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            acc[j] += __shfl_xor_sync(0xffffffffu, acc[j], 8);
+            acc[j] += __shfl_xor_sync(0xffffffffu, acc[j], 16);
+        }
+        if (lane < 8) {
+#pragma unroll
+            for (int j = 0; j < 8; ++j) csum[warp][lane * 8 + j] = acc[j];
+        }
+    }
+    __syncthreads();
+    if (t == 0) {
+        float b = wmax[0];
+#pragma unroll
+        for (int w = 1; w < QT_THREADS / 32; ++w) b = fmaxf(b, wmax[w]);
+        record_amax(b, amax);
+    }
+    if constexpr (MODE != 0) {
+        if (t < QT && c0 + t < cols) {
+            float sum = csum[0][t];
+#pragma unroll
+            for (int w = 1; w < QT_THREADS / 32; ++w) sum += csum[w][t];
+            partial[(u64)blockIdx.x * cols + c0 + t] = sum;
+        }
+    }
+    if (dst_t == nullptr) return;  // uniform across the grid
+
+    const int g = t & 7, w = t >> 3;
+    const u64 rr = r0 + 8 * g;
+    // cols is a multiple of 8, so columns 4w .. 4w + 3 are all inside or all outside.
+    if (rr < rows && c0 + 4 * w < cols) {
+        unsigned int lo[4], hi[4];
+        transpose4x4(tile[8 * g + 0][tile_word(8 * g + 0, w)],
+                     tile[8 * g + 1][tile_word(8 * g + 1, w)],
+                     tile[8 * g + 2][tile_word(8 * g + 2, w)],
+                     tile[8 * g + 3][tile_word(8 * g + 3, w)], lo);
+        transpose4x4(tile[8 * g + 4][tile_word(8 * g + 4, w)],
+                     tile[8 * g + 5][tile_word(8 * g + 5, w)],
+                     tile[8 * g + 6][tile_word(8 * g + 6, w)],
+                     tile[8 * g + 7][tile_word(8 * g + 7, w)], hi);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const u64 cc = c0 + 4 * w + i;
+            *reinterpret_cast<uint2*>(dst_t + cc * rows + rr) = make_uint2(lo[i], hi[i]);
+        }
+    }
+}
+
+// ------------------------------------------------------------------ 32 × 32 tiles, scalar
+
+// Any shape. Block (32, 8): writes dst (rows × cols) and its transpose dst_t (cols × rows)
+// through shared memory, so both stores are coalesced.
 template <typename S, typename D>
-__device__ __forceinline__ void quantize_t_body(const S* __restrict__ src, D* __restrict__ dst,
-                                                D* __restrict__ dst_t, u64 rows, u64 cols,
-                                                const float* __restrict__ scale,
-                                                float* __restrict__ amax) {
+__device__ __forceinline__ void quantize_t_scalar_body(const S* __restrict__ src,
+                                                       D* __restrict__ dst, D* __restrict__ dst_t,
+                                                       u64 rows, u64 cols,
+                                                       const float* __restrict__ scale,
+                                                       float* __restrict__ amax) {
     __shared__ unsigned char tile[32][33];
     __shared__ float sh[8];
     const float s = scale[0];
@@ -74,10 +345,28 @@ __device__ __forceinline__ void quantize_t_body(const S* __restrict__ src, D* __
                                                     float* __restrict__ amax) {                \
         quantize_body(src, dst, n, scale, amax);                                              \
     }                                                                                         \
-    extern "C" __global__ void quantize_t_##SS##_##SD(                                        \
+    extern "C" __global__ void __launch_bounds__(QT_THREADS) quantize_t_##SS##_##SD(          \
         const S* __restrict__ src, D* __restrict__ dst, D* __restrict__ dst_t, u64 rows,     \
         u64 cols, const float* __restrict__ scale, float* __restrict__ amax) {               \
-        quantize_t_body(src, dst, dst_t, rows, cols, scale, amax);                            \
+        quantize_tile_body<S, D, 0>(src, nullptr, dst, dst_t, nullptr, rows, cols, scale,     \
+                                    amax);                                                    \
+    }                                                                                         \
+    extern "C" __global__ void quantize_t_scalar_##SS##_##SD(                                 \
+        const S* __restrict__ src, D* __restrict__ dst, D* __restrict__ dst_t, u64 rows,     \
+        u64 cols, const float* __restrict__ scale, float* __restrict__ amax) {               \
+        quantize_t_scalar_body(src, dst, dst_t, rows, cols, scale, amax);                     \
+    }                                                                                         \
+    extern "C" __global__ void __launch_bounds__(QT_THREADS) quantize_grad_t_##SS##_##SD(     \
+        const S* __restrict__ dout, const S* __restrict__ pre, D* __restrict__ dst,          \
+        D* __restrict__ dst_t, float* __restrict__ partial, u64 rows, u64 cols,              \
+        const float* __restrict__ scale, float* __restrict__ amax) {                         \
+        quantize_tile_body<S, D, 1>(dout, pre, dst, dst_t, partial, rows, cols, scale, amax); \
+    }                                                                                         \
+    extern "C" __global__ void __launch_bounds__(QT_THREADS) quantize_dgelu_t_##SS##_##SD(    \
+        const S* __restrict__ dout, const S* __restrict__ pre, D* __restrict__ dst,          \
+        D* __restrict__ dst_t, float* __restrict__ partial, u64 rows, u64 cols,              \
+        const float* __restrict__ scale, float* __restrict__ amax) {                         \
+        quantize_tile_body<S, D, 2>(dout, pre, dst, dst_t, partial, rows, cols, scale, amax); \
     }
 #define QUANTIZE_TO(S, SS)                                                                    \
     QUANTIZE(S, SS, e4m3_t, f8e4m3)                                                           \

@@ -29,6 +29,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 mod embedding;
 mod epilogue;
 mod flash;
+mod fp8;
 mod graph;
 pub use graph::CudaStepGraph;
 mod layernorm;
@@ -76,16 +77,22 @@ pub struct CudaDevice {
     tables: Mutex<multi::Tables>,
     /// cuBLASLt refused the bias-gradient epilogue once: use the plain GEMM and a column sum.
     bgrad_refused: std::sync::atomic::AtomicBool,
+    /// FP8 epilogues cuBLASLt refused once (bit 0 bias, bit 1 bias + GELU): the separate ops.
+    fp8_epilogue_refused: std::sync::atomic::AtomicU8,
     /// NVTX ranges for profiler timelines, when the library is present.
     nvtx: Option<crate::nvtx::Nvtx>,
     /// A graph is being recorded (see device/graph.rs).
     capturing: std::sync::atomic::AtomicBool,
     /// Whether the fused paths (flash attention, GEMM epilogues) are offered.
     fused: std::sync::atomic::AtomicBool,
+    /// GEMM autotuning ([`Device::set_gemm_autotune`]; `DUET_GEMM_AUTOTUNE=1` starts on).
+    autotune: std::sync::atomic::AtomicBool,
 }
 
 /// Set to 1 to start with the fused paths off ([`CudaDevice::set_fused_ops`]).
 pub const UNFUSED_ENV: &str = "DUET_CUDA_UNFUSED";
+/// Set to 1 to start with GEMM autotuning on ([`Device::set_gemm_autotune`]).
+pub const AUTOTUNE_ENV: &str = "DUET_GEMM_AUTOTUNE";
 
 impl std::fmt::Debug for CudaDevice {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -323,10 +330,14 @@ impl CudaDevice {
             blas_lt: Mutex::new(None),
             tables: Mutex::new(multi::Tables::default()),
             bgrad_refused: std::sync::atomic::AtomicBool::new(false),
+            fp8_epilogue_refused: std::sync::atomic::AtomicU8::new(0),
             capturing: std::sync::atomic::AtomicBool::new(false),
             nvtx: crate::nvtx::Nvtx::load(),
             fused: std::sync::atomic::AtomicBool::new(
                 std::env::var(UNFUSED_ENV).map_or(true, |v| v.trim() != "1"),
+            ),
+            autotune: std::sync::atomic::AtomicBool::new(
+                std::env::var(AUTOTUNE_ENV).is_ok_and(|v| v.trim() == "1"),
             ),
         })
     }
@@ -342,6 +353,10 @@ impl CudaDevice {
     /// engine runs the separate ops). For A/B comparisons; `DUET_CUDA_UNFUSED=1` starts off.
     pub fn set_fused_ops(&self, on: bool) {
         self.fused.store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn gemm_autotune(&self) -> bool {
+        self.autotune.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     fn fused_ops(&self) -> bool {
@@ -547,7 +562,10 @@ impl CudaDevice {
         if lt.is_none() {
             *lt = Some(BlasLt::new(&self.ctx, &self.stream, self.cc, &self.mem)?);
         }
-        f(lt.as_mut().expect("created above"))
+        let lt = lt.as_mut().expect("created above");
+        lt.may_tune =
+            self.gemm_autotune() && !self.capturing.load(std::sync::atomic::Ordering::Relaxed);
+        f(lt)
     }
 }
 
@@ -786,7 +804,22 @@ impl Device for CudaDevice {
         b: &CudaBuffer,
         c: &mut CudaBuffer,
     ) -> Result<()> {
+        // Autotuned 16-bit GEMMs go through cuBLASLt, where the algorithm can be chosen.
+        let lt_ok = matches!(a.dtype(), DType::BF16 | DType::F16)
+            && b.dtype() == a.dtype()
+            && c.dtype() == a.dtype()
+            && desc.batch == 1;
+        if lt_ok && self.gemm_autotune() && self.fused_ops() {
+            desc.validate(a.len(), b.len(), c.len())?;
+            return self.lt_matmul(desc, a, b, c, blaslt::LtEpilogue::None);
+        }
         self.blas.gemm(desc, a, b, c)
+    }
+
+    fn set_gemm_autotune(&self, on: bool) -> bool {
+        self.autotune
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+        true
     }
 
     // ------------------------------------------------------------------ elementwise and casts
@@ -1540,6 +1573,24 @@ impl Device for CudaDevice {
         self.quantize_fp8_impl(src, dst, dst_t, rows, cols, scale, amax, slot)
     }
 
+    fn quantize_fp8_grad(
+        &self,
+        dout: &CudaBuffer,
+        gelu_pre: Option<&CudaBuffer>,
+        dst: &mut CudaBuffer,
+        dst_t: Option<&mut CudaBuffer>,
+        dbias: &mut CudaBuffer,
+        rows: usize,
+        cols: usize,
+        scale: &CudaBuffer,
+        amax: &mut CudaBuffer,
+        slot: usize,
+    ) -> Result<()> {
+        self.quantize_fp8_grad_impl(
+            dout, gelu_pre, dst, dst_t, dbias, rows, cols, scale, amax, slot,
+        )
+    }
+
     fn gemm_fp8(
         &self,
         desc: &GemmDesc,
@@ -1551,6 +1602,24 @@ impl Device for CudaDevice {
         b_slot: usize,
     ) -> Result<()> {
         self.gemm_fp8_impl(desc, a, b, c, scale_inv, a_slot, b_slot)
+    }
+
+    fn supports_fp8_epilogue(&self, dtype: DType) -> bool {
+        self.fused_ops() && self.info.supports_fp8 && matches!(dtype, DType::BF16 | DType::F16)
+    }
+
+    fn gemm_fp8_epilogue(
+        &self,
+        desc: &GemmDesc,
+        a: &CudaBuffer,
+        b: &CudaBuffer,
+        c: &mut CudaBuffer,
+        scale_inv: &CudaBuffer,
+        a_slot: usize,
+        b_slot: usize,
+        epilogue: duet_device::Epilogue<'_, CudaBuffer>,
+    ) -> Result<()> {
+        self.gemm_fp8_epilogue_impl(desc, a, b, c, scale_inv, a_slot, b_slot, epilogue)
     }
 
     fn sum_squares(&self, x: &CudaBuffer, out: &mut CudaBuffer, slot: usize) -> Result<()> {
@@ -1583,94 +1652,6 @@ impl Device for CudaDevice {
 }
 
 impl CudaDevice {
-    /// FP8 quantisation (see [`Device::quantize_fp8`]).
-    #[allow(clippy::too_many_arguments)]
-    fn quantize_fp8_impl(
-        &self,
-        src: &CudaBuffer,
-        dst: &mut CudaBuffer,
-        dst_t: Option<&mut CudaBuffer>,
-        rows: usize,
-        cols: usize,
-        scale: &CudaBuffer,
-        amax: &mut CudaBuffer,
-        slot: usize,
-    ) -> Result<()> {
-        const OP: &str = "quantize_fp8";
-        let ss = float_sfx(OP, src.dtype())?;
-        if !dst.dtype().is_fp8() {
-            return Err(DeviceError::Unsupported {
-                op: OP.into(),
-                dtype: dst.dtype(),
-            });
-        }
-        let ds = conv::kernel_suffix(dst.dtype()).expect("fp8 dtype");
-        let n = mul(OP, &[rows, cols])?;
-        check_len(OP, "src", src, n)?;
-        check_len(OP, "dst", dst, n)?;
-        if let Some(t) = &dst_t {
-            check_dtype(OP, *t, dst.dtype())?;
-            check_len(OP, "dst_t", *t, n)?;
-        }
-        check_dtype(OP, scale, DType::F32)?;
-        check_dtype(OP, amax, DType::F32)?;
-        check_range(OP, slot, 1, scale.len())?;
-        check_range(OP, slot, 1, amax.len())?;
-        if n == 0 {
-            return Ok(());
-        }
-        match dst_t {
-            None => {
-                // SAFETY: quantize_S_D(const S*, D*, u64 n, const float* scale, float* amax):
-                // src and dst hold n elements; scale and amax point at slot < len (checked).
-                unsafe {
-                    self.launch_1d(
-                        KernelModule::Fp8,
-                        &format!("quantize_{ss}_{ds}"),
-                        n,
-                        &[
-                            src.ptr().into(),
-                            dst.ptr().into(),
-                            (n as u64).into(),
-                            scale.ptr_at(slot).into(),
-                            amax.ptr_at(slot).into(),
-                        ],
-                    )
-                }
-            }
-            Some(t) => {
-                let f = self.func(KernelModule::Fp8, &format!("quantize_t_{ss}_{ds}"))?;
-                let grid = (
-                    grid_dim(OP, cols.div_ceil(32))?,
-                    u32::try_from(rows.div_ceil(32))
-                        .ok()
-                        .filter(|&g| g <= 65535)
-                        .ok_or_else(|| error::too_large(OP, "rows / 32", rows.div_ceil(32)))?,
-                    1,
-                );
-                // SAFETY: quantize_t_S_D(const S*, D*, D* dst_t, u64 rows, u64 cols,
-                // const float*, float*): src, dst and dst_t hold rows × cols elements; the
-                // tiles guard every index against rows and cols; scale/amax at slot (checked).
-                unsafe {
-                    kernels::launch(
-                        &self.stream,
-                        &f,
-                        cfg(grid, (32, 8, 1)),
-                        &[
-                            src.ptr().into(),
-                            dst.ptr().into(),
-                            t.ptr().into(),
-                            (rows as u64).into(),
-                            (cols as u64).into(),
-                            scale.ptr_at(slot).into(),
-                            amax.ptr_at(slot).into(),
-                        ],
-                    )
-                }
-            }
-        }
-    }
-
     /// FP8 GEMM through cuBLASLt (see [`Device::gemm_fp8`] and [`crate::blaslt`]).
     #[allow(clippy::too_many_arguments)]
     fn gemm_fp8_impl(
@@ -1685,7 +1666,16 @@ impl CudaDevice {
     ) -> Result<()> {
         blaslt::validate(desc, a, b, c, scale_inv, a_slot, b_slot, self.cc)?;
         self.with_lt("gemm_fp8", |lt| {
-            lt.gemm_fp8(&self.stream, desc, a, b, c, scale_inv, a_slot, b_slot)
+            lt.gemm_fp8(
+                &self.stream,
+                desc,
+                a,
+                b,
+                c,
+                scale_inv,
+                (a_slot, b_slot),
+                blaslt::LtEpilogue::None,
+            )
         })
     }
 

@@ -6,7 +6,7 @@
 
 use duet_cpu::CpuDevice;
 use duet_cuda::CudaDevice;
-use duet_device::{DType, Device, DeviceError, DeviceExt, GemmDesc};
+use duet_device::{DType, Device, DeviceError, DeviceExt, Fp8Format, GemmDesc};
 use half::{bf16, f16};
 use std::sync::OnceLock;
 
@@ -306,4 +306,603 @@ fn fp8_gemm_rejects_what_cublaslt_cannot_do() {
     )
     .unwrap_err();
     assert!(matches!(err, DeviceError::InvalidArgument(_)), "{err}");
+}
+
+// ------------------------------------------------------------------ vectorised kernels
+
+/// Values that probe every encoder branch, for all four formats: each finite code's value, the
+/// exact midpoints between neighbouring codes (ties) and one f32 ulp either side, both signs;
+/// ±0, NaN of both signs, values at and past each maximum (448/464/465/480, 57344/61440, 1e30),
+/// FP8 subnormals and values that round to zero, f32 subnormals. With `finite`, no infinities
+/// and nothing that overflows bf16 (so the amax stays a finite, meaningful number).
+fn specials(finite: bool) -> Vec<f32> {
+    let mut v: Vec<f32> = Vec::new();
+    for f in FP8 {
+        let f = Fp8Format::of(f).unwrap();
+        let mut vals: Vec<f32> = (0..=0x7fu8)
+            .map(|c| f.decode(c))
+            .filter(|v| v.is_finite())
+            .collect();
+        vals.sort_by(f32::total_cmp);
+        vals.dedup();
+        for w in vals.windows(2) {
+            let mid = ((w[0] as f64 + w[1] as f64) / 2.0) as f32;
+            v.extend([w[0], mid, f32::from_bits(mid.to_bits() + 1)]);
+            if mid > 0.0 {
+                v.push(f32::from_bits(mid.to_bits() - 1));
+            }
+        }
+        let top = *vals.last().unwrap();
+        v.extend([top, top * 1.01, top * 1.0625, top * 1.125, top * 2.0]);
+    }
+    v.extend([
+        0.0, 464.0, 465.0, 480.0, 61440.0, 61439.0, 1e30, 1e-40, 1e-45, 1e-30, 3.0e-3,
+    ]);
+    if !finite {
+        v.extend([f32::INFINITY, f32::MAX]);
+    }
+    let neg: Vec<f32> = v.iter().map(|x| -x).collect();
+    v.extend(neg);
+    v.extend([
+        f32::NAN,
+        f32::from_bits(0xffc0_0000),
+        f32::from_bits(0x7f80_0001),
+    ]);
+    v
+}
+
+/// Every other element a special value (cycling through the list from `seed`), the rest the
+/// wide-range values of [`values`].
+fn mixed(n: usize, seed: u64, finite: bool) -> Vec<f32> {
+    let sp = specials(finite);
+    let base = values(n, seed, false);
+    base.iter()
+        .enumerate()
+        .map(|(i, &x)| {
+            if i % 2 == 0 {
+                sp[(i / 2 + seed as usize) % sp.len()]
+            } else {
+                x
+            }
+        })
+        .collect()
+}
+
+/// The value `x` as the source dtype stores it (what the kernels see).
+fn stored(x: f32, dtype: DType) -> f32 {
+    match dtype {
+        DType::BF16 => bf16::from_f32(x).to_f32(),
+        DType::F16 => f16::from_f32(x).to_f32(),
+        _ => x,
+    }
+}
+
+/// Asserts equal codes; on a difference names the first element, its input and both codes.
+/// `src_index(i)` maps a position of the compared buffer to the source element.
+fn assert_codes(
+    what: &str,
+    gpu: &[u8],
+    cpu: &[u8],
+    input: &[f32],
+    src_index: impl Fn(usize) -> usize,
+) {
+    assert_eq!(gpu.len(), cpu.len(), "{what}: lengths");
+    let bad: Vec<usize> = (0..gpu.len()).filter(|&i| gpu[i] != cpu[i]).collect();
+    if let Some(&i) = bad.first() {
+        let x = input[src_index(i)];
+        panic!(
+            "{what}: {} codes differ; first at {i}: input {x:e} ({:#010x}) gpu {:#04x} cpu {:#04x}",
+            bad.len(),
+            x.to_bits(),
+            gpu[i],
+            cpu[i]
+        );
+    }
+}
+
+/// quantize_fp8 on `dev`; returns (dst, dst_t, amax).
+#[allow(clippy::too_many_arguments)]
+fn quantize_on<D: Device>(
+    dev: &D,
+    x: &[f32],
+    src_t: DType,
+    dst_t: DType,
+    rows: usize,
+    cols: usize,
+    transposed: bool,
+    scales: &[f32],
+    slot: usize,
+) -> (Vec<u8>, Vec<u8>, Vec<f32>) {
+    let n = rows * cols;
+    let src = upload_as(dev, x, src_t);
+    let mut dst = dev.alloc(dst_t, n).unwrap();
+    let mut dt = dev.alloc(dst_t, n).unwrap();
+    dev.fill(&mut dst, 0.0).unwrap();
+    dev.fill(&mut dt, 0.0).unwrap();
+    let scale = dev.upload_new(scales).unwrap();
+    let mut amax = dev.upload_new(&[0.0f32, 2.0, 0.0]).unwrap();
+    dev.quantize_fp8(
+        &src,
+        &mut dst,
+        transposed.then_some(&mut dt),
+        rows,
+        cols,
+        &scale,
+        &mut amax,
+        slot,
+    )
+    .unwrap();
+    (
+        dev.download_bytes(&dst, 0, n).unwrap(),
+        dev.download_bytes(&dt, 0, n).unwrap(),
+        dev.download::<f32>(&amax).unwrap(),
+    )
+}
+
+#[test]
+fn quantize_special_values_and_shapes_match_the_cpu() {
+    let test = "quantize_special_values_and_shapes_match_the_cpu";
+    let Some(g) = gpu(test) else {
+        return;
+    };
+    let c = cpu();
+    // Multiples of the 64 × 64 tile, multiples of 8 only (partial tiles), odd shapes (scalar
+    // transposed kernel, vector tail), and a model-sized one.
+    let shapes = [
+        (64, 64),
+        (128, 192),
+        (72, 200),
+        (136, 8),
+        (8, 1000),
+        (37, 45),
+        (13, 64),
+        (64, 13),
+        (1, 8),
+        (8, 1),
+        (1, 1),
+        (8192, 768),
+    ];
+    let mut checked = 0;
+    for (si, &(rows, cols)) in shapes.iter().enumerate() {
+        for src_t in [DType::F32, DType::BF16, DType::F16] {
+            for dst_t in FP8 {
+                for finite in [true, false] {
+                    // The model-sized shape for bf16 only (the slow part is the CPU reference).
+                    if rows * cols > 1 << 20 && (src_t != DType::BF16 || !finite) {
+                        continue;
+                    }
+                    let n = rows * cols;
+                    let x = mixed(n, si as u64 * 7 + 1, finite);
+                    let xs: Vec<f32> = x.iter().map(|&v| stored(v, src_t)).collect();
+                    // Slot 1: 1.0 keeps the special values exact; 2.0 too; 37.25 rescales.
+                    for scale in [1.0f32, 2.0, 37.25] {
+                        let scales = [0.5f32, scale, 3.0e-3];
+                        for transposed in [false, true] {
+                            let what = format!(
+                                "{rows}x{cols} {src_t} -> {dst_t} scale {scale} finite {finite} \
+                                 transposed {transposed}"
+                            );
+                            let (gd, gt, ga) = quantize_on(
+                                g, &x, src_t, dst_t, rows, cols, transposed, &scales, 1,
+                            );
+                            let (cd, ct, ca) = quantize_on(
+                                c, &x, src_t, dst_t, rows, cols, transposed, &scales, 1,
+                            );
+                            assert_codes(&what, &gd, &cd, &xs, |i| i);
+                            if transposed {
+                                // dst_t[c, r] = dst[r, c].
+                                assert_codes(&format!("{what} (dst_t)"), &gt, &ct, &xs, |i| {
+                                    (i % rows) * cols + i / rows
+                                });
+                            }
+                            assert_eq!(ga[0], 0.0, "other slots untouched: {what}");
+                            assert_eq!(ga[2], 0.0, "other slots untouched: {what}");
+                            assert_eq!(ga[1].to_bits(), ca[1].to_bits(), "amax: {what}");
+                            // The amax ignores NaN and is the true max |x| of the stored values.
+                            let want = xs
+                                .iter()
+                                .filter(|v| !v.is_nan())
+                                .fold(2.0f32, |m, v| m.max(v.abs()));
+                            assert_eq!(ga[1].to_bits(), want.to_bits(), "amax value: {what}");
+                            checked += 1;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(checked > 500, "{checked} cases");
+}
+
+/// A hand-checked table: the codes the CPU reference gives for a few inputs must be these, and
+/// the GPU must give the same (guards the reference as well as the kernels).
+#[test]
+fn quantize_known_codes() {
+    let Some(g) = gpu("quantize_known_codes") else {
+        return;
+    };
+    let nan_neg = f32::from_bits(0xffc0_0000);
+    // (input, e4m3, e5m2)
+    let table: [(f32, u8, u8); 16] = [
+        (0.0, 0x00, 0x00),
+        (-0.0, 0x80, 0x80),
+        (1.0, 0x38, 0x3c),
+        (1.0625, 0x38, 0x3c), // E4M3 tie → even (1.0)
+        (1.1875, 0x3a, 0x3d), // E4M3 tie between 1.125 and 1.25 → even (1.25)
+        (1.125, 0x39, 0x3c),  // E5M2 tie between 1.0 and 1.25 → even (1.0)
+        (448.0, 0x7e, 0x5f),
+        (464.0, 0x7e, 0x5f), // E4M3: tie with the (NaN) code above → max
+        (-1e9, 0xfe, 0xfb),
+        (f32::INFINITY, 0x7e, 0x7b),
+        (f32::NEG_INFINITY, 0xfe, 0xfb),
+        (f32::NAN, 0x7f, 0x7f),
+        (nan_neg, 0x7f, 0x7f),
+        (0.001953125, 0x01, 0x18),  // 2^-9: smallest E4M3 subnormal
+        (0.0009765625, 0x00, 0x14), // 2^-10: E4M3 tie with zero → 0
+        (-1e-40, 0x80, 0x80),
+    ];
+    // Repeat to fill whole vectors and tiles; 64 × 64 with and without the transposed copy.
+    let (rows, cols) = (64usize, 64usize);
+    let x: Vec<f32> = (0..rows * cols).map(|i| table[i % table.len()].0).collect();
+    for (dst_t, col) in [(DType::F8E4M3, 1), (DType::F8E5M2, 2)] {
+        for transposed in [false, true] {
+            for dev_is_gpu in [false, true] {
+                let (d, _, _) = if dev_is_gpu {
+                    quantize_on(
+                        g,
+                        &x,
+                        DType::F32,
+                        dst_t,
+                        rows,
+                        cols,
+                        transposed,
+                        &[1.0; 3],
+                        1,
+                    )
+                } else {
+                    quantize_on(
+                        cpu(),
+                        &x,
+                        DType::F32,
+                        dst_t,
+                        rows,
+                        cols,
+                        transposed,
+                        &[1.0; 3],
+                        1,
+                    )
+                };
+                for (i, &code) in d.iter().enumerate() {
+                    let (input, e4, e5) = table[i % table.len()];
+                    let want = if col == 1 { e4 } else { e5 };
+                    assert_eq!(
+                        code, want,
+                        "{dst_t} input {input:e}: got {code:#04x} want {want:#04x} (gpu {dev_is_gpu})"
+                    );
+                }
+            }
+        }
+    }
+}
+
+// ------------------------------------------------------------------ quantize_fp8_grad
+
+/// Outputs of one quantize_fp8_grad (or of the separate ops) on a device.
+struct GradOut {
+    dst: Vec<u8>,
+    dst_t: Vec<u8>,
+    amax: Vec<f32>,
+    dbias: Vec<f32>,
+}
+
+/// Runs quantize_fp8_grad on `dev` (or, with `separate`, gelu_backward + bias_backward +
+/// quantize_fp8 explicitly). dbias starts at `dbias0`.
+#[allow(clippy::too_many_arguments)]
+fn grad_on<D: Device>(
+    dev: &D,
+    dout: &[f32],
+    pre: Option<&[f32]>,
+    act: DType,
+    fmt: DType,
+    rows: usize,
+    cols: usize,
+    transposed: bool,
+    dbias0: &[f32],
+    separate: bool,
+) -> GradOut {
+    let n = rows * cols;
+    let d = upload_as(dev, dout, act);
+    let p = pre.map(|p| upload_as(dev, p, act));
+    let mut dst = dev.alloc(fmt, n).unwrap();
+    let mut dt = dev.alloc(fmt, n).unwrap();
+    dev.fill(&mut dst, 0.0).unwrap();
+    dev.fill(&mut dt, 0.0).unwrap();
+    let mut dbias = dev.upload_new(dbias0).unwrap();
+    let scale = dev.upload_new(&[0.5f32, 37.25, 3.0e-3]).unwrap();
+    let mut amax = dev.upload_new(&[0.0f32, 2.0, 0.0]).unwrap();
+    if separate {
+        let tmp;
+        let gbuf = match &p {
+            Some(p) => {
+                let mut t = dev.alloc(act, n).unwrap();
+                dev.gelu_backward(p, &d, &mut t).unwrap();
+                tmp = t;
+                &tmp
+            }
+            None => &d,
+        };
+        dev.bias_backward(gbuf, &mut dbias, rows, cols).unwrap();
+        dev.quantize_fp8(
+            gbuf,
+            &mut dst,
+            transposed.then_some(&mut dt),
+            rows,
+            cols,
+            &scale,
+            &mut amax,
+            1,
+        )
+        .unwrap();
+    } else {
+        dev.quantize_fp8_grad(
+            &d,
+            p.as_ref(),
+            &mut dst,
+            transposed.then_some(&mut dt),
+            &mut dbias,
+            rows,
+            cols,
+            &scale,
+            &mut amax,
+            1,
+        )
+        .unwrap();
+    }
+    GradOut {
+        dst: dev.download_bytes(&dst, 0, n).unwrap(),
+        dst_t: dev.download_bytes(&dt, 0, n).unwrap(),
+        amax: dev.download::<f32>(&amax).unwrap(),
+        dbias: dev.download::<f32>(&dbias).unwrap(),
+    }
+}
+
+/// dbias within f32 summation-order rounding: |gpu − cpu| ≤ tol · (Σ_rows |g| + |dbias0|).
+fn assert_dbias(what: &str, gpu: &[f32], cpu: &[f32], abs_sum: &[f64], dbias0: &[f32], tol: f64) {
+    for (i, (&a, &b)) in gpu.iter().zip(cpu).enumerate() {
+        let bound = tol * (abs_sum[i] + dbias0[i].abs() as f64) + 1e-30;
+        assert!(
+            ((a as f64) - (b as f64)).abs() <= bound,
+            "{what}: dbias[{i}] gpu {a:e} cpu {b:e} (bound {bound:e})"
+        );
+    }
+}
+
+/// Codes that may differ by one step (neighbouring values) where g itself differs in its last
+/// bits (GELU: tanh on the GPU, the sigmoid form on the CPU).
+fn assert_codes_close(what: &str, fmt: DType, gpu: &[u8], cpu: &[u8]) {
+    let f = Fp8Format::of(fmt).unwrap();
+    let tiny = f.decode(1);
+    let mut differ = 0usize;
+    for (i, (&a, &b)) in gpu.iter().zip(cpu).enumerate() {
+        if a == b {
+            continue;
+        }
+        differ += 1;
+        let (x, y) = (f.decode(a), f.decode(b));
+        let ok = (x - y).abs() <= 0.26 * x.abs().max(y.abs()) + 1.01 * tiny;
+        assert!(
+            ok,
+            "{what}: code {i}: gpu {a:#04x} ({x:e}) cpu {b:#04x} ({y:e})"
+        );
+    }
+    assert!(
+        differ * 100 <= gpu.len().max(100),
+        "{what}: {differ} of {} codes differ",
+        gpu.len()
+    );
+}
+
+#[test]
+fn quantize_fp8_grad_matches_the_separate_ops() {
+    let test = "quantize_fp8_grad_matches_the_separate_ops";
+    let Some(g) = gpu(test) else {
+        return;
+    };
+    let c = cpu();
+    // Tile multiples, partial tiles, odd shapes (the separate-ops fallback), single row/column.
+    let shapes = [
+        (64, 64),
+        (128, 200),
+        (72, 8),
+        (1, 8),
+        (37, 45),
+        (40, 13),
+        (1024, 768),
+    ];
+    let mut checked = 0;
+    for (si, &(rows, cols)) in shapes.iter().enumerate() {
+        let n = rows * cols;
+        // No infinities in any dtype (f16 tops out at 65504): the saturating values stay.
+        let dout: Vec<f32> = values(n, 100 + si as u64, false)
+            .iter()
+            .map(|x| x.clamp(-3.0e4, 3.0e4))
+            .collect();
+        let pre: Vec<f32> = values(n, 200 + si as u64, false)
+            .iter()
+            .map(|x| x.clamp(-6.0, 6.0))
+            .collect();
+        let dbias0: Vec<f32> = (0..cols).map(|i| (i as f32 - 3.0) * 0.75).collect();
+        for act in [DType::BF16, DType::F16, DType::F32] {
+            let ds: Vec<f32> = dout.iter().map(|&v| stored(v, act)).collect();
+            // Σ_rows |dout| per column bounds Σ |g| (|gelu'| < 1.13).
+            let mut abs_sum = vec![0.0f64; cols];
+            for (i, &v) in ds.iter().enumerate() {
+                abs_sum[i % cols] += 1.13 * v.abs() as f64;
+            }
+            for fmt in [DType::F8E4M3, DType::F8E5M2, DType::F8E4M3Fnuz] {
+                for gelu in [false, true] {
+                    for transposed in [true, false] {
+                        let what = format!(
+                            "{rows}x{cols} {act} -> {fmt} gelu {gelu} transposed {transposed}"
+                        );
+                        let p = gelu.then_some(pre.as_slice());
+                        let run = |dev_gpu: bool, separate: bool| {
+                            if dev_gpu {
+                                grad_on(
+                                    g, &dout, p, act, fmt, rows, cols, transposed, &dbias0,
+                                    separate,
+                                )
+                            } else {
+                                grad_on(
+                                    c, &dout, p, act, fmt, rows, cols, transposed, &dbias0,
+                                    separate,
+                                )
+                            }
+                        };
+                        let fused = run(true, false);
+                        // The GPU's separate ops compute g with the same kernels' arithmetic:
+                        // codes and amax bit for bit, dbias up to the summation order.
+                        let sep = run(true, true);
+                        let t_index = |i: usize| (i % rows) * cols + i / rows;
+                        assert_codes(
+                            &format!("{what} vs separate"),
+                            &fused.dst,
+                            &sep.dst,
+                            &ds,
+                            |i| i,
+                        );
+                        if transposed {
+                            assert_codes(
+                                &format!("{what} vs separate (dst_t)"),
+                                &fused.dst_t,
+                                &sep.dst_t,
+                                &ds,
+                                t_index,
+                            );
+                        } else {
+                            assert!(
+                                fused.dst_t.iter().all(|&b| b == 0),
+                                "dst_t untouched: {what}"
+                            );
+                        }
+                        assert_eq!(
+                            fused.amax[1].to_bits(),
+                            sep.amax[1].to_bits(),
+                            "amax: {what}"
+                        );
+                        assert_eq!((fused.amax[0], fused.amax[2]), (0.0, 0.0), "slots: {what}");
+                        assert_dbias(
+                            &format!("{what} vs separate"),
+                            &fused.dbias,
+                            &sep.dbias,
+                            &abs_sum,
+                            &dbias0,
+                            2e-5,
+                        );
+                        // The CPU default (trait composition).
+                        let cref = run(false, false);
+                        if gelu {
+                            assert_codes_close(&what, fmt, &fused.dst, &cref.dst);
+                            if transposed {
+                                assert_codes_close(&what, fmt, &fused.dst_t, &cref.dst_t);
+                            }
+                            let (a, b) = (fused.amax[1], cref.amax[1]);
+                            assert!((a - b).abs() <= 1e-2 * b.abs(), "amax {a} vs {b}: {what}");
+                            assert_dbias(
+                                &format!("{what} vs cpu"),
+                                &fused.dbias,
+                                &cref.dbias,
+                                &abs_sum,
+                                &dbias0,
+                                2e-2,
+                            );
+                        } else {
+                            assert_codes(
+                                &format!("{what} vs cpu"),
+                                &fused.dst,
+                                &cref.dst,
+                                &ds,
+                                |i| i,
+                            );
+                            if transposed {
+                                assert_codes(
+                                    &format!("{what} vs cpu (dst_t)"),
+                                    &fused.dst_t,
+                                    &cref.dst_t,
+                                    &ds,
+                                    t_index,
+                                );
+                            }
+                            assert_eq!(
+                                fused.amax[1].to_bits(),
+                                cref.amax[1].to_bits(),
+                                "amax vs cpu: {what}"
+                            );
+                            assert_dbias(
+                                &format!("{what} vs cpu"),
+                                &fused.dbias,
+                                &cref.dbias,
+                                &abs_sum,
+                                &dbias0,
+                                1e-4,
+                            );
+                            // dbias accumulates onto its old value: the exact column sums of
+                            // the stored dout (f64 on the host) plus dbias0.
+                            for (j, &v) in fused.dbias.iter().enumerate() {
+                                let want = dbias0[j] as f64
+                                    + (0..rows).map(|r| ds[r * cols + j] as f64).sum::<f64>();
+                                let bound = 1e-5 * (abs_sum[j] + dbias0[j].abs() as f64) + 1e-30;
+                                assert!(
+                                    (v as f64 - want).abs() <= bound,
+                                    "{what}: dbias[{j}] {v:e} want {want:e}"
+                                );
+                            }
+                        }
+                        checked += 1;
+                    }
+                }
+            }
+        }
+    }
+    assert!(checked >= 200, "{checked} cases");
+}
+
+/// Calling twice accumulates dbias twice and records the amax once more (a max, unchanged).
+#[test]
+fn quantize_fp8_grad_accumulates() {
+    let Some(g) = gpu("quantize_fp8_grad_accumulates") else {
+        return;
+    };
+    let (rows, cols) = (136usize, 72usize); // partial tiles in both directions
+    let dout: Vec<f32> = (0..rows * cols)
+        .map(|i| ((i % 7) as f32 - 3.0) * 0.25)
+        .collect();
+    let d = g.upload_new(&dout).unwrap();
+    let mut dst = g.alloc(DType::F8E5M2, rows * cols).unwrap();
+    let mut dt = g.alloc(DType::F8E5M2, rows * cols).unwrap();
+    let mut dbias = g.upload_new(&vec![1.0f32; cols]).unwrap();
+    let scale = g.upload_new(&[1.0f32]).unwrap();
+    let mut amax = g.upload_new(&[0.0f32]).unwrap();
+    for _ in 0..2 {
+        g.quantize_fp8_grad(
+            &d,
+            None,
+            &mut dst,
+            Some(&mut dt),
+            &mut dbias,
+            rows,
+            cols,
+            &scale,
+            &mut amax,
+            0,
+        )
+        .unwrap();
+    }
+    let db = g.download::<f32>(&dbias).unwrap();
+    for (j, &v) in db.iter().enumerate() {
+        // Exact in f32: multiples of 0.25 with small sums.
+        let s: f32 = (0..rows).map(|r| dout[r * cols + j]).sum();
+        assert_eq!(v, 1.0 + 2.0 * s, "dbias[{j}]");
+    }
+    assert_eq!(g.download::<f32>(&amax).unwrap()[0], 0.75);
 }

@@ -1,0 +1,156 @@
+//! Times FP8 quantisation on the CUDA backend with bf16 sources: `cargo run -p duet-cuda
+//! --release --example fp8_bench`. For each shape and format (E4M3, E5M2):
+//!
+//! * `quantize`    — `quantize_fp8` without the transposed copy;
+//! * `quantize_t`  — `quantize_fp8` with `dst_t`;
+//! * `grad`        — `quantize_fp8_grad` (dbias + codes + transposed codes);
+//! * `grad_gelu`   — `quantize_fp8_grad` with `gelu_pre`;
+//! * `separate`    — what `grad_gelu` replaces: gelu_backward + bias_backward + quantize_fp8.
+//!
+//! Each op is warmed up, then called `ITERS` times inside one [`Device::time_ms`] (device events
+//! on CUDA). The table gives µs per call and the effective bandwidth: bytes the op must read and
+//! write once (bf16 inputs, FP8 outputs, and for the gradient the f32 column-sum partials and
+//! dbias), divided by the time. `separate` is charged the fused op's bytes, so its GB/s compare
+//! directly. No pass/fail.
+
+use duet_cuda::CudaDevice;
+use duet_device::{DType, Device, DeviceError, DeviceExt};
+use half::bf16;
+
+const ITERS: usize = 100;
+const SHAPES: [(usize, usize); 5] = [
+    (8192, 768),
+    (8192, 2304),
+    (8192, 3072),
+    (3072, 768),
+    (2048, 8192),
+];
+
+/// Mean µs per call of `f` over `ITERS` calls, timed on the device.
+fn time<F: FnMut() -> Result<(), DeviceError>>(dev: &CudaDevice, mut f: F) -> f64 {
+    for _ in 0..5 {
+        f().unwrap();
+    }
+    let ms = dev
+        .time_ms(|| -> Result<(), DeviceError> {
+            for _ in 0..ITERS {
+                f()?;
+            }
+            Ok(())
+        })
+        .unwrap();
+    ms * 1e3 / ITERS as f64
+}
+
+fn main() {
+    let dev = match CudaDevice::new(0) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("fp8_bench: no usable CUDA device: {e}");
+            return;
+        }
+    };
+    println!(
+        "{} ({}), timer: {}, {ITERS} calls per op",
+        dev.info().name,
+        dev.info().arch,
+        dev.timer_kind()
+    );
+    println!(
+        "{:>6} {:>6} {:>8} {:>10} {:>10} {:>8}",
+        "rows", "cols", "fp8", "op", "µs", "GB/s"
+    );
+    for (rows, cols) in SHAPES {
+        let n = rows * cols;
+        let host = |k: usize| -> Vec<bf16> {
+            (0..n)
+                .map(|i| bf16::from_f32((((i * k) % 977) as f32 * 0.013).sin() * 3.0))
+                .collect()
+        };
+        let x = dev.upload_new(&host(1)).unwrap();
+        let pre = dev.upload_new(&host(3)).unwrap();
+        let mut tmp = dev.alloc(DType::BF16, n).unwrap();
+        let mut dbias = dev.alloc(DType::F32, cols).unwrap();
+        dev.fill(&mut dbias, 0.0).unwrap();
+        let scale = dev.upload_new(&[16.0f32]).unwrap();
+        let mut amax = dev.alloc(DType::F32, 1).unwrap();
+        dev.fill(&mut amax, 0.0).unwrap();
+        // bf16 in, one byte per code out; the gradient adds its f32 partials (written and read
+        // once: one row per 64 rows) and dbias (read and written).
+        let (b_in, b_code) = (2 * n, n);
+        let b_sums = 2 * rows.div_ceil(64) * cols * 4 + 2 * cols * 4;
+        for fmt in [DType::F8E4M3, DType::F8E5M2] {
+            let mut dst = dev.alloc(fmt, n).unwrap();
+            let mut dst_t = dev.alloc(fmt, n).unwrap();
+            let row = |op: &str, us: f64, bytes: usize| {
+                println!(
+                    "{rows:>6} {cols:>6} {:>8} {op:>10} {us:>10.2} {:>8.0}",
+                    format!("{fmt}"),
+                    bytes as f64 / (us * 1e-6) / 1e9
+                );
+            };
+            let us = time(&dev, || {
+                dev.quantize_fp8(&x, &mut dst, None, rows, cols, &scale, &mut amax, 0)
+            });
+            row("quantize", us, b_in + b_code);
+            let us = time(&dev, || {
+                dev.quantize_fp8(
+                    &x,
+                    &mut dst,
+                    Some(&mut dst_t),
+                    rows,
+                    cols,
+                    &scale,
+                    &mut amax,
+                    0,
+                )
+            });
+            row("quantize_t", us, b_in + 2 * b_code);
+            let us = time(&dev, || {
+                dev.quantize_fp8_grad(
+                    &x,
+                    None,
+                    &mut dst,
+                    Some(&mut dst_t),
+                    &mut dbias,
+                    rows,
+                    cols,
+                    &scale,
+                    &mut amax,
+                    0,
+                )
+            });
+            row("grad", us, b_in + 2 * b_code + b_sums);
+            let us = time(&dev, || {
+                dev.quantize_fp8_grad(
+                    &x,
+                    Some(&pre),
+                    &mut dst,
+                    Some(&mut dst_t),
+                    &mut dbias,
+                    rows,
+                    cols,
+                    &scale,
+                    &mut amax,
+                    0,
+                )
+            });
+            row("grad_gelu", us, 2 * b_in + 2 * b_code + b_sums);
+            let us = time(&dev, || {
+                dev.gelu_backward(&pre, &x, &mut tmp)?;
+                dev.bias_backward(&tmp, &mut dbias, rows, cols)?;
+                dev.quantize_fp8(
+                    &tmp,
+                    &mut dst,
+                    Some(&mut dst_t),
+                    rows,
+                    cols,
+                    &scale,
+                    &mut amax,
+                    0,
+                )
+            });
+            row("separate", us, 2 * b_in + 2 * b_code + b_sums);
+        }
+    }
+}

@@ -1295,6 +1295,29 @@ fn gemm_epilogues_match_the_unfused_ops() {
                     .unwrap();
                 compare(&format!("{what} bias beta {beta}"), &cc, &gc, g, t);
             }
+            // Bias + residual: C is only written, the residual read from its own buffer.
+            if bias_dt == dt {
+                let desc = GemmDesc::new(false, true, n, m, k);
+                let res = r.vec(n * m, -1.0, 1.0);
+                let (cres, gres) = both(dt, &res, g);
+                let (mut cc, _) = both(dt, &res, g);
+                let (_, mut gc) = both(dt, &r.vec(n * m, 5.0, 9.0), g);
+                cpu().gemm(&desc.beta(1.0), &cx, &cw, &mut cc).unwrap();
+                cpu().bias_add(&mut cc, &cb, n, m).unwrap();
+                g.gemm_epilogue(
+                    &desc,
+                    &gx,
+                    &gw,
+                    &mut gc,
+                    Epilogue::BiasResidual {
+                        bias: &gb,
+                        residual: &gres,
+                    },
+                )
+                .unwrap();
+                compare(&format!("{what} bias + residual"), &cc, &gc, g, t);
+                compare_bits(&format!("{what} residual untouched"), &cres, &gres, g);
+            }
             // Bias + GELU, keeping the pre-activation.
             let desc = GemmDesc::new(false, true, n, m, k);
             let (mut cpre, mut gpre) = out(dt, n * m, g);
@@ -1393,4 +1416,198 @@ fn zero_many_clears_whole_buffers() {
         assert!(bytes.iter().all(|&x| x == 0), "{d} × {n} not cleared");
     }
     assert_eq!(g.download_f32(&keep).unwrap(), vec![1.0; 5]);
+}
+
+/// GEMM autotuning times the candidates on the real operands: the trial runs must leave no
+/// trace (accumulating GEMMs add once, the bias gradient is written once), and the cached
+/// choice gives the same results on the next call.
+#[test]
+fn gemm_autotune_leaves_no_trace() {
+    let test = "gemm_autotune_leaves_no_trace";
+    let Some(dev) = own_gpu(test) else { return };
+    let g = &dev;
+    use duet_device::Epilogue;
+    assert!(g.set_gemm_autotune(true), "CUDA autotunes");
+    let mut r = rng();
+    let dt = DType::BF16;
+    if !g.supports_gemm_epilogue(dt) {
+        skip!("SKIP {test}: no bf16 cuBLASLt epilogues on this GPU");
+        return;
+    }
+    let (n, k, m) = (160, 96, 208);
+    let (cx, gx) = both(dt, &r.vec(n * k, -1.0, 1.0), g);
+    let (cw, gw) = both(dt, &r.vec(m * k, -0.2, 0.2), g);
+    let (cdy, gdy) = both(dt, &r.vec(n * m, -1.0, 1.0), g);
+    let (cb, gb) = both(dt, &r.vec(m, -0.5, 0.5), g);
+    for round in 0..2 {
+        // A plain accumulating 16-bit GEMM (routed through cuBLASLt while autotuning).
+        let desc = GemmDesc::new(false, true, n, m, k).beta(1.0);
+        let init = r.vec(n * m, -1.0, 1.0);
+        let (mut cc, mut gc) = both(dt, &init, g);
+        cpu().gemm(&desc, &cx, &cw, &mut cc).unwrap();
+        g.gemm(&desc, &gx, &gw, &mut gc).unwrap();
+        compare(&format!("round {round}: gemm beta 1"), &cc, &gc, g, 2e-2);
+        // Bias epilogue accumulating.
+        let (mut cc, mut gc) = both(dt, &init, g);
+        cpu().gemm(&desc, &cx, &cw, &mut cc).unwrap();
+        cpu().bias_add(&mut cc, &cb, n, m).unwrap();
+        g.gemm_epilogue(&desc, &gx, &gw, &mut gc, Epilogue::Bias(&gb))
+            .unwrap();
+        compare(&format!("round {round}: bias beta 1"), &cc, &gc, g, 2e-2);
+        // Weight gradient accumulated into f32 with the bias gradient.
+        let dw0 = r.vec(m * k, -1.0, 1.0);
+        let (mut cdw, mut gdw) = both(DType::F32, &dw0, g);
+        let (mut cdb, _) = both(DType::F32, &vec![0.0; m], g);
+        let (_, mut gdb) = out(DType::F32, m, g);
+        let wdesc = GemmDesc::new(true, false, m, k, n).beta(1.0);
+        cpu().gemm(&wdesc, &cdy, &cx, &mut cdw).unwrap();
+        cpu().bias_backward(&cdy, &mut cdb, n, m).unwrap();
+        g.gemm_epilogue(
+            &wdesc,
+            &gdy,
+            &gx,
+            &mut gdw,
+            Epilogue::BiasGradA { dbias: &mut gdb },
+        )
+        .unwrap();
+        compare(
+            &format!("round {round}: weight gradient"),
+            &cdw,
+            &gdw,
+            g,
+            1e-3,
+        );
+        compare(
+            &format!("round {round}: bias gradient"),
+            &cdb,
+            &gdb,
+            g,
+            1e-3,
+        );
+    }
+}
+
+/// The FP8 GEMM's fused epilogues equal the FP8 GEMM followed by the separate ops (on the GPU,
+/// same codes and scales), and misuse is refused.
+#[test]
+fn fp8_gemm_epilogues_match_the_separate_ops() {
+    let test = "fp8_gemm_epilogues_match_the_separate_ops";
+    let Some(g) = gpu(test) else { return };
+    use duet_device::Epilogue;
+    if !g.supports_fp8_epilogue(DType::BF16) {
+        skip!("SKIP {test}: {} has no FP8 epilogues", g.info().name);
+        return;
+    }
+    let mut r = rng();
+    let dt = DType::BF16;
+    let (n, k, m) = (64, 96, 128);
+    let scale = g.upload_new(&[1.0f32, 1.0]).unwrap();
+    let mut amax = g.upload_new(&[0.0f32, 0.0]).unwrap();
+    let q = |data: &[f32], rows: usize, cols: usize, amax: &mut duet_cuda::CudaBuffer| {
+        let src = put(g, dt, data);
+        let mut dst = g.alloc(DType::F8E4M3, rows * cols).unwrap();
+        g.quantize_fp8(&src, &mut dst, None, rows, cols, &scale, amax, 0)
+            .unwrap();
+        dst
+    };
+    let x8 = q(&r.vec(n * k, -2.0, 2.0), n, k, &mut amax);
+    let w8 = q(&r.vec(m * k, -0.5, 0.5), m, k, &mut amax);
+    let bias = put(g, dt, &r.vec(m, -0.5, 0.5));
+    let desc = GemmDesc::new(false, true, n, m, k);
+    let get = |b: &duet_cuda::CudaBuffer| g.download_f32(b).unwrap();
+    // Bias.
+    let mut want = g.alloc(dt, n * m).unwrap();
+    g.gemm_fp8(&desc, &x8, &w8, &mut want, &scale, 0, 1)
+        .unwrap();
+    g.bias_add(&mut want, &bias, n, m).unwrap();
+    let mut got = g.alloc(dt, n * m).unwrap();
+    g.gemm_fp8_epilogue(
+        &desc,
+        &x8,
+        &w8,
+        &mut got,
+        &scale,
+        0,
+        1,
+        Epilogue::Bias(&bias),
+    )
+    .unwrap();
+    compare_f32("fp8 bias", &get(&got), &get(&want), 2e-2);
+    // Bias + residual.
+    let res = put(g, dt, &r.vec(n * m, -1.0, 1.0));
+    let mut want = g.alloc(dt, n * m).unwrap();
+    g.copy(&res, 0, &mut want, 0, n * m).unwrap();
+    g.gemm_fp8(&desc.beta(1.0), &x8, &w8, &mut want, &scale, 0, 1)
+        .unwrap();
+    g.bias_add(&mut want, &bias, n, m).unwrap();
+    let mut got = put(g, dt, &vec![7.0; n * m]);
+    g.gemm_fp8_epilogue(
+        &desc,
+        &x8,
+        &w8,
+        &mut got,
+        &scale,
+        0,
+        1,
+        Epilogue::BiasResidual {
+            bias: &bias,
+            residual: &res,
+        },
+    )
+    .unwrap();
+    compare_f32("fp8 bias + residual", &get(&got), &get(&want), 2e-2);
+    // Bias + GELU with the pre-activation.
+    let mut want_pre = g.alloc(dt, n * m).unwrap();
+    let mut want = g.alloc(dt, n * m).unwrap();
+    g.gemm_fp8(&desc, &x8, &w8, &mut want_pre, &scale, 0, 1)
+        .unwrap();
+    g.bias_add(&mut want_pre, &bias, n, m).unwrap();
+    g.gelu_forward(&want_pre, &mut want).unwrap();
+    let mut pre = g.alloc(dt, n * m).unwrap();
+    let mut got = g.alloc(dt, n * m).unwrap();
+    g.gemm_fp8_epilogue(
+        &desc,
+        &x8,
+        &w8,
+        &mut got,
+        &scale,
+        0,
+        1,
+        Epilogue::BiasGelu {
+            bias: &bias,
+            pre: &mut pre,
+        },
+    )
+    .unwrap();
+    compare_f32("fp8 gelu pre-activation", &get(&pre), &get(&want_pre), 2e-2);
+    compare_f32("fp8 gelu output", &get(&got), &get(&want), 2e-2);
+    // Misuse: an epilogue FP8 GEMMs do not take, and a wrong bias dtype.
+    let mut dgelu_out = g.alloc(dt, n * m).unwrap();
+    assert!(
+        g.gemm_fp8_epilogue(
+            &desc,
+            &x8,
+            &w8,
+            &mut dgelu_out,
+            &scale,
+            0,
+            1,
+            Epilogue::DGelu { pre: &pre }
+        )
+        .is_err()
+    );
+    let bias32 = put(g, DType::F32, &vec![0.0; m]);
+    assert!(
+        g.gemm_fp8_epilogue(
+            &desc,
+            &x8,
+            &w8,
+            &mut got,
+            &scale,
+            0,
+            1,
+            Epilogue::Bias(&bias32)
+        )
+        .is_err()
+    );
 }

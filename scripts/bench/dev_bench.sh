@@ -53,14 +53,17 @@ print(f"{sys.argv[1]:44s} {d['ms_per_step_median']:10.3f} {d['ms_per_step_min']:
 PY
     grep -i "warning" /tmp/dev-bench.err | head -3
 done <<<"$CASES"
+# NCU: one or more cases separated by ';'.
 if [ -n "${NCU:-}" ] && command -v ncu >/dev/null; then
-    read -r preset precision args <<<"$NCU"
+  IFS=';' read -ra NCU_CASES <<<"$NCU"
+  for ncase in "${NCU_CASES[@]}"; do
+    read -r preset precision args <<<"$ncase"
     # shellcheck disable=SC2086
     timeout 300 ncu --clock-control none --metrics gpu__time_duration.sum --csv \
-        --launch-skip "${NCU_SKIP:-1500}" --launch-count "${NCU_COUNT:-700}" \
+        --launch-skip "${NCU_SKIP:-500}" --launch-count "${NCU_COUNT:-400}" \
         "$HERE/duet" bench --backend cuda --preset "$preset" --precision "$precision" \
-        --no-graphs --warmup-steps 6 --iters 1 $args >/tmp/ncu.csv 2>/tmp/ncu.err
-    echo "ncu exit $? ($NCU, unrecorded steps)"
+        --no-graphs --warmup-steps 6 --iters 2 $args >/tmp/ncu.csv 2>/tmp/ncu.err
+    echo "ncu exit $? ($ncase, unrecorded steps)"
     python3 - /tmp/ncu.csv <<'PY'
 import csv, sys, collections
 rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
@@ -73,9 +76,12 @@ for r in rows[1:]:
 # One step: from one embedding_forward to the next.
 starts = [i for i, (k, _) in enumerate(seq) if k.startswith("embedding_forward")]
 if len(starts) >= 2: seq = seq[starts[0]:starts[1]]
+else: print(f"(no full step between embedding_forward launches: {len(seq)} kernels)")
 tot = collections.Counter(); cnt = collections.Counter()
 for k, v in seq: tot[k] += v; cnt[k] += 1
 print(f"one step: kernels {len(seq)}, GPU time {sum(tot.values())/1e3:.3f} ms (us below)")
-for k, v in tot.most_common(40): print(f"{v:10.1f} {cnt[k]:5d}  {k}")
+for k, v in tot.most_common(45): print(f"{v:10.1f} {cnt[k]:5d}  {k}")
 PY
+    tail -3 /tmp/ncu.err | grep -v "^==PROF==" | head -3
+  done
 fi

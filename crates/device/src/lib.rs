@@ -729,6 +729,27 @@ pub trait Device: Send + Sync + Sized + 'static {
         self.quantize_fp8(g, dst, dst_t, rows, cols, scale, amax, slot)
     }
 
+    /// The forward side of an FP8 linear layer whose input is `gelu(pre)`: [`Device::quantize_fp8`]
+    /// of `gelu(pre)` (exactly [`Device::gelu_forward`], rounded to `pre`'s dtype) without
+    /// writing the activation itself. The default runs the separate ops with a temporary; the
+    /// codes equal the separate ops' bit for bit.
+    #[allow(clippy::too_many_arguments)]
+    fn quantize_fp8_gelu(
+        &self,
+        pre: &Self::Buffer,
+        dst: &mut Self::Buffer,
+        dst_t: Option<&mut Self::Buffer>,
+        rows: usize,
+        cols: usize,
+        scale: &Self::Buffer,
+        amax: &mut Self::Buffer,
+        slot: usize,
+    ) -> Result<()> {
+        let mut h = self.alloc(pre.dtype(), pre.len())?;
+        self.gelu_forward(pre, &mut h)?;
+        self.quantize_fp8(&h, dst, dst_t, rows, cols, scale, amax, slot)
+    }
+
     /// Whether [`Device::gemm_fp8_epilogue`] runs (C bf16 or f16).
     fn supports_fp8_epilogue(&self, dtype: DType) -> bool {
         let _ = dtype;

@@ -49,7 +49,14 @@ fn resolve_precision<D: Device>(cfg: &mut Config, dev: &D, strict: bool) -> CliR
 
 /// One line per FP8 operand: scale and the first amax-history entries.
 fn print_fp8_report<D: Device>(trainer: &Trainer<D>) {
-    if let Some(ops) = trainer.model().fp8_report(FP8_REPORT_ENTRIES) {
+    let report = match trainer.model().fp8_report(FP8_REPORT_ENTRIES) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("warning: reading the fp8 scaling state back failed: {e}");
+            None
+        }
+    };
+    if let Some(ops) = report {
         eprintln!("fp8 delayed scaling (scale, amax history most recent first):");
         for o in ops {
             let hist: Vec<String> = o.amax_history.iter().map(|a| format!("{a:.4e}")).collect();
@@ -564,7 +571,7 @@ impl TrainTask {
                     line["loss_scale"] = ls.into();
                     line["skipped"] = r.skipped.into();
                 }
-                if let Some(ops) = trainer.model().fp8_report(FP8_REPORT_ENTRIES) {
+                if let Some(ops) = trainer.model().fp8_report(FP8_REPORT_ENTRIES)? {
                     line["fp8"] = serde_json::to_value(ops)?;
                 }
                 writeln!(w, "{line}")?;

@@ -46,11 +46,12 @@ pub enum KernelModule {
     Attention,
     AdamW,
     Fp8,
+    Fp8Scaling,
     FlashAttention,
 }
 
 impl KernelModule {
-    pub const ALL: [KernelModule; 10] = [
+    pub const ALL: [KernelModule; 11] = [
         Self::Elementwise,
         Self::Reduce,
         Self::Embedding,
@@ -60,6 +61,7 @@ impl KernelModule {
         Self::Attention,
         Self::AdamW,
         Self::Fp8,
+        Self::Fp8Scaling,
         Self::FlashAttention,
     ];
 
@@ -74,6 +76,7 @@ impl KernelModule {
             Self::Attention => "attention.cu",
             Self::AdamW => "adamw.cu",
             Self::Fp8 => "fp8.cu",
+            Self::Fp8Scaling => "fp8_scaling.cu",
             Self::FlashAttention => "flash_attention.cu",
         }
     }
@@ -89,6 +92,7 @@ impl KernelModule {
             Self::Attention => include_str!("../../../kernels-cuda/attention.cu"),
             Self::AdamW => include_str!("../../../kernels-cuda/adamw.cu"),
             Self::Fp8 => include_str!("../../../kernels-cuda/fp8.cu"),
+            Self::Fp8Scaling => include_str!("../../../kernels-cuda/fp8_scaling.cu"),
             Self::FlashAttention => include_str!("../../../kernels-cuda/flash_attention.cu"),
         }
     }

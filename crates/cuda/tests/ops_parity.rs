@@ -1611,3 +1611,74 @@ fn fp8_gemm_epilogues_match_the_separate_ops() {
         .is_err()
     );
 }
+
+/// FP8 delayed scaling on the device equals the host computation (the CPU backend runs the
+/// trait's host default) bit for bit: history roll, max with NaN entries, amaxes of 0, ∞ and
+/// NaN that keep the scale, saturation, margins, most-recent mode, several steps.
+#[test]
+fn fp8_scaling_update_matches_the_host() {
+    let test = "fp8_scaling_update_matches_the_host";
+    let Some(g) = gpu(test) else { return };
+    let mut r = rng();
+    for (len, most_recent, margin) in [(1, false, 0), (16, false, 0), (5, true, 2), (7, false, -3)]
+    {
+        let ops = 11;
+        let maxes: Vec<f32> = (0..ops)
+            .map(|i| if i % 3 == 2 { 57344.0 } else { 448.0 })
+            .collect();
+        let mut hist0 = vec![0.0f32; ops * len];
+        for (i, h) in hist0.iter_mut().enumerate() {
+            if i % len < len / 2 {
+                *h = r.uniform(0.0, 8.0);
+            }
+        }
+        if len > 3 {
+            hist0[2] = f32::NAN; // operand 0: a NaN in its history keeps its scale
+        }
+        let scale0: Vec<f32> = (0..ops).map(|_| r.uniform(0.5, 300.0)).collect();
+        let (mut ch, mut gh) = both(DType::F32, &hist0, g);
+        let (mut cs, mut gs) = both(DType::F32, &scale0, g);
+        let (mut ci, mut gi) = both(DType::F32, &vec![0.0; ops], g);
+        let (cm, gm) = both(DType::F32, &maxes, g);
+        for step in 0..4 {
+            let amax: Vec<f32> = (0..ops)
+                .map(|i| match (i + step) % 6 {
+                    0 => 0.0,
+                    1 => f32::INFINITY,
+                    2 => f32::NAN,
+                    3 => 1e-37, // saturates the scale at f32::MAX
+                    _ => r.uniform(0.0, 20.0),
+                })
+                .collect();
+            let (mut ca, mut ga) = both(DType::F32, &amax, g);
+            cpu()
+                .fp8_scaling_update(
+                    &mut ca,
+                    &mut ch,
+                    &mut cs,
+                    &mut ci,
+                    &cm,
+                    len,
+                    most_recent,
+                    margin,
+                )
+                .unwrap();
+            g.fp8_scaling_update(
+                &mut ga,
+                &mut gh,
+                &mut gs,
+                &mut gi,
+                &gm,
+                len,
+                most_recent,
+                margin,
+            )
+            .unwrap();
+            let what = format!("len {len} most_recent {most_recent} margin {margin} step {step}");
+            compare_bits(&format!("{what}: history"), &ch, &gh, g);
+            compare_bits(&format!("{what}: scale"), &cs, &gs, g);
+            compare_bits(&format!("{what}: scale_inv"), &ci, &gi, g);
+            compare_bits(&format!("{what}: amax cleared"), &ca, &ga, g);
+        }
+    }
+}

@@ -175,6 +175,55 @@ pub struct AdamWClipStep {
 /// bias corrections 1 − β1^t and 1 − β2^t.
 pub const ADAMW_SCALARS: usize = 4;
 
+/// FP8 delayed scaling: the scale for an amax (`fp8_max / amax / 2^margin`, computed in f64,
+/// saturating at f32::MAX), or `prev` when `amax` is not a finite positive number (no data,
+/// overflow, NaN). What [`Device::fp8_scaling_update`] computes on every backend.
+pub fn fp8_delayed_scale(amax: f32, prev: f32, fp8_max: f32, margin: i32) -> f32 {
+    if !(amax.is_finite() && amax > 0.0) {
+        return prev;
+    }
+    let s = (fp8_max as f64 / amax as f64) / 2f64.powi(margin);
+    if s >= f32::MAX as f64 {
+        f32::MAX
+    } else {
+        s as f32
+    }
+}
+
+/// The inverse scale the FP8 GEMMs take: `1/scale` rounded once from f64.
+pub fn fp8_scale_inv(scale: f32) -> f32 {
+    (1.0f64 / scale as f64) as f32
+}
+
+/// One operand's delayed-scaling step on host values: pushes `amax` onto `history` (newest
+/// first; the oldest entry falls off), then the scale from the history's max (a NaN entry
+/// makes it NaN, so the scale is kept) or, with `most_recent`, from `amax`.
+pub fn fp8_history_step(
+    history: &mut [f32],
+    amax: f32,
+    prev: f32,
+    fp8_max: f32,
+    most_recent: bool,
+    margin: i32,
+) -> f32 {
+    if !history.is_empty() {
+        history.rotate_right(1);
+        history[0] = amax;
+    }
+    let a = if most_recent {
+        amax
+    } else {
+        history.iter().copied().fold(0.0f32, |m, x| {
+            if x.is_nan() || m.is_nan() {
+                f32::NAN
+            } else {
+                m.max(x)
+            }
+        })
+    };
+    fp8_delayed_scale(a, prev, fp8_max, margin)
+}
+
 /// AdamW's gradient factor from the sum of squares of the (loss-scaled) gradients:
 /// PyTorch's `clip_grad_norm_` coefficient `max_norm / (norm + 1e-6)` where it is below 1,
 /// divided by the loss scale. Every backend computes exactly this (f32 square root, the
@@ -777,6 +826,57 @@ pub trait Device: Send + Sync + Sized + 'static {
             op: "gemm_fp8_epilogue".into(),
             dtype: a.dtype(),
         })
+    }
+
+    /// FP8 delayed scaling for every operand `i < amax.len()`, on the device so a recorded step
+    /// can include it: [`fp8_history_step`] on `history[i·len .. (i+1)·len]` (newest first;
+    /// entries never written are 0) with `amax[i]`, `scale[i]` (the previous scale, replaced)
+    /// and `fp8_max[i]`; then `scale_inv[i] = fp8_scale_inv(scale[i])` and `amax[i] = 0`. All
+    /// buffers f32. The default runs it on the host (a download and uploads).
+    #[allow(clippy::too_many_arguments)]
+    fn fp8_scaling_update(
+        &self,
+        amax: &mut Self::Buffer,
+        history: &mut Self::Buffer,
+        scale: &mut Self::Buffer,
+        scale_inv: &mut Self::Buffer,
+        fp8_max: &Self::Buffer,
+        len: usize,
+        most_recent: bool,
+        margin: i32,
+    ) -> Result<()> {
+        const OP: &str = "fp8_scaling_update";
+        let ops = amax.len();
+        for (b, what, n) in [
+            (&*history, "history", ops * len),
+            (&*scale, "scale", ops),
+            (&*scale_inv, "scale_inv", ops),
+            (fp8_max, "fp8_max", ops),
+        ] {
+            check_dtype(OP, b, DType::F32)?;
+            check_len(OP, what, b, n)?;
+        }
+        check_dtype(OP, amax, DType::F32)?;
+        let to_f32 = |bytes: Vec<u8>| -> Vec<f32> {
+            bytes
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect()
+        };
+        let bytes = |v: &[f32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
+        let a = to_f32(self.download_bytes(amax, 0, ops)?);
+        let mut h = to_f32(self.download_bytes(history, 0, ops * len)?);
+        let mut s = to_f32(self.download_bytes(scale, 0, ops)?);
+        let m = to_f32(self.download_bytes(fp8_max, 0, ops)?);
+        for i in 0..ops {
+            let hist = &mut h[i * len..(i + 1) * len];
+            s[i] = fp8_history_step(hist, a[i], s[i], m[i], most_recent, margin);
+        }
+        let inv: Vec<f32> = s.iter().map(|&x| fp8_scale_inv(x)).collect();
+        self.upload_bytes(&bytes(&h), history, 0)?;
+        self.upload_bytes(&bytes(&s), scale, 0)?;
+        self.upload_bytes(&bytes(&inv), scale_inv, 0)?;
+        self.fill(amax, 0.0)
     }
 
     /// FP8 GEMM: `C = alpha · (op(A)·sa) · (op(B)·sb) + beta · C` with `sa = scale_inv[a_slot]`,

@@ -20,6 +20,7 @@ use crate::{EngineError, Result};
 use duet_device::{DType, Device, DeviceExt, DeviceInfo};
 use serde::{Deserialize, Serialize};
 use std::fmt;
+use std::sync::{Mutex, MutexGuard};
 
 /// Longest amax history accepted.
 pub const MAX_HISTORY: usize = 1024;
@@ -161,15 +162,7 @@ impl Fp8Family {
 /// negative or not finite; clamped to `f32::MAX` when it overflows. Computed in f64 and rounded
 /// once, so it does not depend on the compiler's float contraction.
 pub fn compute_scale(amax: f32, prev: f32, fp8_max: f32, margin: i32) -> f32 {
-    if !(amax.is_finite() && amax > 0.0) {
-        return prev;
-    }
-    let s = (fp8_max as f64 / amax as f64) / 2f64.powi(margin);
-    if s >= f32::MAX as f64 {
-        f32::MAX
-    } else {
-        s as f32
-    }
+    duet_device::fp8_delayed_scale(amax, prev, fp8_max, margin)
 }
 
 /// One operand's amax history (most recent first) and current scale.
@@ -257,13 +250,27 @@ pub struct Fp8State<D: Device> {
     pub bwd: DType,
     names: Vec<String>,
     dtypes: Vec<DType>,
-    ops: Vec<OperandScaling>,
+    /// The host's view of the scales and histories, brought up to date from the device when
+    /// asked for (checkpoints, reports); the per-step update runs on the device.
+    host: Mutex<HostView>,
     /// f32 per operand: the scale the quantisation kernels multiply by.
     pub scale: D::Buffer,
     /// f32 per operand: 1/scale, given to the FP8 GEMMs.
     pub scale_inv: D::Buffer,
     /// f32 per operand: the amax recorded since the last update.
     pub amax: D::Buffer,
+    /// f32 per operand × `cfg.amax_history_len`: the amax histories, newest first (entries not
+    /// yet written are 0).
+    history: D::Buffer,
+    /// f32 per operand: the format's largest finite value.
+    fp8_max: D::Buffer,
+}
+
+/// See [`Fp8State::host`].
+struct HostView {
+    ops: Vec<OperandScaling>,
+    /// Device updates since `ops` was last read back (each lengthens a short history by one).
+    unsynced: usize,
 }
 
 impl<D: Device> Fp8State<D> {
@@ -292,17 +299,24 @@ impl<D: Device> Fp8State<D> {
         let mut scale_inv = dev.alloc(DType::F32, n)?;
         dev.fill(&mut scale, 1.0)?;
         dev.fill(&mut scale_inv, 1.0)?;
-        let amax = dev.alloc(DType::F32, n)?;
+        let mut amax = dev.alloc(DType::F32, n)?;
+        dev.fill(&mut amax, 0.0)?;
+        let mut history = dev.alloc(DType::F32, n * cfg.amax_history_len)?;
+        dev.fill(&mut history, 0.0)?;
+        let maxes: Vec<f32> = ops.iter().map(|o| o.fp8_max).collect();
+        let fp8_max = dev.upload_new(&maxes)?;
         Ok(Self {
             cfg,
             fwd,
             bwd,
             names,
             dtypes,
-            ops,
+            host: Mutex::new(HostView { ops, unsynced: 0 }),
             scale,
             scale_inv,
             amax,
+            history,
+            fp8_max,
         })
     }
 
@@ -311,66 +325,99 @@ impl<D: Device> Fp8State<D> {
         3 * i + operand as usize
     }
 
-    pub fn operands(&self) -> &[OperandScaling] {
-        &self.ops
+    /// The host's view, brought up to date with the device's histories and scales.
+    fn synced(&self, dev: &D) -> Result<MutexGuard<'_, HostView>> {
+        let mut host = self.host.lock().unwrap_or_else(|e| e.into_inner());
+        if host.unsynced > 0 {
+            let len = self.cfg.amax_history_len;
+            let hist: Vec<f32> = dev.download(&self.history)?;
+            let scale: Vec<f32> = dev.download(&self.scale)?;
+            let steps = host.unsynced;
+            for (i, op) in host.ops.iter_mut().enumerate() {
+                let kept = (op.history.len() + steps).min(len);
+                op.history = hist[i * len..i * len + kept].to_vec();
+                op.scale = scale[i];
+            }
+            host.unsynced = 0;
+        }
+        Ok(host)
     }
 
-    /// Reads the amaxes recorded since the last update, updates every history and scale, writes
-    /// the new scales and inverses to the device and clears the amaxes.
+    /// Every operand's scaling (read back from the device).
+    pub fn operands(&self, dev: &D) -> Result<Vec<OperandScaling>> {
+        Ok(self.synced(dev)?.ops.clone())
+    }
+
+    /// The delayed-scaling update after a step, on the device ([`Device::fp8_scaling_update`]):
+    /// every operand's amax goes into its history, the scales follow, the amaxes restart at 0.
+    /// Queues device work only (a recorded step can include it).
     pub fn update(&mut self, dev: &D) -> Result<()> {
-        let amax: Vec<f32> = dev.download(&self.amax)?;
-        for (op, a) in self.ops.iter_mut().zip(amax) {
-            op.update(a, &self.cfg);
-        }
-        let scale: Vec<f32> = self.ops.iter().map(|o| o.scale).collect();
-        let inv: Vec<f32> = scale.iter().map(|&s| (1.0f64 / s as f64) as f32).collect();
-        dev.upload(&scale, &mut self.scale, 0)?;
-        dev.upload(&inv, &mut self.scale_inv, 0)?;
-        dev.fill(&mut self.amax, 0.0)?;
+        dev.fp8_scaling_update(
+            &mut self.amax,
+            &mut self.history,
+            &mut self.scale,
+            &mut self.scale_inv,
+            &self.fp8_max,
+            self.cfg.amax_history_len,
+            self.cfg.algo == AmaxAlgo::MostRecent,
+            self.cfg.margin,
+        )?;
+        self.host
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .unsynced += 1;
         Ok(())
     }
 
     /// Every operand's scale and full amax history (for checkpoints).
-    pub fn export(&self) -> Vec<OperandScaling> {
-        self.ops.clone()
+    pub fn export(&self, dev: &D) -> Result<Vec<OperandScaling>> {
+        self.operands(dev)
     }
 
     /// Restores what [`Fp8State::export`] returned (the same model shape and recipe) and writes
-    /// the scales to the device; the amaxes recorded so far are cleared.
+    /// the scales and histories to the device; the amaxes recorded so far are cleared.
     pub fn import(&mut self, dev: &D, ops: &[OperandScaling]) -> Result<()> {
-        if ops.len() != self.ops.len() {
+        let len = self.cfg.amax_history_len;
+        let host = self.host.get_mut().unwrap_or_else(|e| e.into_inner());
+        if ops.len() != host.ops.len() {
             return Err(EngineError::Config(format!(
                 "FP8 state has {} operands, the model has {}",
                 ops.len(),
-                self.ops.len()
+                host.ops.len()
             )));
         }
-        for (dst, src) in self.ops.iter_mut().zip(ops) {
+        for (dst, src) in host.ops.iter().zip(ops) {
             if src.fp8_max != dst.fp8_max {
                 return Err(EngineError::Config(format!(
                     "FP8 state was saved for a format with max {}, the model uses {}",
                     src.fp8_max, dst.fp8_max
                 )));
             }
-            dst.scale = src.scale;
-            dst.history = src
-                .history
-                .iter()
-                .take(self.cfg.amax_history_len)
-                .copied()
-                .collect();
         }
-        let scale: Vec<f32> = self.ops.iter().map(|o| o.scale).collect();
-        let inv: Vec<f32> = scale.iter().map(|&s| (1.0f64 / s as f64) as f32).collect();
+        let mut hist = vec![0.0f32; host.ops.len() * len];
+        for (i, (dst, src)) in host.ops.iter_mut().zip(ops).enumerate() {
+            dst.scale = src.scale;
+            dst.history = src.history.iter().take(len).copied().collect();
+            hist[i * len..i * len + dst.history.len()].copy_from_slice(&dst.history);
+        }
+        host.unsynced = 0;
+        let scale: Vec<f32> = host.ops.iter().map(|o| o.scale).collect();
+        let inv: Vec<f32> = scale
+            .iter()
+            .map(|&s| duet_device::fp8_scale_inv(s))
+            .collect();
         dev.upload(&scale, &mut self.scale, 0)?;
         dev.upload(&inv, &mut self.scale_inv, 0)?;
+        dev.upload(&hist, &mut self.history, 0)?;
         dev.fill(&mut self.amax, 0.0)?;
         Ok(())
     }
 
     /// Scale and the first `entries` amax-history entries of every operand.
-    pub fn report(&self, entries: usize) -> Vec<OperandReport> {
-        self.ops
+    pub fn report(&self, dev: &D, entries: usize) -> Result<Vec<OperandReport>> {
+        let host = self.synced(dev)?;
+        Ok(host
+            .ops
             .iter()
             .zip(&self.names)
             .zip(&self.dtypes)
@@ -380,7 +427,7 @@ impl<D: Device> Fp8State<D> {
                 scale: o.scale,
                 amax_history: o.history.iter().take(entries).copied().collect(),
             })
-            .collect()
+            .collect())
     }
 }
 

@@ -716,8 +716,16 @@ impl<D: Device> Gpt<D> {
 
     /// FP8 only: every operand's scale and amax history (what a checkpoint needs to resume
     /// delayed scaling exactly), in metadata order (layer, linear, operand).
-    pub fn fp8_state(&self) -> Option<Vec<crate::fp8::OperandScaling>> {
-        self.fp8.as_ref().map(|q| q.state.export())
+    /// Whether the model runs its linear layers in FP8.
+    pub fn fp8_enabled(&self) -> bool {
+        self.fp8.is_some()
+    }
+
+    pub fn fp8_state(&self) -> Result<Option<Vec<crate::fp8::OperandScaling>>> {
+        self.fp8
+            .as_ref()
+            .map(|q| q.state.export(&*self.dev))
+            .transpose()
     }
 
     /// FP8 only: restores [`Gpt::fp8_state`]; an error in other precisions or for a different
@@ -734,8 +742,11 @@ impl<D: Device> Gpt<D> {
 
     /// FP8 only: per layer and operand, the current scale and the first `entries` amax-history
     /// entries (most recent first).
-    pub fn fp8_report(&self, entries: usize) -> Option<Vec<OperandReport>> {
-        self.fp8.as_ref().map(|q| q.state.report(entries))
+    pub fn fp8_report(&self, entries: usize) -> Result<Option<Vec<OperandReport>>> {
+        self.fp8
+            .as_ref()
+            .map(|q| q.state.report(&*self.dev, entries))
+            .transpose()
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -1349,29 +1360,49 @@ fn block_forward<D: Device>(
         c,
         LN_EPS,
     )?;
-    // gelu(fch) lives in scratch: the backward pass recomputes it.
-    linear_gelu_forward(
-        dev,
-        q8.as_mut().map(|q| (q, 4 * l + 2)),
-        record,
-        &a.ln2,
-        w(BlockParam::FcW),
-        w(BlockParam::FcB),
-        &mut a.fch,
-        &mut s.d_f2,
-        n,
-        c,
-        f,
-    )?;
-    linear_forward(
+    // gelu(fch) lives in scratch: the backward pass recomputes it. FP8 never writes it: the
+    // GELU runs inside the quantisation of the next layer's input.
+    let fp8 = q8.is_some();
+    if fp8 {
+        linear_forward(
+            dev,
+            q8.as_mut().map(|q| (q, 4 * l + 2)),
+            record,
+            &a.ln2,
+            w(BlockParam::FcW),
+            w(BlockParam::FcB),
+            &mut a.fch,
+            None,
+            n,
+            c,
+            f,
+        )?;
+    } else {
+        linear_gelu_forward(
+            dev,
+            None,
+            record,
+            &a.ln2,
+            w(BlockParam::FcW),
+            w(BlockParam::FcB),
+            &mut a.fch,
+            &mut s.d_f2,
+            n,
+            c,
+            f,
+        )?;
+    }
+    linear_act_forward(
         dev,
         q8.as_mut().map(|q| (q, 4 * l + 3)),
         record,
-        &s.d_f2,
+        if fp8 { &a.fch } else { &s.d_f2 },
+        fp8,
         w(BlockParam::FcProjW),
         w(BlockParam::FcProjB),
         &mut a.res3,
         Some(&a.res2),
+        None,
         n,
         f,
         c,
@@ -1667,7 +1698,9 @@ fn linear_forward<D: Device>(
     k: usize,
     m: usize,
 ) -> Result<()> {
-    linear_act_forward(dev, q8, record, x, w, bias, out, residual, None, n, k, m)
+    linear_act_forward(
+        dev, q8, record, x, false, w, bias, out, residual, None, n, k, m,
+    )
 }
 
 /// [`linear_forward`] into `pre` followed by `out = gelu(pre)`: one GEMM with a fused
@@ -1686,17 +1719,33 @@ fn linear_gelu_forward<D: Device>(
     k: usize,
     m: usize,
 ) -> Result<()> {
-    linear_act_forward(dev, q8, record, x, w, bias, out, None, Some(pre), n, k, m)
+    linear_act_forward(
+        dev,
+        q8,
+        record,
+        x,
+        false,
+        w,
+        bias,
+        out,
+        None,
+        Some(pre),
+        n,
+        k,
+        m,
+    )
 }
 
 /// The body of [`linear_forward`] (`gelu_pre` None) and [`linear_gelu_forward`] (no
-/// residual).
+/// residual). With `x_is_gelu_pre` (FP8 only) the layer's input is `gelu(x)`, applied in the
+/// quantisation ([`Device::quantize_fp8_gelu`]).
 #[allow(clippy::too_many_arguments)]
 fn linear_act_forward<D: Device>(
     dev: &D,
     q8: Option<(&mut Fp8Bufs<D>, usize)>,
     record: bool,
     x: &D::Buffer,
+    x_is_gelu_pre: bool,
     w: &D::Buffer,
     bias: &D::Buffer,
     out: &mut D::Buffer,
@@ -1714,6 +1763,12 @@ fn linear_act_forward<D: Device>(
         desc
     };
     let target = match q8 {
+        None if x_is_gelu_pre => {
+            return Err(DeviceError::InvalidArgument(
+                "linear_forward: a GELU on the input rides on the FP8 quantisation only".into(),
+            )
+            .into());
+        }
         None => {
             if dev.supports_gemm_epilogue(out.dtype()) {
                 return Ok(dev.gemm_epilogue(
@@ -1747,7 +1802,11 @@ fn linear_act_forward<D: Device>(
             };
             let kind = id % LINEARS.len();
             let (x8, x8t) = (&mut q.x8[kind], Some(&mut q.x8t[id]));
-            dev.quantize_fp8(x, x8, x8t, n, k, &st.scale, amax, sx)?;
+            if x_is_gelu_pre {
+                dev.quantize_fp8_gelu(x, x8, x8t, n, k, &st.scale, amax, sx)?;
+            } else {
+                dev.quantize_fp8(x, x8, x8t, n, k, &st.scale, amax, sx)?;
+            }
             let (w8, w8t) = (&mut q.w8[id], Some(&mut q.w8t[id]));
             dev.quantize_fp8(w, w8, w8t, m, k, &st.scale, amax, sw)?;
             let (x8, w8, si) = (&q.x8[kind], &q.w8[id], &st.scale_inv);

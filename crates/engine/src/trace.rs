@@ -124,7 +124,7 @@ impl<W: Write> TraceWriter<W> {
                 },
             );
         }
-        let fp8 = model.fp8_report(1).map(|ops| {
+        let fp8 = model.fp8_report(1)?.map(|ops| {
             ops.into_iter()
                 .map(|o| {
                     let amax = o.amax_history.first().copied().unwrap_or(0.0);

@@ -370,7 +370,7 @@ impl<D: Device> Trainer<D> {
             loss_scaler: self.scaler.as_ref().map(|s| s.checkpoint_state()),
             extra: {
                 let mut extra = std::collections::HashMap::new();
-                if let Some(ops) = self.model.fp8_state() {
+                if let Some(ops) = self.model.fp8_state()? {
                     let json = serde_json::to_string(&ops).expect("fp8 state serialises");
                     extra.insert(FP8_STATE_KEY.to_string(), json);
                 }
@@ -438,7 +438,7 @@ impl<D: Device> Trainer<D> {
         }
         // FP8 delayed scaling resumes with its scales and amax histories (ignored when the run
         // continues in another precision).
-        if let (Some(_), Some(json)) = (tr.model.fp8_state(), ck.extra.get(FP8_STATE_KEY)) {
+        if let (true, Some(json)) = (tr.model.fp8_enabled(), ck.extra.get(FP8_STATE_KEY)) {
             let ops: Vec<crate::fp8::OperandScaling> = serde_json::from_str(json)
                 .map_err(|e| EngineError::Config(format!("checkpoint FP8 state: {e}")))?;
             tr.model.set_fp8_state(&ops)?;
@@ -475,6 +475,7 @@ impl<D: Device> Trainer<D> {
         // The update already ran on non-finite gradients: the run cannot continue (its last
         // checkpoint on disk is untouched).
         check_finite(self.step, loss)?;
+        self.model.fp8_update()?;
         self.finish_step(loss, lr, &stats, inputs.len(), start)
     }
 
@@ -485,8 +486,7 @@ impl<D: Device> Trainer<D> {
 
     /// Whether this step may be recorded and replayed: the backend records graphs, the config
     /// allows it, and nothing in the step needs the host (no loss scaler deciding skips, no other
-    /// ranks). FP8's delayed-scaling update runs between replays (it reads the amaxes the step
-    /// recorded and writes the scales the next replay reads, both in device buffers).
+    /// ranks). FP8's delayed-scaling update is part of the recorded step (device buffers only).
     fn graphable(&self) -> bool {
         if matches!(self.graph, StepGraph::Off) {
             return false;
@@ -506,7 +506,9 @@ impl<D: Device> Trainer<D> {
         self.model.backward()?;
         let dev = self.model.device().clone();
         let (params, grads) = self.model.params_and_grads();
-        self.opt.queue_device_step(&*dev, params, grads, None)
+        self.opt.queue_device_step(&*dev, params, grads, None)?;
+        // FP8 delayed scaling runs on the device too: the step records it.
+        self.model.fp8_update()
     }
 
     /// A step through the recorded graph: upload the batch and the step's scalars, replay (or
@@ -557,7 +559,7 @@ impl<D: Device> Trainer<D> {
         self.finish_step(loss, lr, &stats, inputs.len(), start)
     }
 
-    /// The end of every step: FP8 scales from this step's amaxes, the step count, the report.
+    /// The end of every step (after its FP8 scaling update): the step count, the report.
     fn finish_step(
         &mut self,
         loss: f32,
@@ -566,7 +568,6 @@ impl<D: Device> Trainer<D> {
         tokens: usize,
         start: Instant,
     ) -> Result<StepReport> {
-        self.model.fp8_update()?;
         self.step += 1;
         Ok(StepReport {
             step: self.step,
@@ -655,6 +656,7 @@ impl<D: Device> Trainer<D> {
             comm.all_reduce(amax, ReduceOp::Max)?;
             comm.wait()?;
         }
+        self.model.fp8_update()?;
         self.finish_step(loss, lr, &stats, inputs.len(), start)
     }
 

@@ -31,7 +31,7 @@ fn run(precision: Precision, every: usize, steps: usize) -> After {
         grads: tr.model().gradients().unwrap(),
         weights: tr.model().weights().unwrap(),
         losses,
-        fp8: tr.model().fp8_state().map(|s| format!("{s:?}")),
+        fp8: tr.model().fp8_state().unwrap().map(|s| format!("{s:?}")),
         activation_bytes: tr.model().memory_plan().activations,
     }
 }

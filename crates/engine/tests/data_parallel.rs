@@ -37,6 +37,7 @@ fn single(c: &Config) -> (Vec<Vec<f32>>, Vec<f32>, Vec<f32>, Fp8Scales) {
 fn fp8_scales(tr: &Trainer<CpuDevice>) -> Fp8Scales {
     tr.model()
         .fp8_state()
+        .unwrap()
         .map(|ops| ops.iter().map(|o| o.scale).collect())
 }
 

@@ -284,15 +284,18 @@ fn delayed_scaling_follows_the_amaxes_the_device_records() {
     assert_eq!(g, [7168.0, 7168.0, 28672.0]);
     // Operands that saw no data (amax 0) keep the initial scale 1.
     assert!(scales.iter().all(|s| s[0] == 1.0 && s[1] == 1.0));
-    let rep = st.report(4);
+    let rep = st.report(&dev, 4).unwrap();
     assert_eq!(rep[2].name, "lin.grad_output");
     assert_eq!(rep[2].amax_history, [0.5, 1.0]);
     assert_eq!(rep[2].dtype, "f8e5m2");
     // Export and import (checkpoints): a fresh state continues exactly where this one is.
     let mut fresh: Fp8State<CpuDevice> =
         Fp8State::new(&dev, cfg, Fp8Family::Ocp, &["lin".to_string()]).unwrap();
-    fresh.import(&dev, &st.export()).unwrap();
-    assert_eq!(fresh.report(16), st.report(16));
+    fresh.import(&dev, &st.export(&dev).unwrap()).unwrap();
+    assert_eq!(
+        fresh.report(&dev, 16).unwrap(),
+        st.report(&dev, 16).unwrap()
+    );
     assert_eq!(
         dev.download::<f32>(&fresh.scale_inv).unwrap(),
         dev.download::<f32>(&st.scale_inv).unwrap()
@@ -300,7 +303,7 @@ fn delayed_scaling_follows_the_amaxes_the_device_records() {
     let mut fnuz: Fp8State<CpuDevice> =
         Fp8State::new(&dev, cfg, Fp8Family::Fnuz, &["lin".to_string()]).unwrap();
     assert!(
-        fnuz.import(&dev, &st.export()).is_err(),
+        fnuz.import(&dev, &st.export(&dev).unwrap()).is_err(),
         "OCP state into an FNUZ model"
     );
 }

@@ -1,5 +1,5 @@
-// FP8 quantisation for delayed scaling (see duet_device::Device::quantize_fp8 and
-// Device::quantize_fp8_grad).
+// FP8 quantisation for delayed scaling (see duet_device::Device::quantize_fp8,
+// Device::quantize_fp8_grad and Device::quantize_fp8_gelu).
 //
 // dst = encode(src * scale[0]) (round to nearest even, saturating, bit-identical to the CPU
 // reference), and amax[0] = max(amax[0], max |src|) in the same pass. The amax is the one
@@ -13,12 +13,27 @@
 //   quantize_t_scalar_<S>_<D> 32 × 32 tiles, one element per thread; any shape.
 //   quantize_grad_t_<S>_<D>   the tile kernel on g = dout, plus per-tile column sums of g.
 //   quantize_dgelu_t_<S>_<D>  the same on g = gelu'(pre) · dout rounded to S.
+//   quantize_gelu_<S>_<D>, quantize_gelu_t_<S>_<D>, quantize_gelu_t_scalar_<S>_<D>
+//                             the three quantize kernels on h = gelu(pre) rounded to S (exactly
+//                             gelu_forward's output), h itself not written.
 // The column sums are written to partial[tile_row · cols + col] (f32, a fixed order inside the
-// tile) and added into dbias by colsum_finish (reduce.cu) in tile order: no float atomics.
+// tile). Then each block bumps the counter of its column tile (counters[blockIdx.y]); the block
+// that arrives last adds the partial rows of its 64 columns into dbias, in the order of
+// colsum_finish (reduce.cu): chain y sums tile rows y, y + 8, y + 16, ... (y = 0..7), then the
+// 8 chains in order. The order is fixed whichever block finishes, so dbias is bit-identical run
+// to run; no float atomics, no second launch. The finishing block resets the counter to 0, so
+// the counters are zero between launches (a CUDA graph can replay the kernel).
 #include "common.cuh"
 
 #define GELU_SQRT_2_OVER_PI 0.7978845608028654f
 #define GELU_COEFF 0.044715f
+
+// Exactly gelu_f of elementwise.cu (same expression, so the same rounding): the fused
+// quantisation must see gelu_forward's output bit for bit.
+__device__ __forceinline__ float gelu_f(float x) {
+    const float u = GELU_SQRT_2_OVER_PI * (x + GELU_COEFF * x * x * x);
+    return 0.5f * x * (1.0f + tanhf(u));
+}
 
 // Exactly gelu_grad_f of elementwise.cu (same expression, so the same rounding): the fused
 // gradient must equal gelu_backward's output bit for bit.
@@ -119,11 +134,20 @@ template <typename S> struct Raw8 {
     __device__ __forceinline__ float get(int j) const { return to_f32(p[j / N].v[j % N]); }
 };
 
+// The value quantised for source element x: x itself, or with GELU gelu(x) rounded to S as
+// gelu_forward stores it.
+template <typename S, bool GELU> __device__ __forceinline__ float src_value(float x) {
+    if constexpr (GELU)
+        return to_f32(from_f32<S>(gelu_f(x)));
+    else
+        return x;
+}
+
 // ------------------------------------------------------------------ without transpose
 
 // Grid-stride over 8-element vectors (one or two 16-byte loads, one 8-byte store), then a scalar
 // tail; blockDim.x = 256. Buffers start at allocation boundaries, so the vectors are aligned.
-template <typename S, typename D>
+template <typename S, typename D, bool GELU>
 __device__ __forceinline__ void quantize_body(const S* __restrict__ src, D* __restrict__ dst,
                                               u64 n, const float* __restrict__ scale,
                                               float* __restrict__ amax) {
@@ -140,13 +164,13 @@ __device__ __forceinline__ void quantize_body(const S* __restrict__ src, D* __re
         float v[8];
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
-            v[j] = x.get(j);
+            v[j] = src_value<S, GELU>(x.get(j));
             m = fmaxf(m, fabsf(v[j]));
         }
         *reinterpret_cast<uint2*>(out + i * 8) = encode8<D>(v, s);
     }
     for (u64 i = units * 8 + first; i < n; i += stride) {
-        const float x = to_f32(src[i]);
+        const float x = src_value<S, GELU>(to_f32(src[i]));
         m = fmaxf(m, fabsf(x));
         dst[i] = from_f32<D>(x * s);
     }
@@ -172,6 +196,7 @@ __device__ __forceinline__ void quantize_body(const S* __restrict__ src, D* __re
 #define QT 64
 #define QT_THREADS 128
 #define QT_PASSES 4  // QT / (QT_THREADS / 8)
+static_assert(QT_THREADS == 2 * QT, "finish_colsum: two threads per tile column");
 
 __device__ __forceinline__ int tile_word(int row, int w) { return w ^ (((row >> 3) & 3) << 2); }
 
@@ -188,18 +213,81 @@ __device__ __forceinline__ void transpose4x4(unsigned int a, unsigned int b, uns
     out[3] = __byte_perm(t1, t3, 0x7632);               // a3 b3 c3 d3
 }
 
-// MODE 0: quantise src. MODE 1: g = src (dout), plus column sums. MODE 2: g = gelu'(pre) · src
-// rounded to S, plus column sums. dst_t may be null in modes 1 and 2 (no transposed copy).
+// The column-sum finish of the gradient tile kernels (see the top of the file). Called by every
+// thread of the block after its partial row was written and fenced; `scratch` is the block's
+// shared tile, free again (reused for the 8 × 64 chain sums after the barrier below).
+__device__ __forceinline__ void finish_colsum(unsigned int (&scratch)[QT][QT / 4], int& finisher,
+                                              const float* partial, unsigned int* counters,
+                                              u64 dbias, int dbias_dt, u64 cols) {
+    const int t = threadIdx.x;
+    __syncthreads();  // every partial store of this block fenced; the tile no longer read
+    if (t == 0) {
+        const unsigned int done = atomicAdd(&counters[blockIdx.y], 1u);
+        finisher = done == gridDim.x - 1;
+        if (finisher) {
+            // Every block of this column tile has counted (so has written its row): reset for
+            // the next launch, and order the partial reads below after the count.
+            counters[blockIdx.y] = 0u;
+            __threadfence();
+        }
+    }
+    __syncthreads();
+    if (!finisher) return;  // uniform across the block
+
+    // Thread t: column j = t % 64, chains y = 4h .. 4h + 3 with h = t / 64; chain y adds tile
+    // rows y, y + 8, ... in order. __ldcg: read at L2, where the other blocks' rows are.
+    float(*chain)[QT] = reinterpret_cast<float(*)[QT]>(&scratch[0][0]);  // [8][QT]
+    const int j = t & (QT - 1), h = t / QT;
+    const u64 col = (u64)blockIdx.y * QT + j;
+    const u64 tiles = gridDim.x;
+    float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (col < cols) {
+        // 4 steps of each of the 4 chains per iteration: 16 loads in flight, then the adds in
+        // chain order.
+        for (u64 k0 = 4 * h; k0 < tiles; k0 += 32) {
+            float v[4][4];
+#pragma unroll
+            for (int q = 0; q < 4; ++q)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const u64 k = k0 + 8 * q + i;
+                    v[q][i] = k < tiles ? __ldcg(partial + k * cols + col) : 0.0f;
+                }
+#pragma unroll
+            for (int q = 0; q < 4; ++q)
+#pragma unroll
+                for (int i = 0; i < 4; ++i)
+                    if (k0 + 8 * q + i < tiles) s[i] += v[q][i];
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) chain[4 * h + i][j] = s[i];
+    __syncthreads();
+    if (h == 0 && col < cols) {
+        float sum = 0.0f;
+#pragma unroll
+        for (int y = 0; y < 8; ++y) sum += chain[y][j];
+        store_dt(dbias, col, dbias_dt, load_dt(dbias, col, dbias_dt) + sum);
+    }
+}
+
+// MODE 0: quantise src. MODE 1: g = src (dout), plus column sums into dbias. MODE 2:
+// g = gelu'(pre) · src rounded to S, plus column sums into dbias. MODE 3: h = gelu(src) rounded
+// to S. dst_t may be null in modes 1 and 2 (no transposed copy).
+//
+// Modes 1 and 2: partial holds gridDim.x rows of cols f32; counters[blockIdx.y] is 0 at launch
+// (and again after it); dbias holds cols values of dtype dbias_dt (0 f32, 1 bf16, 2 f16).
 template <typename S, typename D, int MODE>
-__device__ __forceinline__ void quantize_tile_body(const S* __restrict__ src,
-                                                   const S* __restrict__ pre, D* __restrict__ dst_,
-                                                   D* __restrict__ dst_t_,
-                                                   float* __restrict__ partial, u64 rows,
-                                                   u64 cols, const float* __restrict__ scale,
-                                                   float* __restrict__ amax) {
+__device__ __forceinline__ void quantize_tile_body(
+    const S* __restrict__ src, const S* __restrict__ pre, D* __restrict__ dst_,
+    D* __restrict__ dst_t_, float* __restrict__ partial, unsigned int* __restrict__ counters,
+    u64 dbias, int dbias_dt, u64 rows, u64 cols, const float* __restrict__ scale,
+    float* __restrict__ amax) {
+    constexpr bool SUMS = MODE == 1 || MODE == 2;
     __shared__ __align__(16) unsigned int tile[QT][QT / 4];
     __shared__ float wmax[QT_THREADS / 32];
-    __shared__ float csum[MODE != 0 ? QT_THREADS / 32 : 1][QT];
+    __shared__ float csum[SUMS ? QT_THREADS / 32 : 1][QT];
+    __shared__ int finisher;
     unsigned char* dst = reinterpret_cast<unsigned char*>(dst_);
     unsigned char* dst_t = reinterpret_cast<unsigned char*>(dst_t_);
     const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
@@ -234,9 +322,9 @@ __device__ __forceinline__ void quantize_tile_body(const S* __restrict__ src,
                 if constexpr (MODE == 2)
                     v[j] = to_f32(from_f32<S>(gelu_grad_f(ps[p].get(j)) * xs[p].get(j)));
                 else
-                    v[j] = xs[p].get(j);
+                    v[j] = src_value<S, MODE == 3>(xs[p].get(j));
                 m = fmaxf(m, fabsf(v[j]));
-                if constexpr (MODE != 0) acc[j] += v[j];
+                if constexpr (SUMS) acc[j] += v[j];
             }
             const uint2 q = encode8<D>(v, s);
             *reinterpret_cast<uint2*>(dst + r * cols + c) = q;
@@ -246,7 +334,7 @@ __device__ __forceinline__ void quantize_tile_body(const S* __restrict__ src,
 
     m = warp_max(m);
     if (lane == 0) wmax[warp] = m;
-    if constexpr (MODE != 0) {
+    if constexpr (SUMS) {
         // Column sums over the tile's rows: lanes l, l + 8, l + 16, l + 24 hold the same
         // columns (butterfly, so every lane gets the same sum), then the 4 warps in order.
 #pragma unroll
@@ -266,20 +354,24 @@ __device__ __forceinline__ void quantize_tile_body(const S* __restrict__ src,
         for (int w = 1; w < QT_THREADS / 32; ++w) b = fmaxf(b, wmax[w]);
         record_amax(b, amax);
     }
-    if constexpr (MODE != 0) {
-        if (t < QT && c0 + t < cols) {
-            float sum = csum[0][t];
+    if constexpr (SUMS) {
+        if (t < QT) {  // warps 0 and 1
+            if (c0 + t < cols) {
+                float sum = csum[0][t];
 #pragma unroll
-            for (int w = 1; w < QT_THREADS / 32; ++w) sum += csum[w][t];
-            partial[(u64)blockIdx.x * cols + c0 + t] = sum;
+                for (int w = 1; w < QT_THREADS / 32; ++w) sum += csum[w][t];
+                partial[(u64)blockIdx.x * cols + c0 + t] = sum;
+            }
+            // The partial row is visible device-wide before this block is counted (below).
+            __threadfence();
         }
     }
-    if (dst_t == nullptr) return;  // uniform across the grid
 
     const int g = t & 7, w = t >> 3;
     const u64 rr = r0 + 8 * g;
-    // cols is a multiple of 8, so columns 4w .. 4w + 3 are all inside or all outside.
-    if (rr < rows && c0 + 4 * w < cols) {
+    // dst_t null: uniform across the grid. cols is a multiple of 8, so columns 4w .. 4w + 3 are
+    // all inside or all outside.
+    if (dst_t != nullptr && rr < rows && c0 + 4 * w < cols) {
         unsigned int lo[4], hi[4];
         transpose4x4(tile[8 * g + 0][tile_word(8 * g + 0, w)],
                      tile[8 * g + 1][tile_word(8 * g + 1, w)],
@@ -295,13 +387,14 @@ __device__ __forceinline__ void quantize_tile_body(const S* __restrict__ src,
             *reinterpret_cast<uint2*>(dst_t + cc * rows + rr) = make_uint2(lo[i], hi[i]);
         }
     }
+    if constexpr (SUMS) finish_colsum(tile, finisher, partial, counters, dbias, dbias_dt, cols);
 }
 
 // ------------------------------------------------------------------ 32 × 32 tiles, scalar
 
 // Any shape. Block (32, 8): writes dst (rows × cols) and its transpose dst_t (cols × rows)
 // through shared memory, so both stores are coalesced.
-template <typename S, typename D>
+template <typename S, typename D, bool GELU>
 __device__ __forceinline__ void quantize_t_scalar_body(const S* __restrict__ src,
                                                        D* __restrict__ dst, D* __restrict__ dst_t,
                                                        u64 rows, u64 cols,
@@ -315,7 +408,7 @@ __device__ __forceinline__ void quantize_t_scalar_body(const S* __restrict__ src
     for (int j = threadIdx.y; j < 32; j += 8) {
         const u64 r = r0 + j, c = c0 + threadIdx.x;
         if (r < rows && c < cols) {
-            const float x = to_f32(src[r * cols + c]);
+            const float x = src_value<S, GELU>(to_f32(src[r * cols + c]));
             m = fmaxf(m, fabsf(x));
             const D q = from_f32<D>(x * s);
             dst[r * cols + c] = q;
@@ -343,30 +436,51 @@ __device__ __forceinline__ void quantize_t_scalar_body(const S* __restrict__ src
                                                     D* __restrict__ dst, u64 n,                \
                                                     const float* __restrict__ scale,           \
                                                     float* __restrict__ amax) {                \
-        quantize_body(src, dst, n, scale, amax);                                              \
+        quantize_body<S, D, false>(src, dst, n, scale, amax);                                 \
     }                                                                                         \
     extern "C" __global__ void __launch_bounds__(QT_THREADS) quantize_t_##SS##_##SD(          \
         const S* __restrict__ src, D* __restrict__ dst, D* __restrict__ dst_t, u64 rows,     \
         u64 cols, const float* __restrict__ scale, float* __restrict__ amax) {               \
-        quantize_tile_body<S, D, 0>(src, nullptr, dst, dst_t, nullptr, rows, cols, scale,     \
-                                    amax);                                                    \
+        quantize_tile_body<S, D, 0>(src, nullptr, dst, dst_t, nullptr, nullptr, 0, 0, rows,  \
+                                    cols, scale, amax);                                       \
     }                                                                                         \
     extern "C" __global__ void quantize_t_scalar_##SS##_##SD(                                 \
         const S* __restrict__ src, D* __restrict__ dst, D* __restrict__ dst_t, u64 rows,     \
         u64 cols, const float* __restrict__ scale, float* __restrict__ amax) {               \
-        quantize_t_scalar_body(src, dst, dst_t, rows, cols, scale, amax);                     \
+        quantize_t_scalar_body<S, D, false>(src, dst, dst_t, rows, cols, scale, amax);        \
+    }                                                                                         \
+    extern "C" __global__ void quantize_gelu_##SS##_##SD(const S* __restrict__ pre,            \
+                                                         D* __restrict__ dst, u64 n,           \
+                                                         const float* __restrict__ scale,      \
+                                                         float* __restrict__ amax) {           \
+        quantize_body<S, D, true>(pre, dst, n, scale, amax);                                  \
+    }                                                                                         \
+    extern "C" __global__ void __launch_bounds__(QT_THREADS) quantize_gelu_t_##SS##_##SD(     \
+        const S* __restrict__ pre, D* __restrict__ dst, D* __restrict__ dst_t, u64 rows,     \
+        u64 cols, const float* __restrict__ scale, float* __restrict__ amax) {               \
+        quantize_tile_body<S, D, 3>(pre, nullptr, dst, dst_t, nullptr, nullptr, 0, 0, rows,   \
+                                    cols, scale, amax);                                       \
+    }                                                                                         \
+    extern "C" __global__ void quantize_gelu_t_scalar_##SS##_##SD(                            \
+        const S* __restrict__ pre, D* __restrict__ dst, D* __restrict__ dst_t, u64 rows,     \
+        u64 cols, const float* __restrict__ scale, float* __restrict__ amax) {               \
+        quantize_t_scalar_body<S, D, true>(pre, dst, dst_t, rows, cols, scale, amax);         \
     }                                                                                         \
     extern "C" __global__ void __launch_bounds__(QT_THREADS) quantize_grad_t_##SS##_##SD(     \
         const S* __restrict__ dout, const S* __restrict__ pre, D* __restrict__ dst,          \
-        D* __restrict__ dst_t, float* __restrict__ partial, u64 rows, u64 cols,              \
-        const float* __restrict__ scale, float* __restrict__ amax) {                         \
-        quantize_tile_body<S, D, 1>(dout, pre, dst, dst_t, partial, rows, cols, scale, amax); \
+        D* __restrict__ dst_t, float* __restrict__ partial, unsigned int* __restrict__ ctr,  \
+        u64 dbias, int dbias_dt, u64 rows, u64 cols, const float* __restrict__ scale,        \
+        float* __restrict__ amax) {                                                          \
+        quantize_tile_body<S, D, 1>(dout, pre, dst, dst_t, partial, ctr, dbias, dbias_dt,     \
+                                    rows, cols, scale, amax);                                 \
     }                                                                                         \
     extern "C" __global__ void __launch_bounds__(QT_THREADS) quantize_dgelu_t_##SS##_##SD(    \
         const S* __restrict__ dout, const S* __restrict__ pre, D* __restrict__ dst,          \
-        D* __restrict__ dst_t, float* __restrict__ partial, u64 rows, u64 cols,              \
-        const float* __restrict__ scale, float* __restrict__ amax) {                         \
-        quantize_tile_body<S, D, 2>(dout, pre, dst, dst_t, partial, rows, cols, scale, amax); \
+        D* __restrict__ dst_t, float* __restrict__ partial, unsigned int* __restrict__ ctr,  \
+        u64 dbias, int dbias_dt, u64 rows, u64 cols, const float* __restrict__ scale,        \
+        float* __restrict__ amax) {                                                          \
+        quantize_tile_body<S, D, 2>(dout, pre, dst, dst_t, partial, ctr, dbias, dbias_dt,     \
+                                    rows, cols, scale, amax);                                 \
     }
 #define QUANTIZE_TO(S, SS)                                                                    \
     QUANTIZE(S, SS, e4m3_t, f8e4m3)                                                           \

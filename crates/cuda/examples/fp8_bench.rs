@@ -5,7 +5,11 @@
 //! * `quantize_t`  — `quantize_fp8` with `dst_t`;
 //! * `grad`        — `quantize_fp8_grad` (dbias + codes + transposed codes);
 //! * `grad_gelu`   — `quantize_fp8_grad` with `gelu_pre`;
-//! * `separate`    — what `grad_gelu` replaces: gelu_backward + bias_backward + quantize_fp8.
+//! * `separate`    — what `grad_gelu` replaces: gelu_backward + bias_backward + quantize_fp8;
+//! * `quantize_gelu` / `quantize_gelu_t` — `quantize_fp8_gelu` (codes of gelu(pre)) without /
+//!   with `dst_t`;
+//! * `separate_gelu` / `separate_gelu_t` — what they replace: gelu_forward + quantize_fp8
+//!   (charged the fused op's bytes, like `separate`).
 //!
 //! Each op is warmed up, then called `ITERS` times inside one [`Device::time_ms`] (device events
 //! on CUDA). The table gives µs per call and the effective bandwidth: bytes the op must read and
@@ -57,7 +61,7 @@ fn main() {
         dev.timer_kind()
     );
     println!(
-        "{:>6} {:>6} {:>8} {:>10} {:>10} {:>8}",
+        "{:>6} {:>6} {:>8} {:>15} {:>10} {:>8}",
         "rows", "cols", "fp8", "op", "µs", "GB/s"
     );
     for (rows, cols) in SHAPES {
@@ -84,7 +88,7 @@ fn main() {
             let mut dst_t = dev.alloc(fmt, n).unwrap();
             let row = |op: &str, us: f64, bytes: usize| {
                 println!(
-                    "{rows:>6} {cols:>6} {:>8} {op:>10} {us:>10.2} {:>8.0}",
+                    "{rows:>6} {cols:>6} {:>8} {op:>15} {us:>10.2} {:>8.0}",
                     format!("{fmt}"),
                     bytes as f64 / (us * 1e-6) / 1e9
                 );
@@ -151,6 +155,37 @@ fn main() {
                 )
             });
             row("separate", us, 2 * b_in + 2 * b_code + b_sums);
+            for transposed in [false, true] {
+                let sfx = if transposed { "_t" } else { "" };
+                let bytes = b_in + if transposed { 2 * b_code } else { b_code };
+                let us = time(&dev, || {
+                    dev.quantize_fp8_gelu(
+                        &pre,
+                        &mut dst,
+                        transposed.then_some(&mut dst_t),
+                        rows,
+                        cols,
+                        &scale,
+                        &mut amax,
+                        0,
+                    )
+                });
+                row(&format!("quantize_gelu{sfx}"), us, bytes);
+                let us = time(&dev, || {
+                    dev.gelu_forward(&pre, &mut tmp)?;
+                    dev.quantize_fp8(
+                        &tmp,
+                        &mut dst,
+                        transposed.then_some(&mut dst_t),
+                        rows,
+                        cols,
+                        &scale,
+                        &mut amax,
+                        0,
+                    )
+                });
+                row(&format!("separate_gelu{sfx}"), us, bytes);
+            }
         }
     }
 }

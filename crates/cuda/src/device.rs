@@ -79,6 +79,8 @@ pub struct CudaDevice {
     bgrad_refused: std::sync::atomic::AtomicBool,
     /// FP8 epilogues cuBLASLt refused once (bit 0 bias, bit 1 bias + GELU): the separate ops.
     fp8_epilogue_refused: std::sync::atomic::AtomicU8,
+    /// Column-tile counters of the FP8 gradient kernels (device/fp8.rs), zero between launches.
+    fp8_counters: DeviceMemory,
     /// NVTX ranges for profiler timelines, when the library is present.
     nvtx: Option<crate::nvtx::Nvtx>,
     /// A graph is being recorded (see device/graph.rs).
@@ -276,6 +278,7 @@ impl CudaDevice {
         let blas = Blas::new(ctx.clone(), stream.clone())?;
         let mem = Arc::new(MemTracker::default());
         let err_word = DeviceMemory::zeroed(&ctx, &stream, 4, &mem)?;
+        let fp8_counters = DeviceMemory::zeroed(&ctx, &stream, 4 * fp8::FP8_COUNTERS, &mem)?;
         let sm_count = ctx
             .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(drv("cuDeviceGetAttribute"))?
@@ -331,6 +334,7 @@ impl CudaDevice {
             tables: Mutex::new(multi::Tables::default()),
             bgrad_refused: std::sync::atomic::AtomicBool::new(false),
             fp8_epilogue_refused: std::sync::atomic::AtomicU8::new(0),
+            fp8_counters,
             capturing: std::sync::atomic::AtomicBool::new(false),
             nvtx: crate::nvtx::Nvtx::load(),
             fused: std::sync::atomic::AtomicBool::new(
@@ -1589,6 +1593,20 @@ impl Device for CudaDevice {
         self.quantize_fp8_grad_impl(
             dout, gelu_pre, dst, dst_t, dbias, rows, cols, scale, amax, slot,
         )
+    }
+
+    fn quantize_fp8_gelu(
+        &self,
+        pre: &CudaBuffer,
+        dst: &mut CudaBuffer,
+        dst_t: Option<&mut CudaBuffer>,
+        rows: usize,
+        cols: usize,
+        scale: &CudaBuffer,
+        amax: &mut CudaBuffer,
+        slot: usize,
+    ) -> Result<()> {
+        self.quantize_fp8_gelu_impl(pre, dst, dst_t, rows, cols, scale, amax, slot)
     }
 
     fn gemm_fp8(

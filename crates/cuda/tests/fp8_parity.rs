@@ -693,7 +693,9 @@ fn assert_codes_close(what: &str, fmt: DType, gpu: &[u8], cpu: &[u8]) {
         // Next to GELU's zero crossing (pre ≈ −0.75) the two formulas cancel differently, so
         // a few codes there may be further apart.
         if (x - y).abs() > 0.26 * x.abs().max(y.abs()) + 1.01 * tiny {
-            far.push(format!("code {i}: gpu {a:#04x} ({x:e}) cpu {b:#04x} ({y:e})"));
+            far.push(format!(
+                "code {i}: gpu {a:#04x} ({x:e}) cpu {b:#04x} ({y:e})"
+            ));
         }
     }
     if differ > 0 {
@@ -914,4 +916,439 @@ fn quantize_fp8_grad_accumulates() {
         assert_eq!(v, 1.0 + 2.0 * s, "dbias[{j}]");
     }
     assert_eq!(g.download::<f32>(&amax).unwrap()[0], 0.75);
+}
+
+// ------------------------------------------------------------------ quantize_fp8_gelu
+
+/// quantize_fp8_gelu on `dev` (or, with `separate`, gelu_forward + quantize_fp8 explicitly);
+/// returns (dst, dst_t, amax). `pre` is rounded to `act`; slot 1 of the scales.
+#[allow(clippy::too_many_arguments)]
+fn gelu_on<D: Device>(
+    dev: &D,
+    pre: &[f32],
+    act: DType,
+    fmt: DType,
+    rows: usize,
+    cols: usize,
+    transposed: bool,
+    scale: f32,
+    separate: bool,
+) -> (Vec<u8>, Vec<u8>, Vec<f32>) {
+    let n = rows * cols;
+    let p = upload_as(dev, pre, act);
+    let mut dst = dev.alloc(fmt, n).unwrap();
+    let mut dt = dev.alloc(fmt, n).unwrap();
+    dev.fill(&mut dst, 0.0).unwrap();
+    dev.fill(&mut dt, 0.0).unwrap();
+    let scales = dev.upload_new(&[0.5f32, scale, 3.0e-3]).unwrap();
+    let mut amax = dev.upload_new(&[0.0f32, 2.0, 0.0]).unwrap();
+    if separate {
+        let mut h = dev.alloc(act, n).unwrap();
+        dev.gelu_forward(&p, &mut h).unwrap();
+        dev.quantize_fp8(
+            &h,
+            &mut dst,
+            transposed.then_some(&mut dt),
+            rows,
+            cols,
+            &scales,
+            &mut amax,
+            1,
+        )
+        .unwrap();
+    } else {
+        dev.quantize_fp8_gelu(
+            &p,
+            &mut dst,
+            transposed.then_some(&mut dt),
+            rows,
+            cols,
+            &scales,
+            &mut amax,
+            1,
+        )
+        .unwrap();
+    }
+    (
+        dev.download_bytes(&dst, 0, n).unwrap(),
+        dev.download_bytes(&dt, 0, n).unwrap(),
+        dev.download::<f32>(&amax).unwrap(),
+    )
+}
+
+/// The fused GELU quantisation against the GPU's own gelu_forward + quantize_fp8: codes,
+/// transposed codes and amax bit for bit, every source dtype and format, tile multiples, partial
+/// tiles, odd shapes (scalar tile kernel, vector tail) and a model-sized shape.
+#[test]
+fn quantize_fp8_gelu_matches_the_separate_ops() {
+    let test = "quantize_fp8_gelu_matches_the_separate_ops";
+    let Some(g) = gpu(test) else {
+        return;
+    };
+    let shapes = [
+        (64, 64),
+        (128, 200),
+        (72, 8),
+        (136, 72),
+        (37, 45),
+        (13, 64),
+        (64, 13),
+        (1, 8),
+        (8, 1),
+        (1, 1),
+        (8192, 3072),
+    ];
+    let mut checked = 0;
+    for (si, &(rows, cols)) in shapes.iter().enumerate() {
+        let n = rows * cols;
+        let big = n > 1 << 20;
+        for finite in [true, false] {
+            // Special values (every encoder branch, ±inf, NaN) mixed with wide-range ones; the
+            // model-sized shape gets activations of a realistic range instead.
+            let pre: Vec<f32> = if big {
+                values(n, 300 + si as u64, false)
+                    .iter()
+                    .map(|x| x.clamp(-8.0, 8.0))
+                    .collect()
+            } else {
+                mixed(n, 300 + si as u64, finite)
+            };
+            for act in [DType::BF16, DType::F16, DType::F32] {
+                let ps: Vec<f32> = pre.iter().map(|&v| stored(v, act)).collect();
+                for fmt in FP8 {
+                    for transposed in [false, true] {
+                        if big
+                            && (!finite
+                                || act == DType::F16
+                                || matches!(fmt, DType::F8E4M3Fnuz | DType::F8E5M2Fnuz))
+                        {
+                            continue;
+                        }
+                        for scale in [1.0f32, 37.25] {
+                            let what = format!(
+                                "{rows}x{cols} {act} -> {fmt} finite {finite} scale {scale} \
+                                 transposed {transposed}"
+                            );
+                            let run = |separate| {
+                                gelu_on(g, &pre, act, fmt, rows, cols, transposed, scale, separate)
+                            };
+                            let (fd, ft, fa) = run(false);
+                            let (sd, st, sa) = run(true);
+                            assert_codes(&what, &fd, &sd, &ps, |i| i);
+                            if transposed {
+                                assert_codes(&format!("{what} (dst_t)"), &ft, &st, &ps, |i| {
+                                    (i % rows) * cols + i / rows
+                                });
+                            } else {
+                                assert!(ft.iter().all(|&b| b == 0), "dst_t untouched: {what}");
+                            }
+                            assert_eq!(fa[1].to_bits(), sa[1].to_bits(), "amax: {what}");
+                            assert_eq!((fa[0], fa[2]), (0.0, 0.0), "other slots: {what}");
+                            checked += 1;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(checked >= 500, "{checked} cases");
+}
+
+/// The fused GELU quantisation against the CPU (the trait's default composition; GELU in the
+/// sigmoid form there, so codes may differ by a step where gelu itself differs in its last bits).
+#[test]
+fn quantize_fp8_gelu_is_close_to_the_cpu() {
+    let Some(g) = gpu("quantize_fp8_gelu_is_close_to_the_cpu") else {
+        return;
+    };
+    for (rows, cols) in [(128, 200), (37, 45)] {
+        let pre: Vec<f32> = values(rows * cols, 77, false)
+            .iter()
+            .map(|x| x.clamp(-6.0, 6.0))
+            .collect();
+        for act in [DType::BF16, DType::F16, DType::F32] {
+            for fmt in FP8 {
+                for transposed in [false, true] {
+                    let what = format!("{rows}x{cols} {act} -> {fmt} transposed {transposed}");
+                    let (gd, gt, ga) =
+                        gelu_on(g, &pre, act, fmt, rows, cols, transposed, 37.25, false);
+                    let (cd, ct, ca) =
+                        gelu_on(cpu(), &pre, act, fmt, rows, cols, transposed, 37.25, false);
+                    assert_codes_close(&what, fmt, &gd, &cd);
+                    if transposed {
+                        assert_codes_close(&what, fmt, &gt, &ct);
+                    }
+                    let (a, b) = (ga[1], ca[1]);
+                    assert!((a - b).abs() <= 1e-2 * b.abs(), "amax {a} vs {b}: {what}");
+                }
+            }
+        }
+    }
+}
+
+/// One quantize_fp8_grad into a dbias of `dbias_dtype` starting at `dbias0`; returns dbias's bytes.
+#[allow(clippy::too_many_arguments)]
+fn grad_dbias_bytes(
+    g: &CudaDevice,
+    d: &<CudaDevice as Device>::Buffer,
+    p: Option<&<CudaDevice as Device>::Buffer>,
+    fmt: DType,
+    rows: usize,
+    cols: usize,
+    transposed: bool,
+    dbias_dtype: DType,
+    dbias0: &[f32],
+) -> Vec<u8> {
+    let n = rows * cols;
+    let mut dst = g.alloc(fmt, n).unwrap();
+    let mut dt = g.alloc(fmt, n).unwrap();
+    let mut dbias = upload_as(g, dbias0, dbias_dtype);
+    let scale = g.upload_new(&[0.5f32]).unwrap();
+    let mut amax = g.upload_new(&[0.0f32]).unwrap();
+    g.quantize_fp8_grad(
+        d,
+        p,
+        &mut dst,
+        transposed.then_some(&mut dt),
+        &mut dbias,
+        rows,
+        cols,
+        &scale,
+        &mut amax,
+        0,
+    )
+    .unwrap();
+    g.download_bytes(&dbias, 0, cols * dbias_dtype.size_bytes())
+        .unwrap()
+}
+
+/// The CUDA tile kernels' dbias summation replayed on the host, add for add (no GELU): per
+/// 64 × 64 tile, thread (row group q of 16, pass p) adds rows q + 16p in order; lanes of the
+/// same columns combine by butterfly ((a0 + a1) + (a2 + a3) for the 4 row groups of a warp), the
+/// 4 warps add in order; then the finishing block adds tile row sums in 8 chains (tiles y,
+/// y + 8, ...) and the chains in order onto 0, and that onto dbias.
+fn host_dbias(g: &[f32], rows: usize, cols: usize, dbias0: &[f32]) -> Vec<f32> {
+    let tiles = rows.div_ceil(64);
+    let mut partial = vec![0.0f32; tiles * cols];
+    for k in 0..tiles {
+        for c in 0..cols {
+            let acc = |rt: usize| {
+                let mut a = 0.0f32;
+                for p in 0..4 {
+                    let r = k * 64 + rt + 16 * p;
+                    if r < rows {
+                        a += g[r * cols + c];
+                    }
+                }
+                a
+            };
+            let warp = |w: usize| {
+                let a: [f32; 4] = std::array::from_fn(|q| acc(4 * w + q));
+                (a[0] + a[1]) + (a[2] + a[3])
+            };
+            let mut s = warp(0);
+            for w in 1..4 {
+                s += warp(w);
+            }
+            partial[k * cols + c] = s;
+        }
+    }
+    (0..cols)
+        .map(|c| {
+            let mut total = 0.0f32;
+            for y in 0..8 {
+                let mut chain = 0.0f32;
+                for k in (y..tiles).step_by(8) {
+                    chain += partial[k * cols + c];
+                }
+                total += chain;
+            }
+            dbias0[c] + total
+        })
+        .collect()
+}
+
+/// dbias of quantize_fp8_grad is bit-identical run to run (one launch: the last block of each
+/// column tile adds the tile sums in a fixed order), for every dbias dtype, with and without
+/// GELU and the transposed copy; without GELU it equals the host replay of the summation order.
+#[test]
+fn quantize_fp8_grad_dbias_is_deterministic() {
+    let test = "quantize_fp8_grad_dbias_is_deterministic";
+    let Some(g) = gpu(test) else {
+        return;
+    };
+    let shapes = [
+        (64, 64),
+        (136, 72),
+        (1000, 200),
+        (1001, 200),
+        (8, 8),
+        (8192, 3072),
+    ];
+    for (si, &(rows, cols)) in shapes.iter().enumerate() {
+        let n = rows * cols;
+        let dout: Vec<f32> = values(n, 500 + si as u64, false)
+            .iter()
+            .map(|x| x.clamp(-3.0e4, 3.0e4))
+            .collect();
+        let pre: Vec<f32> = values(n, 600 + si as u64, false)
+            .iter()
+            .map(|x| x.clamp(-6.0, 6.0))
+            .collect();
+        let dbias0: Vec<f32> = (0..cols).map(|i| (i as f32 - 5.0) * 0.375).collect();
+        for act in [DType::BF16, DType::F32] {
+            let d = upload_as(g, &dout, act);
+            let p = upload_as(g, &pre, act);
+            for gelu in [false, true] {
+                // dst_t needs rows a multiple of 8 on the fused path; 1001 rows run without.
+                for transposed in [false, true] {
+                    if transposed && !rows.is_multiple_of(8) {
+                        continue;
+                    }
+                    for dbias_dtype in [DType::F32, DType::BF16, DType::F16] {
+                        let what = format!(
+                            "{rows}x{cols} {act} gelu {gelu} transposed {transposed} dbias \
+                             {dbias_dtype}"
+                        );
+                        let pre_buf = gelu.then_some(&p);
+                        let run = || {
+                            grad_dbias_bytes(
+                                g,
+                                &d,
+                                pre_buf,
+                                DType::F8E4M3,
+                                rows,
+                                cols,
+                                transposed,
+                                dbias_dtype,
+                                &dbias0,
+                            )
+                        };
+                        let first = run();
+                        for _ in 0..2 {
+                            assert_eq!(run(), first, "dbias differs between runs: {what}");
+                        }
+                        if !gelu && dbias_dtype == DType::F32 {
+                            let ds: Vec<f32> = dout.iter().map(|&v| stored(v, act)).collect();
+                            let want = host_dbias(&ds, rows, cols, &dbias0);
+                            let got: Vec<f32> = first
+                                .chunks_exact(4)
+                                .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+                                .collect();
+                            for (j, (a, b)) in got.iter().zip(&want).enumerate() {
+                                assert_eq!(
+                                    a.to_bits(),
+                                    b.to_bits(),
+                                    "{what}: dbias[{j}] {a:e}, host order gives {b:e}"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The fused FP8 ops recorded into a CUDA graph and replayed: the gradient kernels' column-tile
+/// counters reset themselves, so every replay adds the same dbias increment as an eager call,
+/// and the GELU quantisation gives the eager codes (the fused kernels run while recording: no
+/// allocation). Own device, since recording must not see other tests' ops.
+#[test]
+fn fp8_fused_ops_replay_in_a_graph() {
+    let test = "fp8_fused_ops_replay_in_a_graph";
+    if gpu(test).is_none() {
+        return;
+    }
+    let g = CudaDevice::new(0).expect("a second device on the same GPU");
+    if !g.supports_capture() {
+        skip!("SKIP {test}: no graph capture");
+        return;
+    }
+    let (rows, cols) = (1024usize, 768usize);
+    let n = rows * cols;
+    let dout: Vec<f32> = values(n, 901, false)
+        .iter()
+        .map(|x| x.clamp(-100.0, 100.0))
+        .collect();
+    let pre: Vec<f32> = values(n, 902, false)
+        .iter()
+        .map(|x| x.clamp(-6.0, 6.0))
+        .collect();
+    let d = upload_as(&g, &dout, DType::BF16);
+    let p = upload_as(&g, &pre, DType::BF16);
+    type Buf = <CudaDevice as Device>::Buffer;
+    let mut dst = g.alloc(DType::F8E5M2, n).unwrap();
+    let mut dt = g.alloc(DType::F8E5M2, n).unwrap();
+    let mut hq = g.alloc(DType::F8E4M3, n).unwrap();
+    let mut hqt = g.alloc(DType::F8E4M3, n).unwrap();
+    let mut dbias = g.alloc(DType::F32, cols).unwrap();
+    let scale = g.upload_new(&[1.0f32, 8.0]).unwrap();
+    let mut amax = g.upload_new(&[0.0f32, 0.0]).unwrap();
+    // One "step": dgelu gradient with dst_t, GELU quantisation with dst_t, plain gradient.
+    let step = |[dst, dt, hq, hqt, dbias, amax]: [&mut Buf; 6]| -> Result<(), DeviceError> {
+        g.quantize_fp8_grad(
+            &d,
+            Some(&p),
+            dst,
+            Some(dt),
+            dbias,
+            rows,
+            cols,
+            &scale,
+            amax,
+            0,
+        )?;
+        g.quantize_fp8_gelu(&p, hq, Some(hqt), rows, cols, &scale, amax, 1)?;
+        g.quantize_fp8_grad(&d, None, dst, None, dbias, rows, cols, &scale, amax, 0)
+    };
+    // Eager: one step's increment and codes (this also sizes the scratch), then `replays` steps.
+    let replays = 3;
+    g.fill(&mut dbias, 0.0).unwrap();
+    step([&mut dst, &mut dt, &mut hq, &mut hqt, &mut dbias, &mut amax]).unwrap();
+    let eager_db = g.download::<f32>(&dbias).unwrap();
+    let eager_h = (
+        g.download_bytes(&hq, 0, n).unwrap(),
+        g.download_bytes(&hqt, 0, n).unwrap(),
+    );
+    g.fill(&mut dbias, 0.0).unwrap();
+    for _ in 0..replays {
+        step([&mut dst, &mut dt, &mut hq, &mut hqt, &mut dbias, &mut amax]).unwrap();
+    }
+    let want = g.download::<f32>(&dbias).unwrap();
+    // Recorded.
+    g.fill(&mut hq, 0.0).unwrap();
+    g.fill(&mut hqt, 0.0).unwrap();
+    g.fill(&mut dbias, 0.0).unwrap();
+    g.synchronize().unwrap();
+    g.capture_begin().unwrap();
+    let recorded = step([&mut dst, &mut dt, &mut hq, &mut hqt, &mut dbias, &mut amax]);
+    let graph = g.capture_end().unwrap();
+    recorded.unwrap();
+    for r in 0..replays {
+        g.replay(&graph).unwrap();
+        if r == 0 {
+            let got = g.download::<f32>(&dbias).unwrap();
+            let same = got
+                .iter()
+                .zip(&eager_db)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "one replay adds one eager step's dbias");
+        }
+    }
+    let got = g.download::<f32>(&dbias).unwrap();
+    for (j, (a, b)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(
+            a.to_bits(),
+            b.to_bits(),
+            "dbias[{j}] after {replays} replays"
+        );
+    }
+    assert!(
+        (
+            g.download_bytes(&hq, 0, n).unwrap(),
+            g.download_bytes(&hqt, 0, n).unwrap()
+        ) == eager_h,
+        "replayed GELU codes differ from the eager ones"
+    );
 }

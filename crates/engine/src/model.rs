@@ -1066,8 +1066,28 @@ impl<D: Device> Gpt<D> {
 
     /// Zeroes every parameter gradient.
     pub fn zero_grads(&mut self) -> Result<()> {
-        let mut all: Vec<&mut D::Buffer> = self.grads.iter_mut().collect();
-        Ok(self.dev.zero_many(&mut all)?)
+        // The linear layers' weight gradients are written (not added) by their weight-gradient
+        // GEMMs (beta 0): only the rest needs clearing.
+        let layers = self.cfg.layers;
+        let written: std::collections::HashSet<usize> = (0..layers)
+            .flat_map(|l| {
+                [
+                    BlockParam::AttnW,
+                    BlockParam::ProjW,
+                    BlockParam::FcW,
+                    BlockParam::FcProjW,
+                ]
+                .map(|p| param_index(l, p))
+            })
+            .collect();
+        let mut rest: Vec<&mut D::Buffer> = self
+            .grads
+            .iter_mut()
+            .enumerate()
+            .filter(|(i, _)| !written.contains(i))
+            .map(|(_, g)| g)
+            .collect();
+        Ok(self.dev.zero_many(&mut rest)?)
     }
 
     /// Backward pass from the gradient prepared by `loss(.., true)`; accumulates into the
@@ -1857,7 +1877,8 @@ enum GradIo<'a, B> {
     Shared(&'a mut B),
 }
 
-/// Backward of [`linear_forward`]: `dW += doutᵀ · x`, `dbias += Σ_rows dout`, then
+/// Backward of [`linear_forward`]: `dW = doutᵀ · x` (written: [`Gpt::zero_grads`] leaves
+/// these gradients alone), `dbias += Σ_rows dout`, then
 /// `dx = dout · W` (overwrites). With `q8`, `dout` is quantised (E5M2 in the HYBRID recipe) and
 /// both GEMMs run in FP8 on the copies the forward pass made, in the K-major layout FP8 GEMMs
 /// need.
@@ -1895,7 +1916,8 @@ fn linear_backward<D: Device>(
                 GradIo::Split { x, .. } => *x,
                 GradIo::Shared(buf) => &**buf,
             };
-            let dw_desc = GemmDesc::new(true, false, m, k, n).beta(1.0);
+            // Written, not added: a linear layer's weight is used once per step.
+            let dw_desc = GemmDesc::new(true, false, m, k, n);
             if dev.supports_gemm_epilogue(dout.dtype()) {
                 // The bias gradient comes out of the weight-gradient GEMM (written, not added:
                 // it is the bias's only contribution in a step, onto zeroed gradients).
@@ -1943,9 +1965,9 @@ fn linear_backward<D: Device>(
                 &mut st.amax,
                 sy,
             )?;
-            // dW (m × k) += dyᵀ (stored m × n) · x = dyᵀ · (xᵀ stored k × n)ᵀ.
+            // dW (m × k) = dyᵀ (stored m × n) · x = dyᵀ · (xᵀ stored k × n)ᵀ.
             dev.gemm_fp8(
-                &GemmDesc::new(false, true, m, k, n).beta(1.0),
+                &GemmDesc::new(false, true, m, k, n),
                 &q.dy8t[kind],
                 &q.x8t[id],
                 dw,

@@ -1,5 +1,5 @@
-//! FP8 quantisation (kernels-cuda/fp8.cu): [`Device::quantize_fp8`] and the fused gradient
-//! variant [`Device::quantize_fp8_grad`].
+//! FP8 quantisation (kernels-cuda/fp8.cu): [`Device::quantize_fp8`], the fused gradient
+//! variant [`Device::quantize_fp8_grad`] and the fused GELU variant [`Device::quantize_fp8_gelu`].
 //!
 //! Paths, chosen from the shape only (buffers are allocation-aligned):
 //! * no transposed copy: `quantize_<S>_<D>`, a grid-stride loop over 8-element vectors with a
@@ -8,11 +8,16 @@
 //!   16-byte loads and 8-byte stores of `dst` and `dst_t`;
 //! * with `dst_t` otherwise: `quantize_t_scalar_<S>_<D>`, 32 × 32 tiles, one element per thread.
 //!
-//! The gradient variant runs the tile kernel on `g` (`quantize_grad_t` / `quantize_dgelu_t`),
-//! which also writes one f32 column-sum row per 64-row tile into the device scratch, then
-//! `colsum_finish` adds those rows into `dbias` in tile order: deterministic, no float atomics.
-//! Shapes the tile kernel cannot take (cols not a multiple of 8, or rows not a multiple of 8 with
-//! `dst_t`) run the separate ops, like the trait's default.
+//! The GELU variant runs the same three paths (`quantize_gelu_*`) on `gelu(pre)`, computed on
+//! load exactly as `gelu_forward` does it (rounded to `pre`'s dtype); any shape.
+//!
+//! The gradient variant runs the tile kernel on `g` (`quantize_grad_t` / `quantize_dgelu_t`) in
+//! one launch: each block writes one f32 column-sum row per 64-row tile into the device scratch
+//! and counts itself on its column tile's counter (`CudaDevice::fp8_counters`, zero between
+//! launches); the last block of a column tile adds the rows into `dbias` in a fixed order (that of
+//! `colsum_finish`): deterministic, no float atomics. Shapes the tile kernel cannot take (cols
+//! not a multiple of 8, or rows not a multiple of 8 with `dst_t`) run the separate ops, like the
+//! trait's default.
 
 use super::*;
 
@@ -22,6 +27,23 @@ const QT: usize = 64;
 const QT_THREADS: u32 = 128;
 /// Elements per vector: one 8-byte group of FP8 codes.
 const VEC: usize = 8;
+
+/// Column-tile counters of the gradient kernels (u32 each): one per grid y index, of which
+/// [`CudaDevice::tile_grid`] allows at most 65535.
+pub(super) const FP8_COUNTERS: usize = 65536;
+
+/// The runtime dtype code of `load_dt` / `store_dt` (common.cuh): 0 f32, 1 bf16, 2 f16.
+fn float_code(op: &'static str, d: DType) -> Result<i32> {
+    match d {
+        DType::F32 => Ok(0),
+        DType::BF16 => Ok(1),
+        DType::F16 => Ok(2),
+        dtype => Err(DeviceError::Unsupported {
+            op: op.into(),
+            dtype,
+        }),
+    }
+}
 
 /// Whether every address is 16-byte aligned (always true for allocations; checked anyway, since
 /// the vector kernels would fault otherwise).
@@ -92,9 +114,66 @@ impl CudaDevice {
         amax: &mut CudaBuffer,
         slot: usize,
     ) -> Result<()> {
-        const OP: &str = "quantize_fp8";
+        self.quantize_paths(
+            "quantize_fp8",
+            "quantize",
+            src,
+            dst,
+            dst_t,
+            rows,
+            cols,
+            scale,
+            amax,
+            slot,
+        )
+    }
+
+    /// FP8 quantisation of `gelu(pre)` (see [`Device::quantize_fp8_gelu`]): the kernels of
+    /// [`Self::quantize_fp8_impl`] with GELU applied on load.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn quantize_fp8_gelu_impl(
+        &self,
+        pre: &CudaBuffer,
+        dst: &mut CudaBuffer,
+        dst_t: Option<&mut CudaBuffer>,
+        rows: usize,
+        cols: usize,
+        scale: &CudaBuffer,
+        amax: &mut CudaBuffer,
+        slot: usize,
+    ) -> Result<()> {
+        self.quantize_paths(
+            "quantize_fp8_gelu",
+            "quantize_gelu",
+            pre,
+            dst,
+            dst_t,
+            rows,
+            cols,
+            scale,
+            amax,
+            slot,
+        )
+    }
+
+    /// The three quantisation paths (see the module docs) of the kernel family `prefix`
+    /// (`quantize`: the source as is; `quantize_gelu`: gelu of the source).
+    #[allow(clippy::too_many_arguments)]
+    fn quantize_paths(
+        &self,
+        op: &'static str,
+        prefix: &str,
+        src: &CudaBuffer,
+        dst: &mut CudaBuffer,
+        dst_t: Option<&mut CudaBuffer>,
+        rows: usize,
+        cols: usize,
+        scale: &CudaBuffer,
+        amax: &mut CudaBuffer,
+        slot: usize,
+    ) -> Result<()> {
         let (ss, ds, n) = Self::quantize_check(
-            OP,
+            op,
             src,
             dst,
             dst_t.as_deref(),
@@ -108,14 +187,15 @@ impl CudaDevice {
             return Ok(());
         }
         let Some(t) = dst_t else {
-            // SAFETY: quantize_S_D(const S*, D*, u64 n, const float* scale, float* amax):
+            // SAFETY: {quantize,quantize_gelu}_S_D(const S*, D*, u64 n, const float* scale,
+            // float* amax):
             // src and dst hold n elements (16-byte aligned allocations; the kernel moves 8
             // elements at a time and finishes the n % 8 tail one by one); scale and amax point
             // at slot < len (checked).
             return unsafe {
                 self.launch_1d(
                     KernelModule::Fp8,
-                    &format!("quantize_{ss}_{ds}"),
+                    &format!("{prefix}_{ss}_{ds}"),
                     n.div_ceil(VEC),
                     &[
                         src.ptr().into(),
@@ -140,25 +220,25 @@ impl CudaDevice {
             && cols.is_multiple_of(VEC)
             && aligned16(&[src.ptr(), dst.ptr(), t.ptr()])
         {
-            let f = self.func(KernelModule::Fp8, &format!("quantize_t_{ss}_{ds}"))?;
-            let grid = Self::tile_grid(OP, rows, cols)?;
-            // SAFETY: quantize_t_S_D(const S*, D*, D* dst_t, u64 rows, u64 cols, const float*,
-            // float*): src, dst and dst_t hold rows × cols elements; rows and cols are
+            let f = self.func(KernelModule::Fp8, &format!("{prefix}_t_{ss}_{ds}"))?;
+            let grid = Self::tile_grid(op, rows, cols)?;
+            // SAFETY: {quantize,quantize_gelu}_t_S_D(const S*, D*, D* dst_t, u64 rows, u64 cols,
+            // const float*, float*): src, dst and dst_t hold rows × cols elements; rows and cols are
             // multiples of 8 and the buffers 16-byte aligned, as the 64 × 64 tiles need
             // (every 8-element vector is bounds-checked as a whole); block QT_THREADS as the
             // kernel's __launch_bounds__; scale/amax at slot (checked).
             unsafe { kernels::launch(&self.stream, &f, cfg(grid, (QT_THREADS, 1, 1)), &args) }
         } else {
-            let f = self.func(KernelModule::Fp8, &format!("quantize_t_scalar_{ss}_{ds}"))?;
+            let f = self.func(KernelModule::Fp8, &format!("{prefix}_t_scalar_{ss}_{ds}"))?;
             let grid = (
-                grid_dim(OP, cols.div_ceil(32))?,
+                grid_dim(op, cols.div_ceil(32))?,
                 u32::try_from(rows.div_ceil(32))
                     .ok()
                     .filter(|&g| g <= 65535)
-                    .ok_or_else(|| error::too_large(OP, "rows / 32", rows.div_ceil(32)))?,
+                    .ok_or_else(|| error::too_large(op, "rows / 32", rows.div_ceil(32)))?,
                 1,
             );
-            // SAFETY: quantize_t_scalar_S_D has the same parameters as quantize_t_S_D; its
+            // SAFETY: {prefix}_t_scalar_S_D has the same parameters as {prefix}_t_S_D; its
             // 32 × 32 tiles (block (32, 8)) guard every index against rows and cols.
             unsafe { kernels::launch(&self.stream, &f, cfg(grid, (32, 8, 1)), &args) }
         }
@@ -195,7 +275,7 @@ impl CudaDevice {
             check_dtype(OP, pre, dout.dtype())?;
             check_len(OP, "gelu_pre", pre, n)?;
         }
-        float_sfx(OP, dbias.dtype())?;
+        let dbias_code = float_code(OP, dbias.dtype())?;
         check_len(OP, "dbias", dbias, cols)?;
         let mut ptrs = vec![dout.ptr(), dst.ptr()];
         ptrs.extend(gelu_pre.map(CudaBuffer::ptr));
@@ -228,6 +308,7 @@ impl CudaDevice {
         };
         let f = self.func(KernelModule::Fp8, &name)?;
         let grid = Self::tile_grid(OP, rows, cols)?;
+        debug_assert!(grid.1 as usize <= FP8_COUNTERS);
         let tiles = rows.div_ceil(QT);
         let part_bytes = mul(OP, &[tiles, cols, 4])?;
         // The scratch is sized on the first (unrecorded) call of a shape; later calls, recorded
@@ -235,12 +316,16 @@ impl CudaDevice {
         let mut scratch = lock(&self.scratch, OP)?;
         let partial = scratch.get(&self.ctx, &self.stream, part_bytes, &self.mem)?;
         // SAFETY: quantize_{grad,dgelu}_t_S_D(const S* dout, const S* pre, D* dst, D* dst_t,
-        // float* partial, u64 rows, u64 cols, const float* scale, float* amax): dout, pre (when
-        // given; unused and null otherwise) and dst hold rows × cols elements, dst_t too or is
-        // null (the kernel then skips the transposed store); cols (and rows with dst_t) are
-        // multiples of 8 and the buffers 16-byte aligned, as the tiles need; `partial` holds
-        // ⌈rows / 64⌉ × cols f32 (just sized), one row per grid x index; block QT_THREADS as
-        // the kernel's __launch_bounds__; scale/amax at slot (checked).
+        // float* partial, unsigned* counters, u64 dbias, int dbias_dt, u64 rows, u64 cols,
+        // const float* scale, float* amax): dout, pre (when given; unused and null otherwise)
+        // and dst hold rows × cols elements, dst_t too or is null (the kernel then skips the
+        // transposed store); cols (and rows with dst_t) are multiples of 8 and the buffers
+        // 16-byte aligned, as the tiles need; `partial` holds ⌈rows / 64⌉ × cols f32 (just
+        // sized), one row per grid x index; the counters hold FP8_COUNTERS ≥ grid y u32, zero
+        // between launches (each launch's finishing blocks reset theirs; launches are ordered
+        // on the one stream, so no two use them at once); dbias holds cols values of the dtype
+        // `dbias_code` names; block QT_THREADS as the kernel's __launch_bounds__; scale/amax at
+        // slot (checked).
         unsafe {
             kernels::launch(
                 &self.stream,
@@ -252,15 +337,15 @@ impl CudaDevice {
                     dst.ptr().into(),
                     dst_t.map_or(0, |t| t.ptr()).into(),
                     partial.into(),
+                    self.fp8_counters.ptr().into(),
+                    dbias.ptr().into(),
+                    dbias_code.into(),
                     (rows as u64).into(),
                     (cols as u64).into(),
                     scale.ptr_at(slot).into(),
                     amax.ptr_at(slot).into(),
                 ],
-            )?;
+            )
         }
-        // SAFETY: `partial` holds `tiles` rows of cols f32, all written by the kernel above
-        // (every row tile writes every column); dbias holds cols elements of a float type.
-        unsafe { self.colsum_finish(OP, partial, dbias.ptr(), dbias.dtype(), tiles, cols) }
     }
 }

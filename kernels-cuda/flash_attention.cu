@@ -620,4 +620,340 @@ FA_ENTRIES(bf16_t, bf16, 128, 2, 2, 3)
 FA_ENTRIES(f16_t, f16, 64, 4, 3, 3)
 FA_ENTRIES(f16_t, f16, 128, 2, 2, 3)
 
+// ------------------------------------------------------------------ version 2
+
+// Forward, version 2: one block per 128 queries of one head, each warp owning 32 rows (two
+// 16-row mma tiles), so every K/V fragment read from shared memory feeds two mma instead of one
+// (version 1 is bound by ldmatrix traffic). Key tiles of BK rows (64 for HS = 64, 32 for
+// HS = 128), double-buffered with cp.async; a warp skips the key tiles that lie entirely past
+// its last row. Same arithmetic per row as version 1 (same order of the per-tile sums).
+template <typename T, int HS, int BK>
+__device__ __forceinline__ void fa_forward2(const T* __restrict__ qkv, T* __restrict__ out,
+                                            float* __restrict__ lse, int t, int nh,
+                                            float scale) {
+    constexpr int BQ = 128;
+    extern __shared__ __align__(128) unsigned char fa_smem[];
+    T* sQ = (T*)fa_smem;
+    T* sK = sQ + BQ * HS;       // [2][BK × HS]
+    T* sV = sK + 2 * BK * HS;   // [2][BK × HS]
+
+    const int bh = blockIdx.x, bb = bh / nh, h = bh % nh;
+    const int qt = gridDim.y - 1 - blockIdx.y, q0 = qt * BQ;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tg = lane & 3;
+    const i64 rs = 3ll * nh * HS;
+    const T* gq = qkv + (i64)bb * t * rs + (i64)h * HS;
+    const T* gk = gq + (i64)nh * HS;
+    const T* gv = gk + (i64)nh * HS;
+    const float sl2 = scale * FA_LOG2E;
+
+    load_tile<T, HS, BQ>(sQ, gq + q0 * rs, rs, min(BQ, t - q0));
+    load_tile<T, HS, BK>(sK, gk, rs, min(BK, t));
+    load_tile<T, HS, BK>(sV, gv, rs, min(BK, t));
+    cp_commit();
+
+    float o[2][HS / 8][4];
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+        for (int i = 0; i < HS / 8; ++i) o[mi][i][0] = o[mi][i][1] = o[mi][i][2] = o[mi][i][3] = 0.0f;
+    float m[2][2] = {{NEG_INF, NEG_INF}, {NEG_INF, NEG_INF}};
+    float l[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
+    const int wr0 = warp * 32;              // the warp's first row in the tile
+    const int row0 = q0 + wr0 + g;          // this thread's rows: row0 + 16·mi + 8·r
+    const int wlast = q0 + wr0 + 31;        // the warp's last row
+    const int nkt = min((q0 + BQ) / BK, (t + BK - 1) / BK);
+
+    for (int kt = 0; kt < nkt; ++kt) {
+        const int st = kt & 1, k0 = kt * BK;
+        if (kt + 1 < nkt) {
+            const int k1 = k0 + BK;
+            load_tile<T, HS, BK>(sK + (st ^ 1) * BK * HS, gk + k1 * rs, rs, min(BK, t - k1));
+            load_tile<T, HS, BK>(sV + (st ^ 1) * BK * HS, gv + k1 * rs, rs, min(BK, t - k1));
+        }
+        cp_commit();
+        cp_wait1();
+        __syncthreads();
+        // Key tile 0 is never skipped (key 0 is visible to every row), so m is finite after it.
+        if (k0 <= wlast) {
+            const T* cK = sK + st * BK * HS;
+            const T* cV = sV + st * BK * HS;
+
+            float s[2][BK / 8][4];
+#pragma unroll
+            for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+                for (int i = 0; i < BK / 8; ++i)
+                    s[mi][i][0] = s[mi][i][1] = s[mi][i][2] = s[mi][i][3] = 0.0f;
+#pragma unroll
+            for (int kc = 0; kc < HS / 16; ++kc) {
+                u32 a0[4], a1[4];
+                ld_a<HS>(a0, sQ, wr0, kc, lane);
+                ld_a<HS>(a1, sQ, wr0 + 16, kc, lane);
+#pragma unroll
+                for (int nb = 0; nb < BK / 8; nb += 2) {
+                    u32 b[4];
+                    ld_bt<HS>(b, cK, nb * 8, kc, lane);
+                    Mma<T>::run(s[0][nb], a0, b[0], b[1]);
+                    Mma<T>::run(s[0][nb + 1], a0, b[2], b[3]);
+                    Mma<T>::run(s[1][nb], a1, b[0], b[1]);
+                    Mma<T>::run(s[1][nb + 1], a1, b[2], b[3]);
+                }
+            }
+            const bool diag = k0 + BK - 1 > q0 + wr0;
+#pragma unroll
+            for (int mi = 0; mi < 2; ++mi) {
+                float mx[2] = {m[mi][0], m[mi][1]};
+#pragma unroll
+                for (int nb = 0; nb < BK / 8; ++nb) {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        float v = s[mi][nb][e] * sl2;
+                        if (diag) {
+                            const int col = k0 + nb * 8 + 2 * tg + (e & 1);
+                            if (col > row0 + 16 * mi + 8 * (e >> 1)) v = NEG_INF;
+                        }
+                        s[mi][nb][e] = v;
+                        mx[e >> 1] = fmaxf(mx[e >> 1], v);
+                    }
+                }
+                float alpha[2];
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+                    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+                    alpha[r] = fa_exp2(m[mi][r] - mx[r]);
+                    m[mi][r] = mx[r];
+                    l[mi][r] *= alpha[r];
+                }
+#pragma unroll
+                for (int nb = 0; nb < BK / 8; ++nb) {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const float p = fa_exp2(s[mi][nb][e] - m[mi][e >> 1]);
+                        s[mi][nb][e] = p;
+                        l[mi][e >> 1] += p;
+                    }
+                }
+#pragma unroll
+                for (int nb = 0; nb < HS / 8; ++nb) {
+                    o[mi][nb][0] *= alpha[0];
+                    o[mi][nb][1] *= alpha[0];
+                    o[mi][nb][2] *= alpha[1];
+                    o[mi][nb][3] *= alpha[1];
+                }
+            }
+#pragma unroll
+            for (int kc = 0; kc < BK / 16; ++kc) {
+                u32 a0[4], a1[4];
+                a0[0] = Mma<T>::pack(s[0][2 * kc][0], s[0][2 * kc][1]);
+                a0[1] = Mma<T>::pack(s[0][2 * kc][2], s[0][2 * kc][3]);
+                a0[2] = Mma<T>::pack(s[0][2 * kc + 1][0], s[0][2 * kc + 1][1]);
+                a0[3] = Mma<T>::pack(s[0][2 * kc + 1][2], s[0][2 * kc + 1][3]);
+                a1[0] = Mma<T>::pack(s[1][2 * kc][0], s[1][2 * kc][1]);
+                a1[1] = Mma<T>::pack(s[1][2 * kc][2], s[1][2 * kc][3]);
+                a1[2] = Mma<T>::pack(s[1][2 * kc + 1][0], s[1][2 * kc + 1][1]);
+                a1[3] = Mma<T>::pack(s[1][2 * kc + 1][2], s[1][2 * kc + 1][3]);
+#pragma unroll
+                for (int nb = 0; nb < HS / 8; nb += 2) {
+                    u32 b[4];
+                    ld_b<HS>(b, cV, kc, nb, lane);
+                    Mma<T>::run(o[0][nb], a0, b[0], b[1]);
+                    Mma<T>::run(o[0][nb + 1], a0, b[2], b[3]);
+                    Mma<T>::run(o[1][nb], a1, b[0], b[1]);
+                    Mma<T>::run(o[1][nb + 1], a1, b[2], b[3]);
+                }
+            }
+        }
+        __syncthreads();
+    }
+
+    const i64 os = (i64)nh * HS;
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi) {
+        float inv[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            l[mi][r] += __shfl_xor_sync(0xffffffffu, l[mi][r], 1);
+            l[mi][r] += __shfl_xor_sync(0xffffffffu, l[mi][r], 2);
+            inv[r] = 1.0f / l[mi][r];
+            const int row = row0 + 16 * mi + 8 * r;
+            if (tg == 0 && row < t) lse[(i64)bh * t + row] = (m[mi][r] + log2f(l[mi][r])) * FA_LN2;
+        }
+#pragma unroll
+        for (int nb = 0; nb < HS / 8; ++nb) {
+            o[mi][nb][0] *= inv[0];
+            o[mi][nb][1] *= inv[0];
+            o[mi][nb][2] *= inv[1];
+            o[mi][nb][3] *= inv[1];
+        }
+        // The warp's own Q rows are free now (each warp reads only its rows of sQ).
+        const int r0 = wr0 + 16 * mi;
+        store_rows<T, HS>(sQ, o[mi], 1.0f, r0, out + ((i64)bb * t + q0 + r0) * os + h * HS, os,
+                          t - q0 - r0, lane);
+    }
+}
+
+// dQ, version 2: fa_backward_dq with the row dot products D = rowsum(dO∘O) computed in the
+// prologue (the separate rowdot launch of version 1 is gone) and written to `dd` for the dK/dV
+// kernel, which therefore runs after this one. Each warp computes D for its own 16 rows: two
+// lanes per row, each summing half of the row in order, then one exchange (fixed order).
+template <typename T, int HS>
+__device__ __forceinline__ void fa_backward_dq2(const T* __restrict__ qkv,
+                                                const T* __restrict__ out,
+                                                const T* __restrict__ dout,
+                                                const float* __restrict__ lse,
+                                                float* __restrict__ dd,
+                                                T* __restrict__ dqkv, int t, int nh,
+                                                float scale) {
+    constexpr int BQ = 64, BK = HS == 64 ? 64 : 32;
+    extern __shared__ __align__(128) unsigned char fa_smem[];
+    T* sQ = (T*)fa_smem;
+    T* sO = sQ + BQ * HS;
+    T* sK = sO + BQ * HS;       // [2][BK × HS]
+    T* sV = sK + 2 * BK * HS;   // [2][BK × HS]
+
+    const int bh = blockIdx.x, bb = bh / nh, h = bh % nh;
+    const int qt = gridDim.y - 1 - blockIdx.y, q0 = qt * BQ;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tg = lane & 3;
+    const i64 rs = 3ll * nh * HS, os = (i64)nh * HS;
+    const T* gq = qkv + (i64)bb * t * rs + (i64)h * HS;
+    const T* gk = gq + (i64)nh * HS;
+    const T* gv = gk + (i64)nh * HS;
+    const T* go = dout + (i64)bb * t * os + (i64)h * HS;
+    const float sl2 = scale * FA_LOG2E;
+
+    const int qvalid = min(BQ, t - q0);
+    load_tile<T, HS, BQ>(sQ, gq + q0 * rs, rs, qvalid);
+    load_tile<T, HS, BQ>(sO, go + q0 * os, os, qvalid);
+    load_tile<T, HS, BK>(sK, gk, rs, min(BK, t));
+    load_tile<T, HS, BK>(sV, gv, rs, min(BK, t));
+    cp_commit();
+
+    const int row0 = q0 + warp * 16 + g;
+    float l2[2], drow[2];
+    {
+        const int j = lane >> 1, half = lane & 1, row = q0 + warp * 16 + j;
+        float acc = 0.0f;
+        if (row < t) {
+            const i64 off = ((i64)bb * t + row) * os + (i64)h * HS + half * (HS / 2);
+#pragma unroll
+            for (int c = 0; c < HS / 16; ++c) {
+                const Pack<T> a = load_pack(out + off + c * 8);
+                const Pack<T> b = load_pack(dout + off + c * 8);
+#pragma unroll
+                for (int i = 0; i < 8; ++i) acc = fmaf(to_f32(a.v[i]), to_f32(b.v[i]), acc);
+            }
+        }
+        acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+        if (half == 0 && row < t) dd[(i64)bh * t + row] = acc;
+        drow[0] = __shfl_sync(0xffffffffu, acc, 2 * g);
+        drow[1] = __shfl_sync(0xffffffffu, acc, 2 * g + 16);
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int row = row0 + 8 * r;
+        l2[r] = row < t ? lse[(i64)bh * t + row] * FA_LOG2E : 0.0f;
+    }
+    float dq[HS / 8][4];
+#pragma unroll
+    for (int i = 0; i < HS / 8; ++i) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.0f;
+    const int kend = min(t, q0 + BQ), nkt = (kend + BK - 1) / BK;
+
+    for (int kt = 0; kt < nkt; ++kt) {
+        const int st = kt & 1, k0 = kt * BK;
+        if (kt + 1 < nkt) {
+            const int k1 = k0 + BK;
+            load_tile<T, HS, BK>(sK + (st ^ 1) * BK * HS, gk + k1 * rs, rs, min(BK, t - k1));
+            load_tile<T, HS, BK>(sV + (st ^ 1) * BK * HS, gv + k1 * rs, rs, min(BK, t - k1));
+        }
+        cp_commit();
+        cp_wait1();
+        __syncthreads();
+        const T* cK = sK + st * BK * HS;
+        const T* cV = sV + st * BK * HS;
+
+        // S = Q·Kᵀ and dP = dO·Vᵀ (16 queries × BK keys per warp).
+        float p[BK / 8][4], dp[BK / 8][4];
+#pragma unroll
+        for (int i = 0; i < BK / 8; ++i) {
+            p[i][0] = p[i][1] = p[i][2] = p[i][3] = 0.0f;
+            dp[i][0] = dp[i][1] = dp[i][2] = dp[i][3] = 0.0f;
+        }
+#pragma unroll
+        for (int kc = 0; kc < HS / 16; ++kc) {
+            u32 a[4], ao[4];
+            ld_a<HS>(a, sQ, warp * 16, kc, lane);
+            ld_a<HS>(ao, sO, warp * 16, kc, lane);
+#pragma unroll
+            for (int nb = 0; nb < BK / 8; nb += 2) {
+                u32 b[4];
+                ld_bt<HS>(b, cK, nb * 8, kc, lane);
+                Mma<T>::run(p[nb], a, b[0], b[1]);
+                Mma<T>::run(p[nb + 1], a, b[2], b[3]);
+                ld_bt<HS>(b, cV, nb * 8, kc, lane);
+                Mma<T>::run(dp[nb], ao, b[0], b[1]);
+                Mma<T>::run(dp[nb + 1], ao, b[2], b[3]);
+            }
+        }
+        const bool mask = k0 + BK - 1 > q0;
+#pragma unroll
+        for (int nb = 0; nb < BK / 8; ++nb) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                float pv = fa_exp2(fmaf(p[nb][e], sl2, -l2[e >> 1]));
+                if (mask) {
+                    const int key = k0 + nb * 8 + 2 * tg + (e & 1);
+                    if (key > row0 + 8 * (e >> 1)) pv = 0.0f;
+                }
+                dp[nb][e] = pv * (dp[nb][e] - drow[e >> 1]);
+            }
+        }
+        // dQ += dS·K (scale applied at the end).
+#pragma unroll
+        for (int kc = 0; kc < BK / 16; ++kc) {
+            u32 a[4];
+            a[0] = Mma<T>::pack(dp[2 * kc][0], dp[2 * kc][1]);
+            a[1] = Mma<T>::pack(dp[2 * kc][2], dp[2 * kc][3]);
+            a[2] = Mma<T>::pack(dp[2 * kc + 1][0], dp[2 * kc + 1][1]);
+            a[3] = Mma<T>::pack(dp[2 * kc + 1][2], dp[2 * kc + 1][3]);
+#pragma unroll
+            for (int nb = 0; nb < HS / 8; nb += 2) {
+                u32 b[4];
+                ld_b<HS>(b, cK, kc, nb, lane);
+                Mma<T>::run(dq[nb], a, b[0], b[1]);
+                Mma<T>::run(dq[nb + 1], a, b[2], b[3]);
+            }
+        }
+        __syncthreads();
+    }
+
+    const int r0 = warp * 16;
+    store_rows<T, HS>(sQ, dq, scale, r0, dqkv + ((i64)bb * t + q0 + r0) * rs + (i64)h * HS, rs,
+                      t - q0 - r0, lane);
+}
+
+// Version 2 entry points (HS, key tile of the forward, min blocks per SM of forward and dQ).
+//   flash_attention_forward2_hsHS_T(const T* qkv, T* out, float* lse, int t, int nh,
+//                                   float scale)                      (128-query tiles)
+//   flash_attention_backward_dq2_hsHS_T(const T* qkv, const T* out, const T* dout,
+//                                       const float* lse, float* d, T* dqkv, int t, int nh,
+//                                       float scale)       (writes d; run before _dkv)
+#define FA_ENTRIES2(T, S, HS, BK, MB_FWD, MB_DQ)                                               \
+    extern "C" __global__ void __launch_bounds__(FA_THREADS, MB_FWD)                          \
+        flash_attention_forward2_hs##HS##_##S(const T* qkv, T* out, float* lse, int t,       \
+                                              int nh, float scale) {                          \
+        fa_forward2<T, HS, BK>(qkv, out, lse, t, nh, scale);                                  \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(FA_THREADS, MB_DQ)                           \
+        flash_attention_backward_dq2_hs##HS##_##S(const T* qkv, const T* out, const T* dout,  \
+                                                  const float* lse, float* d, T* dqkv, int t, \
+                                                  int nh, float scale) {                      \
+        fa_backward_dq2<T, HS>(qkv, out, dout, lse, d, dqkv, t, nh, scale);                   \
+    }
+
+FA_ENTRIES2(bf16_t, bf16, 64, 64, 2, 3)
+FA_ENTRIES2(bf16_t, bf16, 128, 32, 2, 3)
+FA_ENTRIES2(f16_t, f16, 64, 64, 2, 3)
+FA_ENTRIES2(f16_t, f16, 128, 32, 2, 3)
+
 #endif  // __CUDA_ARCH__ >= 800

@@ -1,26 +1,31 @@
-//! Times the fused causal attention against the unfused CUDA composition (split heads, batched
-//! GEMMs, causal softmax, merge heads) at the seed (b=32, t=256, nh=12, hs=64) and large
-//! (b=32, t=256, nh=16, hs=128) shapes: `cargo run -p duet-cuda --release --example flash_bench
-//! [bf16|f16]`. Each variant is warmed up, then run 50 times between two synchronisations; the
-//! table gives the mean host-clock time per call. No pass/fail.
+//! Times the fused causal attention (kernel versions 2 and 1, see crates/cuda/src/device/flash.rs)
+//! against the unfused CUDA composition (split heads, batched GEMMs, causal softmax, merge
+//! heads) at the seed (b=32, t=256, nh=12, hs=64) and large (b=32, t=256, nh=16, hs=128)
+//! shapes: `cargo run -p duet-cuda --release --example flash_bench [bf16|f16]`. Each variant is
+//! warmed up, then run 50 times inside one `Device::time_ms` (device events); the table gives
+//! the mean time per call and the causal TFLOP/s (forward 2·2·b·nh·t²·hs/2 FLOPs, backward
+//! 2.5× that). No pass/fail.
 
 use duet_cuda::CudaDevice;
-use duet_device::{DType, Device, GemmDesc};
-use std::time::Instant;
+use duet_device::{DType, Device, DeviceError, GemmDesc};
 
 const ITERS: usize = 50;
 
+/// Mean µs per call of `f` over ITERS calls, after a warm-up.
 fn time<F: FnMut()>(dev: &CudaDevice, mut f: F) -> f64 {
     for _ in 0..3 {
         f();
     }
     dev.synchronize().unwrap();
-    let t = Instant::now();
-    for _ in 0..ITERS {
-        f();
-    }
-    dev.synchronize().unwrap();
-    t.elapsed().as_secs_f64() / ITERS as f64 * 1e6
+    let ms = dev
+        .time_ms(|| {
+            for _ in 0..ITERS {
+                f();
+            }
+            Ok::<(), DeviceError>(())
+        })
+        .unwrap();
+    ms * 1e3 / ITERS as f64
 }
 
 fn bench(dev: &CudaDevice, dtype: DType, name: &str, b: usize, t: usize, nh: usize, hs: usize) {
@@ -38,14 +43,31 @@ fn bench(dev: &CudaDevice, dtype: DType, name: &str, b: usize, t: usize, nh: usi
     let mut lse = a(DType::F32, heads * t, 0.0);
     let mut dqkv = a(dtype, 3 * n, 0.0);
 
-    let flash_fwd = time(dev, || {
-        dev.flash_attention_forward(&qkv, &mut out, &mut lse, b, t, nh, hs, scale)
-            .unwrap()
-    });
-    let flash_bwd = time(dev, || {
-        dev.flash_attention_backward(&qkv, &out, &dout, &lse, &mut dqkv, b, t, nh, hs, scale)
-            .unwrap()
-    });
+    // Causal FLOPs: the forward's two products over the lower triangle; the backward 2.5×.
+    let fwd_flop = 2.0 * 2.0 * (b * nh) as f64 * (t * t) as f64 * hs as f64 / 2.0;
+    let bwd_flop = 2.5 * fwd_flop;
+    let tflops = |flop: f64, us: f64| flop / (us * 1e-6) / 1e12;
+    let mut flash = Vec::new();
+    for (version, v1) in [("v2", false), ("v1", true)] {
+        CudaDevice::flash_attention_v1_on_this_thread(Some(v1));
+        let fwd = time(dev, || {
+            dev.flash_attention_forward(&qkv, &mut out, &mut lse, b, t, nh, hs, scale)
+                .unwrap()
+        });
+        let bwd = time(dev, || {
+            dev.flash_attention_backward(&qkv, &out, &dout, &lse, &mut dqkv, b, t, nh, hs, scale)
+                .unwrap()
+        });
+        println!(
+            "{name:<6} {dtype:<5} b={b} t={t} nh={nh} hs={hs:<4} | flash {version} fwd {fwd:8.1} µs {:6.1} TFLOP/s  bwd {bwd:8.1} µs {:6.1} TFLOP/s",
+            tflops(fwd_flop, fwd),
+            tflops(bwd_flop, bwd)
+        );
+        flash.push((fwd, bwd));
+    }
+    CudaDevice::flash_attention_v1_on_this_thread(None);
+    let (flash_fwd, flash_bwd) = flash[0];
+    let (v1_fwd, v1_bwd) = flash[1];
 
     // The unfused composition, all heads at once.
     let (mut q, mut k, mut v) = (a(dtype, n, 0.0), a(dtype, n, 0.0), a(dtype, n, 0.0));
@@ -79,7 +101,14 @@ fn bench(dev: &CudaDevice, dtype: DType, name: &str, b: usize, t: usize, nh: usi
             .unwrap();
     });
     println!(
-        "{name:<6} {dtype:<5} b={b} t={t} nh={nh} hs={hs:<4} | flash fwd {flash_fwd:8.1} µs  bwd {flash_bwd:8.1} µs | unfused fwd {unf_fwd:8.1} µs  bwd {unf_bwd:8.1} µs | speed-up fwd {:4.1}x  bwd {:4.1}x",
+        "{name:<6} {dtype:<5} b={b} t={t} nh={nh} hs={hs:<4} | unfused fwd {unf_fwd:8.1} µs {:6.1} TFLOP/s  bwd {unf_bwd:8.1} µs {:6.1} TFLOP/s",
+        tflops(fwd_flop, unf_fwd),
+        tflops(bwd_flop, unf_bwd)
+    );
+    println!(
+        "{name:<6} {dtype:<5} speed-up of v2: vs v1 fwd {:4.2}x bwd {:4.2}x | vs unfused fwd {:4.1}x bwd {:4.1}x",
+        v1_fwd / flash_fwd,
+        v1_bwd / flash_bwd,
         unf_fwd / flash_fwd,
         unf_bwd / flash_bwd
     );
@@ -100,8 +129,10 @@ fn main() {
     };
     let info = dev.info();
     println!(
-        "{} {} — {ITERS} calls per timing, µs per call",
-        info.name, info.arch
+        "{} {} — {ITERS} calls per timing ({}), µs per call",
+        info.name,
+        info.arch,
+        dev.timer_kind()
     );
     for dtype in dtypes {
         bench(&dev, dtype, "seed", 32, 256, 12, 64);

@@ -1,9 +1,10 @@
 //! The fused causal attention (`flash_attention_forward` / `_backward`) on CUDA against a plain
 //! f64 host computation from the same bf16/f16-rounded inputs: output, log-sum-exp and every
 //! part of dqkv, for head sizes 64 and 128 and sequence lengths that are and are not multiples
-//! of the kernels' 64-row tile. Also checks that two runs give bit-identical results and that
-//! unsupported dtypes, head sizes and wrong shapes are refused. Without a CUDA device the tests
-//! print why they skip.
+//! of the kernels' 64- and 128-row tiles, with both kernel versions (selected per thread with
+//! `CudaDevice::flash_attention_v1_on_this_thread`). Also checks that two runs give
+//! bit-identical results and that unsupported dtypes, head sizes and wrong shapes are refused.
+//! Without a CUDA device the tests print why they skip.
 
 use duet_cuda::CudaDevice;
 use duet_device::{Buffer, DType, Device, DeviceError, DeviceExt};
@@ -156,7 +157,7 @@ fn check_shape(dev: &CudaDevice, dtype: DType, s: &Shape, tol: f64) {
     let got_dqkv = dev.download_f32(&dqkv).unwrap();
     let r = reference(s, &qkv_h, &dout_h, scale as f64);
 
-    let what = format!("{dtype} b={b} t={t} nh={nh} hs={hs}");
+    let what = format!("{} {dtype} b={b} t={t} nh={nh} hs={hs}", version_name());
     let e_out = rel_err(&got_out, &r.out, |_| true);
     let e_lse = rel_err(&got_lse, &r.lse, |_| true);
     let part = |w: usize| move |i: usize| (i / (nh * hs)) % 3 == w;
@@ -182,21 +183,47 @@ fn check_shape(dev: &CudaDevice, dtype: DType, s: &Shape, tol: f64) {
 const SHAPES: &[(usize, usize, usize, usize)] = &[
     // (b, t, nh, hs)
     (1, 1, 2, 64),
+    (1, 17, 2, 64),
     (2, 37, 3, 64),
     (1, 64, 2, 64),
     (1, 65, 1, 64),
     (1, 256, 2, 64),
+    (1, 300, 1, 64),
     (1, 1, 1, 128),
+    (1, 17, 1, 128),
     (1, 37, 2, 128),
     (2, 100, 2, 128),
+    (1, 129, 1, 128),
     (1, 256, 1, 128),
+    (1, 300, 1, 128),
 ];
+
+/// The kernel versions to test: (name, select version 1).
+const VERSIONS: [(&str, bool); 2] = [("v2", false), ("v1", true)];
+
+/// The version selected on this thread, for messages.
+fn version_name() -> &'static str {
+    VERSION.with(std::cell::Cell::get)
+}
+
+thread_local! {
+    static VERSION: std::cell::Cell<&'static str> = const { std::cell::Cell::new("default") };
+}
+
+/// Selects a kernel version for the calls made on this thread.
+fn select(name: &'static str, v1: bool) {
+    CudaDevice::flash_attention_v1_on_this_thread(Some(v1));
+    VERSION.with(|c| c.set(name));
+}
 
 fn check_all(test: &str, dtype: DType, tol: f64) {
     let Some(dev) = device(test) else { return };
-    for &(b, t, nh, hs) in SHAPES {
-        assert!(dev.supports_flash_attention(dtype, hs), "{dtype} hs={hs}");
-        check_shape(&dev, dtype, &Shape { b, t, nh, hs }, tol);
+    for (name, v1) in VERSIONS {
+        select(name, v1);
+        for &(b, t, nh, hs) in SHAPES {
+            assert!(dev.supports_flash_attention(dtype, hs), "{dtype} hs={hs}");
+            check_shape(&dev, dtype, &Shape { b, t, nh, hs }, tol);
+        }
     }
 }
 
@@ -223,7 +250,13 @@ fn flash_attention_is_deterministic() {
     let Some(dev) = device("flash_attention_is_deterministic") else {
         return;
     };
-    for (dtype, hs) in [(DType::BF16, 64), (DType::F16, 128)] {
+    for (dtype, hs, (version, v1)) in [
+        (DType::BF16, 64, VERSIONS[0]),
+        (DType::F16, 128, VERSIONS[0]),
+        (DType::F16, 64, VERSIONS[1]),
+        (DType::BF16, 128, VERSIONS[1]),
+    ] {
+        select(version, v1);
         let (b, t, nh) = (2, 200, 4);
         let n = b * t * nh * hs;
         let scale = 1.0 / (hs as f32).sqrt();
@@ -244,9 +277,18 @@ fn flash_attention_is_deterministic() {
             )
         };
         let (a, b2) = (run(), run());
-        assert!(a.0 == b2.0, "{dtype} hs={hs}: out differs between runs");
-        assert!(a.1 == b2.1, "{dtype} hs={hs}: lse differs between runs");
-        assert!(a.2 == b2.2, "{dtype} hs={hs}: dqkv differs between runs");
+        assert!(
+            a.0 == b2.0,
+            "{version} {dtype} hs={hs}: out differs between runs"
+        );
+        assert!(
+            a.1 == b2.1,
+            "{version} {dtype} hs={hs}: lse differs between runs"
+        );
+        assert!(
+            a.2 == b2.2,
+            "{version} {dtype} hs={hs}: dqkv differs between runs"
+        );
     }
 }
 

@@ -1,14 +1,25 @@
 //! Fused causal attention (kernels-cuda/flash_attention.cu): see
 //! [`duet_device::Device::flash_attention_forward`].
 //!
-//! Forward: one kernel, a block per 64 queries of one head, looping over the key tiles up to
-//! the diagonal with an online softmax; it writes `out` and the per-row log-sum-exp `lse`.
-//! Backward: `rowdot` computes `D_i = Σ_c dO·O` per query row into backend scratch, then
-//! `backward_dkv` (a block per 64 keys, looping over the query tiles from the diagonal on)
-//! writes dK and dV, and `backward_dq` (a block per 64 queries, looping over the key tiles up
-//! to the diagonal) writes dQ, each recomputing the probabilities from Q, K and `lse`. Every
-//! output element is written by exactly one thread with a fixed summation order: no atomics,
-//! results are bit-identical run to run.
+//! Two versions of the kernels; version 2 is the default, version 1 runs when the environment
+//! variable `DUET_FLASH_V1` is set to anything but `0` or empty (read once per process), or on a
+//! thread that called [`CudaDevice::flash_attention_v1_on_this_thread`] (tests, benchmarks).
+//!
+//! Version 1. Forward: one kernel, a block per 64 queries of one head, looping over the key
+//! tiles up to the diagonal with an online softmax; it writes `out` and the per-row
+//! log-sum-exp `lse`. Backward: `rowdot` computes `D_i = Σ_c dO·O` per query row into backend
+//! scratch, then `backward_dkv` (a block per 64 keys, looping over the query tiles from the
+//! diagonal on) writes dK and dV, and `backward_dq` (a block per 64 queries, looping over the
+//! key tiles up to the diagonal) writes dQ, each recomputing the probabilities from Q, K and
+//! `lse`.
+//!
+//! Version 2. Forward (`forward2`): a block per 128 queries, each of the 4 warps owning 32 rows,
+//! so each K/V fragment read from shared memory feeds two tensor-core products; key tiles of 64
+//! (hs 64) or 32 (hs 128) rows. Backward: `backward_dq2` computes D for its own query rows in
+//! its prologue (no `rowdot` launch) and writes it for `backward_dkv`, which runs after it.
+//!
+//! Every output element is written by exactly one thread with a fixed summation order: no
+//! atomics, results are bit-identical run to run (for a given version).
 
 use super::{CudaDevice, cfg, grid_dim, lock, mul};
 use crate::error::{dim, drv};
@@ -17,13 +28,33 @@ use crate::memory::CudaBuffer;
 use cudarc::driver::CudaFunction;
 use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
 use duet_device::{Buffer, DType, DeviceError, Result, check_dtype, check_len};
+use std::cell::Cell;
+use std::sync::OnceLock;
 
 /// Threads per block of the attention kernels (4 warps of 16 rows each).
 const THREADS: u32 = 128;
 /// Query rows per block of the forward and dQ kernels, key rows per block of the dK/dV kernel.
 const TILE: usize = 64;
+/// Query rows per block of the version-2 forward kernel.
+const TILE2: usize = 128;
 /// Threads per block of the `rowdot` kernel.
 const ROWDOT_BLOCK: u32 = 256;
+
+/// Environment variable selecting the version-1 kernels (see the module documentation).
+pub const FLASH_V1_ENV: &str = "DUET_FLASH_V1";
+
+thread_local! {
+    /// Per-thread override of the kernel version (`Some(true)`: version 1).
+    static V1_ON_THREAD: Cell<Option<bool>> = const { Cell::new(None) };
+}
+
+/// Whether the attention calls made on this thread use the version-1 kernels.
+fn use_v1() -> bool {
+    static ENV: OnceLock<bool> = OnceLock::new();
+    V1_ON_THREAD.with(Cell::get).unwrap_or_else(|| {
+        *ENV.get_or_init(|| std::env::var(FLASH_V1_ENV).is_ok_and(|v| !v.is_empty() && v != "0"))
+    })
+}
 
 /// The kernel variant for a head size: its name part and the dynamic shared memory (bytes) of
 /// the forward, dK/dV and dQ kernels. Must match the tile sizes in flash_attention.cu.
@@ -31,6 +62,7 @@ struct Variant {
     name: &'static str,
     hs: usize,
     smem_forward: u32,
+    smem_forward2: u32,
     smem_dkv: u32,
     smem_dq: u32,
 }
@@ -43,11 +75,14 @@ const fn tile_bytes(rows: usize, hs: usize) -> u32 {
 /// The forward kernel keeps Q (64 rows) and two stages of K and V (64 rows each); dK/dV keeps
 /// K, V (64 rows) and two stages of Q, dO (BQ rows) plus lse and D (f32, BQ each); dQ keeps Q,
 /// dO (64 rows) and two stages of K, V (BK rows). BQ = BK = 64 for hs = 64, 32 for hs = 128.
+/// The version-2 forward keeps Q (128 rows) and two stages of K and V (`inner` rows: its key
+/// tile is 64 rows for hs = 64, 32 for hs = 128); the version-2 dQ kernel has dQ's layout.
 const fn variant(name: &'static str, hs: usize, inner: usize) -> Variant {
     Variant {
         name,
         hs,
         smem_forward: tile_bytes(TILE, hs) + 4 * tile_bytes(TILE, hs),
+        smem_forward2: tile_bytes(TILE2, hs) + 4 * tile_bytes(inner, hs),
         smem_dkv: 2 * tile_bytes(TILE, hs) + 4 * tile_bytes(inner, hs) + (4 * inner * 4) as u32,
         smem_dq: 2 * tile_bytes(TILE, hs) + 4 * tile_bytes(inner, hs),
     }
@@ -68,6 +103,14 @@ fn dtype_sfx(d: DType) -> Option<&'static str> {
 }
 
 impl CudaDevice {
+    /// Selects the attention kernels for the calls made on the calling thread: `Some(true)`
+    /// version 1, `Some(false)` version 2, `None` the process default (version 2 unless
+    /// `DUET_FLASH_V1` is set). For A/B tests and benchmarks; both versions compute the same
+    /// function (not bit-identical to each other).
+    pub fn flash_attention_v1_on_this_thread(v1: Option<bool>) {
+        V1_ON_THREAD.with(|c| c.set(v1));
+    }
+
     pub(super) fn flash_supported(&self, dtype: DType, hs: usize) -> bool {
         self.flash_variant(dtype, hs).is_ok()
     }
@@ -88,7 +131,11 @@ impl CudaDevice {
                 self.cc % 10
             ));
         }
-        let need = v.smem_forward.max(v.smem_dkv).max(v.smem_dq);
+        let need = v
+            .smem_forward
+            .max(v.smem_forward2)
+            .max(v.smem_dkv)
+            .max(v.smem_dq);
         let have = self
             .ctx
             .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
@@ -151,17 +198,20 @@ impl CudaDevice {
             return Ok(());
         }
         let heads = grid_dim(OP, b * nh)?;
-        let tiles = tile_count(OP, t)?;
-        let f = self.flash_func(
-            &format!("flash_attention_forward_{}_{sfx}", v.name),
-            v.smem_forward,
-        )?;
+        let (kernel, tile, smem) = if use_v1() {
+            ("forward", TILE, v.smem_forward)
+        } else {
+            ("forward2", TILE2, v.smem_forward2)
+        };
+        let tiles = tile_count(OP, t, tile)?;
+        let f = self.flash_func(&format!("flash_attention_{kernel}_{}_{sfx}", v.name), smem)?;
         let mut c = cfg((heads, tiles, 1), (THREADS, 1, 1));
-        c.shared_mem_bytes = v.smem_forward;
-        // SAFETY: flash_attention_forward(const T* qkv, T* out, float* lse, int t, int nh,
-        // float scale): qkv holds b·t·3·nh·hs elements, out b·t·nh·hs, lse b·nh·t (checked);
-        // the grid covers b·nh heads × ⌈t/64⌉ query tiles and rows past t are neither read
-        // nor written; the dynamic shared memory is the size the kernel's tiles need.
+        c.shared_mem_bytes = smem;
+        // SAFETY: flash_attention_forward / forward2(const T* qkv, T* out, float* lse, int t,
+        // int nh, float scale): qkv holds b·t·3·nh·hs elements, out b·t·nh·hs, lse b·nh·t
+        // (checked); the grid covers b·nh heads × ⌈t/tile⌉ query tiles (tile = the kernel's
+        // 64 or 128 rows) and rows past t are neither read nor written; the dynamic shared
+        // memory is the size the kernel's tiles need.
         unsafe {
             kernels::launch(
                 &self.stream,
@@ -211,15 +261,71 @@ impl CudaDevice {
             return Ok(());
         }
         let heads = grid_dim(OP, b * nh)?;
-        let tiles = tile_count(OP, t)?;
+        let tiles = tile_count(OP, t, TILE)?;
         let (t32, nh32) = (dim(OP, "t", t)?, dim(OP, "nh", nh)?);
-        let fr = self.func(
-            KernelModule::FlashAttention,
-            &format!("flash_attention_rowdot_{}_{sfx}", v.name),
-        )?;
         let fkv = self.flash_func(
             &format!("flash_attention_backward_dkv_{}_{sfx}", v.name),
             v.smem_dkv,
+        )?;
+        if !use_v1() {
+            let fq = self.flash_func(
+                &format!("flash_attention_backward_dq2_{}_{sfx}", v.name),
+                v.smem_dq,
+            )?;
+            let mut scratch = lock(&self.scratch, OP)?;
+            let d = scratch.get(&self.ctx, &self.stream, rows * 4, &self.mem)?;
+            let mut c = cfg((heads, tiles, 1), (THREADS, 1, 1));
+            c.shared_mem_bytes = v.smem_dq;
+            // SAFETY: backward_dq2(const T* qkv, const T* out, const T* dout, const float* lse,
+            // float* d, T* dqkv, int t, int nh, float scale): qkv and dqkv hold b·t·3·nh·hs
+            // elements, out and dout b·t·nh·hs, lse b·nh·t (checked), `d` b·nh·t f32 (scratch
+            // just sized); one block per head and 64-query tile, writing d for and the q part
+            // of its rows before t only.
+            unsafe {
+                kernels::launch(
+                    &self.stream,
+                    &fq,
+                    c,
+                    &[
+                        qkv.ptr().into(),
+                        out.ptr().into(),
+                        dout.ptr().into(),
+                        lse.ptr().into(),
+                        d.into(),
+                        dqkv.ptr().into(),
+                        t32.into(),
+                        nh32.into(),
+                        scale.into(),
+                    ],
+                )?;
+            }
+            c.shared_mem_bytes = v.smem_dkv;
+            // SAFETY: backward_dkv(const T* qkv, const T* dout, const float* lse,
+            // const float* d, T* dqkv, int t, int nh, float scale): sizes as above; `d` was
+            // written for every row before t by backward_dq2 earlier on the same stream; one
+            // block per head and 64-key tile, writing only the k and v parts of its rows
+            // before t.
+            return unsafe {
+                kernels::launch(
+                    &self.stream,
+                    &fkv,
+                    c,
+                    &[
+                        qkv.ptr().into(),
+                        dout.ptr().into(),
+                        lse.ptr().into(),
+                        d.into(),
+                        dqkv.ptr().into(),
+                        t32.into(),
+                        nh32.into(),
+                        scale.into(),
+                    ],
+                )
+            };
+        }
+        let fr = self.func(
+            KernelModule::FlashAttention,
+            &format!("flash_attention_rowdot_{}_{sfx}", v.name),
         )?;
         let fq = self.flash_func(
             &format!("flash_attention_backward_dq_{}_{sfx}", v.name),
@@ -272,11 +378,11 @@ impl CudaDevice {
     }
 }
 
-/// Number of 64-row tiles covering `t` rows (gridDim.y).
-fn tile_count(op: &'static str, t: usize) -> Result<u32> {
-    let tiles = t.div_ceil(TILE);
+/// Number of `tile`-row tiles covering `t` rows (gridDim.y).
+fn tile_count(op: &'static str, t: usize, tile: usize) -> Result<u32> {
+    let tiles = t.div_ceil(tile);
     u32::try_from(tiles)
         .ok()
         .filter(|&n| n <= 65535)
-        .ok_or_else(|| crate::error::too_large(op, "t / 64 (grid rows)", tiles))
+        .ok_or_else(|| crate::error::too_large(op, "t / tile (grid rows)", tiles))
 }

@@ -262,6 +262,9 @@ struct Scratch<B> {
     /// gelu(fch): the MLP's hidden activation (forward), recomputed for the weight gradient
     /// and then overwritten by its gradient when `d_f` is empty.
     d_f2: B,
+    /// FP8 only: the LayerNorm outputs, which only feed the quantisation (the backward pass
+    /// uses their FP8 transposes), so no block keeps them.
+    ln: B,
 }
 
 impl<B> Scratch<B> {
@@ -279,6 +282,7 @@ impl<B> Scratch<B> {
         att: usize,
         heads: bool,
         one_mlp_grad: bool,
+        fp8: bool,
     ) -> Result<Self> {
         let a = |len: usize| dev.alloc(act, len);
         let h = if heads { n * c } else { 0 };
@@ -298,6 +302,7 @@ impl<B> Scratch<B> {
             dqkv: a(n * 3 * c)?,
             d_f: a(if one_mlp_grad { 0 } else { n * f })?,
             d_f2: a(n * f)?,
+            ln: a(if fp8 { n * c } else { 0 })?,
         })
     }
 }
@@ -357,9 +362,9 @@ const LINEARS: [(BlockParam, &str); 4] = [
 /// FP8 copies of the linear layers' operands and their scaling metadata.
 struct Fp8Bufs<D: Device> {
     state: Fp8State<D>,
-    /// Per kind of linear layer: the input (used by the forward GEMM only, so reused by every
-    /// layer). Per linear layer (`4·layer + kind`): the input's transpose (kept for the weight
-    /// gradient), the weight and its transpose (for the input gradient).
+    /// Per kind of linear layer: the input and the weight (used by the forward GEMM only, so
+    /// reused by every layer). Per linear layer (`4·layer + kind`): the input's transpose (kept
+    /// for the weight gradient) and the weight's transpose (for the input gradient).
     x8: Vec<D::Buffer>,
     x8t: Vec<D::Buffer>,
     w8: Vec<D::Buffer>,
@@ -531,15 +536,18 @@ impl<D: Device> Gpt<D> {
             Vec::new()
         };
         let mut blocks = Vec::with_capacity(slots);
+        // FP8 keeps the LayerNorm outputs only as FP8 transposes (see Scratch::ln).
+        let is_fp8 = plan.precision == Precision::Fp8;
+        let ln_len = if is_fp8 { 0 } else { n * c };
         for _ in 0..slots {
             blocks.push(BlockActs {
-                ln1: a(n * c)?,
+                ln1: a(ln_len)?,
                 ln1_mean: a32(n)?,
                 ln1_rstd: a32(n)?,
                 qkv: a(n * 3 * c)?,
                 attc: a(n * c)?,
                 res2: a(n * c)?,
-                ln2: a(n * c)?,
+                ln2: a(ln_len)?,
                 ln2_mean: a32(n)?,
                 ln2_rstd: a32(n)?,
                 fch: a(n * f)?,
@@ -550,7 +558,7 @@ impl<D: Device> Gpt<D> {
         // The MLP's hidden gradient can overwrite the recomputed GELU output (d_f2) where the
         // GELU backward needs no separate pass: fused into the GEMM, or into FP8's quantisation.
         let one_mlp_grad = plan.precision == Precision::Fp8 || dev.supports_gemm_epilogue(act);
-        let scratch = Scratch::alloc(&*dev, act, n, c, f, att, !flash, one_mlp_grad)?;
+        let scratch = Scratch::alloc(&*dev, act, n, c, f, att, !flash, one_mlp_grad, is_fp8)?;
         let fp8 = if plan.precision == Precision::Fp8 {
             // FP8 tensor-core GEMMs (cuBLASLt, hipBLASLt) need every dimension of the linear
             // layers' GEMMs to be a multiple of 16; enforced on every backend so a config that
@@ -587,13 +595,13 @@ impl<D: Device> Gpt<D> {
                 for k in 0..LINEARS.len() {
                     let (fi, fo) = linear_dims(cfg, k);
                     bufs.x8t.push(dev.alloc(fwd, n * fi)?);
-                    bufs.w8.push(dev.alloc(fwd, fo * fi)?);
                     bufs.w8t.push(dev.alloc(fwd, fo * fi)?);
                 }
             }
             for k in 0..LINEARS.len() {
                 let (fi, fo) = linear_dims(cfg, k);
                 bufs.x8.push(dev.alloc(fwd, n * fi)?);
+                bufs.w8.push(dev.alloc(fwd, fo * fi)?);
                 bufs.dy8.push(dev.alloc(bwd, n * fo)?);
                 bufs.dy8t.push(dev.alloc(bwd, n * fo)?);
             }
@@ -623,7 +631,7 @@ impl<D: Device> Gpt<D> {
         let sc = &scratch;
         let mut scratch_bufs: Vec<&D::Buffer> = vec![
             &sc.scores, &sc.probs, &sc.dprobs, &sc.q, &sc.k, &sc.v, &sc.dresid, &sc.d_c, &sc.d_c2,
-            &sc.dq, &sc.dk, &sc.dv, &sc.dqkv, &sc.d_f, &sc.d_f2,
+            &sc.dq, &sc.dk, &sc.dv, &sc.dqkv, &sc.d_f, &sc.d_f2, &sc.ln,
         ];
         scratch_bufs.extend(dlogits_lp.iter());
         if let Some(q) = &fp8 {
@@ -1245,11 +1253,16 @@ pub fn estimate_memory(cfg: &ModelConfig, b: usize, t: usize, plan: &PrecisionPl
     let scratch =
         act * (3 * att + n * (12 * c + 2 * f)) + 4 * (2 * n * v + 4 * n) + act * 2 * n * c;
     let fp8 = if plan.precision == Precision::Fp8 {
-        // Per linear: the input's transpose, the weight (and transpose); per kind: the input,
-        // the output gradient (and transpose).
-        l * (n * (c + c + c + f) + 2 * (3 * c * c + c * c + f * c + c * f))
+        // Per linear: the input's transpose and the weight's transpose; per kind: the input,
+        // the weight, the output gradient (and transpose); the LayerNorm output scratch. The
+        // blocks keep no LayerNorm outputs (2·n·c fewer per block).
+        let w = 3 * c * c + c * c + f * c + c * f;
+        (l * (n * (c + c + c + f) + w)
             + n * (c + c + c + f)
+            + w
             + 2 * n * (3 * c + c + f + c)
+            + act * n * c)
+            .saturating_sub(act * 2 * n * c * slots)
     } else {
         0
     };
@@ -1324,11 +1337,12 @@ fn block_forward<D: Device>(
     let scale = 1.0 / (hs as f32).sqrt();
     let w = |bp: BlockParam| &p[param_index(l, bp)];
     // Attention.
+    let fp8 = q8.is_some();
     dev.layernorm_forward(
         x,
         w(BlockParam::Ln1W),
         w(BlockParam::Ln1B),
-        &mut a.ln1,
+        if fp8 { &mut s.ln } else { &mut a.ln1 },
         &mut a.ln1_mean,
         &mut a.ln1_rstd,
         n,
@@ -1339,7 +1353,7 @@ fn block_forward<D: Device>(
         dev,
         q8.as_mut().map(|q| (q, 4 * l)),
         record,
-        &a.ln1,
+        if fp8 { &s.ln } else { &a.ln1 },
         w(BlockParam::AttnW),
         w(BlockParam::AttnB),
         &mut a.qkv,
@@ -1373,7 +1387,7 @@ fn block_forward<D: Device>(
         &a.res2,
         w(BlockParam::Ln2W),
         w(BlockParam::Ln2B),
-        &mut a.ln2,
+        if fp8 { &mut s.ln } else { &mut a.ln2 },
         &mut a.ln2_mean,
         &mut a.ln2_rstd,
         n,
@@ -1382,13 +1396,12 @@ fn block_forward<D: Device>(
     )?;
     // gelu(fch) lives in scratch: the backward pass recomputes it. FP8 never writes it: the
     // GELU runs inside the quantisation of the next layer's input.
-    let fp8 = q8.is_some();
     if fp8 {
         linear_forward(
             dev,
             q8.as_mut().map(|q| (q, 4 * l + 2)),
             record,
-            &a.ln2,
+            &s.ln,
             w(BlockParam::FcW),
             w(BlockParam::FcB),
             &mut a.fch,
@@ -1827,9 +1840,9 @@ fn linear_act_forward<D: Device>(
             } else {
                 dev.quantize_fp8(x, x8, x8t, n, k, &st.scale, amax, sx)?;
             }
-            let (w8, w8t) = (&mut q.w8[id], Some(&mut q.w8t[id]));
+            let (w8, w8t) = (&mut q.w8[kind], Some(&mut q.w8t[id]));
             dev.quantize_fp8(w, w8, w8t, m, k, &st.scale, amax, sw)?;
-            let (x8, w8, si) = (&q.x8[kind], &q.w8[id], &st.scale_inv);
+            let (x8, w8, si) = (&q.x8[kind], &q.w8[kind], &st.scale_inv);
             if dev.supports_fp8_epilogue(out.dtype()) {
                 let epi = linear_epilogue(bias, residual, gelu_pre);
                 return Ok(dev.gemm_fp8_epilogue(&desc, x8, w8, out, si, sx, sw, epi)?);
@@ -2065,7 +2078,8 @@ mod tests {
                 ab,
                 flash: false,
             };
-            let mut s = Scratch::alloc(&dev, DType::F32, n, c, 8, ab * t * t, true, false).unwrap();
+            let mut s =
+                Scratch::alloc(&dev, DType::F32, n, c, 8, ab * t * t, true, false, false).unwrap();
             dev.upload(&q, &mut s.q, 0).unwrap();
             dev.upload(&k, &mut s.k, 0).unwrap();
             dev.upload(&v, &mut s.v, 0).unwrap();

@@ -1640,6 +1640,57 @@ impl Device for CudaDevice {
         self.gemm_fp8_epilogue_impl(desc, a, b, c, scale_inv, a_slot, b_slot, epilogue)
     }
 
+    fn fp8_scaling_update(
+        &self,
+        amax: &mut CudaBuffer,
+        history: &mut CudaBuffer,
+        scale: &mut CudaBuffer,
+        scale_inv: &mut CudaBuffer,
+        fp8_max: &CudaBuffer,
+        len: usize,
+        most_recent: bool,
+        margin: i32,
+    ) -> Result<()> {
+        const OP: &str = "fp8_scaling_update";
+        let ops = amax.len();
+        check_dtype(OP, amax, DType::F32)?;
+        for (b, what, n) in [
+            (&*history, "history", ops * len),
+            (&*scale, "scale", ops),
+            (&*scale_inv, "scale_inv", ops),
+            (fp8_max, "fp8_max", ops),
+        ] {
+            check_dtype(OP, b, DType::F32)?;
+            duet_device::check_len(OP, what, b, n)?;
+        }
+        if ops == 0 {
+            return Ok(());
+        }
+        let f = self.func(KernelModule::Fp8Scaling, "fp8_scaling_update")?;
+        // SAFETY: fp8_scaling_update(float* amax, float* history, float* scale,
+        // float* scale_inv, const float* fp8_max, u64 ops, u64 len, int most_recent,
+        // int margin); every buffer is f32 and holds ops (history ops × len) elements
+        // (checked above); one thread per operand.
+        unsafe {
+            kernels::launch(
+                &self.stream,
+                &f,
+                cfg((ops.div_ceil(128) as u32, 1, 1), (128, 1, 1)),
+                &[
+                    amax.ptr().into(),
+                    history.ptr().into(),
+                    scale.ptr().into(),
+                    scale_inv.ptr().into(),
+                    fp8_max.ptr().into(),
+                    (ops as u64).into(),
+                    (len as u64).into(),
+                    (most_recent as i32).into(),
+                    margin.into(),
+                ],
+            )
+        }
+    }
+
     fn sum_squares(&self, x: &CudaBuffer, out: &mut CudaBuffer, slot: usize) -> Result<()> {
         const OP: &str = "sum_squares";
         let s = float_sfx(OP, x.dtype())?;

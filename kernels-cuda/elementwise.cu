@@ -6,21 +6,7 @@
 // are aligned.
 #include "common.cuh"
 
-#define GELU_SQRT_2_OVER_PI 0.7978845608028654f
-#define GELU_COEFF 0.044715f
-
-__device__ __forceinline__ float gelu_f(float x) {
-    const float u = GELU_SQRT_2_OVER_PI * (x + GELU_COEFF * x * x * x);
-    return 0.5f * x * (1.0f + tanhf(u));
-}
-
-__device__ __forceinline__ float gelu_grad_f(float x) {
-    const float u = GELU_SQRT_2_OVER_PI * (x + GELU_COEFF * x * x * x);
-    const float t = tanhf(u);
-    const float sech2 = 1.0f - t * t;
-    return 0.5f * (1.0f + t) +
-           0.5f * x * sech2 * GELU_SQRT_2_OVER_PI * (1.0f + 3.0f * GELU_COEFF * x * x);
-}
+// gelu_f / gelu_grad_f: common.cuh (the CPU reference's formula, bit for bit).
 
 // out[i] = f(a[i]) for one input, vectorised.
 template <typename T, typename F>

@@ -25,25 +25,7 @@
 // the counters are zero between launches (a CUDA graph can replay the kernel).
 #include "common.cuh"
 
-#define GELU_SQRT_2_OVER_PI 0.7978845608028654f
-#define GELU_COEFF 0.044715f
-
-// Exactly gelu_f of elementwise.cu (same expression, so the same rounding): the fused
-// quantisation must see gelu_forward's output bit for bit.
-__device__ __forceinline__ float gelu_f(float x) {
-    const float u = GELU_SQRT_2_OVER_PI * (x + GELU_COEFF * x * x * x);
-    return 0.5f * x * (1.0f + tanhf(u));
-}
-
-// Exactly gelu_grad_f of elementwise.cu (same expression, so the same rounding): the fused
-// gradient must equal gelu_backward's output bit for bit.
-__device__ __forceinline__ float gelu_grad_f(float x) {
-    const float u = GELU_SQRT_2_OVER_PI * (x + GELU_COEFF * x * x * x);
-    const float t = tanhf(u);
-    const float sech2 = 1.0f - t * t;
-    return 0.5f * (1.0f + t) +
-           0.5f * x * sech2 * GELU_SQRT_2_OVER_PI * (1.0f + 3.0f * GELU_COEFF * x * x);
-}
+// gelu_f / gelu_grad_f: common.cuh (the CPU reference's formula, bit for bit).
 
 __device__ __forceinline__ void record_amax(float m, float* amax) {
     atomicMax(reinterpret_cast<unsigned int*>(amax), __float_as_uint(m));

@@ -6,7 +6,7 @@
 // are aligned.
 #include "common.cuh"
 
-// gelu_f / gelu_grad_f: common.cuh (the CPU reference's formula, bit for bit).
+// gelu_f / gelu_grad_f: common.cuh.
 
 // out[i] = f(a[i]) for one input, vectorised.
 template <typename T, typename F>

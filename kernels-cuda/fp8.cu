@@ -25,7 +25,7 @@
 // the counters are zero between launches (a CUDA graph can replay the kernel).
 #include "common.cuh"
 
-// gelu_f / gelu_grad_f: common.cuh (the CPU reference's formula, bit for bit).
+// gelu_f / gelu_grad_f: common.cuh.
 
 __device__ __forceinline__ void record_amax(float m, float* amax) {
     atomicMax(reinterpret_cast<unsigned int*>(amax), __float_as_uint(m));

@@ -6,7 +6,8 @@
 #   run(command="bash .carry-bench/side_by_side.sh", carry=[".carry-bench", ".whl"])
 # Results: $OUT/duet-<preset>.json, $OUT/torch-<preset>.jsonl, $OUT/table.md (also printed last).
 # Environment: PRESETS (default "seed large"), TORCH_SEED_MODES / TORCH_LARGE_MODES (comma
-# lists of torch_ref.py modes), DUET_ITERS (default 20), TORCH_ITERS (default 30).
+# lists of torch_ref.py modes), DUET_ITERS (default 20), TORCH_ITERS (default 30),
+# DUET_PRECISIONS (default all; a comma list for duet bench --precision).
 # With SAVE_CACHES=1 the compile caches (NVRTC cubins, TorchInductor/Triton) are saved to
 # $OUT/caches.tar.gz; copy it to .carry-bench/caches.tar.gz to start the next call warm.
 # PROFILE=bf16 adds an ncu kernel-time summary of about one seed step ($OUT/ncu-summary.txt).
@@ -71,9 +72,9 @@ SEED_MODES="${TORCH_SEED_MODES:-eager-fp32,eager-bf16,eager-fp16,compile-bf16,co
 [ -n "${TORCH_MAX_AUTOTUNE:-}" ] && SEED_MODES="$SEED_MODES,compile-bf16-ma"
 LARGE_MODES="${TORCH_LARGE_MODES:-eager-bf16,compile-bf16-ro,fp8-torchao-compile}"
 for p in ${PRESETS:-seed large}; do
-    echo "== duet bench --preset $p --precision all"
+    echo "== duet bench --preset $p --precision ${DUET_PRECISIONS:-all}"
     t0=$(date +%s)
-    "$HERE/duet" bench --backend cuda --preset "$p" --precision all --warmup-steps 5 --iters "$ITERS" \
+    "$HERE/duet" bench --backend cuda --preset "$p" --precision "${DUET_PRECISIONS:-all}" --warmup-steps 5 --iters "$ITERS" \
         --json "$OUT/duet-$p.json" >/dev/null 2>"/tmp/duet-$p.err"; cat "/tmp/duet-$p.err"
     echo "== duet $p: $(( $(date +%s) - t0 )) s"
     modes=$SEED_MODES; [ "$p" = large ] && modes=$LARGE_MODES

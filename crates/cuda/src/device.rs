@@ -1651,18 +1651,8 @@ impl Device for CudaDevice {
         most_recent: bool,
         margin: i32,
     ) -> Result<()> {
-        const OP: &str = "fp8_scaling_update";
-        let ops = amax.len();
-        check_dtype(OP, amax, DType::F32)?;
-        for (b, what, n) in [
-            (&*history, "history", ops * len),
-            (&*scale, "scale", ops),
-            (&*scale_inv, "scale_inv", ops),
-            (fp8_max, "fp8_max", ops),
-        ] {
-            check_dtype(OP, b, DType::F32)?;
-            duet_device::check_len(OP, what, b, n)?;
-        }
+        let ops =
+            duet_device::check_fp8_scaling_args(amax, history, scale, scale_inv, fp8_max, len)?;
         if ops == 0 {
             return Ok(());
         }

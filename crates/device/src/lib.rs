@@ -845,18 +845,7 @@ pub trait Device: Send + Sync + Sized + 'static {
         most_recent: bool,
         margin: i32,
     ) -> Result<()> {
-        const OP: &str = "fp8_scaling_update";
-        let ops = amax.len();
-        for (b, what, n) in [
-            (&*history, "history", ops * len),
-            (&*scale, "scale", ops),
-            (&*scale_inv, "scale_inv", ops),
-            (fp8_max, "fp8_max", ops),
-        ] {
-            check_dtype(OP, b, DType::F32)?;
-            check_len(OP, what, b, n)?;
-        }
-        check_dtype(OP, amax, DType::F32)?;
+        let ops = check_fp8_scaling_args(amax, history, scale, scale_inv, fp8_max, len)?;
         let to_f32 = |bytes: Vec<u8>| -> Vec<f32> {
             bytes
                 .chunks_exact(4)
@@ -967,6 +956,31 @@ fn check_host_dtype<T: HostType>(buf: DType, op: &'static str) -> Result<()> {
             got: T::DTYPE,
         })
     }
+}
+
+/// Checks the buffers of [`Device::fp8_scaling_update`] (all f32; `history` holds `len` entries
+/// per operand, the others one) and returns the number of operands.
+pub fn check_fp8_scaling_args<B: Buffer>(
+    amax: &B,
+    history: &B,
+    scale: &B,
+    scale_inv: &B,
+    fp8_max: &B,
+    len: usize,
+) -> Result<usize> {
+    const OP: &str = "fp8_scaling_update";
+    let ops = amax.len();
+    check_dtype(OP, amax, DType::F32)?;
+    for (b, what, n) in [
+        (history, "history", ops * len),
+        (scale, "scale", ops),
+        (scale_inv, "scale_inv", ops),
+        (fp8_max, "fp8_max", ops),
+    ] {
+        check_dtype(OP, b, DType::F32)?;
+        check_len(OP, what, b, n)?;
+    }
+    Ok(ops)
 }
 
 /// Checks that `[offset, offset + len)` lies inside a buffer of `cap` elements.

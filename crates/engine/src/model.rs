@@ -1072,7 +1072,8 @@ impl<D: Device> Gpt<D> {
         Ok((sum / self.last_count.max(1) as f64) as f32)
     }
 
-    /// Zeroes every parameter gradient.
+    /// Prepares the gradients for [`Gpt::backward`]: zeroes every gradient the backward pass
+    /// accumulates into (all but the linear layers' weight gradients, which it writes).
     pub fn zero_grads(&mut self) -> Result<()> {
         // The linear layers' weight gradients are written (not added) by their weight-gradient
         // GEMMs (beta 0): only the rest needs clearing.
@@ -1098,8 +1099,10 @@ impl<D: Device> Gpt<D> {
         Ok(self.dev.zero_many(&mut rest)?)
     }
 
-    /// Backward pass from the gradient prepared by `loss(.., true)`; accumulates into the
-    /// parameter gradients (call [`Gpt::zero_grads`] first). With checkpointing, each segment
+    /// Backward pass from the gradient prepared by `loss(.., true)` into the parameter gradients:
+    /// the linear layers' weight gradients are written, the others accumulated onto what
+    /// [`Gpt::zero_grads`] cleared (call it first; two backward passes do not add up). With
+    /// checkpointing, each segment
     /// but the last (whose activations the forward pass left in place) is first recomputed from
     /// its saved input.
     pub fn backward(&mut self) -> Result<()> {

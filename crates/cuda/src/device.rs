@@ -75,10 +75,9 @@ pub struct CudaDevice {
     blas_lt: Mutex<Option<BlasLt>>,
     /// Chunk tables of the multi-tensor kernels (see device/multi.rs).
     tables: Mutex<multi::Tables>,
-    /// cuBLASLt refused the bias-gradient epilogue once: use the plain GEMM and a column sum.
-    bgrad_refused: std::sync::atomic::AtomicBool,
-    /// FP8 epilogues cuBLASLt refused once (bit 0 bias, bit 1 bias + GELU): the separate ops.
-    fp8_epilogue_refused: std::sync::atomic::AtomicU8,
+    /// Epilogues cuBLASLt refused once (`epilogue::REFUSED_*` bits): from then on the plain
+    /// GEMM and the separate ops run (see `CudaDevice::lt_unless_refused`).
+    lt_refused: std::sync::atomic::AtomicU8,
     /// Column-tile counters of the FP8 gradient kernels (device/fp8.rs), zero between launches.
     fp8_counters: DeviceMemory,
     /// NVTX ranges for profiler timelines, when the library is present.
@@ -146,6 +145,15 @@ fn grid_dim(op: &'static str, blocks: usize) -> Result<u32> {
         .ok()
         .filter(|&b| b <= i32::MAX as u32)
         .ok_or_else(|| error::too_large(op, "grid", blocks))
+}
+
+/// The launch of a row kernel that gives each of `rows` rows one warp ([`ROW_BLOCK`] threads
+/// per block).
+fn warp_row_cfg(op: &'static str, rows: usize) -> Result<LaunchConfig> {
+    Ok(cfg(
+        (grid_dim(op, rows.div_ceil(ROWS_PER_BLOCK))?, 1, 1),
+        (ROW_BLOCK, 1, 1),
+    ))
 }
 
 /// The f32/f16/bf16 suffix of an activation-type buffer, or `Unsupported`.
@@ -332,8 +340,7 @@ impl CudaDevice {
             cc,
             blas_lt: Mutex::new(None),
             tables: Mutex::new(multi::Tables::default()),
-            bgrad_refused: std::sync::atomic::AtomicBool::new(false),
-            fp8_epilogue_refused: std::sync::atomic::AtomicU8::new(0),
+            lt_refused: std::sync::atomic::AtomicU8::new(0),
             fp8_counters,
             capturing: std::sync::atomic::AtomicBool::new(false),
             nvtx: crate::nvtx::Nvtx::load(),
@@ -1317,10 +1324,7 @@ impl Device for CudaDevice {
             kernels::launch(
                 &self.stream,
                 &f,
-                cfg(
-                    (grid_dim(OP, lines.div_ceil(ROWS_PER_BLOCK))?, 1, 1),
-                    (ROW_BLOCK, 1, 1),
-                ),
+                warp_row_cfg(OP, lines)?,
                 &[
                     scores.ptr().into(),
                     probs.ptr().into(),
@@ -1361,10 +1365,7 @@ impl Device for CudaDevice {
             kernels::launch(
                 &self.stream,
                 &f,
-                cfg(
-                    (grid_dim(OP, lines.div_ceil(ROWS_PER_BLOCK))?, 1, 1),
-                    (ROW_BLOCK, 1, 1),
-                ),
+                warp_row_cfg(OP, lines)?,
                 &[
                     probs.ptr().into(),
                     dprobs.ptr().into(),

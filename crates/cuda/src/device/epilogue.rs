@@ -9,6 +9,11 @@ use duet_device::{Buffer, DType, Device, DeviceError, Epilogue, GemmDesc, Result
 
 const OP: &str = "gemm_epilogue";
 
+/// Bits of `CudaDevice::lt_refused`: epilogues this cuBLASLt refused once.
+const REFUSED_BGRAD: u8 = 1;
+const REFUSED_FP8_BIAS: u8 = 2;
+const REFUSED_FP8_GELU: u8 = 4;
+
 impl CudaDevice {
     pub(super) fn epilogue_supported(&self, dtype: DType) -> bool {
         self.cc >= 80 && matches!(dtype, DType::BF16 | DType::F16)
@@ -190,16 +195,12 @@ impl CudaDevice {
         c: &mut CudaBuffer,
         dbias: &mut CudaBuffer,
     ) -> Result<()> {
-        use std::sync::atomic::Ordering;
-        if !self.bgrad_refused.load(Ordering::Relaxed) {
-            let epi = LtEpilogue::BGradB {
-                bias: dbias.ptr(),
-                dtype: DType::F32,
-            };
-            match self.lt_matmul(desc, a, b, c, epi) {
-                Ok(()) => return Ok(()),
-                Err(_) => self.bgrad_refused.store(true, Ordering::Relaxed),
-            }
+        let epi = LtEpilogue::BGradB {
+            bias: dbias.ptr(),
+            dtype: DType::F32,
+        };
+        if self.lt_unless_refused(REFUSED_BGRAD, || self.lt_matmul(desc, a, b, c, epi)) {
+            return Ok(());
         }
         self.gemm(desc, a, b, c)?;
         self.fill(dbias, 0.0)?;
@@ -207,8 +208,25 @@ impl CudaDevice {
         self.bias_backward(a, dbias, desc.k, desc.m)
     }
 
-    /// An FP8 GEMM with a bias or bias + GELU epilogue (bias and pre-activation in C's dtype).
-    /// Where cuBLASLt refuses one (remembered), the FP8 GEMM and the separate ops.
+    /// Runs `matmul` (a cuBLASLt epilogue) unless cuBLASLt refused `bit` before; an error is
+    /// remembered as a refusal, so the caller's separate ops run from then on. Whether it ran.
+    fn lt_unless_refused(&self, bit: u8, matmul: impl FnOnce() -> Result<()>) -> bool {
+        use std::sync::atomic::Ordering;
+        if self.lt_refused.load(Ordering::Relaxed) & bit != 0 {
+            return false;
+        }
+        match matmul() {
+            Ok(()) => true,
+            Err(_) => {
+                self.lt_refused.fetch_or(bit, Ordering::Relaxed);
+                false
+            }
+        }
+    }
+
+    /// An FP8 GEMM with a bias, bias + residual or bias + GELU epilogue (bias, residual and
+    /// pre-activation in C's dtype). Where cuBLASLt refuses one (remembered), the FP8 GEMM and
+    /// the separate ops.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn gemm_fp8_epilogue_impl(
         &self,
@@ -221,7 +239,6 @@ impl CudaDevice {
         b_slot: usize,
         epilogue: Epilogue<'_, CudaBuffer>,
     ) -> Result<()> {
-        use std::sync::atomic::Ordering;
         const OP8: &str = "gemm_fp8_epilogue";
         blaslt::validate(desc, a, b, c, scale_inv, a_slot, b_slot, self.cc)?;
         let dt = c.dtype();
@@ -244,6 +261,14 @@ impl CudaDevice {
             duet_device::check_dtype(OP8, bias, dt)?;
             duet_device::check_len(OP8, "bias", bias, desc.n)
         };
+        let fused_only = |what: &str| -> Result<()> {
+            if desc.alpha != 1.0 || desc.beta != 0.0 {
+                return Err(DeviceError::InvalidArgument(format!(
+                    "{OP8}: the {what} epilogue needs alpha 1 and beta 0"
+                )));
+            }
+            Ok(())
+        };
         let (slots, scales) = ((a_slot, b_slot), scale_inv);
         match epilogue {
             Epilogue::Bias(bias) | Epilogue::BiasResidual { bias, .. } => {
@@ -252,35 +277,29 @@ impl CudaDevice {
                     Epilogue::BiasResidual { residual, .. } => {
                         duet_device::check_dtype(OP8, residual, dt)?;
                         duet_device::check_len(OP8, "residual", residual, c.len())?;
-                        if desc.alpha != 1.0 || desc.beta != 0.0 {
-                            return Err(DeviceError::InvalidArgument(format!(
-                                "{OP8}: the bias + residual epilogue needs alpha 1 and beta 0"
-                            )));
-                        }
+                        fused_only("bias + residual")?;
                         Some(residual)
                     }
                     _ => None,
                 };
-                if self.fp8_epilogue_refused.load(Ordering::Relaxed) & 1 == 0 {
-                    let epi = match residual {
-                        Some(r) => LtEpilogue::BiasResidual {
-                            bias: bias.ptr(),
-                            dtype: dt,
-                            residual: r.ptr(),
-                        },
-                        None => LtEpilogue::Bias {
-                            bias: bias.ptr(),
-                            dtype: dt,
-                        },
-                    };
-                    match self.with_lt(OP8, |lt| {
+                let epi = match residual {
+                    Some(r) => LtEpilogue::BiasResidual {
+                        bias: bias.ptr(),
+                        dtype: dt,
+                        residual: r.ptr(),
+                    },
+                    None => LtEpilogue::Bias {
+                        bias: bias.ptr(),
+                        dtype: dt,
+                    },
+                };
+                let fused = self.lt_unless_refused(REFUSED_FP8_BIAS, || {
+                    self.with_lt(OP8, |lt| {
                         lt.gemm_fp8(&self.stream, desc, a, b, c, scales, slots, epi)
-                    }) {
-                        Ok(()) => return Ok(()),
-                        Err(_) => {
-                            self.fp8_epilogue_refused.fetch_or(1, Ordering::Relaxed);
-                        }
-                    }
+                    })
+                });
+                if fused {
+                    return Ok(());
                 }
                 match residual {
                     Some(r) => {
@@ -296,32 +315,26 @@ impl CudaDevice {
                 check_bias(bias)?;
                 duet_device::check_dtype(OP8, &*pre, dt)?;
                 duet_device::check_len(OP8, "pre", &*pre, c.len())?;
-                if desc.alpha != 1.0 || desc.beta != 0.0 {
-                    return Err(DeviceError::InvalidArgument(format!(
-                        "{OP8}: the bias + GELU epilogue needs alpha 1 and beta 0"
-                    )));
-                }
+                fused_only("bias + GELU")?;
                 if !desc.n.is_multiple_of(8) {
                     return Err(DeviceError::InvalidArgument(format!(
                         "{OP8}: n {} must be a multiple of 8 for a GELU epilogue",
                         desc.n
                     )));
                 }
-                if self.fp8_epilogue_refused.load(Ordering::Relaxed) & 2 == 0 {
-                    let epi = LtEpilogue::GeluAuxBias {
-                        bias: bias.ptr(),
-                        dtype: dt,
-                        aux: pre.ptr(),
-                        ld: desc.ldc as i64,
-                    };
-                    match self.with_lt(OP8, |lt| {
+                let epi = LtEpilogue::GeluAuxBias {
+                    bias: bias.ptr(),
+                    dtype: dt,
+                    aux: pre.ptr(),
+                    ld: desc.ldc as i64,
+                };
+                let fused = self.lt_unless_refused(REFUSED_FP8_GELU, || {
+                    self.with_lt(OP8, |lt| {
                         lt.gemm_fp8(&self.stream, desc, a, b, c, scales, slots, epi)
-                    }) {
-                        Ok(()) => return Ok(()),
-                        Err(_) => {
-                            self.fp8_epilogue_refused.fetch_or(2, Ordering::Relaxed);
-                        }
-                    }
+                    })
+                });
+                if fused {
+                    return Ok(());
                 }
                 self.gemm_fp8(desc, a, b, pre, scales, a_slot, b_slot)?;
                 self.bias_add(pre, bias, desc.m, desc.n)?;

@@ -161,10 +161,7 @@ impl CudaDevice {
             kernels::launch(
                 &self.stream,
                 &f,
-                cfg(
-                    (grid_dim(OP, n.div_ceil(ROWS_PER_BLOCK))?, 1, 1),
-                    (ROW_BLOCK, 1, 1),
-                ),
+                warp_row_cfg(OP, n)?,
                 &[
                     x.ptr().into(),
                     gamma.ptr().into(),
@@ -294,10 +291,7 @@ impl CudaDevice {
             kernels::launch(
                 &self.stream,
                 &f,
-                cfg(
-                    (grid_dim(OP, n.div_ceil(ROWS_PER_BLOCK))?, 1, 1),
-                    (ROW_BLOCK, 1, 1),
-                ),
+                warp_row_cfg(OP, n)?,
                 &[
                     dout.ptr().into(),
                     x.ptr().into(),

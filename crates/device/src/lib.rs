@@ -196,8 +196,7 @@ pub fn fp8_scale_inv(scale: f32) -> f32 {
 }
 
 /// One operand's delayed-scaling step on host values: pushes `amax` onto `history` (newest
-/// first; the oldest entry falls off), then the scale from the history's max (a NaN entry
-/// makes it NaN, so the scale is kept) or, with `most_recent`, from `amax`.
+/// first; the oldest entry falls off), then [`fp8_history_scale`].
 pub fn fp8_history_step(
     history: &mut [f32],
     amax: f32,
@@ -210,8 +209,22 @@ pub fn fp8_history_step(
         history.rotate_right(1);
         history[0] = amax;
     }
+    fp8_history_scale(history, amax, prev, fp8_max, most_recent, margin)
+}
+
+/// The scale after an amax history (newest first, `newest` its first entry): from the
+/// history's max (a NaN entry makes it NaN, so the scale is kept) or, with `most_recent`, from
+/// `newest` ([`fp8_delayed_scale`]).
+pub fn fp8_history_scale(
+    history: &[f32],
+    newest: f32,
+    prev: f32,
+    fp8_max: f32,
+    most_recent: bool,
+    margin: i32,
+) -> f32 {
     let a = if most_recent {
-        amax
+        newest
     } else {
         history.iter().copied().fold(0.0f32, |m, x| {
             if x.is_nan() || m.is_nan() {

@@ -197,19 +197,16 @@ impl OperandScaling {
     pub fn update(&mut self, amax: f32, cfg: &DelayedScaling) {
         self.history.insert(0, amax);
         self.history.truncate(cfg.amax_history_len);
-        let a = match cfg.algo {
-            AmaxAlgo::MostRecent => self.history[0],
-            AmaxAlgo::Max => self.history.iter().copied().fold(0.0f32, |m, x| {
-                // A NaN entry poisons the max like torch.max does; compute_scale then keeps
-                // the previous scale.
-                if x.is_nan() || m.is_nan() {
-                    f32::NAN
-                } else {
-                    m.max(x)
-                }
-            }),
-        };
-        self.scale = compute_scale(a, self.scale, self.fp8_max, cfg.margin);
+        // The rule every backend's `Device::fp8_scaling_update` applies (a NaN entry poisons
+        // the max like torch.max does, and the previous scale stays).
+        self.scale = duet_device::fp8_history_scale(
+            &self.history,
+            amax,
+            self.scale,
+            self.fp8_max,
+            cfg.algo == AmaxAlgo::MostRecent,
+            cfg.margin,
+        );
     }
 }
 

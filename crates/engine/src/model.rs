@@ -1077,23 +1077,18 @@ impl<D: Device> Gpt<D> {
     pub fn zero_grads(&mut self) -> Result<()> {
         // The linear layers' weight gradients are written (not added) by their weight-gradient
         // GEMMs (beta 0): only the rest needs clearing.
-        let layers = self.cfg.layers;
-        let written: std::collections::HashSet<usize> = (0..layers)
-            .flat_map(|l| {
-                [
-                    BlockParam::AttnW,
-                    BlockParam::ProjW,
-                    BlockParam::FcW,
-                    BlockParam::FcProjW,
-                ]
-                .map(|p| param_index(l, p))
-            })
-            .collect();
+        let blocks = 2..2 + self.cfg.layers * BlockParam::ALL.len();
+        let written = |i: usize| {
+            blocks.contains(&i) && {
+                let p = BlockParam::ALL[(i - 2) % BlockParam::ALL.len()];
+                LINEARS.iter().any(|&(w, _)| w == p)
+            }
+        };
         let mut rest: Vec<&mut D::Buffer> = self
             .grads
             .iter_mut()
             .enumerate()
-            .filter(|(i, _)| !written.contains(i))
+            .filter(|(i, _)| !written(*i))
             .map(|(_, g)| g)
             .collect();
         Ok(self.dev.zero_many(&mut rest)?)
@@ -1792,39 +1787,15 @@ fn linear_act_forward<D: Device>(
     m: usize,
 ) -> Result<()> {
     let desc = GemmDesc::new(false, true, n, m, k);
-    // Without a fused epilogue the residual is copied into `out` and the GEMM adds onto it.
-    let unfused_desc = if residual.is_some() {
-        desc.beta(1.0)
-    } else {
-        desc
-    };
-    let target = match q8 {
+    // FP8: the operands' FP8 copies, inverse scales and scale slots.
+    let fp8 = match q8 {
         None if x_is_gelu_pre => {
             return Err(DeviceError::InvalidArgument(
                 "linear_forward: a GELU on the input rides on the FP8 quantisation only".into(),
             )
             .into());
         }
-        None => {
-            if dev.supports_gemm_epilogue(out.dtype()) {
-                return Ok(dev.gemm_epilogue(
-                    &desc,
-                    x,
-                    w,
-                    out,
-                    linear_epilogue(bias, residual, gelu_pre),
-                )?);
-            }
-            let (target, gelu_out) = match gelu_pre {
-                Some(pre) => (pre, Some(out)),
-                None => (out, None),
-            };
-            if let Some(r) = residual {
-                dev.copy(r, 0, target, 0, n * m)?;
-            }
-            dev.gemm(&unfused_desc, x, w, target)?;
-            (target, gelu_out)
-        }
+        None => None,
         Some((q, id)) => {
             let st = &mut q.state;
             let (sx, sw) = (
@@ -1845,23 +1816,39 @@ fn linear_act_forward<D: Device>(
             }
             let (w8, w8t) = (&mut q.w8[kind], Some(&mut q.w8t[id]));
             dev.quantize_fp8(w, w8, w8t, m, k, &st.scale, amax, sw)?;
-            let (x8, w8, si) = (&q.x8[kind], &q.w8[kind], &st.scale_inv);
-            if dev.supports_fp8_epilogue(out.dtype()) {
-                let epi = linear_epilogue(bias, residual, gelu_pre);
-                return Ok(dev.gemm_fp8_epilogue(&desc, x8, w8, out, si, sx, sw, epi)?);
-            }
-            let (target, gelu_out) = match gelu_pre {
-                Some(pre) => (pre, Some(out)),
-                None => (out, None),
-            };
-            if let Some(r) = residual {
-                dev.copy(r, 0, target, 0, n * m)?;
-            }
-            dev.gemm_fp8(&unfused_desc, x8, w8, target, si, sx, sw)?;
-            (target, gelu_out)
+            Some((&q.x8[kind], &q.w8[kind], &st.scale_inv, sx, sw))
         }
     };
-    let (target, gelu_out) = target;
+    let fused = match fp8 {
+        None => dev.supports_gemm_epilogue(out.dtype()),
+        Some(_) => dev.supports_fp8_epilogue(out.dtype()),
+    };
+    if fused {
+        let epi = linear_epilogue(bias, residual, gelu_pre);
+        match fp8 {
+            None => dev.gemm_epilogue(&desc, x, w, out, epi)?,
+            Some((x8, w8, si, sx, sw)) => {
+                dev.gemm_fp8_epilogue(&desc, x8, w8, out, si, sx, sw, epi)?
+            }
+        }
+        return Ok(());
+    }
+    // The separate ops: the residual is copied into the GEMM's output, which adds onto it.
+    let (target, gelu_out) = match gelu_pre {
+        Some(pre) => (pre, Some(out)),
+        None => (out, None),
+    };
+    let unfused_desc = match residual {
+        Some(r) => {
+            dev.copy(r, 0, target, 0, n * m)?;
+            desc.beta(1.0)
+        }
+        None => desc,
+    };
+    match fp8 {
+        None => dev.gemm(&unfused_desc, x, w, target)?,
+        Some((x8, w8, si, sx, sw)) => dev.gemm_fp8(&unfused_desc, x8, w8, target, si, sx, sw)?,
+    }
     dev.bias_add(target, bias, n, m)?;
     if let Some(out) = gelu_out {
         dev.gelu_forward(target, out)?;
@@ -1891,6 +1878,22 @@ enum GradIo<'a, B> {
     /// One buffer holds `x` on entry and `dx` on return: the weight gradient (which reads `x`)
     /// runs before the input gradient overwrites it.
     Shared(&'a mut B),
+}
+
+impl<'a, B> GradIo<'a, B> {
+    fn x(&self) -> &B {
+        match self {
+            Self::Split { x, .. } => x,
+            Self::Shared(buf) => buf,
+        }
+    }
+
+    fn into_dx(self) -> &'a mut B {
+        match self {
+            Self::Split { dx, .. } => dx,
+            Self::Shared(buf) => buf,
+        }
+    }
 }
 
 /// Backward of [`linear_forward`]: `dW = doutᵀ · x` (written: [`Gpt::zero_grads`] leaves
@@ -1928,10 +1931,7 @@ fn linear_backward<D: Device>(
                 )
                 .into());
             }
-            let x = match &io {
-                GradIo::Split { x, .. } => *x,
-                GradIo::Shared(buf) => &**buf,
-            };
+            let x = io.x();
             // Written, not added: a linear layer's weight is used once per step.
             let dw_desc = GemmDesc::new(true, false, m, k, n);
             if dev.supports_gemm_epilogue(dout.dtype()) {
@@ -1942,10 +1942,7 @@ fn linear_backward<D: Device>(
                 dev.gemm(&dw_desc, dout, x, dw)?;
                 dev.bias_backward(dout, dbias, n, m)?;
             }
-            let dx = match io {
-                GradIo::Split { dx, .. } => dx,
-                GradIo::Shared(buf) => buf,
-            };
+            let dx = io.into_dx();
             let desc = GemmDesc::new(false, false, n, k, m);
             match dgelu_pre {
                 Some(pre) if dev.supports_gemm_epilogue(dx.dtype()) => {
@@ -1991,10 +1988,7 @@ fn linear_backward<D: Device>(
                 sy,
                 sx,
             )?;
-            let dx = match io {
-                GradIo::Split { dx, .. } => dx,
-                GradIo::Shared(buf) => buf,
-            };
+            let dx = io.into_dx();
             // dx (n × k) = dy (n × m) · W (m × k) = dy · (Wᵀ stored k × m)ᵀ.
             dev.gemm_fp8(
                 &GemmDesc::new(false, true, n, k, m),

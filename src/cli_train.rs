@@ -128,6 +128,7 @@ pub fn build_config(a: &ModelArgs) -> CliResult<Config> {
     if a.gemm_autotune {
         t.gemm_autotune = true;
     }
+    set!(t.loss_every, a.loss_every);
     match (a.checkpoint, a.checkpoint_every) {
         (_, Some(n)) => t.checkpoint_every = n,
         (true, None) => t.checkpoint_every = 4,
@@ -163,7 +164,19 @@ pub enum TrainOutcome {
     Interrupted,
 }
 
-/// Set by the Ctrl-C handler; the training loop checks it after every step.
+/// How many steps the training loop queues before reading their losses back: `loss_every`,
+/// cut short at the run's last step and at the next multiple of each nonzero interval in
+/// `events` (log lines, validations, checkpoint saves: those need the trainer at their step).
+fn steps_to_read_back(step: u64, last_step: u64, loss_every: u64, events: &[u64]) -> u64 {
+    let mut k = loss_every.max(1).min(last_step.saturating_sub(step)).max(1);
+    for &every in events.iter().filter(|&&e| e > 0) {
+        k = k.min(every - step % every);
+    }
+    k
+}
+
+/// Set by the Ctrl-C handler; the training loop checks it after every read-back of losses
+/// (every `loss_every` steps at most).
 pub static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 
 const CHECKPOINT_FILE: &str = "checkpoint.safetensors";
@@ -257,6 +270,11 @@ pub fn train(opts: &TrainOptions) -> CliResult<TrainOutcome> {
             let mut cfg = ck.config.clone();
             if let Some(steps) = opts.model.steps {
                 cfg.train.steps = steps;
+            }
+            // How often the loss is read back changes no number: a resumed run may change it.
+            if let Some(n) = opts.model.loss_every {
+                cfg.train.loss_every = n;
+                cfg.validate()?;
             }
             if cfg.train.steps <= ck.step {
                 return Err(format!(
@@ -447,6 +465,7 @@ impl TrainTask {
             (Some(mut ck), dp) => {
                 ck.config.train.precision = cfg.train.precision;
                 ck.config.train.steps = cfg.train.steps;
+                ck.config.train.loss_every = cfg.train.loss_every;
                 say!("resuming from step {}", ck.step);
                 match dp {
                     Some((c, o)) => Trainer::from_checkpoint_data_parallel(dev.clone(), &ck, c, o)?,
@@ -536,79 +555,110 @@ impl TrainTask {
         let mut last_loss = f32::NAN;
         let (mut skipped, mut last_scale) = (0u64, None);
         let mut interrupted = false;
+        // Steps are queued `loss_every` at a time and their losses read back together, except
+        // where a step's own device state is needed right after it: the trace records the model
+        // after every step, and the metrics log carries every step's FP8 scaling state. Ranks
+        // of a data-parallel run (which synchronise every step anyway) go one step at a time,
+        // so that all of them check for an interrupt after the same step.
+        let per_step = tracer.is_some()
+            || (self.metrics.is_some() && trainer.model().fp8_enabled())
+            || trainer.dist().is_some();
+        let save_every = if self.out.is_some() {
+            self.save_every
+        } else {
+            0
+        };
+        let events = [self.val_every, save_every, self.log_every.unwrap_or(0)];
         while trainer.step() < last_step {
-            let r = trainer.train_step()?;
-            skipped += r.skipped as u64;
-            last_scale = r.loss_scale;
-            if let Some((_, tw)) = tracer.as_mut() {
-                tw.record(
-                    trainer.model(),
-                    r.step,
-                    r.loss,
-                    r.grad_norm,
-                    r.lr,
-                    r.loss_scale,
-                )?;
-            }
-            last_loss = r.loss;
-            let val_loss = if self.val_every > 0 && r.step % self.val_every == 0 {
-                Some(trainer.validation_loss()?)
+            let k = if per_step {
+                1
             } else {
-                None
+                steps_to_read_back(trainer.step(), last_step, t.loss_every, &events)
             };
-            let elapsed = start.elapsed().as_secs_f64();
-            let tps = r.tokens as f64 / r.seconds.max(1e-9);
-            if let Some(w) = self.metrics.as_mut() {
-                let mut line = serde_json::json!({
-                    "step": r.step, "loss": r.loss, "lr": r.lr, "grad_norm": r.grad_norm,
-                    "tokens_per_s": tps, "elapsed_s": elapsed,
-                    "memory_bytes": dev.memory_stats().current,
-                });
-                if let Some(v) = val_loss {
-                    line["val_loss"] = v.into();
+            let reports = trainer.train_steps(k as usize)?;
+            let read_back = start.elapsed().as_secs_f64();
+            let queued = reports.len();
+            for (i, r) in reports.into_iter().enumerate() {
+                skipped += r.skipped as u64;
+                last_scale = r.loss_scale;
+                if let Some((_, tw)) = tracer.as_mut() {
+                    tw.record(
+                        trainer.model(),
+                        r.step,
+                        r.loss,
+                        r.grad_norm,
+                        r.lr,
+                        r.loss_scale,
+                    )?;
                 }
-                if let Some(ls) = r.loss_scale {
-                    line["loss_scale"] = ls.into();
-                    line["skipped"] = r.skipped.into();
-                }
-                if let Some(ops) = trainer.model().fp8_report(FP8_REPORT_ENTRIES)? {
-                    line["fp8"] = serde_json::to_value(ops)?;
-                }
-                writeln!(w, "{line}")?;
-            }
-            let val = val_loss
-                .map(|v| format!(" | val {v:.4}"))
-                .unwrap_or_default();
-            let msg = format!("loss {:.4}{val} | {:.0} tok/s", r.loss, tps);
-            match (&bar, self.log_every) {
-                (Some(bar), _) => {
-                    bar.set_message(msg);
-                    bar.inc(1);
-                }
-                (None, Some(n)) if main && ((n > 0 && r.step % n == 0) || val_loss.is_some()) => {
-                    let scale = match r.loss_scale {
-                        Some(ls) => format!(
-                            " | loss scale {ls}{}",
-                            if r.skipped { " (step skipped)" } else { "" }
-                        ),
-                        None => String::new(),
-                    };
-                    eprintln!(
-                        "step {}/{} | {msg} | lr {:.2e} | grad norm {:.3}{scale}",
-                        r.step, t.steps, r.lr, r.grad_norm
-                    );
-                    if self.fp8_report {
-                        print_fp8_report(&trainer);
+                last_loss = r.loss;
+                let val_loss = if self.val_every > 0 && r.step % self.val_every == 0 {
+                    Some(trainer.validation_loss()?)
+                } else {
+                    None
+                };
+                // The earlier steps of a read-back group ended before it (each took `seconds`).
+                let elapsed = match queued - 1 - i {
+                    0 => start.elapsed().as_secs_f64(),
+                    later => (read_back - later as f64 * r.seconds).max(0.0),
+                };
+                let tps = r.tokens as f64 / r.seconds.max(1e-9);
+                if let Some(w) = self.metrics.as_mut() {
+                    let mut line = serde_json::json!({
+                        "step": r.step, "loss": r.loss, "lr": r.lr, "grad_norm": r.grad_norm,
+                        "tokens_per_s": tps, "elapsed_s": elapsed,
+                        "memory_bytes": dev.memory_stats().current,
+                    });
+                    if let Some(v) = val_loss {
+                        line["val_loss"] = v.into();
                     }
+                    if let Some(ls) = r.loss_scale {
+                        line["loss_scale"] = ls.into();
+                        line["skipped"] = r.skipped.into();
+                    }
+                    if let Some(ops) = trainer.model().fp8_report(FP8_REPORT_ENTRIES)? {
+                        line["fp8"] = serde_json::to_value(ops)?;
+                    }
+                    writeln!(w, "{line}")?;
                 }
-                _ => {}
-            }
-            if let Some(dir) = &self.out
-                && self.save_every > 0
-                && r.step % self.save_every == 0
-                && r.step < last_step
-            {
-                self.save(&trainer, &dir.join(CHECKPOINT_FILE))?;
+                let val = val_loss
+                    .map(|v| format!(" | val {v:.4}"))
+                    .unwrap_or_default();
+                let msg = format!("loss {:.4}{val} | {:.0} tok/s", r.loss, tps);
+                match (&bar, self.log_every) {
+                    (Some(bar), _) => {
+                        bar.set_message(msg);
+                        bar.inc(1);
+                    }
+                    (None, Some(n))
+                        if main && ((n > 0 && r.step % n == 0) || val_loss.is_some()) =>
+                    {
+                        let scale = match r.loss_scale {
+                            Some(ls) => format!(
+                                " | loss scale {ls}{}",
+                                if r.skipped { " (step skipped)" } else { "" }
+                            ),
+                            None => String::new(),
+                        };
+                        eprintln!(
+                            "step {}/{} | {msg} | lr {:.2e} | grad norm {:.3}{scale}",
+                            r.step, t.steps, r.lr, r.grad_norm
+                        );
+                        if self.fp8_report {
+                            print_fp8_report(&trainer);
+                        }
+                    }
+                    _ => {}
+                }
+                if let Some(dir) = &self.out
+                    && self.save_every > 0
+                    && r.step % self.save_every == 0
+                    && r.step < last_step
+                {
+                    // A read-back group ends at every save step, so the trainer is at this step.
+                    debug_assert_eq!(trainer.step(), r.step);
+                    self.save(&trainer, &dir.join(CHECKPOINT_FILE))?;
+                }
             }
             // Every rank stops after the same step.
             if trainer.any_rank(INTERRUPTED.load(Ordering::SeqCst))? {
@@ -1000,4 +1050,26 @@ fn bench_one<D: Device>(
         "gemm_autotune": cfg.train.gemm_autotune,
         "git_rev": env!("DUET_GIT_REV"),
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::steps_to_read_back;
+
+    #[test]
+    fn read_back_groups_end_at_every_event_and_the_last_step() {
+        // No events: loss_every at a time, cut at the end.
+        assert_eq!(steps_to_read_back(0, 100, 10, &[0, 0, 0]), 10);
+        assert_eq!(steps_to_read_back(95, 100, 10, &[0, 0, 0]), 5);
+        // The next log line (every 4), validation (every 7) or save (every 3).
+        assert_eq!(steps_to_read_back(0, 100, 10, &[0, 0, 4]), 4);
+        assert_eq!(steps_to_read_back(5, 100, 10, &[7, 0, 0]), 2);
+        assert_eq!(steps_to_read_back(4, 100, 10, &[7, 3, 0]), 2);
+        // At an event step, the group runs to the next one.
+        assert_eq!(steps_to_read_back(8, 100, 10, &[0, 0, 4]), 4);
+        // loss_every 1 is one step at a time.
+        assert_eq!(steps_to_read_back(0, 100, 1, &[50, 0, 0]), 1);
+        // Every group is at least one step.
+        assert_eq!(steps_to_read_back(100, 100, 10, &[]), 1);
+    }
 }

@@ -113,6 +113,11 @@ pub struct ModelArgs {
     /// max-autotune). Faster, but two runs may then differ in the last bits.
     #[arg(long)]
     pub gemm_autotune: bool,
+    /// Read the loss back every N steps (default 10; 1: after every step): the steps in between
+    /// are queued without waiting for the device, their losses reported together, the same
+    /// numbers. Log lines, validation and checkpoints still see their own step.
+    #[arg(long, value_name = "N")]
+    pub loss_every: Option<u64>,
     /// Train on a file: UTF-8 text (byte tokens) or an llm.c `.bin` token shard; its last 10% is
     /// the validation set.
     #[arg(long, value_name = "FILE")]

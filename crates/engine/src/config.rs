@@ -117,6 +117,13 @@ pub struct TrainConfig {
     /// recompute the segment in the backward pass (0 = off).
     #[serde(default)]
     pub checkpoint_every: usize,
+    /// Read the loss back every N steps: the steps in between are queued without a host
+    /// synchronisation and their losses and gradient norms come back together, the same bits
+    /// (1 reads back after every step). Steps that need the host (a loss scaler, several
+    /// ranks) still run one by one; `duet train` also reads back at every log line,
+    /// validation and checkpoint.
+    #[serde(default = "default_loss_every")]
+    pub loss_every: u64,
     /// Record the training step once and replay it (CUDA graphs) where the backend can and the
     /// step allows it (no loss scaler, one device); the results are the same bits.
     #[serde(default = "default_true")]
@@ -133,6 +140,10 @@ fn default_true() -> bool {
 
 fn default_amax_history_len() -> usize {
     16
+}
+
+fn default_loss_every() -> u64 {
+    10
 }
 
 impl TrainConfig {
@@ -202,6 +213,7 @@ impl Config {
             max_stride: 8,
             data: String::new(),
             checkpoint_every: 0,
+            loss_every: default_loss_every(),
             graphs: true,
             gemm_autotune: false,
             precision: Precision::Fp32,
@@ -382,6 +394,11 @@ impl Config {
         if !(t.loss_scale.is_finite() && t.loss_scale >= 0.0) {
             return Err(EngineError::Config(
                 "loss_scale must be ≥ 0 (0: dynamic for fp16)".into(),
+            ));
+        }
+        if t.loss_every == 0 {
+            return Err(EngineError::Config(
+                "loss_every must be at least 1 (1 reads the loss back after every step)".into(),
             ));
         }
         t.delayed_scaling().validate()?;

@@ -1213,6 +1213,13 @@ impl<D: Device> Gpt<D> {
         )?;
         ready(layers + 1, &self.grads)
     }
+
+    /// The per-position losses of the last queued loss (f32, `b·t`) on the device:
+    /// [`Gpt::read_loss`] sums them and divides by the counted targets. For copying them aside
+    /// without a host synchronisation.
+    pub fn row_losses(&self) -> &D::Buffer {
+        &self.losses
+    }
 }
 
 /// An estimate of the bytes a model plans for (weights, gradients, optimizer state,

@@ -418,4 +418,12 @@ impl<D: Device> AdamW<D> {
             loss_scale,
         })
     }
+
+    /// The device step's scalars ([`duet_device::ADAMW_SCALARS`] f32): element 0 holds the
+    /// gradients' sum of squares once [`AdamW::queue_device_step`] has run, which
+    /// [`AdamW::device_step_stats`] reads back. For copying it aside without a host
+    /// synchronisation.
+    pub fn step_scalars(&self) -> &D::Buffer {
+        &self.norm
+    }
 }

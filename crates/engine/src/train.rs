@@ -3,7 +3,7 @@
 use crate::checkpoint::Checkpoint;
 use crate::config::Config;
 use crate::data::{Progressions, batch_of, keeps_stride, progression};
-use crate::dataset::{Prefetcher, Source, TokenFile, validation_batches};
+use crate::dataset::{Batch, Prefetcher, Source, TokenFile, validation_batches};
 use crate::dist::zero::ShardedAdamW;
 use crate::dist::{Dist, DpOptions, local_batch, plan_buckets, ready_groups};
 use crate::model::{Gpt, init_weights};
@@ -11,7 +11,7 @@ use crate::optim::{AdamW, StepStats};
 use crate::precision::LossScaler;
 use crate::rng::Rng;
 use crate::{EngineError, Result};
-use duet_device::{Buffer, Collective, Device, DeviceExt, ReduceOp};
+use duet_device::{Buffer, Collective, DType, Device, DeviceExt, ReduceOp};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
@@ -26,6 +26,10 @@ pub const ADAM_STEPS_KEY: &str = "adam_steps";
 pub const PROMPT_LEN: usize = 16;
 pub const GEN_LEN: usize = 32;
 
+/// Most steps [`Trainer::train_steps`] keeps queued before reading their losses back (longer
+/// calls read back every this many steps): bounds its ring of per-step losses on the device.
+pub const MAX_QUEUED_STEPS: usize = 64;
+
 /// What one training step did.
 #[derive(Clone, Debug, PartialEq)]
 pub struct StepReport {
@@ -35,6 +39,8 @@ pub struct StepReport {
     pub lr: f32,
     pub grad_norm: f32,
     pub tokens: usize,
+    /// Wall time of the step (from [`Trainer::train_steps`]: of its read-back group, divided
+    /// evenly over the group's steps).
     pub seconds: f64,
     /// The loss scale this step's gradients carried (None without loss scaling).
     pub loss_scale: Option<f32>,
@@ -78,6 +84,12 @@ pub struct Trainer<D: Device> {
     dist: Option<Dist<D>>,
     /// The recorded step (see [`Trainer::train_step_on`]).
     graph: StepGraph<D>,
+    /// [`Trainer::train_steps`]' ring of per-step slots on the device (f32): each queued step's
+    /// per-row losses followed by its gradients' sum of squares.
+    readback: Option<D::Buffer>,
+    /// A non-finite loss that [`Trainer::train_steps`] found after returning the steps before it
+    /// (step, loss): every later step and checkpoint fails with it.
+    diverged: Option<(u64, f32)>,
 }
 
 /// Where the recording of the training step stands.
@@ -212,6 +224,8 @@ impl<D: Device> Trainer<D> {
             scaler,
             dist,
             graph: StepGraph::Cold,
+            readback: None,
+            diverged: None,
         })
     }
 
@@ -274,15 +288,137 @@ impl<D: Device> Trainer<D> {
 
     /// One step on the next batch of the run's data (prefetched on a background thread).
     pub fn train_step(&mut self) -> Result<StepReport> {
-        let (b, t) = (self.cfg.train.batch, self.cfg.train.seq);
-        let data = &self.data;
-        let batch = self
-            .prefetch
-            .get_or_insert_with(|| Prefetcher::start(data.clone(), b, t, 2))
-            .next_batch()?;
+        let batch = self.next_batch()?;
         let report = self.train_step_on(&batch.inputs, &batch.targets)?;
         self.data.set_state(batch.state_after);
         Ok(report)
+    }
+
+    /// The next batch of the run's data, from the prefetcher (started on first use).
+    fn next_batch(&mut self) -> Result<Batch> {
+        let (b, t) = (self.cfg.train.batch, self.cfg.train.seq);
+        let data = &self.data;
+        self.prefetch
+            .get_or_insert_with(|| Prefetcher::start(data.clone(), b, t, 2))
+            .next_batch()
+    }
+
+    /// `n` steps on the next batches of the run's data (like `n` calls of
+    /// [`Trainer::train_step`]) with one host synchronisation: where no step needs the host (no
+    /// loss scaler, one device) every step is queued without reading anything back — its
+    /// per-row losses and gradient norm are copied on the device, in stream order, into a slot
+    /// of a ring buffer — and one download after the last step brings every loss and norm back.
+    /// The device runs the same work as for single steps, so the reports and the weights are
+    /// the same bits. Runs with a loss scaler (it decides skips on the host) or several ranks
+    /// run `n` ordinary steps. Calls longer than [`MAX_QUEUED_STEPS`] read back every that
+    /// many steps.
+    ///
+    /// Each report's `seconds` is the wall time of its read-back group divided evenly over its
+    /// steps (the steps overlap on the device, so there is no per-step time to measure).
+    ///
+    /// The losses are checked in order, as [`Trainer::train_step`] checks each. A non-finite
+    /// loss is found only at the read-back, after the later steps of the group have run too:
+    /// when steps before it were finite their reports are returned (so none is lost), and the
+    /// [`EngineError::Diverged`] a single step would have returned (same step, same loss) comes
+    /// back from the next call of [`Trainer::train_steps`], [`Trainer::train_step`],
+    /// [`Trainer::train_step_on`] or [`Trainer::checkpoint`] — the device state is past the
+    /// diverged step, so it can no longer be saved; the last checkpoint on disk is untouched.
+    pub fn train_steps(&mut self, n: usize) -> Result<Vec<StepReport>> {
+        self.check_diverged()?;
+        let mut reports = Vec::with_capacity(n);
+        match self.run_steps(n, &mut reports) {
+            Ok(()) => Ok(reports),
+            Err(EngineError::Diverged { step, loss }) if !reports.is_empty() => {
+                self.diverged = Some((step, loss));
+                Ok(reports)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// [`Trainer::train_steps`]' steps, appended to `out` as they are read back.
+    fn run_steps(&mut self, n: usize, out: &mut Vec<StepReport>) -> Result<()> {
+        if n == 1 || !self.defers_readback() {
+            for _ in 0..n {
+                out.push(self.train_step()?);
+            }
+            return Ok(());
+        }
+        let mut left = n;
+        while left > 0 {
+            let m = left.min(MAX_QUEUED_STEPS);
+            self.queued_steps(m, out)?;
+            left -= m;
+        }
+        Ok(())
+    }
+
+    /// Whether a step's loss and gradient norm may stay on the device until later: nothing in
+    /// the step needs them on the host (no loss scaler deciding skips, no other ranks).
+    fn defers_readback(&self) -> bool {
+        self.scaler.is_none() && self.dist.is_none()
+    }
+
+    /// `m` steps (1 ≤ m ≤ [`MAX_QUEUED_STEPS`]) queued back to back, each followed by
+    /// device-to-device copies of its per-row losses and its gradients' sum of squares into
+    /// its slot of the read-back ring; then one download of the `m` slots.
+    ///
+    /// Host memory and queued work: uploading step i+1's batch ([`Gpt::load_batch`]) and
+    /// scalars ([`AdamW::prepare_device_step`]) while step i is still queued overwrites device
+    /// buffers step i reads, but the upload is ordered after step i on the same stream, so step
+    /// i has read them by then. The host side of an upload is free as soon as the call returns:
+    /// CUDA copies the source bytes into a pinned staging chunk before queueing the DMA (the
+    /// source slice is read synchronously), and reuses a chunk only after waiting for the event
+    /// of its previous copy, so a deep queue makes the host wait there, never overwrites the
+    /// source of a pending DMA; HIP uploads from the pageable source and synchronises the
+    /// stream before returning (synchronous with respect to the host); the CPU copies at once.
+    /// The ring slots are only written by the queued copies and read after the download's
+    /// synchronisation. The ring is allocated before anything is queued, never while a step is
+    /// being recorded.
+    fn queued_steps(&mut self, m: usize, out: &mut Vec<StepReport>) -> Result<()> {
+        let start = Instant::now();
+        let dev = self.model.device().clone();
+        let rows = self.model.row_losses().len();
+        let slot = rows + 1;
+        if self.readback.as_ref().is_none_or(|r| r.len() < m * slot) {
+            // Sized for the configured read-back interval, so a run allocates it once.
+            let every = self.cfg.train.loss_every.min(MAX_QUEUED_STEPS as u64) as usize;
+            let slots = every.max(m);
+            self.readback = None;
+            self.readback = Some(dev.alloc(DType::F32, slots * slot)?);
+        }
+        // (lr, tokens, counted targets) of each queued step.
+        let mut queued = Vec::with_capacity(m);
+        for i in 0..m {
+            let batch = self.next_batch()?;
+            let lr = self.cfg.lr_at(self.step + i as u64);
+            let count = self.queue_loaded_step(&batch.inputs, &batch.targets, lr)?;
+            let ring = self.readback.as_mut().expect("allocated above");
+            dev.copy(self.model.row_losses(), 0, ring, i * slot, rows)?;
+            dev.copy(self.opt.step_scalars(), 0, ring, i * slot + rows, 1)?;
+            self.data.set_state(batch.state_after);
+            queued.push((lr, batch.inputs.len(), count));
+        }
+        let ring = self.readback.as_ref().expect("allocated above");
+        let back: Vec<f32> = dev.download_range(ring, 0, m * slot)?;
+        let seconds = start.elapsed().as_secs_f64() / m as f64;
+        for (s, (lr, tokens, count)) in back.chunks_exact(slot).zip(queued) {
+            // What Gpt::read_loss and AdamW::device_step_stats compute from the same values.
+            let loss = mean_loss(&s[..rows], count);
+            check_finite(self.step, loss)?;
+            let stats = self.opt.config().plan(s[rows].sqrt(), None).stats;
+            out.push(self.finish_step(loss, lr, &stats, tokens, seconds)?);
+        }
+        Ok(())
+    }
+
+    /// The error of a divergence [`Trainer::train_steps`] found after returning the steps
+    /// before it.
+    fn check_diverged(&self) -> Result<()> {
+        match self.diverged {
+            Some((step, loss)) => Err(EngineError::Diverged { step, loss }),
+            None => Ok(()),
+        }
     }
 
     /// Mean loss over the validation set: fixed windows of the file's held-out tail, or the
@@ -342,6 +478,7 @@ impl<D: Device> Trainer<D> {
     /// The complete resumable state of the run. Under ZeRO the optimizer state is gathered from
     /// every rank, so every rank must call this (only one needs to save the result).
     pub fn checkpoint(&self) -> Result<Checkpoint> {
+        self.check_diverged()?;
         let dev = self.model.device().clone();
         let download = |bufs: &[D::Buffer]| -> Result<Vec<Vec<f32>>> {
             bufs.iter().map(|b| Ok(dev.download_f32(b)?)).collect()
@@ -449,6 +586,7 @@ impl<D: Device> Trainer<D> {
     /// One step (forward, backward, AdamW) on a given batch (the global batch of a
     /// data-parallel run: every rank passes the same one and trains on its slice).
     pub fn train_step_on(&mut self, inputs: &[i32], targets: &[i32]) -> Result<StepReport> {
+        self.check_diverged()?;
         if self.dist.is_some() {
             return self.train_step_dp(inputs, targets);
         }
@@ -476,7 +614,8 @@ impl<D: Device> Trainer<D> {
         // checkpoint on disk is untouched).
         check_finite(self.step, loss)?;
         self.model.fp8_update()?;
-        self.finish_step(loss, lr, &stats, inputs.len(), start)
+        let seconds = start.elapsed().as_secs_f64();
+        self.finish_step(loss, lr, &stats, inputs.len(), seconds)
     }
 
     /// Whether the steps now replay a recorded graph.
@@ -517,9 +656,27 @@ impl<D: Device> Trainer<D> {
     fn train_step_graphed(&mut self, inputs: &[i32], targets: &[i32]) -> Result<StepReport> {
         let start = Instant::now();
         let lr = self.cfg.lr_at(self.step);
+        self.queue_loaded_step(inputs, targets, lr)?;
+        let dev = self.model.device().clone();
+        let stats = self.opt.device_step_stats(&*dev)?;
+        let loss = self.model.read_loss()?;
+        check_finite(self.step, loss)?;
+        let seconds = start.elapsed().as_secs_f64();
+        self.finish_step(loss, lr, &stats, inputs.len(), seconds)
+    }
+
+    /// Queues a whole step without a loss scaler and reads nothing back: uploads the batch and
+    /// the step's scalars, then replays the recorded step (recording it on the second step)
+    /// where [`Trainer::graphable`], else queues it unrecorded. Returns the batch's number of
+    /// counted targets.
+    fn queue_loaded_step(&mut self, inputs: &[i32], targets: &[i32], lr: f32) -> Result<usize> {
         let dev = self.model.device().clone();
         let count = self.model.load_batch(inputs, targets)?;
         self.opt.prepare_device_step(&*dev, lr)?;
+        if !self.graphable() {
+            self.queue_step()?;
+            return Ok(count);
+        }
         match &self.graph {
             StepGraph::Recorded { graph, count: c } if *c == count => {
                 dev.in_range("training step (graph replay)", || dev.replay(graph))?
@@ -553,10 +710,7 @@ impl<D: Device> Trainer<D> {
                 }
             }
         }
-        let stats = self.opt.device_step_stats(&*dev)?;
-        let loss = self.model.read_loss()?;
-        check_finite(self.step, loss)?;
-        self.finish_step(loss, lr, &stats, inputs.len(), start)
+        Ok(count)
     }
 
     /// The end of every step (after its FP8 scaling update): the step count, the report.
@@ -566,7 +720,7 @@ impl<D: Device> Trainer<D> {
         lr: f32,
         stats: &StepStats,
         tokens: usize,
-        start: Instant,
+        seconds: f64,
     ) -> Result<StepReport> {
         self.step += 1;
         Ok(StepReport {
@@ -575,7 +729,7 @@ impl<D: Device> Trainer<D> {
             lr,
             grad_norm: stats.grad_norm,
             tokens,
-            seconds: start.elapsed().as_secs_f64(),
+            seconds,
             loss_scale: self.scaler.as_ref().map(|_| stats.loss_scale),
             skipped: stats.skipped,
         })
@@ -657,7 +811,8 @@ impl<D: Device> Trainer<D> {
             comm.wait()?;
         }
         self.model.fp8_update()?;
-        self.finish_step(loss, lr, &stats, inputs.len(), start)
+        let seconds = start.elapsed().as_secs_f64();
+        self.finish_step(loss, lr, &stats, inputs.len(), seconds)
     }
 
     /// Greedy generation on `n` held-out progressions: prompt [`PROMPT_LEN`] tokens, generate
@@ -728,6 +883,13 @@ fn check_finite(steps_done: u64, loss: f32) -> Result<()> {
             loss,
         })
     }
+}
+
+/// The mean loss of a step from its per-row losses and its number of counted targets: the
+/// arithmetic of [`Gpt::read_loss`] (f64 sum, one rounding), so the same bits.
+fn mean_loss(rows: &[f32], count: usize) -> f32 {
+    let sum: f64 = rows.iter().map(|&x| x as f64).sum();
+    (sum / count.max(1) as f64) as f32
 }
 
 /// Index of the largest value (the first one on ties).

@@ -201,6 +201,124 @@ __device__ __forceinline__ float block_max(float v, float* sh) {
 
 #define NEG_INF (-__int_as_float(0x7f800000))
 
+// ------------------------------------------------------------------ LayerNorm forward rows
+// The fast LayerNorm forward (layernorm.cu, layernorm_fwd_*) and the fused LayerNorm + FP8
+// quantisation (fp8.cu, layernorm_fp8_*) share the code below, so for the same row layout (V, G;
+// device/layernorm.rs `plan`) they compute the same mean, rstd and normalised values bit for
+// bit. Row layout: thread t of a row group of G warps owns the vectors t, t + 32G, ... of V
+// consecutive elements of the row (at most M; which ones and their order do not depend on M
+// once M covers the row). The expressions are layernorm.cu's original ones, kept as plain
+// operators so its kernels compile to the same instructions as before they were shared (with
+// explicit rounding intrinsics NVRTC schedules and branches differently): NVRTC (fmad on, the
+// default) turns `q += d·d` into fma.rn(d, d, q), `1 / sqrtf(q / c + eps)` into div.rn, add,
+// sqrt.rn, rcp.rn, and `(x − μ)·rstd·γ + β` into fma.rn((x − μ)·rstd, γ, β); the remaining
+// mul/add/sub have no product to contract with. Each contraction is decided inside one inlined
+// expression, so every kernel that inlines these helpers gets the same instructions (checked on
+// the PTX of both files when the fused kernel was added).
+
+// V consecutive storage elements, aligned for 128-bit accesses when they fill whole 16 bytes.
+template <typename T, int V>
+struct alignas((V * sizeof(T)) % 16 == 0 ? 16 : sizeof(T)) Vec {
+    T v[V];
+};
+
+template <typename T, int V> __device__ __forceinline__ Vec<T, V> load_vec(const T* p) {
+    Vec<T, V> r;
+    if constexpr ((V * sizeof(T)) % 16 == 0) {
+#pragma unroll
+        for (int i = 0; i < (int)(V * sizeof(T) / 16); ++i)
+            reinterpret_cast<uint4*>(&r)[i] = reinterpret_cast<const uint4*>(p)[i];
+    } else {
+#pragma unroll
+        for (int i = 0; i < V; ++i) r.v[i] = p[i];
+    }
+    return r;
+}
+
+template <typename T, int V> __device__ __forceinline__ void store_vec(T* p, const Vec<T, V>& r) {
+    if constexpr ((V * sizeof(T)) % 16 == 0) {
+#pragma unroll
+        for (int i = 0; i < (int)(V * sizeof(T) / 16); ++i)
+            reinterpret_cast<uint4*>(p)[i] = reinterpret_cast<const uint4*>(&r)[i];
+    } else {
+#pragma unroll
+        for (int i = 0; i < V; ++i) p[i] = r.v[i];
+    }
+}
+
+// Sums K values over the row group of G warps: warp_sum, then the G warp sums in warp order.
+// Every thread of the group gets the same bits. `sh` holds 8·K floats. Must be reached by every
+// thread of the block when G > 1 (it synchronises the block).
+template <int K>
+__device__ __forceinline__ void group_sum(float (&s)[K], float* sh, int G) {
+#pragma unroll
+    for (int k = 0; k < K; ++k) s[k] = warp_sum(s[k]);
+    if (G > 1) {
+        const int w = threadIdx.x >> 5, first = w / G * G;
+        if ((threadIdx.x & 31) == 0) {
+#pragma unroll
+            for (int k = 0; k < K; ++k) sh[k * 8 + w] = s[k];
+        }
+        __syncthreads();
+#pragma unroll
+        for (int k = 0; k < K; ++k) {
+            float t = 0.0f;
+            for (int i = 0; i < G; ++i) t += sh[k * 8 + first + i];
+            s[k] = t;
+        }
+        __syncthreads();
+    }
+}
+
+// Loads the vectors of a row (starting at `xrow`, nv vectors of V elements) that thread t of
+// its row group owns. `live` false (a row past the end) loads nothing.
+template <typename A, int V, int M>
+__device__ __forceinline__ void ln_load_row(Vec<A, V> (&xr)[M], const A* __restrict__ xrow,
+                                            bool live, int t, int gt, int nv) {
+#pragma unroll
+    for (int k = 0; k < M; ++k) {
+        const int j = k * gt + t;
+        if (live && j < nv) xr[k] = load_vec<A, V>(xrow + (u64)j * V);
+    }
+}
+
+// Mean and rstd of a row loaded by ln_load_row (c elements): each thread sums its elements in
+// order, then group_sum; the same for Σ (x − μ)². Every thread of the group gets the same bits.
+// Must be reached by every thread of the block (group_sum).
+template <typename A, int V, int M>
+__device__ __forceinline__ void ln_row_stats(const Vec<A, V> (&xr)[M], bool live, int t, int gt,
+                                             int nv, int c, float eps, int G, float* sh,
+                                             float& mu, float& rs) {
+    float s[1] = {0.0f};
+#pragma unroll
+    for (int k = 0; k < M; ++k) {
+        if (live && k * gt + t < nv) {
+#pragma unroll
+            for (int e = 0; e < V; ++e) s[0] += to_f32(xr[k].v[e]);
+        }
+    }
+    group_sum<1>(s, sh, G);
+    mu = s[0] / (float)c;
+    float q[1] = {0.0f};
+#pragma unroll
+    for (int k = 0; k < M; ++k) {
+        if (live && k * gt + t < nv) {
+#pragma unroll
+            for (int e = 0; e < V; ++e) {
+                const float d = to_f32(xr[k].v[e]) - mu;
+                q[0] += d * d;
+            }
+        }
+    }
+    group_sum<1>(q, sh, G);
+    rs = 1.0f / sqrtf(q[0] / (float)c + eps);
+}
+
+// One normalised element before rounding: (x − μ)·rstd·γ + β.
+__device__ __forceinline__ float ln_affine(float x, float mu, float rs, float g, float b) {
+    return (x - mu) * rs * g + b;
+}
+
 // ------------------------------------------------------------------ instantiation helpers
 // Kernel entry points are `extern "C"` functions named `<op>_<dtype>[_<dtype>...]`, generated by
 // the macros below from one template body each.

@@ -16,6 +16,10 @@
 //   quantize_gelu_<S>_<D>, quantize_gelu_t_<S>_<D>, quantize_gelu_t_scalar_<S>_<D>
 //                             the three quantize kernels on h = gelu(pre) rounded to S (exactly
 //                             gelu_forward's output), h itself not written.
+//   layernorm_fp8_<A>_<P>_<v|s>_<D>
+//                             LayerNorm forward (mean, rstd) and the codes of its output rounded
+//                             to A (exactly layernorm_forward's `out`, not written), 32-row
+//                             blocks; see the section at the end.
 // The column sums are written to partial[tile_row · cols + col] (f32, a fixed order inside the
 // tile). Then each block bumps the counter of its column tile (counters[blockIdx.y]); the block
 // that arrives last adds the partial rows of its 64 columns into dbias, in the order of
@@ -472,3 +476,160 @@ __device__ __forceinline__ void quantize_t_scalar_body(const S* __restrict__ src
 QUANTIZE_TO(float, f32)
 QUANTIZE_TO(bf16_t, bf16)
 QUANTIZE_TO(f16_t, f16)
+
+// ------------------------------------------------------------------ LayerNorm + quantisation
+//
+// layernorm_fp8_<A>_<P>_<v|s>_<D>: Device::layernorm_forward_fp8. The block is the fast
+// LayerNorm forward's (layernorm.cu, layernorm_fwd_*): ⌊8 / G⌋ row groups of G warps, the row
+// layout (V = 16-byte vectors `v` or single elements `s`, G) chosen by the host exactly as for
+// layernorm_forward (device/layernorm.rs, `plan`), and the row loaded, reduced and normalised by
+// the helpers both kernels share (common.cuh: ln_load_row, ln_row_stats, ln_affine). So mean,
+// rstd and every normalised value are layernorm_forward's bits; each value is rounded to A as
+// its `out` is, then quantised as quantize_fp8 does it (encode4/encode8, value · scale[0]) with
+// the amax over the rounded values (NaN skipped, one atomicMax per block).
+//
+// Block b handles the LNQ_ROWS = 32 rows [32b, 32b + 32): each row group takes every ⌊8 / G⌋-th
+// of them, the next row's loads issued before the current row is reduced. Per row: mean and
+// rstd (written by thread 0 of the group), then each thread normalises its vectors and stores
+// their codes to dst (V bytes per vector, consecutive threads consecutive vectors) and, with
+// dst_t, into the shared tile (32 rows × S words, S = ⌈c / 128⌉ · 32, dynamic shared memory).
+// Transposed store: unit (word column w, row octet o) reads rows 8o .. 8o + 7 of tile word w,
+// transposes the 8 × 4 bytes in registers and writes columns 4w .. 4w + 3, rows 8o .. 8o + 7 to
+// dst_t (8 bytes each when n is a multiple of 8, else byte by byte, clipped to n and c). The
+// 4 units of one word column are neighbouring threads: 32 contiguous bytes per dst_t row. The
+// tile is XOR-swizzled by word (w ^ 8·((row / 8) % 4)): with S a multiple of 32 the transpose
+// reads are conflict-free, and the row stores stay contiguous per warp.
+#define LNQ_ROWS 32
+
+template <typename A, typename P, typename D, bool VEC>
+__device__ __forceinline__ void layernorm_fp8_body(
+    const A* __restrict__ x, const P* __restrict__ gamma, const P* __restrict__ beta,
+    float* __restrict__ mean, float* __restrict__ rstd, D* __restrict__ dst_,
+    D* __restrict__ dst_t_, int n, int c, float eps, int G, const float* __restrict__ scale,
+    float* __restrict__ amax) {
+    constexpr int V = VEC ? Pack<A>::N : 1;
+    // Vectors per thread: the most any plan gives (layernorm.rs: 24 elements vectorised, 6
+    // single ones); the row layout does not depend on it.
+    constexpr int M = VEC ? 24 / V : 6;
+    static_assert(V == 1 || V == 4 || V == 8, "codes per vector");
+    extern __shared__ __align__(16) unsigned int qtile[];  // LNQ_ROWS × S words, with dst_t
+    __shared__ float gsh[8];
+    __shared__ float msh[32];
+    unsigned char* dst = reinterpret_cast<unsigned char*>(dst_);
+    unsigned char* dst_t = reinterpret_cast<unsigned char*>(dst_t_);
+    const int gt = G * 32, groups = blockDim.x / gt;
+    const int grp = threadIdx.x / gt, t = threadIdx.x - grp * gt;
+    const int nv = c / V;
+    const int S = (c + 127) / 128 * 32;
+    const int r0 = blockIdx.x * LNQ_ROWS;
+    const int iters = LNQ_ROWS / groups;  // groups is 1, 2, 4 or 8
+    const float s = scale[0];
+    float m = 0.0f;
+
+    Vec<A, V> cur[M], nxt[M];
+    {
+        const int row = r0 + grp;
+        ln_load_row<A, V, M>(cur, x + (u64)(row < n ? row : 0) * c, row < n, t, gt, nv);
+    }
+    for (int it = 0; it < iters; ++it) {
+        const int tr = it * groups + grp;  // row in the tile
+        const int row = r0 + tr;
+        const bool live = row < n;
+        if (it + 1 < iters) {
+            const int nrow = row + groups;
+            ln_load_row<A, V, M>(nxt, x + (u64)(nrow < n ? nrow : 0) * c, nrow < n, t, gt, nv);
+        }
+        float mu, rs;
+        ln_row_stats<A, V, M>(cur, live, t, gt, nv, c, eps, G, gsh, mu, rs);
+        if (live && t == 0) {
+            mean[row] = mu;
+            rstd[row] = rs;
+        }
+        const int swz = ((tr >> 3) & 3) << 3;
+        unsigned int* trow = qtile + tr * S;
+#pragma unroll
+        for (int k = 0; k < M; ++k) {
+            const int j = k * gt + t;
+            if (live && j < nv) {
+                const Vec<P, V> g = load_vec<P, V>(gamma + j * V);
+                const Vec<P, V> b = load_vec<P, V>(beta + j * V);
+                float v[V];
+#pragma unroll
+                for (int e = 0; e < V; ++e) {
+                    // layernorm_forward's out element, as quantize_fp8 reads it back.
+                    v[e] = to_f32(from_f32<A>(ln_affine(to_f32(cur[k].v[e]), mu, rs,
+                                                        to_f32(g.v[e]), to_f32(b.v[e]))));
+                    m = fmaxf(m, fabsf(v[e]));
+                }
+                unsigned char* out = dst + (u64)row * c + (u64)j * V;
+                if constexpr (V == 8) {
+                    const uint2 q = encode8<D>(v, s);
+                    *reinterpret_cast<uint2*>(out) = q;
+                    if (dst_t != nullptr)
+                        *reinterpret_cast<uint2*>(trow + ((2 * j) ^ swz)) = q;
+                } else if constexpr (V == 4) {
+                    const unsigned int q = encode4<D>(v[0] * s, v[1] * s, v[2] * s, v[3] * s);
+                    *reinterpret_cast<unsigned int*>(out) = q;
+                    if (dst_t != nullptr) trow[j ^ swz] = q;
+                } else {
+                    const unsigned char q = from_f32<D>(v[0] * s).bits;
+                    *out = q;
+                    if (dst_t != nullptr)
+                        reinterpret_cast<unsigned char*>(trow + ((j >> 2) ^ swz))[j & 3] = q;
+                }
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < M; ++k) cur[k] = nxt[k];
+    }
+
+    // Also the barrier between the tile stores above and the transposed reads below.
+    m = block_max(m, msh);
+    if (threadIdx.x == 0) record_amax(m, amax);
+    if (dst_t == nullptr) return;  // uniform across the grid
+
+    const int live_rows = min(n - r0, LNQ_ROWS);
+    const int units = (c + 3) / 4 * (LNQ_ROWS / 8);
+    for (int u = threadIdx.x; u < units; u += blockDim.x) {
+        const int o = u & 3, w = u >> 2;
+        if (8 * o >= live_rows) continue;
+        const unsigned int* col = qtile + 8 * o * S + (w ^ (o << 3));
+        unsigned int lo[4], hi[4];
+        transpose4x4(col[0], col[S], col[2 * S], col[3 * S], lo);
+        transpose4x4(col[4 * S], col[5 * S], col[6 * S], col[7 * S], hi);
+        const int rr = r0 + 8 * o;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int cc = 4 * w + i;
+            if (cc >= c) break;
+            unsigned char* p = dst_t + (u64)cc * n + rr;
+            if ((n & 7) == 0) {
+                // rr < n, both multiples of 8: all 8 rows exist, and p is 8-byte aligned.
+                *reinterpret_cast<uint2*>(p) = make_uint2(lo[i], hi[i]);
+            } else {
+                const int k = min(8, n - rr);
+                for (int r = 0; r < k; ++r)
+                    p[r] = (unsigned char)((r < 4 ? lo[i] >> (8 * r) : hi[i] >> (8 * (r - 4))) &
+                                           0xffu);
+            }
+        }
+    }
+}
+
+#define LAYERNORM_FP8_ONE(A, SA, P, SP, VEC, VN, D, SD)                                        \
+    extern "C" __global__ void __launch_bounds__(256)                                          \
+        layernorm_fp8_##SA##_##SP##_##VN##_##SD(                                               \
+            const A* __restrict__ x, const P* __restrict__ gamma, const P* __restrict__ beta, \
+            float* __restrict__ mean, float* __restrict__ rstd, D* __restrict__ dst,          \
+            D* __restrict__ dst_t, int n, int c, float eps, int G,                            \
+            const float* __restrict__ scale, float* __restrict__ amax) {                      \
+        layernorm_fp8_body<A, P, D, VEC>(x, gamma, beta, mean, rstd, dst, dst_t, n, c, eps,    \
+                                         G, scale, amax);                                     \
+    }
+// The OCP formats (E4M3, E5M2); FNUZ destinations run the separate ops.
+#define LAYERNORM_FP8(A, SA, P, SP)                                                           \
+    LAYERNORM_FP8_ONE(A, SA, P, SP, true, v, e4m3_t, f8e4m3)                                  \
+    LAYERNORM_FP8_ONE(A, SA, P, SP, false, s, e4m3_t, f8e4m3)                                 \
+    LAYERNORM_FP8_ONE(A, SA, P, SP, true, v, e5m2_t, f8e5m2)                                  \
+    LAYERNORM_FP8_ONE(A, SA, P, SP, false, s, e5m2_t, f8e5m2)
+FOR_ACT_AND_WIDE(LAYERNORM_FP8)

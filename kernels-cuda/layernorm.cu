@@ -149,59 +149,8 @@ FOR_FLOAT(LAYERNORM_DPARAMS)
 
 // ------------------------------------------------------------------ fast path
 
-// V consecutive storage elements, aligned for 128-bit accesses when they fill whole 16 bytes.
-template <typename T, int V>
-struct alignas((V * sizeof(T)) % 16 == 0 ? 16 : sizeof(T)) Vec {
-    T v[V];
-};
-
-template <typename T, int V> __device__ __forceinline__ Vec<T, V> load_vec(const T* p) {
-    Vec<T, V> r;
-    if constexpr ((V * sizeof(T)) % 16 == 0) {
-#pragma unroll
-        for (int i = 0; i < (int)(V * sizeof(T) / 16); ++i)
-            reinterpret_cast<uint4*>(&r)[i] = reinterpret_cast<const uint4*>(p)[i];
-    } else {
-#pragma unroll
-        for (int i = 0; i < V; ++i) r.v[i] = p[i];
-    }
-    return r;
-}
-
-template <typename T, int V> __device__ __forceinline__ void store_vec(T* p, const Vec<T, V>& r) {
-    if constexpr ((V * sizeof(T)) % 16 == 0) {
-#pragma unroll
-        for (int i = 0; i < (int)(V * sizeof(T) / 16); ++i)
-            reinterpret_cast<uint4*>(p)[i] = reinterpret_cast<const uint4*>(&r)[i];
-    } else {
-#pragma unroll
-        for (int i = 0; i < V; ++i) p[i] = r.v[i];
-    }
-}
-
-// Sums K values over the row group of G warps: warp_sum, then the G warp sums in warp order.
-// Every thread of the group gets the same bits. `sh` holds 8·K floats. Must be reached by every
-// thread of the block when G > 1 (it synchronises the block).
-template <int K>
-__device__ __forceinline__ void group_sum(float (&s)[K], float* sh, int G) {
-#pragma unroll
-    for (int k = 0; k < K; ++k) s[k] = warp_sum(s[k]);
-    if (G > 1) {
-        const int w = threadIdx.x >> 5, first = w / G * G;
-        if ((threadIdx.x & 31) == 0) {
-#pragma unroll
-            for (int k = 0; k < K; ++k) sh[k * 8 + w] = s[k];
-        }
-        __syncthreads();
-#pragma unroll
-        for (int k = 0; k < K; ++k) {
-            float t = 0.0f;
-            for (int i = 0; i < G; ++i) t += sh[k * 8 + first + i];
-            s[k] = t;
-        }
-        __syncthreads();
-    }
-}
+// Vec, load_vec, store_vec, group_sum and the forward row helpers (ln_load_row, ln_row_stats,
+// ln_affine): common.cuh, shared with fp8.cu's fused LayerNorm + FP8 quantisation.
 
 // out = (x − μ)·rstd·γ + β, one row per group of G warps, the row kept in registers.
 template <typename A, typename P, bool VEC, int M>
@@ -220,34 +169,9 @@ __device__ __forceinline__ void layernorm_fwd_body(const A* __restrict__ x,
     const int nv = c / V;
     const u64 base = (u64)(live ? row : 0) * c;
     Vec<A, V> xr[M];
-#pragma unroll
-    for (int k = 0; k < M; ++k) {
-        const int j = k * gt + t;
-        if (live && j < nv) xr[k] = load_vec<A, V>(x + base + (u64)j * V);
-    }
-    float s[1] = {0.0f};
-#pragma unroll
-    for (int k = 0; k < M; ++k) {
-        if (live && k * gt + t < nv) {
-#pragma unroll
-            for (int e = 0; e < V; ++e) s[0] += to_f32(xr[k].v[e]);
-        }
-    }
-    group_sum<1>(s, sh, G);
-    const float mu = s[0] / (float)c;
-    float q[1] = {0.0f};
-#pragma unroll
-    for (int k = 0; k < M; ++k) {
-        if (live && k * gt + t < nv) {
-#pragma unroll
-            for (int e = 0; e < V; ++e) {
-                const float d = to_f32(xr[k].v[e]) - mu;
-                q[0] += d * d;
-            }
-        }
-    }
-    group_sum<1>(q, sh, G);
-    const float rs = 1.0f / sqrtf(q[0] / (float)c + eps);
+    ln_load_row<A, V, M>(xr, x + base, live, t, gt, nv);
+    float mu, rs;
+    ln_row_stats<A, V, M>(xr, live, t, gt, nv, c, eps, G, sh, mu, rs);
 #pragma unroll
     for (int k = 0; k < M; ++k) {
         const int j = k * gt + t;
@@ -257,8 +181,8 @@ __device__ __forceinline__ void layernorm_fwd_body(const A* __restrict__ x,
             Vec<A, V> o;
 #pragma unroll
             for (int e = 0; e < V; ++e)
-                o.v[e] = from_f32<A>((to_f32(xr[k].v[e]) - mu) * rs * to_f32(g.v[e]) +
-                                     to_f32(b.v[e]));
+                o.v[e] = from_f32<A>(
+                    ln_affine(to_f32(xr[k].v[e]), mu, rs, to_f32(g.v[e]), to_f32(b.v[e])));
             store_vec<A, V>(out + base + (u64)j * V, o);
         }
     }

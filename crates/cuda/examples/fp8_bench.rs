@@ -11,6 +11,15 @@
 //! * `separate_gelu` / `separate_gelu_t` — what they replace: gelu_forward + quantize_fp8
 //!   (charged the fused op's bytes, like `separate`).
 //!
+//! Then, for the LayerNorm shapes (bf16 activations and parameters, E4M3; only these with
+//! `-- ln`):
+//!
+//! * `layernorm`    — `layernorm_forward` alone (bf16 out; charged its own bytes);
+//! * `ln_fp8` / `ln_fp8_t` — `layernorm_forward_fp8` (mean, rstd and the codes of the
+//!   LayerNorm output) without / with `dst_t`;
+//! * `separate_ln` / `separate_ln_t` — what they replace: layernorm_forward + quantize_fp8
+//!   (charged the fused op's bytes).
+//!
 //! Each op is warmed up, then called `ITERS` times inside one [`Device::time_ms`] (device events
 //! on CUDA). The table gives µs per call and the effective bandwidth: bytes the op must read and
 //! write once (bf16 inputs, FP8 outputs, and for the gradient the f32 column-sum partials and
@@ -29,6 +38,8 @@ const SHAPES: [(usize, usize); 5] = [
     (3072, 768),
     (2048, 8192),
 ];
+/// (rows, c) of the LayerNorm cases: the widths of the model configurations.
+const LN_SHAPES: [(usize, usize); 4] = [(8192, 768), (8192, 1024), (8192, 2048), (4096, 4096)];
 
 /// Mean µs per call of `f` over `ITERS` calls, timed on the device.
 fn time<F: FnMut() -> Result<(), DeviceError>>(dev: &CudaDevice, mut f: F) -> f64 {
@@ -64,7 +75,8 @@ fn main() {
         "{:>6} {:>6} {:>8} {:>15} {:>10} {:>8}",
         "rows", "cols", "fp8", "op", "µs", "GB/s"
     );
-    for (rows, cols) in SHAPES {
+    let only_ln = std::env::args().nth(1).as_deref() == Some("ln");
+    for (rows, cols) in SHAPES.into_iter().filter(|_| !only_ln) {
         let n = rows * cols;
         let host = |k: usize| -> Vec<bf16> {
             (0..n)
@@ -187,5 +199,87 @@ fn main() {
                 row(&format!("separate_gelu{sfx}"), us, bytes);
             }
         }
+    }
+    for (rows, c) in LN_SHAPES {
+        layernorm_rows(&dev, rows, c);
+    }
+}
+
+/// The LayerNorm rows of the table for one shape (see the module docs).
+fn layernorm_rows(dev: &CudaDevice, rows: usize, c: usize) {
+    let n = rows * c;
+    let host: Vec<bf16> = (0..n)
+        .map(|i| bf16::from_f32(((i % 977) as f32 * 0.013).sin() * 3.0 + (i / c % 5) as f32))
+        .collect();
+    let par = |k: usize| -> Vec<bf16> {
+        (0..c)
+            .map(|j| bf16::from_f32(1.0 + ((j * k) % 89) as f32 * 0.01))
+            .collect()
+    };
+    let x = dev.upload_new(&host).unwrap();
+    let gamma = dev.upload_new(&par(3)).unwrap();
+    let beta = dev.upload_new(&par(7)).unwrap();
+    let mut out = dev.alloc(DType::BF16, n).unwrap();
+    let mut mean = dev.alloc(DType::F32, rows).unwrap();
+    let mut rstd = dev.alloc(DType::F32, rows).unwrap();
+    let scale = dev.upload_new(&[16.0f32]).unwrap();
+    let mut amax = dev.alloc(DType::F32, 1).unwrap();
+    dev.fill(&mut amax, 0.0).unwrap();
+    let fmt = DType::F8E4M3;
+    let mut dst = dev.alloc(fmt, n).unwrap();
+    let mut dst_t = dev.alloc(fmt, n).unwrap();
+    let eps = 1e-5;
+    // bf16 in; mean and rstd (f32 per row) out; one byte per code (twice with dst_t).
+    let (b_in, b_stats) = (2 * n, 8 * rows);
+    let row = |op: &str, us: f64, bytes: usize| {
+        println!(
+            "{rows:>6} {c:>6} {:>8} {op:>15} {us:>10.2} {:>8.0}",
+            format!("{fmt}"),
+            bytes as f64 / (us * 1e-6) / 1e9
+        );
+    };
+    let us = time(dev, || {
+        dev.layernorm_forward(
+            &x, &gamma, &beta, &mut out, &mut mean, &mut rstd, rows, c, eps,
+        )
+    });
+    row("layernorm", us, 2 * b_in + b_stats);
+    for transposed in [false, true] {
+        let sfx = if transposed { "_t" } else { "" };
+        let bytes = b_in + b_stats + if transposed { 2 * n } else { n };
+        let us = time(dev, || {
+            dev.layernorm_forward_fp8(
+                &x,
+                &gamma,
+                &beta,
+                &mut mean,
+                &mut rstd,
+                &mut dst,
+                transposed.then_some(&mut dst_t),
+                rows,
+                c,
+                eps,
+                &scale,
+                &mut amax,
+                0,
+            )
+        });
+        row(&format!("ln_fp8{sfx}"), us, bytes);
+        let us = time(dev, || {
+            dev.layernorm_forward(
+                &x, &gamma, &beta, &mut out, &mut mean, &mut rstd, rows, c, eps,
+            )?;
+            dev.quantize_fp8(
+                &out,
+                &mut dst,
+                transposed.then_some(&mut dst_t),
+                rows,
+                c,
+                &scale,
+                &mut amax,
+                0,
+            )
+        });
+        row(&format!("separate_ln{sfx}"), us, bytes);
     }
 }

@@ -1610,6 +1610,27 @@ impl Device for CudaDevice {
         self.quantize_fp8_gelu_impl(pre, dst, dst_t, rows, cols, scale, amax, slot)
     }
 
+    fn layernorm_forward_fp8(
+        &self,
+        x: &CudaBuffer,
+        gamma: &CudaBuffer,
+        beta: &CudaBuffer,
+        mean: &mut CudaBuffer,
+        rstd: &mut CudaBuffer,
+        dst: &mut CudaBuffer,
+        dst_t: Option<&mut CudaBuffer>,
+        n: usize,
+        c: usize,
+        eps: f32,
+        scale: &CudaBuffer,
+        amax: &mut CudaBuffer,
+        slot: usize,
+    ) -> Result<()> {
+        self.layernorm_forward_fp8_impl(
+            x, gamma, beta, mean, rstd, dst, dst_t, n, c, eps, scale, amax, slot,
+        )
+    }
+
     fn gemm_fp8(
         &self,
         desc: &GemmDesc,

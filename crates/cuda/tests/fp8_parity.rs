@@ -6,7 +6,7 @@
 
 use duet_cpu::CpuDevice;
 use duet_cuda::CudaDevice;
-use duet_device::{DType, Device, DeviceError, DeviceExt, Fp8Format, GemmDesc};
+use duet_device::{Buffer, DType, Device, DeviceError, DeviceExt, Fp8Format, GemmDesc};
 use half::{bf16, f16};
 use std::sync::OnceLock;
 
@@ -1350,4 +1350,384 @@ fn fp8_fused_ops_replay_in_a_graph() {
         ) == eager_h,
         "replayed GELU codes differ from the eager ones"
     );
+}
+
+// ------------------------------------------------------------------ layernorm_forward_fp8
+
+/// LayerNorm rows with different offsets and spreads and some exact zeros; with `specials`
+/// (and enough rows) row 1 is constant (zero variance), row 2 holds a NaN, row 3 an infinity and
+/// row 4 values near 1e4 (cancellation in x − μ).
+fn ln_input(n: usize, c: usize, seed: u64, specials: bool) -> Vec<f32> {
+    let u = values(n * c, seed, false);
+    let mut x: Vec<f32> = (0..n * c)
+        .map(|i| {
+            let r = i / c;
+            let offset = ((r * 37) % 11) as f32 * 0.7 - 3.5;
+            let spread = 2f32.powi((r % 7) as i32 - 3);
+            // `values` spans many binades; squash it into [-1, 1] keeping the sign.
+            let v = u[i].signum() * (u[i].abs() * 4096.0).ln_1p() / 9.0;
+            if i % 53 == 5 {
+                0.0
+            } else {
+                offset + spread * v
+            }
+        })
+        .collect();
+    if specials {
+        let row = |x: &mut Vec<f32>, r: usize, f: &dyn Fn(usize) -> f32| {
+            if r < n {
+                for j in 0..c {
+                    x[r * c + j] = f(j);
+                }
+            }
+        };
+        row(&mut x, 1, &|_| 3.0);
+        row(&mut x, 2, &|j| {
+            if j == c / 2 {
+                f32::NAN
+            } else {
+                0.25 * j as f32
+            }
+        });
+        row(&mut x, 3, &|j| if j == 0 { f32::INFINITY } else { -1.0 });
+        row(&mut x, 4, &|j| 1.0e4 + (j % 13) as f32 * 0.5);
+    }
+    x
+}
+
+/// γ around 1 with every 17th at 40 (normalised values past every FP8 maximum once scaled) and
+/// β small with exact ±0.
+fn ln_params(c: usize, seed: u64) -> (Vec<f32>, Vec<f32>) {
+    let u = values(2 * c, seed, false);
+    let gamma = (0..c)
+        .map(|j| {
+            if j % 17 == 3 {
+                40.0
+            } else {
+                0.5 + (u[j].abs() * 1e3).fract()
+            }
+        })
+        .collect();
+    let beta = (0..c)
+        .map(|j| match j % 23 {
+            0 => 0.0,
+            1 => -0.0,
+            _ => (u[c + j].abs() * 1e3).fract() - 0.5,
+        })
+        .collect();
+    (gamma, beta)
+}
+
+/// Outputs of one layernorm_forward_fp8 (or of layernorm_forward + quantize_fp8).
+struct LnFp8Out {
+    dst: Vec<u8>,
+    dst_t: Vec<u8>,
+    mean: Vec<u32>,
+    rstd: Vec<u32>,
+    amax: Vec<f32>,
+}
+
+/// layernorm_forward_fp8 on the GPU, or with `separate` layernorm_forward into a temporary and
+/// quantize_fp8 of it. `x` rounded to `act`, γ and β to `param`; scale slot 1, amax slot 1
+/// starting at 0.5 (slots 0 and 2 at 0).
+#[allow(clippy::too_many_arguments)]
+fn ln_fp8_on(
+    g: &CudaDevice,
+    (x, gamma, beta): (&[f32], &[f32], &[f32]),
+    (act, param, fmt): (DType, DType, DType),
+    n: usize,
+    c: usize,
+    transposed: bool,
+    scale: f32,
+    separate: bool,
+) -> LnFp8Out {
+    let len = n * c;
+    let xb = upload_as(g, x, act);
+    let gb = upload_as(g, gamma, param);
+    let bb = upload_as(g, beta, param);
+    let mut mean = g.alloc(DType::F32, n).unwrap();
+    let mut rstd = g.alloc(DType::F32, n).unwrap();
+    let mut dst = g.alloc(fmt, len).unwrap();
+    let mut dt = g.alloc(fmt, len).unwrap();
+    for b in [&mut mean, &mut rstd, &mut dst, &mut dt] {
+        g.fill(b, 0.0).unwrap();
+    }
+    let scales = g.upload_new(&[0.5f32, scale, 3.0e-3]).unwrap();
+    let mut amax = g.upload_new(&[0.0f32, 0.5, 0.0]).unwrap();
+    let eps = 1e-5;
+    if separate {
+        let mut out = g.alloc(act, len).unwrap();
+        g.layernorm_forward(&xb, &gb, &bb, &mut out, &mut mean, &mut rstd, n, c, eps)
+            .unwrap();
+        g.quantize_fp8(
+            &out,
+            &mut dst,
+            transposed.then_some(&mut dt),
+            n,
+            c,
+            &scales,
+            &mut amax,
+            1,
+        )
+        .unwrap();
+    } else {
+        g.layernorm_forward_fp8(
+            &xb,
+            &gb,
+            &bb,
+            &mut mean,
+            &mut rstd,
+            &mut dst,
+            transposed.then_some(&mut dt),
+            n,
+            c,
+            eps,
+            &scales,
+            &mut amax,
+            1,
+        )
+        .unwrap();
+    }
+    let bits = |b: &<CudaDevice as Device>::Buffer| -> Vec<u32> {
+        g.download::<f32>(b)
+            .unwrap()
+            .iter()
+            .map(|v| v.to_bits())
+            .collect()
+    };
+    LnFp8Out {
+        dst: g.download_bytes(&dst, 0, len).unwrap(),
+        dst_t: g.download_bytes(&dt, 0, len).unwrap(),
+        mean: bits(&mean),
+        rstd: bits(&rstd),
+        amax: g.download::<f32>(&amax).unwrap(),
+    }
+}
+
+/// Asserts the fused outputs `f` equal the separate ops' `s` bit for bit; `xs` is the stored
+/// input (named in code mismatches).
+fn assert_ln_same(
+    what: &str,
+    n: usize,
+    c: usize,
+    xs: &[f32],
+    transposed: bool,
+    f: &LnFp8Out,
+    s: &LnFp8Out,
+) {
+    assert_codes(what, &f.dst, &s.dst, xs, |i| i);
+    if transposed {
+        assert_codes(&format!("{what} (dst_t)"), &f.dst_t, &s.dst_t, xs, |i| {
+            (i % n) * c + i / n
+        });
+    } else {
+        assert!(f.dst_t.iter().all(|&b| b == 0), "dst_t untouched: {what}");
+    }
+    for (name, a, b) in [("mean", &f.mean, &s.mean), ("rstd", &f.rstd, &s.rstd)] {
+        if let Some(r) = (0..n).find(|&r| a[r] != b[r]) {
+            let (x, y) = (f32::from_bits(a[r]), f32::from_bits(b[r]));
+            panic!(
+                "{what}: {name}[{r}] fused {x:e} ({:#010x}) separate {y:e} ({:#010x})",
+                a[r], b[r]
+            );
+        }
+    }
+    assert_eq!(f.amax[1].to_bits(), s.amax[1].to_bits(), "amax: {what}");
+    assert!(f.amax[1] >= 0.5, "amax only grows: {what}");
+    assert_eq!((f.amax[0], f.amax[2]), (0.0, 0.0), "other slots: {what}");
+}
+
+/// The fused LayerNorm + FP8 quantisation against the GPU's own layernorm_forward +
+/// quantize_fp8: codes, transposed codes, mean, rstd and amax bit for bit. Model shapes, every
+/// fast LayerNorm layout (vectorised with 1, 2, 4 and 8 warps per row, single elements), rows
+/// and columns not multiples of 8 or 32, rows too wide for the fast LayerNorm (the separate
+/// ops inside), bf16/f16/f32 activations with parameters of the same type or f32, every FP8
+/// format (FNUZ: the separate ops inside), special rows (NaN, inf, zero variance).
+#[test]
+fn layernorm_forward_fp8_matches_the_separate_ops() {
+    let test = "layernorm_forward_fp8_matches_the_separate_ops";
+    let Some(g) = gpu(test) else {
+        return;
+    };
+    let shapes = [
+        (8192, 768),
+        (256, 2048),
+        (65, 130),
+        (1, 64),
+        (130, 1000),
+        (37, 45),
+        (33, 8),
+        (8, 1),
+        (70, 3072),
+        (40, 6144),
+        (9, 6152),
+        (9, 1537),
+    ];
+    let mut checked = 0;
+    for (si, &(n, c)) in shapes.iter().enumerate() {
+        let big = n * c > 1 << 20;
+        let (gamma, beta) = ln_params(c, 500 + si as u64);
+        for specials in [false, true] {
+            let x = ln_input(n, c, 400 + si as u64, specials);
+            for (act, param) in [
+                (DType::BF16, DType::BF16),
+                (DType::BF16, DType::F32),
+                (DType::F16, DType::F16),
+                (DType::F16, DType::F32),
+                (DType::F32, DType::F32),
+            ] {
+                let xs: Vec<f32> = x.iter().map(|&v| stored(v, act)).collect();
+                for fmt in FP8 {
+                    // The model shapes: bf16 and f16 (same-type parameters) into the OCP
+                    // formats.
+                    if big
+                        && (param != act
+                            || act == DType::F32
+                            || matches!(fmt, DType::F8E4M3Fnuz | DType::F8E5M2Fnuz))
+                    {
+                        continue;
+                    }
+                    for transposed in [false, true] {
+                        for scale in [1.0f32, 37.25] {
+                            let what = format!(
+                                "{n}x{c} {act}/{param} -> {fmt} specials {specials} scale \
+                                 {scale} transposed {transposed}"
+                            );
+                            let run = |separate| {
+                                ln_fp8_on(
+                                    g,
+                                    (&x, &gamma, &beta),
+                                    (act, param, fmt),
+                                    n,
+                                    c,
+                                    transposed,
+                                    scale,
+                                    separate,
+                                )
+                            };
+                            let f = run(false);
+                            let s = run(true);
+                            assert_ln_same(&what, n, c, &xs, transposed, &f, &s);
+                            checked += 1;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(checked >= 1500, "{checked} cases");
+}
+
+/// layernorm_forward_fp8 recorded into a CUDA graph and replayed gives the eager results (the
+/// fused kernel allocates nothing; the wide shape needs more than 48 KiB of shared memory).
+/// Own device, since recording must not see other tests' ops.
+#[test]
+fn layernorm_forward_fp8_replays_in_a_graph() {
+    let test = "layernorm_forward_fp8_replays_in_a_graph";
+    if gpu(test).is_none() {
+        return;
+    }
+    let g = CudaDevice::new(0).expect("a second device on the same GPU");
+    if !g.supports_capture() {
+        skip!("SKIP {test}: no graph capture");
+        return;
+    }
+    for (n, c) in [(1024usize, 768usize), (96, 6144)] {
+        let x = upload_as(&g, &ln_input(n, c, 77, true), DType::BF16);
+        let (gamma, beta) = ln_params(c, 78);
+        let (gb, bb) = (
+            upload_as(&g, &gamma, DType::BF16),
+            upload_as(&g, &beta, DType::BF16),
+        );
+        let scale = g.upload_new(&[4.0f32]).unwrap();
+        let mut amax = g.upload_new(&[0.0f32]).unwrap();
+        let mut mean = g.alloc(DType::F32, n).unwrap();
+        let mut rstd = g.alloc(DType::F32, n).unwrap();
+        let mut dst = g.alloc(DType::F8E4M3, n * c).unwrap();
+        let mut dt = g.alloc(DType::F8E4M3, n * c).unwrap();
+        type Buf = <CudaDevice as Device>::Buffer;
+        let step = |[mean, rstd, dst, dt, amax]: [&mut Buf; 5]| {
+            g.layernorm_forward_fp8(
+                &x,
+                &gb,
+                &bb,
+                mean,
+                rstd,
+                dst,
+                Some(dt),
+                n,
+                c,
+                1e-5,
+                &scale,
+                amax,
+                0,
+            )
+        };
+        let outs = |bufs: [&Buf; 5]| -> Vec<Vec<u8>> {
+            bufs.iter()
+                .map(|b| g.download_bytes(b, 0, b.len()).unwrap())
+                .collect()
+        };
+        step([&mut mean, &mut rstd, &mut dst, &mut dt, &mut amax]).unwrap();
+        let eager = outs([&mean, &rstd, &dst, &dt, &amax]);
+        for b in [&mut mean, &mut rstd, &mut dst, &mut dt, &mut amax] {
+            g.fill(b, 0.0).unwrap();
+        }
+        g.synchronize().unwrap();
+        g.capture_begin().unwrap();
+        let recorded = step([&mut mean, &mut rstd, &mut dst, &mut dt, &mut amax]);
+        let graph = g.capture_end().unwrap();
+        recorded.unwrap();
+        for _ in 0..2 {
+            g.replay(&graph).unwrap();
+        }
+        assert!(
+            outs([&mean, &rstd, &dst, &dt, &amax]) == eager,
+            "{n}x{c}: replayed outputs differ from the eager ones"
+        );
+    }
+}
+
+/// layernorm_forward_fp8's argument checks (the same errors as the separate ops give).
+#[test]
+fn layernorm_forward_fp8_checks_its_arguments() {
+    let Some(g) = gpu("layernorm_forward_fp8_checks_its_arguments") else {
+        return;
+    };
+    let (n, c) = (4usize, 64usize);
+    let x = g.alloc(DType::BF16, n * c).unwrap();
+    let gamma = g.alloc(DType::BF16, c).unwrap();
+    let beta = g.alloc(DType::BF16, c).unwrap();
+    let short = g.alloc(DType::BF16, c - 1).unwrap();
+    let gamma_f16 = g.alloc(DType::F16, c).unwrap();
+    let scale = g.upload_new(&[1.0f32]).unwrap();
+    let mut amax = g.alloc(DType::F32, 1).unwrap();
+    let mut mean = g.alloc(DType::F32, n).unwrap();
+    let mut rstd = g.alloc(DType::F32, n).unwrap();
+    let mut dst = g.alloc(DType::F8E4M3, n * c).unwrap();
+    let mut dst_bf16 = g.alloc(DType::BF16, n * c).unwrap();
+    let mut run = |gm: &<CudaDevice as Device>::Buffer,
+                   dst: &mut <CudaDevice as Device>::Buffer,
+                   slot: usize| {
+        g.layernorm_forward_fp8(
+            &x, gm, &beta, &mut mean, &mut rstd, dst, None, n, c, 1e-5, &scale, &mut amax, slot,
+        )
+    };
+    assert!(matches!(
+        run(&short, &mut dst, 0),
+        Err(DeviceError::Shape { .. })
+    ));
+    assert!(matches!(
+        run(&gamma_f16, &mut dst, 0),
+        Err(DeviceError::Unsupported { .. })
+    ));
+    assert!(matches!(
+        run(&gamma, &mut dst_bf16, 0),
+        Err(DeviceError::Unsupported { .. })
+    ));
+    assert!(matches!(
+        run(&gamma, &mut dst, 1),
+        Err(DeviceError::Shape { .. })
+    ));
+    run(&gamma, &mut dst, 0).unwrap();
 }

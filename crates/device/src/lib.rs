@@ -812,6 +812,36 @@ pub trait Device: Send + Sync + Sized + 'static {
         self.quantize_fp8(&h, dst, dst_t, rows, cols, scale, amax, slot)
     }
 
+    /// The forward side of an FP8 linear layer whose input is a LayerNorm, in one pass:
+    /// [`Device::layernorm_forward`] of `x` (`n × c`, with `gamma`, `beta`, `eps`), writing `mean`
+    /// and `rstd` exactly as it does, and [`Device::quantize_fp8`] of its output
+    /// `out = (x − μ)·rstd·γ + β` rounded to `x`'s dtype (exactly `layernorm_forward`'s `out`)
+    /// into `dst` and `dst_t` (`n` rows, `c` cols), recording
+    /// `amax[slot] = max(amax[slot], max |out|)` (NaN ignored). `out` itself is not written. The
+    /// default runs the separate ops with a temporary; mean, rstd, the codes and the amax equal
+    /// the separate ops' bit for bit.
+    #[allow(clippy::too_many_arguments)]
+    fn layernorm_forward_fp8(
+        &self,
+        x: &Self::Buffer,
+        gamma: &Self::Buffer,
+        beta: &Self::Buffer,
+        mean: &mut Self::Buffer,
+        rstd: &mut Self::Buffer,
+        dst: &mut Self::Buffer,
+        dst_t: Option<&mut Self::Buffer>,
+        n: usize,
+        c: usize,
+        eps: f32,
+        scale: &Self::Buffer,
+        amax: &mut Self::Buffer,
+        slot: usize,
+    ) -> Result<()> {
+        let mut out = self.alloc(x.dtype(), x.len())?;
+        self.layernorm_forward(x, gamma, beta, &mut out, mean, rstd, n, c, eps)?;
+        self.quantize_fp8(&out, dst, dst_t, n, c, scale, amax, slot)
+    }
+
     /// Whether [`Device::gemm_fp8_epilogue`] runs (C bf16 or f16).
     fn supports_fp8_epilogue(&self, dtype: DType) -> bool {
         let _ = dtype;

@@ -18,6 +18,15 @@
 //! `colsum_finish`): deterministic, no float atomics. Shapes the tile kernel cannot take (cols
 //! not a multiple of 8, or rows not a multiple of 8 with `dst_t`) run the separate ops, like the
 //! trait's default.
+//!
+//! The LayerNorm variant [`Device::layernorm_forward_fp8`] runs `layernorm_fp8_<A>_<P>_<v|s>_<D>`:
+//! the fast LayerNorm forward's block and row layout (`super::layernorm::plan`, chosen exactly
+//! as `layernorm_forward` chooses it for the same operands), so mean, rstd and the normalised
+//! values are its bits, then the codes of each value rounded to `x`'s dtype, as `quantize_fp8`
+//! computes them. One block per 32 rows; with `dst_t` the block's codes go through a 32-row
+//! shared tile (`32 · ⌈c / 128⌉ · 128` bytes) to the transposed store. Rows without a fast plan
+//! (wider than the fast LayerNorm takes), FNUZ formats, and tiles beyond the GPU's shared memory
+//! run the separate ops, like the trait's default.
 
 use super::*;
 
@@ -27,6 +36,12 @@ const QT: usize = 64;
 const QT_THREADS: u32 = 128;
 /// Elements per vector: one 8-byte group of FP8 codes.
 const VEC: usize = 8;
+/// Rows per block of the fused LayerNorm kernel (`LNQ_ROWS` in fp8.cu).
+const LNQ_ROWS: usize = 32;
+/// Dynamic shared memory a kernel may use without opting in.
+const SMEM_DEFAULT: usize = 48 * 1024;
+/// Shared memory per block kept back from the opt-in maximum for the kernel's static arrays.
+const SMEM_STATIC_RESERVE: usize = 1024;
 
 /// Column-tile counters of the gradient kernels (u32 each): one per grid y index, of which
 /// [`CudaDevice::tile_grid`] allows at most 65535.
@@ -347,5 +362,133 @@ impl CudaDevice {
                 ],
             )
         }
+    }
+
+    /// LayerNorm forward with the FP8 quantisation of its output (see
+    /// [`Device::layernorm_forward_fp8`]).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn layernorm_forward_fp8_impl(
+        &self,
+        x: &CudaBuffer,
+        gamma: &CudaBuffer,
+        beta: &CudaBuffer,
+        mean: &mut CudaBuffer,
+        rstd: &mut CudaBuffer,
+        dst: &mut CudaBuffer,
+        dst_t: Option<&mut CudaBuffer>,
+        n: usize,
+        c: usize,
+        eps: f32,
+        scale: &CudaBuffer,
+        amax: &mut CudaBuffer,
+        slot: usize,
+    ) -> Result<()> {
+        const OP: &str = "layernorm_forward_fp8";
+        let act = x.dtype();
+        let (sa, ds, _) =
+            Self::quantize_check(OP, x, dst, dst_t.as_deref(), n, c, scale, amax, slot)?;
+        let sp = wide_sfx(OP, act, "gamma", gamma.dtype())?;
+        check_dtype(OP, beta, gamma.dtype())?;
+        check_dtype(OP, mean, DType::F32)?;
+        check_dtype(OP, rstd, DType::F32)?;
+        if c == 0 && n > 0 {
+            return Err(DeviceError::Shape {
+                op: OP,
+                detail: "c must be positive".into(),
+            });
+        }
+        check_len(OP, "gamma", gamma, c)?;
+        check_len(OP, "beta", beta, c)?;
+        check_len(OP, "mean", mean, n)?;
+        check_len(OP, "rstd", rstd, n)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let (ni, ci) = (dim(OP, "n", n)?, dim(OP, "c", c)?);
+        // layernorm_forward's plan for these operands (its `out` would be a fresh, aligned
+        // allocation), so the row statistics are computed in its order.
+        let plan = layernorm::plan(
+            c,
+            act,
+            aligned16(&[x.ptr(), gamma.ptr(), beta.ptr()]),
+            false,
+        );
+        let smem = if dst_t.is_some() {
+            LNQ_ROWS * c.div_ceil(128) * 128
+        } else {
+            0
+        };
+        let codes_aligned =
+            aligned16(&[dst.ptr()]) && dst_t.as_deref().is_none_or(|t| aligned16(&[t.ptr()]));
+        // (Rows as int in the kernel, up to the last block's end.)
+        let fused = matches!(dst.dtype(), DType::F8E4M3 | DType::F8E5M2)
+            && n.next_multiple_of(LNQ_ROWS) <= i32::MAX as usize
+            && codes_aligned
+            && (smem <= SMEM_DEFAULT || smem <= self.lnq_smem_cap());
+        let Some(p) = plan.filter(|_| fused) else {
+            // The trait's default: layernorm_forward into a temporary, then quantize_fp8.
+            let mut out = self.alloc(act, x.len())?;
+            self.layernorm_forward_impl(x, gamma, beta, &mut out, mean, rstd, n, c, eps)?;
+            return self.quantize_fp8_impl(&out, dst, dst_t, n, c, scale, amax, slot);
+        };
+        let v = if p.vec { 'v' } else { 's' };
+        let f = self.func(
+            KernelModule::Fp8,
+            &format!("layernorm_fp8_{sa}_{sp}_{v}_{ds}"),
+        )?;
+        if smem > SMEM_DEFAULT {
+            // Always the same (largest) value, so no later call lowers it under a recorded launch.
+            f.set_attribute(
+                cu::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                self.lnq_smem_cap() as i32,
+            )
+            .map_err(drv("cuFuncSetAttribute"))?;
+        }
+        let (_, threads) = p.block(layernorm::LN_WARPS);
+        let mut lc = cfg((grid_dim(OP, n.div_ceil(LNQ_ROWS))?, 1, 1), (threads, 1, 1));
+        lc.shared_mem_bytes = smem as u32;
+        // SAFETY: layernorm_fp8_A_P_{v|s}_D(const A* x, const P* gamma, const P* beta,
+        // float* mean, float* rstd, D* dst, D* dst_t, int n, int c, float eps, int G,
+        // const float* scale, float* amax): x, dst (and dst_t, or null: no transposed store)
+        // hold n·c elements, gamma/beta c, mean/rstd n (checked); block b touches rows
+        // [32b, 32b + 32) ∩ [0, n) only; the block is the plan's ⌊8 / G⌋ row groups of G warps
+        // (≤ 256 threads, the kernel's __launch_bounds__); vector loads only when the plan says
+        // so (16-byte aligned x/gamma/beta, c a multiple of the vector width), code stores of
+        // at most 8 bytes at multiples of their size from 16-byte aligned dst/dst_t; the
+        // dynamic shared tile is 32 rows of ⌈c / 128⌉ · 128 bytes (allowed above 48 KiB by the
+        // attribute set above, within the device's opt-in limit); scale/amax at slot (checked).
+        unsafe {
+            kernels::launch(
+                &self.stream,
+                &f,
+                lc,
+                &[
+                    x.ptr().into(),
+                    gamma.ptr().into(),
+                    beta.ptr().into(),
+                    mean.ptr().into(),
+                    rstd.ptr().into(),
+                    dst.ptr().into(),
+                    dst_t.map_or(0, |t| t.ptr()).into(),
+                    ni.into(),
+                    ci.into(),
+                    eps.into(),
+                    (p.g as i32).into(),
+                    scale.ptr_at(slot).into(),
+                    amax.ptr_at(slot).into(),
+                ],
+            )
+        }
+    }
+
+    /// Dynamic shared memory the fused LayerNorm kernel may use on this GPU: the opt-in
+    /// maximum per block less [`SMEM_STATIC_RESERVE`] (at least the default 48 KiB).
+    fn lnq_smem_cap(&self) -> usize {
+        let optin = self
+            .ctx
+            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+            .unwrap_or(0)
+            .max(0) as usize;
+        optin.saturating_sub(SMEM_STATIC_RESERVE).max(SMEM_DEFAULT)
     }
 }

@@ -12,20 +12,22 @@ use super::*;
 /// Vectors per thread the fast kernels are instantiated for.
 const LN_M: [usize; 5] = [1, 2, 3, 4, 6];
 /// Warps per block of the fast forward (at most; `⌊8 / g⌋` row groups of `g` warps).
-const LN_WARPS: usize = 8;
+pub(super) const LN_WARPS: usize = 8;
 /// Warps per block of the fused backward (at most; `⌊4 / g⌋` row groups of `g` warps).
 const LN_BWD_WARPS: usize = 4;
 /// Most chunks (partial rows) of the fused backward.
 const LN_MAX_CHUNKS: usize = 512;
 
 /// How the fast LayerNorm kernels split a row of `c` elements.
+/// The fused LayerNorm + FP8 quantisation (device/fp8.rs) uses the forward's plan too, so its
+/// row statistics follow the same order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Plan {
+pub(super) struct Plan {
     /// 16-byte vectors (`c` a multiple of the vector width, buffers 16-byte aligned), else
     /// single elements.
-    vec: bool,
+    pub(super) vec: bool,
     /// Warps per row (1..=8).
-    g: usize,
+    pub(super) g: usize,
     /// Vectors per thread (one of [`LN_M`]).
     m: usize,
 }
@@ -38,7 +40,7 @@ impl Plan {
     }
 
     /// Row groups per block and threads per block, for blocks of at most `warps` warps.
-    fn block(&self, warps: usize) -> (usize, u32) {
+    pub(super) fn block(&self, warps: usize) -> (usize, u32) {
         let groups = warps / self.g;
         (groups, (groups * self.g * 32) as u32)
     }
@@ -49,7 +51,7 @@ impl Plan {
 /// the instantiated vectors each (forward: 24 elements per thread vectorised; backward: 3
 /// vectors of 16 bytes; single elements: 6), picks the one with the fewest thread slots, then
 /// the fewest warps per row.
-fn plan(c: usize, act: DType, aligned: bool, backward: bool) -> Option<Plan> {
+pub(super) fn plan(c: usize, act: DType, aligned: bool, backward: bool) -> Option<Plan> {
     let pack = 16 / act.size_bytes();
     let vec = aligned && c.is_multiple_of(pack);
     let (width, max_m) = match (vec, backward) {

@@ -129,6 +129,12 @@ pub fn build_config(a: &ModelArgs) -> CliResult<Config> {
         t.gemm_autotune = true;
     }
     set!(t.loss_every, a.loss_every);
+    if let Some(d) = &a.weight_grad_dtype {
+        t.weight_grad_dtype = d.parse()?;
+    }
+    if a.keep_gelu {
+        t.recompute_gelu = false;
+    }
     match (a.checkpoint, a.checkpoint_every) {
         (_, Some(n)) => t.checkpoint_every = n,
         (true, None) => t.checkpoint_every = 4,
@@ -211,6 +217,8 @@ fn changed_on_resume(a: &ModelArgs) -> Vec<&'static str> {
     check(a.seed.is_some(), "--seed");
     check(a.max_stride.is_some(), "--max-stride");
     check(a.precision.is_some(), "--precision");
+    check(a.weight_grad_dtype.is_some(), "--weight-grad-dtype");
+    check(a.keep_gelu, "--keep-gelu");
     check(a.data.is_some(), "--data");
     check(
         a.checkpoint || a.checkpoint_every.is_some(),
@@ -1048,6 +1056,8 @@ fn bench_one<D: Device>(
         ),
         "graphs": cfg.train.graphs,
         "gemm_autotune": cfg.train.gemm_autotune,
+        "weight_grad_dtype": cfg.train.weight_grad_dtype,
+        "recompute_gelu": cfg.train.recompute_gelu,
         "git_rev": env!("DUET_GIT_REV"),
     }))
 }

@@ -118,6 +118,15 @@ pub struct ModelArgs {
     /// numbers. Log lines, validation and checkpoints still see their own step.
     #[arg(long, value_name = "N")]
     pub loss_every: Option<u64>,
+    /// Storage of the linear layers' weight gradients: auto (bf16 in bf16/fp8 runs on one
+    /// device: the f32-accumulated GEMM result rounded once, as PyTorch autocast does; f32
+    /// otherwise) or f32.
+    #[arg(long, value_name = "auto|f32")]
+    pub weight_grad_dtype: Option<String>,
+    /// Keep the MLP's GELU output for the backward pass instead of recomputing it (batch ×
+    /// seq × ffn activations per block more memory, a little faster; no effect in fp8).
+    #[arg(long)]
+    pub keep_gelu: bool,
     /// Train on a file: UTF-8 text (byte tokens) or an llm.c `.bin` token shard; its last 10% is
     /// the validation set.
     #[arg(long, value_name = "FILE")]

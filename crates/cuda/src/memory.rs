@@ -153,9 +153,11 @@ impl Buffer for CudaBuffer {
 
 // ---------------------------------------------------------------------- pinned staging
 
-/// Bytes per staging chunk, and the number of chunks in the ring.
+/// Bytes per staging chunk, and the number of chunks in the ring. A training step uploads
+/// three small buffers (tokens, targets, step scalars): eight chunks let the host queue the
+/// next two steps while the device still runs this one (`Trainer::train_steps`).
 const STAGE_BYTES: usize = 4 << 20;
-const STAGES: usize = 2;
+const STAGES: usize = 8;
 
 /// Page-locked host memory plus the event that marks the end of the last copy out of it.
 struct PinnedChunk {

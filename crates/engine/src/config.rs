@@ -1,7 +1,7 @@
 //! Model and training configuration: presets, TOML files, flag overrides and validation.
 
 use crate::fp8::{AmaxAlgo, DelayedScaling, Fp8Recipe};
-use crate::precision::Precision;
+use crate::precision::{Precision, WeightGradDtype};
 use crate::{EngineError, Result};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
@@ -132,6 +132,15 @@ pub struct TrainConfig {
     /// library heuristic's first choice. Faster; two runs may differ in the last bits.
     #[serde(default)]
     pub gemm_autotune: bool,
+    /// Storage of the linear layers' weight gradients: `auto` keeps them in bf16 for bf16 and
+    /// fp8 runs on one device (the f32-accumulated GEMM result rounded once, the values PyTorch
+    /// autocast hands its optimizer) and f32 otherwise; `f32` always keeps f32.
+    #[serde(default)]
+    pub weight_grad_dtype: WeightGradDtype,
+    /// Recompute the MLP's GELU output in the backward pass instead of keeping it (batch × seq
+    /// × ffn activations per block less memory; false: a little faster). FP8 never stores it.
+    #[serde(default = "default_true")]
+    pub recompute_gelu: bool,
 }
 
 fn default_true() -> bool {
@@ -216,6 +225,8 @@ impl Config {
             loss_every: default_loss_every(),
             graphs: true,
             gemm_autotune: false,
+            weight_grad_dtype: WeightGradDtype::Auto,
+            recompute_gelu: true,
             precision: Precision::Fp32,
             loss_scale: 0.0,
             fp8_format: Fp8Recipe::Hybrid,

@@ -228,8 +228,11 @@ struct BlockActs<B> {
     ln2: B,
     ln2_mean: B,
     ln2_rstd: B,
-    /// The MLP's hidden pre-activation (gelu(fch) is recomputed in the backward pass).
+    /// The MLP's hidden pre-activation.
     fch: B,
+    /// gelu(fch), where the plan keeps it ([`PrecisionPlan::keep_gelu_output`]); empty when the
+    /// backward pass recomputes it (and always in FP8, which never writes it).
+    gelu: B,
     /// Residual stream after the MLP (the block's output).
     res3: B,
     /// Fused (flash) attention only: the log-sum-exp of each attention row (f32,
@@ -262,9 +265,6 @@ struct Scratch<B> {
     /// gelu(fch): the MLP's hidden activation (forward), recomputed for the weight gradient
     /// and then overwritten by its gradient when `d_f` is empty.
     d_f2: B,
-    /// FP8 only: the LayerNorm outputs, which only feed the quantisation (the backward pass
-    /// uses their FP8 transposes), so no block keeps them.
-    ln: B,
 }
 
 impl<B> Scratch<B> {
@@ -282,7 +282,6 @@ impl<B> Scratch<B> {
         att: usize,
         heads: bool,
         one_mlp_grad: bool,
-        fp8: bool,
     ) -> Result<Self> {
         let a = |len: usize| dev.alloc(act, len);
         let h = if heads { n * c } else { 0 };
@@ -302,7 +301,6 @@ impl<B> Scratch<B> {
             dqkv: a(n * 3 * c)?,
             d_f: a(if one_mlp_grad { 0 } else { n * f })?,
             d_f2: a(n * f)?,
-            ln: a(if fp8 { n * c } else { 0 })?,
         })
     }
 }
@@ -334,6 +332,12 @@ pub struct PrecisionPlan {
     pub fp8: DelayedScaling,
     /// FP8 encodings; `None` picks the device's ([`Fp8Family::of_device`]).
     pub fp8_family: Option<Fp8Family>,
+    /// Store the linear layers' weight gradients in the activation dtype instead of f32 (see
+    /// [`crate::precision::WeightGradDtype`]); ignored when the activations are f32.
+    pub low_precision_weight_grads: bool,
+    /// Keep the MLP's GELU output for the backward pass (n × ffn per block more memory) instead
+    /// of recomputing it there; FP8 never writes it, so this changes nothing in FP8.
+    pub keep_gelu_output: bool,
     /// Activation checkpointing: keep only the input of every segment of this many blocks and
     /// recompute the segment in the backward pass (0 = off).
     pub checkpoint_every: usize,
@@ -375,6 +379,14 @@ struct Fp8Bufs<D: Device> {
     /// Receives the amaxes of a checkpointed segment's recomputation, so the recompute neither
     /// records an amax twice nor touches the scaling history.
     amax_discard: D::Buffer,
+}
+
+/// Whether parameter `i` (in [`param_specs`] order) is a linear layer's weight matrix.
+fn is_linear_weight(cfg: &ModelConfig, i: usize) -> bool {
+    (2..2 + cfg.layers * BlockParam::ALL.len()).contains(&i) && {
+        let p = BlockParam::ALL[(i - 2) % BlockParam::ALL.len()];
+        LINEARS.iter().any(|&(w, _)| w == p)
+    }
 }
 
 /// `(in_features, out_features)` of linear kind `k` (see [`LINEARS`]).
@@ -504,9 +516,10 @@ impl<D: Device> Gpt<D> {
         let act = plan.precision.activation_dtype();
         let mut params = Vec::with_capacity(specs.len());
         let mut grads = Vec::with_capacity(specs.len());
-        for s in &specs {
+        for (i, s) in specs.iter().enumerate() {
             params.push(dev.alloc(if s.low_precision() { act } else { f32 }, s.numel())?);
-            grads.push(dev.alloc(f32, s.numel())?);
+            let low_grad = plan.low_precision_weight_grads && is_linear_weight(cfg, i);
+            grads.push(dev.alloc(if low_grad { act } else { f32 }, s.numel())?);
         }
         let (c, f, nh, v) = (cfg.d_model, cfg.ffn, cfg.heads, cfg.vocab);
         let n = b * t;
@@ -551,6 +564,11 @@ impl<D: Device> Gpt<D> {
                 ln2_mean: a32(n)?,
                 ln2_rstd: a32(n)?,
                 fch: a(n * f)?,
+                gelu: a(if plan.keep_gelu_output && !is_fp8 {
+                    n * f
+                } else {
+                    0
+                })?,
                 res3: a(n * c)?,
                 lse: a32(if flash { b * nh * t } else { 0 })?,
             });
@@ -558,7 +576,7 @@ impl<D: Device> Gpt<D> {
         // The MLP's hidden gradient can overwrite the recomputed GELU output (d_f2) where the
         // GELU backward needs no separate pass: fused into the GEMM, or into FP8's quantisation.
         let one_mlp_grad = plan.precision == Precision::Fp8 || dev.supports_gemm_epilogue(act);
-        let scratch = Scratch::alloc(&*dev, act, n, c, f, att, !flash, one_mlp_grad, is_fp8)?;
+        let scratch = Scratch::alloc(&*dev, act, n, c, f, att, !flash, one_mlp_grad)?;
         let fp8 = if plan.precision == Precision::Fp8 {
             // FP8 tensor-core GEMMs (cuBLASLt, hipBLASLt) need every dimension of the linear
             // layers' GEMMs to be a multiple of 16; enforced on every backend so a config that
@@ -624,6 +642,7 @@ impl<D: Device> Gpt<D> {
                 &k.ln2_mean,
                 &k.ln2_rstd,
                 &k.fch,
+                &k.gelu,
                 &k.res3,
                 &k.lse,
             ]);
@@ -631,7 +650,7 @@ impl<D: Device> Gpt<D> {
         let sc = &scratch;
         let mut scratch_bufs: Vec<&D::Buffer> = vec![
             &sc.scores, &sc.probs, &sc.dprobs, &sc.q, &sc.k, &sc.v, &sc.dresid, &sc.d_c, &sc.d_c2,
-            &sc.dq, &sc.dk, &sc.dv, &sc.dqkv, &sc.d_f, &sc.d_f2, &sc.ln,
+            &sc.dq, &sc.dk, &sc.dv, &sc.dqkv, &sc.d_f, &sc.d_f2,
         ];
         scratch_bufs.extend(dlogits_lp.iter());
         if let Some(q) = &fp8 {
@@ -654,8 +673,9 @@ impl<D: Device> Gpt<D> {
         let plan_bytes = MemoryPlan {
             params: bytes(&params.iter().collect::<Vec<_>>()),
             grads: bytes(&grads.iter().collect::<Vec<_>>()),
-            // ZeRO-1: each rank holds only its shard of the optimizer state.
-            optimizer: (2 * bytes(&grads.iter().collect::<Vec<_>>()) + masters)
+            // ZeRO-1: each rank holds only its shard of the optimizer state (two f32 moments
+            // per parameter, plus the masters).
+            optimizer: (8 * specs.iter().map(|s| s.numel() as u64).sum::<u64>() + masters)
                 .div_ceil(plan.optimizer_shards.max(1) as u64),
             activations: bytes(&act_bufs) + head,
             scratch: bytes(&scratch_bufs),
@@ -1077,13 +1097,8 @@ impl<D: Device> Gpt<D> {
     pub fn zero_grads(&mut self) -> Result<()> {
         // The linear layers' weight gradients are written (not added) by their weight-gradient
         // GEMMs (beta 0): only the rest needs clearing.
-        let blocks = 2..2 + self.cfg.layers * BlockParam::ALL.len();
-        let written = |i: usize| {
-            blocks.contains(&i) && {
-                let p = BlockParam::ALL[(i - 2) % BlockParam::ALL.len()];
-                LINEARS.iter().any(|&(w, _)| w == p)
-            }
-        };
+        let cfg = &self.cfg;
+        let written = |i: usize| is_linear_weight(cfg, i);
         let mut rest: Vec<&mut D::Buffer> = self
             .grads
             .iter_mut()
@@ -1239,12 +1254,24 @@ pub fn estimate_memory(cfg: &ModelConfig, b: usize, t: usize, plan: &PrecisionPl
     let att = attention_chunk((b * nh) as usize, t as usize) as u64 * t * t;
     let params = cfg.num_params() as u64;
     let lowp = act != 4;
-    // Weights (worst case: all in the activation dtype), f32 grads, and the optimizer state
-    // (f32 masters in mixed precision, m and v), divided over the ZeRO-1 shards.
+    // Weights (worst case: all in the activation dtype), grads (the linear layers' in the
+    // activation dtype where the plan says so), and the optimizer state (f32 masters in mixed
+    // precision, m and v), divided over the ZeRO-1 shards.
     let shards = plan.optimizer_shards.max(1) as u64;
     let optimizer = (if lowp { 4 * params } else { 0 } + 2 * 4 * params).div_ceil(shards);
-    let weights = params * act + 4 * params + optimizer;
-    let per_block = act * (n * c * 8 + n * f) + 4 * 4 * n;
+    let linear_weights = l * (3 * c * c + c * c + 2 * f * c);
+    let grads = if plan.low_precision_weight_grads && lowp {
+        4 * (params - linear_weights) + act * linear_weights
+    } else {
+        4 * params
+    };
+    let weights = params * act + grads + optimizer;
+    let kept_gelu = if plan.keep_gelu_output && plan.precision != Precision::Fp8 {
+        n * f
+    } else {
+        0
+    };
+    let per_block = act * (n * c * 8 + n * f + kept_gelu) + 4 * 4 * n;
     let slots = if plan.checkpoint_every > 0 {
         (plan.checkpoint_every as u64).min(l)
     } else {
@@ -1259,14 +1286,10 @@ pub fn estimate_memory(cfg: &ModelConfig, b: usize, t: usize, plan: &PrecisionPl
         act * (3 * att + n * (12 * c + 2 * f)) + 4 * (2 * n * v + 4 * n) + act * 2 * n * c;
     let fp8 = if plan.precision == Precision::Fp8 {
         // Per linear: the input's transpose and the weight's transpose; per kind: the input,
-        // the weight, the output gradient (and transpose); the LayerNorm output scratch. The
-        // blocks keep no LayerNorm outputs (2·n·c fewer per block).
+        // the weight, the output gradient (and transpose). The blocks keep no LayerNorm
+        // outputs (2·n·c fewer per block): they exist only inside the quantisation.
         let w = 3 * c * c + c * c + f * c + c * f;
-        (l * (n * (c + c + c + f) + w)
-            + n * (c + c + c + f)
-            + w
-            + 2 * n * (3 * c + c + f + c)
-            + act * n * c)
+        (l * (n * (c + c + c + f) + w) + n * (c + c + c + f) + w + 2 * n * (3 * c + c + f + c))
             .saturating_sub(act * 2 * n * c * slots)
     } else {
         0
@@ -1341,27 +1364,40 @@ fn block_forward<D: Device>(
     } = d;
     let scale = 1.0 / (hs as f32).sqrt();
     let w = |bp: BlockParam| &p[param_index(l, bp)];
-    // Attention.
+    // Attention. FP8 keeps no LayerNorm output: it exists only inside the quantisation of
+    // the next layer's input.
     let fp8 = q8.is_some();
-    dev.layernorm_forward(
-        x,
-        w(BlockParam::Ln1W),
-        w(BlockParam::Ln1B),
-        if fp8 { &mut s.ln } else { &mut a.ln1 },
-        &mut a.ln1_mean,
-        &mut a.ln1_rstd,
-        n,
-        c,
-        LN_EPS,
-    )?;
-    linear_forward(
+    let ln1 = if fp8 {
+        LinearInput::LayerNormOf {
+            x,
+            gamma: w(BlockParam::Ln1W),
+            beta: w(BlockParam::Ln1B),
+            mean: &mut a.ln1_mean,
+            rstd: &mut a.ln1_rstd,
+        }
+    } else {
+        dev.layernorm_forward(
+            x,
+            w(BlockParam::Ln1W),
+            w(BlockParam::Ln1B),
+            &mut a.ln1,
+            &mut a.ln1_mean,
+            &mut a.ln1_rstd,
+            n,
+            c,
+            LN_EPS,
+        )?;
+        LinearInput::Plain(&a.ln1)
+    };
+    linear_act_forward(
         dev,
         q8.as_mut().map(|q| (q, 4 * l)),
         record,
-        if fp8 { &s.ln } else { &a.ln1 },
+        ln1,
         w(BlockParam::AttnW),
         w(BlockParam::AttnB),
         &mut a.qkv,
+        None,
         None,
         n,
         c,
@@ -1388,34 +1424,44 @@ fn block_forward<D: Device>(
         c,
     )?;
     // MLP.
-    dev.layernorm_forward(
-        &a.res2,
-        w(BlockParam::Ln2W),
-        w(BlockParam::Ln2B),
-        if fp8 { &mut s.ln } else { &mut a.ln2 },
-        &mut a.ln2_mean,
-        &mut a.ln2_rstd,
-        n,
-        c,
-        LN_EPS,
-    )?;
-    // gelu(fch) lives in scratch: the backward pass recomputes it. FP8 never writes it: the
-    // GELU runs inside the quantisation of the next layer's input.
+    // gelu(fch) lives in the block's activations where the plan keeps it, else in scratch (the
+    // backward pass recomputes it). FP8 never writes it: the GELU runs inside the quantisation
+    // of the next layer's input.
+    let keep_gelu = !a.gelu.is_empty();
     if fp8 {
-        linear_forward(
+        let ln2 = LinearInput::LayerNormOf {
+            x: &a.res2,
+            gamma: w(BlockParam::Ln2W),
+            beta: w(BlockParam::Ln2B),
+            mean: &mut a.ln2_mean,
+            rstd: &mut a.ln2_rstd,
+        };
+        linear_act_forward(
             dev,
             q8.as_mut().map(|q| (q, 4 * l + 2)),
             record,
-            &s.ln,
+            ln2,
             w(BlockParam::FcW),
             w(BlockParam::FcB),
             &mut a.fch,
+            None,
             None,
             n,
             c,
             f,
         )?;
     } else {
+        dev.layernorm_forward(
+            &a.res2,
+            w(BlockParam::Ln2W),
+            w(BlockParam::Ln2B),
+            &mut a.ln2,
+            &mut a.ln2_mean,
+            &mut a.ln2_rstd,
+            n,
+            c,
+            LN_EPS,
+        )?;
         linear_gelu_forward(
             dev,
             None,
@@ -1424,7 +1470,7 @@ fn block_forward<D: Device>(
             w(BlockParam::FcW),
             w(BlockParam::FcB),
             &mut a.fch,
-            &mut s.d_f2,
+            if keep_gelu { &mut a.gelu } else { &mut s.d_f2 },
             n,
             c,
             f,
@@ -1434,8 +1480,11 @@ fn block_forward<D: Device>(
         dev,
         q8.as_mut().map(|q| (q, 4 * l + 3)),
         record,
-        if fp8 { &a.fch } else { &s.d_f2 },
-        fp8,
+        match (fp8, keep_gelu) {
+            (true, _) => LinearInput::GeluOf(&a.fch),
+            (false, true) => LinearInput::Plain(&a.gelu),
+            (false, false) => LinearInput::Plain(&s.d_f2),
+        },
         w(BlockParam::FcProjW),
         w(BlockParam::FcProjB),
         &mut a.res3,
@@ -1477,22 +1526,38 @@ fn block_backward<D: Device>(
     let w = |bp: BlockParam| &p[param_index(l, bp)];
     let gi = |bp: BlockParam| param_index(l, bp);
     // res3 = res2 + gelu(fch) · FcProjWᵀ + FcProjB; dresid passes through unchanged. The weight
-    // gradient needs gelu(fch): recomputed into d_f2 (bit for bit what the forward pass used;
-    // FP8 keeps its own transposed copy instead).
-    if q8.is_none() {
+    // gradient needs gelu(fch): kept by the forward pass, or recomputed into d_f2 (bit for bit
+    // what the forward pass used; FP8 keeps its own transposed copy instead).
+    let keep_gelu = !a.gelu.is_empty();
+    if q8.is_none() && !keep_gelu {
         dev.gelu_forward(&a.fch, &mut s.d_f2)?;
     }
     let one_buffer = s.d_f.is_empty();
     let fused_gelu = {
-        let (gw, gb) = two_mut(g, gi(BlockParam::FcProjW), gi(BlockParam::FcProjB));
-        let io = if one_buffer {
-            GradIo::Shared(&mut s.d_f2)
-        } else {
-            GradIo::Split {
+        let [gw, gb, gfb] = g
+            .get_disjoint_mut([
+                gi(BlockParam::FcProjW),
+                gi(BlockParam::FcProjB),
+                gi(BlockParam::FcB),
+            ])
+            .expect("distinct parameters");
+        let io = match (keep_gelu, one_buffer) {
+            (true, true) => GradIo::Split {
+                x: &a.gelu,
+                dx: &mut s.d_f2,
+            },
+            (true, false) => GradIo::Split {
+                x: &a.gelu,
+                dx: &mut s.d_f,
+            },
+            (false, true) => GradIo::Shared(&mut s.d_f2),
+            (false, false) => GradIo::Split {
                 x: &s.d_f2,
                 dx: &mut s.d_f,
-            }
+            },
         };
+        // Where the GELU backward fuses into the input-gradient GEMM, so does c_fc's bias
+        // gradient (the column sum of that GEMM's result).
         linear_backward(
             dev,
             q8.as_mut().map(|q| (q, 4 * l + 3)),
@@ -1500,8 +1565,8 @@ fn block_backward<D: Device>(
             io,
             w(BlockParam::FcProjW),
             gw,
-            gb,
-            Some(&a.fch),
+            Some(gb),
+            Some((&a.fch, Some(gfb))),
             None,
             n,
             f,
@@ -1540,7 +1605,7 @@ fn block_backward<D: Device>(
             },
             w(BlockParam::FcW),
             gw,
-            gb,
+            (!fused_gelu).then_some(gb),
             None,
             gelu_in_quantize.then_some(&a.fch),
             n,
@@ -1576,7 +1641,7 @@ fn block_backward<D: Device>(
             },
             w(BlockParam::ProjW),
             gw,
-            gb,
+            Some(gb),
             None,
             None,
             n,
@@ -1617,7 +1682,7 @@ fn block_backward<D: Device>(
             },
             w(BlockParam::AttnW),
             gw,
-            gb,
+            Some(gb),
             None,
             None,
             n,
@@ -1737,7 +1802,18 @@ fn linear_forward<D: Device>(
     m: usize,
 ) -> Result<()> {
     linear_act_forward(
-        dev, q8, record, x, false, w, bias, out, residual, None, n, k, m,
+        dev,
+        q8,
+        record,
+        LinearInput::Plain(x),
+        w,
+        bias,
+        out,
+        residual,
+        None,
+        n,
+        k,
+        m,
     )
 }
 
@@ -1761,8 +1837,7 @@ fn linear_gelu_forward<D: Device>(
         dev,
         q8,
         record,
-        x,
-        false,
+        LinearInput::Plain(x),
         w,
         bias,
         out,
@@ -1774,16 +1849,38 @@ fn linear_gelu_forward<D: Device>(
     )
 }
 
+/// The input of a linear layer: a tensor, or (FP8 only, computed inside the quantisation of
+/// the layer's input, never written) the GELU or the LayerNorm of one.
+enum LinearInput<'a, B> {
+    Plain(&'a B),
+    /// `gelu(pre)` ([`Device::quantize_fp8_gelu`]).
+    GeluOf(&'a B),
+    /// `layernorm(x)`, whose statistics are written to `mean` and `rstd`
+    /// ([`Device::layernorm_forward_fp8`]).
+    LayerNormOf {
+        x: &'a B,
+        gamma: &'a B,
+        beta: &'a B,
+        mean: &'a mut B,
+        rstd: &'a mut B,
+    },
+}
+
+/// A linear layer's GEMM operands: its 16-bit input, or the FP8 input and weight with the
+/// inverse scales and the two scale slots.
+enum Operands<'a, B> {
+    Plain(&'a B),
+    Fp8(&'a B, &'a B, &'a B, usize, usize),
+}
+
 /// The body of [`linear_forward`] (`gelu_pre` None) and [`linear_gelu_forward`] (no
-/// residual). With `x_is_gelu_pre` (FP8 only) the layer's input is `gelu(x)`, applied in the
-/// quantisation ([`Device::quantize_fp8_gelu`]).
+/// residual); FP8 layers also take their input as a GELU or LayerNorm ([`LinearInput`]).
 #[allow(clippy::too_many_arguments)]
 fn linear_act_forward<D: Device>(
     dev: &D,
     q8: Option<(&mut Fp8Bufs<D>, usize)>,
     record: bool,
-    x: &D::Buffer,
-    x_is_gelu_pre: bool,
+    input: LinearInput<'_, D::Buffer>,
     w: &D::Buffer,
     bias: &D::Buffer,
     out: &mut D::Buffer,
@@ -1795,15 +1892,18 @@ fn linear_act_forward<D: Device>(
 ) -> Result<()> {
     let desc = GemmDesc::new(false, true, n, m, k);
     // FP8: the operands' FP8 copies, inverse scales and scale slots.
-    let fp8 = match q8 {
-        None if x_is_gelu_pre => {
+    // The GEMM's operands: the 16-bit input (with `w`), or the FP8 copies of both.
+    let operands = match (q8, input) {
+        (None, LinearInput::Plain(x)) => Operands::Plain(x),
+        (None, _) => {
             return Err(DeviceError::InvalidArgument(
-                "linear_forward: a GELU on the input rides on the FP8 quantisation only".into(),
+                "linear_forward: a GELU or LayerNorm on the input rides on the FP8 quantisation \
+                 only"
+                    .into(),
             )
             .into());
         }
-        None => None,
-        Some((q, id)) => {
+        (Some((q, id)), input) => {
             let st = &mut q.state;
             let (sx, sw) = (
                 Fp8State::<D>::slot(id, Operand::Input),
@@ -1816,25 +1916,35 @@ fn linear_act_forward<D: Device>(
             };
             let kind = id % LINEARS.len();
             let (x8, x8t) = (&mut q.x8[kind], Some(&mut q.x8t[id]));
-            if x_is_gelu_pre {
-                dev.quantize_fp8_gelu(x, x8, x8t, n, k, &st.scale, amax, sx)?;
-            } else {
-                dev.quantize_fp8(x, x8, x8t, n, k, &st.scale, amax, sx)?;
+            match input {
+                LinearInput::Plain(x) => dev.quantize_fp8(x, x8, x8t, n, k, &st.scale, amax, sx)?,
+                LinearInput::GeluOf(pre) => {
+                    dev.quantize_fp8_gelu(pre, x8, x8t, n, k, &st.scale, amax, sx)?
+                }
+                LinearInput::LayerNormOf {
+                    x,
+                    gamma,
+                    beta,
+                    mean,
+                    rstd,
+                } => dev.layernorm_forward_fp8(
+                    x, gamma, beta, mean, rstd, x8, x8t, n, k, LN_EPS, &st.scale, amax, sx,
+                )?,
             }
             let (w8, w8t) = (&mut q.w8[kind], Some(&mut q.w8t[id]));
             dev.quantize_fp8(w, w8, w8t, m, k, &st.scale, amax, sw)?;
-            Some((&q.x8[kind], &q.w8[kind], &st.scale_inv, sx, sw))
+            Operands::Fp8(&q.x8[kind], &q.w8[kind], &st.scale_inv, sx, sw)
         }
     };
-    let fused = match fp8 {
-        None => dev.supports_gemm_epilogue(out.dtype()),
-        Some(_) => dev.supports_fp8_epilogue(out.dtype()),
+    let fused = match operands {
+        Operands::Plain(_) => dev.supports_gemm_epilogue(out.dtype()),
+        Operands::Fp8(..) => dev.supports_fp8_epilogue(out.dtype()),
     };
     if fused {
         let epi = linear_epilogue(bias, residual, gelu_pre);
-        match fp8 {
-            None => dev.gemm_epilogue(&desc, x, w, out, epi)?,
-            Some((x8, w8, si, sx, sw)) => {
+        match operands {
+            Operands::Plain(x) => dev.gemm_epilogue(&desc, x, w, out, epi)?,
+            Operands::Fp8(x8, w8, si, sx, sw) => {
                 dev.gemm_fp8_epilogue(&desc, x8, w8, out, si, sx, sw, epi)?
             }
         }
@@ -1852,9 +1962,11 @@ fn linear_act_forward<D: Device>(
         }
         None => desc,
     };
-    match fp8 {
-        None => dev.gemm(&unfused_desc, x, w, target)?,
-        Some((x8, w8, si, sx, sw)) => dev.gemm_fp8(&unfused_desc, x8, w8, target, si, sx, sw)?,
+    match operands {
+        Operands::Plain(x) => dev.gemm(&unfused_desc, x, w, target)?,
+        Operands::Fp8(x8, w8, si, sx, sw) => {
+            dev.gemm_fp8(&unfused_desc, x8, w8, target, si, sx, sw)?
+        }
     }
     dev.bias_add(target, bias, n, m)?;
     if let Some(out) = gelu_out {
@@ -1904,15 +2016,18 @@ impl<'a, B> GradIo<'a, B> {
 }
 
 /// Backward of [`linear_forward`]: `dW = doutᵀ · x` (written: [`Gpt::zero_grads`] leaves
-/// these gradients alone), `dbias += Σ_rows dout`, then
+/// these gradients alone), `dbias += Σ_rows dout` (unless `dbias` is None: the previous layer's
+/// fused GELU backward wrote it already; FP8 layers always compute their own), then
 /// `dx = dout · W` (overwrites). With `q8`, `dout` is quantised (E5M2 in the HYBRID recipe) and
 /// both GEMMs run in FP8 on the copies the forward pass made, in the K-major layout FP8 GEMMs
 /// need.
 ///
 /// GELU: with `dgelu_pre` (the pre-activation of a GELU whose output was this layer's input
 /// `x`), `dx` becomes the gradient of that pre-activation where the backend fuses the GELU
-/// backward into the 16-bit GEMM; returns whether it did (else the caller applies
-/// `gelu_backward`, or passes `dout_gelu_pre` to the next layer). With `dout_gelu_pre` (FP8
+/// backward into the 16-bit GEMM, and the bias gradient of the layer that produced the
+/// pre-activation is written into the given buffer from the same GEMM; returns whether it did
+/// (else the caller applies `gelu_backward`, or passes `dout_gelu_pre` to the next layer, and
+/// that layer computes its own bias gradient). With `dout_gelu_pre` (FP8
 /// only), `dout` is the gradient of `gelu(dout_gelu_pre)`, this layer's output: the GELU
 /// backward runs inside the quantisation ([`Device::quantize_fp8_grad`]).
 #[allow(clippy::too_many_arguments)]
@@ -1923,8 +2038,8 @@ fn linear_backward<D: Device>(
     io: GradIo<'_, D::Buffer>,
     w: &D::Buffer,
     dw: &mut D::Buffer,
-    dbias: &mut D::Buffer,
-    dgelu_pre: Option<&D::Buffer>,
+    dbias: Option<&mut D::Buffer>,
+    dgelu_pre: Option<(&D::Buffer, Option<&mut D::Buffer>)>,
     dout_gelu_pre: Option<&D::Buffer>,
     n: usize,
     k: usize,
@@ -1941,19 +2056,27 @@ fn linear_backward<D: Device>(
             let x = io.x();
             // Written, not added: a linear layer's weight is used once per step.
             let dw_desc = GemmDesc::new(true, false, m, k, n);
-            if dev.supports_gemm_epilogue(dout.dtype()) {
+            match dbias {
                 // The bias gradient comes out of the weight-gradient GEMM (written, not added:
                 // it is the bias's only contribution in a step, onto zeroed gradients).
-                dev.gemm_epilogue(&dw_desc, dout, x, dw, Epilogue::BiasGradA { dbias })?;
-            } else {
-                dev.gemm(&dw_desc, dout, x, dw)?;
-                dev.bias_backward(dout, dbias, n, m)?;
+                Some(dbias) if dev.supports_gemm_epilogue(dout.dtype()) => {
+                    dev.gemm_epilogue(&dw_desc, dout, x, dw, Epilogue::BiasGradA { dbias })?
+                }
+                Some(dbias) => {
+                    dev.gemm(&dw_desc, dout, x, dw)?;
+                    dev.bias_backward(dout, dbias, n, m)?;
+                }
+                None => dev.gemm(&dw_desc, dout, x, dw)?,
             }
             let dx = io.into_dx();
             let desc = GemmDesc::new(false, false, n, k, m);
             match dgelu_pre {
-                Some(pre) if dev.supports_gemm_epilogue(dx.dtype()) => {
-                    dev.gemm_epilogue(&desc, dout, w, dx, Epilogue::DGelu { pre })?;
+                Some((pre, pre_dbias)) if dev.supports_gemm_epilogue(dx.dtype()) => {
+                    let epi = match pre_dbias {
+                        Some(dbias) => Epilogue::DGeluBiasGrad { pre, dbias },
+                        None => Epilogue::DGelu { pre },
+                    };
+                    dev.gemm_epilogue(&desc, dout, w, dx, epi)?;
                     Ok(true)
                 }
                 _ => {
@@ -1972,6 +2095,11 @@ fn linear_backward<D: Device>(
             );
             // The bias gradient (of the GELU backward's result, where there is one) comes
             // out of the quantisation pass.
+            let dbias = dbias.ok_or_else(|| {
+                DeviceError::InvalidArgument(
+                    "linear_backward: an FP8 layer computes its own bias gradient".into(),
+                )
+            })?;
             let (dy8, dy8t) = (&mut q.dy8[kind], Some(&mut q.dy8t[kind]));
             dev.quantize_fp8_grad(
                 dout,
@@ -2082,8 +2210,7 @@ mod tests {
                 ab,
                 flash: false,
             };
-            let mut s =
-                Scratch::alloc(&dev, DType::F32, n, c, 8, ab * t * t, true, false, false).unwrap();
+            let mut s = Scratch::alloc(&dev, DType::F32, n, c, 8, ab * t * t, true, false).unwrap();
             dev.upload(&q, &mut s.q, 0).unwrap();
             dev.upload(&k, &mut s.k, 0).unwrap();
             dev.upload(&v, &mut s.v, 0).unwrap();

@@ -4,15 +4,15 @@
 //! In every precision the optimizer keeps FP32 master weights (see [`crate::optim::AdamW`]);
 //! what changes is the dtype of the working copy of the weight matrices and of the activations:
 //!
-//! | precision | activations, weight matrices | GEMMs | gradients of the weights |
+//! | precision | activations, weight matrices | GEMMs | gradients of the linear layers' weights |
 //! |---|---|---|---|
 //! | fp32 | f32 | f32 | f32 |
-//! | bf16 | bf16 | bf16 in, f32 accumulate | f32 |
+//! | bf16 | bf16 | bf16 in, f32 accumulate | bf16 (f32 with `weight_grad_dtype = "f32"` or several ranks) |
 //! | fp16 | f16 (loss-scaled gradients) | f16 in, f32 accumulate | f32 |
-//! | fp8  | bf16; the linear layers' GEMMs in FP8 (delayed scaling, see [`crate::fp8`]) | FP8 in, f32 accumulate | f32 |
+//! | fp8  | bf16; the linear layers' GEMMs in FP8 (delayed scaling, see [`crate::fp8`]) | FP8 in, f32 accumulate | bf16 (as for bf16) |
 //!
-//! LayerNorm statistics, biases and LayerNorm parameters, the logits, the softmax/cross-entropy
-//! and the losses stay f32 in every mode.
+//! LayerNorm statistics, biases and LayerNorm parameters, the logits, the softmax/cross-entropy,
+//! the losses and the other parameters' gradients stay f32 in every mode.
 
 use crate::config::Config;
 use crate::model::{Gpt, PrecisionPlan};
@@ -22,6 +22,29 @@ use duet_device::{DType, Device, DeviceInfo};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::sync::Arc;
+
+/// Storage of the linear layers' weight gradients (`train.weight_grad_dtype`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WeightGradDtype {
+    /// bf16 in bf16 and fp8 runs on one device, f32 otherwise (see [`Self::low_precision`]).
+    #[default]
+    Auto,
+    F32,
+}
+
+impl WeightGradDtype {
+    /// Whether the linear layers' weight gradients are stored in the activation dtype.
+    ///
+    /// Their GEMMs accumulate in f32 and round the result once to bf16: the values PyTorch
+    /// autocast gives its optimizer (its weight-gradient GEMMs write bf16, then cast to the f32
+    /// `.grad`), in half the bytes for the GEMM's write, the norm and AdamW's read. fp16 keeps
+    /// f32 (loss-scaled gradients would overflow f16 where f32 does not), and so do
+    /// data-parallel runs (gradients are summed over ranks in f32).
+    pub fn low_precision(self, precision: Precision, ranks: usize) -> bool {
+        self == Self::Auto && matches!(precision, Precision::Bf16 | Precision::Fp8) && ranks <= 1
+    }
+}
 
 /// The numeric precision of a training run.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -78,6 +101,19 @@ impl Precision {
 impl fmt::Display for Precision {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for WeightGradDtype {
+    type Err = EngineError;
+    fn from_str(s: &str) -> Result<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "auto" => Ok(Self::Auto),
+            "f32" | "fp32" => Ok(Self::F32),
+            other => Err(EngineError::Config(format!(
+                "unknown weight gradient dtype '{other}' (expected auto or f32)"
+            ))),
+        }
     }
 }
 
@@ -307,22 +343,25 @@ pub fn build<D: Device>(
     cfg: &Config,
     weights: &[Vec<f32>],
 ) -> Result<(Gpt<D>, AdamW<D>, Option<LossScaler>)> {
-    let model = build_model(dev.clone(), cfg, weights, 1)?;
+    let model = build_model(dev.clone(), cfg, weights, 1, 1)?;
     let opt = build_optimizer(&*dev, cfg, &model, weights)?;
     Ok((model, opt, build_scaler(cfg)))
 }
 
-/// The model alone, planned with the optimizer state split over `optimizer_shards` ranks
-/// (ZeRO-1; 1 otherwise).
+/// The model alone for one of `ranks` data-parallel ranks, planned with the optimizer state
+/// split over `optimizer_shards` ranks (ZeRO-1; 1 otherwise).
 pub fn build_model<D: Device>(
     dev: Arc<D>,
     cfg: &Config,
     weights: &[Vec<f32>],
+    ranks: usize,
     optimizer_shards: usize,
 ) -> Result<Gpt<D>> {
     let t = &cfg.train;
     let plan = PrecisionPlan {
         precision: t.precision,
+        low_precision_weight_grads: t.weight_grad_dtype.low_precision(t.precision, ranks),
+        keep_gelu_output: !t.recompute_gelu,
         fp8: t.delayed_scaling(),
         fp8_family: None,
         checkpoint_every: t.checkpoint_every,

@@ -156,7 +156,9 @@ impl<D: Device> Trainer<D> {
             Some((comm, o)) if o.zero => comm.world_size(),
             _ => 1,
         };
-        let model = crate::precision::build_model(dev.clone(), &local, weights, zero_shards)?;
+        let ranks = dp.as_ref().map_or(1, |(comm, _)| comm.world_size());
+        let model =
+            crate::precision::build_model(dev.clone(), &local, weights, ranks, zero_shards)?;
         let scaler = crate::precision::build_scaler(&local);
         let opt = if matches!(&dp, Some((_, o)) if o.zero) {
             AdamW::new(&*dev, crate::precision::adamw_config(&local), &[])?

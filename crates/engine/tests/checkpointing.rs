@@ -24,8 +24,12 @@ struct After {
 }
 
 fn run(precision: Precision, every: usize, steps: usize) -> After {
+    run_with(config(precision, every), steps)
+}
+
+fn run_with(cfg: Config, steps: usize) -> After {
     let dev = Arc::new(CpuDevice::new(Some(2)).unwrap());
-    let mut tr = Trainer::new(dev, config(precision, every)).unwrap();
+    let mut tr = Trainer::new(dev, cfg).unwrap();
     let losses = (0..steps).map(|_| tr.train_step().unwrap().loss).collect();
     After {
         grads: tr.model().gradients().unwrap(),
@@ -75,6 +79,38 @@ fn gradients_are_bitwise_identical_with_checkpointing() {
         }
         if precision == Precision::Fp8 {
             assert!(plain.fp8.is_some());
+        }
+    }
+}
+
+#[test]
+fn keeping_the_gelu_output_changes_memory_not_numbers() {
+    // Recomputing gelu(fch) in the backward pass (the default) or keeping it from the forward
+    // pass: the same bits, with and without checkpointing; FP8 never stores it.
+    for precision in [Precision::Fp32, Precision::Bf16, Precision::Fp8] {
+        for every in [0, 2] {
+            let recompute = run(precision, every, 2);
+            let mut cfg = config(precision, every);
+            cfg.train.recompute_gelu = false;
+            let kept = run_with(cfg, 2);
+            let what = format!("{precision:?} every {every}");
+            assert_eq!(
+                bits(&recompute.grads),
+                bits(&kept.grads),
+                "{what}: gradients"
+            );
+            assert_eq!(
+                bits(&recompute.weights),
+                bits(&kept.weights),
+                "{what}: weights"
+            );
+            assert_eq!(recompute.losses, kept.losses, "{what}: losses");
+            assert_eq!(recompute.fp8, kept.fp8, "{what}: FP8 state");
+            if precision == Precision::Fp8 {
+                assert_eq!(kept.activation_bytes, recompute.activation_bytes, "{what}");
+            } else {
+                assert!(kept.activation_bytes > recompute.activation_bytes, "{what}");
+            }
         }
     }
 }
@@ -130,9 +166,12 @@ fn memory_estimate_tracks_the_plan() {
     let dev = Arc::new(CpuDevice::new(Some(2)).unwrap());
     let weights = init_weights(&cfg.model, 1);
     for precision in [Precision::Fp32, Precision::Bf16, Precision::Fp8] {
-        for every in [0, 1] {
+        for (every, low_grads, keep_gelu) in [(0, false, false), (1, false, true), (0, true, true)]
+        {
             let plan = PrecisionPlan {
                 checkpoint_every: every,
+                low_precision_weight_grads: low_grads,
+                keep_gelu_output: keep_gelu,
                 ..PrecisionPlan::new(precision)
             };
             let (b, t) = (cfg.train.batch, cfg.train.seq);

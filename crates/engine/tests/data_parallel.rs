@@ -4,6 +4,7 @@
 use duet_cpu::{CpuDevice, CpuGroup};
 use duet_device::Collective;
 use duet_engine::dist::DpOptions;
+use duet_engine::precision::WeightGradDtype;
 use duet_engine::{Config, Precision, Preset, Trainer};
 use std::sync::Arc;
 
@@ -15,6 +16,9 @@ fn cfg(precision: Precision) -> Config {
     c.train.precision = precision;
     // Clipping engages, so the agreed global norm matters.
     c.train.grad_clip = 0.5;
+    // Data-parallel runs keep f32 weight gradients (summed over ranks in f32): so does the
+    // single-device run they are compared with.
+    c.train.weight_grad_dtype = WeightGradDtype::F32;
     c
 }
 

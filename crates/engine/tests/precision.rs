@@ -3,7 +3,7 @@
 //! accuracy on the arithmetic task as fp32 within the same number of steps.
 
 use duet_cpu::CpuDevice;
-use duet_device::DType;
+use duet_device::{DType, DeviceExt};
 use duet_engine::model::{Gpt, PrecisionPlan, init_weights};
 use duet_engine::optim::{AdamW, AdamWConfig, StepStats};
 use duet_engine::precision::LossScaler;
@@ -259,4 +259,69 @@ fn fp16_resume_after_skipped_steps_is_exact() {
             a.step
         );
     }
+}
+
+/// Gradients of one bf16 step on a fixed batch, with the linear layers' weight gradients in
+/// bf16 or in f32: (the gradient dtypes, the gradients as f32).
+fn bf16_grads(low_grads: bool) -> (Vec<DType>, Vec<Vec<f32>>) {
+    let cfg = Config::preset(Preset::Tiny);
+    let dev = Arc::new(CpuDevice::new(Some(1)).unwrap());
+    let w = init_weights(&cfg.model, 5);
+    let (b, t) = (cfg.train.batch, cfg.train.seq);
+    let plan = PrecisionPlan {
+        low_precision_weight_grads: low_grads,
+        ..PrecisionPlan::new(Precision::Bf16)
+    };
+    let mut model = Gpt::with_precision(dev.clone(), &cfg.model, b, t, &w, plan).unwrap();
+    let v = cfg.model.vocab as i32;
+    let inputs: Vec<i32> = (0..(b * t) as i32).map(|i| (i * 5 + 1) % v).collect();
+    let targets: Vec<i32> = inputs.iter().map(|&x| (x + 5) % v).collect();
+    model.forward(&inputs).unwrap();
+    model.loss(&targets, true).unwrap();
+    model.zero_grads().unwrap();
+    model.backward().unwrap();
+    let dtypes = model
+        .grads()
+        .iter()
+        .map(duet_device::Buffer::dtype)
+        .collect();
+    let grads = model
+        .grads()
+        .iter()
+        .map(|g| dev.download_f32(g).unwrap())
+        .collect();
+    (dtypes, grads)
+}
+
+#[test]
+fn bf16_weight_gradients_are_the_rounded_f32_ones() {
+    // The weight-gradient GEMMs accumulate in f32 either way; bf16 storage rounds that result
+    // once (what PyTorch autocast hands its optimizer). Everything else is unchanged.
+    let (dt32, g32) = bf16_grads(false);
+    let (dt16, g16) = bf16_grads(true);
+    let cfg = Config::preset(Preset::Tiny);
+    let specs = duet_engine::model::param_specs(&cfg.model);
+    let mut linear = 0;
+    for (i, spec) in specs.iter().enumerate() {
+        assert_eq!(dt32[i], DType::F32, "{}", spec.name);
+        let is_linear = spec.decay && !spec.name.contains(".wte.") && !spec.name.contains(".wpe.");
+        if is_linear {
+            linear += 1;
+            assert_eq!(dt16[i], DType::BF16, "{}", spec.name);
+            let rounded: Vec<f32> = g32[i]
+                .iter()
+                .map(|&x| half::bf16::from_f32(x).to_f32())
+                .collect();
+            assert_eq!(g16[i], rounded, "{}", spec.name);
+            assert!(
+                g16[i].iter().any(|&x| x != 0.0),
+                "{}: a zero gradient",
+                spec.name
+            );
+        } else {
+            assert_eq!(dt16[i], DType::F32, "{}", spec.name);
+            assert_eq!(g16[i], g32[i], "{}", spec.name);
+        }
+    }
+    assert_eq!(linear, 4 * cfg.model.layers);
 }

@@ -11,6 +11,7 @@ const OP: &str = "gemm_epilogue";
 
 /// Bits of `CudaDevice::lt_refused`: epilogues this cuBLASLt refused once.
 const REFUSED_BGRAD: u8 = 1;
+const REFUSED_DGELU_BGRAD: u8 = 8;
 const REFUSED_FP8_BIAS: u8 = 2;
 const REFUSED_FP8_GELU: u8 = 4;
 
@@ -128,6 +129,13 @@ impl CudaDevice {
                 let (aux, ld) = aux(pre)?;
                 (LtEpilogue::DGelu { aux, ld }, None)
             }
+            Epilogue::DGeluBiasGrad { pre, dbias } => {
+                fused_only("GELU backward")?;
+                duet_device::check_dtype(OP, &*dbias, DType::F32)?;
+                duet_device::check_len(OP, "dbias", &*dbias, desc.n)?;
+                let (aux, ld) = aux(pre)?;
+                return self.gemm_dgelu_bias_grad(desc, a, b, c, aux, ld, dbias);
+            }
             Epilogue::BiasGradA { dbias } => {
                 duet_device::check_dtype(OP, &*dbias, DType::F32)?;
                 duet_device::check_len(OP, "dbias", &*dbias, desc.m)?;
@@ -206,6 +214,33 @@ impl CudaDevice {
         self.fill(dbias, 0.0)?;
         // A is stored k × m: the bias gradient is its column sum.
         self.bias_backward(a, dbias, desc.k, desc.m)
+    }
+
+    /// The GELU-backward GEMM with cuBLASLt's DGELU_BGRAD epilogue; where this cuBLASLt cannot
+    /// (remembered after the first refusal), the DGELU epilogue and a column sum of its result.
+    #[allow(clippy::too_many_arguments)]
+    fn gemm_dgelu_bias_grad(
+        &self,
+        desc: &GemmDesc,
+        a: &CudaBuffer,
+        b: &CudaBuffer,
+        c: &mut CudaBuffer,
+        aux: u64,
+        ld: i64,
+        dbias: &mut CudaBuffer,
+    ) -> Result<()> {
+        let epi = LtEpilogue::DGeluBGrad {
+            aux,
+            ld,
+            bias: dbias.ptr(),
+            dtype: DType::F32,
+        };
+        if self.lt_unless_refused(REFUSED_DGELU_BGRAD, || self.lt_matmul(desc, a, b, c, epi)) {
+            return Ok(());
+        }
+        self.lt_matmul(desc, a, b, c, LtEpilogue::DGelu { aux, ld })?;
+        self.fill(dbias, 0.0)?;
+        self.bias_backward(c, dbias, desc.m, desc.n)
     }
 
     /// Runs `matmul` (a cuBLASLt epilogue) unless cuBLASLt refused `bit` before; an error is

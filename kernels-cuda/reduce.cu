@@ -236,6 +236,63 @@ __device__ __forceinline__ void colsum_partial_body(const A* __restrict__ x,
     }
 FOR_FLOAT(COLSUM_PARTIAL)
 
+// The same partial sums with 16-byte loads, for rows of a whole number of 16-byte vectors
+// (cols % (16 / sizeof(A)) == 0, x 16-byte aligned). Block (32, 8), grid
+// (⌈cols / (32·V)⌉, chunks): lane l of thread row y adds the V columns from
+// blockIdx.x·32·V + l·V over rows r0 + y, r0 + y + 8, ... of its chunk, then each column's eight
+// row sums are added in order y = 0..7 (a fixed order: the result depends on the shape only).
+template <typename A>
+__device__ __forceinline__ void colsum_partial_vec_body(const A* __restrict__ x,
+                                                        float* __restrict__ partial, u64 rows,
+                                                        u64 cols, u64 rows_per_chunk) {
+    constexpr int V = 16 / sizeof(A);
+    __shared__ float sh[8][32 * V + 1];
+    const u64 col0 = (u64)blockIdx.x * 32 * V + (u64)threadIdx.x * V;
+    const u64 r0 = (u64)blockIdx.y * rows_per_chunk;
+    u64 r1 = r0 + rows_per_chunk;
+    if (r1 > rows) r1 = rows;
+    float acc[V];
+#pragma unroll
+    for (int v = 0; v < V; ++v) acc[v] = 0.0f;
+    if (col0 < cols) {
+        u64 r = r0 + threadIdx.y;
+        // Two rows in flight per iteration; the additions keep row order.
+        for (; r + 8 < r1; r += 16) {
+            const Vec<A, V> a = load_vec<A, V>(x + r * cols + col0);
+            const Vec<A, V> b = load_vec<A, V>(x + (r + 8) * cols + col0);
+#pragma unroll
+            for (int v = 0; v < V; ++v) acc[v] += to_f32(a.v[v]);
+#pragma unroll
+            for (int v = 0; v < V; ++v) acc[v] += to_f32(b.v[v]);
+        }
+        if (r < r1) {
+            const Vec<A, V> a = load_vec<A, V>(x + r * cols + col0);
+#pragma unroll
+            for (int v = 0; v < V; ++v) acc[v] += to_f32(a.v[v]);
+        }
+    }
+#pragma unroll
+    for (int v = 0; v < V; ++v) sh[threadIdx.y][threadIdx.x * V + v] = acc[v];
+    __syncthreads();
+    for (int lc = threadIdx.y * 32 + threadIdx.x; lc < 32 * V; lc += 256) {
+        const u64 c = (u64)blockIdx.x * 32 * V + lc;
+        if (c < cols) {
+            float t = 0.0f;
+#pragma unroll
+            for (int k = 0; k < 8; ++k) t += sh[k][lc];
+            partial[(u64)blockIdx.y * cols + c] = t;
+        }
+    }
+}
+
+#define COLSUM_PARTIAL_VEC(T, S)                                                              \
+    extern "C" __global__ void colsum_partial_vec_##S(const T* __restrict__ x,                \
+                                                      float* __restrict__ partial, u64 rows,  \
+                                                      u64 cols, u64 rows_per_chunk) {         \
+        colsum_partial_vec_body(x, partial, rows, cols, rows_per_chunk);                      \
+    }
+FOR_FLOAT(COLSUM_PARTIAL_VEC)
+
 // out[col] += Σ_{k < chunks} partial[k * cols + col]. Block (32, 8), grid ⌈cols / 32⌉: thread
 // row y adds chunks y, y + 8, ...; the 8 sums are then added in order (a fixed order).
 template <typename G>

@@ -7,7 +7,9 @@
 # Results: $OUT/duet-<preset>.json, $OUT/torch-<preset>.jsonl, $OUT/table.md (also printed last).
 # Environment: PRESETS (default "seed large"), TORCH_SEED_MODES / TORCH_LARGE_MODES (comma
 # lists of torch_ref.py modes), DUET_ITERS (default 20), TORCH_ITERS (default 30),
-# DUET_PRECISIONS (default all; a comma list for duet bench --precision).
+# DUET_PRECISIONS (default all; a comma list for duet bench --precision). DUET_VARIANTS adds duet
+# runs with extra flags, `;`-separated `preset precision flags...` (e.g. "seed bf16 --keep-gelu"),
+# written to duet-<preset>-<flags>.json and labelled with their flags in the table.
 # With SAVE_CACHES=1 the compile caches (NVRTC cubins, TorchInductor/Triton) are saved to
 # $OUT/caches.tar.gz; copy it to .carry-bench/caches.tar.gz to start the next call warm.
 # PROFILE=bf16 adds an ncu kernel-time summary of about one seed step ($OUT/ncu-summary.txt).
@@ -77,6 +79,17 @@ for p in ${PRESETS:-seed large}; do
     "$HERE/duet" bench --backend cuda --preset "$p" --precision "${DUET_PRECISIONS:-all}" --warmup-steps 5 --iters "$ITERS" \
         --json "$OUT/duet-$p.json" >/dev/null 2>"/tmp/duet-$p.err"; cat "/tmp/duet-$p.err"
     echo "== duet $p: $(( $(date +%s) - t0 )) s"
+    IFS=';' read -ra VARIANTS <<<"${DUET_VARIANTS:-}"
+    for v in "${VARIANTS[@]}"; do
+        read -r vp vprec vargs <<<"$v"
+        [ "$vp" = "$p" ] || continue
+        label=$(echo "$vprec $vargs" | tr -c 'A-Za-z0-9\n' '_' | sed 's/__*/_/g; s/_$//')
+        echo "== duet bench --preset $p --precision $vprec $vargs"
+        # shellcheck disable=SC2086
+        "$HERE/duet" bench --backend cuda --preset "$p" --precision "$vprec" --warmup-steps 5 \
+            --iters "$ITERS" $vargs --json "$OUT/duet-$p-$label.json" >/dev/null 2>"/tmp/duet-v.err"
+        cat /tmp/duet-v.err
+    done
     modes=$SEED_MODES; [ "$p" = large ] && modes=$LARGE_MODES
     echo "== torch_ref.py --preset $p --modes $modes"
     t0=$(date +%s)

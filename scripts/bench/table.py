@@ -9,10 +9,13 @@ import sys
 def rows(folder):
     out = []
     for f in sorted(glob.glob(os.path.join(folder, "duet-*.json"))):
-        preset = os.path.basename(f)[5:-5]
+        # duet-<preset>.json, or duet-<preset>-<variant>.json for runs with extra flags.
+        preset, _, variant = os.path.basename(f)[5:-5].partition("-")
         data = json.load(open(f))
         for r in data if isinstance(data, list) else [data]:
-            out.append((preset, f"duet {r['precision']}", r))
+            # The variant label is the precision and flags with non-alphanumerics as '_'.
+            label = f" ({variant.split('_', 1)[1].replace('_', '-')})" if "_" in variant else ""
+            out.append((preset, f"duet {r['precision']}{label}", r))
     for f in sorted(glob.glob(os.path.join(folder, "torch-*.jsonl"))):
         preset = os.path.basename(f)[6:-6]
         for line in open(f):

@@ -468,11 +468,24 @@ impl CudaDevice {
         let rpc = rows_per_chunk(rows);
         let chunks = rows.div_ceil(rpc);
         let partial = scratch.get(&self.ctx, &self.stream, chunks * cols * 4, &self.mem)?;
+        // 16-byte loads where every row is whole 16-byte vectors (32 lanes × one vector of
+        // columns per block), else two scalar columns per lane.
+        let vec = 16 / x_dtype.size_bytes();
+        let vectorised = x.is_multiple_of(16) && cols.is_multiple_of(vec);
+        let (name, cols_per_block) = if vectorised {
+            ("colsum_partial_vec", 32 * vec)
+        } else {
+            ("colsum_partial", 64)
+        };
         let fp = self.func(
             KernelModule::Reduce,
-            &format!("colsum_partial_{}", float_sfx(op, x_dtype)?),
+            &format!("{name}_{}", float_sfx(op, x_dtype)?),
         )?;
-        let grid = (grid_dim(op, cols.div_ceil(64))?, grid_dim(op, chunks)?, 1);
+        let grid = (
+            grid_dim(op, cols.div_ceil(cols_per_block))?,
+            grid_dim(op, chunks)?,
+            1,
+        );
         // SAFETY: `x` covers rows × cols elements (caller), `partial` chunks × cols f32 (just
         // sized); the signature is colsum_partial(const T*, float*, u64, u64, u64).
         unsafe {

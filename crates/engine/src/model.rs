@@ -366,9 +366,10 @@ const LINEARS: [(BlockParam, &str); 4] = [
 /// FP8 copies of the linear layers' operands and their scaling metadata.
 struct Fp8Bufs<D: Device> {
     state: Fp8State<D>,
-    /// Per kind of linear layer: the input and the weight (used by the forward GEMM only, so
-    /// reused by every layer). Per linear layer (`4·layer + kind`): the input's transpose (kept
-    /// for the weight gradient) and the weight's transpose (for the input gradient).
+    /// Per kind of linear layer: the input (used by the forward GEMM only, so reused by every
+    /// layer). Per linear layer (`4·layer + kind`): the input's transpose (kept for the weight
+    /// gradient), the weight and its transpose (for the input gradient), all quantised at the
+    /// start of the forward pass in one call.
     x8: Vec<D::Buffer>,
     x8t: Vec<D::Buffer>,
     w8: Vec<D::Buffer>,
@@ -613,13 +614,13 @@ impl<D: Device> Gpt<D> {
                 for k in 0..LINEARS.len() {
                     let (fi, fo) = linear_dims(cfg, k);
                     bufs.x8t.push(dev.alloc(fwd, n * fi)?);
+                    bufs.w8.push(dev.alloc(fwd, fo * fi)?);
                     bufs.w8t.push(dev.alloc(fwd, fo * fi)?);
                 }
             }
             for k in 0..LINEARS.len() {
                 let (fi, fo) = linear_dims(cfg, k);
                 bufs.x8.push(dev.alloc(fwd, n * fi)?);
-                bufs.w8.push(dev.alloc(fwd, fo * fi)?);
                 bufs.dy8.push(dev.alloc(bwd, n * fo)?);
                 bufs.dy8t.push(dev.alloc(bwd, n * fo)?);
             }
@@ -954,6 +955,25 @@ impl<D: Device> Gpt<D> {
         )
     }
 
+    /// FP8: every linear layer's weight quantised (and transposed, for the input gradient) in one
+    /// call, recording the weights' amaxes; the checkpointed segments' recomputation reuses the
+    /// codes (the weights have not changed), so it quantises no weight again.
+    fn quantize_fp8_weights(&mut self) -> Result<()> {
+        let Some(q) = self.fp8.as_mut() else {
+            return Ok(());
+        };
+        let dev = &*self.dev;
+        let st = &mut q.state;
+        for (id, (w8, w8t)) in q.w8.iter_mut().zip(q.w8t.iter_mut()).enumerate() {
+            let (l, kind) = (id / LINEARS.len(), id % LINEARS.len());
+            let (fi, fo) = linear_dims(&self.cfg, kind);
+            let w = &self.params[param_index(l, LINEARS[kind].0)];
+            let slot = Fp8State::<D>::slot(id, Operand::Weight);
+            dev.quantize_fp8(w, w8, Some(w8t), fo, fi, &st.scale, &mut st.amax, slot)?;
+        }
+        Ok(())
+    }
+
     /// Runs the forward pass on `tokens` (`b·t`, row-major), up to the logits.
     pub fn forward(&mut self, tokens: &[i32]) -> Result<()> {
         self.check_tokens("forward", tokens, false)?;
@@ -983,6 +1003,7 @@ impl<D: Device> Gpt<D> {
     fn forward_blocks(&mut self) -> Result<()> {
         let d = self.dims();
         let v = self.cfg.vocab;
+        self.quantize_fp8_weights()?;
         {
             let dev = &*self.dev;
             let p = &self.params;
@@ -1285,11 +1306,11 @@ pub fn estimate_memory(cfg: &ModelConfig, b: usize, t: usize, plan: &PrecisionPl
     let scratch =
         act * (3 * att + n * (12 * c + 2 * f)) + 4 * (2 * n * v + 4 * n) + act * 2 * n * c;
     let fp8 = if plan.precision == Precision::Fp8 {
-        // Per linear: the input's transpose and the weight's transpose; per kind: the input,
-        // the weight, the output gradient (and transpose). The blocks keep no LayerNorm
+        // Per linear: the input's transpose, the weight and its transpose; per kind: the
+        // input, the output gradient (and transpose). The blocks keep no LayerNorm
         // outputs (2·n·c fewer per block): they exist only inside the quantisation.
         let w = 3 * c * c + c * c + f * c + c * f;
-        (l * (n * (c + c + c + f) + w) + n * (c + c + c + f) + w + 2 * n * (3 * c + c + f + c))
+        (l * (n * (c + c + c + f) + 2 * w) + n * (c + c + c + f) + 2 * n * (3 * c + c + f + c))
             .saturating_sub(act * 2 * n * c * slots)
     } else {
         0
@@ -1931,9 +1952,9 @@ fn linear_act_forward<D: Device>(
                     x, gamma, beta, mean, rstd, x8, x8t, n, k, LN_EPS, &st.scale, amax, sx,
                 )?,
             }
-            let (w8, w8t) = (&mut q.w8[kind], Some(&mut q.w8t[id]));
-            dev.quantize_fp8(w, w8, w8t, m, k, &st.scale, amax, sw)?;
-            Operands::Fp8(&q.x8[kind], &q.w8[kind], &st.scale_inv, sx, sw)
+            // The weight's codes come from the start of the forward pass
+            // (Gpt::quantize_fp8_weights).
+            Operands::Fp8(&q.x8[kind], &q.w8[id], &st.scale_inv, sx, sw)
         }
     };
     let fused = match operands {

@@ -12,6 +12,7 @@ const OP: &str = "gemm_epilogue";
 /// Bits of `CudaDevice::lt_refused`: epilogues this cuBLASLt refused once.
 const REFUSED_BGRAD: u8 = 1;
 const REFUSED_DGELU_BGRAD: u8 = 8;
+const REFUSED_DGELU_BGRAD_LOW: u8 = 16;
 const REFUSED_FP8_BIAS: u8 = 2;
 const REFUSED_FP8_GELU: u8 = 4;
 
@@ -216,8 +217,11 @@ impl CudaDevice {
         self.bias_backward(a, dbias, desc.k, desc.m)
     }
 
-    /// The GELU-backward GEMM with cuBLASLt's DGELU_BGRAD epilogue; where this cuBLASLt cannot
-    /// (remembered after the first refusal), the DGELU epilogue and a column sum of its result.
+    /// The GELU-backward GEMM with cuBLASLt's DGELU_BGRAD epilogue: the bias gradient in f32, or
+    /// where this cuBLASLt takes only C's dtype for it (CUDA 13.0 for bf16), in that dtype in
+    /// scratch memory and then cast to f32 (the rounding PyTorch autocast's bias gradient has);
+    /// where it refuses both (each remembered after the first refusal), the DGELU epilogue and a
+    /// column sum of its result.
     #[allow(clippy::too_many_arguments)]
     fn gemm_dgelu_bias_grad(
         &self,
@@ -236,6 +240,26 @@ impl CudaDevice {
             dtype: DType::F32,
         };
         if self.lt_unless_refused(REFUSED_DGELU_BGRAD, || self.lt_matmul(desc, a, b, c, epi)) {
+            return Ok(());
+        }
+        let dt = c.dtype();
+        let low_bias = |scratch: u64| LtEpilogue::DGeluBGrad {
+            aux,
+            ld,
+            bias: scratch,
+            dtype: dt,
+        };
+        let low = {
+            let mut scratch = crate::device::lock(&self.scratch, OP)?;
+            let ptr = scratch.get(&self.ctx, &self.stream, desc.n * dt.size_bytes(), &self.mem)?;
+            self.lt_unless_refused(REFUSED_DGELU_BGRAD_LOW, || {
+                self.lt_matmul(desc, a, b, c, low_bias(ptr))?;
+                // SAFETY: `ptr` holds desc.n elements of C's dtype (just sized) and dbias
+                // desc.n f32 (checked by the caller).
+                unsafe { self.cast_raw(OP, ptr, dt, dbias.ptr(), DType::F32, desc.n) }
+            })
+        };
+        if low {
             return Ok(());
         }
         self.lt_matmul(desc, a, b, c, LtEpilogue::DGelu { aux, ld })?;

@@ -11,6 +11,8 @@
 //   quantize_<S>_<D>          grid-stride over 8-element vectors (+ scalar tail), no transpose.
 //   quantize_t_<S>_<D>        64 × 64 tiles, vectorised; rows and cols multiples of 8.
 //   quantize_t_scalar_<S>_<D> 32 × 32 tiles, one element per thread; any shape.
+//   quantize_t_many_<S>_<D>   the 64 × 64 tile kernel over a table of matrices, one tile per
+//                             block (Device::quantize_fp8_many); see its section.
 //   quantize_grad_t_<S>_<D>   the tile kernel on g = dout, plus per-tile column sums of g.
 //   quantize_dgelu_t_<S>_<D>  the same on g = gelu'(pre) · dout rounded to S.
 //   quantize_gelu_<S>_<D>, quantize_gelu_t_<S>_<D>, quantize_gelu_t_scalar_<S>_<D>
@@ -259,7 +261,10 @@ __device__ __forceinline__ void finish_colsum(unsigned int (&scratch)[QT][QT / 4
 
 // MODE 0: quantise src. MODE 1: g = src (dout), plus column sums into dbias. MODE 2:
 // g = gelu'(pre) · src rounded to S, plus column sums into dbias. MODE 3: h = gelu(src) rounded
-// to S. dst_t may be null in modes 1 and 2 (no transposed copy).
+// to S. dst_t may be null (no transposed copy; then rows need not be a multiple of 8).
+// The block quantises tile (bx, by): rows [64·bx, 64·bx + 64), columns [64·by, 64·by + 64);
+// the one-matrix kernels pass (blockIdx.x, blockIdx.y). Modes 1 and 2 (finish_colsum) need
+// exactly that grid.
 //
 // Modes 1 and 2: partial holds gridDim.x rows of cols f32; counters[blockIdx.y] is 0 at launch
 // (and again after it); dbias holds cols values of dtype dbias_dt (0 f32, 1 bf16, 2 f16).
@@ -268,7 +273,7 @@ __device__ __forceinline__ void quantize_tile_body(
     const S* __restrict__ src, const S* __restrict__ pre, D* __restrict__ dst_,
     D* __restrict__ dst_t_, float* __restrict__ partial, unsigned int* __restrict__ counters,
     u64 dbias, int dbias_dt, u64 rows, u64 cols, const float* __restrict__ scale,
-    float* __restrict__ amax) {
+    float* __restrict__ amax, unsigned int bx, unsigned int by) {
     constexpr bool SUMS = MODE == 1 || MODE == 2;
     __shared__ __align__(16) unsigned int tile[QT][QT / 4];
     __shared__ float wmax[QT_THREADS / 32];
@@ -277,7 +282,7 @@ __device__ __forceinline__ void quantize_tile_body(
     unsigned char* dst = reinterpret_cast<unsigned char*>(dst_);
     unsigned char* dst_t = reinterpret_cast<unsigned char*>(dst_t_);
     const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
-    const u64 r0 = (u64)blockIdx.x * QT, c0 = (u64)blockIdx.y * QT;
+    const u64 r0 = (u64)bx * QT, c0 = (u64)by * QT;
     const float s = scale[0];
 
     const int cg = t & 7, rt = t >> 3;
@@ -346,7 +351,7 @@ __device__ __forceinline__ void quantize_tile_body(
                 float sum = csum[0][t];
 #pragma unroll
                 for (int w = 1; w < QT_THREADS / 32; ++w) sum += csum[w][t];
-                partial[(u64)blockIdx.x * cols + c0 + t] = sum;
+                partial[(u64)bx * cols + c0 + t] = sum;
             }
             // The partial row is visible device-wide before this block is counted (below).
             __threadfence();
@@ -355,7 +360,7 @@ __device__ __forceinline__ void quantize_tile_body(
 
     const int g = t & 7, w = t >> 3;
     const u64 rr = r0 + 8 * g;
-    // dst_t null: uniform across the grid. cols is a multiple of 8, so columns 4w .. 4w + 3 are
+    // dst_t null: uniform across the block. cols is a multiple of 8, so columns 4w .. 4w + 3 are
     // all inside or all outside.
     if (dst_t != nullptr && rr < rows && c0 + 4 * w < cols) {
         unsigned int lo[4], hi[4];
@@ -417,6 +422,49 @@ __device__ __forceinline__ void quantize_t_scalar_body(const S* __restrict__ src
     }
 }
 
+// ------------------------------------------------------------------ many matrices, one launch
+//
+// quantize_t_many_<S>_<D>(const QuantJob* jobs, unsigned njobs): Device::quantize_fp8_many for
+// the jobs of one (source, FP8) dtype pair. Job j covers blocks [tile_start, tile_start +
+// row tiles × col_tiles) of a 1-D grid (tile_start increasing from 0, no gaps); a block finds
+// its job by binary search over tile_start (the same for every thread of the block: uniform
+// loads of a small, L2-resident table) and runs quantize_tile_body (MODE 0) on its tile of that
+// matrix. The tile body is the one quantize_t_<S>_<D> runs, so each element's code comes from
+// the same expression (value · scale[0] through encode8) and the amax is the same exact max,
+// recorded per block with atomicMax on the float bits (order-independent, so jobs sharing a slot
+// give the same value as one after another). Requirements per job, as for quantize_t: cols a
+// multiple of 8, rows too when dst_t is set (else dst_t is 0), src/dst/dst_t 16-byte aligned.
+struct QuantJob {
+    u64 src, dst, dst_t;       // dst_t: 0 for none
+    u64 rows, cols;
+    u64 scale, amax;           // the job's slot of each
+    unsigned int tile_start;   // first block of this job
+    unsigned int col_tiles;    // ⌈cols / 64⌉
+};
+static_assert(sizeof(QuantJob) == 64, "QuantJob: 64-byte records (fp8.rs builds them)");
+
+template <typename S, typename D>
+__device__ __forceinline__ void quantize_t_many_body(const QuantJob* __restrict__ jobs,
+                                                     unsigned int njobs) {
+    const unsigned int b = blockIdx.x;
+    unsigned int lo = 0, hi = njobs - 1;  // the last job with tile_start <= b
+    while (lo < hi) {
+        const unsigned int mid = (lo + hi + 1) / 2;
+        if (jobs[mid].tile_start <= b)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    const QuantJob& j = jobs[lo];
+    const unsigned int k = b - j.tile_start;
+    quantize_tile_body<S, D, 0>(reinterpret_cast<const S*>(j.src), nullptr,
+                                reinterpret_cast<D*>(j.dst), reinterpret_cast<D*>(j.dst_t),
+                                nullptr, nullptr, 0, 0, j.rows, j.cols,
+                                reinterpret_cast<const float*>(j.scale),
+                                reinterpret_cast<float*>(j.amax), k / j.col_tiles,
+                                k % j.col_tiles);
+}
+
 #define QUANTIZE(S, SS, D, SD)                                                                \
     extern "C" __global__ void quantize_##SS##_##SD(const S* __restrict__ src,                 \
                                                     D* __restrict__ dst, u64 n,                \
@@ -428,12 +476,16 @@ __device__ __forceinline__ void quantize_t_scalar_body(const S* __restrict__ src
         const S* __restrict__ src, D* __restrict__ dst, D* __restrict__ dst_t, u64 rows,     \
         u64 cols, const float* __restrict__ scale, float* __restrict__ amax) {               \
         quantize_tile_body<S, D, 0>(src, nullptr, dst, dst_t, nullptr, nullptr, 0, 0, rows,  \
-                                    cols, scale, amax);                                       \
+                                    cols, scale, amax, blockIdx.x, blockIdx.y);               \
     }                                                                                         \
     extern "C" __global__ void quantize_t_scalar_##SS##_##SD(                                 \
         const S* __restrict__ src, D* __restrict__ dst, D* __restrict__ dst_t, u64 rows,     \
         u64 cols, const float* __restrict__ scale, float* __restrict__ amax) {               \
         quantize_t_scalar_body<S, D, false>(src, dst, dst_t, rows, cols, scale, amax);        \
+    }                                                                                         \
+    extern "C" __global__ void __launch_bounds__(QT_THREADS)                                  \
+        quantize_t_many_##SS##_##SD(const QuantJob* __restrict__ jobs, unsigned int njobs) {  \
+        quantize_t_many_body<S, D>(jobs, njobs);                                              \
     }                                                                                         \
     extern "C" __global__ void quantize_gelu_##SS##_##SD(const S* __restrict__ pre,            \
                                                          D* __restrict__ dst, u64 n,           \
@@ -445,7 +497,7 @@ __device__ __forceinline__ void quantize_t_scalar_body(const S* __restrict__ src
         const S* __restrict__ pre, D* __restrict__ dst, D* __restrict__ dst_t, u64 rows,     \
         u64 cols, const float* __restrict__ scale, float* __restrict__ amax) {               \
         quantize_tile_body<S, D, 3>(pre, nullptr, dst, dst_t, nullptr, nullptr, 0, 0, rows,   \
-                                    cols, scale, amax);                                       \
+                                    cols, scale, amax, blockIdx.x, blockIdx.y);               \
     }                                                                                         \
     extern "C" __global__ void quantize_gelu_t_scalar_##SS##_##SD(                            \
         const S* __restrict__ pre, D* __restrict__ dst, D* __restrict__ dst_t, u64 rows,     \
@@ -458,7 +510,7 @@ __device__ __forceinline__ void quantize_t_scalar_body(const S* __restrict__ src
         u64 dbias, int dbias_dt, u64 rows, u64 cols, const float* __restrict__ scale,        \
         float* __restrict__ amax) {                                                          \
         quantize_tile_body<S, D, 1>(dout, pre, dst, dst_t, partial, ctr, dbias, dbias_dt,     \
-                                    rows, cols, scale, amax);                                 \
+                                    rows, cols, scale, amax, blockIdx.x, blockIdx.y);         \
     }                                                                                         \
     extern "C" __global__ void __launch_bounds__(QT_THREADS) quantize_dgelu_t_##SS##_##SD(    \
         const S* __restrict__ dout, const S* __restrict__ pre, D* __restrict__ dst,          \
@@ -466,7 +518,7 @@ __device__ __forceinline__ void quantize_t_scalar_body(const S* __restrict__ src
         u64 dbias, int dbias_dt, u64 rows, u64 cols, const float* __restrict__ scale,        \
         float* __restrict__ amax) {                                                          \
         quantize_tile_body<S, D, 2>(dout, pre, dst, dst_t, partial, ctr, dbias, dbias_dt,     \
-                                    rows, cols, scale, amax);                                 \
+                                    rows, cols, scale, amax, blockIdx.x, blockIdx.y);         \
     }
 #define QUANTIZE_TO(S, SS)                                                                    \
     QUANTIZE(S, SS, e4m3_t, f8e4m3)                                                           \

@@ -1,13 +1,14 @@
 //! The trait's default of the fused FP8 LayerNorm forward (`Device::layernorm_forward_fp8`, which
 //! the CPU backend does not override): it must give exactly what `layernorm_forward` followed by
 //! `quantize_fp8` of its output give (codes, transposed codes, mean, rstd, amax bit for bit) and
-//! the same argument errors.
+//! the same argument errors. Also the default of `Device::quantize_fp8_many`: exactly the
+//! per-job `quantize_fp8` calls, and its argument checks (before any job runs).
 
 mod common;
 
 use common::*;
 use duet_cpu::{CpuBuffer, CpuDevice};
-use duet_device::{Buffer, DType, Device, DeviceError};
+use duet_device::{Buffer, DType, Device, DeviceError, Fp8QuantJob};
 
 const FP8: [DType; 4] = [
     DType::F8E4M3,
@@ -190,4 +191,194 @@ fn layernorm_forward_fp8_default_reports_the_separate_ops_errors() {
     let err = run(&gamma, DType::F8E4M3, 1).unwrap_err();
     assert!(matches!(err, DeviceError::Shape { .. }), "{err}");
     run(&gamma, DType::F8E4M3, 0).unwrap();
+}
+
+// ------------------------------------------------------------------ quantize_fp8_many
+
+/// One job of the multi-matrix tests: shape, source dtype, FP8 dtype, transposed copy, slot.
+type Spec = (usize, usize, DType, DType, bool, usize);
+
+/// Job sources: values of a wide range with a few beyond every FP8 maximum once scaled, zeros
+/// and a NaN.
+fn many_src(d: &CpuDevice, rng: &mut Rng, (rows, cols, src, ..): Spec) -> CpuBuffer {
+    let x: Vec<f32> = (0..rows * cols)
+        .map(|i| match i % 53 {
+            0 => 0.0,
+            1 => -0.0,
+            2 => f32::NAN,
+            3 => 3.0e4,
+            _ => (rng.uniform(-1.0, 1.0) * 2f64.powf(rng.uniform(-10.0, 10.0))) as f32,
+        })
+        .collect();
+    up_as(d, &x, src)
+}
+
+/// `quantize_fp8_many` (`many`) or one `quantize_fp8` per job; returns every job's codes and
+/// transposed codes and the amax bits.
+fn run_many(
+    d: &CpuDevice,
+    specs: &[Spec],
+    srcs: &[CpuBuffer],
+    scale: &CpuBuffer,
+    many: bool,
+) -> (Vec<(Vec<u8>, Vec<u8>)>, Vec<u32>) {
+    let mut dsts: Vec<CpuBuffer> = specs.iter().map(|s| zeros(d, s.3, s.0 * s.1)).collect();
+    let mut dts: Vec<CpuBuffer> = specs.iter().map(|s| zeros(d, s.3, s.0 * s.1)).collect();
+    let mut amax = up(d, &[0.0, 0.5, 0.0, 2.0]);
+    if many {
+        let mut jobs: Vec<Fp8QuantJob<'_, CpuBuffer>> = specs
+            .iter()
+            .zip(srcs)
+            .zip(dsts.iter_mut().zip(dts.iter_mut()))
+            .map(|((s, src), (dst, dt))| Fp8QuantJob {
+                src,
+                dst,
+                dst_t: s.4.then_some(dt),
+                rows: s.0,
+                cols: s.1,
+                slot: s.5,
+            })
+            .collect();
+        d.quantize_fp8_many(&mut jobs, scale, &mut amax).unwrap();
+    } else {
+        for ((s, src), (dst, dt)) in specs
+            .iter()
+            .zip(srcs)
+            .zip(dsts.iter_mut().zip(dts.iter_mut()))
+        {
+            d.quantize_fp8(src, dst, s.4.then_some(dt), s.0, s.1, scale, &mut amax, s.5)
+                .unwrap();
+        }
+    }
+    let codes = dsts
+        .iter()
+        .zip(&dts)
+        .map(|(a, b)| {
+            (
+                d.download_bytes(a, 0, a.len()).unwrap(),
+                d.download_bytes(b, 0, b.len()).unwrap(),
+            )
+        })
+        .collect();
+    let amax = down(d, &amax).iter().map(|v| v.to_bits()).collect();
+    (codes, amax)
+}
+
+#[test]
+fn quantize_fp8_many_default_equals_the_per_job_calls() {
+    let d = dev();
+    let mut rng = Rng::new(11);
+    let (e4, e5) = (DType::F8E4M3, DType::F8E5M2);
+    // Slots 1 and 3 are shared by several jobs, slot 2 by none; slot 0 is never named.
+    let specs: Vec<Spec> = vec![
+        (64, 48, DType::BF16, e4, true, 1),
+        (48, 64, DType::BF16, e4, false, 1),
+        (37, 45, DType::F32, e5, true, 3),
+        (8, 1, DType::F16, e4, true, 3),
+        (130, 24, DType::F16, DType::F8E4M3Fnuz, true, 1),
+        (0, 16, DType::BF16, e5, true, 3),
+        (5, 9, DType::BF16, DType::F8E5M2Fnuz, false, 3),
+    ];
+    let srcs: Vec<CpuBuffer> = specs.iter().map(|&s| many_src(&d, &mut rng, s)).collect();
+    for scales in [[1.0f32, 0.25, 1.0, 37.5], [1.0, 300.0, 1.0, 1.0e-3]] {
+        let scale = up(&d, &scales);
+        let many = run_many(&d, &specs, &srcs, &scale, true);
+        let each = run_many(&d, &specs, &srcs, &scale, false);
+        assert_eq!(many, each, "scales {scales:?}");
+        assert_eq!((many.1[0], many.1[2]), (0, 0), "unnamed slots untouched");
+        assert!(
+            f32::from_bits(many.1[1]) >= 3.0e4,
+            "slot 1 saw the large values"
+        );
+        for ((_, dt), s) in many.0.iter().zip(&specs) {
+            if !s.4 {
+                assert!(dt.iter().all(|&b| b == 0), "dst_t untouched: {s:?}");
+            }
+        }
+    }
+    // No jobs: nothing to do.
+    let scale = up(&d, &[1.0]);
+    let mut amax = up(&d, &[0.5]);
+    d.quantize_fp8_many(&mut [], &scale, &mut amax).unwrap();
+    assert_eq!(down(&d, &amax), vec![0.5]);
+}
+
+#[test]
+fn quantize_fp8_many_default_checks_every_job_first() {
+    let d = dev();
+    let (rows, cols) = (8, 16);
+    let n = rows * cols;
+    let src = up_as(&d, &vec![1.5; n], DType::BF16);
+    let short = zeros(&d, DType::BF16, n - 1);
+    let int_src = up_i32(&d, &vec![1; n]);
+    let scale = up(&d, &[1.0, 1.0]);
+    let mut amax = up(&d, &[0.0, 0.0]);
+    let mut first = zeros(&d, DType::F8E4M3, n);
+    // The second job is bad in each case; the first (valid) must not have run.
+    let mut check = |src2: &CpuBuffer,
+                     dst2: DType,
+                     dt2: Option<(DType, usize)>,
+                     slot2: usize,
+                     scale: &CpuBuffer,
+                     want: fn(&DeviceError) -> bool| {
+        let mut dst = zeros(&d, dst2, n);
+        let mut dt = dt2.map(|(t, len)| zeros(&d, t, len));
+        let mut jobs = [
+            Fp8QuantJob {
+                src: &src,
+                dst: &mut first,
+                dst_t: None,
+                rows,
+                cols,
+                slot: 0,
+            },
+            Fp8QuantJob {
+                src: src2,
+                dst: &mut dst,
+                dst_t: dt.as_mut(),
+                rows,
+                cols,
+                slot: slot2,
+            },
+        ];
+        let err = d
+            .quantize_fp8_many(&mut jobs, scale, &mut amax)
+            .unwrap_err();
+        assert!(want(&err), "{err}");
+        assert!(
+            d.download_bytes(&first, 0, n)
+                .unwrap()
+                .iter()
+                .all(|&b| b == 0),
+            "first job ran before the error: {err}"
+        );
+        assert_eq!(down(&d, &amax), vec![0.0, 0.0], "amax changed: {err}");
+    };
+    let shape = |e: &DeviceError| matches!(e, DeviceError::Shape { .. });
+    let unsupported = |e: &DeviceError| matches!(e, DeviceError::Unsupported { .. });
+    let mismatch = |e: &DeviceError| matches!(e, DeviceError::DTypeMismatch { .. });
+    check(&short, DType::F8E4M3, None, 1, &scale, shape);
+    check(
+        &src,
+        DType::F8E4M3,
+        Some((DType::F8E4M3, n + 8)),
+        1,
+        &scale,
+        shape,
+    );
+    check(
+        &src,
+        DType::F8E4M3,
+        Some((DType::F8E5M2, n)),
+        1,
+        &scale,
+        mismatch,
+    );
+    check(&src, DType::BF16, None, 1, &scale, unsupported);
+    check(&int_src, DType::F8E4M3, None, 1, &scale, unsupported);
+    check(&src, DType::F8E4M3, None, 2, &scale, shape);
+    let short_scale = up(&d, &[1.0]);
+    check(&src, DType::F8E4M3, None, 1, &short_scale, shape);
+    let bf16_scale = up_as(&d, &[1.0, 1.0], DType::BF16);
+    check(&src, DType::F8E4M3, None, 0, &bf16_scale, mismatch);
 }

@@ -20,6 +20,13 @@
 //! * `separate_ln` / `separate_ln_t` — what they replace: layernorm_forward + quantize_fp8
 //!   (charged the fused op's bytes).
 //!
+//! Then the weights of the 4-layer "seed" model (per layer 2304×768, 768×768, 3072×768 and
+//! 768×3072, bf16 → E4M3 with transposed copies, one amax slot each; only these with
+//! `-- weights`), as an FP8 training step quantises them:
+//!
+//! * `weights_many` — one `quantize_fp8_many` over the 16 matrices;
+//! * `weights_each` — 16 `quantize_fp8` calls.
+//!
 //! Each op is warmed up, then called `ITERS` times inside one [`Device::time_ms`] (device events
 //! on CUDA). The table gives µs per call and the effective bandwidth: bytes the op must read and
 //! write once (bf16 inputs, FP8 outputs, and for the gradient the f32 column-sum partials and
@@ -27,7 +34,7 @@
 //! directly. No pass/fail.
 
 use duet_cuda::CudaDevice;
-use duet_device::{DType, Device, DeviceError, DeviceExt};
+use duet_device::{DType, Device, DeviceError, DeviceExt, Fp8QuantJob};
 use half::bf16;
 
 const ITERS: usize = 100;
@@ -75,8 +82,12 @@ fn main() {
         "{:>6} {:>6} {:>8} {:>15} {:>10} {:>8}",
         "rows", "cols", "fp8", "op", "µs", "GB/s"
     );
-    let only_ln = std::env::args().nth(1).as_deref() == Some("ln");
-    for (rows, cols) in SHAPES.into_iter().filter(|_| !only_ln) {
+    let only = std::env::args().nth(1);
+    let (only_ln, only_weights) = (
+        only.as_deref() == Some("ln"),
+        only.as_deref() == Some("weights"),
+    );
+    for (rows, cols) in SHAPES.into_iter().filter(|_| !only_ln && !only_weights) {
         let n = rows * cols;
         let host = |k: usize| -> Vec<bf16> {
             (0..n)
@@ -200,9 +211,82 @@ fn main() {
             }
         }
     }
-    for (rows, c) in LN_SHAPES {
+    for (rows, c) in LN_SHAPES.into_iter().filter(|_| !only_weights) {
         layernorm_rows(&dev, rows, c);
     }
+    if !only_ln {
+        weight_rows(&dev);
+    }
+}
+
+/// The weight rows of the table (see the module docs).
+fn weight_rows(dev: &CudaDevice) {
+    const LAYER: [(usize, usize); 4] = [(2304, 768), (768, 768), (3072, 768), (768, 3072)];
+    let shapes: Vec<(usize, usize)> = (0..4).flat_map(|_| LAYER).collect();
+    let fmt = DType::F8E4M3;
+    let srcs: Vec<_> = shapes
+        .iter()
+        .enumerate()
+        .map(|(k, &(r, c))| {
+            let host: Vec<bf16> = (0..r * c)
+                .map(|i| bf16::from_f32((((i * (k + 1)) % 977) as f32 * 0.013).sin() * 0.05))
+                .collect();
+            dev.upload_new(&host).unwrap()
+        })
+        .collect();
+    let mut dsts: Vec<_> = shapes
+        .iter()
+        .map(|&(r, c)| dev.alloc(fmt, r * c).unwrap())
+        .collect();
+    let mut dts: Vec<_> = shapes
+        .iter()
+        .map(|&(r, c)| dev.alloc(fmt, r * c).unwrap())
+        .collect();
+    let scale = dev.upload_new(&vec![16.0f32; shapes.len()]).unwrap();
+    let mut amax = dev.alloc(DType::F32, shapes.len()).unwrap();
+    dev.fill(&mut amax, 0.0).unwrap();
+    let n: usize = shapes.iter().map(|&(r, c)| r * c).sum();
+    // bf16 in, codes and transposed codes out.
+    let bytes = 2 * n + 2 * n;
+    let row = |op: &str, us: f64| {
+        println!(
+            "{:>6} {:>6} {:>8} {op:>15} {us:>10.2} {:>8.0}",
+            "seed",
+            format!("x{}", shapes.len()),
+            format!("{fmt}"),
+            bytes as f64 / (us * 1e-6) / 1e9
+        );
+    };
+    let us = time(dev, || {
+        let mut jobs: Vec<_> = srcs
+            .iter()
+            .zip(dsts.iter_mut().zip(dts.iter_mut()))
+            .zip(&shapes)
+            .enumerate()
+            .map(|(slot, ((src, (dst, dt)), &(rows, cols)))| Fp8QuantJob {
+                src,
+                dst,
+                dst_t: Some(dt),
+                rows,
+                cols,
+                slot,
+            })
+            .collect();
+        dev.quantize_fp8_many(&mut jobs, &scale, &mut amax)
+    });
+    row("weights_many", us);
+    let us = time(dev, || {
+        for (slot, ((src, (dst, dt)), &(rows, cols))) in srcs
+            .iter()
+            .zip(dsts.iter_mut().zip(dts.iter_mut()))
+            .zip(&shapes)
+            .enumerate()
+        {
+            dev.quantize_fp8(src, dst, Some(dt), rows, cols, &scale, &mut amax, slot)?;
+        }
+        Ok(())
+    });
+    row("weights_each", us);
 }
 
 /// The LayerNorm rows of the table for one shape (see the module docs).

@@ -6,7 +6,9 @@
 
 use duet_cpu::CpuDevice;
 use duet_cuda::CudaDevice;
-use duet_device::{Buffer, DType, Device, DeviceError, DeviceExt, Fp8Format, GemmDesc};
+use duet_device::{
+    Buffer, DType, Device, DeviceError, DeviceExt, Fp8Format, Fp8QuantJob, GemmDesc,
+};
 use half::{bf16, f16};
 use std::sync::OnceLock;
 
@@ -1730,4 +1732,283 @@ fn layernorm_forward_fp8_checks_its_arguments() {
         Err(DeviceError::Shape { .. })
     ));
     run(&gamma, &mut dst, 0).unwrap();
+}
+
+// ------------------------------------------------------------------ quantize_fp8_many
+
+/// One job of the multi-matrix tests: rows, cols, source dtype, FP8 dtype, transposed copy, slot.
+type Spec = (usize, usize, DType, DType, bool, usize);
+
+/// The "seed" model's linear weights (one layer: qkv, attention projection, MLP up and down),
+/// bf16 → E4M3 with transposed copies, each in its own slot from `slot0`.
+fn seed_weights(slot0: usize) -> Vec<Spec> {
+    [(2304, 768), (768, 768), (3072, 768), (768, 3072)]
+        .iter()
+        .enumerate()
+        .map(|(i, &(r, c))| (r, c, DType::BF16, DType::F8E4M3, true, slot0 + i))
+        .collect()
+}
+
+/// The jobs' sources on `g` (deterministic values with NaNs, zeros and overflowing values).
+fn many_srcs(g: &CudaDevice, specs: &[Spec]) -> Vec<<CudaDevice as Device>::Buffer> {
+    specs
+        .iter()
+        .enumerate()
+        .map(|(i, s)| upload_as(g, &values(s.0 * s.1, 500 + i as u64, true), s.2))
+        .collect()
+}
+
+/// Codes and transposed codes of every job, and the amax bits.
+type ManyOut = (Vec<(Vec<u8>, Vec<u8>)>, Vec<u32>);
+
+/// `quantize_fp8_many` (`many`) or one `quantize_fp8` per job into fresh outputs (amax starting
+/// at `amax0`).
+fn run_many_on(
+    g: &CudaDevice,
+    specs: &[Spec],
+    srcs: &[<CudaDevice as Device>::Buffer],
+    scale: &<CudaDevice as Device>::Buffer,
+    amax0: &[f32],
+    many: bool,
+) -> ManyOut {
+    type Buf = <CudaDevice as Device>::Buffer;
+    let mut dsts: Vec<Buf> = specs
+        .iter()
+        .map(|s| g.alloc(s.3, s.0 * s.1).unwrap())
+        .collect();
+    let mut dts: Vec<Buf> = specs
+        .iter()
+        .map(|s| g.alloc(s.3, s.0 * s.1).unwrap())
+        .collect();
+    let mut amax = g.upload_new(amax0).unwrap();
+    if many {
+        let mut jobs: Vec<Fp8QuantJob<'_, Buf>> = specs
+            .iter()
+            .zip(srcs)
+            .zip(dsts.iter_mut().zip(dts.iter_mut()))
+            .map(|((s, src), (dst, dt))| Fp8QuantJob {
+                src,
+                dst,
+                dst_t: s.4.then_some(dt),
+                rows: s.0,
+                cols: s.1,
+                slot: s.5,
+            })
+            .collect();
+        g.quantize_fp8_many(&mut jobs, scale, &mut amax).unwrap();
+    } else {
+        for ((s, src), (dst, dt)) in specs
+            .iter()
+            .zip(srcs)
+            .zip(dsts.iter_mut().zip(dts.iter_mut()))
+        {
+            g.quantize_fp8(src, dst, s.4.then_some(dt), s.0, s.1, scale, &mut amax, s.5)
+                .unwrap();
+        }
+    }
+    let codes = dsts
+        .iter()
+        .zip(&dts)
+        .map(|(a, b)| {
+            (
+                g.download_bytes(a, 0, a.len()).unwrap(),
+                g.download_bytes(b, 0, b.len()).unwrap(),
+            )
+        })
+        .collect();
+    let amax = g
+        .download::<f32>(&amax)
+        .unwrap()
+        .iter()
+        .map(|v| v.to_bits())
+        .collect();
+    (codes, amax)
+}
+
+/// quantize_fp8_many over a mix of jobs (the seed model's weights, shapes only the per-job path
+/// takes, with and without transposed copies, E4M3/E5M2 and FNUZ, f32/f16/bf16 sources, slots
+/// shared by several jobs) equals one quantize_fp8 per job bit for bit, for two scale sets.
+#[test]
+fn quantize_fp8_many_matches_the_per_job_calls() {
+    let Some(g) = gpu("quantize_fp8_many_matches_the_per_job_calls") else {
+        return;
+    };
+    let (e4, e5) = (DType::F8E4M3, DType::F8E5M2);
+    let mut specs = seed_weights(0);
+    specs.extend([
+        // Tiles: no transposed copy (rows need not be a multiple of 8), other dtype pairs.
+        (768, 768, DType::BF16, e4, false, 4),
+        (36, 64, DType::BF16, e4, false, 4),
+        (200, 136, DType::F32, e5, true, 5),
+        (64, 72, DType::F16, e5, false, 5),
+        (96, 40, DType::BF16, DType::F8E4M3Fnuz, true, 6),
+        (1, 8, DType::BF16, e4, true, 4),
+        // Per job: rows not a multiple of 8 with dst_t, cols not a multiple of 8.
+        (36, 64, DType::BF16, e4, true, 5),
+        (37, 45, DType::F32, e5, true, 6),
+        (130, 33, DType::BF16, e4, false, 4),
+        (5, 3, DType::F16, DType::F8E5M2Fnuz, true, 6),
+        // Empty.
+        (0, 64, DType::BF16, e4, true, 5),
+    ]);
+    let srcs = many_srcs(g, &specs);
+    let amax0 = [0.0f32, 0.0, 0.0, 0.0, 0.0, 2.0, 0.0, 0.0];
+    for scales in [
+        [0.5f32, 1.0, 37.25, 3.0e-3, 1.0, 0.25, 8.0, 1.0],
+        [448.0, 2.0e-3, 1.0, 100.0, 3.0, 1.0e-2, 0.5, 1.0],
+    ] {
+        let scale = g.upload_new(&scales).unwrap();
+        let many = run_many_on(g, &specs, &srcs, &scale, &amax0, true);
+        let each = run_many_on(g, &specs, &srcs, &scale, &amax0, false);
+        for (i, s) in specs.iter().enumerate() {
+            assert!(many.0[i].0 == each.0[i].0, "codes differ: job {i} {s:?}");
+            assert!(
+                many.0[i].1 == each.0[i].1,
+                "transposed codes differ: job {i} {s:?}"
+            );
+            if !s.4 {
+                assert!(
+                    many.0[i].1.iter().all(|&b| b == 0),
+                    "dst_t untouched: job {i} {s:?}"
+                );
+            }
+        }
+        assert_eq!(many.1, each.1, "amax bits, scales {scales:?}");
+        assert_eq!(many.1[7], 0, "unnamed slot untouched");
+    }
+}
+
+/// quantize_fp8_many recorded into a CUDA graph (after an eager call with the same jobs, which
+/// uploads the job table) replays to the eager results. Own device, since recording must not see
+/// other tests' ops.
+#[test]
+fn quantize_fp8_many_replays_in_a_graph() {
+    let test = "quantize_fp8_many_replays_in_a_graph";
+    if gpu(test).is_none() {
+        return;
+    }
+    let g = CudaDevice::new(0).expect("a second device on the same GPU");
+    if !g.supports_capture() {
+        skip!("SKIP {test}: no graph capture");
+        return;
+    }
+    type Buf = <CudaDevice as Device>::Buffer;
+    let mut specs = seed_weights(0);
+    specs.extend(seed_weights(4));
+    specs.push((37, 45, DType::BF16, DType::F8E5M2, true, 8)); // per-job path
+    specs.push((64, 64, DType::F32, DType::F8E5M2, false, 8)); // second tile group
+    let srcs = many_srcs(&g, &specs);
+    let scale = g
+        .upload_new(&(0..9).map(|i| 0.5 + i as f32).collect::<Vec<_>>())
+        .unwrap();
+    let mut amax = g.alloc(DType::F32, 9).unwrap();
+    let mut dsts: Vec<Buf> = specs
+        .iter()
+        .map(|s| g.alloc(s.3, s.0 * s.1).unwrap())
+        .collect();
+    let mut dts: Vec<Buf> = specs
+        .iter()
+        .map(|s| g.alloc(s.3, s.0 * s.1).unwrap())
+        .collect();
+    let step = |dsts: &mut [Buf], dts: &mut [Buf], amax: &mut Buf| {
+        let mut jobs: Vec<Fp8QuantJob<'_, Buf>> = specs
+            .iter()
+            .zip(&srcs)
+            .zip(dsts.iter_mut().zip(dts.iter_mut()))
+            .map(|((s, src), (dst, dt))| Fp8QuantJob {
+                src,
+                dst,
+                dst_t: s.4.then_some(dt),
+                rows: s.0,
+                cols: s.1,
+                slot: s.5,
+            })
+            .collect();
+        g.quantize_fp8_many(&mut jobs, &scale, amax)
+    };
+    let outs = |dsts: &[Buf], dts: &[Buf], amax: &Buf| -> Vec<Vec<u8>> {
+        dsts.iter()
+            .chain(dts)
+            .chain([amax])
+            .map(|b| g.download_bytes(b, 0, b.len()).unwrap())
+            .collect()
+    };
+    let clear = |dsts: &mut [Buf], dts: &mut [Buf], amax: &mut Buf| {
+        for b in dsts.iter_mut().chain(dts.iter_mut()).chain([amax]) {
+            g.fill(b, 0.0).unwrap();
+        }
+    };
+    clear(&mut dsts, &mut dts, &mut amax);
+    step(&mut dsts, &mut dts, &mut amax).unwrap();
+    let eager = outs(&dsts, &dts, &amax);
+    clear(&mut dsts, &mut dts, &mut amax);
+    g.synchronize().unwrap();
+    g.capture_begin().unwrap();
+    let recorded = step(&mut dsts, &mut dts, &mut amax);
+    let graph = g.capture_end().unwrap();
+    recorded.unwrap();
+    for _ in 0..2 {
+        g.replay(&graph).unwrap();
+    }
+    assert!(
+        outs(&dsts, &dts, &amax) == eager,
+        "replayed outputs differ from the eager ones"
+    );
+}
+
+/// quantize_fp8_many's argument checks: every job is checked before any runs.
+#[test]
+fn quantize_fp8_many_checks_every_job_first() {
+    let Some(g) = gpu("quantize_fp8_many_checks_every_job_first") else {
+        return;
+    };
+    let (rows, cols) = (64usize, 64usize);
+    let n = rows * cols;
+    let src = upload_as(g, &vec![1.5; n], DType::BF16);
+    let short = g.alloc(DType::BF16, n - 1).unwrap();
+    let scale = g.upload_new(&[1.0f32, 1.0]).unwrap();
+    let mut amax = g.upload_new(&[0.0f32, 0.0]).unwrap();
+    let mut first = g.alloc(DType::F8E4M3, n).unwrap();
+    g.fill(&mut first, 0.0).unwrap();
+    for (src2, dst2, slot2, shape) in [
+        (&short, DType::F8E4M3, 1, true),
+        (&src, DType::BF16, 1, false),
+        (&src, DType::F8E4M3, 2, true),
+    ] {
+        let mut dst = g.alloc(dst2, n).unwrap();
+        let mut jobs = [
+            Fp8QuantJob {
+                src: &src,
+                dst: &mut first,
+                dst_t: None,
+                rows,
+                cols,
+                slot: 0,
+            },
+            Fp8QuantJob {
+                src: src2,
+                dst: &mut dst,
+                dst_t: None,
+                rows,
+                cols,
+                slot: slot2,
+            },
+        ];
+        let err = g
+            .quantize_fp8_many(&mut jobs, &scale, &mut amax)
+            .unwrap_err();
+        if shape {
+            assert!(matches!(err, DeviceError::Shape { .. }), "{err}");
+        } else {
+            assert!(matches!(err, DeviceError::Unsupported { .. }), "{err}");
+        }
+        assert!(
+            g.download_bytes(&first, 0, n)
+                .unwrap()
+                .iter()
+                .all(|&b| b == 0),
+            "first job ran before the error: {err}"
+        );
+        assert_eq!(g.download::<f32>(&amax).unwrap(), vec![0.0, 0.0]);
+    }
 }

@@ -158,6 +158,22 @@ pub struct AdamWTensor<'a, B> {
     pub weight_decay: f32,
 }
 
+/// One matrix of a multi-tensor FP8 quantisation ([`Device::quantize_fp8_many`]): the operands of
+/// one [`Device::quantize_fp8`] call but the `scale` and `amax` buffers, which every job of a
+/// call shares (each job reads and updates its own `slot` of them).
+pub struct Fp8QuantJob<'a, B> {
+    /// `rows × cols`, f32, f16 or bf16.
+    pub src: &'a B,
+    /// FP8 codes of `src`, `rows × cols`.
+    pub dst: &'a mut B,
+    /// The same codes transposed (`cols × rows`, `dst`'s dtype), if wanted.
+    pub dst_t: Option<&'a mut B>,
+    pub rows: usize,
+    pub cols: usize,
+    /// The entry of `scale` this job multiplies by and of `amax` it records into.
+    pub slot: usize,
+}
+
 /// The run-wide values of [`Device::adamw_clipped`]. The per-step values (learning rate, bias
 /// corrections) live in a device buffer, see [`ADAMW_SCALARS`], and the gradient factor is
 /// derived on the device from the global gradient norm (clipping and loss-scale unscaling), so
@@ -759,6 +775,37 @@ pub trait Device: Send + Sync + Sized + 'static {
         slot: usize,
     ) -> Result<()>;
 
+    /// [`Device::quantize_fp8`] of every job, sharing `scale` and `amax` (job `j` uses entry
+    /// `j.slot` of both): the results are exactly those of calling `quantize_fp8` on the jobs
+    /// in order, codes and transposed codes bit for bit and every
+    /// `amax[slot] = max(amax[slot], max |src|)`. Jobs may share a slot: the amax update is a
+    /// max, so it does not depend on the order (or on how a backend interleaves the jobs). A
+    /// GPU backend quantises the jobs in one launch (the weights of a whole model at the start
+    /// of a step). Every job is checked before any is run (the errors `quantize_fp8` gives, see
+    /// [`check_fp8_quant_jobs`]), so a refused call changes nothing. The default calls
+    /// `quantize_fp8` per job.
+    fn quantize_fp8_many(
+        &self,
+        jobs: &mut [Fp8QuantJob<'_, Self::Buffer>],
+        scale: &Self::Buffer,
+        amax: &mut Self::Buffer,
+    ) -> Result<()> {
+        check_fp8_quant_jobs("quantize_fp8_many", jobs, scale, amax)?;
+        for j in jobs.iter_mut() {
+            self.quantize_fp8(
+                j.src,
+                j.dst,
+                j.dst_t.as_deref_mut(),
+                j.rows,
+                j.cols,
+                scale,
+                amax,
+                j.slot,
+            )?;
+        }
+        Ok(())
+    }
+
     /// The gradient side of an FP8 linear layer in one pass, as Transformer Engine fuses it:
     /// `g = dout` or, with `gelu_pre`, `g = gelu'(gelu_pre) ⊙ dout` rounded to `dout`'s dtype
     /// (exactly [`Device::gelu_backward`]); then `dbias[c] += Σ_rows g[r, c]` (f32, `cols`
@@ -1027,6 +1074,45 @@ pub fn check_fp8_scaling_args<B: Buffer>(
         check_len(OP, what, b, n)?;
     }
     Ok(ops)
+}
+
+/// Checks the jobs of [`Device::quantize_fp8_many`] as [`Device::quantize_fp8`] checks its
+/// operands: `src` f32, f16 or bf16 with `rows · cols` elements, `dst` an FP8 buffer of the same
+/// length, `dst_t` (if any) of `dst`'s dtype and length, `scale` and `amax` f32 holding every
+/// job's `slot`. Several jobs may name the same slot.
+pub fn check_fp8_quant_jobs<B: Buffer>(
+    op: &'static str,
+    jobs: &[Fp8QuantJob<'_, B>],
+    scale: &B,
+    amax: &B,
+) -> Result<()> {
+    check_dtype(op, scale, DType::F32)?;
+    check_dtype(op, amax, DType::F32)?;
+    for (i, j) in jobs.iter().enumerate() {
+        check_float(op, j.src)?;
+        if !j.dst.dtype().is_fp8() {
+            return Err(DeviceError::Unsupported {
+                op: op.to_string(),
+                dtype: j.dst.dtype(),
+            });
+        }
+        let n = j
+            .rows
+            .checked_mul(j.cols)
+            .ok_or_else(|| DeviceError::Shape {
+                op,
+                detail: format!("job {i}: {} × {} overflows", j.rows, j.cols),
+            })?;
+        check_len(op, &format!("job {i} src"), j.src, n)?;
+        check_len(op, &format!("job {i} dst"), &*j.dst, n)?;
+        if let Some(t) = j.dst_t.as_deref() {
+            check_dtype(op, t, j.dst.dtype())?;
+            check_len(op, &format!("job {i} dst_t"), t, n)?;
+        }
+        check_range(op, j.slot, 1, scale.len())?;
+        check_range(op, j.slot, 1, amax.len())?;
+    }
+    Ok(())
 }
 
 /// Checks that `[offset, offset + len)` lies inside a buffer of `cap` elements.

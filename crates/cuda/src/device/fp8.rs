@@ -19,6 +19,15 @@
 //! not a multiple of 8, or rows not a multiple of 8 with `dst_t`) run the separate ops, like the
 //! trait's default.
 //!
+//! The multi-matrix variant [`Device::quantize_fp8_many`] runs `quantize_t_many_<S>_<D>`, the
+//! 64 × 64 tile kernel over a table of jobs, one tile per block, one launch per (source, FP8)
+//! dtype pair among the jobs (one for a model's bf16 weights). The table (64-byte records:
+//! pointers, shape, the slot's scale/amax addresses, first block) goes through the multi-tensor
+//! table cache of device/multi.rs: uploaded on the first call with these buffers and reused
+//! afterwards, so a call recorded into a CUDA graph with the same jobs as an earlier eager call
+//! uploads nothing. Jobs the tiles cannot take (cols not a multiple of 8, or rows not a multiple
+//! of 8 with `dst_t`, or unaligned buffers) run [`Device::quantize_fp8`] one by one.
+//!
 //! The LayerNorm variant [`Device::layernorm_forward_fp8`] runs `layernorm_fp8_<A>_<P>_<v|s>_<D>`:
 //! the fast LayerNorm forward's block and row layout (`super::layernorm::plan`, chosen exactly
 //! as `layernorm_forward` chooses it for the same operands), so mean, rstd and the normalised
@@ -29,6 +38,7 @@
 //! run the separate ops, like the trait's default.
 
 use super::*;
+use duet_device::{Fp8QuantJob, check_fp8_quant_jobs};
 
 /// Tile edge of the vectorised kernels (`QT` in fp8.cu).
 const QT: usize = 64;
@@ -36,6 +46,8 @@ const QT: usize = 64;
 const QT_THREADS: u32 = 128;
 /// Elements per vector: one 8-byte group of FP8 codes.
 const VEC: usize = 8;
+/// Bytes of one job record of `quantize_t_many` (`QuantJob` in fp8.cu).
+const JOB_BYTES: usize = 64;
 /// Rows per block of the fused LayerNorm kernel (`LNQ_ROWS` in fp8.cu).
 const LNQ_ROWS: usize = 32;
 /// Dynamic shared memory a kernel may use without opting in.
@@ -257,6 +269,118 @@ impl CudaDevice {
             // 32 × 32 tiles (block (32, 8)) guard every index against rows and cols.
             unsafe { kernels::launch(&self.stream, &f, cfg(grid, (32, 8, 1)), &args) }
         }
+    }
+
+    /// Many FP8 quantisations (see [`Device::quantize_fp8_many`] and the module docs).
+    pub(super) fn quantize_fp8_many_impl(
+        &self,
+        jobs: &mut [Fp8QuantJob<'_, CudaBuffer>],
+        scale: &CudaBuffer,
+        amax: &mut CudaBuffer,
+    ) -> Result<()> {
+        const OP: &str = "quantize_fp8_many";
+        check_fp8_quant_jobs(OP, jobs, scale, amax)?;
+        // (source suffix, FP8 suffix) → the group's records and block count, in the order the
+        // pairs first appear.
+        let mut groups: Vec<((&'static str, &'static str), Vec<u8>, u64)> = Vec::new();
+        let mut single = Vec::new();
+        for (i, j) in jobs.iter().enumerate() {
+            let (ss, ds, n) = Self::quantize_check(
+                OP,
+                j.src,
+                j.dst,
+                j.dst_t.as_deref(),
+                j.rows,
+                j.cols,
+                scale,
+                amax,
+                j.slot,
+            )?;
+            if n == 0 {
+                continue;
+            }
+            let mut ptrs = vec![j.src.ptr(), j.dst.ptr()];
+            ptrs.extend(j.dst_t.as_deref().map(CudaBuffer::ptr));
+            let tiled = j.cols.is_multiple_of(VEC)
+                && (j.dst_t.is_none() || j.rows.is_multiple_of(VEC))
+                && aligned16(&ptrs);
+            let col_tiles = j.cols.div_ceil(QT) as u64;
+            let tiles = j.rows.div_ceil(QT) as u64 * col_tiles;
+            let gi = match groups.iter().position(|(k, ..)| *k == (ss, ds)) {
+                Some(gi) => gi,
+                None => {
+                    groups.push(((ss, ds), Vec::new(), 0));
+                    groups.len() - 1
+                }
+            };
+            let (_, records, blocks) = &mut groups[gi];
+            // Block indices (and tile_start) stay below 2^31.
+            if !tiled || *blocks + tiles > i32::MAX as u64 {
+                single.push(i);
+                continue;
+            }
+            for v in [
+                j.src.ptr(),
+                j.dst.ptr(),
+                j.dst_t.as_deref().map_or(0, CudaBuffer::ptr),
+                j.rows as u64,
+                j.cols as u64,
+                scale.ptr_at(j.slot),
+                amax.ptr_at(j.slot),
+            ] {
+                records.extend_from_slice(&v.to_le_bytes());
+            }
+            records.extend_from_slice(&(*blocks as u32).to_le_bytes());
+            records.extend_from_slice(&(col_tiles as u32).to_le_bytes());
+            *blocks += tiles;
+        }
+        groups.retain(|(_, _, blocks)| *blocks > 0);
+        if !groups.is_empty() {
+            // One table for all groups (one cache entry); group g's records start at its offset.
+            let mut table = Vec::new();
+            let mut launches = Vec::new();
+            for ((ss, ds), records, blocks) in &groups {
+                let f = self.func(KernelModule::Fp8, &format!("quantize_t_many_{ss}_{ds}"))?;
+                // (At most `blocks` < 2^31 jobs: each has a block.)
+                let njobs = (records.len() / JOB_BYTES) as i32;
+                launches.push((f, table.len() as u64, njobs, *blocks as u32));
+                table.extend_from_slice(records);
+            }
+            let base = self.table(OP, table)?;
+            for (f, offset, njobs, blocks) in launches {
+                // SAFETY: quantize_t_many_S_D(const QuantJob* jobs, unsigned njobs): `njobs` (> 0)
+                // 64-byte records at base + offset (a live device table, cached while these
+                // buffers are in use; records start at multiples of 64 from its 256-byte aligned
+                // start), each naming a job checked above: src and dst hold rows × cols elements
+                // of the group's dtypes, dst_t too or is 0; cols (and rows with dst_t) multiples
+                // of 8 and the buffers 16-byte aligned, as the tiles need; scale/amax the job's
+                // slot (checked); tile_start increasing from 0 with the job's ⌈rows / 64⌉ ×
+                // col_tiles blocks each, `blocks` in all (< 2^31), so every block finds its job
+                // and tile inside the matrix; block QT_THREADS as the kernel's __launch_bounds__.
+                unsafe {
+                    kernels::launch(
+                        &self.stream,
+                        &f,
+                        cfg((blocks, 1, 1), (QT_THREADS, 1, 1)),
+                        &[(base + offset).into(), njobs.into()],
+                    )?;
+                }
+            }
+        }
+        for i in single {
+            let j = &mut jobs[i];
+            self.quantize_fp8_impl(
+                j.src,
+                j.dst,
+                j.dst_t.as_deref_mut(),
+                j.rows,
+                j.cols,
+                scale,
+                amax,
+                j.slot,
+            )?;
+        }
+        Ok(())
     }
 
     /// Fused gradient quantisation (see [`Device::quantize_fp8_grad`]).

@@ -49,8 +49,9 @@ fn chunks(n: usize) -> impl Iterator<Item = (usize, usize)> {
 }
 
 impl CudaDevice {
-    /// The device address of `table` (uploading it unless an identical one is cached).
-    fn table(&self, op: &'static str, table: Vec<u8>) -> Result<u64> {
+    /// The device address of `table` (uploading it unless an identical one is cached). Also the
+    /// job table of `quantize_fp8_many` (device/fp8.rs).
+    pub(super) fn table(&self, op: &'static str, table: Vec<u8>) -> Result<u64> {
         let mut tables = lock(&self.tables, op)?;
         if let Some((_, mem)) = tables.entries.iter().find(|(k, _)| *k == table) {
             return Ok(mem.ptr());

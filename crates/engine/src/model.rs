@@ -12,7 +12,7 @@ use crate::fp8::{DelayedScaling, Fp8Family, Fp8State, Operand, OperandReport};
 use crate::precision::Precision;
 use crate::rng::Rng;
 use crate::{EngineError, Result};
-use duet_device::{Buffer, DType, Device, DeviceError, DeviceExt, Epilogue, GemmDesc};
+use duet_device::{Buffer, DType, Device, DeviceError, DeviceExt, Epilogue, Fp8QuantJob, GemmDesc};
 use half::{bf16, f16};
 use std::sync::Arc;
 
@@ -962,16 +962,27 @@ impl<D: Device> Gpt<D> {
         let Some(q) = self.fp8.as_mut() else {
             return Ok(());
         };
-        let dev = &*self.dev;
+        let mut jobs: Vec<Fp8QuantJob<'_, D::Buffer>> =
+            q.w8.iter_mut()
+                .zip(q.w8t.iter_mut())
+                .enumerate()
+                .map(|(id, (w8, w8t))| {
+                    let (l, kind) = (id / LINEARS.len(), id % LINEARS.len());
+                    let (cols, rows) = linear_dims(&self.cfg, kind);
+                    Fp8QuantJob {
+                        src: &self.params[param_index(l, LINEARS[kind].0)],
+                        dst: w8,
+                        dst_t: Some(w8t),
+                        rows,
+                        cols,
+                        slot: Fp8State::<D>::slot(id, Operand::Weight),
+                    }
+                })
+                .collect();
         let st = &mut q.state;
-        for (id, (w8, w8t)) in q.w8.iter_mut().zip(q.w8t.iter_mut()).enumerate() {
-            let (l, kind) = (id / LINEARS.len(), id % LINEARS.len());
-            let (fi, fo) = linear_dims(&self.cfg, kind);
-            let w = &self.params[param_index(l, LINEARS[kind].0)];
-            let slot = Fp8State::<D>::slot(id, Operand::Weight);
-            dev.quantize_fp8(w, w8, Some(w8t), fo, fi, &st.scale, &mut st.amax, slot)?;
-        }
-        Ok(())
+        Ok(self
+            .dev
+            .quantize_fp8_many(&mut jobs, &st.scale, &mut st.amax)?)
     }
 
     /// Runs the forward pass on `tokens` (`b·t`, row-major), up to the logits.

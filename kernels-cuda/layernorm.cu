@@ -16,6 +16,9 @@
 //     are added in group order and written as one partial row per chunk;
 //     layernorm_dparams_finish adds the chunks' partial rows in a fixed order and accumulates
 //     into dgamma and dbeta.
+//     layernorm_bwdsum_* (Device::layernorm_backward_colsum) also keep the column sums of the
+//     updated dx as a third partial row per chunk (same order as dbeta's), and
+//     layernorm_dparams_finish3 finishes all three.
 // No floating-point atomics anywhere.
 //
 // Fallback (rows too wide for the fast path): the row kernels right below use one warp per row
@@ -217,24 +220,30 @@ __device__ __forceinline__ void ln_load_row(LnRow<A, V, M>& r, const A* __restri
     }
 }
 
-template <typename A, typename P, bool VEC, int M>
+// DSUM (the layernorm_bwdsum_* entry points): also ps[chunk, :] = Σ dx over the chunk's rows,
+// of dx after the update as stored (rounded to A), in the same order as pb; a third set of
+// shared-memory slots. Without it the code is the plain backward's.
+template <typename A, typename P, bool VEC, int M, bool DSUM>
 __device__ __forceinline__ void layernorm_bwd_body(
     const A* __restrict__ dout, const A* __restrict__ x, const P* __restrict__ gamma,
     const float* __restrict__ mean, const float* __restrict__ rstd, A* __restrict__ dx,
-    float* __restrict__ pg, float* __restrict__ pb, int n, int c, int rpc, int G) {
+    float* __restrict__ pg, float* __restrict__ pb, float* __restrict__ ps, int n, int c, int rpc,
+    int G) {
     constexpr int V = VEC ? Pack<A>::N : 1;
     constexpr int E = M * V;  // elements per thread
     constexpr int B = 128;    // most threads per block (slot stride)
+    constexpr int S = DSUM ? 3 : 2;  // sums per element
     __shared__ float sh[16];
-    // sacc[slot·B + thread]: Σ dout · x̂; sacc[(E + slot)·B + thread]: Σ dout.
-    __shared__ float sacc[2 * E * B];
+    // sacc[slot·B + thread]: Σ dout · x̂; sacc[(E + slot)·B + thread]: Σ dout;
+    // sacc[(2E + slot)·B + thread]: Σ dx (DSUM only).
+    __shared__ float sacc[S * E * B];
     const int tid = threadIdx.x;
     const int gt = G * 32, groups = blockDim.x / gt;
     const int grp = tid / gt, t = tid - grp * gt;
     const int nv = c / V;
     const int r0 = blockIdx.x * rpc, r1 = min(n, r0 + rpc);
 #pragma unroll
-    for (int i = 0; i < 2 * E; ++i) sacc[i * B + tid] = 0.0f;
+    for (int i = 0; i < S * E; ++i) sacc[i * B + tid] = 0.0f;
     const int iters = (rpc + groups - 1) / groups;
     LnRow<A, V, M> cur, nxt;
     {
@@ -282,6 +291,7 @@ __device__ __forceinline__ void layernorm_bwd_body(
                     o.v[e] = from_f32<A>(to_f32(cur.g[k].v[e]) + (dn - m1 - xh * m2) * rs);
                     sacc[(k * V + e) * B + tid] += d * xh;
                     sacc[(E + k * V + e) * B + tid] += d;
+                    if constexpr (DSUM) sacc[(2 * E + k * V + e) * B + tid] += to_f32(o.v[e]);
                 }
                 store_vec<A, V>(dx + base + (u64)j * V, o);
             }
@@ -296,7 +306,7 @@ __device__ __forceinline__ void layernorm_bwd_body(
         for (int k = 0; k < M; ++k) {
             const int j = k * gt + t;
             if (j < nv) {
-                float ag[V], ab[V];
+                float ag[V], ab[V], ad[V];
 #pragma unroll
                 for (int e = 0; e < V; ++e) {
                     const int sg = (k * V + e) * B + t, sb = (E + k * V + e) * B + t;
@@ -307,9 +317,16 @@ __device__ __forceinline__ void layernorm_bwd_body(
                     }
                     ag[e] = a;
                     ab[e] = b;
+                    if constexpr (DSUM) {
+                        const int ss = (2 * E + k * V + e) * B + t;
+                        float u = sacc[ss];
+                        for (int q = 1; q < groups; ++q) u += sacc[ss + q * gt];
+                        ad[e] = u;
+                    }
                 }
                 float* qg = pg + prow + (u64)j * V;
                 float* qb = pb + prow + (u64)j * V;
+                float* qs = DSUM ? ps + prow + (u64)j * V : nullptr;
                 if constexpr (V % 4 == 0) {
 #pragma unroll
                     for (int e = 0; e < V; e += 4) {
@@ -317,12 +334,16 @@ __device__ __forceinline__ void layernorm_bwd_body(
                             make_float4(ag[e], ag[e + 1], ag[e + 2], ag[e + 3]);
                         reinterpret_cast<float4*>(qb)[e / 4] =
                             make_float4(ab[e], ab[e + 1], ab[e + 2], ab[e + 3]);
+                        if constexpr (DSUM)
+                            reinterpret_cast<float4*>(qs)[e / 4] =
+                                make_float4(ad[e], ad[e + 1], ad[e + 2], ad[e + 3]);
                     }
                 } else {
 #pragma unroll
                     for (int e = 0; e < V; ++e) {
                         qg[e] = ag[e];
                         qb[e] = ab[e];
+                        if constexpr (DSUM) qs[e] = ad[e];
                     }
                 }
             }
@@ -347,21 +368,36 @@ __device__ __forceinline__ void layernorm_bwd_body(
         const A* __restrict__ dout, const A* __restrict__ x, const P* __restrict__ gamma,     \
         const float* __restrict__ mean, const float* __restrict__ rstd, A* __restrict__ dx,   \
         float* __restrict__ pg, float* __restrict__ pb, int n, int c, int rpc, int G) {       \
-        layernorm_bwd_body<A, P, VEC, M>(dout, x, gamma, mean, rstd, dx, pg, pb, n, c, rpc,   \
-                                         G);                                                  \
+        layernorm_bwd_body<A, P, VEC, M, false>(dout, x, gamma, mean, rstd, dx, pg, pb,       \
+                                                nullptr, n, c, rpc, G);                       \
+    }
+// layernorm_bwdsum_*: the same, plus the third partial row ps (column sums of the new dx).
+#define LN_BWDSUM(A, SA, P, SP, VEC, VN, M)                                                   \
+    extern "C" __global__ void __launch_bounds__(128, 4)                                      \
+        layernorm_bwdsum_##SA##_##SP##_##VN##M(                                               \
+            const A* __restrict__ dout, const A* __restrict__ x, const P* __restrict__ gamma, \
+            const float* __restrict__ mean, const float* __restrict__ rstd,                   \
+            A* __restrict__ dx, float* __restrict__ pg, float* __restrict__ pb,               \
+            float* __restrict__ ps, int n, int c, int rpc, int G) {                           \
+        layernorm_bwd_body<A, P, VEC, M, true>(dout, x, gamma, mean, rstd, dx, pg, pb, ps, n, \
+                                               c, rpc, G);                                    \
     }
 #define LN_BOTH(A, SA, P, SP, VEC, VN, M)                                                     \
     LN_FWD(A, SA, P, SP, VEC, VN, M) LN_BWD(A, SA, P, SP, VEC, VN, M)
+#define LN_ALL(A, SA, P, SP, VEC, VN, M)                                                      \
+    LN_BOTH(A, SA, P, SP, VEC, VN, M) LN_BWDSUM(A, SA, P, SP, VEC, VN, M)
 // M in {1, 2, 3, 4, 6}; vectorised: at most 24 elements per thread forward and 3 vectors
-// (48 bytes of each of x, dout and dx) per thread backward.
+// (48 bytes of each of x, dout and dx) per thread backward. layernorm_bwdsum_* only for the
+// vectorised plans (the rows of a model); with single elements the host composes the backward
+// and a column sum (keeps NVRTC's compile time of this file down).
 #define LN_SET(A, SA, P, SP)                                                                  \
     LN_BOTH(A, SA, P, SP, false, s, 1)                                                        \
     LN_BOTH(A, SA, P, SP, false, s, 2)                                                        \
     LN_BOTH(A, SA, P, SP, false, s, 3)                                                        \
     LN_BOTH(A, SA, P, SP, false, s, 4)                                                        \
     LN_BOTH(A, SA, P, SP, false, s, 6)                                                        \
-    LN_BOTH(A, SA, P, SP, true, v, 1)                                                         \
-    LN_BOTH(A, SA, P, SP, true, v, 2) LN_BOTH(A, SA, P, SP, true, v, 3)
+    LN_ALL(A, SA, P, SP, true, v, 1)                                                          \
+    LN_ALL(A, SA, P, SP, true, v, 2) LN_ALL(A, SA, P, SP, true, v, 3)
 LN_SET(float, f32, float, f32)
 LN_FWD(float, f32, float, f32, true, v, 4)
 LN_FWD(float, f32, float, f32, true, v, 6)
@@ -370,19 +406,13 @@ LN_SET(bf16_t, bf16, float, f32)
 LN_SET(f16_t, f16, f16_t, f16)
 LN_SET(f16_t, f16, float, f32)
 
-// dgamma[col] += Σ_k pg[k·c + col] and dbeta[col] += Σ_k pb[k·c + col] (blockIdx.y picks
-// which).
-// Block (32, 32), grid (⌈c / 32⌉, 2): thread row y adds chunks y, y + 32, ... in order, then the
-// 32 sums are added in y order.
+// out[col] += Σ_k part[k·c + col] for the block's 32 columns.
+// Block (32, 32): thread row y adds chunks y, y + 32, ... in order, then the 32 sums are added
+// in y order.
 template <typename G>
-__device__ __forceinline__ void layernorm_dparams_finish_body(const float* __restrict__ pg,
-                                                              const float* __restrict__ pb,
-                                                              G* __restrict__ dgamma,
-                                                              G* __restrict__ dbeta, int chunks,
-                                                              int c) {
-    __shared__ float sh[32][33];
-    const float* part = blockIdx.y == 0 ? pg : pb;
-    G* out = blockIdx.y == 0 ? dgamma : dbeta;
+__device__ __forceinline__ void layernorm_finish_cols(const float* __restrict__ part,
+                                                      G* __restrict__ out, int chunks, int c,
+                                                      float (&sh)[32][33]) {
     const int col = blockIdx.x * 32 + threadIdx.x;
     float s = 0.0f;
     if (col < c) {
@@ -410,10 +440,30 @@ __device__ __forceinline__ void layernorm_dparams_finish_body(const float* __res
     }
 }
 
+// dgamma[col] += Σ_k pg[k·c + col] and dbeta[col] += Σ_k pb[k·c + col] (blockIdx.y picks
+// which). Grid (⌈c / 32⌉, 2).
 #define LAYERNORM_FINISH(T, S)                                                                \
     extern "C" __global__ void layernorm_dparams_finish_##S(                                  \
         const float* __restrict__ pg, const float* __restrict__ pb, T* __restrict__ dgamma,   \
         T* __restrict__ dbeta, int chunks, int c) {                                           \
-        layernorm_dparams_finish_body(pg, pb, dgamma, dbeta, chunks, c);                      \
+        __shared__ float sh[32][33];                                                          \
+        layernorm_finish_cols<T>(blockIdx.y == 0 ? pg : pb, blockIdx.y == 0 ? dgamma : dbeta, \
+                                 chunks, c, sh);                                              \
     }
 FOR_FLOAT(LAYERNORM_FINISH)
+
+// The same plus dsum[col] += Σ_k ps[k·c + col] (blockIdx.y == 2; dsum of its own float type).
+// Grid (⌈c / 32⌉, 3); dgamma and dbeta get exactly layernorm_dparams_finish's arithmetic.
+#define LAYERNORM_FINISH3(T, S, U, SU)                                                        \
+    extern "C" __global__ void layernorm_dparams_finish3_##S##_##SU(                          \
+        const float* __restrict__ pg, const float* __restrict__ pb,                           \
+        const float* __restrict__ ps, T* __restrict__ dgamma, T* __restrict__ dbeta,          \
+        U* __restrict__ dsum, int chunks, int c) {                                            \
+        __shared__ float sh[32][33];                                                          \
+        if (blockIdx.y == 2)                                                                  \
+            layernorm_finish_cols<U>(ps, dsum, chunks, c, sh);                                \
+        else                                                                                  \
+            layernorm_finish_cols<T>(blockIdx.y == 0 ? pg : pb,                               \
+                                     blockIdx.y == 0 ? dgamma : dbeta, chunks, c, sh);        \
+    }
+FOR_FLOAT_PAIRS(LAYERNORM_FINISH3)

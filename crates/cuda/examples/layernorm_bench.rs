@@ -1,7 +1,9 @@
 //! Times LayerNorm forward and backward on the CUDA backend at 8192 × 768 and 8192 × 2048 with
 //! bf16 activations and f32 parameters/gradients: `cargo run -p duet-cuda --release --example
 //! layernorm_bench`. Each op is warmed up, then called 200 times between two synchronisations;
-//! the table gives the mean host-clock time per call in µs. No pass/fail.
+//! the table gives the mean host-clock time per call in µs. `bwd+cs` is the backward followed by
+//! the column sum of the new dx (`bias_backward`, the residual-stream bias gradient), `bwd_cs`
+//! the same in one op (`layernorm_backward_colsum`). No pass/fail.
 
 use duet_cuda::CudaDevice;
 use duet_device::{DType, Device, DeviceExt};
@@ -33,8 +35,8 @@ fn main() {
     };
     let act = DType::BF16;
     println!(
-        "{:>6} {:>6} {:>6} {:>12} {:>12}",
-        "n", "c", "dtype", "fwd µs", "bwd µs"
+        "{:>6} {:>6} {:>6} {:>12} {:>12} {:>12} {:>12}",
+        "n", "c", "dtype", "fwd µs", "bwd µs", "bwd+cs µs", "bwd_cs µs"
     );
     for (n, c) in [(8192usize, 768usize), (8192, 2048)] {
         let a = |dtype: DType, len: usize, v: f32| {
@@ -56,6 +58,7 @@ fn main() {
         let mut dx = a(act, n * c, 0.0);
         let mut dgamma = a(DType::F32, c, 0.0);
         let mut dbeta = a(DType::F32, c, 0.0);
+        let mut dsum = a(DType::F32, c, 0.0);
         let fwd = time(&dev, || {
             dev.layernorm_forward(
                 &x, &gamma, &beta, &mut out, &mut mean, &mut rstd, n, c, 1e-5,
@@ -77,6 +80,41 @@ fn main() {
             )
             .unwrap()
         });
-        println!("{n:>6} {c:>6} {:>6} {fwd:>12.2} {bwd:>12.2}", "bf16");
+        let separate = time(&dev, || {
+            dev.layernorm_backward(
+                &dout,
+                &x,
+                &gamma,
+                &mean,
+                &rstd,
+                &mut dx,
+                &mut dgamma,
+                &mut dbeta,
+                n,
+                c,
+            )
+            .unwrap();
+            dev.bias_backward(&dx, &mut dsum, n, c).unwrap()
+        });
+        let fused = time(&dev, || {
+            dev.layernorm_backward_colsum(
+                &dout,
+                &x,
+                &gamma,
+                &mean,
+                &rstd,
+                &mut dx,
+                &mut dgamma,
+                &mut dbeta,
+                &mut dsum,
+                n,
+                c,
+            )
+            .unwrap()
+        });
+        println!(
+            "{n:>6} {c:>6} {:>6} {fwd:>12.2} {bwd:>12.2} {separate:>12.2} {fused:>12.2}",
+            "bf16"
+        );
     }
 }

@@ -1105,7 +1105,36 @@ impl Device for CudaDevice {
         n: usize,
         c: usize,
     ) -> Result<()> {
-        self.layernorm_backward_impl(dout, x, gamma, mean, rstd, dx, dgamma, dbeta, n, c)
+        self.layernorm_backward_impl(dout, x, gamma, mean, rstd, dx, dgamma, dbeta, None, n, c)
+    }
+
+    fn layernorm_backward_colsum(
+        &self,
+        dout: &CudaBuffer,
+        x: &CudaBuffer,
+        gamma: &CudaBuffer,
+        mean: &CudaBuffer,
+        rstd: &CudaBuffer,
+        dx: &mut CudaBuffer,
+        dgamma: &mut CudaBuffer,
+        dbeta: &mut CudaBuffer,
+        dsum: &mut CudaBuffer,
+        n: usize,
+        c: usize,
+    ) -> Result<()> {
+        self.layernorm_backward_impl(
+            dout,
+            x,
+            gamma,
+            mean,
+            rstd,
+            dx,
+            dgamma,
+            dbeta,
+            Some(dsum),
+            n,
+            c,
+        )
     }
 
     fn bias_add(&self, x: &mut CudaBuffer, bias: &CudaBuffer, rows: usize, c: usize) -> Result<()> {

@@ -300,3 +300,239 @@ fn layernorm_rejects_bad_shapes() {
     g.layernorm_forward(&x0, &p, &p, &mut o0, &mut m0, &mut r0, 0, 8, 1e-5)
         .unwrap();
 }
+
+/// `Σ_rows b[row, col]` in f64 of a downloaded `n × c` buffer.
+fn col_sums(v: &[f32], n: usize, c: usize) -> Vec<f64> {
+    let mut s = vec![0.0f64; c];
+    for r in 0..n {
+        for (acc, &x) in s.iter_mut().zip(&v[r * c..(r + 1) * c]) {
+            *acc += x as f64;
+        }
+    }
+    s
+}
+
+/// `|got − want| ≤ tol · (|want| + rms(want))` element-wise.
+fn close(what: &str, got: &[f32], want: &[f64], tol: f64) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths differ");
+    let rms = (want.iter().map(|x| x * x).sum::<f64>() / want.len().max(1) as f64).sqrt();
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let err = (g as f64 - w).abs() / (w.abs() + rms).max(f64::MIN_POSITIVE);
+        assert!(
+            err <= tol && !g.is_nan(),
+            "{what}: element {i}: {g} vs {w} (relative error {err:.3e} > {tol:.1e}, seed {})",
+            seed()
+        );
+    }
+}
+
+/// `layernorm_backward_colsum` against `layernorm_backward` + `bias_backward` on the same GPU
+/// (dx, dgamma, dbeta bit-identical; dsum, summed in another order, within a tolerance), against
+/// the column sums of its own dx and the CPU's default op, and bit-identical between two runs.
+/// Every gradient starts non-zero (all accumulate). `sdt` is dsum's dtype.
+#[allow(clippy::too_many_arguments)]
+fn check_colsum_case(
+    g: &CudaDevice,
+    cpu: &CpuDevice,
+    rng: &mut Rng,
+    act: DType,
+    pdt: DType,
+    sdt: DType,
+    n: usize,
+    c: usize,
+) {
+    let what = format!("layernorm_backward_colsum {act}/{pdt}/dsum {sdt} {n}x{c}");
+    let mut x = Vec::with_capacity(n * c);
+    for _ in 0..n {
+        let (off, sc) = (rng.uniform(-3.0, 3.0), rng.uniform(0.1, 4.0));
+        x.extend((0..c).map(|_| off + sc * rng.uniform(-1.0, 1.0)));
+    }
+    let gamma = rng.vec(c, 0.5, 1.5);
+    let beta = rng.vec(c, -0.5, 0.5);
+    let dout = rng.vec(n * c, -1.0, 1.0);
+    // The residual-stream gradient coming down (dx before the call), biased per column so the
+    // column sums are not all near zero.
+    let col_bias = rng.vec(c, -0.3, 0.3);
+    let dx0: Vec<f32> = (0..n * c)
+        .map(|i| col_bias[i % c] + rng.uniform(-0.5, 0.5))
+        .collect();
+    let dg0 = rng.vec(c, -0.5, 0.5);
+    let db0 = rng.vec(c, -0.5, 0.5);
+    let ds0 = rng.vec(c, -0.5, 0.5);
+
+    // Statistics from the GPU forward, used by every backward below (CPU included).
+    let (gx, gg, gb) = (put(g, act, &x), put(g, pdt, &gamma), put(g, pdt, &beta));
+    let mut go = g.alloc(act, n * c).unwrap();
+    let mut gm = g.alloc(DType::F32, n).unwrap();
+    let mut gr = g.alloc(DType::F32, n).unwrap();
+    g.layernorm_forward(&gx, &gg, &gb, &mut go, &mut gm, &mut gr, n, c, 1e-5)
+        .unwrap();
+    let (mean, rstd) = (g.download_f32(&gm).unwrap(), g.download_f32(&gr).unwrap());
+    let gd = put(g, act, &dout);
+
+    // Separate ops.
+    let mut rdx = put(g, act, &dx0);
+    let mut rdg = put(g, pdt, &dg0);
+    let mut rdb = put(g, pdt, &db0);
+    let mut rds = put(g, sdt, &ds0);
+    g.layernorm_backward(&gd, &gx, &gg, &gm, &gr, &mut rdx, &mut rdg, &mut rdb, n, c)
+        .unwrap();
+    g.bias_backward(&rdx, &mut rds, n, c).unwrap();
+    // Fused, twice from the same start.
+    let run = || {
+        let mut dx = put(g, act, &dx0);
+        let mut dg = put(g, pdt, &dg0);
+        let mut db = put(g, pdt, &db0);
+        let mut ds = put(g, sdt, &ds0);
+        g.layernorm_backward_colsum(
+            &gd, &gx, &gg, &gm, &gr, &mut dx, &mut dg, &mut db, &mut ds, n, c,
+        )
+        .unwrap();
+        (dx, dg, db, ds)
+    };
+    let (fdx, fdg, fdb, fds) = run();
+    let (fdx2, fdg2, fdb2, fds2) = run();
+    for (name, a, b) in [
+        ("dx", &fdx, &rdx),
+        ("dgamma", &fdg, &rdg),
+        ("dbeta", &fdb, &rdb),
+    ] {
+        assert!(
+            bytes(g, a) == bytes(g, b),
+            "{what}: {name} differs from layernorm_backward's"
+        );
+    }
+    for (name, a, b) in [
+        ("dx", &fdx, &fdx2),
+        ("dgamma", &fdg, &fdg2),
+        ("dbeta", &fdb, &fdb2),
+        ("dsum", &fds, &fds2),
+    ] {
+        assert!(
+            bytes(g, a) == bytes(g, b),
+            "{what}: {name} not deterministic"
+        );
+    }
+    // dsum: ds0 + the column sums of the stored dx (f64), the separate column sum, the CPU.
+    let ds_tol = tol(sdt, 1e-5) as f64;
+    let dxv = g.download_f32(&fdx).unwrap();
+    let ds0r = cpu_round(cpu, sdt, &ds0);
+    let want: Vec<f64> = col_sums(&dxv, n, c)
+        .iter()
+        .zip(&ds0r)
+        .map(|(s, &d)| s + d as f64)
+        .collect();
+    let got = g.download_f32(&fds).unwrap();
+    close(&format!("{what} dsum vs Σ dx"), &got, &want, ds_tol);
+    let sep: Vec<f64> = g
+        .download_f32(&rds)
+        .unwrap()
+        .iter()
+        .map(|&v| v as f64)
+        .collect();
+    close(&format!("{what} dsum vs bias_backward"), &got, &sep, ds_tol);
+    let (cx, cg, cd) = (
+        put(cpu, act, &x),
+        put(cpu, pdt, &gamma),
+        put(cpu, act, &dout),
+    );
+    let (cm, cr) = (put(cpu, DType::F32, &mean), put(cpu, DType::F32, &rstd));
+    let mut cdx = put(cpu, act, &dx0);
+    let mut cdg = put(cpu, pdt, &dg0);
+    let mut cdb = put(cpu, pdt, &db0);
+    let mut cds = put(cpu, sdt, &ds0);
+    cpu.layernorm_backward_colsum(
+        &cd, &cx, &cg, &cm, &cr, &mut cdx, &mut cdg, &mut cdb, &mut cds, n, c,
+    )
+    .unwrap();
+    let cpu_ds: Vec<f64> = cpu
+        .download_f32(&cds)
+        .unwrap()
+        .iter()
+        .map(|&v| v as f64)
+        .collect();
+    // The CPU's dx rounds differently from the GPU's in the last bit of `act`.
+    let cpu_tol = ds_tol.max(tol(act, 1e-5) as f64);
+    close(&format!("{what} dsum vs cpu"), &got, &cpu_ds, cpu_tol);
+}
+
+/// `v` rounded to `dtype` and back.
+fn cpu_round(cpu: &CpuDevice, dtype: DType, v: &[f32]) -> Vec<f32> {
+    cpu.download_f32(&put(cpu, dtype, v)).unwrap()
+}
+
+#[test]
+fn layernorm_backward_colsum_matches_separate_ops() {
+    let Some(g) = gpu("layernorm_backward_colsum_matches_separate_ops") else {
+        return;
+    };
+    let cpu = CpuDevice::new(None).expect("cpu device");
+    let mut rng = Rng(seed());
+    // The fused kernels (vectorised fast path: c a multiple of 16 bytes; 65 × 136 with a partial
+    // last chunk), the composed paths: single elements (65 × 130), rows too wide for the fast
+    // path (37 × 3000 for f32 activations, 37 × 3080 for every dtype).
+    let shapes = [
+        (8192usize, 768usize),
+        (8192, 2048),
+        (65, 136),
+        (65, 130),
+        (1, 64),
+        (37, 3000),
+        (37, 3080),
+    ];
+    for (act, pdt) in DTYPES {
+        for &(n, c) in &shapes {
+            check_colsum_case(&g, &cpu, &mut rng, act, pdt, DType::F32, n, c);
+            if pdt != DType::F32 {
+                check_colsum_case(&g, &cpu, &mut rng, act, pdt, pdt, n, c);
+            }
+        }
+    }
+    // dsum of a dtype other than dgamma's and the activations'.
+    check_colsum_case(
+        &g,
+        &cpu,
+        &mut rng,
+        DType::BF16,
+        DType::F32,
+        DType::F16,
+        65,
+        130,
+    );
+    check_colsum_case(
+        &g,
+        &cpu,
+        &mut rng,
+        DType::F32,
+        DType::F32,
+        DType::BF16,
+        8192,
+        768,
+    );
+    g.synchronize().unwrap();
+}
+
+#[test]
+fn layernorm_backward_colsum_rejects_bad_dsum() {
+    let Some(g) = gpu("layernorm_backward_colsum_rejects_bad_dsum") else {
+        return;
+    };
+    let a = |dtype, len| g.alloc(dtype, len).unwrap();
+    let (d, x) = (a(DType::BF16, 16), a(DType::BF16, 16));
+    let (gm, m, r) = (a(DType::F32, 8), a(DType::F32, 2), a(DType::F32, 2));
+    let (mut dx, mut dg, mut db) = (a(DType::BF16, 16), a(DType::F32, 8), a(DType::F32, 8));
+    let mut short = a(DType::F32, 4);
+    assert!(
+        g.layernorm_backward_colsum(
+            &d, &x, &gm, &m, &r, &mut dx, &mut dg, &mut db, &mut short, 2, 8
+        )
+        .is_err()
+    );
+    let mut ints = a(DType::I32, 8);
+    assert!(
+        g.layernorm_backward_colsum(
+            &d, &x, &gm, &m, &r, &mut dx, &mut dg, &mut db, &mut ints, 2, 8
+        )
+        .is_err()
+    );
+}

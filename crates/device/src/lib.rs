@@ -517,6 +517,40 @@ pub trait Device: Send + Sync + Sized + 'static {
         c: usize,
     ) -> Result<()>;
 
+    /// [`Device::layernorm_backward`] (accumulating into `dx`, `dgamma` and `dbeta`), and then
+    /// `dsum[col] += Σ_rows dx[row, col]` over the `n × c` `dx` *after* the update: the values
+    /// left in `dx` (its dtype's rounding), summed in f32. `dsum` (`c`, any float dtype) is the
+    /// bias gradient of a linear layer whose output was added to the residual stream this
+    /// LayerNorm read: with `dx` the residual-stream gradient (it holds the gradient coming down
+    /// the stream and the LayerNorm's input gradient is added), the result is exactly what
+    /// [`Device::bias_backward`]`(dx, dsum, n, c)` would compute after the call, without
+    /// reading `dx` again.
+    ///
+    /// `dx`, `dgamma` and `dbeta` are bit-identical to `layernorm_backward`'s. `dsum` is
+    /// deterministic (a summation order fixed by the shape), but backends may add the rows in
+    /// a different order than `bias_backward`, so it can differ from that op in the last bits.
+    /// The default composes the two ops.
+    #[allow(clippy::too_many_arguments)]
+    fn layernorm_backward_colsum(
+        &self,
+        dout: &Self::Buffer,
+        x: &Self::Buffer,
+        gamma: &Self::Buffer,
+        mean: &Self::Buffer,
+        rstd: &Self::Buffer,
+        dx: &mut Self::Buffer,
+        dgamma: &mut Self::Buffer,
+        dbeta: &mut Self::Buffer,
+        dsum: &mut Self::Buffer,
+        n: usize,
+        c: usize,
+    ) -> Result<()> {
+        // A wrong dsum fails before dx is touched.
+        check_len("layernorm_backward_colsum", "dsum", dsum, c)?;
+        self.layernorm_backward(dout, x, gamma, mean, rstd, dx, dgamma, dbeta, n, c)?;
+        self.bias_backward(dx, dsum, n, c)
+    }
+
     /// `x[r, :] += bias` for every row of `x` (`rows × c`).
     fn bias_add(
         &self,

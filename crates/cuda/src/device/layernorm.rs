@@ -179,6 +179,12 @@ impl CudaDevice {
         }
     }
 
+    /// LayerNorm backward; with `dsum`, also `dsum += Σ_rows dx` of the updated `dx`
+    /// ([`Device::layernorm_backward_colsum`]). dx, dgamma and dbeta get the same bits either
+    /// way: the vectorised fast path's `layernorm_bwdsum_*` kernels are `layernorm_bwd_*` plus a
+    /// third partial row (the column sums of the stored dx, added in dbeta's order), finished
+    /// with dgamma's and dbeta's arithmetic by `layernorm_dparams_finish3_*`; the other paths
+    /// (single elements, rows too wide) add a separate column sum of dx (`bias_backward`).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn layernorm_backward_impl(
         &self,
@@ -190,95 +196,161 @@ impl CudaDevice {
         dx: &mut CudaBuffer,
         dgamma: &mut CudaBuffer,
         dbeta: &mut CudaBuffer,
+        mut dsum: Option<&mut CudaBuffer>,
         n: usize,
         c: usize,
     ) -> Result<()> {
-        const OP: &str = "layernorm_backward";
+        let op: &'static str = match dsum {
+            Some(_) => "layernorm_backward_colsum",
+            None => "layernorm_backward",
+        };
         let act = dout.dtype();
-        let sa = float_sfx(OP, act)?;
-        let sp = wide_sfx(OP, act, "gamma", gamma.dtype())?;
-        wide_sfx(OP, act, "dgamma", dgamma.dtype())?;
-        check_dtype(OP, dbeta, dgamma.dtype())?;
-        same_dtype(OP, act, &[x, dx])?;
-        check_dtype(OP, mean, DType::F32)?;
-        check_dtype(OP, rstd, DType::F32)?;
-        let total = mul(OP, &[n, c])?;
+        let sa = float_sfx(op, act)?;
+        let sp = wide_sfx(op, act, "gamma", gamma.dtype())?;
+        wide_sfx(op, act, "dgamma", dgamma.dtype())?;
+        check_dtype(op, dbeta, dgamma.dtype())?;
+        same_dtype(op, act, &[x, dx])?;
+        check_dtype(op, mean, DType::F32)?;
+        check_dtype(op, rstd, DType::F32)?;
+        let total = mul(op, &[n, c])?;
         if c == 0 && n > 0 {
             return Err(DeviceError::Shape {
-                op: OP,
+                op,
                 detail: "c must be positive".into(),
             });
         }
-        check_len(OP, "dout", dout, total)?;
-        check_len(OP, "x", x, total)?;
-        check_len(OP, "gamma", gamma, c)?;
-        check_len(OP, "dx", dx, total)?;
-        check_len(OP, "dgamma", dgamma, c)?;
-        check_len(OP, "dbeta", dbeta, c)?;
-        check_len(OP, "mean", mean, n)?;
-        check_len(OP, "rstd", rstd, n)?;
+        check_len(op, "dout", dout, total)?;
+        check_len(op, "x", x, total)?;
+        check_len(op, "gamma", gamma, c)?;
+        check_len(op, "dx", dx, total)?;
+        check_len(op, "dgamma", dgamma, c)?;
+        check_len(op, "dbeta", dbeta, c)?;
+        check_len(op, "mean", mean, n)?;
+        check_len(op, "rstd", rstd, n)?;
+        let ss = match &dsum {
+            Some(ds) => {
+                check_len(op, "dsum", &**ds, c)?;
+                Some(float_sfx(op, ds.dtype())?)
+            }
+            None => None,
+        };
         if n == 0 {
             return Ok(());
         }
-        let (ni, ci) = (dim(OP, "n", n)?, dim(OP, "c", c)?);
+        let (ni, ci) = (dim(op, "n", n)?, dim(op, "c", c)?);
         let aligned = aligned16(&[dout.ptr(), x.ptr(), gamma.ptr(), dx.ptr()]);
-        if let Some(p) = plan(c, act, aligned, true) {
-            let sg = float_sfx(OP, dgamma.dtype())?;
+        let fast = plan(c, act, aligned, true);
+        if let (Some(p), Some(dsum)) = (fast, dsum.as_deref_mut())
+            && !p.vec
+        {
+            // layernorm_bwdsum_* exist for the vectorised plans only: the backward, then the
+            // column sum of the new dx.
+            self.layernorm_backward_impl(
+                dout, x, gamma, mean, rstd, dx, dgamma, dbeta, None, n, c,
+            )?;
+            return self.bias_backward(dx, dsum, n, c);
+        }
+        if let Some(p) = fast {
+            let sg = float_sfx(op, dgamma.dtype())?;
             let rpc = ln_rows_per_chunk(n);
             let chunks = n.div_ceil(rpc);
             let part_bytes = align_up(chunks * c * 4);
-            let mut scratch = lock(&self.scratch, OP)?;
-            let pg = scratch.get(&self.ctx, &self.stream, 2 * part_bytes, &self.mem)?;
+            let areas = if dsum.is_some() { 3 } else { 2 };
+            let mut scratch = lock(&self.scratch, op)?;
+            let pg = scratch.get(&self.ctx, &self.stream, areas * part_bytes, &self.mem)?;
             let pb = pg + part_bytes as u64;
-            let f = self.func(KernelModule::LayerNorm, &p.kernel("bwd", sa, sp))?;
+            let ps = pb + part_bytes as u64;
+            let pass = if dsum.is_some() { "bwdsum" } else { "bwd" };
+            let f = self.func(KernelModule::LayerNorm, &p.kernel(pass, sa, sp))?;
             let (_, threads) = p.block(LN_BWD_WARPS);
+            let mut args: Vec<Arg> = vec![
+                dout.ptr().into(),
+                x.ptr().into(),
+                gamma.ptr().into(),
+                mean.ptr().into(),
+                rstd.ptr().into(),
+                dx.ptr().into(),
+                pg.into(),
+                pb.into(),
+            ];
+            if dsum.is_some() {
+                args.push(ps.into());
+            }
+            args.extend::<[Arg; 4]>([
+                ni.into(),
+                ci.into(),
+                dim(op, "rows per chunk", rpc)?.into(),
+                (p.g as i32).into(),
+            ]);
             // SAFETY: layernorm_bwd_*(const A*, const A*, const P*, const float*, const float*,
-            // A*, float*, float*, int n, int c, int rpc, int G): block b handles rows
-            // [b·rpc, min(n, (b+1)·rpc)) of buffers holding n·c / c / n elements and writes row b
-            // of the two chunks × c f32 partial areas (scratch of 2·part_bytes); vector accesses
-            // only when `aligned` and c is a multiple of the vector width (`plan`).
+            // A*, float*, float*, int n, int c, int rpc, int G), and layernorm_bwdsum_* with a
+            // third float* (ps) after pb: block b handles rows [b·rpc, min(n, (b+1)·rpc)) of
+            // buffers holding n·c / c / n elements and writes row b of the two (three) chunks × c
+            // f32 partial areas (scratch of `areas`·part_bytes); vector accesses only when
+            // `aligned` and c is a multiple of the vector width (`plan`).
             unsafe {
                 kernels::launch(
                     &self.stream,
                     &f,
-                    cfg((grid_dim(OP, chunks)?, 1, 1), (threads, 1, 1)),
-                    &[
-                        dout.ptr().into(),
-                        x.ptr().into(),
-                        gamma.ptr().into(),
-                        mean.ptr().into(),
-                        rstd.ptr().into(),
-                        dx.ptr().into(),
-                        pg.into(),
-                        pb.into(),
-                        ni.into(),
-                        ci.into(),
-                        dim(OP, "rows per chunk", rpc)?.into(),
-                        (p.g as i32).into(),
-                    ],
+                    cfg((grid_dim(op, chunks)?, 1, 1), (threads, 1, 1)),
+                    &args,
                 )?;
             }
-            let ff = self.func(
-                KernelModule::LayerNorm,
-                &format!("layernorm_dparams_finish_{sg}"),
-            )?;
-            // SAFETY: layernorm_dparams_finish(const float*, const float*, G*, G*, int chunks,
-            // int c): block (32, 32), grid (⌈c/32⌉, 2); reads chunks·c partials from each area and
-            // updates c elements of dgamma and dbeta (dtype G, checked above).
-            return unsafe {
-                kernels::launch(
-                    &self.stream,
-                    &ff,
-                    cfg((grid_dim(OP, c.div_ceil(32))?, 2, 1), (32, 32, 1)),
-                    &[
-                        pg.into(),
-                        pb.into(),
-                        dgamma.ptr().into(),
-                        dbeta.ptr().into(),
-                        dim(OP, "chunks", chunks)?.into(),
-                        ci.into(),
-                    ],
-                )
+            let cgrid = grid_dim(op, c.div_ceil(32))?;
+            let chunks = dim(op, "chunks", chunks)?;
+            return match (dsum, ss) {
+                (Some(dsum), Some(ss)) => {
+                    let ff = self.func(
+                        KernelModule::LayerNorm,
+                        &format!("layernorm_dparams_finish3_{sg}_{ss}"),
+                    )?;
+                    // SAFETY: layernorm_dparams_finish3(const float*, const float*, const float*,
+                    // G*, G*, U*, int chunks, int c): block (32, 32), grid (⌈c/32⌉, 3); reads
+                    // chunks·c partials from each area and updates c elements of dgamma, dbeta
+                    // (dtype G) and dsum (dtype U), checked above.
+                    unsafe {
+                        kernels::launch(
+                            &self.stream,
+                            &ff,
+                            cfg((cgrid, 3, 1), (32, 32, 1)),
+                            &[
+                                pg.into(),
+                                pb.into(),
+                                ps.into(),
+                                dgamma.ptr().into(),
+                                dbeta.ptr().into(),
+                                dsum.ptr().into(),
+                                chunks.into(),
+                                ci.into(),
+                            ],
+                        )
+                    }
+                }
+                _ => {
+                    let ff = self.func(
+                        KernelModule::LayerNorm,
+                        &format!("layernorm_dparams_finish_{sg}"),
+                    )?;
+                    // SAFETY: layernorm_dparams_finish(const float*, const float*, G*, G*, int
+                    // chunks, int c): block (32, 32), grid (⌈c/32⌉, 2); reads chunks·c partials
+                    // from each area and updates c elements of dgamma and dbeta (dtype G,
+                    // checked above).
+                    unsafe {
+                        kernels::launch(
+                            &self.stream,
+                            &ff,
+                            cfg((cgrid, 2, 1), (32, 32, 1)),
+                            &[
+                                pg.into(),
+                                pb.into(),
+                                dgamma.ptr().into(),
+                                dbeta.ptr().into(),
+                                chunks.into(),
+                                ci.into(),
+                            ],
+                        )
+                    }
+                }
             };
         }
         // Rows too wide for the fused kernel: dx with one warp per row, then the parameter
@@ -293,7 +365,7 @@ impl CudaDevice {
             kernels::launch(
                 &self.stream,
                 &f,
-                warp_row_cfg(OP, n)?,
+                warp_row_cfg(op, n)?,
                 &[
                     dout.ptr().into(),
                     x.ptr().into(),
@@ -309,7 +381,7 @@ impl CudaDevice {
         let rpc = rows_per_chunk(n);
         let chunks = n.div_ceil(rpc);
         let part_bytes = align_up(chunks * c * 4);
-        let mut scratch = lock(&self.scratch, OP)?;
+        let mut scratch = lock(&self.scratch, op)?;
         let pg = scratch.get(&self.ctx, &self.stream, 2 * part_bytes, &self.mem)?;
         let pb = pg + part_bytes as u64;
         let fp = self.func(
@@ -324,7 +396,7 @@ impl CudaDevice {
                 &self.stream,
                 &fp,
                 cfg(
-                    (grid_dim(OP, c.div_ceil(32))?, grid_dim(OP, chunks)?, 1),
+                    (grid_dim(op, c.div_ceil(32))?, grid_dim(op, chunks)?, 1),
                     (32, 8, 1),
                 ),
                 &[
@@ -336,15 +408,21 @@ impl CudaDevice {
                     pb.into(),
                     ni.into(),
                     ci.into(),
-                    dim(OP, "rows per chunk", rpc)?.into(),
+                    dim(op, "rows per chunk", rpc)?.into(),
                 ],
             )?;
         }
         for (partial, out) in [(pg, &*dgamma), (pb, &*dbeta)] {
             // SAFETY: chunks·c partials, c outputs of the gradient's dtype (checked above).
-            unsafe { self.colsum_finish(OP, partial, out.ptr(), out.dtype(), chunks, c)? };
+            unsafe { self.colsum_finish(op, partial, out.ptr(), out.dtype(), chunks, c)? };
         }
-        Ok(())
+        drop(scratch);
+        // The column sum of the updated dx: the separate column-sum kernels (queued after the
+        // dx kernel on the same stream).
+        match dsum {
+            Some(dsum) => self.bias_backward(dx, dsum, n, c),
+            None => Ok(()),
+        }
     }
 }
 

@@ -1197,8 +1197,23 @@ impl<D: Device> Gpt<D> {
                     .res3
                 }
             };
-            let (gw, gb) = two_mut(g, np - 2, np - 1);
-            dev.layernorm_backward(
+            // dresid becomes the last block's output gradient: its column sum is that block's
+            // mlp.c_proj bias gradient (16-bit runs; FP8 sums it in the quantisation).
+            let (gw, gb, dsum) = if layers > 0 && self.fp8.is_none() {
+                let [gw, gb, gpb] = g
+                    .get_disjoint_mut([
+                        np - 2,
+                        np - 1,
+                        param_index(layers - 1, BlockParam::FcProjB),
+                    ])
+                    .expect("distinct parameters");
+                (gw, gb, Some(gpb))
+            } else {
+                let (gw, gb) = two_mut(g, np - 2, np - 1);
+                (gw, gb, None)
+            };
+            layernorm_backward(
+                dev,
                 &s.d_c,
                 last,
                 &p[np - 2],
@@ -1207,6 +1222,7 @@ impl<D: Device> Gpt<D> {
                 &mut s.dresid,
                 gw,
                 gb,
+                dsum,
                 d.n,
                 d.c,
             )?;
@@ -1561,7 +1577,8 @@ fn block_backward<D: Device>(
     // gradient needs gelu(fch): kept by the forward pass, or recomputed into d_f2 (bit for bit
     // what the forward pass used; FP8 keeps its own transposed copy instead).
     let keep_gelu = !a.gelu.is_empty();
-    if q8.is_none() && !keep_gelu {
+    let fp8 = q8.is_some();
+    if !fp8 && !keep_gelu {
         dev.gelu_forward(&a.fch, &mut s.d_f2)?;
     }
     let one_buffer = s.d_f.is_empty();
@@ -1589,7 +1606,9 @@ fn block_backward<D: Device>(
             },
         };
         // Where the GELU backward fuses into the input-gradient GEMM, so does c_fc's bias
-        // gradient (the column sum of that GEMM's result).
+        // gradient (the column sum of that GEMM's result). mlp.c_proj's bias gradient came out
+        // of the LayerNorm backward that wrote dresid (16-bit runs; FP8 sums it in the
+        // quantisation of dresid).
         linear_backward(
             dev,
             q8.as_mut().map(|q| (q, 4 * l + 3)),
@@ -1597,7 +1616,7 @@ fn block_backward<D: Device>(
             io,
             w(BlockParam::FcProjW),
             gw,
-            Some(gb),
+            fp8.then_some(gb),
             Some((&a.fch, Some(gfb))),
             None,
             n,
@@ -1646,8 +1665,17 @@ fn block_backward<D: Device>(
         )?;
     }
     {
-        let (gw, gb) = two_mut(g, gi(BlockParam::Ln2W), gi(BlockParam::Ln2B));
-        dev.layernorm_backward(
+        // dresid becomes the gradient of res2: its column sum is attn.c_proj's bias gradient.
+        let [gw, gb, gpb] = g
+            .get_disjoint_mut([
+                gi(BlockParam::Ln2W),
+                gi(BlockParam::Ln2B),
+                gi(BlockParam::ProjB),
+            ])
+            .expect("distinct parameters");
+        let dsum = (!fp8).then_some(gpb);
+        layernorm_backward(
+            dev,
             &s.d_c,
             &a.res2,
             w(BlockParam::Ln2W),
@@ -1656,6 +1684,7 @@ fn block_backward<D: Device>(
             &mut s.dresid,
             gw,
             gb,
+            dsum,
             n,
             c,
         )?;
@@ -1673,7 +1702,7 @@ fn block_backward<D: Device>(
             },
             w(BlockParam::ProjW),
             gw,
-            Some(gb),
+            fp8.then_some(gb),
             None,
             None,
             n,
@@ -1728,8 +1757,23 @@ fn block_backward<D: Device>(
         dev.copy(zeros_c, 0, gb, c, c)?;
     }
     {
-        let (gw, gb) = two_mut(g, gi(BlockParam::Ln1W), gi(BlockParam::Ln1B));
-        dev.layernorm_backward(
+        // dresid becomes the gradient of this block's input, the previous block's res3: its
+        // column sum is that block's mlp.c_proj bias gradient.
+        let (gw, gb, dsum) = if l > 0 && !fp8 {
+            let [gw, gb, gpb] = g
+                .get_disjoint_mut([
+                    gi(BlockParam::Ln1W),
+                    gi(BlockParam::Ln1B),
+                    param_index(l - 1, BlockParam::FcProjB),
+                ])
+                .expect("distinct parameters");
+            (gw, gb, Some(gpb))
+        } else {
+            let (gw, gb) = two_mut(g, gi(BlockParam::Ln1W), gi(BlockParam::Ln1B));
+            (gw, gb, None)
+        };
+        layernorm_backward(
+            dev,
             &s.d_c,
             x,
             w(BlockParam::Ln1W),
@@ -1738,9 +1782,35 @@ fn block_backward<D: Device>(
             &mut s.dresid,
             gw,
             gb,
+            dsum,
             n,
             c,
         )?;
+    }
+    Ok(())
+}
+
+/// [`Device::layernorm_backward`], with `dsum += Σ_rows dx` (after the update) in the same pass
+/// where given: the bias gradient of the linear layer whose output `dx` is the gradient of.
+#[allow(clippy::too_many_arguments)]
+fn layernorm_backward<D: Device>(
+    dev: &D,
+    dout: &D::Buffer,
+    x: &D::Buffer,
+    gamma: &D::Buffer,
+    mean: &D::Buffer,
+    rstd: &D::Buffer,
+    dx: &mut D::Buffer,
+    dgamma: &mut D::Buffer,
+    dbeta: &mut D::Buffer,
+    dsum: Option<&mut D::Buffer>,
+    n: usize,
+    c: usize,
+) -> Result<()> {
+    match dsum {
+        Some(dsum) => dev
+            .layernorm_backward_colsum(dout, x, gamma, mean, rstd, dx, dgamma, dbeta, dsum, n, c)?,
+        None => dev.layernorm_backward(dout, x, gamma, mean, rstd, dx, dgamma, dbeta, n, c)?,
     }
     Ok(())
 }

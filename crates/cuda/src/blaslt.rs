@@ -101,14 +101,6 @@ pub(crate) enum LtEpilogue {
         aux: u64,
         ld: i64,
     },
-    /// DGelu, and the bias gradient of D (one value per column of duet's row-major C, i.e. per
-    /// row of cuBLASLt's column-major D) written to `bias`.
-    DGeluBGrad {
-        aux: u64,
-        ld: i64,
-        bias: u64,
-        dtype: DType,
-    },
     /// Bias gradient of cuBLASLt's B (duet's A) reduced over k, written to `bias`.
     BGradB {
         bias: u64,
@@ -124,7 +116,6 @@ impl LtEpilogue {
             Self::Bias { .. } | Self::BiasResidual { .. } => E::CUBLASLT_EPILOGUE_BIAS,
             Self::GeluAuxBias { .. } => E::CUBLASLT_EPILOGUE_GELU_AUX_BIAS,
             Self::DGelu { .. } => E::CUBLASLT_EPILOGUE_DGELU,
-            Self::DGeluBGrad { .. } => E::CUBLASLT_EPILOGUE_DGELU_BGRAD,
             Self::BGradB { .. } => E::CUBLASLT_EPILOGUE_BGRADB,
         }
     }
@@ -134,8 +125,7 @@ impl LtEpilogue {
             Self::Bias { bias, dtype }
             | Self::BiasResidual { bias, dtype, .. }
             | Self::GeluAuxBias { bias, dtype, .. }
-            | Self::BGradB { bias, dtype }
-            | Self::DGeluBGrad { bias, dtype, .. } => Some((bias, dtype)),
+            | Self::BGradB { bias, dtype } => Some((bias, dtype)),
             _ => None,
         }
     }
@@ -150,9 +140,7 @@ impl LtEpilogue {
 
     fn aux(self) -> Option<(u64, i64)> {
         match self {
-            Self::GeluAuxBias { aux, ld, .. }
-            | Self::DGelu { aux, ld }
-            | Self::DGeluBGrad { aux, ld, .. } => Some((aux, ld)),
+            Self::GeluAuxBias { aux, ld, .. } | Self::DGelu { aux, ld } => Some((aux, ld)),
             _ => None,
         }
     }

@@ -506,23 +506,6 @@ impl CudaDevice {
         unsafe { self.colsum_finish(op, partial, out, out_dtype, chunks, cols) }
     }
 
-    /// `dst = cast(src)` for `n` elements at raw device addresses (cast_S_D in reduce.cu).
-    ///
-    /// # Safety
-    /// `src` and `dst` must hold `n` elements of their dtypes.
-    pub(crate) unsafe fn cast_raw(
-        &self,
-        op: &'static str,
-        src: u64,
-        src_dtype: DType,
-        dst: u64,
-        dst_dtype: DType,
-        n: usize,
-    ) -> Result<()> {
-        // SAFETY: the caller's guarantee.
-        unsafe { self.cast_scaled_raw(op, src, src_dtype, dst, dst_dtype, n, 1.0) }
-    }
-
     /// `dst = cast(src · scale)` at raw device addresses.
     ///
     /// # Safety

@@ -213,15 +213,17 @@ fn many_src(d: &CpuDevice, rng: &mut Rng, (rows, cols, src, ..): Spec) -> CpuBuf
     up_as(d, &x, src)
 }
 
-/// `quantize_fp8_many` (`many`) or one `quantize_fp8` per job; returns every job's codes and
-/// transposed codes and the amax bits.
+/// Every job's codes and transposed codes, and the amax bits.
+type ManyOutcome = (Vec<(Vec<u8>, Vec<u8>)>, Vec<u32>);
+
+/// `quantize_fp8_many` (`many`) or one `quantize_fp8` per job.
 fn run_many(
     d: &CpuDevice,
     specs: &[Spec],
     srcs: &[CpuBuffer],
     scale: &CpuBuffer,
     many: bool,
-) -> (Vec<(Vec<u8>, Vec<u8>)>, Vec<u32>) {
+) -> ManyOutcome {
     let mut dsts: Vec<CpuBuffer> = specs.iter().map(|s| zeros(d, s.3, s.0 * s.1)).collect();
     let mut dts: Vec<CpuBuffer> = specs.iter().map(|s| zeros(d, s.3, s.0 * s.1)).collect();
     let mut amax = up(d, &[0.0, 0.5, 0.0, 2.0]);

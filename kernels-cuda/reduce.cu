@@ -195,6 +195,24 @@ extern "C" __global__ void sum_squares_many_partial(const SumSqChunk* __restrict
 // ------------------------------------------------------------------ column sums
 // Used by bias_backward (rows × c) and the position-embedding gradient (b × t·c).
 
+// The end of both partial-sum kernels below: the block's W columns from col0, each the sum of
+// its eight row-phase sums sh[0..7] in order, into the chunk's (blockIdx.y's) partial row.
+// Block (32, 8); call after the barrier that follows the writes to sh.
+template <int W>
+__device__ __forceinline__ void colsum_store_partial(const float (&sh)[8][W + 1],
+                                                     float* __restrict__ partial, u64 cols,
+                                                     u64 col0) {
+    for (int lc = threadIdx.y * 32 + threadIdx.x; lc < W; lc += 256) {
+        const u64 c = col0 + lc;
+        if (c < cols) {
+            float t = 0.0f;
+#pragma unroll
+            for (int k = 0; k < 8; ++k) t += sh[k][lc];
+            partial[(u64)blockIdx.y * cols + c] = t;
+        }
+    }
+}
+
 // Block (32, 8): 64 consecutive columns (two per thread, so a warp reads whole 128-byte lines
 // of bf16/f16) × one chunk of `rows_per_chunk` rows; the 8 row phases are added in order.
 // partial[chunk * cols + col] = Σ_{r in chunk} x[r * cols + col].
@@ -216,16 +234,7 @@ __device__ __forceinline__ void colsum_partial_body(const A* __restrict__ x,
     sh[threadIdx.y][2 * threadIdx.x] = a0;
     sh[threadIdx.y][2 * threadIdx.x + 1] = a1;
     __syncthreads();
-    if (threadIdx.y < 2) {
-        const int lc = threadIdx.y * 32 + threadIdx.x;
-        const u64 c = (u64)blockIdx.x * 64 + lc;
-        if (c < cols) {
-            float s = 0.0f;
-#pragma unroll
-            for (int k = 0; k < 8; ++k) s += sh[k][lc];
-            partial[(u64)blockIdx.y * cols + c] = s;
-        }
-    }
+    colsum_store_partial<64>(sh, partial, cols, (u64)blockIdx.x * 64);
 }
 
 #define COLSUM_PARTIAL(T, S)                                                                  \
@@ -274,15 +283,7 @@ __device__ __forceinline__ void colsum_partial_vec_body(const A* __restrict__ x,
 #pragma unroll
     for (int v = 0; v < V; ++v) sh[threadIdx.y][threadIdx.x * V + v] = acc[v];
     __syncthreads();
-    for (int lc = threadIdx.y * 32 + threadIdx.x; lc < 32 * V; lc += 256) {
-        const u64 c = (u64)blockIdx.x * 32 * V + lc;
-        if (c < cols) {
-            float t = 0.0f;
-#pragma unroll
-            for (int k = 0; k < 8; ++k) t += sh[k][lc];
-            partial[(u64)blockIdx.y * cols + c] = t;
-        }
-    }
+    colsum_store_partial<32 * V>(sh, partial, cols, (u64)blockIdx.x * 32 * V);
 }
 
 #define COLSUM_PARTIAL_VEC(T, S)                                                              \

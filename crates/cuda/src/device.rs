@@ -506,41 +506,6 @@ impl CudaDevice {
         unsafe { self.colsum_finish(op, partial, out, out_dtype, chunks, cols) }
     }
 
-    /// `dst = cast(src · scale)` at raw device addresses.
-    ///
-    /// # Safety
-    /// `src` and `dst` must hold `n` elements of their dtypes.
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn cast_scaled_raw(
-        &self,
-        op: &'static str,
-        src: u64,
-        src_dtype: DType,
-        dst: u64,
-        dst_dtype: DType,
-        n: usize,
-        scale: f32,
-    ) -> Result<()> {
-        let unsupported = |dtype| DeviceError::Unsupported {
-            op: op.into(),
-            dtype,
-        };
-        let s = conv::kernel_suffix(src_dtype).ok_or_else(|| unsupported(src_dtype))?;
-        let d = conv::kernel_suffix(dst_dtype).ok_or_else(|| unsupported(dst_dtype))?;
-        if n == 0 {
-            return Ok(());
-        }
-        // SAFETY: cast_S_D(const S*, D*, u64 n, float); both hold n elements (caller).
-        unsafe {
-            self.launch_1d(
-                KernelModule::Reduce,
-                &format!("cast_{s}_{d}"),
-                n,
-                &[src.into(), dst.into(), (n as u64).into(), scale.into()],
-            )
-        }
-    }
-
     /// `out[col] += Σ_k partial[k·cols + col]` (colsum_finish in reduce.cu, fixed order).
     ///
     /// # Safety
@@ -899,17 +864,30 @@ impl Device for CudaDevice {
     }
 
     fn cast(&self, src: &CudaBuffer, dst: &mut CudaBuffer, scale: f32) -> Result<()> {
-        check_len("cast", "dst", dst, src.len())?;
-        // SAFETY: both buffers hold src.len() elements of their dtypes.
+        const OP: &str = "cast";
+        let unsupported = |dtype| DeviceError::Unsupported {
+            op: OP.into(),
+            dtype,
+        };
+        let s = conv::kernel_suffix(src.dtype()).ok_or_else(|| unsupported(src.dtype()))?;
+        let d = conv::kernel_suffix(dst.dtype()).ok_or_else(|| unsupported(dst.dtype()))?;
+        check_len(OP, "dst", dst, src.len())?;
+        let n = src.len();
+        if n == 0 {
+            return Ok(());
+        }
+        // SAFETY: cast_S_D(const S*, D*, u64 n, float); both buffers hold n elements.
         unsafe {
-            self.cast_scaled_raw(
-                "cast",
-                src.ptr(),
-                src.dtype(),
-                dst.ptr(),
-                dst.dtype(),
-                src.len(),
-                scale,
+            self.launch_1d(
+                KernelModule::Reduce,
+                &format!("cast_{s}_{d}"),
+                n,
+                &[
+                    src.ptr().into(),
+                    dst.ptr().into(),
+                    (n as u64).into(),
+                    scale.into(),
+                ],
             )
         }
     }

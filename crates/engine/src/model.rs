@@ -1199,19 +1199,9 @@ impl<D: Device> Gpt<D> {
             };
             // dresid becomes the last block's output gradient: its column sum is that block's
             // mlp.c_proj bias gradient (16-bit runs; FP8 sums it in the quantisation).
-            let (gw, gb, dsum) = if layers > 0 && self.fp8.is_none() {
-                let [gw, gb, gpb] = g
-                    .get_disjoint_mut([
-                        np - 2,
-                        np - 1,
-                        param_index(layers - 1, BlockParam::FcProjB),
-                    ])
-                    .expect("distinct parameters");
-                (gw, gb, Some(gpb))
-            } else {
-                let (gw, gb) = two_mut(g, np - 2, np - 1);
-                (gw, gb, None)
-            };
+            let sum = (layers > 0 && self.fp8.is_none())
+                .then(|| param_index(layers - 1, BlockParam::FcProjB));
+            let (gw, gb, dsum) = ln_grads(g, np - 2, np - 1, sum);
             layernorm_backward(
                 dev,
                 &s.d_c,
@@ -1591,13 +1581,9 @@ fn block_backward<D: Device>(
             ])
             .expect("distinct parameters");
         let io = match (keep_gelu, one_buffer) {
-            (true, true) => GradIo::Split {
+            (true, _) => GradIo::Split {
                 x: &a.gelu,
-                dx: &mut s.d_f2,
-            },
-            (true, false) => GradIo::Split {
-                x: &a.gelu,
-                dx: &mut s.d_f,
+                dx: if one_buffer { &mut s.d_f2 } else { &mut s.d_f },
             },
             (false, true) => GradIo::Shared(&mut s.d_f2),
             (false, false) => GradIo::Split {
@@ -1666,14 +1652,8 @@ fn block_backward<D: Device>(
     }
     {
         // dresid becomes the gradient of res2: its column sum is attn.c_proj's bias gradient.
-        let [gw, gb, gpb] = g
-            .get_disjoint_mut([
-                gi(BlockParam::Ln2W),
-                gi(BlockParam::Ln2B),
-                gi(BlockParam::ProjB),
-            ])
-            .expect("distinct parameters");
-        let dsum = (!fp8).then_some(gpb);
+        let sum = (!fp8).then(|| gi(BlockParam::ProjB));
+        let (gw, gb, dsum) = ln_grads(g, gi(BlockParam::Ln2W), gi(BlockParam::Ln2B), sum);
         layernorm_backward(
             dev,
             &s.d_c,
@@ -1759,19 +1739,8 @@ fn block_backward<D: Device>(
     {
         // dresid becomes the gradient of this block's input, the previous block's res3: its
         // column sum is that block's mlp.c_proj bias gradient.
-        let (gw, gb, dsum) = if l > 0 && !fp8 {
-            let [gw, gb, gpb] = g
-                .get_disjoint_mut([
-                    gi(BlockParam::Ln1W),
-                    gi(BlockParam::Ln1B),
-                    param_index(l - 1, BlockParam::FcProjB),
-                ])
-                .expect("distinct parameters");
-            (gw, gb, Some(gpb))
-        } else {
-            let (gw, gb) = two_mut(g, gi(BlockParam::Ln1W), gi(BlockParam::Ln1B));
-            (gw, gb, None)
-        };
+        let sum = (l > 0 && !fp8).then(|| param_index(l - 1, BlockParam::FcProjB));
+        let (gw, gb, dsum) = ln_grads(g, gi(BlockParam::Ln1W), gi(BlockParam::Ln1B), sum);
         layernorm_backward(
             dev,
             &s.d_c,
@@ -2237,6 +2206,26 @@ fn linear_backward<D: Device>(
                 sw,
             )?;
             Ok(false)
+        }
+    }
+}
+
+/// A LayerNorm's weight and bias gradients (`w`, `b`) and, where given, the gradient its
+/// backward pass also sums the residual gradient into (`sum`, a linear layer's bias).
+fn ln_grads<B>(
+    g: &mut [B],
+    w: usize,
+    b: usize,
+    sum: Option<usize>,
+) -> (&mut B, &mut B, Option<&mut B>) {
+    match sum {
+        Some(s) => {
+            let [gw, gb, gs] = g.get_disjoint_mut([w, b, s]).expect("distinct parameters");
+            (gw, gb, Some(gs))
+        }
+        None => {
+            let (gw, gb) = two_mut(g, w, b);
+            (gw, gb, None)
         }
     }
 }

@@ -298,59 +298,37 @@ impl CudaDevice {
             }
             let cgrid = grid_dim(op, c.div_ceil(32))?;
             let chunks = dim(op, "chunks", chunks)?;
-            return match (dsum, ss) {
+            // The finish: dgamma and dbeta (and dsum) from their partial areas.
+            let mut fargs: Vec<Arg> = vec![pg.into(), pb.into()];
+            let name = match (dsum, ss) {
                 (Some(dsum), Some(ss)) => {
-                    let ff = self.func(
-                        KernelModule::LayerNorm,
-                        &format!("layernorm_dparams_finish3_{sg}_{ss}"),
-                    )?;
-                    // SAFETY: layernorm_dparams_finish3(const float*, const float*, const float*,
-                    // G*, G*, U*, int chunks, int c): block (32, 32), grid (⌈c/32⌉, 3); reads
-                    // chunks·c partials from each area and updates c elements of dgamma, dbeta
-                    // (dtype G) and dsum (dtype U), checked above.
-                    unsafe {
-                        kernels::launch(
-                            &self.stream,
-                            &ff,
-                            cfg((cgrid, 3, 1), (32, 32, 1)),
-                            &[
-                                pg.into(),
-                                pb.into(),
-                                ps.into(),
-                                dgamma.ptr().into(),
-                                dbeta.ptr().into(),
-                                dsum.ptr().into(),
-                                chunks.into(),
-                                ci.into(),
-                            ],
-                        )
-                    }
+                    fargs.extend::<[Arg; 4]>([
+                        ps.into(),
+                        dgamma.ptr().into(),
+                        dbeta.ptr().into(),
+                        dsum.ptr().into(),
+                    ]);
+                    format!("layernorm_dparams_finish3_{sg}_{ss}")
                 }
                 _ => {
-                    let ff = self.func(
-                        KernelModule::LayerNorm,
-                        &format!("layernorm_dparams_finish_{sg}"),
-                    )?;
-                    // SAFETY: layernorm_dparams_finish(const float*, const float*, G*, G*, int
-                    // chunks, int c): block (32, 32), grid (⌈c/32⌉, 2); reads chunks·c partials
-                    // from each area and updates c elements of dgamma and dbeta (dtype G,
-                    // checked above).
-                    unsafe {
-                        kernels::launch(
-                            &self.stream,
-                            &ff,
-                            cfg((cgrid, 2, 1), (32, 32, 1)),
-                            &[
-                                pg.into(),
-                                pb.into(),
-                                dgamma.ptr().into(),
-                                dbeta.ptr().into(),
-                                chunks.into(),
-                                ci.into(),
-                            ],
-                        )
-                    }
+                    fargs.extend::<[Arg; 2]>([dgamma.ptr().into(), dbeta.ptr().into()]);
+                    format!("layernorm_dparams_finish_{sg}")
                 }
+            };
+            fargs.extend::<[Arg; 2]>([chunks.into(), ci.into()]);
+            let ff = self.func(KernelModule::LayerNorm, &name)?;
+            // SAFETY: layernorm_dparams_finish(const float*, const float*, G*, G*, int chunks,
+            // int c), and layernorm_dparams_finish3 with a third area (ps) after pb and a third
+            // output dsum (dtype U) after dbeta: block (32, 32), grid (⌈c/32⌉, areas); reads
+            // chunks·c partials from each area and updates c elements of dgamma, dbeta (dtype
+            // G) and dsum, checked above.
+            return unsafe {
+                kernels::launch(
+                    &self.stream,
+                    &ff,
+                    cfg((cgrid, areas as u32, 1), (32, 32, 1)),
+                    &fargs,
+                )
             };
         }
         // Rows too wide for the fused kernel: dx with one warp per row, then the parameter

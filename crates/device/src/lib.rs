@@ -137,9 +137,6 @@ pub enum Epilogue<'a, B> {
     /// `C = (op(A)·op(B)) ⊙ gelu'(pre)`: the GELU backward fused into the GEMM that produces
     /// the gradient of the GELU's output. Needs alpha = 1, beta = 0.
     DGelu { pre: &'a B },
-    /// [`Epilogue::DGelu`], and `dbias[j] = Σ_i C[i, j]` (one f32 value per column of C,
-    /// overwritten): the bias gradient of the layer whose output `pre` is, from the same pass.
-    DGeluBiasGrad { pre: &'a B, dbias: &'a mut B },
     /// The usual `C = alpha·op(A)·op(B) + beta·C`, and `dbias[i] = Σ_k op(A)[i, k]` (one f32
     /// value per row of C, overwritten): a linear layer's bias gradient computed in its
     /// weight-gradient GEMM, where A is the output gradient stored `k × m` (`trans_a`).

@@ -1573,13 +1573,7 @@ fn block_backward<D: Device>(
     }
     let one_buffer = s.d_f.is_empty();
     let fused_gelu = {
-        let [gw, gb, gfb] = g
-            .get_disjoint_mut([
-                gi(BlockParam::FcProjW),
-                gi(BlockParam::FcProjB),
-                gi(BlockParam::FcB),
-            ])
-            .expect("distinct parameters");
+        let (gw, gb) = two_mut(g, gi(BlockParam::FcProjW), gi(BlockParam::FcProjB));
         let io = match (keep_gelu, one_buffer) {
             (true, _) => GradIo::Split {
                 x: &a.gelu,
@@ -1591,10 +1585,8 @@ fn block_backward<D: Device>(
                 dx: &mut s.d_f,
             },
         };
-        // Where the GELU backward fuses into the input-gradient GEMM, so does c_fc's bias
-        // gradient (the column sum of that GEMM's result). mlp.c_proj's bias gradient came out
-        // of the LayerNorm backward that wrote dresid (16-bit runs; FP8 sums it in the
-        // quantisation of dresid).
+        // mlp.c_proj's bias gradient came out of the LayerNorm backward that wrote dresid
+        // (16-bit runs; FP8 sums it in the quantisation of dresid).
         linear_backward(
             dev,
             q8.as_mut().map(|q| (q, 4 * l + 3)),
@@ -1603,7 +1595,7 @@ fn block_backward<D: Device>(
             w(BlockParam::FcProjW),
             gw,
             fp8.then_some(gb),
-            Some((&a.fch, Some(gfb))),
+            Some(&a.fch),
             None,
             n,
             f,
@@ -1642,7 +1634,7 @@ fn block_backward<D: Device>(
             },
             w(BlockParam::FcW),
             gw,
-            (!fused_gelu).then_some(gb),
+            Some(gb),
             None,
             gelu_in_quantize.then_some(&a.fch),
             n,
@@ -2087,18 +2079,17 @@ impl<'a, B> GradIo<'a, B> {
 }
 
 /// Backward of [`linear_forward`]: `dW = doutᵀ · x` (written: [`Gpt::zero_grads`] leaves
-/// these gradients alone), `dbias += Σ_rows dout` (unless `dbias` is None: the previous layer's
-/// fused GELU backward wrote it already; FP8 layers always compute their own), then
+/// these gradients alone), `dbias += Σ_rows dout` (unless `dbias` is None: a LayerNorm
+/// backward computed it already, [`Device::layernorm_backward_colsum`]; FP8 layers always
+/// compute their own), then
 /// `dx = dout · W` (overwrites). With `q8`, `dout` is quantised (E5M2 in the HYBRID recipe) and
 /// both GEMMs run in FP8 on the copies the forward pass made, in the K-major layout FP8 GEMMs
 /// need.
 ///
 /// GELU: with `dgelu_pre` (the pre-activation of a GELU whose output was this layer's input
 /// `x`), `dx` becomes the gradient of that pre-activation where the backend fuses the GELU
-/// backward into the 16-bit GEMM, and the bias gradient of the layer that produced the
-/// pre-activation is written into the given buffer from the same GEMM; returns whether it did
-/// (else the caller applies `gelu_backward`, or passes `dout_gelu_pre` to the next layer, and
-/// that layer computes its own bias gradient). With `dout_gelu_pre` (FP8
+/// backward into the 16-bit GEMM; returns whether it did (else the caller applies
+/// `gelu_backward`, or passes `dout_gelu_pre` to the next layer). With `dout_gelu_pre` (FP8
 /// only), `dout` is the gradient of `gelu(dout_gelu_pre)`, this layer's output: the GELU
 /// backward runs inside the quantisation ([`Device::quantize_fp8_grad`]).
 #[allow(clippy::too_many_arguments)]
@@ -2110,7 +2101,7 @@ fn linear_backward<D: Device>(
     w: &D::Buffer,
     dw: &mut D::Buffer,
     dbias: Option<&mut D::Buffer>,
-    dgelu_pre: Option<(&D::Buffer, Option<&mut D::Buffer>)>,
+    dgelu_pre: Option<&D::Buffer>,
     dout_gelu_pre: Option<&D::Buffer>,
     n: usize,
     k: usize,
@@ -2142,12 +2133,8 @@ fn linear_backward<D: Device>(
             let dx = io.into_dx();
             let desc = GemmDesc::new(false, false, n, k, m);
             match dgelu_pre {
-                Some((pre, pre_dbias)) if dev.supports_gemm_epilogue(dx.dtype()) => {
-                    let epi = match pre_dbias {
-                        Some(dbias) => Epilogue::DGeluBiasGrad { pre, dbias },
-                        None => Epilogue::DGelu { pre },
-                    };
-                    dev.gemm_epilogue(&desc, dout, w, dx, epi)?;
+                Some(pre) if dev.supports_gemm_epilogue(dx.dtype()) => {
+                    dev.gemm_epilogue(&desc, dout, w, dx, Epilogue::DGelu { pre })?;
                     Ok(true)
                 }
                 _ => {

@@ -128,13 +128,6 @@ impl CudaDevice {
                 let (aux, ld) = aux(pre)?;
                 (LtEpilogue::DGelu { aux, ld }, None)
             }
-            Epilogue::DGeluBiasGrad { pre, dbias } => {
-                fused_only("GELU backward")?;
-                duet_device::check_dtype(OP, &*dbias, DType::F32)?;
-                duet_device::check_len(OP, "dbias", &*dbias, desc.n)?;
-                let (aux, ld) = aux(pre)?;
-                return self.gemm_dgelu_bias_grad(desc, a, b, c, aux, ld, dbias);
-            }
             Epilogue::BiasGradA { dbias } => {
                 duet_device::check_dtype(OP, &*dbias, DType::F32)?;
                 duet_device::check_len(OP, "dbias", &*dbias, desc.m)?;
@@ -213,27 +206,6 @@ impl CudaDevice {
         self.fill(dbias, 0.0)?;
         // A is stored k × m: the bias gradient is its column sum.
         self.bias_backward(a, dbias, desc.k, desc.m)
-    }
-
-    /// The GELU-backward GEMM (DGELU epilogue) and a column sum of its result for the bias
-    /// gradient. Not cuBLASLt's DGELU_BGRAD: on CUDA 13.0 / H200 it refuses an f32 bias vector
-    /// for bf16 output and, with a bf16 one, runs the GELU backward and the bias gradient as a
-    /// separate kernel of 168 µs per call at the seed model's 8192 × 3072 (the DGELU GEMM and
-    /// the column sum take 92 + 22 µs), measured 2026-11-29.
-    #[allow(clippy::too_many_arguments)]
-    fn gemm_dgelu_bias_grad(
-        &self,
-        desc: &GemmDesc,
-        a: &CudaBuffer,
-        b: &CudaBuffer,
-        c: &mut CudaBuffer,
-        aux: u64,
-        ld: i64,
-        dbias: &mut CudaBuffer,
-    ) -> Result<()> {
-        self.lt_matmul(desc, a, b, c, LtEpilogue::DGelu { aux, ld })?;
-        self.fill(dbias, 0.0)?;
-        self.bias_backward(c, dbias, desc.m, desc.n)
     }
 
     /// Runs `matmul` (a cuBLASLt epilogue) unless cuBLASLt refused `bit` before; an error is

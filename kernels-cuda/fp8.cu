@@ -21,7 +21,10 @@
 //   layernorm_fp8_<A>_<P>_<v|s>_<D>
 //                             LayerNorm forward (mean, rstd) and the codes of its output rounded
 //                             to A (exactly layernorm_forward's `out`, not written), 32-row
-//                             blocks; see the section at the end.
+//                             blocks; see its section.
+//   layernorm_stats_<A>_v, layernorm_quant_t_<A>_<P>_<D>
+//                             the same in two launches for wide rows (row statistics, then the
+//                             64 × 64 tile kernel on the LayerNorm output); see the last section.
 // The column sums are written to partial[tile_row · cols + col] (f32, a fixed order inside the
 // tile). Then each block bumps the counter of its column tile (counters[blockIdx.y]); the block
 // that arrives last adds the partial rows of its 64 columns into dbias, in the order of
@@ -61,10 +64,12 @@ __device__ __forceinline__ void record_amax(float m, float* amax) {
 //     results that would be inf (E5M2) or NaN/out of range (E4M3) to ±max finite; values in
 //     [max, max + ulp/2] round to max anyway. The CPU maps every |x| ≥ max to the max code
 //     with the sign. Same code (0x7e/0xfe for E4M3, 0x7b/0xfb for E5M2).
-//   * NaN: the CPU always gives 0x7f (sign ignored). The hardware's NaN output is not
-//     documented precisely enough (cuda_fp8.hpp's emulation keeps the sign, giving 0xff for a
-//     negative NaN, and 0x7e|mantissa-bits for E5M2), so NaN inputs are fixed up explicitly
-//     to 0x7f below.
+//   * NaN: the CPU always gives 0x7f (sign ignored). The hardware gives a NaN code for a NaN
+//     input, but which one is not documented precisely enough (cuda_fp8.hpp's emulation keeps
+//     the sign, giving 0xff for a negative NaN, and 0x7e|mantissa-bits for E5M2), so NaN codes
+//     are rewritten to 0x7f below. Since .satfinite never produces an infinity, a code is NaN
+//     exactly when its low 7 bits reach the format's first NaN pattern (E4M3 0x7f, E5M2 0x7d;
+//     the largest finite codes are 0x7e and 0x7b): four bytes at once with integer arithmetic.
 // FNUZ formats (no hardware conversion) and sm_80 use the software codec of common.cuh.
 template <typename D> struct HwFp8 {
     static constexpr int kind = 0;  // 0: software codec, 1: e4m3x2, 2: e5m2x2
@@ -89,10 +94,13 @@ __device__ __forceinline__ unsigned int encode4(float a, float b, float c, float
             asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(hi) : "f"(d), "f"(c));
         }
         const unsigned int w = (unsigned int)lo | ((unsigned int)hi << 16);
-        // NaN → 0x7f whatever the sign (the CPU's code; see above).
-        const unsigned int nan = (a != a ? 0x000000ffu : 0u) | (b != b ? 0x0000ff00u : 0u) |
-                                 (c != c ? 0x00ff0000u : 0u) | (d != d ? 0xff000000u : 0u);
-        return (w & ~nan) | (0x7f7f7f7fu & nan);
+        // NaN → 0x7f whatever the sign (the CPU's code; see above). Adding 0x01 (E4M3) or 0x03
+        // (E5M2) to each byte's low 7 bits carries into its bit 7 exactly for the NaN codes (no
+        // carry crosses a byte); `fill` is 0x7f in those bytes.
+        constexpr unsigned int K = HwFp8<D>::kind == 1 ? 0x01010101u : 0x03030303u;
+        const unsigned int nan = ((w & 0x7f7f7f7fu) + K) & 0x80808080u;
+        const unsigned int fill = nan - (nan >> 7);
+        return (w & ~(nan | fill)) | fill;
     } else
 #endif
     {
@@ -122,11 +130,28 @@ template <typename S> struct Raw8 {
     __device__ __forceinline__ float get(int j) const { return to_f32(p[j / N].v[j % N]); }
 };
 
+// x rounded to S (nearest, ties to even) and back: to_f32(from_f32<S>(x)) for every x but a
+// NaN, which stays a NaN with another payload. For the values that are only quantised (their
+// codes and the amax, where every NaN is alike) and summed (dbias, NaN either way); bf16 in one
+// conversion instruction instead of common.cuh's bit arithmetic with its NaN branch.
+template <typename S> __device__ __forceinline__ float round_to(float x) {
+    return to_f32(from_f32<S>(x));
+}
+template <> __device__ __forceinline__ float round_to<bf16_t>(float x) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    unsigned short h;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(x));
+    return __uint_as_float((unsigned int)h << 16);
+#else
+    return to_f32(from_f32<bf16_t>(x));
+#endif
+}
+
 // The value quantised for source element x: x itself, or with GELU gelu(x) rounded to S as
 // gelu_forward stores it.
 template <typename S, bool GELU> __device__ __forceinline__ float src_value(float x) {
     if constexpr (GELU)
-        return to_f32(from_f32<S>(gelu_f(x)));
+        return round_to<S>(gelu_f(x));
     else
         return x;
 }
@@ -230,19 +255,21 @@ __device__ __forceinline__ void finish_colsum(unsigned int (&scratch)[QT][QT / 4
     const u64 tiles = gridDim.x;
     float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     if (col < cols) {
-        // 4 steps of each of the 4 chains per iteration: 16 loads in flight, then the adds in
+        // FC_STEPS steps of each of the 4 chains per iteration: 4 · FC_STEPS loads in flight
+        // (the finish is the kernel's tail: one round trip per iteration), then the adds in
         // chain order.
-        for (u64 k0 = 4 * h; k0 < tiles; k0 += 32) {
-            float v[4][4];
+        constexpr int FC_STEPS = 4;
+        for (u64 k0 = 4 * h; k0 < tiles; k0 += 8 * FC_STEPS) {
+            float v[FC_STEPS][4];
 #pragma unroll
-            for (int q = 0; q < 4; ++q)
+            for (int q = 0; q < FC_STEPS; ++q)
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
                     const u64 k = k0 + 8 * q + i;
                     v[q][i] = k < tiles ? __ldcg(partial + k * cols + col) : 0.0f;
                 }
 #pragma unroll
-            for (int q = 0; q < 4; ++q)
+            for (int q = 0; q < FC_STEPS; ++q)
 #pragma unroll
                 for (int i = 0; i < 4; ++i)
                     if (k0 + 8 * q + i < tiles) s[i] += v[q][i];
@@ -259,21 +286,32 @@ __device__ __forceinline__ void finish_colsum(unsigned int (&scratch)[QT][QT / 4
     }
 }
 
+// The LayerNorm operands of MODE 4: per-column gamma/beta (P), per-row mean/rstd (f32, as
+// layernorm_forward writes them). Unused (null) in the other modes.
+template <typename P> struct LnArgs {
+    const P* gamma = nullptr;
+    const P* beta = nullptr;
+    const float* mean = nullptr;
+    const float* rstd = nullptr;
+};
+
 // MODE 0: quantise src. MODE 1: g = src (dout), plus column sums into dbias. MODE 2:
 // g = gelu'(pre) · src rounded to S, plus column sums into dbias. MODE 3: h = gelu(src) rounded
-// to S. dst_t may be null (no transposed copy; then rows need not be a multiple of 8).
+// to S. MODE 4: y = LayerNorm(src) rounded to S with the given mean and rstd (exactly
+// layernorm_forward's `out`; ln_affine, common.cuh). dst_t may be null (no transposed copy; then
+// rows need not be a multiple of 8).
 // The block quantises tile (bx, by): rows [64·bx, 64·bx + 64), columns [64·by, 64·by + 64);
 // the one-matrix kernels pass (blockIdx.x, blockIdx.y). Modes 1 and 2 (finish_colsum) need
 // exactly that grid.
 //
 // Modes 1 and 2: partial holds gridDim.x rows of cols f32; counters[blockIdx.y] is 0 at launch
 // (and again after it); dbias holds cols values of dtype dbias_dt (0 f32, 1 bf16, 2 f16).
-template <typename S, typename D, int MODE>
+template <typename S, typename D, int MODE, typename P = S>
 __device__ __forceinline__ void quantize_tile_body(
     const S* __restrict__ src, const S* __restrict__ pre, D* __restrict__ dst_,
     D* __restrict__ dst_t_, float* __restrict__ partial, unsigned int* __restrict__ counters,
     u64 dbias, int dbias_dt, u64 rows, u64 cols, const float* __restrict__ scale,
-    float* __restrict__ amax, unsigned int bx, unsigned int by) {
+    float* __restrict__ amax, unsigned int bx, unsigned int by, LnArgs<P> ln = LnArgs<P>()) {
     constexpr bool SUMS = MODE == 1 || MODE == 2;
     __shared__ __align__(16) unsigned int tile[QT][QT / 4];
     __shared__ float wmax[QT_THREADS / 32];
@@ -290,12 +328,24 @@ __device__ __forceinline__ void quantize_tile_body(
     const bool col_ok = c < cols;
     Raw8<S> xs[QT_PASSES];
     Raw8<S> ps[MODE == 2 ? QT_PASSES : 1];
+    Raw8<P> lg, lb;                                   // MODE 4: gamma, beta of the 8 columns
+    float lmu[MODE == 4 ? QT_PASSES : 1], lrs[MODE == 4 ? QT_PASSES : 1];  // and of the rows
 #pragma unroll
     for (int p = 0; p < QT_PASSES; ++p) {
         const u64 r = r0 + rt + 16 * p;
         if (col_ok && r < rows) {
             xs[p].load(src + r * cols + c);
             if constexpr (MODE == 2) ps[p].load(pre + r * cols + c);
+            if constexpr (MODE == 4) {
+                lmu[p] = ln.mean[r];
+                lrs[p] = ln.rstd[r];
+            }
+        }
+    }
+    if constexpr (MODE == 4) {
+        if (col_ok) {
+            lg.load(ln.gamma + c);
+            lb.load(ln.beta + c);
         }
     }
     float m = 0.0f;
@@ -311,7 +361,10 @@ __device__ __forceinline__ void quantize_tile_body(
 #pragma unroll
             for (int j = 0; j < 8; ++j) {
                 if constexpr (MODE == 2)
-                    v[j] = to_f32(from_f32<S>(gelu_grad_f(ps[p].get(j)) * xs[p].get(j)));
+                    v[j] = round_to<S>(gelu_grad_f(ps[p].get(j)) * xs[p].get(j));
+                else if constexpr (MODE == 4)
+                    v[j] = round_to<S>(
+                        ln_affine(xs[p].get(j), lmu[p], lrs[p], lg.get(j), lb.get(j)));
                 else
                     v[j] = src_value<S, MODE == 3>(xs[p].get(j));
                 m = fmaxf(m, fabsf(v[j]));
@@ -560,8 +613,9 @@ __device__ __forceinline__ void layernorm_fp8_body(
     D* __restrict__ dst_t_, int n, int c, float eps, int G, const float* __restrict__ scale,
     float* __restrict__ amax) {
     constexpr int V = VEC ? Pack<A>::N : 1;
-    // Vectors per thread: the most any plan gives (layernorm.rs: 24 elements vectorised, 6
-    // single ones); the row layout does not depend on it.
+    // Vectors per thread: 24 elements vectorised, 6 single ones (the host runs this kernel
+    // only for plans within that, LNQ_MAX_ELEMENTS in fp8.rs); the row layout does not depend
+    // on it.
     constexpr int M = VEC ? 24 / V : 6;
     static_assert(V == 1 || V == 4 || V == 8, "codes per vector");
     extern __shared__ __align__(16) unsigned int qtile[];  // LNQ_ROWS × S words, with dst_t
@@ -609,8 +663,8 @@ __device__ __forceinline__ void layernorm_fp8_body(
 #pragma unroll
                 for (int e = 0; e < V; ++e) {
                     // layernorm_forward's out element, as quantize_fp8 reads it back.
-                    v[e] = to_f32(from_f32<A>(ln_affine(to_f32(cur[k].v[e]), mu, rs,
-                                                        to_f32(g.v[e]), to_f32(b.v[e]))));
+                    v[e] = round_to<A>(ln_affine(to_f32(cur[k].v[e]), mu, rs, to_f32(g.v[e]),
+                                                 to_f32(b.v[e])));
                     m = fmaxf(m, fabsf(v[e]));
                 }
                 unsigned char* out = dst + (u64)row * c + (u64)j * V;
@@ -685,3 +739,67 @@ __device__ __forceinline__ void layernorm_fp8_body(
     LAYERNORM_FP8_ONE(A, SA, P, SP, true, v, e5m2_t, f8e5m2)                                  \
     LAYERNORM_FP8_ONE(A, SA, P, SP, false, s, e5m2_t, f8e5m2)
 FOR_ACT_AND_WIDE(LAYERNORM_FP8)
+
+// ------------------------------------------------------------------ LayerNorm + quantisation, split
+//
+// For wide rows the one-pass kernel above has too few rows in flight (a block owns 32 rows, each
+// row group works through its rows one after another), so Device::layernorm_forward_fp8 splits
+// it in two launches (device/fp8.rs chooses by the row width):
+//   layernorm_stats_<A>_v(x, mean, rstd, n, c, eps, G): layernorm_forward's vectorised kernel
+//     without the output: one row per group of G warps, ⌊8 / G⌋ groups per block, the row
+//     loaded, reduced and normalised by the same helpers (ln_load_row, ln_row_stats), so mean
+//     and rstd are layernorm_forward's bits for the plan's G.
+//   layernorm_quant_t_<A>_<P>_<D>(x, gamma, beta, mean, rstd, dst, dst_t, rows, cols, scale,
+//     amax): the 64 × 64 tile kernel (MODE 4) on y = ln_affine(x, mean, rstd, γ, β) rounded to
+//     A, which is layernorm_forward's `out` element, so the codes are those of
+//     layernorm_forward + quantize_fp8. cols a multiple of 8 (rows too with dst_t).
+// x is read twice (the second read mostly from L2, right after the first).
+template <typename A>
+__device__ __forceinline__ void layernorm_stats_body(const A* __restrict__ x,
+                                                     float* __restrict__ mean,
+                                                     float* __restrict__ rstd, int n, int c,
+                                                     float eps, int G) {
+    constexpr int V = Pack<A>::N;
+    constexpr int M = 8;  // the most any vectorised forward plan gives (LN_FWD_MAX_VECTORS)
+    __shared__ float sh[8];
+    const int gt = G * 32, groups = blockDim.x / gt;
+    const int grp = threadIdx.x / gt, t = threadIdx.x - grp * gt;
+    const int row = blockIdx.x * groups + grp;
+    const bool live = row < n;
+    Vec<A, V> xr[M];
+    ln_load_row<A, V, M>(xr, x + (u64)(live ? row : 0) * c, live, t, gt, c / V);
+    float mu, rs;
+    ln_row_stats<A, V, M>(xr, live, t, gt, c / V, c, eps, G, sh, mu, rs);
+    if (live && t == 0) {
+        mean[row] = mu;
+        rstd[row] = rs;
+    }
+}
+
+#define LAYERNORM_STATS(A, SA)                                                                \
+    extern "C" __global__ void __launch_bounds__(256)                                         \
+        layernorm_stats_##SA##_v(const A* __restrict__ x, float* __restrict__ mean,           \
+                                 float* __restrict__ rstd, int n, int c, float eps, int G) {  \
+        layernorm_stats_body<A>(x, mean, rstd, n, c, eps, G);                                 \
+    }
+FOR_FLOAT(LAYERNORM_STATS)
+
+#define LAYERNORM_QUANT_ONE(A, SA, P, SP, D, SD)                                               \
+    extern "C" __global__ void __launch_bounds__(QT_THREADS)                                   \
+        layernorm_quant_t_##SA##_##SP##_##SD(                                                  \
+            const A* __restrict__ x, const P* __restrict__ gamma, const P* __restrict__ beta, \
+            const float* __restrict__ mean, const float* __restrict__ rstd,                   \
+            D* __restrict__ dst, D* __restrict__ dst_t, u64 rows, u64 cols,                   \
+            const float* __restrict__ scale, float* __restrict__ amax) {                      \
+        LnArgs<P> ln;                                                                          \
+        ln.gamma = gamma;                                                                      \
+        ln.beta = beta;                                                                        \
+        ln.mean = mean;                                                                        \
+        ln.rstd = rstd;                                                                        \
+        quantize_tile_body<A, D, 4, P>(x, nullptr, dst, dst_t, nullptr, nullptr, 0, 0, rows,  \
+                                       cols, scale, amax, blockIdx.x, blockIdx.y, ln);         \
+    }
+#define LAYERNORM_QUANT(A, SA, P, SP)                                                         \
+    LAYERNORM_QUANT_ONE(A, SA, P, SP, e4m3_t, f8e4m3)                                         \
+    LAYERNORM_QUANT_ONE(A, SA, P, SP, e5m2_t, f8e5m2)
+FOR_ACT_AND_WIDE(LAYERNORM_QUANT)

@@ -386,7 +386,7 @@ __device__ __forceinline__ void layernorm_bwd_body(
     LN_FWD(A, SA, P, SP, VEC, VN, M) LN_BWD(A, SA, P, SP, VEC, VN, M)
 #define LN_ALL(A, SA, P, SP, VEC, VN, M)                                                      \
     LN_BOTH(A, SA, P, SP, VEC, VN, M) LN_BWDSUM(A, SA, P, SP, VEC, VN, M)
-// M in {1, 2, 3, 4, 6}; vectorised: at most 24 elements per thread forward and 3 vectors
+// M in {1, 2, 3, 4, 6, 8}; vectorised: at most 8 vectors per thread forward and 3 vectors
 // (48 bytes of each of x, dout and dx) per thread backward. layernorm_bwdsum_* only for the
 // vectorised plans (the rows of a model); with single elements the host composes the backward
 // and a column sum (keeps NVRTC's compile time of this file down).
@@ -397,10 +397,10 @@ __device__ __forceinline__ void layernorm_bwd_body(
     LN_BOTH(A, SA, P, SP, false, s, 4)                                                        \
     LN_BOTH(A, SA, P, SP, false, s, 6)                                                        \
     LN_ALL(A, SA, P, SP, true, v, 1)                                                          \
-    LN_ALL(A, SA, P, SP, true, v, 2) LN_ALL(A, SA, P, SP, true, v, 3)
+    LN_ALL(A, SA, P, SP, true, v, 2) LN_ALL(A, SA, P, SP, true, v, 3)                        \
+    LN_FWD(A, SA, P, SP, true, v, 4) LN_FWD(A, SA, P, SP, true, v, 6)                          \
+    LN_FWD(A, SA, P, SP, true, v, 8)
 LN_SET(float, f32, float, f32)
-LN_FWD(float, f32, float, f32, true, v, 4)
-LN_FWD(float, f32, float, f32, true, v, 6)
 LN_SET(bf16_t, bf16, bf16_t, bf16)
 LN_SET(bf16_t, bf16, float, f32)
 LN_SET(f16_t, f16, f16_t, f16)

@@ -16,7 +16,8 @@
 //!
 //! * `layernorm`    — `layernorm_forward` alone (bf16 out; charged its own bytes);
 //! * `ln_fp8` / `ln_fp8_t` — `layernorm_forward_fp8` (mean, rstd and the codes of the
-//!   LayerNorm output) without / with `dst_t`;
+//!   LayerNorm output) without / with `dst_t`, as chosen by row width, then forced onto the
+//!   one-pass kernel (`_1pass`) and the split kernels (`_split`);
 //! * `separate_ln` / `separate_ln_t` — what they replace: layernorm_forward + quantize_fp8
 //!   (charged the fused op's bytes).
 //!
@@ -38,12 +39,14 @@ use duet_device::{DType, Device, DeviceError, DeviceExt, Fp8QuantJob};
 use half::bf16;
 
 const ITERS: usize = 100;
-const SHAPES: [(usize, usize); 5] = [
+const SHAPES: [(usize, usize); 7] = [
     (8192, 768),
     (8192, 2304),
     (8192, 3072),
     (3072, 768),
     (2048, 8192),
+    (8192, 2048),
+    (8192, 8192),
 ];
 /// (rows, c) of the LayerNorm cases: the widths of the model configurations.
 const LN_SHAPES: [(usize, usize); 4] = [(8192, 768), (8192, 1024), (8192, 2048), (4096, 4096)];
@@ -331,24 +334,28 @@ fn layernorm_rows(dev: &CudaDevice, rows: usize, c: usize) {
     for transposed in [false, true] {
         let sfx = if transposed { "_t" } else { "" };
         let bytes = b_in + b_stats + if transposed { 2 * n } else { n };
-        let us = time(dev, || {
-            dev.layernorm_forward_fp8(
-                &x,
-                &gamma,
-                &beta,
-                &mut mean,
-                &mut rstd,
-                &mut dst,
-                transposed.then_some(&mut dst_t),
-                rows,
-                c,
-                eps,
-                &scale,
-                &mut amax,
-                0,
-            )
-        });
-        row(&format!("ln_fp8{sfx}"), us, bytes);
+        for (label, split) in [("", None), ("_1pass", Some(false)), ("_split", Some(true))] {
+            CudaDevice::layernorm_fp8_split_on_this_thread(split);
+            let us = time(dev, || {
+                dev.layernorm_forward_fp8(
+                    &x,
+                    &gamma,
+                    &beta,
+                    &mut mean,
+                    &mut rstd,
+                    &mut dst,
+                    transposed.then_some(&mut dst_t),
+                    rows,
+                    c,
+                    eps,
+                    &scale,
+                    &mut amax,
+                    0,
+                )
+            });
+            CudaDevice::layernorm_fp8_split_on_this_thread(None);
+            row(&format!("ln_fp8{sfx}{label}"), us, bytes);
+        }
         let us = time(dev, || {
             dev.layernorm_forward(
                 &x, &gamma, &beta, &mut out, &mut mean, &mut rstd, rows, c, eps,

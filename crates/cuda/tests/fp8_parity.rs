@@ -1544,7 +1544,8 @@ fn assert_ln_same(
 /// fast LayerNorm layout (vectorised with 1, 2, 4 and 8 warps per row, single elements), rows
 /// and columns not multiples of 8 or 32, rows too wide for the fast LayerNorm (the separate
 /// ops inside), bf16/f16/f32 activations with parameters of the same type or f32, every FP8
-/// format (FNUZ: the separate ops inside), special rows (NaN, inf, zero variance).
+/// format (FNUZ: the separate ops inside), special rows (NaN, inf, zero variance). The fused
+/// call runs forced onto each kernel path (one pass; statistics + tile kernel) and by default.
 #[test]
 fn layernorm_forward_fp8_matches_the_separate_ops() {
     let test = "layernorm_forward_fp8_matches_the_separate_ops";
@@ -1607,17 +1608,24 @@ fn layernorm_forward_fp8_matches_the_separate_ops() {
                                     separate,
                                 )
                             };
-                            let f = run(false);
                             let s = run(true);
-                            assert_ln_same(&what, n, c, &xs, transposed, &f, &s);
-                            checked += 1;
+                            // Both kernel paths (one pass; statistics + tile kernel) wherever
+                            // they apply, then the default choice.
+                            for split in [Some(false), Some(true), None] {
+                                CudaDevice::layernorm_fp8_split_on_this_thread(split);
+                                let f = run(false);
+                                CudaDevice::layernorm_fp8_split_on_this_thread(None);
+                                let what = format!("{what} split {split:?}");
+                                assert_ln_same(&what, n, c, &xs, transposed, &f, &s);
+                                checked += 1;
+                            }
                         }
                     }
                 }
             }
         }
     }
-    assert!(checked >= 1500, "{checked} cases");
+    assert!(checked >= 4500, "{checked} cases");
 }
 
 /// layernorm_forward_fp8 recorded into a CUDA graph and replayed gives the eager results (the

@@ -4,8 +4,8 @@
 //! adds again), and bit-identical results between repeated runs.
 //!
 //! Shapes cover the vectorised fast path (c a multiple of 8), the single-element fast path (c = 1,
-//! 7, 100) and the wide-row fallback kernels (c = 1537, 3080 backward, 8200). When no CUDA device is usable
-//! the test prints `SKIP <name>: <reason>` to stderr and returns. Inputs come from a fixed seed
+//! 7, 100) and the wide-row fallback kernels (c = 1537, 3080 backward, 16392). When no CUDA
+//! device is usable the test prints `SKIP <name>: <reason>` to stderr and returns. Inputs come from a fixed seed
 //! (`DUET_TEST_SEED` overrides it).
 
 use duet_cpu::{CpuBuffer, CpuDevice};
@@ -263,7 +263,14 @@ fn layernorm_fused_matches_cpu_and_is_deterministic() {
         }
     }
     // Fallback kernels: rows too wide for the fast path (single elements, then vectors).
-    cases.extend([(5, 1537), (4, 3080), (9, 8200), (300, 1000), (67, 768)]);
+    cases.extend([
+        (5, 1537),
+        (4, 3080),
+        (9, 8200),
+        (3, 16392),
+        (300, 1000),
+        (67, 768),
+    ]);
     for (act, pdt) in DTYPES {
         for &(n, c) in &cases {
             check_case(&g, &cpu, &mut rng, act, pdt, n, c);

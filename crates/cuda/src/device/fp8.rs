@@ -33,7 +33,12 @@
 //! as `layernorm_forward` chooses it for the same operands), so mean, rstd and the normalised
 //! values are its bits, then the codes of each value rounded to `x`'s dtype, as `quantize_fp8`
 //! computes them. One block per 32 rows; with `dst_t` the block's codes go through a 32-row
-//! shared tile (`32 · ⌈c / 128⌉ · 128` bytes) to the transposed store. Rows without a fast plan
+//! shared tile (`32 · ⌈c / 128⌉ · 128` bytes) to the transposed store. From
+//! [`LN_SPLIT_MIN_COLS`] columns on (vectorised plans, OCP formats, shapes the tile kernel takes)
+//! it runs two launches instead, since a 32-row block keeps too few wide rows in flight:
+//! `layernorm_stats_<A>_v` (the plan's row statistics, layernorm_forward's bits) and
+//! `layernorm_quant_t_<A>_<P>_<D>` (the 64 × 64 tile kernel on the LayerNorm output computed on
+//! load from those statistics). Rows without a fast plan
 //! (wider than the fast LayerNorm takes), FNUZ formats, and tiles beyond the GPU's shared memory
 //! run the separate ops, like the trait's default.
 
@@ -50,10 +55,30 @@ const VEC: usize = 8;
 const JOB_BYTES: usize = 64;
 /// Rows per block of the fused LayerNorm kernel (`LNQ_ROWS` in fp8.cu).
 const LNQ_ROWS: usize = 32;
+/// Most elements per thread of the one-pass LayerNorm kernel (`M` in fp8.cu's
+/// layernorm_fp8_body); wider plans run the split kernels or the separate ops.
+const LNQ_MAX_ELEMENTS: usize = 24;
 /// Dynamic shared memory a kernel may use without opting in.
 const SMEM_DEFAULT: usize = 48 * 1024;
 /// Shared memory per block kept back from the opt-in maximum for the kernel's static arrays.
 const SMEM_STATIC_RESERVE: usize = 1024;
+
+/// Row width from which [`Device::layernorm_forward_fp8`] runs the split kernels (statistics,
+/// then the 64 × 64 tile kernel) instead of the one-pass kernel.
+const LN_SPLIT_MIN_COLS: usize = 1024;
+
+thread_local! {
+    /// Per-thread override of the LayerNorm + FP8 path (`Some(true)`: split whenever possible).
+    static LN_SPLIT_ON_THREAD: std::cell::Cell<Option<bool>> =
+        const { std::cell::Cell::new(None) };
+}
+
+/// Whether a LayerNorm + FP8 call with rows of `c` elements runs the split kernels.
+fn use_ln_split(c: usize) -> bool {
+    LN_SPLIT_ON_THREAD
+        .with(std::cell::Cell::get)
+        .unwrap_or(c >= LN_SPLIT_MIN_COLS)
+}
 
 /// Column-tile counters of the gradient kernels (u32 each): one per grid y index, of which
 /// [`CudaDevice::tile_grid`] allows at most 65535.
@@ -549,7 +574,78 @@ impl CudaDevice {
             && n.next_multiple_of(LNQ_ROWS) <= i32::MAX as usize
             && codes_aligned
             && (smem <= SMEM_DEFAULT || smem <= self.lnq_smem_cap());
-        let Some(p) = plan.filter(|_| fused) else {
+        // Wide rows: statistics, then the 64 × 64 tile kernel (see the module documentation).
+        if let Some(p) = plan.filter(|p| {
+            p.vec
+                && use_ln_split(c)
+                && c.is_multiple_of(VEC)
+                && (dst_t.is_none() || n.is_multiple_of(VEC))
+                && codes_aligned
+                && matches!(dst.dtype(), DType::F8E4M3 | DType::F8E5M2)
+        }) {
+            let (groups, threads) = p.block(layernorm::LN_WARPS);
+            let f = self.func(KernelModule::Fp8, &format!("layernorm_stats_{sa}_v"))?;
+            // SAFETY: layernorm_stats_A_v(const A* x, float* mean, float* rstd, int n, int c,
+            // float eps, int G): x holds n·c elements, mean/rstd n (checked); block b reads rows
+            // [groups·b, groups·b + groups) ∩ [0, n) with 16-byte loads (the plan is vectorised:
+            // x 16-byte aligned, c a multiple of the vector width) of at most 24 elements per
+            // thread (the plan's bound); ⌊8 / G⌋ groups of G warps, ≤ 256 threads.
+            unsafe {
+                kernels::launch(
+                    &self.stream,
+                    &f,
+                    cfg((grid_dim(OP, n.div_ceil(groups))?, 1, 1), (threads, 1, 1)),
+                    &[
+                        x.ptr().into(),
+                        mean.ptr().into(),
+                        rstd.ptr().into(),
+                        ni.into(),
+                        ci.into(),
+                        eps.into(),
+                        (p.g as i32).into(),
+                    ],
+                )?;
+            }
+            let f = self.func(
+                KernelModule::Fp8,
+                &format!("layernorm_quant_t_{sa}_{sp}_{ds}"),
+            )?;
+            let grid = Self::tile_grid(OP, n, c)?;
+            // SAFETY: layernorm_quant_t_A_P_D(const A* x, const P* gamma, const P* beta,
+            // const float* mean, const float* rstd, D* dst, D* dst_t, u64 rows, u64 cols,
+            // const float* scale, float* amax): x, dst (and dst_t, or null) hold n·c elements,
+            // gamma/beta c, mean/rstd n (checked, mean/rstd written by the launch above on the
+            // same stream); the 64 × 64 tile grid of n × c with c a multiple of 8 (and n too
+            // with dst_t), 16-byte aligned x/gamma/beta/dst/dst_t (checked above);
+            // scale/amax at slot (checked).
+            return unsafe {
+                kernels::launch(
+                    &self.stream,
+                    &f,
+                    cfg(grid, (QT_THREADS, 1, 1)),
+                    &[
+                        x.ptr().into(),
+                        gamma.ptr().into(),
+                        beta.ptr().into(),
+                        mean.ptr().into(),
+                        rstd.ptr().into(),
+                        dst.ptr().into(),
+                        dst_t.map_or(0, |t| t.ptr()).into(),
+                        (n as u64).into(),
+                        (c as u64).into(),
+                        scale.ptr_at(slot).into(),
+                        amax.ptr_at(slot).into(),
+                    ],
+                )
+            };
+        }
+        // The one-pass kernel holds at most 24 elements per thread (two rows in flight).
+        let width = if plan.is_some_and(|p| p.vec) {
+            16 / act.size_bytes()
+        } else {
+            1
+        };
+        let Some(p) = plan.filter(|p| fused && p.vectors() * width <= LNQ_MAX_ELEMENTS) else {
             // The trait's default: layernorm_forward into a temporary, then quantize_fp8.
             let mut out = self.alloc(act, x.len())?;
             self.layernorm_forward_impl(x, gamma, beta, &mut out, mean, rstd, n, c, eps)?;
@@ -603,6 +699,14 @@ impl CudaDevice {
                 ],
             )
         }
+    }
+
+    /// Selects the [`Device::layernorm_forward_fp8`] kernels for the calls made on the calling
+    /// thread: `Some(true)` the split kernels (statistics, then the tile kernel) wherever they
+    /// apply, `Some(false)` the one-pass kernel, `None` by row width. For A/B tests and
+    /// benchmarks; both give the same bits.
+    pub fn layernorm_fp8_split_on_this_thread(split: Option<bool>) {
+        LN_SPLIT_ON_THREAD.with(|c| c.set(split));
     }
 
     /// Dynamic shared memory the fused LayerNorm kernel may use on this GPU: the opt-in

@@ -10,7 +10,10 @@
 use super::*;
 
 /// Vectors per thread the fast kernels are instantiated for.
-const LN_M: [usize; 5] = [1, 2, 3, 4, 6];
+const LN_M: [usize; 6] = [1, 2, 3, 4, 6, 8];
+/// Most 16-byte vectors per thread of the vectorised forward (64 bf16/f16 or 32 f32 elements):
+/// rows up to 2048 bf16 elements get one warp each, whose reductions need no block barrier.
+pub(super) const LN_FWD_MAX_VECTORS: usize = 8;
 /// Warps per block of the fast forward (at most; `⌊8 / g⌋` row groups of `g` warps).
 pub(super) const LN_WARPS: usize = 8;
 /// Warps per block of the fused backward (at most; `⌊4 / g⌋` row groups of `g` warps).
@@ -39,6 +42,11 @@ impl Plan {
         format!("layernorm_{pass}_{sa}_{sp}_{v}{}", self.m)
     }
 
+    /// Vectors (or single elements) per thread.
+    pub(super) fn vectors(&self) -> usize {
+        self.m
+    }
+
     /// Row groups per block and threads per block, for blocks of at most `warps` warps.
     pub(super) fn block(&self, warps: usize) -> (usize, u32) {
         let groups = warps / self.g;
@@ -48,8 +56,8 @@ impl Plan {
 
 /// The split of a row for the fast kernels, or `None` when the row is too wide for them.
 /// Among the group sizes (forward up to 8 warps, backward up to 4) whose threads need at most
-/// the instantiated vectors each (forward: 24 elements per thread vectorised; backward: 3
-/// vectors of 16 bytes; single elements: 6), picks the one with the fewest thread slots, then
+/// the instantiated vectors each (forward: [`LN_FWD_MAX_VECTORS`] vectors of 16 bytes;
+/// backward: 3; single elements: 6), picks the one with the fewest thread slots, then
 /// the fewest warps per row.
 pub(super) fn plan(c: usize, act: DType, aligned: bool, backward: bool) -> Option<Plan> {
     let pack = 16 / act.size_bytes();
@@ -57,7 +65,7 @@ pub(super) fn plan(c: usize, act: DType, aligned: bool, backward: bool) -> Optio
     let (width, max_m) = match (vec, backward) {
         (false, _) => (1, 6),
         (true, true) => (pack, 3),
-        (true, false) => (pack, 24 / pack),
+        (true, false) => (pack, LN_FWD_MAX_VECTORS),
     };
     let nv = c / width;
     let mut best: Option<(usize, Plan)> = None;
@@ -415,7 +423,9 @@ mod tests {
         let s = |g, m| Some(Plan { vec: false, g, m });
         assert_eq!(p(768, DType::BF16, false), v(1, 3));
         assert_eq!(p(768, DType::BF16, true), v(1, 3));
-        assert_eq!(p(2048, DType::BF16, false), v(4, 2));
+        assert_eq!(p(1024, DType::BF16, false), v(1, 4));
+        assert_eq!(p(2048, DType::BF16, false), v(1, 8));
+        assert_eq!(p(4096, DType::BF16, false), v(2, 8));
         assert_eq!(p(2048, DType::BF16, true), v(4, 2));
         assert_eq!(p(768, DType::F32, false), v(1, 6));
         assert_eq!(p(768, DType::F32, true), v(2, 3));
@@ -426,8 +436,10 @@ mod tests {
         assert_eq!(plan(768, DType::BF16, false, true), s(4, 6));
         assert_eq!(p(3072, DType::BF16, true), v(4, 3));
         assert_eq!(p(3080, DType::BF16, true), None);
-        assert_eq!(p(6144, DType::BF16, false), v(8, 3));
-        assert_eq!(p(6152, DType::BF16, false), None);
+        assert_eq!(p(6144, DType::BF16, false), v(3, 8));
+        assert_eq!(p(6152, DType::BF16, false), v(5, 6));
+        assert_eq!(p(16384, DType::BF16, false), v(8, 8));
+        assert_eq!(p(16392, DType::BF16, false), None);
         assert_eq!(p(769, DType::F16, true), None);
         assert_eq!(p(1537, DType::F16, false), None);
         assert_eq!(ln_rows_per_chunk(1), 4);

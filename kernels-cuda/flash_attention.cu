@@ -333,13 +333,18 @@ __device__ __forceinline__ void fa_rowdot(const T* __restrict__ out, const T* __
 
 // dK, dV for 64 keys of one head: loops over the query tiles from the diagonal to the end,
 // recomputing Pᵀ = exp(scale·K·Qᵀ − lse) tile by tile. BQ = 64 (HS = 64) or 32 (HS = 128).
-template <typename T, int HS>
+// With DS (version 3) it also stores dSᵀ = (P ∘ (dP − D))ᵀ, rounded to T exactly as it enters
+// dK's product, into `ds`: per head a tp × tp matrix (tp = t rounded up to 64), row = key,
+// column = query; every query tile from the diagonal on is written (zeros where masked and for
+// queries ≥ t), key rows ≥ t are not. fa_backward_dq3 reads it back.
+template <typename T, int HS, bool DS = false>
 __device__ __forceinline__ void fa_backward_dkv(const T* __restrict__ qkv,
                                                 const T* __restrict__ dout,
                                                 const float* __restrict__ lse,
                                                 const float* __restrict__ dd,
                                                 T* __restrict__ dqkv, int t, int nh,
-                                                float scale) {
+                                                float scale, T* __restrict__ ds = nullptr,
+                                                int tp = 0) {
     constexpr int BK = 64, BQ = HS == 64 ? 64 : 32;
     extern __shared__ __align__(128) unsigned char fa_smem[];
     T* sK = (T*)fa_smem;
@@ -434,6 +439,18 @@ __device__ __forceinline__ void fa_backward_dkv(const T* __restrict__ qkv,
                 }
                 p[nb][e] = pv;
                 dp[nb][e] = pv * (dp[nb][e] - cD[c]);
+            }
+        }
+        if constexpr (DS) {
+            // dSᵀ rows key0, key0 + 8 (before t), columns qs + 8·nb + 2·tg (+1), as packed
+            // for the product below.
+            T* drow = ds + ((i64)bh * tp + key0) * tp + qs + 2 * tg;
+#pragma unroll
+            for (int nb = 0; nb < BQ / 8; ++nb) {
+                if (key0 < t)
+                    *(u32*)(drow + nb * 8) = Mma<T>::pack(dp[nb][0], dp[nb][1]);
+                if (key0 + 8 < t)
+                    *(u32*)(drow + 8 * (i64)tp + nb * 8) = Mma<T>::pack(dp[nb][2], dp[nb][3]);
             }
         }
         // dV += Pᵀ·dO, dK += dSᵀ·Q (scale applied at the end).
@@ -955,5 +972,107 @@ FA_ENTRIES2(bf16_t, bf16, 64, 64, 2, 3)
 FA_ENTRIES2(bf16_t, bf16, 128, 32, 2, 3)
 FA_ENTRIES2(f16_t, f16, 64, 64, 2, 3)
 FA_ENTRIES2(f16_t, f16, 128, 32, 2, 3)
+
+// ------------------------------------------------------------------ version 3 backward
+//
+// Version 3 runs rowdot (D), then dK/dV with dSᵀ stored (fa_backward_dkv<DS = true>), then
+// this dQ kernel, which only multiplies: dQ = scale · dS·K over the key tiles up to the
+// diagonal, reading dS from the stored dSᵀ (no recomputation of S, P and dP: 1 product of the
+// 3 of fa_backward_dq). One block per 64 queries of one head; each warp owns 16 query rows.
+// Key tiles of BK = 64 rows: K (BK × HS) and the dSᵀ tile (BK keys × 64 queries), both
+// double-buffered with cp.async. The A operand dS (queries × keys) comes from the dSᵀ tile
+// through ldmatrix.trans.
+
+// A operand (16 rows × 16 columns) of the transpose of a tile stored k-major (64 columns):
+// rows r0.. of A are columns of the tile, k-chunk kc its rows 16·kc...
+__device__ __forceinline__ void ld_at64(u32* a, const void* s, int r0, int kc, int lane) {
+    const int r = 16 * kc + (lane & 7) + ((lane >> 4) << 3), c = r0 / 8 + ((lane >> 3) & 1);
+    ldsm4t(a, smem_u32((const unsigned short*)s + swz<64>(r, c)));
+}
+
+template <typename T, int HS>
+__device__ __forceinline__ void fa_backward_dq3(const T* __restrict__ qkv,
+                                                const T* __restrict__ ds,
+                                                T* __restrict__ dqkv, int t, int nh, int tp,
+                                                float scale) {
+    constexpr int BQ = 64, BK = 64;
+    extern __shared__ __align__(128) unsigned char fa_smem[];
+    T* sK = (T*)fa_smem;       // [2][BK × HS]
+    T* sS = sK + 2 * BK * HS;  // [2][BK × BQ] (dSᵀ: keys × queries)
+
+    const int bh = blockIdx.x, bb = bh / nh, h = bh % nh;
+    const int qt = gridDim.y - 1 - blockIdx.y, q0 = qt * BQ;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const i64 rs = 3ll * nh * HS;
+    const T* gk = qkv + (i64)bb * t * rs + (i64)(nh + h) * HS;
+    const T* gs = ds + (i64)bh * tp * tp + q0;  // column q0 of key row 0
+
+    const int kend = min(t, q0 + BQ), nkt = (kend + BK - 1) / BK;
+    load_tile<T, HS, BK>(sK, gk, rs, min(BK, t));
+    load_tile<T, BQ, BK>(sS, gs, tp, min(BK, t));
+    cp_commit();
+
+    float dq[HS / 8][4];
+#pragma unroll
+    for (int i = 0; i < HS / 8; ++i) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.0f;
+
+    for (int kt = 0; kt < nkt; ++kt) {
+        const int st = kt & 1;
+        if (kt + 1 < nkt) {
+            const int k1 = (kt + 1) * BK;
+            load_tile<T, HS, BK>(sK + (st ^ 1) * BK * HS, gk + k1 * rs, rs, min(BK, t - k1));
+            load_tile<T, BQ, BK>(sS + (st ^ 1) * BK * BQ, gs + (i64)k1 * tp, tp,
+                                 min(BK, t - k1));
+        }
+        cp_commit();
+        cp_wait1();
+        __syncthreads();
+        const T* cK = sK + st * BK * HS;
+        const T* cS = sS + st * BK * BQ;
+#pragma unroll
+        for (int kc = 0; kc < BK / 16; ++kc) {
+            u32 a[4];
+            ld_at64(a, cS, warp * 16, kc, lane);
+#pragma unroll
+            for (int nb = 0; nb < HS / 8; nb += 2) {
+                u32 b[4];
+                ld_b<HS>(b, cK, kc, nb, lane);
+                Mma<T>::run(dq[nb], a, b[0], b[1]);
+                Mma<T>::run(dq[nb + 1], a, b[2], b[3]);
+            }
+        }
+        __syncthreads();
+    }
+
+    // sK's first stage is free now: stage the rows for the store.
+    const int r0 = warp * 16;
+    store_rows<T, HS>(sK, dq, scale, r0, dqkv + ((i64)bb * t + q0 + r0) * rs + (i64)h * HS, rs,
+                      t - q0 - r0, lane);
+}
+
+// Version 3 entry points:
+//   flash_attention_backward_dkv3_hsHS_T(const T* qkv, const T* dout, const float* lse,
+//                                        const float* d, T* dqkv, int t, int nh, float scale,
+//                                        T* ds, int tp)          (after rowdot; writes dSᵀ)
+//   flash_attention_backward_dq3_hsHS_T(const T* qkv, const T* ds, T* dqkv, int t, int nh,
+//                                       int tp, float scale)     (after dkv3)
+#define FA_ENTRIES3(T, S, HS, MB_DKV, MB_DQ)                                                   \
+    extern "C" __global__ void __launch_bounds__(FA_THREADS, MB_DKV)                          \
+        flash_attention_backward_dkv3_hs##HS##_##S(const T* qkv, const T* dout,               \
+                                                   const float* lse, const float* d,          \
+                                                   T* dqkv, int t, int nh, float scale,       \
+                                                   T* ds, int tp) {                           \
+        fa_backward_dkv<T, HS, true>(qkv, dout, lse, d, dqkv, t, nh, scale, ds, tp);           \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(FA_THREADS, MB_DQ)                           \
+        flash_attention_backward_dq3_hs##HS##_##S(const T* qkv, const T* ds, T* dqkv, int t,  \
+                                                  int nh, int tp, float scale) {              \
+        fa_backward_dq3<T, HS>(qkv, ds, dqkv, t, nh, tp, scale);                              \
+    }
+
+FA_ENTRIES3(bf16_t, bf16, 64, 3, 4)
+FA_ENTRIES3(bf16_t, bf16, 128, 2, 3)
+FA_ENTRIES3(f16_t, f16, 64, 3, 4)
+FA_ENTRIES3(f16_t, f16, 128, 2, 3)
 
 #endif  // __CUDA_ARCH__ >= 800

@@ -1,4 +1,4 @@
-//! Times the fused causal attention (kernel versions 2 and 1, see crates/cuda/src/device/flash.rs)
+//! Times the fused causal attention (kernel versions 3, 2 and 1, see crates/cuda/src/device/flash.rs)
 //! against the unfused CUDA composition (split heads, batched GEMMs, causal softmax, merge
 //! heads) at the seed (b=32, t=256, nh=12, hs=64) and large (b=32, t=256, nh=16, hs=128)
 //! shapes: `cargo run -p duet-cuda --release --example flash_bench [bf16|f16]`. Each variant is
@@ -48,8 +48,13 @@ fn bench(dev: &CudaDevice, dtype: DType, name: &str, b: usize, t: usize, nh: usi
     let bwd_flop = 2.5 * fwd_flop;
     let tflops = |flop: f64, us: f64| flop / (us * 1e-6) / 1e12;
     let mut flash = Vec::new();
-    for (version, v1) in [("v2", false), ("v1", true)] {
+    for (version, v1, v3) in [
+        ("v3", false, true),
+        ("v2", false, false),
+        ("v1", true, false),
+    ] {
         CudaDevice::flash_attention_v1_on_this_thread(Some(v1));
+        CudaDevice::flash_backward_v3_on_this_thread(Some(v3));
         let fwd = time(dev, || {
             dev.flash_attention_forward(&qkv, &mut out, &mut lse, b, t, nh, hs, scale)
                 .unwrap()
@@ -66,8 +71,9 @@ fn bench(dev: &CudaDevice, dtype: DType, name: &str, b: usize, t: usize, nh: usi
         flash.push((fwd, bwd));
     }
     CudaDevice::flash_attention_v1_on_this_thread(None);
+    CudaDevice::flash_backward_v3_on_this_thread(None);
     let (flash_fwd, flash_bwd) = flash[0];
-    let (v1_fwd, v1_bwd) = flash[1];
+    let (v2_bwd, (v1_fwd, v1_bwd)) = (flash[1].1, flash[2]);
 
     // The unfused composition, all heads at once.
     let (mut q, mut k, mut v) = (a(dtype, n, 0.0), a(dtype, n, 0.0), a(dtype, n, 0.0));
@@ -106,7 +112,8 @@ fn bench(dev: &CudaDevice, dtype: DType, name: &str, b: usize, t: usize, nh: usi
         tflops(bwd_flop, unf_bwd)
     );
     println!(
-        "{name:<6} {dtype:<5} speed-up of v2: vs v1 fwd {:4.2}x bwd {:4.2}x | vs unfused fwd {:4.1}x bwd {:4.1}x",
+        "{name:<6} {dtype:<5} speed-up of v3 (v2 forward): bwd vs v2 {:4.2}x | vs v1 fwd {:4.2}x bwd {:4.2}x | vs unfused fwd {:4.1}x bwd {:4.1}x",
+        v2_bwd / flash_bwd,
         v1_fwd / flash_fwd,
         v1_bwd / flash_bwd,
         unf_fwd / flash_fwd,

@@ -1,8 +1,8 @@
 //! The fused causal attention (`flash_attention_forward` / `_backward`) on CUDA against a plain
 //! f64 host computation from the same bf16/f16-rounded inputs: output, log-sum-exp and every
 //! part of dqkv, for head sizes 64 and 128 and sequence lengths that are and are not multiples
-//! of the kernels' 64- and 128-row tiles, with both kernel versions (selected per thread with
-//! `CudaDevice::flash_attention_v1_on_this_thread`). Also checks that two runs give
+//! of the kernels' 64- and 128-row tiles, with every kernel version (selected per thread with
+//! `CudaDevice::flash_attention_v1_on_this_thread` and `flash_backward_v3_on_this_thread`). Also checks that two runs give
 //! bit-identical results and that unsupported dtypes, head sizes and wrong shapes are refused.
 //! Without a CUDA device the tests print why they skip.
 
@@ -198,8 +198,13 @@ const SHAPES: &[(usize, usize, usize, usize)] = &[
     (1, 300, 1, 128),
 ];
 
-/// The kernel versions to test: (name, select version 1).
-const VERSIONS: [(&str, bool); 2] = [("v2", false), ("v1", true)];
+/// The kernel versions to test: (name, select version 1, version-3 backward). "v3" is version
+/// 2's forward with the version-3 backward (the default for head size 128).
+const VERSIONS: [(&str, bool, bool); 3] = [
+    ("v3", false, true),
+    ("v2", false, false),
+    ("v1", true, false),
+];
 
 /// The version selected on this thread, for messages.
 fn version_name() -> &'static str {
@@ -211,15 +216,16 @@ thread_local! {
 }
 
 /// Selects a kernel version for the calls made on this thread.
-fn select(name: &'static str, v1: bool) {
+fn select(name: &'static str, v1: bool, v3: bool) {
     CudaDevice::flash_attention_v1_on_this_thread(Some(v1));
+    CudaDevice::flash_backward_v3_on_this_thread(Some(v3));
     VERSION.with(|c| c.set(name));
 }
 
 fn check_all(test: &str, dtype: DType, tol: f64) {
     let Some(dev) = device(test) else { return };
-    for (name, v1) in VERSIONS {
-        select(name, v1);
+    for (name, v1, v3) in VERSIONS {
+        select(name, v1, v3);
         for &(b, t, nh, hs) in SHAPES {
             assert!(dev.supports_flash_attention(dtype, hs), "{dtype} hs={hs}");
             check_shape(&dev, dtype, &Shape { b, t, nh, hs }, tol);
@@ -250,13 +256,15 @@ fn flash_attention_is_deterministic() {
     let Some(dev) = device("flash_attention_is_deterministic") else {
         return;
     };
-    for (dtype, hs, (version, v1)) in [
+    for (dtype, hs, (version, v1, v3)) in [
         (DType::BF16, 64, VERSIONS[0]),
         (DType::F16, 128, VERSIONS[0]),
         (DType::F16, 64, VERSIONS[1]),
         (DType::BF16, 128, VERSIONS[1]),
+        (DType::F16, 64, VERSIONS[2]),
+        (DType::BF16, 128, VERSIONS[2]),
     ] {
-        select(version, v1);
+        select(version, v1, v3);
         let (b, t, nh) = (2, 200, 4);
         let n = b * t * nh * hs;
         let scale = 1.0 / (hs as f32).sqrt();

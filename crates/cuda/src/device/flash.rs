@@ -18,6 +18,17 @@
 //! (hs 64) or 32 (hs 128) rows. Backward: `backward_dq2` computes D for its own query rows in
 //! its prologue (no `rowdot` launch) and writes it for `backward_dkv`, which runs after it.
 //!
+//! Version 3 backward (the default with version 2's forward for head size 128, while its dS
+//! buffer stays within [`DS_MAX_BYTES`]): `rowdot` computes D, then `backward_dkv3` writes dK and dV and also stores
+//! dSᵀ (bf16/f16, as it enters dK's product) into backend scratch, a `tp × tp` matrix per head
+//! (`tp` = t rounded up to 64, only the tiles on and below the diagonal written), then
+//! `backward_dq3` (a block per 64 queries) computes dQ = scale · dS·K from it: one product
+//! instead of recomputing S, P and dP (three), for 2 bytes of dS written and read per score.
+//! On the H200 (flash_bench, b=32, t=256) it takes 206 against version 2's 225 µs at nh=16,
+//! hs=128, and 90.6 against 89.2 µs at nh=12, hs=64, where the saved products are the smaller
+//! share: head size 64 keeps version 2's backward. A thread that called
+//! [`CudaDevice::flash_backward_v3_on_this_thread`] picks either for every head size.
+//!
 //! Every output element is written by exactly one thread with a fixed summation order: no
 //! atomics, results are bit-identical run to run (for a given version).
 
@@ -25,6 +36,7 @@ use super::{CudaDevice, cfg, grid_dim, lock, mul};
 use crate::error::{dim, drv};
 use crate::kernels::{self, KernelModule};
 use crate::memory::CudaBuffer;
+use crate::memory::align_up;
 use cudarc::driver::CudaFunction;
 use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
 use duet_device::{Buffer, DType, DeviceError, Result, check_dtype, check_len};
@@ -43,9 +55,18 @@ const ROWDOT_BLOCK: u32 = 256;
 /// Environment variable selecting the version-1 kernels (see the module documentation).
 pub const FLASH_V1_ENV: &str = "DUET_FLASH_V1";
 
+/// Largest dSᵀ buffer (bytes) of the version-3 backward; longer sequences run version 2's.
+const DS_MAX_BYTES: usize = 512 << 20;
+/// Smallest head size whose default backward is version 3 (see the module documentation).
+const V3_MIN_HS: usize = 128;
+/// Query and key rows per block of the version-3 dQ kernel (its dSᵀ tiles are 64 × 64).
+const TILE3: usize = 64;
+
 thread_local! {
     /// Per-thread override of the kernel version (`Some(true)`: version 1).
     static V1_ON_THREAD: Cell<Option<bool>> = const { Cell::new(None) };
+    /// Per-thread override of the version-3 backward (`Some(false)`: version 2's).
+    static V3_ON_THREAD: Cell<Option<bool>> = const { Cell::new(None) };
 }
 
 /// Whether the attention calls made on this thread use the version-1 kernels.
@@ -65,6 +86,7 @@ struct Variant {
     smem_forward2: u32,
     smem_dkv: u32,
     smem_dq: u32,
+    smem_dq3: u32,
 }
 
 /// Bytes of one `rows × hs` tile of a 16-bit type.
@@ -85,6 +107,7 @@ const fn variant(name: &'static str, hs: usize, inner: usize) -> Variant {
         smem_forward2: tile_bytes(TILE2, hs) + 4 * tile_bytes(inner, hs),
         smem_dkv: 2 * tile_bytes(TILE, hs) + 4 * tile_bytes(inner, hs) + (4 * inner * 4) as u32,
         smem_dq: 2 * tile_bytes(TILE, hs) + 4 * tile_bytes(inner, hs),
+        smem_dq3: 2 * tile_bytes(TILE3, hs) + 2 * tile_bytes(TILE3, TILE3),
     }
 }
 
@@ -111,6 +134,14 @@ impl CudaDevice {
         V1_ON_THREAD.with(|c| c.set(v1));
     }
 
+    /// Selects the backward kernels of version 2 for the calls made on the calling thread:
+    /// `Some(true)` version 3 (where its dS buffer fits), `Some(false)` version 2's, `None` the
+    /// default (version 3 for head size 128, version 2's for 64). For A/B tests and benchmarks; the two compute the same function
+    /// (dQ not bit-identical: version 3 takes dS from the dK/dV kernel's products).
+    pub fn flash_backward_v3_on_this_thread(v3: Option<bool>) {
+        V3_ON_THREAD.with(|c| c.set(v3));
+    }
+
     pub(super) fn flash_supported(&self, dtype: DType, hs: usize) -> bool {
         self.flash_variant(dtype, hs).is_ok()
     }
@@ -135,7 +166,8 @@ impl CudaDevice {
             .smem_forward
             .max(v.smem_forward2)
             .max(v.smem_dkv)
-            .max(v.smem_dq);
+            .max(v.smem_dq)
+            .max(v.smem_dq3);
         let have = self
             .ctx
             .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
@@ -267,6 +299,19 @@ impl CudaDevice {
             &format!("flash_attention_backward_dkv_{}_{sfx}", v.name),
             v.smem_dkv,
         )?;
+        let tp = t.next_multiple_of(TILE3);
+        let ds_bytes = (b * nh).checked_mul(tp * tp * 2);
+        let v3 = V3_ON_THREAD.with(Cell::get).unwrap_or(hs >= V3_MIN_HS)
+            && ds_bytes.is_some_and(|n| n <= DS_MAX_BYTES);
+        if !use_v1() && v3 {
+            return self.flash_backward_v3(
+                (qkv, out, dout, lse, dqkv),
+                v,
+                sfx,
+                (b, t, nh, hs, tp),
+                scale,
+            );
+        }
         if !use_v1() {
             let fq = self.flash_func(
                 &format!("flash_attention_backward_dq2_{}_{sfx}", v.name),
@@ -375,6 +420,118 @@ impl CudaDevice {
         // SAFETY: backward_dq has the same parameters and sizes; one block per head and
         // 64-query tile, writing only the q part of its rows before t.
         unsafe { kernels::launch(&self.stream, &fq, c, &args) }
+    }
+}
+
+impl CudaDevice {
+    /// The version-3 backward (see the module documentation): rowdot, dkv3, dq3. Operands
+    /// checked by the caller; `tp` = t rounded up to 64.
+    #[allow(clippy::type_complexity)]
+    fn flash_backward_v3(
+        &self,
+        (qkv, out, dout, lse, dqkv): (
+            &CudaBuffer,
+            &CudaBuffer,
+            &CudaBuffer,
+            &CudaBuffer,
+            &mut CudaBuffer,
+        ),
+        v: &Variant,
+        sfx: &str,
+        (b, t, nh, hs, tp): (usize, usize, usize, usize, usize),
+        scale: f32,
+    ) -> Result<()> {
+        const OP: &str = "flash_attention_backward";
+        let rows = b * nh * t;
+        let heads = grid_dim(OP, b * nh)?;
+        let (t32, nh32, tp32) = (dim(OP, "t", t)?, dim(OP, "nh", nh)?, dim(OP, "tp", tp)?);
+        let fr = self.func(
+            KernelModule::FlashAttention,
+            &format!("flash_attention_rowdot_{}_{sfx}", v.name),
+        )?;
+        let fkv = self.flash_func(
+            &format!("flash_attention_backward_dkv3_{}_{sfx}", v.name),
+            v.smem_dkv,
+        )?;
+        let fq = self.flash_func(
+            &format!("flash_attention_backward_dq3_{}_{sfx}", v.name),
+            v.smem_dq3,
+        )?;
+        let rowdot_threads = mul(OP, &[rows, hs / 8])?;
+        let rowdot_blocks = grid_dim(OP, rowdot_threads.div_ceil(ROWDOT_BLOCK as usize))?;
+        let ds_off = align_up(rows * 4);
+        let ds_bytes = mul(OP, &[b * nh, tp, tp, 2])?;
+        let mut scratch = lock(&self.scratch, OP)?;
+        let d = scratch.get(&self.ctx, &self.stream, ds_off + ds_bytes, &self.mem)?;
+        let ds = d + ds_off as u64;
+        // SAFETY: rowdot(const T* out, const T* dout, float* d, u64 rows, int t, int nh): out
+        // and dout hold rows·hs elements (checked by the caller), `d` rows f32 (scratch just
+        // sized); hs/8 threads per row, threads past the last row only join the shuffles.
+        unsafe {
+            kernels::launch(
+                &self.stream,
+                &fr,
+                cfg((rowdot_blocks, 1, 1), (ROWDOT_BLOCK, 1, 1)),
+                &[
+                    out.ptr().into(),
+                    dout.ptr().into(),
+                    d.into(),
+                    (rows as u64).into(),
+                    t32.into(),
+                    nh32.into(),
+                ],
+            )?;
+        }
+        let mut c = cfg((heads, tile_count(OP, t, TILE)?, 1), (THREADS, 1, 1));
+        c.shared_mem_bytes = v.smem_dkv;
+        // SAFETY: backward_dkv3(const T* qkv, const T* dout, const float* lse, const float* d,
+        // T* dqkv, int t, int nh, float scale, T* ds, int tp): qkv and dqkv hold b·t·3·nh·hs
+        // elements, dout b·t·nh·hs, lse b·nh·t (checked by the caller), d b·nh·t f32 written by
+        // rowdot above on the same stream, ds b·nh·tp·tp elements of T (the scratch after d,
+        // 256-byte aligned); one block per head and 64-key tile, writing the k and v parts of
+        // its rows before t and its dSᵀ rows before t for query columns below tp.
+        unsafe {
+            kernels::launch(
+                &self.stream,
+                &fkv,
+                c,
+                &[
+                    qkv.ptr().into(),
+                    dout.ptr().into(),
+                    lse.ptr().into(),
+                    d.into(),
+                    dqkv.ptr().into(),
+                    t32.into(),
+                    nh32.into(),
+                    scale.into(),
+                    ds.into(),
+                    tp32.into(),
+                ],
+            )?;
+        }
+        let mut c = cfg((heads, tile_count(OP, t, TILE3)?, 1), (THREADS, 1, 1));
+        c.shared_mem_bytes = v.smem_dq3;
+        // SAFETY: backward_dq3(const T* qkv, const T* ds, T* dqkv, int t, int nh, int tp,
+        // float scale): sizes as above; it reads the dSᵀ tiles on and below the diagonal that
+        // dkv3 wrote earlier on the same stream (rows ≥ t zero-filled on load, columns ≥ t only
+        // feed rows that are not stored); one block per head and 64-query tile, writing only
+        // the q part of its rows before t.
+        unsafe {
+            kernels::launch(
+                &self.stream,
+                &fq,
+                c,
+                &[
+                    qkv.ptr().into(),
+                    ds.into(),
+                    dqkv.ptr().into(),
+                    t32.into(),
+                    nh32.into(),
+                    tp32.into(),
+                    scale.into(),
+                ],
+            )
+        }
     }
 }
 

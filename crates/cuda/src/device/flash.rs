@@ -368,37 +368,13 @@ impl CudaDevice {
                 )
             };
         }
-        let fr = self.func(
-            KernelModule::FlashAttention,
-            &format!("flash_attention_rowdot_{}_{sfx}", v.name),
-        )?;
         let fq = self.flash_func(
             &format!("flash_attention_backward_dq_{}_{sfx}", v.name),
             v.smem_dq,
         )?;
-        let rowdot_threads = mul(OP, &[rows, hs / 8])?;
-        let rowdot_blocks = grid_dim(OP, rowdot_threads.div_ceil(ROWDOT_BLOCK as usize))?;
-
         let mut scratch = lock(&self.scratch, OP)?;
         let d = scratch.get(&self.ctx, &self.stream, rows * 4, &self.mem)?;
-        // SAFETY: rowdot(const T* out, const T* dout, float* d, u64 rows, int t, int nh): out
-        // and dout hold rows·hs elements (checked), `d` rows f32 (scratch just sized); hs/8
-        // threads per row, threads past the last row only join the shuffles.
-        unsafe {
-            kernels::launch(
-                &self.stream,
-                &fr,
-                cfg((rowdot_blocks, 1, 1), (ROWDOT_BLOCK, 1, 1)),
-                &[
-                    out.ptr().into(),
-                    dout.ptr().into(),
-                    d.into(),
-                    (rows as u64).into(),
-                    t32.into(),
-                    nh32.into(),
-                ],
-            )?;
-        }
+        self.flash_rowdot(v, sfx, out, dout, d, (rows, t32, nh32, hs))?;
         let args = [
             qkv.ptr().into(),
             dout.ptr().into(),
@@ -424,6 +400,45 @@ impl CudaDevice {
 }
 
 impl CudaDevice {
+    /// `rowdot`: D = Σ_c dO·O for each of the `rows` query rows (b·nh·t) into `d` (device
+    /// address of `rows` f32 the caller holds in the scratch). `out` and `dout` are checked by
+    /// the caller to hold rows·hs elements.
+    fn flash_rowdot(
+        &self,
+        v: &Variant,
+        sfx: &str,
+        out: &CudaBuffer,
+        dout: &CudaBuffer,
+        d: u64,
+        (rows, t32, nh32, hs): (usize, i32, i32, usize),
+    ) -> Result<()> {
+        const OP: &str = "flash_attention_backward";
+        let fr = self.func(
+            KernelModule::FlashAttention,
+            &format!("flash_attention_rowdot_{}_{sfx}", v.name),
+        )?;
+        let threads = mul(OP, &[rows, hs / 8])?;
+        let blocks = grid_dim(OP, threads.div_ceil(ROWDOT_BLOCK as usize))?;
+        // SAFETY: rowdot(const T* out, const T* dout, float* d, u64 rows, int t, int nh): out
+        // and dout hold rows·hs elements, `d` rows f32 (see above); hs/8 threads per row,
+        // threads past the last row only join the shuffles.
+        unsafe {
+            kernels::launch(
+                &self.stream,
+                &fr,
+                cfg((blocks, 1, 1), (ROWDOT_BLOCK, 1, 1)),
+                &[
+                    out.ptr().into(),
+                    dout.ptr().into(),
+                    d.into(),
+                    (rows as u64).into(),
+                    t32.into(),
+                    nh32.into(),
+                ],
+            )
+        }
+    }
+
     /// The version-3 backward (see the module documentation): rowdot, dkv3, dq3. Operands
     /// checked by the caller; `tp` = t rounded up to 64.
     #[allow(clippy::type_complexity)]
@@ -445,10 +460,6 @@ impl CudaDevice {
         let rows = b * nh * t;
         let heads = grid_dim(OP, b * nh)?;
         let (t32, nh32, tp32) = (dim(OP, "t", t)?, dim(OP, "nh", nh)?, dim(OP, "tp", tp)?);
-        let fr = self.func(
-            KernelModule::FlashAttention,
-            &format!("flash_attention_rowdot_{}_{sfx}", v.name),
-        )?;
         let fkv = self.flash_func(
             &format!("flash_attention_backward_dkv3_{}_{sfx}", v.name),
             v.smem_dkv,
@@ -457,31 +468,12 @@ impl CudaDevice {
             &format!("flash_attention_backward_dq3_{}_{sfx}", v.name),
             v.smem_dq3,
         )?;
-        let rowdot_threads = mul(OP, &[rows, hs / 8])?;
-        let rowdot_blocks = grid_dim(OP, rowdot_threads.div_ceil(ROWDOT_BLOCK as usize))?;
         let ds_off = align_up(rows * 4);
         let ds_bytes = mul(OP, &[b * nh, tp, tp, 2])?;
         let mut scratch = lock(&self.scratch, OP)?;
         let d = scratch.get(&self.ctx, &self.stream, ds_off + ds_bytes, &self.mem)?;
         let ds = d + ds_off as u64;
-        // SAFETY: rowdot(const T* out, const T* dout, float* d, u64 rows, int t, int nh): out
-        // and dout hold rows·hs elements (checked by the caller), `d` rows f32 (scratch just
-        // sized); hs/8 threads per row, threads past the last row only join the shuffles.
-        unsafe {
-            kernels::launch(
-                &self.stream,
-                &fr,
-                cfg((rowdot_blocks, 1, 1), (ROWDOT_BLOCK, 1, 1)),
-                &[
-                    out.ptr().into(),
-                    dout.ptr().into(),
-                    d.into(),
-                    (rows as u64).into(),
-                    t32.into(),
-                    nh32.into(),
-                ],
-            )?;
-        }
+        self.flash_rowdot(v, sfx, out, dout, d, (rows, t32, nh32, hs))?;
         let mut c = cfg((heads, tile_count(OP, t, TILE)?, 1), (THREADS, 1, 1));
         c.shared_mem_bytes = v.smem_dkv;
         // SAFETY: backward_dkv3(const T* qkv, const T* dout, const float* lse, const float* d,

@@ -588,8 +588,9 @@ impl CudaDevice {
             // SAFETY: layernorm_stats_A_v(const A* x, float* mean, float* rstd, int n, int c,
             // float eps, int G): x holds n·c elements, mean/rstd n (checked); block b reads rows
             // [groups·b, groups·b + groups) ∩ [0, n) with 16-byte loads (the plan is vectorised:
-            // x 16-byte aligned, c a multiple of the vector width) of at most 24 elements per
-            // thread (the plan's bound); ⌊8 / G⌋ groups of G warps, ≤ 256 threads.
+            // x 16-byte aligned, c a multiple of the vector width) of at most the plan's vectors
+            // per thread (≤ LN_FWD_MAX_VECTORS, the kernel's M); ⌊8 / G⌋ groups of G warps,
+            // ≤ 256 threads.
             unsafe {
                 kernels::launch(
                     &self.stream,

@@ -300,7 +300,7 @@ impl CudaDevice {
             v.smem_dkv,
         )?;
         let tp = t.next_multiple_of(TILE3);
-        let ds_bytes = (b * nh).checked_mul(tp * tp * 2);
+        let ds_bytes = tp.checked_mul(tp).and_then(|x| x.checked_mul(2 * b * nh));
         let v3 = V3_ON_THREAD.with(Cell::get).unwrap_or(hs >= V3_MIN_HS)
             && ds_bytes.is_some_and(|n| n <= DS_MAX_BYTES);
         if !use_v1() && v3 {

@@ -22,9 +22,10 @@
 //                             LayerNorm forward (mean, rstd) and the codes of its output rounded
 //                             to A (exactly layernorm_forward's `out`, not written), 32-row
 //                             blocks; see its section.
-//   layernorm_stats_<A>_v, layernorm_quant_t_<A>_<P>_<D>
-//                             the same in two launches for wide rows (row statistics, then the
-//                             64 × 64 tile kernel on the LayerNorm output); see the last section.
+//   layernorm_quant_t_<A>_<P>_<D>
+//                             the same for wide rows, after layernorm.cu's layernorm_stats
+//                             (the 64 × 64 tile kernel on the LayerNorm output); see the last
+//                             section.
 // The column sums are written to partial[tile_row · cols + col] (f32, a fixed order inside the
 // tile). Then each block bumps the counter of its column tile (counters[blockIdx.y]); the block
 // that arrives last adds the partial rows of its 64 columns into dbias, in the order of
@@ -751,46 +752,13 @@ FOR_ACT_AND_WIDE(LAYERNORM_FP8)
 //
 // For wide rows the one-pass kernel above has too few rows in flight (a block owns 32 rows, each
 // row group works through its rows one after another), so Device::layernorm_forward_fp8 splits
-// it in two launches (device/fp8.rs chooses by the row width):
-//   layernorm_stats_<A>_v(x, mean, rstd, n, c, eps, G): layernorm_forward's vectorised kernel
-//     without the output: one row per group of G warps, ⌊8 / G⌋ groups per block, the row
-//     loaded, reduced and normalised by the same helpers (ln_load_row, ln_row_stats), so mean
-//     and rstd are layernorm_forward's bits for the plan's G.
+// it in two launches (device/fp8.rs chooses by the row width): layernorm.cu's
+// layernorm_stats_<A>_v (the plan's mean and rstd, layernorm_forward's bits), then
 //   layernorm_quant_t_<A>_<P>_<D>(x, gamma, beta, mean, rstd, dst, dst_t, rows, cols, scale,
 //     amax): the 64 × 64 tile kernel (MODE 4) on y = ln_affine(x, mean, rstd, γ, β) rounded to
 //     A, which is layernorm_forward's `out` element, so the codes are those of
 //     layernorm_forward + quantize_fp8. cols a multiple of 8 (rows too with dst_t).
 // x is read twice (the second read mostly from L2, right after the first).
-template <typename A>
-__device__ __forceinline__ void layernorm_stats_body(const A* __restrict__ x,
-                                                     float* __restrict__ mean,
-                                                     float* __restrict__ rstd, int n, int c,
-                                                     float eps, int G) {
-    constexpr int V = Pack<A>::N;
-    constexpr int M = 8;  // the most any vectorised forward plan gives (LN_FWD_MAX_VECTORS)
-    __shared__ float sh[8];
-    const int gt = G * 32, groups = blockDim.x / gt;
-    const int grp = threadIdx.x / gt, t = threadIdx.x - grp * gt;
-    const int row = blockIdx.x * groups + grp;
-    const bool live = row < n;
-    Vec<A, V> xr[M];
-    ln_load_row<A, V, M>(xr, x + (u64)(live ? row : 0) * c, live, t, gt, c / V);
-    float mu, rs;
-    ln_row_stats<A, V, M>(xr, live, t, gt, c / V, c, eps, G, sh, mu, rs);
-    if (live && t == 0) {
-        mean[row] = mu;
-        rstd[row] = rs;
-    }
-}
-
-#define LAYERNORM_STATS(A, SA)                                                                \
-    extern "C" __global__ void __launch_bounds__(256)                                         \
-        layernorm_stats_##SA##_v(const A* __restrict__ x, float* __restrict__ mean,           \
-                                 float* __restrict__ rstd, int n, int c, float eps, int G) {  \
-        layernorm_stats_body<A>(x, mean, rstd, n, c, eps, G);                                 \
-    }
-FOR_FLOAT(LAYERNORM_STATS)
-
 #define LAYERNORM_QUANT_ONE(A, SA, P, SP, D, SD)                                               \
     extern "C" __global__ void __launch_bounds__(QT_THREADS, QT_MIN_BLOCKS)                    \
         layernorm_quant_t_##SA##_##SP##_##SD(                                                  \

@@ -155,8 +155,9 @@ FOR_FLOAT(LAYERNORM_DPARAMS)
 // Vec, load_vec, store_vec, group_sum and the forward row helpers (ln_load_row, ln_row_stats,
 // ln_affine): common.cuh, shared with fp8.cu's fused LayerNorm + FP8 quantisation.
 
-// out = (x − μ)·rstd·γ + β, one row per group of G warps, the row kept in registers.
-template <typename A, typename P, bool VEC, int M>
+// out = (x − μ)·rstd·γ + β, one row per group of G warps, the row kept in registers. Without
+// OUT only mean and rstd are written (gamma, beta and out unused): layernorm_stats_* below.
+template <typename A, typename P, bool VEC, int M, bool OUT = true>
 __device__ __forceinline__ void layernorm_fwd_body(const A* __restrict__ x,
                                                    const P* __restrict__ gamma,
                                                    const P* __restrict__ beta, A* __restrict__ out,
@@ -178,7 +179,7 @@ __device__ __forceinline__ void layernorm_fwd_body(const A* __restrict__ x,
 #pragma unroll
     for (int k = 0; k < M; ++k) {
         const int j = k * gt + t;
-        if (live && j < nv) {
+        if (OUT && live && j < nv) {
             const Vec<P, V> g = load_vec<P, V>(gamma + j * V);
             const Vec<P, V> b = load_vec<P, V>(beta + j * V);
             Vec<A, V> o;
@@ -363,6 +364,17 @@ __device__ __forceinline__ void layernorm_bwd_body(
                                             float eps, int G) {                               \
         layernorm_fwd_body<A, P, VEC, M>(x, gamma, beta, out, mean, rstd, n, c, eps, G);      \
     }
+// layernorm_stats_<act>_v(x, mean, rstd, n, c, eps, G): the vectorised forward's row
+// statistics only, for Device::layernorm_forward_fp8's split path (device/fp8.rs). M = 8, the
+// most vectors any vectorised forward plan gives (LN_FWD_MAX_VECTORS in layernorm.rs); the
+// loops skip the vectors past the row, so the sums are layernorm_fwd's for the plan's G.
+#define LN_STATS(A, SA)                                                                       \
+    extern "C" __global__ void __launch_bounds__(256)                                         \
+        layernorm_stats_##SA##_v(const A* __restrict__ x, float* __restrict__ mean,           \
+                                 float* __restrict__ rstd, int n, int c, float eps, int G) {  \
+        layernorm_fwd_body<A, A, true, 8, false>(x, nullptr, nullptr, nullptr, mean, rstd, n, \
+                                                 c, eps, G);                                  \
+    }
 #define LN_BWD(A, SA, P, SP, VEC, VN, M)                                                      \
     extern "C" __global__ void __launch_bounds__(128, 4) layernorm_bwd_##SA##_##SP##_##VN##M( \
         const A* __restrict__ dout, const A* __restrict__ x, const P* __restrict__ gamma,     \
@@ -400,6 +412,7 @@ __device__ __forceinline__ void layernorm_bwd_body(
     LN_ALL(A, SA, P, SP, true, v, 2) LN_ALL(A, SA, P, SP, true, v, 3)                        \
     LN_FWD(A, SA, P, SP, true, v, 4) LN_FWD(A, SA, P, SP, true, v, 6)                          \
     LN_FWD(A, SA, P, SP, true, v, 8)
+FOR_FLOAT(LN_STATS)
 LN_SET(float, f32, float, f32)
 LN_SET(bf16_t, bf16, bf16_t, bf16)
 LN_SET(bf16_t, bf16, float, f32)

@@ -36,7 +36,7 @@
 //! shared tile (`32 · ⌈c / 128⌉ · 128` bytes) to the transposed store. From
 //! [`LN_SPLIT_MIN_COLS`] columns on (vectorised plans, OCP formats, shapes the tile kernel takes)
 //! it runs two launches instead, since a 32-row block keeps too few wide rows in flight:
-//! `layernorm_stats_<A>_v` (the plan's row statistics, layernorm_forward's bits) and
+//! layernorm.cu's `layernorm_stats_<A>_v` (the plan's row statistics, layernorm_forward's bits) and
 //! `layernorm_quant_t_<A>_<P>_<D>` (the 64 × 64 tile kernel on the LayerNorm output computed on
 //! load from those statistics). Rows without a fast plan
 //! (wider than the fast LayerNorm takes), FNUZ formats, and tiles beyond the GPU's shared memory
@@ -583,30 +583,7 @@ impl CudaDevice {
                 && codes_aligned
                 && matches!(dst.dtype(), DType::F8E4M3 | DType::F8E5M2)
         }) {
-            let (groups, threads) = p.block(layernorm::LN_WARPS);
-            let f = self.func(KernelModule::Fp8, &format!("layernorm_stats_{sa}_v"))?;
-            // SAFETY: layernorm_stats_A_v(const A* x, float* mean, float* rstd, int n, int c,
-            // float eps, int G): x holds n·c elements, mean/rstd n (checked); block b reads rows
-            // [groups·b, groups·b + groups) ∩ [0, n) with 16-byte loads (the plan is vectorised:
-            // x 16-byte aligned, c a multiple of the vector width) of at most the plan's vectors
-            // per thread (≤ LN_FWD_MAX_VECTORS, the kernel's M); ⌊8 / G⌋ groups of G warps,
-            // ≤ 256 threads.
-            unsafe {
-                kernels::launch(
-                    &self.stream,
-                    &f,
-                    cfg((grid_dim(OP, n.div_ceil(groups))?, 1, 1), (threads, 1, 1)),
-                    &[
-                        x.ptr().into(),
-                        mean.ptr().into(),
-                        rstd.ptr().into(),
-                        ni.into(),
-                        ci.into(),
-                        eps.into(),
-                        (p.g as i32).into(),
-                    ],
-                )?;
-            }
+            self.layernorm_stats(x, mean, rstd, n, c, eps, p)?;
             let f = self.func(
                 KernelModule::Fp8,
                 &format!("layernorm_quant_t_{sa}_{sp}_{ds}"),
@@ -641,12 +618,7 @@ impl CudaDevice {
             };
         }
         // The one-pass kernel holds at most 24 elements per thread (two rows in flight).
-        let width = if plan.is_some_and(|p| p.vec) {
-            16 / act.size_bytes()
-        } else {
-            1
-        };
-        let Some(p) = plan.filter(|p| fused && p.vectors() * width <= LNQ_MAX_ELEMENTS) else {
+        let Some(p) = plan.filter(|p| fused && p.elements(act) <= LNQ_MAX_ELEMENTS) else {
             // The trait's default: layernorm_forward into a temporary, then quantize_fp8.
             let mut out = self.alloc(act, x.len())?;
             self.layernorm_forward_impl(x, gamma, beta, &mut out, mean, rstd, n, c, eps)?;

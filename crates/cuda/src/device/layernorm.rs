@@ -13,7 +13,7 @@ use super::*;
 const LN_M: [usize; 6] = [1, 2, 3, 4, 6, 8];
 /// Most 16-byte vectors per thread of the vectorised forward (64 bf16/f16 or 32 f32 elements):
 /// rows up to 2048 bf16 elements get one warp each, whose reductions need no block barrier.
-pub(super) const LN_FWD_MAX_VECTORS: usize = 8;
+const LN_FWD_MAX_VECTORS: usize = 8;
 /// Warps per block of the fast forward (at most; `⌊8 / g⌋` row groups of `g` warps).
 pub(super) const LN_WARPS: usize = 8;
 /// Warps per block of the fused backward (at most; `⌊4 / g⌋` row groups of `g` warps).
@@ -42,9 +42,13 @@ impl Plan {
         format!("layernorm_{pass}_{sa}_{sp}_{v}{}", self.m)
     }
 
-    /// Vectors (or single elements) per thread.
-    pub(super) fn vectors(&self) -> usize {
-        self.m
+    /// Elements per thread for rows of `act` (vectors of 16 bytes, or single elements).
+    pub(super) fn elements(&self, act: DType) -> usize {
+        if self.vec {
+            self.m * (16 / act.size_bytes())
+        } else {
+            self.m
+        }
     }
 
     /// Row groups per block and threads per block, for blocks of at most `warps` warps.
@@ -95,6 +99,50 @@ fn aligned16(ptrs: &[u64]) -> bool {
 }
 
 impl CudaDevice {
+    /// The row statistics (mean, rstd) of `layernorm_forward` with the vectorised plan `p`, no
+    /// output (`layernorm_stats_<act>_v`): the first launch of the split LayerNorm + FP8 path
+    /// (device/fp8.rs), whose caller has checked x (n·c elements, 16-byte aligned), mean and
+    /// rstd (n f32 each).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn layernorm_stats(
+        &self,
+        x: &CudaBuffer,
+        mean: &mut CudaBuffer,
+        rstd: &mut CudaBuffer,
+        n: usize,
+        c: usize,
+        eps: f32,
+        p: Plan,
+    ) -> Result<()> {
+        const OP: &str = "layernorm_forward_fp8";
+        debug_assert!(p.vec && p.m <= LN_FWD_MAX_VECTORS);
+        let sa = float_sfx(OP, x.dtype())?;
+        let f = self.func(KernelModule::LayerNorm, &format!("layernorm_stats_{sa}_v"))?;
+        let (groups, threads) = p.block(LN_WARPS);
+        // SAFETY: layernorm_stats_A_v(const A* x, float* mean, float* rstd, int n, int c,
+        // float eps, int G): x holds n·c elements, mean/rstd n (checked by the caller); block b
+        // reads rows [groups·b, groups·b + groups) ∩ [0, n) with 16-byte loads (the plan is
+        // vectorised: x 16-byte aligned, c a multiple of the vector width) of at most the
+        // plan's vectors per thread (≤ LN_FWD_MAX_VECTORS, the kernel's M); ⌊8 / G⌋ groups of
+        // G warps, ≤ 256 threads.
+        unsafe {
+            kernels::launch(
+                &self.stream,
+                &f,
+                cfg((grid_dim(OP, n.div_ceil(groups))?, 1, 1), (threads, 1, 1)),
+                &[
+                    x.ptr().into(),
+                    mean.ptr().into(),
+                    rstd.ptr().into(),
+                    dim(OP, "n", n)?.into(),
+                    dim(OP, "c", c)?.into(),
+                    eps.into(),
+                    (p.g as i32).into(),
+                ],
+            )
+        }
+    }
+
     #[allow(clippy::too_many_arguments)]
     pub(super) fn layernorm_forward_impl(
         &self,

@@ -295,23 +295,26 @@ impl CudaDevice {
         let heads = grid_dim(OP, b * nh)?;
         let tiles = tile_count(OP, t, TILE)?;
         let (t32, nh32) = (dim(OP, "t", t)?, dim(OP, "nh", nh)?);
-        let fkv = self.flash_func(
-            &format!("flash_attention_backward_dkv_{}_{sfx}", v.name),
-            v.smem_dkv,
-        )?;
         let tp = t.next_multiple_of(TILE3);
-        let ds_bytes = tp.checked_mul(tp).and_then(|x| x.checked_mul(2 * b * nh));
-        let v3 = V3_ON_THREAD.with(Cell::get).unwrap_or(hs >= V3_MIN_HS)
-            && ds_bytes.is_some_and(|n| n <= DS_MAX_BYTES);
-        if !use_v1() && v3 {
+        let v3 = !use_v1() && V3_ON_THREAD.with(Cell::get).unwrap_or(hs >= V3_MIN_HS);
+        if let Some(ds_bytes) = tp
+            .checked_mul(tp)
+            .and_then(|x| x.checked_mul(2 * b * nh))
+            .filter(|&bytes| v3 && bytes <= DS_MAX_BYTES)
+        {
             return self.flash_backward_v3(
                 (qkv, out, dout, lse, dqkv),
                 v,
                 sfx,
-                (b, t, nh, hs, tp),
+                (heads, rows, t, hs, t32, nh32),
+                (tp, ds_bytes),
                 scale,
             );
         }
+        let fkv = self.flash_func(
+            &format!("flash_attention_backward_dkv_{}_{sfx}", v.name),
+            v.smem_dkv,
+        )?;
         if !use_v1() {
             let fq = self.flash_func(
                 &format!("flash_attention_backward_dq2_{}_{sfx}", v.name),
@@ -439,8 +442,9 @@ impl CudaDevice {
         }
     }
 
-    /// The version-3 backward (see the module documentation): rowdot, dkv3, dq3. Operands
-    /// checked by the caller; `tp` = t rounded up to 64.
+    /// The version-3 backward (see the module documentation): rowdot, dkv3, dq3. Operands and
+    /// sizes checked by the caller: `heads` = b·nh, `rows` = b·nh·t, `t32`/`nh32` t and nh as
+    /// kernel ints, `tp` = t rounded up to 64, `ds_bytes` = b·nh·tp²·2.
     #[allow(clippy::type_complexity)]
     fn flash_backward_v3(
         &self,
@@ -453,13 +457,12 @@ impl CudaDevice {
         ),
         v: &Variant,
         sfx: &str,
-        (b, t, nh, hs, tp): (usize, usize, usize, usize, usize),
+        (heads, rows, t, hs, t32, nh32): (u32, usize, usize, usize, i32, i32),
+        (tp, ds_bytes): (usize, usize),
         scale: f32,
     ) -> Result<()> {
         const OP: &str = "flash_attention_backward";
-        let rows = b * nh * t;
-        let heads = grid_dim(OP, b * nh)?;
-        let (t32, nh32, tp32) = (dim(OP, "t", t)?, dim(OP, "nh", nh)?, dim(OP, "tp", tp)?);
+        let tp32 = dim(OP, "tp", tp)?;
         let fkv = self.flash_func(
             &format!("flash_attention_backward_dkv3_{}_{sfx}", v.name),
             v.smem_dkv,
@@ -469,7 +472,6 @@ impl CudaDevice {
             v.smem_dq3,
         )?;
         let ds_off = align_up(rows * 4);
-        let ds_bytes = mul(OP, &[b * nh, tp, tp, 2])?;
         let mut scratch = lock(&self.scratch, OP)?;
         let d = scratch.get(&self.ctx, &self.stream, ds_off + ds_bytes, &self.mem)?;
         let ds = d + ds_off as u64;

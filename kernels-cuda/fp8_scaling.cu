@@ -6,13 +6,14 @@
 // scale exactly as duet_device::fp8_delayed_scale does on the host: in double precision,
 // fp8_max / a / 2^margin (IEEE division and an exact power of two), saturating at FLT_MAX,
 // rounded once to float; the previous scale stays when a is not a finite positive number.
-// scale_inv = (float)(1.0 / (double)scale), like duet_device::fp8_scale_inv.
+// scale_inv[i · inv_stride] = (float)(1.0 / (double)scale), like duet_device::fp8_scale_inv
+// (the stride keeps each inverse where cuBLASLt reads it in place).
 #include "common.cuh"
 
 extern "C" __global__ void fp8_scaling_update(float* __restrict__ amax,
                                               float* __restrict__ history,
                                               float* __restrict__ scale,
-                                              float* __restrict__ scale_inv,
+                                              float* __restrict__ scale_inv, u64 inv_stride,
                                               const float* __restrict__ fp8_max, u64 ops,
                                               u64 len, int most_recent, int margin) {
     const u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
@@ -39,6 +40,6 @@ extern "C" __global__ void fp8_scaling_update(float* __restrict__ amax,
         s = d >= (double)3.402823466e38f ? 3.402823466e38f : __double2float_rn(d);
     }
     scale[i] = s;
-    scale_inv[i] = __double2float_rn(__ddiv_rn(1.0, (double)s));
+    scale_inv[i * inv_stride] = __double2float_rn(__ddiv_rn(1.0, (double)s));
     amax[i] = 0.0f;
 }

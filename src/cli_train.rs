@@ -122,6 +122,9 @@ pub fn build_config(a: &ModelArgs) -> CliResult<Config> {
         t.fp8_amax_compute_algo = algo.parse()?;
     }
     set!(t.fp8_margin, a.fp8_margin);
+    if let Some(f) = &a.fp8_fast_accum {
+        t.fp8_fast_accum = f.parse()?;
+    }
     if a.no_graphs {
         t.graphs = false;
     }
@@ -1056,6 +1059,7 @@ fn bench_one<D: Device>(
         ),
         "graphs": cfg.train.graphs,
         "gemm_autotune": cfg.train.gemm_autotune,
+        "fp8_fast_accum": cfg.train.fp8_fast_accum,
         "weight_grad_dtype": cfg.train.weight_grad_dtype,
         "recompute_gelu": cfg.train.recompute_gelu,
         "git_rev": env!("DUET_GIT_REV"),

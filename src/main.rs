@@ -155,6 +155,10 @@ pub struct ModelArgs {
     /// FP8 scale = fp8_max / amax / 2^margin.
     #[arg(long, value_name = "M", allow_hyphen_values = true)]
     pub fp8_margin: Option<i32>,
+    /// FP8 GEMMs in the tensor cores' fast accumulation: none, forward (default, as Transformer
+    /// Engine and torchao do) or all (CUDA; other backends always accumulate exactly).
+    #[arg(long, value_name = "WHICH")]
+    pub fp8_fast_accum: Option<String>,
 }
 
 #[derive(Args)]

@@ -29,6 +29,10 @@ use std::sync::Arc;
 /// cuBLASLt workspace: NVIDIA recommends 32 MiB on Hopper (4 MiB before).
 const WORKSPACE_HOPPER: usize = 32 << 20;
 const WORKSPACE_OTHER: usize = 4 << 20;
+/// Alignment (bytes) at which cuBLASLt takes the FP8 scale pointers in place.
+pub(crate) const SCALE_ALIGN: u64 = 256;
+/// Set to copy the FP8 scales before every GEMM even when they are aligned (A/B comparisons).
+pub const SCALE_COPY_ENV: &str = "DUET_CUDA_FP8_SCALE_COPY";
 /// Algorithms asked of the heuristic for a new GEMM shape (tried in order, or timed when
 /// autotuning).
 const HEURISTIC_CANDIDATES: usize = 16;
@@ -72,6 +76,8 @@ struct AlgoKey {
     ldc: i32,
     types: (DType, DType, DType),
     accumulate: bool,
+    /// FP8 fast accumulation (a different set of kernels).
+    fast_accum: bool,
     trans: (bool, bool),
     /// cuBLASLt epilogue code and the bias dtype (F32 when there is none).
     epilogue: (u32, DType),
@@ -157,8 +163,10 @@ pub(crate) struct BlasLt {
     handle: ltsys::cublasLtHandle_t,
     workspace: DeviceMemory,
     /// The two inverse scales of the current GEMM, copied to 256-byte aligned addresses (byte 0
-    /// and byte 256): the operands' scale slots sit 4 bytes apart in the FP8 metadata buffer,
-    /// and cuBLASLt refuses (CUBLAS_STATUS_NOT_SUPPORTED) scale pointers that are not aligned.
+    /// and byte 256) when they are not aligned themselves: cuBLASLt refuses
+    /// (CUBLAS_STATUS_NOT_SUPPORTED) scale pointers 4 bytes apart. Scales laid out
+    /// [`SCALE_ALIGN`] bytes apart ([`duet_device::Device::fp8_scale_inv_stride`]) are read in
+    /// place, with no copy (two graph nodes less per GEMM).
     scales: DeviceMemory,
     algos: HashMap<AlgoKey, ltsys::cublasLtMatmulAlgo_t>,
     /// Whether a new shape may be autotuned now (set by the device before each call: only
@@ -403,9 +411,18 @@ impl BlasLt {
         )?;
         if let Some((sa, sb)) = scales {
             // Scale pointers: a `const float*` device address each, passed by value (8 bytes),
-            // pointing at aligned copies of the two slots (stream-ordered before the matmul).
-            let (a_scale, b_scale) = (self.scales.ptr(), self.scales.ptr() + 256);
+            // pointing at the slots themselves when both are aligned, else at aligned copies
+            // (stream-ordered before the matmul).
+            let in_place = sa % SCALE_ALIGN == 0 && sb % SCALE_ALIGN == 0;
+            let (a_scale, b_scale) = if in_place && std::env::var_os(SCALE_COPY_ENV).is_none() {
+                (sb, sa)
+            } else {
+                (self.scales.ptr(), self.scales.ptr() + SCALE_ALIGN)
+            };
             for (dst, src) in [(a_scale, sb), (b_scale, sa)] {
+                if dst == src {
+                    continue;
+                }
                 // SAFETY: the caller checked that both sources are f32 slots inside a live
                 // buffer; `dst` is one of two 4-byte places inside the live 512-byte `scales`
                 // allocation; the copy is ordered on the device's stream like the matmul.
@@ -426,6 +443,16 @@ impl BlasLt {
                 8,
                 "B_SCALE_POINTER",
             )?;
+            if desc.fp8_fast_accum {
+                // FAST_ACCUM: int8.
+                let v: i8 = 1;
+                set(
+                    DescAttr::CUBLASLT_MATMUL_DESC_FAST_ACCUM,
+                    (&v as *const i8).cast(),
+                    1,
+                    "FAST_ACCUM",
+                )?;
+            }
         }
         let epi = epilogue.code() as u32;
         if epilogue.code() != ltsys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_DEFAULT {
@@ -495,6 +522,7 @@ impl BlasLt {
             ldc: g.ldc,
             types: (a.dtype(), b.dtype(), c.dtype()),
             accumulate: desc.beta != 0.0 || epilogue.residual().is_some(),
+            fast_accum: desc.fp8_fast_accum && scales.is_some(),
             trans: (ta, tb),
             epilogue: (epi, epilogue.bias().map_or(DType::F32, |(_, d)| d)),
         };

@@ -1713,27 +1713,33 @@ impl Device for CudaDevice {
         self.gemm_fp8_epilogue_impl(desc, a, b, c, scale_inv, a_slot, b_slot, epilogue)
     }
 
+    fn fp8_scale_inv_stride(&self) -> usize {
+        (crate::blaslt::SCALE_ALIGN / 4) as usize
+    }
+
     fn fp8_scaling_update(
         &self,
         amax: &mut CudaBuffer,
         history: &mut CudaBuffer,
         scale: &mut CudaBuffer,
         scale_inv: &mut CudaBuffer,
+        inv_stride: usize,
         fp8_max: &CudaBuffer,
         len: usize,
         most_recent: bool,
         margin: i32,
     ) -> Result<()> {
-        let ops =
-            duet_device::check_fp8_scaling_args(amax, history, scale, scale_inv, fp8_max, len)?;
+        let ops = duet_device::check_fp8_scaling_args(
+            amax, history, scale, scale_inv, inv_stride, fp8_max, len,
+        )?;
         if ops == 0 {
             return Ok(());
         }
         let f = self.func(KernelModule::Fp8Scaling, "fp8_scaling_update")?;
         // SAFETY: fp8_scaling_update(float* amax, float* history, float* scale,
-        // float* scale_inv, const float* fp8_max, u64 ops, u64 len, int most_recent,
-        // int margin); every buffer is f32 and holds ops (history ops × len) elements
-        // (checked above); one thread per operand.
+        // float* scale_inv, u64 inv_stride, const float* fp8_max, u64 ops, u64 len,
+        // int most_recent, int margin); every buffer is f32 and holds ops (history ops × len,
+        // scale_inv ops × inv_stride) elements (checked above); one thread per operand.
         unsafe {
             kernels::launch(
                 &self.stream,
@@ -1744,6 +1750,7 @@ impl Device for CudaDevice {
                     history.ptr().into(),
                     scale.ptr().into(),
                     scale_inv.ptr().into(),
+                    (inv_stride as u64).into(),
                     fp8_max.ptr().into(),
                     (ops as u64).into(),
                     (len as u64).into(),

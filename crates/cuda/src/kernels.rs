@@ -117,8 +117,16 @@ pub fn nvrtc_version() -> Result<(i32, i32)> {
 fn options(arch: &str) -> Vec<String> {
     let mut o: Vec<String> = NVRTC_OPTIONS.iter().map(|s| s.to_string()).collect();
     o.push(format!("--gpu-architecture={arch}"));
+    // Kernel experiments: extra options (e.g. `-DQT_GRAD_MIN_BLOCKS=12`), part of the cache key.
+    if let Ok(extra) = std::env::var(NVRTC_EXTRA_ENV) {
+        o.extend(extra.split_whitespace().map(str::to_string));
+    }
     o
 }
+
+/// Extra NVRTC options (whitespace-separated) for kernel experiments, such as `-D` overrides of
+/// the tuning macros; they enter the cache key like the built-in options.
+pub const NVRTC_EXTRA_ENV: &str = "DUET_NVRTC_EXTRA";
 
 /// Destroys an NVRTC program when dropped.
 struct Program(nvrtc_sys::nvrtcProgram);

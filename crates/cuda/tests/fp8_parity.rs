@@ -174,7 +174,9 @@ fn quantize_matches_the_cpu_bit_for_bit() {
     }
 }
 
-/// One FP8 GEMM on both devices; returns (gpu, cpu) results as f32.
+/// One FP8 GEMM on both devices; returns (gpu, cpu) results as f32. The inverse scales sit
+/// `inv_stride` elements apart (1: packed, which cuBLASLt reads from aligned copies; 64: in
+/// place).
 #[allow(clippy::too_many_arguments)]
 fn fp8_gemm_both(
     g: &CudaDevice,
@@ -185,7 +187,9 @@ fn fp8_gemm_both(
     a_vals: &[f32],
     b_vals: &[f32],
     c0: &[f32],
+    inv_stride: usize,
 ) -> Result<(Vec<f32>, Vec<f32>), DeviceError> {
+    #[allow(clippy::too_many_arguments)]
     fn run<D: Device>(
         dev: &D,
         desc: &GemmDesc,
@@ -193,10 +197,12 @@ fn fp8_gemm_both(
         a_vals: &[f32],
         b_vals: &[f32],
         c0: &[f32],
+        inv_stride: usize,
     ) -> Result<Vec<f32>, DeviceError> {
         // Quantise through the device (scale slots 0 and 1), then multiply with 1/scale.
         let scales = [64.0f32, 0.25];
-        let inv = [1.0 / 64.0f32, 4.0];
+        let mut inv = vec![f32::NAN; 2 * inv_stride];
+        (inv[0], inv[inv_stride]) = (1.0 / 64.0f32, 4.0);
         let scale = dev.upload_new(&scales)?;
         let scale_inv = dev.upload_new(&inv)?;
         let mut amax = dev.alloc(DType::F32, 2)?;
@@ -209,12 +215,12 @@ fn fp8_gemm_both(
         dev.quantize_fp8(&a32, &mut a, None, ar, ac, &scale, &mut amax, 0)?;
         dev.quantize_fp8(&b32, &mut b, None, br, bc, &scale, &mut amax, 1)?;
         let mut c = upload_as(dev, c0, dt.2);
-        dev.gemm_fp8(desc, &a, &b, &mut c, &scale_inv, 0, 1)?;
+        dev.gemm_fp8(desc, &a, &b, &mut c, &scale_inv, 0, inv_stride)?;
         dev.download_f32(&c)
     }
     let dt = (a_dtype, b_dtype, c_dtype);
-    let gpu = run(g, desc, dt, a_vals, b_vals, c0)?;
-    let cpu = run(cpu(), desc, dt, a_vals, b_vals, c0)?;
+    let gpu = run(g, desc, dt, a_vals, b_vals, c0, inv_stride)?;
+    let cpu = run(cpu(), desc, dt, a_vals, b_vals, c0, inv_stride)?;
     Ok((gpu, cpu))
 }
 
@@ -249,20 +255,52 @@ fn fp8_gemm_matches_the_cpu_emulation() {
             (DType::F8E4M3, DType::F8E5M2),
         ] {
             for cd in [DType::BF16, DType::F32, DType::F16] {
-                let (gv, cv) = fp8_gemm_both(g, &desc, ad, bd, cd, &a, &b, &zeros).unwrap();
+                let what = format!("{m}x{n}x{k} {ad}·{bd} -> {cd}");
+                let (gv, cv) = fp8_gemm_both(g, &desc, ad, bd, cd, &a, &b, &zeros, 1).unwrap();
                 let tol = match cd {
                     DType::F32 => 2e-3,
                     _ => 1e-2,
                 };
-                assert_close(&format!("{m}x{n}x{k} {ad}·{bd} -> {cd}"), &gv, &cv, tol);
+                assert_close(&what, &gv, &cv, tol);
+                // Scales read in place (256-byte aligned slots): the same kernel, the same bits.
+                let (gs, cs) = fp8_gemm_both(g, &desc, ad, bd, cd, &a, &b, &zeros, 64).unwrap();
+                assert_eq!(cs, cv, "{what}: the CPU with strided scales");
+                let same = gs.iter().zip(&gv).all(|(x, y)| x.to_bits() == y.to_bits());
+                assert!(
+                    same,
+                    "{what}: scales in place differ from the aligned copies"
+                );
+                // Fast accumulation: the same products summed in the tensor cores' reduced
+                // precision, close to the exact sums.
+                let fast = desc.fp8_fast_accum(true);
+                let (gf, cf) = fp8_gemm_both(g, &fast, ad, bd, cd, &a, &b, &zeros, 64).unwrap();
+                assert_eq!(cf, cv, "{what}: the CPU ignores fast accumulation");
+                assert_close(&format!("{what} fast accumulation"), &gf, &cv, 2.0 * tol);
             }
         }
         // Accumulation into an f32 C (the weight gradient): beta = 1, alpha = 0.5.
         let c0 = values(m * n, 3, false);
         let d = desc.beta(1.0).alpha(0.5);
-        let (gv, cv) =
-            fp8_gemm_both(g, &d, DType::F8E5M2, DType::F8E4M3, DType::F32, &a, &b, &c0).unwrap();
-        assert_close(&format!("{m}x{n}x{k} accumulate"), &gv, &cv, 2e-3);
+        for stride in [1, 64] {
+            let (gv, cv) = fp8_gemm_both(
+                g,
+                &d,
+                DType::F8E5M2,
+                DType::F8E4M3,
+                DType::F32,
+                &a,
+                &b,
+                &c0,
+                stride,
+            )
+            .unwrap();
+            assert_close(
+                &format!("{m}x{n}x{k} accumulate, stride {stride}"),
+                &gv,
+                &cv,
+                2e-3,
+            );
+        }
     }
 }
 
@@ -282,6 +320,7 @@ fn fp8_gemm_rejects_what_cublaslt_cannot_do() {
         &v,
         &v,
         &v,
+        1,
     )
     .unwrap_err();
     assert!(matches!(err, DeviceError::InvalidArgument(_)), "{err}");
@@ -290,7 +329,7 @@ fn fp8_gemm_rejects_what_cublaslt_cannot_do() {
         (DType::F8E4M3Fnuz, DType::F8E4M3Fnuz),
         (DType::F8E5M2, DType::F8E5M2),
     ] {
-        let err = fp8_gemm_both(g, &tn, a, b, DType::BF16, &v, &v, &v).unwrap_err();
+        let err = fp8_gemm_both(g, &tn, a, b, DType::BF16, &v, &v, &v, 1).unwrap_err();
         assert!(matches!(err, DeviceError::Unsupported { .. }), "{err}");
     }
     // A GEMM with an odd inner dimension is refused, not computed wrongly.
@@ -305,6 +344,7 @@ fn fp8_gemm_rejects_what_cublaslt_cannot_do() {
         &w,
         &w,
         &v,
+        1,
     )
     .unwrap_err();
     assert!(matches!(err, DeviceError::InvalidArgument(_)), "{err}");

@@ -1614,14 +1614,24 @@ fn fp8_gemm_epilogues_match_the_separate_ops() {
 
 /// FP8 delayed scaling on the device equals the host computation (the CPU backend runs the
 /// trait's host default) bit for bit: history roll, max with NaN entries, amaxes of 0, ∞ and
-/// NaN that keep the scale, saturation, margins, most-recent mode, several steps.
+/// NaN that keep the scale, saturation, margins, most-recent mode, several steps; inverse
+/// scales packed and `inv_stride` apart (the elements in between untouched).
 #[test]
 fn fp8_scaling_update_matches_the_host() {
     let test = "fp8_scaling_update_matches_the_host";
     let Some(g) = gpu(test) else { return };
     let mut r = rng();
-    for (len, most_recent, margin) in [(1, false, 0), (16, false, 0), (5, true, 2), (7, false, -3)]
-    {
+    assert_eq!(
+        g.fp8_scale_inv_stride(),
+        64,
+        "cuBLASLt reads 256-byte aligned scales in place"
+    );
+    for (len, most_recent, margin, inv_stride) in [
+        (1, false, 0, 1),
+        (16, false, 0, 64),
+        (5, true, 2, 3),
+        (7, false, -3, 1),
+    ] {
         let ops = 11;
         let maxes: Vec<f32> = (0..ops)
             .map(|i| if i % 3 == 2 { 57344.0 } else { 448.0 })
@@ -1638,7 +1648,8 @@ fn fp8_scaling_update_matches_the_host() {
         let scale0: Vec<f32> = (0..ops).map(|_| r.uniform(0.5, 300.0)).collect();
         let (mut ch, mut gh) = both(DType::F32, &hist0, g);
         let (mut cs, mut gs) = both(DType::F32, &scale0, g);
-        let (mut ci, mut gi) = both(DType::F32, &vec![0.0; ops], g);
+        let inv0: Vec<f32> = (0..ops * inv_stride).map(|i| i as f32 + 0.5).collect();
+        let (mut ci, mut gi) = both(DType::F32, &inv0, g);
         let (cm, gm) = both(DType::F32, &maxes, g);
         for step in 0..4 {
             let amax: Vec<f32> = (0..ops)
@@ -1657,6 +1668,7 @@ fn fp8_scaling_update_matches_the_host() {
                     &mut ch,
                     &mut cs,
                     &mut ci,
+                    inv_stride,
                     &cm,
                     len,
                     most_recent,
@@ -1668,13 +1680,17 @@ fn fp8_scaling_update_matches_the_host() {
                 &mut gh,
                 &mut gs,
                 &mut gi,
+                inv_stride,
                 &gm,
                 len,
                 most_recent,
                 margin,
             )
             .unwrap();
-            let what = format!("len {len} most_recent {most_recent} margin {margin} step {step}");
+            let what = format!(
+                "len {len} most_recent {most_recent} margin {margin} inv_stride {inv_stride} \
+                 step {step}"
+            );
             compare_bits(&format!("{what}: history"), &ch, &gh, g);
             compare_bits(&format!("{what}: scale"), &cs, &gs, g);
             compare_bits(&format!("{what}: scale_inv"), &ci, &gi, g);

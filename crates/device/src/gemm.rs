@@ -27,6 +27,10 @@ pub struct GemmDesc {
     pub a_offset: usize,
     pub b_offset: usize,
     pub c_offset: usize,
+    /// FP8 GEMMs only: accumulate in the tensor cores' fast mode (cuBLASLt's `FAST_ACCUM`, no
+    /// periodic promotion to FP32 accumulators) where the backend has it; others ignore it and
+    /// accumulate as usual.
+    pub fp8_fast_accum: bool,
 }
 
 impl GemmDesc {
@@ -50,6 +54,7 @@ impl GemmDesc {
             a_offset: 0,
             b_offset: 0,
             c_offset: 0,
+            fp8_fast_accum: false,
         }
     }
 
@@ -75,6 +80,12 @@ impl GemmDesc {
 
     pub fn beta(mut self, beta: f32) -> Self {
         self.beta = beta;
+        self
+    }
+
+    /// See [`GemmDesc::fp8_fast_accum`].
+    pub fn fp8_fast_accum(mut self, fast: bool) -> Self {
+        self.fp8_fast_accum = fast;
         self
     }
 

@@ -952,11 +952,22 @@ pub trait Device: Send + Sync + Sized + 'static {
         })
     }
 
+    /// The element distance at which FP8 GEMMs best read their inverse scales: the engine
+    /// keeps operand `i`'s inverse scale at `scale_inv[i · stride]`
+    /// ([`Device::fp8_scaling_update`]'s `inv_stride`). 1 (packed) by default; CUDA answers 64
+    /// (256 bytes), the alignment at which cuBLASLt reads a scale in place instead of from a
+    /// copy made before each GEMM.
+    fn fp8_scale_inv_stride(&self) -> usize {
+        1
+    }
+
     /// FP8 delayed scaling for every operand `i < amax.len()`, on the device so a recorded step
     /// can include it: [`fp8_history_step`] on `history[i·len .. (i+1)·len]` (newest first;
     /// entries never written are 0) with `amax[i]`, `scale[i]` (the previous scale, replaced)
-    /// and `fp8_max[i]`; then `scale_inv[i] = fp8_scale_inv(scale[i])` and `amax[i] = 0`. All
-    /// buffers f32. The default runs it on the host (a download and uploads).
+    /// and `fp8_max[i]`; then `scale_inv[i · inv_stride] = fp8_scale_inv(scale[i])` (the
+    /// elements in between are left alone) and `amax[i] = 0`. All buffers f32; `scale_inv`
+    /// holds `ops · inv_stride` elements. The default runs it on the host (downloads and
+    /// uploads).
     #[allow(clippy::too_many_arguments)]
     fn fp8_scaling_update(
         &self,
@@ -964,12 +975,14 @@ pub trait Device: Send + Sync + Sized + 'static {
         history: &mut Self::Buffer,
         scale: &mut Self::Buffer,
         scale_inv: &mut Self::Buffer,
+        inv_stride: usize,
         fp8_max: &Self::Buffer,
         len: usize,
         most_recent: bool,
         margin: i32,
     ) -> Result<()> {
-        let ops = check_fp8_scaling_args(amax, history, scale, scale_inv, fp8_max, len)?;
+        let ops =
+            check_fp8_scaling_args(amax, history, scale, scale_inv, inv_stride, fp8_max, len)?;
         let to_f32 = |bytes: Vec<u8>| -> Vec<f32> {
             bytes
                 .chunks_exact(4)
@@ -985,7 +998,10 @@ pub trait Device: Send + Sync + Sized + 'static {
             let hist = &mut h[i * len..(i + 1) * len];
             s[i] = fp8_history_step(hist, a[i], s[i], m[i], most_recent, margin);
         }
-        let inv: Vec<f32> = s.iter().map(|&x| fp8_scale_inv(x)).collect();
+        let mut inv = to_f32(self.download_bytes(scale_inv, 0, ops * inv_stride)?);
+        for (i, &x) in s.iter().enumerate() {
+            inv[i * inv_stride] = fp8_scale_inv(x);
+        }
         self.upload_bytes(&bytes(&h), history, 0)?;
         self.upload_bytes(&bytes(&s), scale, 0)?;
         self.upload_bytes(&bytes(&inv), scale_inv, 0)?;
@@ -1083,22 +1099,34 @@ fn check_host_dtype<T: HostType>(buf: DType, op: &'static str) -> Result<()> {
 }
 
 /// Checks the buffers of [`Device::fp8_scaling_update`] (all f32; `history` holds `len` entries
-/// per operand, the others one) and returns the number of operands.
+/// per operand, `scale_inv` `inv_stride` ≥ 1, the others one) and returns the number of
+/// operands.
 pub fn check_fp8_scaling_args<B: Buffer>(
     amax: &B,
     history: &B,
     scale: &B,
     scale_inv: &B,
+    inv_stride: usize,
     fp8_max: &B,
     len: usize,
 ) -> Result<usize> {
     const OP: &str = "fp8_scaling_update";
     let ops = amax.len();
     check_dtype(OP, amax, DType::F32)?;
+    if inv_stride == 0 {
+        return Err(DeviceError::InvalidArgument(format!(
+            "{OP}: inv_stride must be at least 1"
+        )));
+    }
+    let inv_len = ops.checked_mul(inv_stride).ok_or_else(|| {
+        DeviceError::InvalidArgument(format!(
+            "{OP}: {ops} operands × inv_stride {inv_stride} overflow"
+        ))
+    })?;
     for (b, what, n) in [
         (history, "history", ops * len),
         (scale, "scale", ops),
-        (scale_inv, "scale_inv", ops),
+        (scale_inv, "scale_inv", inv_len),
         (fp8_max, "fp8_max", ops),
     ] {
         check_dtype(OP, b, DType::F32)?;

@@ -1,6 +1,6 @@
 //! Model and training configuration: presets, TOML files, flag overrides and validation.
 
-use crate::fp8::{AmaxAlgo, DelayedScaling, Fp8Recipe};
+use crate::fp8::{AmaxAlgo, DelayedScaling, Fp8FastAccum, Fp8Recipe};
 use crate::precision::{Precision, WeightGradDtype};
 use crate::{EngineError, Result};
 use serde::{Deserialize, Serialize};
@@ -109,6 +109,10 @@ pub struct TrainConfig {
     /// scale = fp8_max / amax / 2^margin.
     #[serde(default)]
     pub fp8_margin: i32,
+    /// FP8 GEMMs in the tensor cores' fast accumulation: none, forward (the default, as in
+    /// Transformer Engine's and torchao's recipes) or all.
+    #[serde(default)]
+    pub fp8_fast_accum: Fp8FastAccum,
     /// Training data: empty for the synthetic progression task, else a UTF-8 text file (byte
     /// tokens) or an llm.c `.bin` token shard.
     #[serde(default)]
@@ -163,6 +167,7 @@ impl TrainConfig {
             amax_history_len: self.fp8_amax_history_len,
             algo: self.fp8_amax_compute_algo,
             margin: self.fp8_margin,
+            fast_accum: self.fp8_fast_accum,
         }
     }
 }
@@ -233,6 +238,7 @@ impl Config {
             fp8_amax_history_len: default_amax_history_len(),
             fp8_amax_compute_algo: AmaxAlgo::Max,
             fp8_margin: 0,
+            fp8_fast_accum: Fp8FastAccum::default(),
         };
         match p {
             Preset::Default => Config {

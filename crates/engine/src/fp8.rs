@@ -9,12 +9,14 @@
 //!
 //! `amax = max(history)` (or the most recent entry), `scale = fp8_max / amax / 2^margin`; an amax
 //! that is zero or not finite keeps the previous scale, a scale that overflows is clamped to
-//! `f32::MAX`. The GEMMs receive `scale_inv = 1/scale` for each operand.
+//! `f32::MAX`. The GEMMs receive `scale_inv = 1/scale` for each operand, and accumulate as
+//! [`Fp8FastAccum`] says (by default fast in the forward GEMMs only).
 //!
-//! Where things live: the scales, their inverses and the amaxes of the current step are f32
-//! buffers on the device (one slot per operand), read by the kernels directly; the amax histories
-//! are kept on the host, where the per-step update runs (one small read and one small write per
-//! step, next to the loss read the trainer does anyway).
+//! Where things live: the scales, their inverses, the amaxes of the current step and the amax
+//! histories are f32 buffers on the device (one slot per operand; the inverses `stride` apart,
+//! [`Device::fp8_scale_inv_stride`], so the GEMM library reads them in place), updated by
+//! [`Device::fp8_scaling_update`] with no host round trip; the host keeps a copy of the histories
+//! and scales, brought up to date when asked for (checkpoints, reports).
 
 use crate::{EngineError, Result};
 use duet_device::{DType, Device, DeviceExt, DeviceInfo};
@@ -89,13 +91,65 @@ impl fmt::Display for AmaxAlgo {
     }
 }
 
-/// The delayed-scaling settings.
+/// Which FP8 GEMMs accumulate in the tensor cores' fast mode (cuBLASLt's `FAST_ACCUM`: the
+/// products are summed without the periodic promotion to full FP32 accumulators; faster, less
+/// exact over long sums). `Forward` is what Transformer Engine's and torchao's default recipes
+/// do: fast forward GEMMs, exact accumulation for the input and weight gradients, whose sums
+/// run over many more terms (the weight gradient over every token). Backends without the mode
+/// (CPU, HIP) accumulate exactly whatever the setting.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Fp8FastAccum {
+    None,
+    #[default]
+    Forward,
+    All,
+}
+
+impl Fp8FastAccum {
+    /// Whether the forward GEMMs (E4M3 · E4M3 in the HYBRID recipe) accumulate fast.
+    pub fn forward(self) -> bool {
+        self != Self::None
+    }
+
+    /// Whether the input- and weight-gradient GEMMs accumulate fast.
+    pub fn backward(self) -> bool {
+        self == Self::All
+    }
+}
+
+impl std::str::FromStr for Fp8FastAccum {
+    type Err = EngineError;
+    fn from_str(s: &str) -> Result<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "none" => Ok(Self::None),
+            "forward" => Ok(Self::Forward),
+            "all" => Ok(Self::All),
+            other => Err(EngineError::Config(format!(
+                "unknown fp8 fast_accum '{other}' (expected none, forward or all)"
+            ))),
+        }
+    }
+}
+
+impl fmt::Display for Fp8FastAccum {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::None => "none",
+            Self::Forward => "forward",
+            Self::All => "all",
+        })
+    }
+}
+
+/// The delayed-scaling settings (and the FP8 GEMMs' accumulation mode).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DelayedScaling {
     pub recipe: Fp8Recipe,
     pub amax_history_len: usize,
     pub algo: AmaxAlgo,
     pub margin: i32,
+    pub fast_accum: Fp8FastAccum,
 }
 
 impl Default for DelayedScaling {
@@ -105,6 +159,7 @@ impl Default for DelayedScaling {
             amax_history_len: 16,
             algo: AmaxAlgo::Max,
             margin: 0,
+            fast_accum: Fp8FastAccum::default(),
         }
     }
 }
@@ -252,8 +307,10 @@ pub struct Fp8State<D: Device> {
     host: Mutex<HostView>,
     /// f32 per operand: the scale the quantisation kernels multiply by.
     pub scale: D::Buffer,
-    /// f32 per operand: 1/scale, given to the FP8 GEMMs.
+    /// f32, operand `i`'s 1/scale (given to the FP8 GEMMs) at `i · inv_stride` ([`Self::inv`]).
     pub scale_inv: D::Buffer,
+    /// [`Device::fp8_scale_inv_stride`] of the device.
+    pub inv_stride: usize,
     /// f32 per operand: the amax recorded since the last update.
     pub amax: D::Buffer,
     /// f32 per operand × `cfg.amax_history_len`: the amax histories, newest first (entries not
@@ -293,7 +350,8 @@ impl<D: Device> Fp8State<D> {
         }
         let n = ops.len();
         let mut scale = dev.alloc(DType::F32, n)?;
-        let mut scale_inv = dev.alloc(DType::F32, n)?;
+        let inv_stride = dev.fp8_scale_inv_stride().max(1);
+        let mut scale_inv = dev.alloc(DType::F32, n * inv_stride)?;
         dev.fill(&mut scale, 1.0)?;
         dev.fill(&mut scale_inv, 1.0)?;
         let mut amax = dev.alloc(DType::F32, n)?;
@@ -311,6 +369,7 @@ impl<D: Device> Fp8State<D> {
             host: Mutex::new(HostView { ops, unsynced: 0 }),
             scale,
             scale_inv,
+            inv_stride,
             amax,
             history,
             fp8_max,
@@ -320,6 +379,12 @@ impl<D: Device> Fp8State<D> {
     /// Slot of `operand` of linear layer `i`.
     pub fn slot(i: usize, operand: Operand) -> usize {
         3 * i + operand as usize
+    }
+
+    /// The index of slot `slot`'s inverse scale in [`Self::scale_inv`] (what the FP8 GEMMs take
+    /// as their scale slots).
+    pub fn inv(&self, slot: usize) -> usize {
+        slot * self.inv_stride
     }
 
     /// The host's view, brought up to date with the device's histories and scales.
@@ -354,6 +419,7 @@ impl<D: Device> Fp8State<D> {
             &mut self.history,
             &mut self.scale,
             &mut self.scale_inv,
+            self.inv_stride,
             &self.fp8_max,
             self.cfg.amax_history_len,
             self.cfg.algo == AmaxAlgo::MostRecent,
@@ -399,10 +465,10 @@ impl<D: Device> Fp8State<D> {
         }
         host.unsynced = 0;
         let scale: Vec<f32> = host.ops.iter().map(|o| o.scale).collect();
-        let inv: Vec<f32> = scale
-            .iter()
-            .map(|&s| duet_device::fp8_scale_inv(s))
-            .collect();
+        let mut inv = vec![1.0f32; scale.len() * self.inv_stride];
+        for (i, &s) in scale.iter().enumerate() {
+            inv[i * self.inv_stride] = duet_device::fp8_scale_inv(s);
+        }
         dev.upload(&scale, &mut self.scale, 0)?;
         dev.upload(&inv, &mut self.scale_inv, 0)?;
         dev.upload(&hist, &mut self.history, 0)?;
@@ -438,7 +504,25 @@ mod tests {
             amax_history_len: len,
             algo,
             margin,
+            fast_accum: Fp8FastAccum::default(),
         }
+    }
+
+    #[test]
+    fn fast_accum_parses_and_defaults_to_the_forward_gemms() {
+        assert_eq!(Fp8FastAccum::default(), Fp8FastAccum::Forward);
+        for (s, v, fwd, bwd) in [
+            ("none", Fp8FastAccum::None, false, false),
+            ("Forward", Fp8FastAccum::Forward, true, false),
+            (" all ", Fp8FastAccum::All, true, true),
+        ] {
+            let p: Fp8FastAccum = s.parse().unwrap();
+            assert_eq!(p, v);
+            assert_eq!((p.forward(), p.backward()), (fwd, bwd));
+            assert_eq!(p.to_string().parse::<Fp8FastAccum>().unwrap(), p);
+        }
+        let e = "fast".parse::<Fp8FastAccum>().unwrap_err().to_string();
+        assert!(e.contains("none, forward or all"), "{e}");
     }
 
     /// Feeds `amaxes` one step at a time; returns (scale, history) after each step.

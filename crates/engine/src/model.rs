@@ -1953,7 +1953,10 @@ fn linear_act_forward<D: Device>(
     k: usize,
     m: usize,
 ) -> Result<()> {
-    let desc = GemmDesc::new(false, true, n, m, k);
+    let fast = q8
+        .as_ref()
+        .is_some_and(|(q, _)| q.state.cfg.fast_accum.forward());
+    let desc = GemmDesc::new(false, true, n, m, k).fp8_fast_accum(fast);
     // FP8: the operands' FP8 copies, inverse scales and scale slots.
     // The GEMM's operands: the 16-bit input (with `w`), or the FP8 copies of both.
     let operands = match (q8, input) {
@@ -1996,7 +1999,13 @@ fn linear_act_forward<D: Device>(
             }
             // The weight's codes come from the start of the forward pass
             // (Gpt::quantize_fp8_weights).
-            Operands::Fp8(&q.x8[kind], &q.w8[id], &st.scale_inv, sx, sw)
+            Operands::Fp8(
+                &q.x8[kind],
+                &q.w8[id],
+                &st.scale_inv,
+                st.inv(sx),
+                st.inv(sw),
+            )
         }
     };
     let fused = match operands {
@@ -2172,25 +2181,26 @@ fn linear_backward<D: Device>(
                 sy,
             )?;
             // dW (m × k) = dyᵀ (stored m × n) · x = dyᵀ · (xᵀ stored k × n)ᵀ.
+            let fast = st.cfg.fast_accum.backward();
             dev.gemm_fp8(
-                &GemmDesc::new(false, true, m, k, n),
+                &GemmDesc::new(false, true, m, k, n).fp8_fast_accum(fast),
                 &q.dy8t[kind],
                 &q.x8t[id],
                 dw,
                 &st.scale_inv,
-                sy,
-                sx,
+                st.inv(sy),
+                st.inv(sx),
             )?;
             let dx = io.into_dx();
             // dx (n × k) = dy (n × m) · W (m × k) = dy · (Wᵀ stored k × m)ᵀ.
             dev.gemm_fp8(
-                &GemmDesc::new(false, true, n, k, m),
+                &GemmDesc::new(false, true, n, k, m).fp8_fast_accum(fast),
                 &q.dy8[kind],
                 &q.w8t[id],
                 dx,
                 &st.scale_inv,
-                sy,
-                sw,
+                st.inv(sy),
+                st.inv(sw),
             )?;
             Ok(false)
         }

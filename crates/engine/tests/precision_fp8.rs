@@ -255,6 +255,7 @@ fn delayed_scaling_follows_the_amaxes_the_device_records() {
         amax_history_len: 2,
         algo: AmaxAlgo::Max,
         margin: 1,
+        ..DelayedScaling::default()
     };
     let mut st: Fp8State<CpuDevice> =
         Fp8State::new(&dev, cfg, Fp8Family::Ocp, &["lin".to_string()]).unwrap();

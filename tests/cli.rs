@@ -43,11 +43,20 @@ fn bad_configs_fail_cleanly() {
         "/nonexistent/run.toml",
     );
     assert_clean_error(&["train", "--lr=-1"], "lr must be positive");
+    assert_clean_error(
+        &["train", "--precision", "fp8", "--fp8-fast-accum", "fast"],
+        "unknown fp8 fast_accum 'fast' (expected none, forward or all)",
+    );
     let bad = tmp("bad.toml");
     std::fs::write(&bad, "[model]\nlayerz = 3\n").unwrap();
     assert_clean_error(
         &["train", "--config", bad.to_str().unwrap()],
         "unknown field model.layerz",
+    );
+    std::fs::write(&bad, "[train]\nfp8_fast_accum = \"sometimes\"\n").unwrap();
+    assert_clean_error(
+        &["train", "--config", bad.to_str().unwrap()],
+        "unknown variant `sometimes`, expected one of `none`, `forward`, `all`",
     );
     std::fs::write(&bad, "[model\n").unwrap();
     assert_clean_error(&["train", "--config", bad.to_str().unwrap()], "bad.toml");

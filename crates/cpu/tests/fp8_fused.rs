@@ -2,13 +2,14 @@
 //! the CPU backend does not override): it must give exactly what `layernorm_forward` followed by
 //! `quantize_fp8` of its output give (codes, transposed codes, mean, rstd, amax bit for bit) and
 //! the same argument errors. Also the default of `Device::quantize_fp8_many`: exactly the
-//! per-job `quantize_fp8` calls, and its argument checks (before any job runs).
+//! per-job `quantize_fp8` calls, and its argument checks (before any job runs). And the default
+//! of `Device::fp8_scaling_update` with strided inverse scales.
 
 mod common;
 
 use common::*;
 use duet_cpu::{CpuBuffer, CpuDevice};
-use duet_device::{Buffer, DType, Device, DeviceError, Fp8QuantJob};
+use duet_device::{Buffer, DType, Device, DeviceError, DeviceExt, Fp8QuantJob};
 
 const FP8: [DType; 4] = [
     DType::F8E4M3,
@@ -383,4 +384,68 @@ fn quantize_fp8_many_default_checks_every_job_first() {
     check(&src, DType::F8E4M3, None, 1, &short_scale, shape);
     let bf16_scale = up_as(&d, &[1.0, 1.0], DType::BF16);
     check(&src, DType::F8E4M3, None, 0, &bf16_scale, mismatch);
+}
+
+/// The trait's default of `Device::fp8_scaling_update` with the inverse scales `inv_stride`
+/// apart: the same scales and histories as packed, each inverse at `i · inv_stride` (1/scale
+/// rounded once), the elements in between untouched; a zero stride or a `scale_inv` of the
+/// wrong length is refused before anything is written.
+#[test]
+fn fp8_scaling_update_strided_inverses() {
+    let d = CpuDevice::new(Some(1)).unwrap();
+    let ops = 5;
+    let len = 3;
+    let amax = [2.0f32, 0.0, 448.0, f32::NAN, 0.5];
+    let maxes = [448.0f32, 448.0, 57344.0, 448.0, 240.0];
+    let run = |stride: usize| {
+        let mut a = d.upload_new(&amax).unwrap();
+        let mut h = d.upload_new(&vec![1.0f32; ops * len]).unwrap();
+        let mut s = d.upload_new(&[1.0f32, 2.0, 4.0, 8.0, 16.0]).unwrap();
+        let inv0: Vec<f32> = (0..ops * stride).map(|i| -(i as f32)).collect();
+        let mut inv = d.upload_new(&inv0).unwrap();
+        let inv0: Vec<u32> = inv0.iter().map(|x| x.to_bits()).collect();
+        let m = d.upload_new(&maxes).unwrap();
+        d.fp8_scaling_update(&mut a, &mut h, &mut s, &mut inv, stride, &m, len, false, 0)
+            .unwrap();
+        // Bits, so that the NaN history entry compares equal.
+        let f = |b: &CpuBuffer| -> Vec<u32> {
+            let v: Vec<f32> = d.download(b).unwrap();
+            v.iter().map(|x| x.to_bits()).collect()
+        };
+        (f(&s), f(&h), f(&inv), inv0, f(&a))
+    };
+    let (s1, h1, inv1, _, a1) = run(1);
+    for stride in [1, 3, 64] {
+        let (s, h, inv, inv0, a) = run(stride);
+        assert_eq!((&s, &h, &a), (&s1, &h1, &a1), "stride {stride}");
+        for (i, (&x, &x0)) in inv.iter().zip(&inv0).enumerate() {
+            let want = if i % stride == 0 {
+                duet_device::fp8_scale_inv(f32::from_bits(s[i / stride])).to_bits()
+            } else {
+                x0
+            };
+            assert_eq!(x, want, "stride {stride}: element {i}");
+            if i % stride == 0 {
+                assert_eq!(x, inv1[i / stride], "stride {stride}: as packed");
+            }
+        }
+    }
+    let mut a = d.upload_new(&amax).unwrap();
+    let mut h = d.upload_new(&vec![1.0f32; ops * len]).unwrap();
+    let mut s = d.upload_new(&[1.0f32; 5]).unwrap();
+    let m = d.upload_new(&maxes).unwrap();
+    let mut inv = d.upload_new(&vec![7.0f32; ops * 2]).unwrap();
+    let e = d
+        .fp8_scaling_update(&mut a, &mut h, &mut s, &mut inv, 0, &m, len, false, 0)
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("inv_stride must be at least 1"),
+        "{e}"
+    );
+    let e = d
+        .fp8_scaling_update(&mut a, &mut h, &mut s, &mut inv, 3, &m, len, false, 0)
+        .unwrap_err();
+    assert!(matches!(e, DeviceError::Shape { .. }), "{e}");
+    assert_eq!(d.download::<f32>(&inv).unwrap(), vec![7.0; ops * 2]);
+    assert_eq!(d.download::<f32>(&a).unwrap()[0], 2.0, "amax untouched");
 }

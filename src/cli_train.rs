@@ -450,7 +450,11 @@ impl TrainTask {
             info.backend,
             info.name,
             info.arch,
-            t.precision,
+            if t.precision == Precision::Fp8 {
+                format!("fp8 ({})", t.delayed_scaling())
+            } else {
+                t.precision.to_string()
+            },
             m.num_params(),
             m.vocab,
             m.d_model,

@@ -152,6 +152,17 @@ pub struct DelayedScaling {
     pub fast_accum: Fp8FastAccum,
 }
 
+/// `hybrid, amax history 16 (max), margin 0, fast accumulation: forward`.
+impl fmt::Display for DelayedScaling {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}, amax history {} ({}), margin {}, fast accumulation: {}",
+            self.recipe, self.amax_history_len, self.algo, self.margin, self.fast_accum
+        )
+    }
+}
+
 impl Default for DelayedScaling {
     fn default() -> Self {
         Self {
@@ -521,6 +532,10 @@ mod tests {
             assert_eq!((p.forward(), p.backward()), (fwd, bwd));
             assert_eq!(p.to_string().parse::<Fp8FastAccum>().unwrap(), p);
         }
+        assert_eq!(
+            DelayedScaling::default().to_string(),
+            "hybrid, amax history 16 (max), margin 0, fast accumulation: forward"
+        );
         let e = "fast".parse::<Fp8FastAccum>().unwrap_err().to_string();
         assert!(e.contains("none, forward or all"), "{e}");
     }

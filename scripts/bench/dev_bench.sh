@@ -5,7 +5,8 @@
 #   run(command="bash .carry-dev/dev_bench.sh", carry=[".carry-dev"])
 # Environment: CASES (default below; one case per line: `<preset> <precision> [duet bench args]`),
 # ITERS (default 30), NCU="<preset> <precision> [args]" adds an ncu kernel-time summary of about
-# one step of that case, NCU_SKIP/NCU_COUNT the launches skipped/profiled.
+# one step of that case, NCU_SKIP/NCU_COUNT the launches skipped/profiled, NCU_EXTRA more ncu
+# options (e.g. "--cache-control none": kernels see the L2 as the step leaves it).
 set -uo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 if [ "${1:-}" = "--pack" ]; then
@@ -59,7 +60,8 @@ if [ -n "${NCU:-}" ] && command -v ncu >/dev/null; then
   for ncase in "${NCU_CASES[@]}"; do
     read -r preset precision args <<<"$ncase"
     # shellcheck disable=SC2086
-    timeout 300 ncu --clock-control none --metrics gpu__time_duration.sum --csv \
+    # shellcheck disable=SC2086
+    timeout 300 ncu --clock-control none ${NCU_EXTRA:-} --metrics gpu__time_duration.sum --csv \
         --launch-skip "${NCU_SKIP:-500}" --launch-count "${NCU_COUNT:-400}" \
         "$HERE/duet" bench --backend cuda --preset "$preset" --precision "$precision" \
         --no-graphs --warmup-steps 6 --iters 2 $args >/tmp/ncu.csv 2>/tmp/ncu.err

@@ -12,10 +12,17 @@ pub fn duet(args: &[&str]) -> Output {
         .expect("runs duet")
 }
 
-/// A path for `name` in a folder private to this test process.
+/// A path for `name` in a folder private to this test process. The folder is named by the
+/// process id, so one left behind by an earlier process with the same id (ids are reused) is
+/// emptied on this process's first call: no test finds another run's files there.
 pub fn tmp(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("duet-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    let dir = DIR.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("duet-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    });
     dir.join(name)
 }
 

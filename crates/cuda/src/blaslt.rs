@@ -168,6 +168,8 @@ pub(crate) struct BlasLt {
     /// [`SCALE_ALIGN`] bytes apart ([`duet_device::Device::fp8_scale_inv_stride`]) are read in
     /// place, with no copy (two graph nodes less per GEMM).
     scales: DeviceMemory,
+    /// [`SCALE_COPY_ENV`] at creation: copy even aligned scales (A/B comparisons).
+    copy_scales: bool,
     algos: HashMap<AlgoKey, ltsys::cublasLtMatmulAlgo_t>,
     /// Whether a new shape may be autotuned now (set by the device before each call: only
     /// when autotuning is on and no graph is being recorded).
@@ -320,6 +322,7 @@ impl BlasLt {
             handle,
             workspace,
             scales,
+            copy_scales: std::env::var_os(SCALE_COPY_ENV).is_some(),
             algos: HashMap::new(),
             may_tune: false,
             ctx: Arc::clone(ctx),
@@ -414,23 +417,22 @@ impl BlasLt {
             // pointing at the slots themselves when both are aligned, else at aligned copies
             // (stream-ordered before the matmul).
             let in_place = sa % SCALE_ALIGN == 0 && sb % SCALE_ALIGN == 0;
-            let (a_scale, b_scale) = if in_place && std::env::var_os(SCALE_COPY_ENV).is_none() {
+            let (a_scale, b_scale) = if in_place && !self.copy_scales {
                 (sb, sa)
             } else {
-                (self.scales.ptr(), self.scales.ptr() + SCALE_ALIGN)
+                let copies = (self.scales.ptr(), self.scales.ptr() + SCALE_ALIGN);
+                for (dst, src) in [(copies.0, sb), (copies.1, sa)] {
+                    // SAFETY: the caller checked that both sources are f32 slots inside a live
+                    // buffer; `dst` is one of two 4-byte places inside the live 512-byte
+                    // `scales` allocation; the copy is ordered on the device's stream like the
+                    // matmul.
+                    unsafe {
+                        cudarc::driver::result::memcpy_dtod_async(dst, src, 4, stream.cu_stream())
+                    }
+                    .map_err(|e| crate::error::driver("cuMemcpyDtoDAsync", e))?;
+                }
+                copies
             };
-            for (dst, src) in [(a_scale, sb), (b_scale, sa)] {
-                if dst == src {
-                    continue;
-                }
-                // SAFETY: the caller checked that both sources are f32 slots inside a live
-                // buffer; `dst` is one of two 4-byte places inside the live 512-byte `scales`
-                // allocation; the copy is ordered on the device's stream like the matmul.
-                unsafe {
-                    cudarc::driver::result::memcpy_dtod_async(dst, src, 4, stream.cu_stream())
-                }
-                .map_err(|e| crate::error::driver("cuMemcpyDtoDAsync", e))?;
-            }
             set(
                 DescAttr::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
                 (&a_scale as *const u64).cast(),

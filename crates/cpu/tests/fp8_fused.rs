@@ -9,7 +9,7 @@ mod common;
 
 use common::*;
 use duet_cpu::{CpuBuffer, CpuDevice};
-use duet_device::{Buffer, DType, Device, DeviceError, DeviceExt, Fp8QuantJob};
+use duet_device::{Buffer, DType, Device, DeviceError, Fp8QuantJob};
 
 const FP8: [DType; 4] = [
     DType::F8E4M3,
@@ -392,26 +392,23 @@ fn quantize_fp8_many_default_checks_every_job_first() {
 /// wrong length is refused before anything is written.
 #[test]
 fn fp8_scaling_update_strided_inverses() {
-    let d = CpuDevice::new(Some(1)).unwrap();
+    let d = dev();
     let ops = 5;
     let len = 3;
     let amax = [2.0f32, 0.0, 448.0, f32::NAN, 0.5];
     let maxes = [448.0f32, 448.0, 57344.0, 448.0, 240.0];
     let run = |stride: usize| {
-        let mut a = d.upload_new(&amax).unwrap();
-        let mut h = d.upload_new(&vec![1.0f32; ops * len]).unwrap();
-        let mut s = d.upload_new(&[1.0f32, 2.0, 4.0, 8.0, 16.0]).unwrap();
+        let mut a = up(&d, &amax);
+        let mut h = up(&d, &vec![1.0f32; ops * len]);
+        let mut s = up(&d, &[1.0f32, 2.0, 4.0, 8.0, 16.0]);
         let inv0: Vec<f32> = (0..ops * stride).map(|i| -(i as f32)).collect();
-        let mut inv = d.upload_new(&inv0).unwrap();
+        let mut inv = up(&d, &inv0);
         let inv0: Vec<u32> = inv0.iter().map(|x| x.to_bits()).collect();
-        let m = d.upload_new(&maxes).unwrap();
+        let m = up(&d, &maxes);
         d.fp8_scaling_update(&mut a, &mut h, &mut s, &mut inv, stride, &m, len, false, 0)
             .unwrap();
         // Bits, so that the NaN history entry compares equal.
-        let f = |b: &CpuBuffer| -> Vec<u32> {
-            let v: Vec<f32> = d.download(b).unwrap();
-            v.iter().map(|x| x.to_bits()).collect()
-        };
+        let f = |b: &CpuBuffer| -> Vec<u32> { down(&d, b).iter().map(|x| x.to_bits()).collect() };
         (f(&s), f(&h), f(&inv), inv0, f(&a))
     };
     let (s1, h1, inv1, _, a1) = run(1);
@@ -430,11 +427,11 @@ fn fp8_scaling_update_strided_inverses() {
             }
         }
     }
-    let mut a = d.upload_new(&amax).unwrap();
-    let mut h = d.upload_new(&vec![1.0f32; ops * len]).unwrap();
-    let mut s = d.upload_new(&[1.0f32; 5]).unwrap();
-    let m = d.upload_new(&maxes).unwrap();
-    let mut inv = d.upload_new(&vec![7.0f32; ops * 2]).unwrap();
+    let mut a = up(&d, &amax);
+    let mut h = up(&d, &vec![1.0f32; ops * len]);
+    let mut s = up(&d, &[1.0f32; 5]);
+    let m = up(&d, &maxes);
+    let mut inv = up(&d, &vec![7.0f32; ops * 2]);
     let e = d
         .fp8_scaling_update(&mut a, &mut h, &mut s, &mut inv, 0, &m, len, false, 0)
         .unwrap_err();
@@ -446,6 +443,6 @@ fn fp8_scaling_update_strided_inverses() {
         .fp8_scaling_update(&mut a, &mut h, &mut s, &mut inv, 3, &m, len, false, 0)
         .unwrap_err();
     assert!(matches!(e, DeviceError::Shape { .. }), "{e}");
-    assert_eq!(d.download::<f32>(&inv).unwrap(), vec![7.0; ops * 2]);
-    assert_eq!(d.download::<f32>(&a).unwrap()[0], 2.0, "amax untouched");
+    assert_eq!(down(&d, &inv), vec![7.0; ops * 2]);
+    assert_eq!(down(&d, &a)[0], 2.0, "amax untouched");
 }

@@ -543,3 +543,70 @@ fn layernorm_backward_colsum_rejects_bad_dsum() {
         .is_err()
     );
 }
+
+/// The two LayerNorm backward kernels of the vectorised plans (column sums in registers, the
+/// default; in shared memory with the next row prefetched): the same dx, dgamma, dbeta (and
+/// dsum) bit for bit, with and without the column sum, over one to four warps per row, partial last
+/// chunks, fewer rows than a chunk, and every dtype pair.
+#[test]
+fn layernorm_backward_kernels_agree_bit_for_bit() {
+    let Some(g) = gpu("layernorm_backward_kernels_agree_bit_for_bit") else {
+        return;
+    };
+    let mut rng = Rng(seed());
+    let shapes = [
+        (8192usize, 768usize),
+        (8192, 2048),
+        (4099, 3072),
+        (300, 1000),
+        (67, 768),
+        (65, 136),
+        (3, 64),
+    ];
+    for (act, pdt) in DTYPES {
+        for &(n, c) in &shapes {
+            let x: Vec<f32> = (0..n * c).map(|_| rng.uniform(-2.0, 2.0)).collect();
+            let gamma = rng.vec(c, 0.5, 1.5);
+            let beta = rng.vec(c, -0.5, 0.5);
+            let dout = rng.vec(n * c, -1.0, 1.0);
+            let dx0 = rng.vec(n * c, -0.5, 0.5);
+            let p0 = rng.vec(c, -0.5, 0.5);
+            let (gx, gg, gb) = (put(&g, act, &x), put(&g, pdt, &gamma), put(&g, pdt, &beta));
+            let mut go = g.alloc(act, n * c).unwrap();
+            let mut gm = g.alloc(DType::F32, n).unwrap();
+            let mut gr = g.alloc(DType::F32, n).unwrap();
+            g.layernorm_forward(&gx, &gg, &gb, &mut go, &mut gm, &mut gr, n, c, 1e-5)
+                .unwrap();
+            let gd = put(&g, act, &dout);
+            let run = |prefetch: bool, colsum: bool| {
+                CudaDevice::layernorm_backward_prefetch_on_this_thread(Some(prefetch));
+                let mut dx = put(&g, act, &dx0);
+                let mut dg = put(&g, pdt, &p0);
+                let mut db = put(&g, pdt, &p0);
+                let mut ds = put(&g, DType::F32, &p0);
+                if colsum {
+                    g.layernorm_backward_colsum(
+                        &gd, &gx, &gg, &gm, &gr, &mut dx, &mut dg, &mut db, &mut ds, n, c,
+                    )
+                    .unwrap();
+                } else {
+                    g.layernorm_backward(&gd, &gx, &gg, &gm, &gr, &mut dx, &mut dg, &mut db, n, c)
+                        .unwrap();
+                }
+                CudaDevice::layernorm_backward_prefetch_on_this_thread(None);
+                [dx, dg, db, ds].map(|b| bytes(&g, &b))
+            };
+            for colsum in [false, true] {
+                let (want, got) = (run(true, colsum), run(false, colsum));
+                for (i, name) in ["dx", "dgamma", "dbeta", "dsum"].iter().enumerate() {
+                    assert!(
+                        got[i] == want[i],
+                        "layernorm backward {act}/{pdt} {n}x{c} colsum {colsum}: {name} with the \
+                         default kernel differs from the prefetching one"
+                    );
+                }
+            }
+        }
+    }
+    g.synchronize().unwrap();
+}

@@ -13,7 +13,6 @@
 
 typedef unsigned long long u64;
 typedef long long i64;
-typedef unsigned int u32;
 
 // ------------------------------------------------------------------ storage types
 
@@ -208,36 +207,6 @@ __device__ __forceinline__ float block_max(float v, float* sh) {
 }
 
 #define NEG_INF (-__int_as_float(0x7f800000))
-
-// ------------------------------------------------------------------ asynchronous copies
-// cp.async (sm_80 and newer; the callers are only launched there: on older GPUs these trap).
-// flash_attention.cu's tile loads and layernorm.cu's pipelined backward use them.
-
-__device__ __forceinline__ u32 smem_u32(const void* p) {
-    u32 a;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-    return a;
-}
-// 16 bytes global → shared; `bytes` = 0 writes zeros (rows past the end).
-__device__ __forceinline__ void cp_async16(u32 dst, const void* src, int bytes) {
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes)
-                 : "memory");
-#else
-    __trap();
-#endif
-}
-__device__ __forceinline__ void cp_commit() {
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.commit_group;" ::: "memory");
-#endif
-}
-// Waits until at most N of this thread's committed groups are still in flight.
-template <int N> __device__ __forceinline__ void cp_wait() {
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-#endif
-}
 
 // ------------------------------------------------------------------ LayerNorm forward rows
 // The fast LayerNorm forward (layernorm.cu, layernorm_fwd_*) and the fused LayerNorm + FP8

@@ -403,7 +403,8 @@ fn gemm_all_transposes_dtypes_strides() {
 
 // ---------------------------------------------------------------------- element-wise and casts
 
-/// Values that exercise every corner of the fp8 codecs: saturation, subnormals, ties, signs.
+/// Values that exercise every corner of the fp8 and bf16 codecs: saturation, subnormals, ties,
+/// signs.
 fn cast_inputs(r: &mut Rng, n: usize) -> Vec<f32> {
     let mut v = vec![
         0.0,
@@ -427,6 +428,19 @@ fn cast_inputs(r: &mut Rng, n: usize) -> Vec<f32> {
         1e-8,
         f32::INFINITY,
         f32::NEG_INFINITY,
+        // bf16 rounding (the hardware conversion on sm_80+ against the CPU's): ties to even
+        // down and up, a tie and the largest finite value rounding to infinity, f32
+        // subnormals (a tie among them too).
+        f32::from_bits(0x3f80_8000),
+        f32::from_bits(0x3f81_8000),
+        f32::from_bits(0xbf81_8000),
+        f32::from_bits(0x7f7f_8000),
+        f32::MAX,
+        -f32::MAX,
+        f32::from_bits(0x0000_0001),
+        f32::from_bits(0x0000_8000),
+        f32::from_bits(0x0001_8000),
+        f32::from_bits(0x807f_ffff),
     ];
     while v.len() < n {
         let mag = 2f32.powf(r.uniform(-20.0, 17.0));

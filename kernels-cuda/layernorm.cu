@@ -12,9 +12,8 @@
 //     group's G warp sums in warp order;
 //   * backward: block b handles the fixed chunk of rows [b·rpc, (b+1)·rpc); group g of the block
 //     handles the chunk's rows g, g + groups, ... in order, accumulates dx and keeps its
-//     columns' dgamma/dbeta sums (in registers; the pf kernels: in shared-memory slots of its
-//     own); the groups' sums
-//     are added in group order and written as one partial row per chunk;
+//     columns' dgamma/dbeta sums in registers; the groups' sums are added in group order and
+//     written as one partial row per chunk;
 //     layernorm_dparams_finish adds the chunks' partial rows in a fixed order and accumulates
 //     into dgamma and dbeta.
 //     layernorm_bwdsum_* (Device::layernorm_backward_colsum) also keep the column sums of the
@@ -201,12 +200,11 @@ __device__ __forceinline__ void layernorm_fwd_body(const A* __restrict__ x,
 //   dx += rstd · (dnorm − mean(dnorm) − x̂ · mean(dnorm · x̂)),  dnorm = dout · γ;
 //   pg[chunk, :] = Σ dout · x̂,  pb[chunk, :] = Σ dout  over the chunk's rows (fixed order).
 // Blocks of at most 128 threads (⌊4 / G⌋ row groups). Each thread keeps its columns' sums in
-// registers and loads one row at a time (other warps hide the latency); the pf kernels keep
-// the sums in shared-memory slots of their own, leaving the registers to the x, dout and dx
-// vectors of two rows: the next row's loads are issued before the current row is computed.
-// Measured on the H200 (layernorm_bench, bf16, with the dx column sum): 27.4 vs 31.2 µs at
-// 8192 × 768, 59.2 vs 61.3 µs at 8192 × 2048; the shared-memory sums' load-add-store chains
-// stalled the warps (ncu).
+// registers and loads one row at a time (other warps hide the latency). The previous kernels
+// kept the sums in shared-memory slots and prefetched the next row into registers; the same
+// bits, but their load-add-store chains stalled the warps (ncu): 30.0 vs 26.5 µs at 8192 × 768
+// and 61.2 vs 59.8 µs at 8192 × 2048 with the dx column sum, bf16 on the H200
+// (results/2026-11-29-h200-session7).
 template <typename A, int V, int M> struct LnRow {
     Vec<A, V> x[M], d[M], g[M];  // x, dout, dx (before the update)
 };
@@ -229,12 +227,7 @@ __device__ __forceinline__ void ln_load_row(LnRow<A, V, M>& r, const A* __restri
 // DSUM (the layernorm_bwdsum_* entry points): also ps[chunk, :] = Σ dx over the chunk's rows,
 // of dx after the update as stored (rounded to A), in the same order as pb; a third set of
 // sums. Without it the code is the plain backward's.
-//
-// RACC: the column sums accumulate in registers and reach shared memory once, after the rows;
-// else in shared-memory slots (one per thread and sum). PF: the next row's vectors are loaded
-// into registers before the current row is computed. Every variant adds the same terms in the
-// same order (one FMA per Σ dout · x̂ term), so they give the same bits.
-template <typename A, typename P, bool VEC, int M, bool DSUM, bool RACC, bool PF>
+template <typename A, typename P, bool VEC, int M, bool DSUM>
 __device__ __forceinline__ void layernorm_bwd_body(
     const A* __restrict__ dout, const A* __restrict__ x, const P* __restrict__ gamma,
     const float* __restrict__ mean, const float* __restrict__ rstd, A* __restrict__ dx,
@@ -245,45 +238,24 @@ __device__ __forceinline__ void layernorm_bwd_body(
     constexpr int B = 128;    // most threads per block (slot stride)
     constexpr int S = DSUM ? 3 : 2;  // sums per element
     __shared__ float sh[16];
-    // sacc[slot·B + thread]: Σ dout · x̂; sacc[(E + slot)·B + thread]: Σ dout;
-    // sacc[(2E + slot)·B + thread]: Σ dx (DSUM only).
+    // acc[slot]: Σ dout · x̂; acc[E + slot]: Σ dout; acc[2E + slot]: Σ dx (DSUM only). After the
+    // rows, sacc[i·B + thread] = acc[i] for the groups' sums below.
     __shared__ float sacc[S * E * B];
-    float racc[RACC ? S * E : 1];
+    float acc[S * E];
     const int tid = threadIdx.x;
     const int gt = G * 32, groups = blockDim.x / gt;
     const int grp = tid / gt, t = tid - grp * gt;
     const int nv = c / V;
     const int r0 = blockIdx.x * rpc, r1 = min(n, r0 + rpc);
 #pragma unroll
-    for (int i = 0; i < S * E; ++i) {
-        if constexpr (RACC)
-            racc[i] = 0.0f;
-        else
-            sacc[i * B + tid] = 0.0f;
-    }
-    auto acc = [&](int i) -> float& {
-        if constexpr (RACC)
-            return racc[i];
-        else
-            return sacc[i * B + tid];
-    };
+    for (int i = 0; i < S * E; ++i) acc[i] = 0.0f;
     const int iters = (rpc + groups - 1) / groups;
-    LnRow<A, V, M> cur, nxt;
-    if constexpr (PF) {
-        const int row = r0 + grp;
-        ln_load_row(cur, x, dout, dx, (u64)(row < r1 ? row : 0) * c, row < r1, t, gt, nv);
-    }
+    LnRow<A, V, M> cur;
     for (int it = 0; it < iters; ++it) {
         const int row = r0 + it * groups + grp;
         const bool live = row < r1;
         const u64 base = (u64)(live ? row : 0) * c;
-        if constexpr (PF) {
-            const int nrow = row + groups;
-            const bool nlive = it + 1 < iters && nrow < r1;
-            ln_load_row(nxt, x, dout, dx, (u64)(nlive ? nrow : 0) * c, nlive, t, gt, nv);
-        } else {
-            ln_load_row(cur, x, dout, dx, base, live, t, gt, nv);
-        }
+        ln_load_row(cur, x, dout, dx, base, live, t, gt, nv);
         const float mu = live ? mean[row] : 0.0f, rs = live ? rstd[row] : 0.0f;
         float s[2] = {0.0f, 0.0f};
 #pragma unroll
@@ -314,19 +286,16 @@ __device__ __forceinline__ void layernorm_bwd_body(
                     const float xh = (to_f32(cur.x[k].v[e]) - mu) * rs;
                     const float dn = d * to_f32(g.v[e]);
                     o.v[e] = from_f32<A>(to_f32(cur.g[k].v[e]) + (dn - m1 - xh * m2) * rs);
-                    acc(k * V + e) = __fmaf_rn(d, xh, acc(k * V + e));
-                    acc(E + k * V + e) += d;
-                    if constexpr (DSUM) acc(2 * E + k * V + e) += to_f32(o.v[e]);
+                    acc[k * V + e] = __fmaf_rn(d, xh, acc[k * V + e]);
+                    acc[E + k * V + e] += d;
+                    if constexpr (DSUM) acc[2 * E + k * V + e] += to_f32(o.v[e]);
                 }
                 store_vec<A, V>(dx + base + (u64)j * V, o);
             }
         }
-        if constexpr (PF) cur = nxt;
     }
-    if constexpr (RACC) {
 #pragma unroll
-        for (int i = 0; i < S * E; ++i) sacc[i * B + tid] = racc[i];
-    }
+    for (int i = 0; i < S * E; ++i) sacc[i * B + tid] = acc[i];
     // Group 0 adds the row groups' sums in group order and writes the chunk's partial rows.
     __syncthreads();
     if (grp == 0) {
@@ -403,42 +372,32 @@ __device__ __forceinline__ void layernorm_bwd_body(
         layernorm_fwd_body<A, A, true, 8, false>(x, nullptr, nullptr, nullptr, mean, rstd, n, \
                                                  c, eps, G);                                  \
     }
-// layernorm_bwd<X>_* and layernorm_bwd<X>sum_* (the latter with the third partial row ps, the
-// column sums of the new dx). X empty: column sums in registers, no prefetch (the default).
-// X = pf: column sums in shared memory, the next row prefetched into registers (the previous
-// kernels, vectorised plans only; DUET_LN_BWD_PREFETCH=1). Same parameters, same bits.
-#define LN_BWDX(A, SA, P, SP, VEC, VN, M, X, RACC, PF)                                       \
-    extern "C" __global__ void __launch_bounds__(128, 4)                                      \
-        layernorm_bwd##X##_##SA##_##SP##_##VN##M(                                             \
-            const A* __restrict__ dout, const A* __restrict__ x, const P* __restrict__ gamma, \
-            const float* __restrict__ mean, const float* __restrict__ rstd,                   \
-            A* __restrict__ dx, float* __restrict__ pg, float* __restrict__ pb, int n, int c, \
-            int rpc, int G) {                                                                 \
-        layernorm_bwd_body<A, P, VEC, M, false, RACC, PF>(dout, x, gamma, mean, rstd, dx, pg, \
-                                                          pb, nullptr, n, c, rpc, G);         \
+#define LN_BWD(A, SA, P, SP, VEC, VN, M)                                                      \
+    extern "C" __global__ void __launch_bounds__(128, 4) layernorm_bwd_##SA##_##SP##_##VN##M( \
+        const A* __restrict__ dout, const A* __restrict__ x, const P* __restrict__ gamma,     \
+        const float* __restrict__ mean, const float* __restrict__ rstd, A* __restrict__ dx,   \
+        float* __restrict__ pg, float* __restrict__ pb, int n, int c, int rpc, int G) {       \
+        layernorm_bwd_body<A, P, VEC, M, false>(dout, x, gamma, mean, rstd, dx, pg, pb,       \
+                                                nullptr, n, c, rpc, G);                       \
     }
-#define LN_BWDXSUM(A, SA, P, SP, VEC, VN, M, X, RACC, PF)                                    \
+// layernorm_bwdsum_*: the same, plus the third partial row ps (column sums of the new dx).
+#define LN_BWDSUM(A, SA, P, SP, VEC, VN, M)                                                   \
     extern "C" __global__ void __launch_bounds__(128, 4)                                      \
-        layernorm_bwd##X##sum_##SA##_##SP##_##VN##M(                                          \
+        layernorm_bwdsum_##SA##_##SP##_##VN##M(                                               \
             const A* __restrict__ dout, const A* __restrict__ x, const P* __restrict__ gamma, \
             const float* __restrict__ mean, const float* __restrict__ rstd,                   \
             A* __restrict__ dx, float* __restrict__ pg, float* __restrict__ pb,               \
             float* __restrict__ ps, int n, int c, int rpc, int G) {                           \
-        layernorm_bwd_body<A, P, VEC, M, true, RACC, PF>(dout, x, gamma, mean, rstd, dx, pg,  \
-                                                         pb, ps, n, c, rpc, G);               \
+        layernorm_bwd_body<A, P, VEC, M, true>(dout, x, gamma, mean, rstd, dx, pg, pb, ps, n, \
+                                               c, rpc, G);                                    \
     }
-#define LN_BWD(A, SA, P, SP, VEC, VN, M) LN_BWDX(A, SA, P, SP, VEC, VN, M, , true, false)
-#define LN_BWDSUM(A, SA, P, SP, VEC, VN, M)                                                   \
-    LN_BWDXSUM(A, SA, P, SP, VEC, VN, M, , true, false)                                       \
-    LN_BWDX(A, SA, P, SP, VEC, VN, M, pf, false, true)                                        \
-    LN_BWDXSUM(A, SA, P, SP, VEC, VN, M, pf, false, true)
 #define LN_BOTH(A, SA, P, SP, VEC, VN, M)                                                     \
     LN_FWD(A, SA, P, SP, VEC, VN, M) LN_BWD(A, SA, P, SP, VEC, VN, M)
 #define LN_ALL(A, SA, P, SP, VEC, VN, M)                                                      \
     LN_BOTH(A, SA, P, SP, VEC, VN, M) LN_BWDSUM(A, SA, P, SP, VEC, VN, M)
 // M in {1, 2, 3, 4, 6, 8}; vectorised: at most 8 vectors per thread forward and 3 vectors
-// (48 bytes of each of x, dout and dx) per thread backward. layernorm_bwdsum_* (and the pf
-// variants) only for the vectorised plans (the rows of a model); with single elements the host composes the backward
+// (48 bytes of each of x, dout and dx) per thread backward. layernorm_bwdsum_* only for the
+// vectorised plans (the rows of a model); with single elements the host composes the backward
 // and a column sum (keeps NVRTC's compile time of this file down).
 #define LN_SET(A, SA, P, SP)                                                                  \
     LN_BOTH(A, SA, P, SP, false, s, 1)                                                        \

@@ -3,9 +3,7 @@
 //! layernorm_bench`. Each op is warmed up, then called 200 times between two synchronisations;
 //! the table gives the mean host-clock time per call in µs. `bwd+cs` is the backward followed by
 //! the column sum of the new dx (`bias_backward`, the residual-stream bias gradient), `bwd_cs`
-//! the same in one op (`layernorm_backward_colsum`). The rows come once per backward kernel
-//! (`reg`: column sums in registers, the default; `pf`: in shared memory, next row prefetched). No
-//! pass/fail.
+//! the same in one op (`layernorm_backward_colsum`). No pass/fail.
 
 use duet_cuda::CudaDevice;
 use duet_device::{DType, Device, DeviceExt};
@@ -37,89 +35,86 @@ fn main() {
     };
     let act = DType::BF16;
     println!(
-        "{:>6} {:>6} {:>11} {:>12} {:>12} {:>12} {:>12}",
+        "{:>6} {:>6} {:>6} {:>12} {:>12} {:>12} {:>12}",
         "n", "c", "dtype", "fwd µs", "bwd µs", "bwd+cs µs", "bwd_cs µs"
     );
     for (n, c) in [(8192usize, 768usize), (8192, 2048)] {
-        for (st, pf) in [("pf", true), ("reg", false)] {
-            CudaDevice::layernorm_backward_prefetch_on_this_thread(Some(pf));
-            let a = |dtype: DType, len: usize, v: f32| {
-                let mut b = dev.alloc(dtype, len).unwrap();
-                dev.fill(&mut b, v).unwrap();
-                b
-            };
-            // Non-constant rows so the statistics are not trivial.
-            let host: Vec<bf16> = (0..n * c)
-                .map(|i| bf16::from_f32(((i % 977) as f32 * 0.013).sin()))
-                .collect();
-            let x = dev.upload_new(&host).unwrap();
-            let gamma = a(DType::F32, c, 1.0);
-            let beta = a(DType::F32, c, 0.0);
-            let mut out = a(act, n * c, 0.0);
-            let mut mean = a(DType::F32, n, 0.0);
-            let mut rstd = a(DType::F32, n, 0.0);
-            let dout = a(act, n * c, 0.01);
-            let mut dx = a(act, n * c, 0.0);
-            let mut dgamma = a(DType::F32, c, 0.0);
-            let mut dbeta = a(DType::F32, c, 0.0);
-            let mut dsum = a(DType::F32, c, 0.0);
-            let fwd = time(&dev, || {
-                dev.layernorm_forward(
-                    &x, &gamma, &beta, &mut out, &mut mean, &mut rstd, n, c, 1e-5,
-                )
-                .unwrap()
-            });
-            let bwd = time(&dev, || {
-                dev.layernorm_backward(
-                    &dout,
-                    &x,
-                    &gamma,
-                    &mean,
-                    &rstd,
-                    &mut dx,
-                    &mut dgamma,
-                    &mut dbeta,
-                    n,
-                    c,
-                )
-                .unwrap()
-            });
-            let separate = time(&dev, || {
-                dev.layernorm_backward(
-                    &dout,
-                    &x,
-                    &gamma,
-                    &mean,
-                    &rstd,
-                    &mut dx,
-                    &mut dgamma,
-                    &mut dbeta,
-                    n,
-                    c,
-                )
-                .unwrap();
-                dev.bias_backward(&dx, &mut dsum, n, c).unwrap()
-            });
-            let fused = time(&dev, || {
-                dev.layernorm_backward_colsum(
-                    &dout,
-                    &x,
-                    &gamma,
-                    &mean,
-                    &rstd,
-                    &mut dx,
-                    &mut dgamma,
-                    &mut dbeta,
-                    &mut dsum,
-                    n,
-                    c,
-                )
-                .unwrap()
-            });
-            println!(
-                "{n:>6} {c:>6} {:>11} {fwd:>12.2} {bwd:>12.2} {separate:>12.2} {fused:>12.2}",
-                format!("bf16 {st}")
-            );
-        }
+        let a = |dtype: DType, len: usize, v: f32| {
+            let mut b = dev.alloc(dtype, len).unwrap();
+            dev.fill(&mut b, v).unwrap();
+            b
+        };
+        // Non-constant rows so the statistics are not trivial.
+        let host: Vec<bf16> = (0..n * c)
+            .map(|i| bf16::from_f32(((i % 977) as f32 * 0.013).sin()))
+            .collect();
+        let x = dev.upload_new(&host).unwrap();
+        let gamma = a(DType::F32, c, 1.0);
+        let beta = a(DType::F32, c, 0.0);
+        let mut out = a(act, n * c, 0.0);
+        let mut mean = a(DType::F32, n, 0.0);
+        let mut rstd = a(DType::F32, n, 0.0);
+        let dout = a(act, n * c, 0.01);
+        let mut dx = a(act, n * c, 0.0);
+        let mut dgamma = a(DType::F32, c, 0.0);
+        let mut dbeta = a(DType::F32, c, 0.0);
+        let mut dsum = a(DType::F32, c, 0.0);
+        let fwd = time(&dev, || {
+            dev.layernorm_forward(
+                &x, &gamma, &beta, &mut out, &mut mean, &mut rstd, n, c, 1e-5,
+            )
+            .unwrap()
+        });
+        let bwd = time(&dev, || {
+            dev.layernorm_backward(
+                &dout,
+                &x,
+                &gamma,
+                &mean,
+                &rstd,
+                &mut dx,
+                &mut dgamma,
+                &mut dbeta,
+                n,
+                c,
+            )
+            .unwrap()
+        });
+        let separate = time(&dev, || {
+            dev.layernorm_backward(
+                &dout,
+                &x,
+                &gamma,
+                &mean,
+                &rstd,
+                &mut dx,
+                &mut dgamma,
+                &mut dbeta,
+                n,
+                c,
+            )
+            .unwrap();
+            dev.bias_backward(&dx, &mut dsum, n, c).unwrap()
+        });
+        let fused = time(&dev, || {
+            dev.layernorm_backward_colsum(
+                &dout,
+                &x,
+                &gamma,
+                &mean,
+                &rstd,
+                &mut dx,
+                &mut dgamma,
+                &mut dbeta,
+                &mut dsum,
+                n,
+                c,
+            )
+            .unwrap()
+        });
+        println!(
+            "{n:>6} {c:>6} {:>6} {fwd:>12.2} {bwd:>12.2} {separate:>12.2} {fused:>12.2}",
+            "bf16"
+        );
     }
 }

@@ -8,8 +8,6 @@
 //! orders are fixed and the results bit-reproducible.
 
 use super::*;
-use std::cell::Cell;
-use std::sync::OnceLock;
 
 /// Vectors per thread the fast kernels are instantiated for.
 const LN_M: [usize; 6] = [1, 2, 3, 4, 6, 8];
@@ -93,35 +91,6 @@ pub(super) fn plan(c: usize, act: DType, aligned: bool, backward: bool) -> Optio
 /// of rows), at least 4, and at most [`LN_MAX_CHUNKS`] chunks. A function of `n` only.
 fn ln_rows_per_chunk(n: usize) -> usize {
     n.div_ceil(LN_MAX_CHUNKS).max(4).next_multiple_of(4)
-}
-
-/// Environment variable: `1` selects the previous LayerNorm backward kernels for the
-/// vectorised plans (column sums in shared memory, the next row prefetched into registers)
-/// instead of the default ones (sums in registers, no prefetch). Read once per process; both
-/// compute the same bits.
-pub const LN_BWD_PREFETCH_ENV: &str = "DUET_LN_BWD_PREFETCH";
-
-thread_local! {
-    /// Per-thread override of [`LN_BWD_PREFETCH_ENV`].
-    static PREFETCH_ON_THREAD: Cell<Option<bool>> = const { Cell::new(None) };
-}
-
-/// Whether the backward calls on this thread use the prefetching kernels (`layernorm_bwdpf*`).
-fn bwd_prefetch() -> bool {
-    static ENV: OnceLock<bool> = OnceLock::new();
-    PREFETCH_ON_THREAD.with(Cell::get).unwrap_or_else(|| {
-        *ENV.get_or_init(|| std::env::var(LN_BWD_PREFETCH_ENV).is_ok_and(|v| v.trim() == "1"))
-    })
-}
-
-impl CudaDevice {
-    /// Selects the LayerNorm backward kernels of the vectorised plans for the calls made on the
-    /// calling thread: `Some(true)` the prefetching kernels (sums in shared memory), `Some(false)`
-    /// the default ones (sums in registers), `None` the process default
-    /// ([`LN_BWD_PREFETCH_ENV`]). For A/B tests and benchmarks; both compute the same bits.
-    pub fn layernorm_backward_prefetch_on_this_thread(prefetch: Option<bool>) {
-        PREFETCH_ON_THREAD.with(|c| c.set(prefetch));
-    }
 }
 
 /// Whether every address is 16-byte aligned (always true for whole allocations).
@@ -347,13 +316,9 @@ impl CudaDevice {
             let pg = scratch.get(&self.ctx, &self.stream, areas * part_bytes, &self.mem)?;
             let pb = pg + part_bytes as u64;
             let ps = pb + part_bytes as u64;
-            let variant = if p.vec && bwd_prefetch() { "pf" } else { "" };
-            let pass = format!("bwd{variant}{}", if dsum.is_some() { "sum" } else { "" });
-            let f = self.func(KernelModule::LayerNorm, &p.kernel(&pass, sa, sp))?;
-            let launch = cfg(
-                (grid_dim(op, chunks)?, 1, 1),
-                (p.block(LN_BWD_WARPS).1, 1, 1),
-            );
+            let pass = if dsum.is_some() { "bwdsum" } else { "bwd" };
+            let f = self.func(KernelModule::LayerNorm, &p.kernel(pass, sa, sp))?;
+            let (_, threads) = p.block(LN_BWD_WARPS);
             let mut args: Vec<Arg> = vec![
                 dout.ptr().into(),
                 x.ptr().into(),
@@ -378,10 +343,14 @@ impl CudaDevice {
             // third float* (ps) after pb: block b handles rows [b·rpc, min(n, (b+1)·rpc)) of
             // buffers holding n·c / c / n elements and writes row b of the two (three) chunks × c
             // f32 partial areas (scratch of `areas`·part_bytes); vector accesses only when
-            // `aligned` and c is a multiple of the vector width (`plan`); the pf kernels
-            // exist for the vectorised plans.
+            // `aligned` and c is a multiple of the vector width (`plan`).
             unsafe {
-                kernels::launch(&self.stream, &f, launch, &args)?;
+                kernels::launch(
+                    &self.stream,
+                    &f,
+                    cfg((grid_dim(op, chunks)?, 1, 1), (threads, 1, 1)),
+                    &args,
+                )?;
             }
             let cgrid = grid_dim(op, c.div_ceil(32))?;
             let chunks = dim(op, "chunks", chunks)?;

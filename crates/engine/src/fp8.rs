@@ -478,7 +478,7 @@ impl<D: Device> Fp8State<D> {
         let scale: Vec<f32> = host.ops.iter().map(|o| o.scale).collect();
         let mut inv = vec![1.0f32; scale.len() * self.inv_stride];
         for (i, &s) in scale.iter().enumerate() {
-            inv[i * self.inv_stride] = duet_device::fp8_scale_inv(s);
+            inv[self.inv(i)] = duet_device::fp8_scale_inv(s);
         }
         dev.upload(&scale, &mut self.scale, 0)?;
         dev.upload(&inv, &mut self.scale_inv, 0)?;

@@ -210,11 +210,31 @@ __device__ __forceinline__ void quantize_body(const S* __restrict__ src, D* __re
 #define QT 64
 #define QT_THREADS 128
 #define QT_PASSES 4  // QT / (QT_THREADS / 8)
-// Resident blocks per SM the tile kernels without column sums are compiled for (at most 42
-// registers a thread): 12 blocks (48 warps) against the 9 their registers allowed unbounded,
-// 7% faster on the H200 (fp8_bench, 8192 × 8192 quantize_t: 78.7 vs 85.0 µs; 16 blocks spill
-// and are slower). The gradient kernels keep their registers (bounding them gained nothing).
+// Resident blocks per SM each tile kernel is compiled for (__launch_bounds__), chosen so that
+// none spills (sm_90, NVRTC 13):
+//   * without column sums (quantize_t, quantize_gelu_t, quantize_t_many): 12 blocks (48 warps,
+//     at most 40 registers a thread) against the 9 their registers allowed unbounded, 7% faster
+//     on the H200 (fp8_bench, 8192 × 8192 quantize_t: 78.7 vs 85.0 µs; 16 blocks spill and are
+//     slower);
+//   * LayerNorm (layernorm_quant_t, which also holds γ, β, mean and rstd): 7 blocks (72
+//     registers). At 12 it spilled 120 bytes a thread and ran 56.6 µs at 8192 × 2048 (ln_fp8_t,
+//     with layernorm_stats), slower than the separate LayerNorm + quantize ops; at 7, 34.8 µs;
+//   * gradients: quantize_grad_t 9 blocks (56 registers), quantize_dgelu_t 8 (64), what their
+//     registers take unbounded in the one-tile-per-block code; bounding them further spilled
+//     and gained nothing.
+// The -D overrides are for experiments (DUET_NVRTC_EXTRA).
+#ifndef QT_MIN_BLOCKS
 #define QT_MIN_BLOCKS 12
+#endif
+#ifndef QT_LN_MIN_BLOCKS
+#define QT_LN_MIN_BLOCKS 7
+#endif
+#ifndef QT_GRAD_MIN_BLOCKS
+#define QT_GRAD_MIN_BLOCKS 9
+#endif
+#ifndef QT_DGELU_MIN_BLOCKS
+#define QT_DGELU_MIN_BLOCKS 8
+#endif
 static_assert(QT_THREADS == 2 * QT, "finish_colsum: two threads per tile column");
 
 __device__ __forceinline__ int tile_word(int row, int w) { return w ^ (((row >> 3) & 3) << 2); }
@@ -237,7 +257,7 @@ __device__ __forceinline__ void transpose4x4(unsigned int a, unsigned int b, uns
 // shared tile, free again (reused for the 8 × 64 chain sums after the barrier below).
 __device__ __forceinline__ void finish_colsum(unsigned int (&scratch)[QT][QT / 4], int& finisher,
                                               const float* partial, unsigned int* counters,
-                                              u64 dbias, int dbias_dt, u64 cols) {
+                                              u64 dbias, int dbias_dt, u64 cols, u64 tiles) {
     const int t = threadIdx.x;
     __syncthreads();  // every partial store of this block fenced; the tile no longer read
     if (t == 0) {
@@ -258,7 +278,6 @@ __device__ __forceinline__ void finish_colsum(unsigned int (&scratch)[QT][QT / 4
     float(*chain)[QT] = reinterpret_cast<float(*)[QT]>(&scratch[0][0]);  // [8][QT]
     const int j = t & (QT - 1), h = t / QT;
     const u64 col = (u64)blockIdx.y * QT + j;
-    const u64 tiles = gridDim.x;
     float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     if (col < cols) {
         // FC_STEPS steps of each of the 4 chains per iteration: 4 · FC_STEPS loads in flight
@@ -306,18 +325,30 @@ template <typename P> struct LnArgs {
 // to S. MODE 4: y = LayerNorm(src) rounded to S with the given mean and rstd (exactly
 // layernorm_forward's `out`; ln_affine, common.cuh). dst_t may be null (no transposed copy; then
 // rows need not be a multiple of 8).
-// The block quantises tile (bx, by): rows [64·bx, 64·bx + 64), columns [64·by, 64·by + 64);
-// the one-matrix kernels pass (blockIdx.x, blockIdx.y). Modes 1 and 2 (finish_colsum) need
-// exactly that grid.
+// The block quantises the tiles (bx, by) for bx = bx0, bx0 + bstep, ... below ⌈rows / 64⌉:
+// rows [64·bx, 64·bx + 64), columns [64·by, 64·by + 64). The one-matrix kernels pass
+// (blockIdx.x, gridDim.x, blockIdx.y) and the host launches one block per row tile
+// (CudaDevice::tile_grid), the many-matrix kernel passes one tile: the loop runs once. It is
+// written as a loop over row tiles because that form compiles better (sm_90): the four loads
+// issued up front as predicated instructions, no spills at the bounds above, 520 instead of 560
+// instructions for quantize_t_bf16_f8e4m3, and 10% faster (fp8_bench, 8192 × 2048 quantize_t
+// 23.1 → 20.8 µs, quantize_gelu_t 30.0 → 25.4 µs, the seed weights in one quantize_t_many
+// 40.6 → 35.5 µs). Narrower grids, each block taking several row tiles (with or without the next
+// tile's loads in flight during the stores) gave the same codes, amaxes and dbias bits in the
+// GPU tests but were no faster, so the host does not use them. The amax is reduced and recorded
+// once, after the transposed store, so that nothing is held across it.
 //
-// Modes 1 and 2: partial holds gridDim.x rows of cols f32; counters[blockIdx.y] is 0 at launch
-// (and again after it); dbias holds cols values of dtype dbias_dt (0 f32, 1 bf16, 2 f16).
+// Modes 1 and 2: partial holds ⌈rows / 64⌉ rows of cols f32, row bx the column sums of row
+// tile bx; counters[blockIdx.y] is 0 at launch (and again after it); dbias holds cols values of
+// dtype dbias_dt (0 f32, 1 bf16, 2 f16). They need the one-matrix grid (finish_colsum counts
+// gridDim.x blocks per column tile).
 template <typename S, typename D, int MODE, typename P = S>
 __device__ __forceinline__ void quantize_tile_body(
     const S* __restrict__ src, const S* __restrict__ pre, D* __restrict__ dst_,
     D* __restrict__ dst_t_, float* __restrict__ partial, unsigned int* __restrict__ counters,
     u64 dbias, int dbias_dt, u64 rows, u64 cols, const float* __restrict__ scale,
-    float* __restrict__ amax, unsigned int bx, unsigned int by, LnArgs<P> ln = LnArgs<P>()) {
+    float* __restrict__ amax, unsigned int bx0, unsigned int bstep, unsigned int by,
+    LnArgs<P> ln = LnArgs<P>()) {
     constexpr bool SUMS = MODE == 1 || MODE == 2;
     __shared__ __align__(16) unsigned int tile[QT][QT / 4];
     __shared__ float wmax[QT_THREADS / 32];
@@ -326,7 +357,8 @@ __device__ __forceinline__ void quantize_tile_body(
     unsigned char* dst = reinterpret_cast<unsigned char*>(dst_);
     unsigned char* dst_t = reinterpret_cast<unsigned char*>(dst_t_);
     const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
-    const u64 r0 = (u64)bx * QT, c0 = (u64)by * QT;
+    const u64 tiles = (rows + QT - 1) / QT;
+    const u64 c0 = (u64)by * QT;
     const float s = scale[0];
 
     const int cg = t & 7, rt = t >> 3;
@@ -336,18 +368,21 @@ __device__ __forceinline__ void quantize_tile_body(
     Raw8<S> ps[MODE == 2 ? QT_PASSES : 1];
     Raw8<P> lg, lb;                                   // MODE 4: gamma, beta of the 8 columns
     float lmu[MODE == 4 ? QT_PASSES : 1], lrs[MODE == 4 ? QT_PASSES : 1];  // and of the rows
+    // Issues the loads of row tile bx (all in flight at once).
+    const auto load_tile = [&](u64 bx) {
 #pragma unroll
-    for (int p = 0; p < QT_PASSES; ++p) {
-        const u64 r = r0 + rt + 16 * p;
-        if (col_ok && r < rows) {
-            xs[p].load(src + r * cols + c);
-            if constexpr (MODE == 2) ps[p].load(pre + r * cols + c);
-            if constexpr (MODE == 4) {
-                lmu[p] = ln.mean[r];
-                lrs[p] = ln.rstd[r];
+        for (int p = 0; p < QT_PASSES; ++p) {
+            const u64 r = bx * QT + rt + 16 * p;
+            if (col_ok && r < rows) {
+                xs[p].load(src + r * cols + c);
+                if constexpr (MODE == 2) ps[p].load(pre + r * cols + c);
+                if constexpr (MODE == 4) {
+                    lmu[p] = ln.mean[r];
+                    lrs[p] = ln.rstd[r];
+                }
             }
         }
-    }
+    };
     if constexpr (MODE == 4) {
         if (col_ok) {
             lg.load(ln.gamma + c);
@@ -355,48 +390,89 @@ __device__ __forceinline__ void quantize_tile_body(
         }
     }
     float m = 0.0f;
-    float acc[8];
+#pragma unroll 1
+    for (u64 bx = bx0; bx < tiles; bx += bstep) {
+        const u64 r0 = bx * QT;
+        load_tile(bx);
+        float acc[8];
 #pragma unroll
-    for (int j = 0; j < 8; ++j) acc[j] = 0.0f;
+        for (int j = 0; j < 8; ++j) acc[j] = 0.0f;
 #pragma unroll
-    for (int p = 0; p < QT_PASSES; ++p) {
-        const int tr = rt + 16 * p;
-        const u64 r = r0 + tr;
-        if (col_ok && r < rows) {
-            float v[8];
+        for (int p = 0; p < QT_PASSES; ++p) {
+            const int tr = rt + 16 * p;
+            const u64 r = r0 + tr;
+            if (col_ok && r < rows) {
+                float v[8];
+#pragma unroll
+                for (int j = 0; j < 8; ++j) {
+                    if constexpr (MODE == 2)
+                        v[j] = round_to<S>(gelu_grad_f(ps[p].get(j)) * xs[p].get(j));
+                    else if constexpr (MODE == 4)
+                        v[j] = round_to<S>(
+                            ln_affine(xs[p].get(j), lmu[p], lrs[p], lg.get(j), lb.get(j)));
+                    else
+                        v[j] = src_value<S, MODE == 3>(xs[p].get(j));
+                    m = fmaxf(m, fabsf(v[j]));
+                    if constexpr (SUMS) acc[j] += v[j];
+                }
+                const uint2 q = encode8<D>(v, s);
+                *reinterpret_cast<uint2*>(dst + r * cols + c) = q;
+                *reinterpret_cast<uint2*>(&tile[tr][tile_word(tr, 2 * cg)]) = q;
+            }
+        }
+        if constexpr (SUMS) {
+            // Column sums over the tile's rows: lanes l, l + 8, l + 16, l + 24 hold the same
+            // columns (butterfly, so every lane gets the same sum), then the 4 warps in order.
 #pragma unroll
             for (int j = 0; j < 8; ++j) {
-                if constexpr (MODE == 2)
-                    v[j] = round_to<S>(gelu_grad_f(ps[p].get(j)) * xs[p].get(j));
-                else if constexpr (MODE == 4)
-                    v[j] = round_to<S>(
-                        ln_affine(xs[p].get(j), lmu[p], lrs[p], lg.get(j), lb.get(j)));
-                else
-                    v[j] = src_value<S, MODE == 3>(xs[p].get(j));
-                m = fmaxf(m, fabsf(v[j]));
-                if constexpr (SUMS) acc[j] += v[j];
+                acc[j] += __shfl_xor_sync(0xffffffffu, acc[j], 8);
+                acc[j] += __shfl_xor_sync(0xffffffffu, acc[j], 16);
             }
-            const uint2 q = encode8<D>(v, s);
-            *reinterpret_cast<uint2*>(dst + r * cols + c) = q;
-            *reinterpret_cast<uint2*>(&tile[tr][tile_word(tr, 2 * cg)]) = q;
+            if (lane < 8) {
+#pragma unroll
+                for (int j = 0; j < 8; ++j) csum[warp][lane * 8 + j] = acc[j];
+            }
         }
+        __syncthreads();  // the tile and the column sums written
+        if constexpr (SUMS) {
+            if (t < QT) {  // warps 0 and 1
+                if (c0 + t < cols) {
+                    float sum = csum[0][t];
+#pragma unroll
+                    for (int w = 1; w < QT_THREADS / 32; ++w) sum += csum[w][t];
+                    partial[bx * cols + c0 + t] = sum;
+                }
+                // The partial row is visible device-wide before this block is counted
+                // (finish_colsum).
+                __threadfence();
+            }
+        }
+
+        const int g = t & 7, w = t >> 3;
+        const u64 rr = r0 + 8 * g;
+        // dst_t null: uniform across the block. cols is a multiple of 8, so columns
+        // 4w .. 4w + 3 are all inside or all outside.
+        if (dst_t != nullptr && rr < rows && c0 + 4 * w < cols) {
+            unsigned int lo[4], hi[4];
+            transpose4x4(tile[8 * g + 0][tile_word(8 * g + 0, w)],
+                         tile[8 * g + 1][tile_word(8 * g + 1, w)],
+                         tile[8 * g + 2][tile_word(8 * g + 2, w)],
+                         tile[8 * g + 3][tile_word(8 * g + 3, w)], lo);
+            transpose4x4(tile[8 * g + 4][tile_word(8 * g + 4, w)],
+                         tile[8 * g + 5][tile_word(8 * g + 5, w)],
+                         tile[8 * g + 6][tile_word(8 * g + 6, w)],
+                         tile[8 * g + 7][tile_word(8 * g + 7, w)], hi);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const u64 cc = c0 + 4 * w + i;
+                *reinterpret_cast<uint2*>(dst_t + cc * rows + rr) = make_uint2(lo[i], hi[i]);
+            }
+        }
+        __syncthreads();  // the tile and the column sums read: free for the next tile
     }
 
     m = warp_max(m);
     if (lane == 0) wmax[warp] = m;
-    if constexpr (SUMS) {
-        // Column sums over the tile's rows: lanes l, l + 8, l + 16, l + 24 hold the same
-        // columns (butterfly, so every lane gets the same sum), then the 4 warps in order.
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            acc[j] += __shfl_xor_sync(0xffffffffu, acc[j], 8);
-            acc[j] += __shfl_xor_sync(0xffffffffu, acc[j], 16);
-        }
-        if (lane < 8) {
-#pragma unroll
-            for (int j = 0; j < 8; ++j) csum[warp][lane * 8 + j] = acc[j];
-        }
-    }
     __syncthreads();
     if (t == 0) {
         float b = wmax[0];
@@ -405,39 +481,8 @@ __device__ __forceinline__ void quantize_tile_body(
         record_amax(b, amax);
     }
     if constexpr (SUMS) {
-        if (t < QT) {  // warps 0 and 1
-            if (c0 + t < cols) {
-                float sum = csum[0][t];
-#pragma unroll
-                for (int w = 1; w < QT_THREADS / 32; ++w) sum += csum[w][t];
-                partial[(u64)bx * cols + c0 + t] = sum;
-            }
-            // The partial row is visible device-wide before this block is counted (below).
-            __threadfence();
-        }
+        finish_colsum(tile, finisher, partial, counters, dbias, dbias_dt, cols, tiles);
     }
-
-    const int g = t & 7, w = t >> 3;
-    const u64 rr = r0 + 8 * g;
-    // dst_t null: uniform across the block. cols is a multiple of 8, so columns 4w .. 4w + 3 are
-    // all inside or all outside.
-    if (dst_t != nullptr && rr < rows && c0 + 4 * w < cols) {
-        unsigned int lo[4], hi[4];
-        transpose4x4(tile[8 * g + 0][tile_word(8 * g + 0, w)],
-                     tile[8 * g + 1][tile_word(8 * g + 1, w)],
-                     tile[8 * g + 2][tile_word(8 * g + 2, w)],
-                     tile[8 * g + 3][tile_word(8 * g + 3, w)], lo);
-        transpose4x4(tile[8 * g + 4][tile_word(8 * g + 4, w)],
-                     tile[8 * g + 5][tile_word(8 * g + 5, w)],
-                     tile[8 * g + 6][tile_word(8 * g + 6, w)],
-                     tile[8 * g + 7][tile_word(8 * g + 7, w)], hi);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const u64 cc = c0 + 4 * w + i;
-            *reinterpret_cast<uint2*>(dst_t + cc * rows + rr) = make_uint2(lo[i], hi[i]);
-        }
-    }
-    if constexpr (SUMS) finish_colsum(tile, finisher, partial, counters, dbias, dbias_dt, cols);
 }
 
 // ------------------------------------------------------------------ 32 × 32 tiles, scalar
@@ -521,65 +566,69 @@ __device__ __forceinline__ void quantize_t_many_body(const QuantJob* __restrict_
                                 nullptr, nullptr, 0, 0, j.rows, j.cols,
                                 reinterpret_cast<const float*>(j.scale),
                                 reinterpret_cast<float*>(j.amax), k / j.col_tiles,
-                                k % j.col_tiles);
+                                (unsigned int)((j.rows + QT - 1) / QT), k % j.col_tiles);
 }
 
 #define QUANTIZE(S, SS, D, SD)                                                                \
-    extern "C" __global__ void quantize_##SS##_##SD(const S* __restrict__ src,                 \
-                                                    D* __restrict__ dst, u64 n,                \
-                                                    const float* __restrict__ scale,           \
-                                                    float* __restrict__ amax) {                \
+    extern "C" __global__ void quantize_##SS##_##SD(const S* __restrict__ src,                \
+                                                    D* __restrict__ dst, u64 n,               \
+                                                    const float* __restrict__ scale,          \
+                                                    float* __restrict__ amax) {               \
         quantize_body<S, D, false>(src, dst, n, scale, amax);                                 \
     }                                                                                         \
     extern "C" __global__ void __launch_bounds__(QT_THREADS, QT_MIN_BLOCKS)                   \
-        quantize_t_##SS##_##SD(                                                                \
-        const S* __restrict__ src, D* __restrict__ dst, D* __restrict__ dst_t, u64 rows,     \
-        u64 cols, const float* __restrict__ scale, float* __restrict__ amax) {               \
-        quantize_tile_body<S, D, 0>(src, nullptr, dst, dst_t, nullptr, nullptr, 0, 0, rows,  \
-                                    cols, scale, amax, blockIdx.x, blockIdx.y);               \
+        quantize_t_##SS##_##SD(                                                               \
+        const S* __restrict__ src, D* __restrict__ dst, D* __restrict__ dst_t, u64 rows,      \
+        u64 cols, const float* __restrict__ scale, float* __restrict__ amax) {                \
+        quantize_tile_body<S, D, 0>(src, nullptr, dst, dst_t, nullptr, nullptr, 0, 0, rows,   \
+                                    cols, scale, amax, blockIdx.x, gridDim.x, blockIdx.y);    \
     }                                                                                         \
     extern "C" __global__ void quantize_t_scalar_##SS##_##SD(                                 \
-        const S* __restrict__ src, D* __restrict__ dst, D* __restrict__ dst_t, u64 rows,     \
-        u64 cols, const float* __restrict__ scale, float* __restrict__ amax) {               \
+        const S* __restrict__ src, D* __restrict__ dst, D* __restrict__ dst_t, u64 rows,      \
+        u64 cols, const float* __restrict__ scale, float* __restrict__ amax) {                \
         quantize_t_scalar_body<S, D, false>(src, dst, dst_t, rows, cols, scale, amax);        \
     }                                                                                         \
     extern "C" __global__ void __launch_bounds__(QT_THREADS, QT_MIN_BLOCKS)                   \
         quantize_t_many_##SS##_##SD(const QuantJob* __restrict__ jobs, unsigned int njobs) {  \
         quantize_t_many_body<S, D>(jobs, njobs);                                              \
     }                                                                                         \
-    extern "C" __global__ void quantize_gelu_##SS##_##SD(const S* __restrict__ pre,            \
-                                                         D* __restrict__ dst, u64 n,           \
-                                                         const float* __restrict__ scale,      \
-                                                         float* __restrict__ amax) {           \
+    extern "C" __global__ void quantize_gelu_##SS##_##SD(const S* __restrict__ pre,           \
+                                                         D* __restrict__ dst, u64 n,          \
+                                                         const float* __restrict__ scale,     \
+                                                         float* __restrict__ amax) {          \
         quantize_body<S, D, true>(pre, dst, n, scale, amax);                                  \
     }                                                                                         \
     extern "C" __global__ void __launch_bounds__(QT_THREADS, QT_MIN_BLOCKS)                   \
-        quantize_gelu_t_##SS##_##SD(                                                           \
-        const S* __restrict__ pre, D* __restrict__ dst, D* __restrict__ dst_t, u64 rows,     \
-        u64 cols, const float* __restrict__ scale, float* __restrict__ amax) {               \
+        quantize_gelu_t_##SS##_##SD(                                                          \
+        const S* __restrict__ pre, D* __restrict__ dst, D* __restrict__ dst_t, u64 rows,      \
+        u64 cols, const float* __restrict__ scale, float* __restrict__ amax) {                \
         quantize_tile_body<S, D, 3>(pre, nullptr, dst, dst_t, nullptr, nullptr, 0, 0, rows,   \
-                                    cols, scale, amax, blockIdx.x, blockIdx.y);               \
+                                    cols, scale, amax, blockIdx.x, gridDim.x, blockIdx.y);    \
     }                                                                                         \
     extern "C" __global__ void quantize_gelu_t_scalar_##SS##_##SD(                            \
-        const S* __restrict__ pre, D* __restrict__ dst, D* __restrict__ dst_t, u64 rows,     \
-        u64 cols, const float* __restrict__ scale, float* __restrict__ amax) {               \
+        const S* __restrict__ pre, D* __restrict__ dst, D* __restrict__ dst_t, u64 rows,      \
+        u64 cols, const float* __restrict__ scale, float* __restrict__ amax) {                \
         quantize_t_scalar_body<S, D, true>(pre, dst, dst_t, rows, cols, scale, amax);         \
     }                                                                                         \
-    extern "C" __global__ void __launch_bounds__(QT_THREADS) quantize_grad_t_##SS##_##SD(     \
-        const S* __restrict__ dout, const S* __restrict__ pre, D* __restrict__ dst,          \
-        D* __restrict__ dst_t, float* __restrict__ partial, unsigned int* __restrict__ ctr,  \
-        u64 dbias, int dbias_dt, u64 rows, u64 cols, const float* __restrict__ scale,        \
-        float* __restrict__ amax) {                                                          \
+    extern "C" __global__ void __launch_bounds__(QT_THREADS, QT_GRAD_MIN_BLOCKS)              \
+        quantize_grad_t_##SS##_##SD(                                                          \
+        const S* __restrict__ dout, const S* __restrict__ pre, D* __restrict__ dst,           \
+        D* __restrict__ dst_t, float* __restrict__ partial, unsigned int* __restrict__ ctr,   \
+        u64 dbias, int dbias_dt, u64 rows, u64 cols, const float* __restrict__ scale,         \
+        float* __restrict__ amax) {                                                           \
         quantize_tile_body<S, D, 1>(dout, pre, dst, dst_t, partial, ctr, dbias, dbias_dt,     \
-                                    rows, cols, scale, amax, blockIdx.x, blockIdx.y);         \
+                                    rows, cols, scale, amax,                                  \
+                                    blockIdx.x, gridDim.x, blockIdx.y);                       \
     }                                                                                         \
-    extern "C" __global__ void __launch_bounds__(QT_THREADS) quantize_dgelu_t_##SS##_##SD(    \
-        const S* __restrict__ dout, const S* __restrict__ pre, D* __restrict__ dst,          \
-        D* __restrict__ dst_t, float* __restrict__ partial, unsigned int* __restrict__ ctr,  \
-        u64 dbias, int dbias_dt, u64 rows, u64 cols, const float* __restrict__ scale,        \
-        float* __restrict__ amax) {                                                          \
+    extern "C" __global__ void __launch_bounds__(QT_THREADS, QT_DGELU_MIN_BLOCKS)             \
+        quantize_dgelu_t_##SS##_##SD(                                                         \
+        const S* __restrict__ dout, const S* __restrict__ pre, D* __restrict__ dst,           \
+        D* __restrict__ dst_t, float* __restrict__ partial, unsigned int* __restrict__ ctr,   \
+        u64 dbias, int dbias_dt, u64 rows, u64 cols, const float* __restrict__ scale,         \
+        float* __restrict__ amax) {                                                           \
         quantize_tile_body<S, D, 2>(dout, pre, dst, dst_t, partial, ctr, dbias, dbias_dt,     \
-                                    rows, cols, scale, amax, blockIdx.x, blockIdx.y);         \
+                                    rows, cols, scale, amax,                                  \
+                                    blockIdx.x, gridDim.x, blockIdx.y);                       \
     }
 #define QUANTIZE_TO(S, SS)                                                                    \
     QUANTIZE(S, SS, e4m3_t, f8e4m3)                                                           \
@@ -733,12 +782,12 @@ __device__ __forceinline__ void layernorm_fp8_body(
 #define LAYERNORM_FP8_ONE(A, SA, P, SP, VEC, VN, D, SD)                                        \
     extern "C" __global__ void __launch_bounds__(256)                                          \
         layernorm_fp8_##SA##_##SP##_##VN##_##SD(                                               \
-            const A* __restrict__ x, const P* __restrict__ gamma, const P* __restrict__ beta, \
-            float* __restrict__ mean, float* __restrict__ rstd, D* __restrict__ dst,          \
-            D* __restrict__ dst_t, int n, int c, float eps, int G,                            \
-            const float* __restrict__ scale, float* __restrict__ amax) {                      \
+            const A* __restrict__ x, const P* __restrict__ gamma, const P* __restrict__ beta,  \
+            float* __restrict__ mean, float* __restrict__ rstd, D* __restrict__ dst,           \
+            D* __restrict__ dst_t, int n, int c, float eps, int G,                             \
+            const float* __restrict__ scale, float* __restrict__ amax) {                       \
         layernorm_fp8_body<A, P, D, VEC>(x, gamma, beta, mean, rstd, dst, dst_t, n, c, eps,    \
-                                         G, scale, amax);                                     \
+                                         G, scale, amax);                                      \
     }
 // The OCP formats (E4M3, E5M2); FNUZ destinations run the separate ops.
 #define LAYERNORM_FP8(A, SA, P, SP)                                                           \
@@ -760,19 +809,20 @@ FOR_ACT_AND_WIDE(LAYERNORM_FP8)
 //     layernorm_forward + quantize_fp8. cols a multiple of 8 (rows too with dst_t).
 // x is read twice (the second read mostly from L2, right after the first).
 #define LAYERNORM_QUANT_ONE(A, SA, P, SP, D, SD)                                               \
-    extern "C" __global__ void __launch_bounds__(QT_THREADS, QT_MIN_BLOCKS)                    \
+    extern "C" __global__ void __launch_bounds__(QT_THREADS, QT_LN_MIN_BLOCKS)                 \
         layernorm_quant_t_##SA##_##SP##_##SD(                                                  \
-            const A* __restrict__ x, const P* __restrict__ gamma, const P* __restrict__ beta, \
-            const float* __restrict__ mean, const float* __restrict__ rstd,                   \
-            D* __restrict__ dst, D* __restrict__ dst_t, u64 rows, u64 cols,                   \
-            const float* __restrict__ scale, float* __restrict__ amax) {                      \
+            const A* __restrict__ x, const P* __restrict__ gamma, const P* __restrict__ beta,  \
+            const float* __restrict__ mean, const float* __restrict__ rstd,                    \
+            D* __restrict__ dst, D* __restrict__ dst_t, u64 rows, u64 cols,                    \
+            const float* __restrict__ scale, float* __restrict__ amax) {                       \
         LnArgs<P> ln;                                                                          \
         ln.gamma = gamma;                                                                      \
         ln.beta = beta;                                                                        \
         ln.mean = mean;                                                                        \
         ln.rstd = rstd;                                                                        \
-        quantize_tile_body<A, D, 4, P>(x, nullptr, dst, dst_t, nullptr, nullptr, 0, 0, rows,  \
-                                       cols, scale, amax, blockIdx.x, blockIdx.y, ln);         \
+        quantize_tile_body<A, D, 4, P>(x, nullptr, dst, dst_t, nullptr, nullptr, 0, 0, rows,   \
+                                       cols, scale, amax,                                      \
+                                       blockIdx.x, gridDim.x, blockIdx.y, ln);                 \
     }
 #define LAYERNORM_QUANT(A, SA, P, SP)                                                         \
     LAYERNORM_QUANT_ONE(A, SA, P, SP, e4m3_t, f8e4m3)                                         \

@@ -333,7 +333,7 @@ template <typename P> struct LnArgs {
 // issued up front as predicated instructions, no spills at the bounds above, 520 instead of 560
 // instructions for quantize_t_bf16_f8e4m3, and 10% faster (fp8_bench, 8192 × 2048 quantize_t
 // 23.1 → 20.8 µs, quantize_gelu_t 30.0 → 25.4 µs, the seed weights in one quantize_t_many
-// 40.6 → 35.5 µs). Narrower grids, each block taking several row tiles (with or without the next
+// 40.6 → 35.1 µs). Narrower grids, each block taking several row tiles (with or without the next
 // tile's loads in flight during the stores) gave the same codes, amaxes and dbias bits in the
 // GPU tests but were no faster, so the host does not use them. The amax is reduced and recorded
 // once, after the transposed store, so that nothing is held across it.
@@ -569,6 +569,18 @@ __device__ __forceinline__ void quantize_t_many_body(const QuantJob* __restrict_
                                 (unsigned int)((j.rows + QT - 1) / QT), k % j.col_tiles);
 }
 
+// quantize_grad_t_<S>_<D> (MODE 1) and quantize_dgelu_t_<S>_<D> (MODE 2): the same parameters.
+#define QUANTIZE_GRAD(S, SS, D, SD, NAME, MODE, MIN_BLOCKS)                                   \
+    extern "C" __global__ void __launch_bounds__(QT_THREADS, MIN_BLOCKS)                      \
+        quantize_##NAME##_t_##SS##_##SD(                                                      \
+        const S* __restrict__ dout, const S* __restrict__ pre, D* __restrict__ dst,           \
+        D* __restrict__ dst_t, float* __restrict__ partial, unsigned int* __restrict__ ctr,   \
+        u64 dbias, int dbias_dt, u64 rows, u64 cols, const float* __restrict__ scale,         \
+        float* __restrict__ amax) {                                                           \
+        quantize_tile_body<S, D, MODE>(dout, pre, dst, dst_t, partial, ctr, dbias, dbias_dt,  \
+                                       rows, cols, scale, amax,                               \
+                                       blockIdx.x, gridDim.x, blockIdx.y);                    \
+    }
 #define QUANTIZE(S, SS, D, SD)                                                                \
     extern "C" __global__ void quantize_##SS##_##SD(const S* __restrict__ src,                \
                                                     D* __restrict__ dst, u64 n,               \
@@ -610,26 +622,8 @@ __device__ __forceinline__ void quantize_t_many_body(const QuantJob* __restrict_
         u64 cols, const float* __restrict__ scale, float* __restrict__ amax) {                \
         quantize_t_scalar_body<S, D, true>(pre, dst, dst_t, rows, cols, scale, amax);         \
     }                                                                                         \
-    extern "C" __global__ void __launch_bounds__(QT_THREADS, QT_GRAD_MIN_BLOCKS)              \
-        quantize_grad_t_##SS##_##SD(                                                          \
-        const S* __restrict__ dout, const S* __restrict__ pre, D* __restrict__ dst,           \
-        D* __restrict__ dst_t, float* __restrict__ partial, unsigned int* __restrict__ ctr,   \
-        u64 dbias, int dbias_dt, u64 rows, u64 cols, const float* __restrict__ scale,         \
-        float* __restrict__ amax) {                                                           \
-        quantize_tile_body<S, D, 1>(dout, pre, dst, dst_t, partial, ctr, dbias, dbias_dt,     \
-                                    rows, cols, scale, amax,                                  \
-                                    blockIdx.x, gridDim.x, blockIdx.y);                       \
-    }                                                                                         \
-    extern "C" __global__ void __launch_bounds__(QT_THREADS, QT_DGELU_MIN_BLOCKS)             \
-        quantize_dgelu_t_##SS##_##SD(                                                         \
-        const S* __restrict__ dout, const S* __restrict__ pre, D* __restrict__ dst,           \
-        D* __restrict__ dst_t, float* __restrict__ partial, unsigned int* __restrict__ ctr,   \
-        u64 dbias, int dbias_dt, u64 rows, u64 cols, const float* __restrict__ scale,         \
-        float* __restrict__ amax) {                                                           \
-        quantize_tile_body<S, D, 2>(dout, pre, dst, dst_t, partial, ctr, dbias, dbias_dt,     \
-                                    rows, cols, scale, amax,                                  \
-                                    blockIdx.x, gridDim.x, blockIdx.y);                       \
-    }
+    QUANTIZE_GRAD(S, SS, D, SD, grad, 1, QT_GRAD_MIN_BLOCKS)                                  \
+    QUANTIZE_GRAD(S, SS, D, SD, dgelu, 2, QT_DGELU_MIN_BLOCKS)
 #define QUANTIZE_TO(S, SS)                                                                    \
     QUANTIZE(S, SS, e4m3_t, f8e4m3)                                                           \
     QUANTIZE(S, SS, e5m2_t, f8e5m2)                                                           \

@@ -1,6 +1,9 @@
 //! A small, stable random number generator (SplitMix64). Initialisation and data order depend
 //! only on the seed, never on the backend, the thread count or a crate's version.
 
+/// SplitMix64's state increment per output.
+const GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Rng {
     state: u64,
@@ -23,11 +26,17 @@ impl Rng {
     }
 
     pub fn next_u64(&mut self) -> u64 {
-        self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        self.state = self.state.wrapping_add(GAMMA);
         let mut z = self.state;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
         z ^ (z >> 31)
+    }
+
+    /// Skips the next `n` outputs of [`Rng::next_u64`] in O(1): the state is a counter, so this
+    /// is the stream as if they had been drawn.
+    pub fn skip(&mut self, n: u64) {
+        self.state = self.state.wrapping_add(GAMMA.wrapping_mul(n));
     }
 
     /// Uniform in [0, 1) with 53 bits.
@@ -41,7 +50,8 @@ impl Rng {
         ((self.next_u64() as u128 * n as u128) >> 64) as u64
     }
 
-    /// Standard normal via Box–Muller (one value per call, for simplicity and stability).
+    /// Standard normal via Box–Muller (one value per call, for simplicity and stability). Draws
+    /// exactly two outputs of [`Rng::next_u64`].
     pub fn normal(&mut self) -> f64 {
         let u1 = 1.0 - self.uniform(); // (0, 1]
         let u2 = self.uniform();
@@ -65,5 +75,25 @@ mod tests {
         assert!(mean.abs() < 0.03, "mean {mean}");
         assert!((var - 1.0).abs() < 0.05, "var {var}");
         assert!((0..1000).all(|_| a.below(96) < 96));
+    }
+
+    #[test]
+    fn skip_is_drawing() {
+        for n in [0u64, 1, 2, 7, 1000] {
+            let mut a = Rng::derive(3, 9);
+            let mut b = a.clone();
+            for _ in 0..n {
+                a.next_u64();
+            }
+            b.skip(n);
+            assert_eq!(a, b, "skip({n})");
+            assert_eq!(a.normal().to_bits(), b.normal().to_bits());
+        }
+        // normal() draws two outputs.
+        let mut a = Rng::new(5);
+        let mut b = a.clone();
+        a.normal();
+        b.skip(2);
+        assert_eq!(a, b);
     }
 }

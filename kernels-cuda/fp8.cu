@@ -330,13 +330,14 @@ template <typename P> struct LnArgs {
 // (blockIdx.x, gridDim.x, blockIdx.y) and the host launches one block per row tile
 // (CudaDevice::tile_grid), the many-matrix kernel passes one tile: the loop runs once. It is
 // written as a loop over row tiles because that form compiles better (sm_90): the four loads
-// issued up front as predicated instructions, no spills at the bounds above, 520 instead of 560
+// issued up front as predicated instructions, no spills at the bounds above, 520 instead of 552
 // instructions for quantize_t_bf16_f8e4m3, and 10% faster (fp8_bench, 8192 × 2048 quantize_t
 // 23.1 → 20.8 µs, quantize_gelu_t 30.0 → 25.4 µs, the seed weights in one quantize_t_many
 // 40.6 → 35.1 µs). Narrower grids, each block taking several row tiles (with or without the next
-// tile's loads in flight during the stores) gave the same codes, amaxes and dbias bits in the
-// GPU tests but were no faster, so the host does not use them. The amax is reduced and recorded
-// once, after the transposed store, so that nothing is held across it.
+// tile's loads in flight during the stores), passed the GPU tests (codes and amaxes bit for bit,
+// dbias within its tolerance; its partial rows and their order do not depend on the width) but
+// were no faster, so the host does not use them. The amax is reduced and recorded once, after
+// the transposed store, so that nothing is held across it.
 //
 // Modes 1 and 2: partial holds ⌈rows / 64⌉ rows of cols f32, row bx the column sums of row
 // tile bx; counters[blockIdx.y] is 0 at launch (and again after it); dbias holds cols values of

@@ -46,6 +46,16 @@ __device__ __forceinline__ float to_f32(f16_t x) {
     return f;
 }
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+// The bf16 bits of x by the hardware conversion: round to nearest even, subnormals kept (a NaN
+// gives a NaN, its payload the hardware's).
+__device__ __forceinline__ unsigned short bf16_bits_hw(float x) {
+    unsigned short h;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(x));
+    return h;
+}
+#endif
+
 template <typename T> __device__ __forceinline__ T from_f32(float x);
 template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
 template <> __device__ __forceinline__ bf16_t from_f32<bf16_t>(float x) {
@@ -57,9 +67,9 @@ template <> __device__ __forceinline__ bf16_t from_f32<bf16_t>(float x) {
         return r;
     }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    // The hardware conversion (round to nearest even, subnormals kept): the same bits as the
-    // integer rounding below for every non-NaN input, in one instruction instead of five.
-    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r.bits) : "f"(x));
+    // The hardware conversion: the same bits as the integer rounding below for every non-NaN
+    // input, in one instruction instead of five.
+    r.bits = bf16_bits_hw(x);
 #else
     u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest, ties to even
     r.bits = (unsigned short)(u >> 16);

@@ -133,16 +133,14 @@ template <typename S> struct Raw8 {
 
 // x rounded to S (nearest, ties to even) and back: to_f32(from_f32<S>(x)) for every x but a
 // NaN, which stays a NaN with another payload. For the values that are only quantised (their
-// codes and the amax, where every NaN is alike) and summed (dbias, NaN either way); bf16 in one
-// conversion instruction instead of common.cuh's bit arithmetic with its NaN branch.
+// codes and the amax, where every NaN is alike) and summed (dbias, NaN either way); bf16 from
+// sm_80 in the one conversion instruction, without from_f32's NaN branch.
 template <typename S> __device__ __forceinline__ float round_to(float x) {
     return to_f32(from_f32<S>(x));
 }
 template <> __device__ __forceinline__ float round_to<bf16_t>(float x) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    unsigned short h;
-    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(x));
-    return __uint_as_float((unsigned int)h << 16);
+    return __uint_as_float((unsigned int)bf16_bits_hw(x) << 16);
 #else
     return to_f32(from_f32<bf16_t>(x));
 #endif

@@ -60,7 +60,6 @@ if [ -n "${NCU:-}" ] && command -v ncu >/dev/null; then
   for ncase in "${NCU_CASES[@]}"; do
     read -r preset precision args <<<"$ncase"
     # shellcheck disable=SC2086
-    # shellcheck disable=SC2086
     timeout 300 ncu --clock-control none ${NCU_EXTRA:-} --metrics gpu__time_duration.sum --csv \
         --launch-skip "${NCU_SKIP:-500}" --launch-count "${NCU_COUNT:-400}" \
         "$HERE/duet" bench --backend cuda --preset "$preset" --precision "$precision" \

@@ -250,6 +250,48 @@ __device__ __forceinline__ void transpose4x4(unsigned int a, unsigned int b, uns
     out[3] = __byte_perm(t1, t3, 0x7632);               // a3 b3 c3 d3
 }
 
+// The transposed store of a 64 × 64 tile of codes (after the barrier that completes `tile`):
+// thread t takes tile rows 8·(t % 8) .. +7 of word column t / 8 (see above). dst_t null:
+// nothing (uniform across the block). cols is a multiple of 8, so columns 4w .. 4w + 3 are all
+// inside or all outside; rows too.
+__device__ __forceinline__ void store_tile_t(const unsigned int (&tile)[QT][QT / 4],
+                                             unsigned char* __restrict__ dst_t, u64 r0, u64 c0,
+                                             u64 rows, u64 cols) {
+    const int t = threadIdx.x, g = t & 7, w = t >> 3;
+    const u64 rr = r0 + 8 * g;
+    if (dst_t != nullptr && rr < rows && c0 + 4 * w < cols) {
+        unsigned int lo[4], hi[4];
+        transpose4x4(tile[8 * g + 0][tile_word(8 * g + 0, w)],
+                     tile[8 * g + 1][tile_word(8 * g + 1, w)],
+                     tile[8 * g + 2][tile_word(8 * g + 2, w)],
+                     tile[8 * g + 3][tile_word(8 * g + 3, w)], lo);
+        transpose4x4(tile[8 * g + 4][tile_word(8 * g + 4, w)],
+                     tile[8 * g + 5][tile_word(8 * g + 5, w)],
+                     tile[8 * g + 6][tile_word(8 * g + 6, w)],
+                     tile[8 * g + 7][tile_word(8 * g + 7, w)], hi);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const u64 cc = c0 + 4 * w + i;
+            *reinterpret_cast<uint2*>(dst_t + cc * rows + rr) = make_uint2(lo[i], hi[i]);
+        }
+    }
+}
+
+// The block's amax (max over its threads' m), recorded with one atomicMax.
+__device__ __forceinline__ void block_record_amax(float m, float (&wmax)[QT_THREADS / 32],
+                                                  float* amax) {
+    const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+    m = warp_max(m);
+    if (lane == 0) wmax[warp] = m;
+    __syncthreads();
+    if (t == 0) {
+        float b = wmax[0];
+#pragma unroll
+        for (int w = 1; w < QT_THREADS / 32; ++w) b = fmaxf(b, wmax[w]);
+        record_amax(b, amax);
+    }
+}
+
 // The column-sum finish of the gradient tile kernels (see the top of the file). Called by every
 // thread of the block after its partial row was written and fenced; `scratch` is the block's
 // shared tile, free again (reused for the 8 × 64 chain sums after the barrier below).
@@ -447,38 +489,11 @@ __device__ __forceinline__ void quantize_tile_body(
             }
         }
 
-        const int g = t & 7, w = t >> 3;
-        const u64 rr = r0 + 8 * g;
-        // dst_t null: uniform across the block. cols is a multiple of 8, so columns
-        // 4w .. 4w + 3 are all inside or all outside.
-        if (dst_t != nullptr && rr < rows && c0 + 4 * w < cols) {
-            unsigned int lo[4], hi[4];
-            transpose4x4(tile[8 * g + 0][tile_word(8 * g + 0, w)],
-                         tile[8 * g + 1][tile_word(8 * g + 1, w)],
-                         tile[8 * g + 2][tile_word(8 * g + 2, w)],
-                         tile[8 * g + 3][tile_word(8 * g + 3, w)], lo);
-            transpose4x4(tile[8 * g + 4][tile_word(8 * g + 4, w)],
-                         tile[8 * g + 5][tile_word(8 * g + 5, w)],
-                         tile[8 * g + 6][tile_word(8 * g + 6, w)],
-                         tile[8 * g + 7][tile_word(8 * g + 7, w)], hi);
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const u64 cc = c0 + 4 * w + i;
-                *reinterpret_cast<uint2*>(dst_t + cc * rows + rr) = make_uint2(lo[i], hi[i]);
-            }
-        }
+        store_tile_t(tile, dst_t, r0, c0, rows, cols);
         __syncthreads();  // the tile and the column sums read: free for the next tile
     }
 
-    m = warp_max(m);
-    if (lane == 0) wmax[warp] = m;
-    __syncthreads();
-    if (t == 0) {
-        float b = wmax[0];
-#pragma unroll
-        for (int w = 1; w < QT_THREADS / 32; ++w) b = fmaxf(b, wmax[w]);
-        record_amax(b, amax);
-    }
+    block_record_amax(m, wmax, amax);
     if constexpr (SUMS) {
         finish_colsum(tile, finisher, partial, counters, dbias, dbias_dt, cols, tiles);
     }
@@ -821,3 +836,140 @@ FOR_ACT_AND_WIDE(LAYERNORM_FP8)
     LAYERNORM_QUANT_ONE(A, SA, P, SP, e4m3_t, f8e4m3)                                         \
     LAYERNORM_QUANT_ONE(A, SA, P, SP, e5m2_t, f8e5m2)
 FOR_ACT_AND_WIDE(LAYERNORM_QUANT)
+
+// ------------------------------------------------------------------ AdamW + weight codes
+//
+// adamw_fp8_t_<C>_<D>(const AdamWFp8Job* jobs, unsigned njobs, scalars, β1, β2, ε, max_norm,
+// loss_scale): Device::adamw_clipped_fp8 for the FP8 weights of one (copy, FP8) dtype pair.
+// Each job is one weight matrix (rows × cols) with f32 master weights and moments, a gradient
+// and a working copy of dtype C. Block b finds its job and tile as quantize_t_many does (binary
+// search over tile_start) and, for each element of its 64 × 64 tile:
+//   * the AdamW update of adamw_multi (adamw_update, with the same gradient factor from
+//     clip_grad_scale), writing param, m and v;
+//   * the working copy from_f32<C>(param), as adamw_multi writes it;
+//   * the FP8 code of that copy's value times scale[0], into dst and (transposed) dst_t, with
+//     the amax over the copy's values: quantize_t_many's codes of the copy, bit for bit.
+// So one pass replaces adamw_multi on these tensors and the quantize_t_many pass that the next
+// forward would run on their copies (it reads 2 bytes and writes 2 per element; here the codes
+// add 2 bytes to the update's writes). Thread t handles columns 8·(t % 8) .. +7 of tile rows
+// t / 8 + 16p (p = 0..3), one row at a time: 8 elements of each stream per load (two 16-byte
+// f32 vectors of param, m and v, one 16-byte vector of the gradient). Requirements per job:
+// rows and cols multiples of 8; every stream 16-byte aligned (the host checks).
+struct AdamWFp8Job {
+    u64 param, grad, m, v, copy;  // f32, C, f32, f32, C
+    u64 dst, dst_t;               // FP8 codes, rows × cols and cols × rows
+    u64 scale, amax;              // the weight's slot of each
+    u64 rows, cols;
+    float weight_decay;
+    unsigned int tile_start;      // first block of this job
+    unsigned int col_tiles;       // ⌈cols / 64⌉
+    unsigned int pad;
+};
+static_assert(sizeof(AdamWFp8Job) == 104, "AdamWFp8Job: 104-byte records (device/multi.rs)");
+
+#ifndef QT_ADAMW_MIN_BLOCKS
+#define QT_ADAMW_MIN_BLOCKS 8
+#endif
+
+template <typename C, typename D>
+__device__ __forceinline__ void adamw_fp8_body(const AdamWFp8Job* __restrict__ jobs,
+                                               unsigned int njobs,
+                                               const float* __restrict__ scalars, float beta1,
+                                               float beta2, float eps, float max_norm,
+                                               float loss_scale) {
+    __shared__ __align__(16) unsigned int tile[QT][QT / 4];
+    __shared__ float wmax[QT_THREADS / 32];
+    const unsigned int b = blockIdx.x;
+    unsigned int lo = 0, hi = njobs - 1;  // the last job with tile_start <= b
+    while (lo < hi) {
+        const unsigned int mid = (lo + hi + 1) / 2;
+        if (jobs[mid].tile_start <= b)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    const AdamWFp8Job& j = jobs[lo];
+    const unsigned int k = b - j.tile_start;
+    const u64 rows = j.rows, cols = j.cols;
+    const u64 r0 = (u64)(k / j.col_tiles) * QT, c0 = (u64)(k % j.col_tiles) * QT;
+    float* __restrict__ param = reinterpret_cast<float*>(j.param);
+    const C* __restrict__ grad = reinterpret_cast<const C*>(j.grad);
+    float* __restrict__ mom = reinterpret_cast<float*>(j.m);
+    float* __restrict__ var = reinterpret_cast<float*>(j.v);
+    C* __restrict__ copy = reinterpret_cast<C*>(j.copy);
+    unsigned char* __restrict__ dst = reinterpret_cast<unsigned char*>(j.dst);
+    unsigned char* __restrict__ dst_t = reinterpret_cast<unsigned char*>(j.dst_t);
+    const float s = reinterpret_cast<const float*>(j.scale)[0];
+
+    AdamWConsts kc;
+    kc.grad_scale = clip_grad_scale(scalars[0], max_norm, loss_scale);
+    kc.lr = scalars[1];
+    kc.bc1 = scalars[2];
+    kc.bc2 = scalars[3];
+    kc.beta1 = beta1;
+    kc.beta2 = beta2;
+    kc.eps = eps;
+    kc.weight_decay = j.weight_decay;
+
+    const int t = threadIdx.x, cg = t & 7, rt = t >> 3;
+    const u64 c = c0 + cg * 8;
+    float mx = 0.0f;
+    if (c < cols) {
+#pragma unroll
+        for (int p = 0; p < QT_PASSES; ++p) {
+            const int tr = rt + 16 * p;
+            const u64 r = r0 + tr;
+            if (r < rows) {
+                const u64 i = r * cols + c;
+                float4 pv[2], mv[2], vv[2];
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    pv[h] = *reinterpret_cast<const float4*>(param + i + 4 * h);
+                    mv[h] = *reinterpret_cast<const float4*>(mom + i + 4 * h);
+                    vv[h] = *reinterpret_cast<const float4*>(var + i + 4 * h);
+                }
+                Raw8<C> g;
+                g.load(grad + i);
+                float* pf = reinterpret_cast<float*>(pv);
+                float* mf = reinterpret_cast<float*>(mv);
+                float* vf = reinterpret_cast<float*>(vv);
+                float w[8];
+                Pack<C> cp;
+#pragma unroll
+                for (int e = 0; e < 8; ++e) {
+                    pf[e] = adamw_update(g.get(e), mf[e], vf[e], pf[e], kc);
+                    cp.v[e] = from_f32<C>(pf[e]);
+                    w[e] = to_f32(cp.v[e]);
+                    mx = fmaxf(mx, fabsf(w[e]));
+                }
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    *reinterpret_cast<float4*>(param + i + 4 * h) = pv[h];
+                    *reinterpret_cast<float4*>(mom + i + 4 * h) = mv[h];
+                    *reinterpret_cast<float4*>(var + i + 4 * h) = vv[h];
+                }
+                store_pack(copy + i, cp);
+                const uint2 q = encode8<D>(w, s);
+                *reinterpret_cast<uint2*>(dst + i) = q;
+                *reinterpret_cast<uint2*>(&tile[tr][tile_word(tr, 2 * cg)]) = q;
+            }
+        }
+    }
+    __syncthreads();  // the tile written
+    store_tile_t(tile, dst_t, r0, c0, rows, cols);
+    block_record_amax(mx, wmax, reinterpret_cast<float*>(j.amax));
+}
+
+#define ADAMW_FP8_ONE(C, SC, D, SD)                                                           \
+    extern "C" __global__ void __launch_bounds__(QT_THREADS, QT_ADAMW_MIN_BLOCKS)             \
+        adamw_fp8_t_##SC##_##SD(const AdamWFp8Job* __restrict__ jobs, unsigned int njobs,     \
+                                const float* __restrict__ scalars, float beta1, float beta2,  \
+                                float eps, float max_norm, float loss_scale) {                \
+        adamw_fp8_body<C, D>(jobs, njobs, scalars, beta1, beta2, eps, max_norm, loss_scale);  \
+    }
+// Instantiated for what the engine's FP8 weights are: bf16 working copies (and gradients), E4M3
+// codes (OCP, or FNUZ for checking the AMD formats here). At QT_ADAMW_MIN_BLOCKS = 8 the OCP
+// kernel takes 64 registers without spilling (sm_90); the FNUZ one (software codec) spills
+// 16 bytes. Other dtype pairs take the unfused path (device/multi.rs).
+ADAMW_FP8_ONE(bf16_t, bf16, e4m3_t, f8e4m3)
+ADAMW_FP8_ONE(bf16_t, bf16, e4m3fnuz_t, f8e4m3fnuz)

@@ -325,3 +325,51 @@ fn bf16_weight_gradients_are_the_rounded_f32_ones() {
     }
     assert_eq!(linear, 4 * cfg.model.layers);
 }
+
+/// FP8 weight codes written by the optimizer (after the scaling update, with the scales the
+/// next step uses) instead of quantised at the start of the next forward pass: the same bits.
+/// Two runs of 10 steps, one each way, with a validation pass after step 3 and the working
+/// weights overwritten after step 6 (the next forward pass must quantise the new weights, not
+/// use the codes the optimizer wrote), give identical losses, gradient norms, master weights,
+/// moments and FP8 scaling state.
+#[test]
+fn fp8_codes_from_the_optimizer_change_no_bit() {
+    let mut cfg = Config::preset(Preset::Tiny);
+    cfg.train.precision = Precision::Fp8;
+    let dev = Arc::new(CpuDevice::new(Some(2)).unwrap());
+    let run = |from_optimizer: bool| {
+        let mut tr = Trainer::new(dev.clone(), cfg.clone()).unwrap();
+        tr.set_fp8_codes_from_optimizer(from_optimizer);
+        let mut out = Vec::new();
+        for step in 1..=10 {
+            let r = tr.train_step().unwrap();
+            out.push((r.loss.to_bits(), r.grad_norm.to_bits()));
+            assert_eq!(tr.model().fp8_codes_fresh(), from_optimizer, "step {step}");
+            if step == 3 {
+                out.push((tr.validation_loss().unwrap().to_bits(), 0));
+            }
+            if step == 6 {
+                let w: Vec<Vec<f32>> = tr
+                    .model()
+                    .weights()
+                    .unwrap()
+                    .iter()
+                    .map(|t| t.iter().map(|x| 0.97 * x).collect())
+                    .collect();
+                tr.model_mut().set_weights(&w).unwrap();
+                assert!(!tr.model().fp8_codes_fresh());
+            }
+        }
+        let ck = tr.checkpoint().unwrap();
+        (out, ck.weights, ck.adam_m, ck.adam_v, ck.extra)
+    };
+    let fused = run(true);
+    let separate = run(false);
+    assert_eq!(fused.0, separate.0, "losses / gradient norms");
+    assert!(fused.1 == separate.1, "master weights differ");
+    assert!(
+        fused.2 == separate.2 && fused.3 == separate.3,
+        "moments differ"
+    );
+    assert_eq!(fused.4, separate.4, "FP8 scaling state");
+}

@@ -62,16 +62,10 @@ struct AdamWChunk {
 };
 
 
-// Four consecutive elements in one access: 16 bytes of f32, 8 bytes of bf16/f16. The table
-// holds plain addresses (generic pointers to device allocations, which equal their global
-// addresses), so the accesses are spelled out as global ones.
-__device__ __forceinline__ float4 load4(const float* p) {
-    float4 r;
-    asm volatile("ld.global.v4.f32 {%0, %1, %2, %3}, [%4];"
-                 : "=f"(r.x), "=f"(r.y), "=f"(r.z), "=f"(r.w)
-                 : "l"(p));
-    return r;
-}
+// Four consecutive elements in one access: 16 bytes of f32 (load4/store4, common.cuh), 8 bytes
+// of bf16/f16 (below). The table holds plain addresses (generic pointers to device
+// allocations, which equal their global addresses), so the accesses are spelled out as global
+// ones.
 template <typename T> __device__ __forceinline__ float4 load4(const T* p) {
     unsigned int lo, hi;
     asm volatile("ld.global.v2.u32 {%0, %1}, [%2];" : "=r"(lo), "=r"(hi) : "l"(p));
@@ -81,11 +75,6 @@ template <typename T> __device__ __forceinline__ float4 load4(const T* p) {
     c.bits = (unsigned short)(hi & 0xffffu);
     d.bits = (unsigned short)(hi >> 16);
     return make_float4(to_f32(a), to_f32(b), to_f32(c), to_f32(d));
-}
-__device__ __forceinline__ void store4(float* p, float4 x) {
-    asm volatile("st.global.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(p), "f"(x.x), "f"(x.y),
-                 "f"(x.z), "f"(x.w)
-                 : "memory");
 }
 template <typename T> __device__ __forceinline__ void store4(T* p, float4 x) {
     const unsigned int lo =

@@ -180,6 +180,44 @@ template <typename T> __device__ __forceinline__ void store_pack(T* p, const Pac
     *reinterpret_cast<uint4*>(p) = *reinterpret_cast<const uint4*>(&r);
 }
 
+// 16 bytes at a global address (as plain addresses from a job table are: generic pointers to
+// device allocations, which equal their global addresses), spelled out as global accesses.
+__device__ __forceinline__ float4 load4(const float* p) {
+    float4 r;
+    asm volatile("ld.global.v4.f32 {%0, %1, %2, %3}, [%4];"
+                 : "=f"(r.x), "=f"(r.y), "=f"(r.z), "=f"(r.w)
+                 : "l"(p));
+    return r;
+}
+__device__ __forceinline__ void store4(float* p, float4 x) {
+    asm volatile("st.global.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(p), "f"(x.x), "f"(x.y),
+                 "f"(x.z), "f"(x.w)
+                 : "memory");
+}
+__device__ __forceinline__ uint4 load4u(const void* p) {
+    uint4 r;
+    asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p));
+    return r;
+}
+__device__ __forceinline__ void store4u(void* p, uint4 x) {
+    asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(x.x), "r"(x.y),
+                 "r"(x.z), "r"(x.w)
+                 : "memory");
+}
+__device__ __forceinline__ uint2 load2u(const void* p) {
+    uint2 r;
+    asm volatile("ld.global.v2.u32 {%0, %1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p));
+    return r;
+}
+__device__ __forceinline__ void store2u(void* p, uint2 x) {
+    asm volatile("st.global.v2.u32 [%0], {%1, %2};" ::"l"(p), "r"(x.x), "r"(x.y) : "memory");
+}
+__device__ __forceinline__ void store1u(void* p, unsigned int x) {
+    asm volatile("st.global.u32 [%0], %1;" ::"l"(p), "r"(x) : "memory");
+}
+
 // ------------------------------------------------------------------ reductions
 // All reductions have a fixed order (shuffles and shared-memory trees), so they are
 // deterministic run to run.

@@ -868,8 +868,17 @@ struct AdamWFp8Job {
 static_assert(sizeof(AdamWFp8Job) == 104, "AdamWFp8Job: 104-byte records (device/multi.rs)");
 
 #ifndef QT_ADAMW_MIN_BLOCKS
-#define QT_ADAMW_MIN_BLOCKS 8
+#define QT_ADAMW_MIN_BLOCKS 5
 #endif
+#ifndef QT_ADAMW_PIPE
+#define QT_ADAMW_PIPE 1
+#endif
+
+// One row segment of a thread (8 elements): the loaded streams.
+struct AdamWFp8Row {
+    float4 p[2], m[2], v[2];
+    uint4 g;  // 8 bf16 gradients
+};
 
 template <typename C, typename D>
 __device__ __forceinline__ void adamw_fp8_body(const AdamWFp8Job* __restrict__ jobs,
@@ -877,6 +886,7 @@ __device__ __forceinline__ void adamw_fp8_body(const AdamWFp8Job* __restrict__ j
                                                const float* __restrict__ scalars, float beta1,
                                                float beta2, float eps, float max_norm,
                                                float loss_scale) {
+    static_assert(sizeof(C) == 2, "adamw_fp8_t: 16-bit working copies");
     __shared__ __align__(16) unsigned int tile[QT][QT / 4];
     __shared__ float wmax[QT_THREADS / 32];
     const unsigned int b = blockIdx.x;
@@ -891,14 +901,15 @@ __device__ __forceinline__ void adamw_fp8_body(const AdamWFp8Job* __restrict__ j
     const AdamWFp8Job& j = jobs[lo];
     const unsigned int k = b - j.tile_start;
     const u64 rows = j.rows, cols = j.cols;
-    const u64 r0 = (u64)(k / j.col_tiles) * QT, c0 = (u64)(k % j.col_tiles) * QT;
-    float* __restrict__ param = reinterpret_cast<float*>(j.param);
-    const C* __restrict__ grad = reinterpret_cast<const C*>(j.grad);
-    float* __restrict__ mom = reinterpret_cast<float*>(j.m);
-    float* __restrict__ var = reinterpret_cast<float*>(j.v);
-    C* __restrict__ copy = reinterpret_cast<C*>(j.copy);
-    unsigned char* __restrict__ dst = reinterpret_cast<unsigned char*>(j.dst);
-    unsigned char* __restrict__ dst_t = reinterpret_cast<unsigned char*>(j.dst_t);
+    const u64 bx0 = k / j.col_tiles, c0 = (u64)(k % j.col_tiles) * QT;
+    const u64 bx1 = bx0 + 1;
+    float* param = reinterpret_cast<float*>(j.param);
+    const C* grad = reinterpret_cast<const C*>(j.grad);
+    float* mom = reinterpret_cast<float*>(j.m);
+    float* var = reinterpret_cast<float*>(j.v);
+    C* copy = reinterpret_cast<C*>(j.copy);
+    unsigned char* dst = reinterpret_cast<unsigned char*>(j.dst);
+    unsigned char* dst_t = reinterpret_cast<unsigned char*>(j.dst_t);
     const float s = reinterpret_cast<const float*>(j.scale)[0];
 
     AdamWConsts kc;
@@ -913,50 +924,203 @@ __device__ __forceinline__ void adamw_fp8_body(const AdamWFp8Job* __restrict__ j
 
     const int t = threadIdx.x, cg = t & 7, rt = t >> 3;
     const u64 c = c0 + cg * 8;
+    const bool col_ok = c < cols;
+    u64 r0 = 0;
+    const auto ok = [&](int p) { return col_ok && r0 + rt + 16 * p < rows; };
+    const auto at = [&](int p) { return (r0 + rt + 16 * p) * cols + c; };
+    const auto load = [&](int p, AdamWFp8Row& x) {
+        const u64 i = at(p);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            x.p[h] = load4(param + i + 4 * h);
+            x.m[h] = load4(mom + i + 4 * h);
+            x.v[h] = load4(var + i + 4 * h);
+        }
+        x.g = load4u(grad + i);
+    };
     float mx = 0.0f;
-    if (c < cols) {
+#pragma unroll 1
+    for (u64 bx = bx0; bx < bx1; ++bx) {
+    r0 = bx * QT;
+    // Row p + 1's loads are issued before row p is computed and stored (all accesses are
+    // global ones the compiler keeps in order), so a thread always has a row in flight.
+#if QT_ADAMW_PIPE
+    AdamWFp8Row x[2];
+    if (ok(0)) load(0, x[0]);
+#endif
 #pragma unroll
-        for (int p = 0; p < QT_PASSES; ++p) {
+    for (int p = 0; p < QT_PASSES; ++p) {
+#if QT_ADAMW_PIPE
+        AdamWFp8Row& cur = x[p & 1];
+        if (p + 1 < QT_PASSES && ok(p + 1)) load(p + 1, x[(p + 1) & 1]);
+#else
+        AdamWFp8Row cur;
+        if (ok(p)) load(p, cur);
+#endif
+        if (ok(p)) {
+            const u64 i = at(p);
             const int tr = rt + 16 * p;
-            const u64 r = r0 + tr;
-            if (r < rows) {
-                const u64 i = r * cols + c;
-                float4 pv[2], mv[2], vv[2];
+            float* pf = reinterpret_cast<float*>(cur.p);
+            float* mf = reinterpret_cast<float*>(cur.m);
+            float* vf = reinterpret_cast<float*>(cur.v);
+            const unsigned int* gw = reinterpret_cast<const unsigned int*>(&cur.g);
+            float w[8];
+            unsigned int cw[4];
 #pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    pv[h] = *reinterpret_cast<const float4*>(param + i + 4 * h);
-                    mv[h] = *reinterpret_cast<const float4*>(mom + i + 4 * h);
-                    vv[h] = *reinterpret_cast<const float4*>(var + i + 4 * h);
-                }
-                Raw8<C> g;
-                g.load(grad + i);
-                float* pf = reinterpret_cast<float*>(pv);
-                float* mf = reinterpret_cast<float*>(mv);
-                float* vf = reinterpret_cast<float*>(vv);
-                float w[8];
-                Pack<C> cp;
-#pragma unroll
-                for (int e = 0; e < 8; ++e) {
-                    pf[e] = adamw_update(g.get(e), mf[e], vf[e], pf[e], kc);
-                    cp.v[e] = from_f32<C>(pf[e]);
-                    w[e] = to_f32(cp.v[e]);
-                    mx = fmaxf(mx, fabsf(w[e]));
-                }
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    *reinterpret_cast<float4*>(param + i + 4 * h) = pv[h];
-                    *reinterpret_cast<float4*>(mom + i + 4 * h) = mv[h];
-                    *reinterpret_cast<float4*>(var + i + 4 * h) = vv[h];
-                }
-                store_pack(copy + i, cp);
-                const uint2 q = encode8<D>(w, s);
-                *reinterpret_cast<uint2*>(dst + i) = q;
-                *reinterpret_cast<uint2*>(&tile[tr][tile_word(tr, 2 * cg)]) = q;
+            for (int e = 0; e < 8; ++e) {
+                C ge;
+                ge.bits = (unsigned short)(gw[e / 2] >> (16 * (e % 2)));
+                pf[e] = adamw_update(to_f32(ge), mf[e], vf[e], pf[e], kc);
+                const C ce = from_f32<C>(pf[e]);
+                w[e] = to_f32(ce);
+                mx = fmaxf(mx, fabsf(w[e]));
+                if (e % 2 == 0)
+                    cw[e / 2] = ce.bits;
+                else
+                    cw[e / 2] |= (unsigned int)ce.bits << 16;
             }
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                store4(param + i + 4 * h, cur.p[h]);
+                store4(mom + i + 4 * h, cur.m[h]);
+                store4(var + i + 4 * h, cur.v[h]);
+            }
+            store4u(copy + i, make_uint4(cw[0], cw[1], cw[2], cw[3]));
+            const uint2 q = encode8<D>(w, s);
+            asm volatile("st.global.v2.u32 [%0], {%1, %2};" ::"l"(dst + i), "r"(q.x), "r"(q.y)
+                         : "memory");
+            *reinterpret_cast<uint2*>(&tile[tr][tile_word(tr, 2 * cg)]) = q;
         }
     }
     __syncthreads();  // the tile written
     store_tile_t(tile, dst_t, r0, c0, rows, cols);
+    __syncthreads();  // the tile read: free for the next
+    }
+    block_record_amax(mx, wmax, reinterpret_cast<float*>(j.amax));
+}
+
+// The same update with wide tiles: 32 rows × 128 columns per block (adamw_fp8_w_<C>_<D>, same
+// job table with tiles of that shape). Warp w takes rows w, w + 4, ... of the tile; lane l
+// columns 4l .. 4l + 3, so every load and store of a warp covers one contiguous row segment
+// (512 bytes of each f32 stream). Two rows in flight per thread. The codes go through a
+// 32 × 32-word shared tile (lane l's word of each row: conflict-free) to the transposed store:
+// warp o writes rows 8o .. 8o + 7 of the 4 transposed rows of lane l's columns, so each
+// transposed row gets 32 contiguous bytes from the block.
+#define QW_ROWS 32
+#define QW_COLS 128
+#ifndef QW_ADAMW_MIN_BLOCKS
+#define QW_ADAMW_MIN_BLOCKS 8
+#endif
+#ifndef QW_INFLIGHT
+#define QW_INFLIGHT 2
+#endif
+template <typename C, typename D>
+__device__ __forceinline__ void adamw_fp8_w_body(const AdamWFp8Job* __restrict__ jobs,
+                                                 unsigned int njobs,
+                                                 const float* __restrict__ scalars, float beta1,
+                                                 float beta2, float eps, float max_norm,
+                                                 float loss_scale) {
+    static_assert(sizeof(C) == 2, "adamw_fp8_w: 16-bit working copies");
+    static_assert(QT_THREADS == 128, "adamw_fp8_w: 4 warps");
+    __shared__ unsigned int tile[QW_ROWS][QW_COLS / 4];
+    __shared__ float wmax[QT_THREADS / 32];
+    const unsigned int b = blockIdx.x;
+    unsigned int lo = 0, hi = njobs - 1;  // the last job with tile_start <= b
+    while (lo < hi) {
+        const unsigned int mid = (lo + hi + 1) / 2;
+        if (jobs[mid].tile_start <= b)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    const AdamWFp8Job& j = jobs[lo];
+    const unsigned int k = b - j.tile_start;
+    const u64 rows = j.rows, cols = j.cols;
+    const u64 r0 = (u64)(k / j.col_tiles) * QW_ROWS, c0 = (u64)(k % j.col_tiles) * QW_COLS;
+    float* param = reinterpret_cast<float*>(j.param);
+    const C* grad = reinterpret_cast<const C*>(j.grad);
+    float* mom = reinterpret_cast<float*>(j.m);
+    float* var = reinterpret_cast<float*>(j.v);
+    C* copy = reinterpret_cast<C*>(j.copy);
+    unsigned char* dst = reinterpret_cast<unsigned char*>(j.dst);
+    unsigned char* dst_t = reinterpret_cast<unsigned char*>(j.dst_t);
+    const float s = reinterpret_cast<const float*>(j.scale)[0];
+
+    AdamWConsts kc;
+    kc.grad_scale = clip_grad_scale(scalars[0], max_norm, loss_scale);
+    kc.lr = scalars[1];
+    kc.bc1 = scalars[2];
+    kc.bc2 = scalars[3];
+    kc.beta1 = beta1;
+    kc.beta2 = beta2;
+    kc.eps = eps;
+    kc.weight_decay = j.weight_decay;
+
+    const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+    const u64 c = c0 + 4 * lane;
+    const bool col_ok = c < cols;  // cols is a multiple of 8: the 4 columns are all inside
+    float mx = 0.0f;
+#pragma unroll
+    for (int pp = 0; pp < QW_ROWS / 4; pp += QW_INFLIGHT) {
+        float4 P[QW_INFLIGHT], M[QW_INFLIGHT], V[QW_INFLIGHT];
+        uint2 G[QW_INFLIGHT];
+        bool ok[QW_INFLIGHT];
+        u64 idx[QW_INFLIGHT];
+#pragma unroll
+        for (int q = 0; q < QW_INFLIGHT; ++q) {
+            const u64 r = r0 + 4 * (pp + q) + warp;
+            ok[q] = col_ok && r < rows;
+            idx[q] = r * cols + c;
+            if (ok[q]) {
+                P[q] = load4(param + idx[q]);
+                M[q] = load4(mom + idx[q]);
+                V[q] = load4(var + idx[q]);
+                G[q] = load2u(grad + idx[q]);
+            }
+        }
+#pragma unroll
+        for (int q = 0; q < QW_INFLIGHT; ++q) {
+            if (!ok[q]) continue;
+            float* pf = reinterpret_cast<float*>(&P[q]);
+            float* mf = reinterpret_cast<float*>(&M[q]);
+            float* vf = reinterpret_cast<float*>(&V[q]);
+            const unsigned int gw[2] = {G[q].x, G[q].y};
+            float w[4];
+            unsigned int cw[2];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                C ge;
+                ge.bits = (unsigned short)(gw[e / 2] >> (16 * (e % 2)));
+                pf[e] = adamw_update(to_f32(ge), mf[e], vf[e], pf[e], kc);
+                const C ce = from_f32<C>(pf[e]);
+                w[e] = to_f32(ce);
+                mx = fmaxf(mx, fabsf(w[e]));
+                if (e % 2 == 0)
+                    cw[e / 2] = ce.bits;
+                else
+                    cw[e / 2] |= (unsigned int)ce.bits << 16;
+            }
+            store4(param + idx[q], P[q]);
+            store4(mom + idx[q], M[q]);
+            store4(var + idx[q], V[q]);
+            store2u(copy + idx[q], make_uint2(cw[0], cw[1]));
+            const unsigned int code = encode4<D>(w[0] * s, w[1] * s, w[2] * s, w[3] * s);
+            store1u(dst + idx[q], code);
+            tile[4 * (pp + q) + warp][lane] = code;
+        }
+    }
+    __syncthreads();  // the tile written
+    const u64 rr = r0 + 8 * warp;
+    if (dst_t != nullptr && rr < rows && col_ok) {
+        unsigned int lo4[4], hi4[4];
+        transpose4x4(tile[8 * warp + 0][lane], tile[8 * warp + 1][lane],
+                     tile[8 * warp + 2][lane], tile[8 * warp + 3][lane], lo4);
+        transpose4x4(tile[8 * warp + 4][lane], tile[8 * warp + 5][lane],
+                     tile[8 * warp + 6][lane], tile[8 * warp + 7][lane], hi4);
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+            store2u(dst_t + (c + i) * rows + rr, make_uint2(lo4[i], hi4[i]));
+    }
     block_record_amax(mx, wmax, reinterpret_cast<float*>(j.amax));
 }
 
@@ -966,6 +1130,12 @@ __device__ __forceinline__ void adamw_fp8_body(const AdamWFp8Job* __restrict__ j
                                 const float* __restrict__ scalars, float beta1, float beta2,  \
                                 float eps, float max_norm, float loss_scale) {                \
         adamw_fp8_body<C, D>(jobs, njobs, scalars, beta1, beta2, eps, max_norm, loss_scale);  \
+    } \
+    extern "C" __global__ void __launch_bounds__(QT_THREADS, QW_ADAMW_MIN_BLOCKS)             \
+        adamw_fp8_w_##SC##_##SD(const AdamWFp8Job* __restrict__ jobs, unsigned int njobs,     \
+                                const float* __restrict__ scalars, float beta1, float beta2,  \
+                                float eps, float max_norm, float loss_scale) {                \
+        adamw_fp8_w_body<C, D>(jobs, njobs, scalars, beta1, beta2, eps, max_norm, loss_scale);\
     }
 // Instantiated for what the engine's FP8 weights are: bf16 working copies (and gradients), E4M3
 // codes (OCP, or FNUZ for checking the AMD formats here). At QT_ADAMW_MIN_BLOCKS = 8 the OCP

@@ -175,6 +175,119 @@ fn main() {
         let bytes = (total * (4 * 3 * 2 + gsize) + copies) as f64;
         row("adamw_clipped", gdt, bytes, us, host);
     }
+    fp8_weights(&dev);
+}
+
+/// The FP8 weight update of two layers of the large preset (d_model 2048, FFN 8192: the qkv,
+/// projection, fc and fc-projection matrices, bf16 gradients and copies, E4M3 codes and their
+/// transposes): `adamw_clipped_fp8` with its fused kernel (`adamw_fp8_t`) against the separate
+/// ops it replaces (`adamw_clipped`, then `quantize_fp8_many` of the copies; the rows "update"
+/// and "quantise" time them alone). Bytes: the fused pass reads param, m, v (f32) and the
+/// gradient (bf16), writes param, m, v, the copy and both codes.
+fn fp8_weights(dev: &CudaDevice) {
+    use duet_device::AdamWFp8Out;
+    let (c, f) = (2048usize, 8192usize);
+    let shapes: Vec<(usize, usize)> = (0..2)
+        .flat_map(|_| [(3 * c, c), (c, c), (f, c), (c, f)])
+        .collect();
+    let total: usize = shapes.iter().map(|(r, k)| r * k).sum();
+    println!("fp8 weights: {} matrices, {total} parameters", shapes.len());
+    let mut params: Vec<Param> = shapes
+        .iter()
+        .enumerate()
+        .map(|(i, &(r, k))| {
+            let n = r * k;
+            let put = |dtype: DType, data: &[f32]| {
+                let mut b = dev.alloc(dtype, n).unwrap();
+                if dtype == DType::BF16 {
+                    let h: Vec<bf16> = data.iter().map(|&x| bf16::from_f32(x)).collect();
+                    dev.upload(&h, &mut b, 0).unwrap();
+                } else {
+                    dev.upload(data, &mut b, 0).unwrap();
+                }
+                b
+            };
+            Param {
+                param: put(DType::F32, &values(n, 4 * i, -0.05, 0.05)),
+                grad: put(DType::BF16, &values(n, 4 * i + 1, -1e-3, 1e-3)),
+                m: put(DType::F32, &values(n, 4 * i + 2, -1e-4, 1e-4)),
+                v: put(DType::F32, &values(n, 4 * i + 3, 1e-9, 1e-7)),
+                copy: Some(dev.alloc(DType::BF16, n).unwrap()),
+                weight_decay: 0.1,
+            }
+        })
+        .collect();
+    let mut codes: Vec<[duet_cuda::CudaBuffer; 2]> = shapes
+        .iter()
+        .map(|(r, k)| {
+            [
+                dev.alloc(DType::F8E4M3, r * k).unwrap(),
+                dev.alloc(DType::F8E4M3, r * k).unwrap(),
+            ]
+        })
+        .collect();
+    let scale = dev.upload_new(&vec![200.0f32; 3 * shapes.len()]).unwrap();
+    let mut amax = dev.alloc(DType::F32, 3 * shapes.len()).unwrap();
+    dev.fill(&mut amax, 0.0).unwrap();
+    let mut scalars = dev.alloc(DType::F32, ADAMW_SCALARS).unwrap();
+    let (bc1, bc2) = AdamWStep::bias_corrections(0.9, 0.95, 10);
+    dev.upload(&[4.0f32, 3e-4, bc1, bc2], &mut scalars, 0)
+        .unwrap();
+    let step = AdamWClipStep {
+        beta1: 0.9,
+        beta2: 0.95,
+        eps: 1e-8,
+        max_norm: 1.0,
+        loss_scale: 1.0,
+    };
+    let mut run = |fused: Option<bool>| {
+        let mut ts: Vec<AdamWTensor<'_, _>> = params
+            .iter_mut()
+            .map(|p| AdamWTensor {
+                param: &mut p.param,
+                grad: &p.grad,
+                m: &mut p.m,
+                v: &mut p.v,
+                copy: p.copy.as_mut(),
+                weight_decay: p.weight_decay,
+            })
+            .collect();
+        let mut outs: Vec<AdamWFp8Out<'_, _>> = codes
+            .iter_mut()
+            .zip(&shapes)
+            .enumerate()
+            .map(|(i, ([d, dt], &(r, k)))| AdamWFp8Out {
+                tensor: i,
+                dst: d,
+                dst_t: Some(dt),
+                rows: r,
+                cols: k,
+                slot: 3 * i + 1,
+            })
+            .collect();
+        match fused {
+            Some(on) => {
+                CudaDevice::adamw_fp8_fused_on_this_thread(on);
+                dev.adamw_clipped_fp8(&mut ts, &step, &scalars, &mut outs, &scale, &mut amax)
+                    .unwrap();
+                CudaDevice::adamw_fp8_fused_on_this_thread(true);
+            }
+            None => dev.adamw_clipped(&mut ts, &step, &scalars).unwrap(),
+        }
+    };
+    let update = (total * (4 * 3 * 2 + 2 + 2)) as f64;
+    let (us, host) = time(dev, || run(None));
+    row("update", DType::BF16, update, us, host);
+    let (us, host) = time(dev, || run(Some(false)));
+    row(
+        "update + quantise",
+        DType::BF16,
+        update + 4.0 * total as f64,
+        us,
+        host,
+    );
+    let (us, host) = time(dev, || run(Some(true)));
+    row("fused", DType::BF16, update + 2.0 * total as f64, us, host);
 }
 
 fn row(op: &str, gdt: DType, bytes: f64, us: f64, host: f64) {

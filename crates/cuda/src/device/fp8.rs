@@ -82,6 +82,23 @@ thread_local! {
     static ADAMW_FP8_FUSED_ON_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(true) };
 }
 
+/// The adamw_fp8 kernel's name (`t`: 64 × 64 tiles, `w`: 32 × 128; `DUET_ADAMW_FP8_KERNEL`
+/// for experiments) and its tile (rows, columns).
+fn adamw_fp8_kernel() -> &'static str {
+    static K: std::sync::OnceLock<&'static str> = std::sync::OnceLock::new();
+    K.get_or_init(|| match std::env::var("DUET_ADAMW_FP8_KERNEL").as_deref() {
+        Ok("t") => "t",
+        _ => "w",
+    })
+}
+fn adamw_fp8_tile() -> (usize, usize) {
+    if adamw_fp8_kernel() == "t" {
+        (QT, QT)
+    } else {
+        (32, 128)
+    }
+}
+
 /// Whether a LayerNorm + FP8 call with rows of `c` elements runs the split kernels.
 fn use_ln_split(c: usize) -> bool {
     LN_SPLIT_ON_THREAD
@@ -776,8 +793,9 @@ impl CudaDevice {
             if !takes {
                 continue;
             }
-            let col_tiles = o.cols.div_ceil(QT) as u64;
-            let tiles = o.rows.div_ceil(QT) as u64 * col_tiles;
+            let (tr, tc) = adamw_fp8_tile();
+            let col_tiles = o.cols.div_ceil(tc) as u64;
+            let tiles = o.rows.div_ceil(tr) as u64 * col_tiles;
             let gi = match groups.iter().position(|(k, ..)| *k == ds) {
                 Some(gi) => gi,
                 None => {
@@ -830,7 +848,10 @@ impl CudaDevice {
             let mut table = Vec::new();
             let mut launches = Vec::new();
             for (ds, records, blocks) in &groups {
-                let f = self.func(KernelModule::Fp8, &format!("adamw_fp8_t_bf16_{ds}"))?;
+                let f = self.func(
+                    KernelModule::Fp8,
+                    &format!("adamw_fp8_{}_bf16_{ds}", adamw_fp8_kernel()),
+                )?;
                 let njobs = (records.len() / ADAMW_JOB_BYTES) as i32;
                 launches.push((f, table.len() as u64, njobs, *blocks as u32));
                 table.extend_from_slice(records);

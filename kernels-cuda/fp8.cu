@@ -250,48 +250,6 @@ __device__ __forceinline__ void transpose4x4(unsigned int a, unsigned int b, uns
     out[3] = __byte_perm(t1, t3, 0x7632);               // a3 b3 c3 d3
 }
 
-// The transposed store of a 64 × 64 tile of codes (after the barrier that completes `tile`):
-// thread t takes tile rows 8·(t % 8) .. +7 of word column t / 8 (see above). dst_t null:
-// nothing (uniform across the block). cols is a multiple of 8, so columns 4w .. 4w + 3 are all
-// inside or all outside; rows too.
-__device__ __forceinline__ void store_tile_t(const unsigned int (&tile)[QT][QT / 4],
-                                             unsigned char* __restrict__ dst_t, u64 r0, u64 c0,
-                                             u64 rows, u64 cols) {
-    const int t = threadIdx.x, g = t & 7, w = t >> 3;
-    const u64 rr = r0 + 8 * g;
-    if (dst_t != nullptr && rr < rows && c0 + 4 * w < cols) {
-        unsigned int lo[4], hi[4];
-        transpose4x4(tile[8 * g + 0][tile_word(8 * g + 0, w)],
-                     tile[8 * g + 1][tile_word(8 * g + 1, w)],
-                     tile[8 * g + 2][tile_word(8 * g + 2, w)],
-                     tile[8 * g + 3][tile_word(8 * g + 3, w)], lo);
-        transpose4x4(tile[8 * g + 4][tile_word(8 * g + 4, w)],
-                     tile[8 * g + 5][tile_word(8 * g + 5, w)],
-                     tile[8 * g + 6][tile_word(8 * g + 6, w)],
-                     tile[8 * g + 7][tile_word(8 * g + 7, w)], hi);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const u64 cc = c0 + 4 * w + i;
-            *reinterpret_cast<uint2*>(dst_t + cc * rows + rr) = make_uint2(lo[i], hi[i]);
-        }
-    }
-}
-
-// The block's amax (max over its threads' m), recorded with one atomicMax.
-__device__ __forceinline__ void block_record_amax(float m, float (&wmax)[QT_THREADS / 32],
-                                                  float* amax) {
-    const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
-    m = warp_max(m);
-    if (lane == 0) wmax[warp] = m;
-    __syncthreads();
-    if (t == 0) {
-        float b = wmax[0];
-#pragma unroll
-        for (int w = 1; w < QT_THREADS / 32; ++w) b = fmaxf(b, wmax[w]);
-        record_amax(b, amax);
-    }
-}
-
 // The column-sum finish of the gradient tile kernels (see the top of the file). Called by every
 // thread of the block after its partial row was written and fenced; `scratch` is the block's
 // shared tile, free again (reused for the 8 × 64 chain sums after the barrier below).
@@ -489,11 +447,38 @@ __device__ __forceinline__ void quantize_tile_body(
             }
         }
 
-        store_tile_t(tile, dst_t, r0, c0, rows, cols);
+        const int g = t & 7, w = t >> 3;
+        const u64 rr = r0 + 8 * g;
+        // dst_t null: uniform across the block. cols is a multiple of 8, so columns
+        // 4w .. 4w + 3 are all inside or all outside.
+        if (dst_t != nullptr && rr < rows && c0 + 4 * w < cols) {
+            unsigned int lo[4], hi[4];
+            transpose4x4(tile[8 * g + 0][tile_word(8 * g + 0, w)],
+                         tile[8 * g + 1][tile_word(8 * g + 1, w)],
+                         tile[8 * g + 2][tile_word(8 * g + 2, w)],
+                         tile[8 * g + 3][tile_word(8 * g + 3, w)], lo);
+            transpose4x4(tile[8 * g + 4][tile_word(8 * g + 4, w)],
+                         tile[8 * g + 5][tile_word(8 * g + 5, w)],
+                         tile[8 * g + 6][tile_word(8 * g + 6, w)],
+                         tile[8 * g + 7][tile_word(8 * g + 7, w)], hi);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const u64 cc = c0 + 4 * w + i;
+                *reinterpret_cast<uint2*>(dst_t + cc * rows + rr) = make_uint2(lo[i], hi[i]);
+            }
+        }
         __syncthreads();  // the tile and the column sums read: free for the next tile
     }
 
-    block_record_amax(m, wmax, amax);
+    m = warp_max(m);
+    if (lane == 0) wmax[warp] = m;
+    __syncthreads();
+    if (t == 0) {
+        float b = wmax[0];
+#pragma unroll
+        for (int w = 1; w < QT_THREADS / 32; ++w) b = fmaxf(b, wmax[w]);
+        record_amax(b, amax);
+    }
     if constexpr (SUMS) {
         finish_colsum(tile, finisher, partial, counters, dbias, dbias_dt, cols, tiles);
     }
@@ -836,310 +821,3 @@ FOR_ACT_AND_WIDE(LAYERNORM_FP8)
     LAYERNORM_QUANT_ONE(A, SA, P, SP, e4m3_t, f8e4m3)                                         \
     LAYERNORM_QUANT_ONE(A, SA, P, SP, e5m2_t, f8e5m2)
 FOR_ACT_AND_WIDE(LAYERNORM_QUANT)
-
-// ------------------------------------------------------------------ AdamW + weight codes
-//
-// adamw_fp8_t_<C>_<D>(const AdamWFp8Job* jobs, unsigned njobs, scalars, β1, β2, ε, max_norm,
-// loss_scale): Device::adamw_clipped_fp8 for the FP8 weights of one (copy, FP8) dtype pair.
-// Each job is one weight matrix (rows × cols) with f32 master weights and moments, a gradient
-// and a working copy of dtype C. Block b finds its job and tile as quantize_t_many does (binary
-// search over tile_start) and, for each element of its 64 × 64 tile:
-//   * the AdamW update of adamw_multi (adamw_update, with the same gradient factor from
-//     clip_grad_scale), writing param, m and v;
-//   * the working copy from_f32<C>(param), as adamw_multi writes it;
-//   * the FP8 code of that copy's value times scale[0], into dst and (transposed) dst_t, with
-//     the amax over the copy's values: quantize_t_many's codes of the copy, bit for bit.
-// So one pass replaces adamw_multi on these tensors and the quantize_t_many pass that the next
-// forward would run on their copies (it reads 2 bytes and writes 2 per element; here the codes
-// add 2 bytes to the update's writes). Thread t handles columns 8·(t % 8) .. +7 of tile rows
-// t / 8 + 16p (p = 0..3), one row at a time: 8 elements of each stream per load (two 16-byte
-// f32 vectors of param, m and v, one 16-byte vector of the gradient). Requirements per job:
-// rows and cols multiples of 8; every stream 16-byte aligned (the host checks).
-struct AdamWFp8Job {
-    u64 param, grad, m, v, copy;  // f32, C, f32, f32, C
-    u64 dst, dst_t;               // FP8 codes, rows × cols and cols × rows
-    u64 scale, amax;              // the weight's slot of each
-    u64 rows, cols;
-    float weight_decay;
-    unsigned int tile_start;      // first block of this job
-    unsigned int col_tiles;       // ⌈cols / 64⌉
-    unsigned int pad;
-};
-static_assert(sizeof(AdamWFp8Job) == 104, "AdamWFp8Job: 104-byte records (device/multi.rs)");
-
-#ifndef QT_ADAMW_MIN_BLOCKS
-#define QT_ADAMW_MIN_BLOCKS 5
-#endif
-#ifndef QT_ADAMW_PIPE
-#define QT_ADAMW_PIPE 1
-#endif
-
-// One row segment of a thread (8 elements): the loaded streams.
-struct AdamWFp8Row {
-    float4 p[2], m[2], v[2];
-    uint4 g;  // 8 bf16 gradients
-};
-
-template <typename C, typename D>
-__device__ __forceinline__ void adamw_fp8_body(const AdamWFp8Job* __restrict__ jobs,
-                                               unsigned int njobs,
-                                               const float* __restrict__ scalars, float beta1,
-                                               float beta2, float eps, float max_norm,
-                                               float loss_scale) {
-    static_assert(sizeof(C) == 2, "adamw_fp8_t: 16-bit working copies");
-    __shared__ __align__(16) unsigned int tile[QT][QT / 4];
-    __shared__ float wmax[QT_THREADS / 32];
-    const unsigned int b = blockIdx.x;
-    unsigned int lo = 0, hi = njobs - 1;  // the last job with tile_start <= b
-    while (lo < hi) {
-        const unsigned int mid = (lo + hi + 1) / 2;
-        if (jobs[mid].tile_start <= b)
-            lo = mid;
-        else
-            hi = mid - 1;
-    }
-    const AdamWFp8Job& j = jobs[lo];
-    const unsigned int k = b - j.tile_start;
-    const u64 rows = j.rows, cols = j.cols;
-    const u64 bx0 = k / j.col_tiles, c0 = (u64)(k % j.col_tiles) * QT;
-    const u64 bx1 = bx0 + 1;
-    float* param = reinterpret_cast<float*>(j.param);
-    const C* grad = reinterpret_cast<const C*>(j.grad);
-    float* mom = reinterpret_cast<float*>(j.m);
-    float* var = reinterpret_cast<float*>(j.v);
-    C* copy = reinterpret_cast<C*>(j.copy);
-    unsigned char* dst = reinterpret_cast<unsigned char*>(j.dst);
-    unsigned char* dst_t = reinterpret_cast<unsigned char*>(j.dst_t);
-    const float s = reinterpret_cast<const float*>(j.scale)[0];
-
-    AdamWConsts kc;
-    kc.grad_scale = clip_grad_scale(scalars[0], max_norm, loss_scale);
-    kc.lr = scalars[1];
-    kc.bc1 = scalars[2];
-    kc.bc2 = scalars[3];
-    kc.beta1 = beta1;
-    kc.beta2 = beta2;
-    kc.eps = eps;
-    kc.weight_decay = j.weight_decay;
-
-    const int t = threadIdx.x, cg = t & 7, rt = t >> 3;
-    const u64 c = c0 + cg * 8;
-    const bool col_ok = c < cols;
-    u64 r0 = 0;
-    const auto ok = [&](int p) { return col_ok && r0 + rt + 16 * p < rows; };
-    const auto at = [&](int p) { return (r0 + rt + 16 * p) * cols + c; };
-    const auto load = [&](int p, AdamWFp8Row& x) {
-        const u64 i = at(p);
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            x.p[h] = load4(param + i + 4 * h);
-            x.m[h] = load4(mom + i + 4 * h);
-            x.v[h] = load4(var + i + 4 * h);
-        }
-        x.g = load4u(grad + i);
-    };
-    float mx = 0.0f;
-#pragma unroll 1
-    for (u64 bx = bx0; bx < bx1; ++bx) {
-    r0 = bx * QT;
-    // Row p + 1's loads are issued before row p is computed and stored (all accesses are
-    // global ones the compiler keeps in order), so a thread always has a row in flight.
-#if QT_ADAMW_PIPE
-    AdamWFp8Row x[2];
-    if (ok(0)) load(0, x[0]);
-#endif
-#pragma unroll
-    for (int p = 0; p < QT_PASSES; ++p) {
-#if QT_ADAMW_PIPE
-        AdamWFp8Row& cur = x[p & 1];
-        if (p + 1 < QT_PASSES && ok(p + 1)) load(p + 1, x[(p + 1) & 1]);
-#else
-        AdamWFp8Row cur;
-        if (ok(p)) load(p, cur);
-#endif
-        if (ok(p)) {
-            const u64 i = at(p);
-            const int tr = rt + 16 * p;
-            float* pf = reinterpret_cast<float*>(cur.p);
-            float* mf = reinterpret_cast<float*>(cur.m);
-            float* vf = reinterpret_cast<float*>(cur.v);
-            const unsigned int* gw = reinterpret_cast<const unsigned int*>(&cur.g);
-            float w[8];
-            unsigned int cw[4];
-#pragma unroll
-            for (int e = 0; e < 8; ++e) {
-                C ge;
-                ge.bits = (unsigned short)(gw[e / 2] >> (16 * (e % 2)));
-                pf[e] = adamw_update(to_f32(ge), mf[e], vf[e], pf[e], kc);
-                const C ce = from_f32<C>(pf[e]);
-                w[e] = to_f32(ce);
-                mx = fmaxf(mx, fabsf(w[e]));
-                if (e % 2 == 0)
-                    cw[e / 2] = ce.bits;
-                else
-                    cw[e / 2] |= (unsigned int)ce.bits << 16;
-            }
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                store4(param + i + 4 * h, cur.p[h]);
-                store4(mom + i + 4 * h, cur.m[h]);
-                store4(var + i + 4 * h, cur.v[h]);
-            }
-            store4u(copy + i, make_uint4(cw[0], cw[1], cw[2], cw[3]));
-            const uint2 q = encode8<D>(w, s);
-            asm volatile("st.global.v2.u32 [%0], {%1, %2};" ::"l"(dst + i), "r"(q.x), "r"(q.y)
-                         : "memory");
-            *reinterpret_cast<uint2*>(&tile[tr][tile_word(tr, 2 * cg)]) = q;
-        }
-    }
-    __syncthreads();  // the tile written
-    store_tile_t(tile, dst_t, r0, c0, rows, cols);
-    __syncthreads();  // the tile read: free for the next
-    }
-    block_record_amax(mx, wmax, reinterpret_cast<float*>(j.amax));
-}
-
-// The same update with wide tiles: 32 rows × 128 columns per block (adamw_fp8_w_<C>_<D>, same
-// job table with tiles of that shape). Warp w takes rows w, w + 4, ... of the tile; lane l
-// columns 4l .. 4l + 3, so every load and store of a warp covers one contiguous row segment
-// (512 bytes of each f32 stream). Two rows in flight per thread. The codes go through a
-// 32 × 32-word shared tile (lane l's word of each row: conflict-free) to the transposed store:
-// warp o writes rows 8o .. 8o + 7 of the 4 transposed rows of lane l's columns, so each
-// transposed row gets 32 contiguous bytes from the block.
-#define QW_ROWS 32
-#define QW_COLS 128
-#ifndef QW_ADAMW_MIN_BLOCKS
-#define QW_ADAMW_MIN_BLOCKS 8
-#endif
-#ifndef QW_INFLIGHT
-#define QW_INFLIGHT 2
-#endif
-template <typename C, typename D>
-__device__ __forceinline__ void adamw_fp8_w_body(const AdamWFp8Job* __restrict__ jobs,
-                                                 unsigned int njobs,
-                                                 const float* __restrict__ scalars, float beta1,
-                                                 float beta2, float eps, float max_norm,
-                                                 float loss_scale) {
-    static_assert(sizeof(C) == 2, "adamw_fp8_w: 16-bit working copies");
-    static_assert(QT_THREADS == 128, "adamw_fp8_w: 4 warps");
-    __shared__ unsigned int tile[QW_ROWS][QW_COLS / 4];
-    __shared__ float wmax[QT_THREADS / 32];
-    const unsigned int b = blockIdx.x;
-    unsigned int lo = 0, hi = njobs - 1;  // the last job with tile_start <= b
-    while (lo < hi) {
-        const unsigned int mid = (lo + hi + 1) / 2;
-        if (jobs[mid].tile_start <= b)
-            lo = mid;
-        else
-            hi = mid - 1;
-    }
-    const AdamWFp8Job& j = jobs[lo];
-    const unsigned int k = b - j.tile_start;
-    const u64 rows = j.rows, cols = j.cols;
-    const u64 r0 = (u64)(k / j.col_tiles) * QW_ROWS, c0 = (u64)(k % j.col_tiles) * QW_COLS;
-    float* param = reinterpret_cast<float*>(j.param);
-    const C* grad = reinterpret_cast<const C*>(j.grad);
-    float* mom = reinterpret_cast<float*>(j.m);
-    float* var = reinterpret_cast<float*>(j.v);
-    C* copy = reinterpret_cast<C*>(j.copy);
-    unsigned char* dst = reinterpret_cast<unsigned char*>(j.dst);
-    unsigned char* dst_t = reinterpret_cast<unsigned char*>(j.dst_t);
-    const float s = reinterpret_cast<const float*>(j.scale)[0];
-
-    AdamWConsts kc;
-    kc.grad_scale = clip_grad_scale(scalars[0], max_norm, loss_scale);
-    kc.lr = scalars[1];
-    kc.bc1 = scalars[2];
-    kc.bc2 = scalars[3];
-    kc.beta1 = beta1;
-    kc.beta2 = beta2;
-    kc.eps = eps;
-    kc.weight_decay = j.weight_decay;
-
-    const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
-    const u64 c = c0 + 4 * lane;
-    const bool col_ok = c < cols;  // cols is a multiple of 8: the 4 columns are all inside
-    float mx = 0.0f;
-#pragma unroll
-    for (int pp = 0; pp < QW_ROWS / 4; pp += QW_INFLIGHT) {
-        float4 P[QW_INFLIGHT], M[QW_INFLIGHT], V[QW_INFLIGHT];
-        uint2 G[QW_INFLIGHT];
-        bool ok[QW_INFLIGHT];
-        u64 idx[QW_INFLIGHT];
-#pragma unroll
-        for (int q = 0; q < QW_INFLIGHT; ++q) {
-            const u64 r = r0 + 4 * (pp + q) + warp;
-            ok[q] = col_ok && r < rows;
-            idx[q] = r * cols + c;
-            if (ok[q]) {
-                P[q] = load4(param + idx[q]);
-                M[q] = load4(mom + idx[q]);
-                V[q] = load4(var + idx[q]);
-                G[q] = load2u(grad + idx[q]);
-            }
-        }
-#pragma unroll
-        for (int q = 0; q < QW_INFLIGHT; ++q) {
-            if (!ok[q]) continue;
-            float* pf = reinterpret_cast<float*>(&P[q]);
-            float* mf = reinterpret_cast<float*>(&M[q]);
-            float* vf = reinterpret_cast<float*>(&V[q]);
-            const unsigned int gw[2] = {G[q].x, G[q].y};
-            float w[4];
-            unsigned int cw[2];
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                C ge;
-                ge.bits = (unsigned short)(gw[e / 2] >> (16 * (e % 2)));
-                pf[e] = adamw_update(to_f32(ge), mf[e], vf[e], pf[e], kc);
-                const C ce = from_f32<C>(pf[e]);
-                w[e] = to_f32(ce);
-                mx = fmaxf(mx, fabsf(w[e]));
-                if (e % 2 == 0)
-                    cw[e / 2] = ce.bits;
-                else
-                    cw[e / 2] |= (unsigned int)ce.bits << 16;
-            }
-            store4(param + idx[q], P[q]);
-            store4(mom + idx[q], M[q]);
-            store4(var + idx[q], V[q]);
-            store2u(copy + idx[q], make_uint2(cw[0], cw[1]));
-            const unsigned int code = encode4<D>(w[0] * s, w[1] * s, w[2] * s, w[3] * s);
-            store1u(dst + idx[q], code);
-            tile[4 * (pp + q) + warp][lane] = code;
-        }
-    }
-    __syncthreads();  // the tile written
-    const u64 rr = r0 + 8 * warp;
-    if (dst_t != nullptr && rr < rows && col_ok) {
-        unsigned int lo4[4], hi4[4];
-        transpose4x4(tile[8 * warp + 0][lane], tile[8 * warp + 1][lane],
-                     tile[8 * warp + 2][lane], tile[8 * warp + 3][lane], lo4);
-        transpose4x4(tile[8 * warp + 4][lane], tile[8 * warp + 5][lane],
-                     tile[8 * warp + 6][lane], tile[8 * warp + 7][lane], hi4);
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-            store2u(dst_t + (c + i) * rows + rr, make_uint2(lo4[i], hi4[i]));
-    }
-    block_record_amax(mx, wmax, reinterpret_cast<float*>(j.amax));
-}
-
-#define ADAMW_FP8_ONE(C, SC, D, SD)                                                           \
-    extern "C" __global__ void __launch_bounds__(QT_THREADS, QT_ADAMW_MIN_BLOCKS)             \
-        adamw_fp8_t_##SC##_##SD(const AdamWFp8Job* __restrict__ jobs, unsigned int njobs,     \
-                                const float* __restrict__ scalars, float beta1, float beta2,  \
-                                float eps, float max_norm, float loss_scale) {                \
-        adamw_fp8_body<C, D>(jobs, njobs, scalars, beta1, beta2, eps, max_norm, loss_scale);  \
-    } \
-    extern "C" __global__ void __launch_bounds__(QT_THREADS, QW_ADAMW_MIN_BLOCKS)             \
-        adamw_fp8_w_##SC##_##SD(const AdamWFp8Job* __restrict__ jobs, unsigned int njobs,     \
-                                const float* __restrict__ scalars, float beta1, float beta2,  \
-                                float eps, float max_norm, float loss_scale) {                \
-        adamw_fp8_w_body<C, D>(jobs, njobs, scalars, beta1, beta2, eps, max_norm, loss_scale);\
-    }
-// Instantiated for what the engine's FP8 weights are: bf16 working copies (and gradients), E4M3
-// codes (OCP, or FNUZ for checking the AMD formats here). At QT_ADAMW_MIN_BLOCKS = 8 the OCP
-// kernel takes 64 registers without spilling (sm_90); the FNUZ one (software codec) spills
-// 16 bytes. Other dtype pairs take the unfused path (device/multi.rs).
-ADAMW_FP8_ONE(bf16_t, bf16, e4m3_t, f8e4m3)
-ADAMW_FP8_ONE(bf16_t, bf16, e4m3fnuz_t, f8e4m3fnuz)

@@ -43,10 +43,7 @@
 //! run the separate ops, like the trait's default.
 
 use super::*;
-use duet_device::{
-    ADAMW_SCALARS, AdamWClipStep, AdamWFp8Out, AdamWTensor, Fp8QuantJob, check_adamw_fp8_outs,
-    check_fp8_quant_jobs,
-};
+use duet_device::{Fp8QuantJob, check_fp8_quant_jobs};
 
 /// Tile edge of the vectorised kernels (`QT` in fp8.cu).
 const QT: usize = 64;
@@ -66,9 +63,6 @@ const SMEM_DEFAULT: usize = 48 * 1024;
 /// Shared memory per block kept back from the opt-in maximum for the kernel's static arrays.
 const SMEM_STATIC_RESERVE: usize = 1024;
 
-/// Bytes of one job record of `adamw_fp8_t` (`AdamWFp8Job` in fp8.cu).
-const ADAMW_JOB_BYTES: usize = 104;
-
 /// Row width from which [`Device::layernorm_forward_fp8`] runs the split kernels (statistics,
 /// then the 64 × 64 tile kernel) instead of the one-pass kernel.
 const LN_SPLIT_MIN_COLS: usize = 1024;
@@ -77,26 +71,6 @@ thread_local! {
     /// Per-thread override of the LayerNorm + FP8 path (`Some(true)`: split whenever possible).
     static LN_SPLIT_ON_THREAD: std::cell::Cell<Option<bool>> =
         const { std::cell::Cell::new(None) };
-    /// Per-thread switch of [`Device::adamw_clipped_fp8`]'s fused kernel (`false`: the
-    /// separate ops, as the trait's default runs them).
-    static ADAMW_FP8_FUSED_ON_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(true) };
-}
-
-/// The adamw_fp8 kernel's name (`t`: 64 × 64 tiles, `w`: 32 × 128; `DUET_ADAMW_FP8_KERNEL`
-/// for experiments) and its tile (rows, columns).
-fn adamw_fp8_kernel() -> &'static str {
-    static K: std::sync::OnceLock<&'static str> = std::sync::OnceLock::new();
-    K.get_or_init(|| match std::env::var("DUET_ADAMW_FP8_KERNEL").as_deref() {
-        Ok("t") => "t",
-        _ => "w",
-    })
-}
-fn adamw_fp8_tile() -> (usize, usize) {
-    if adamw_fp8_kernel() == "t" {
-        (QT, QT)
-    } else {
-        (32, 128)
-    }
 }
 
 /// Whether a LayerNorm + FP8 call with rows of `c` elements runs the split kernels.
@@ -717,203 +691,5 @@ impl CudaDevice {
             .unwrap_or(0)
             .max(0) as usize;
         optin.saturating_sub(SMEM_STATIC_RESERVE).max(SMEM_DEFAULT)
-    }
-
-    /// How many weight matrices [`Device::adamw_clipped_fp8`] has updated and quantised in its
-    /// fused kernel on this device (each call adds the matrices it took), so that a test or a
-    /// benchmark can tell that the fused path ran.
-    pub fn adamw_fp8_fused_count(&self) -> u64 {
-        self.adamw_fp8_fused
-            .load(std::sync::atomic::Ordering::Relaxed)
-    }
-
-    /// Turns [`Device::adamw_clipped_fp8`]'s fused kernel off (or back on) for calls from the
-    /// current thread, so that tests and benchmarks can compare it with the separate ops in one
-    /// process; both give the same bits.
-    pub fn adamw_fp8_fused_on_this_thread(fused: bool) {
-        ADAMW_FP8_FUSED_ON_THREAD.with(|c| c.set(fused));
-    }
-
-    /// [`Device::adamw_clipped_fp8`]: every output the fused kernel takes (bf16 working copy and
-    /// gradient, f32 master and moments, E4M3 codes with a transposed copy, rows and cols
-    /// multiples of 8, 16-byte aligned, one output per tensor) is updated and quantised by
-    /// `adamw_fp8_t_bf16_<D>` (one launch per FP8 dtype, 64 × 64 tiles, job table through the
-    /// table cache of device/multi.rs); the other tensors go through `adamw_multi`, and the
-    /// other outputs are quantised from their copies afterwards (`quantize_fp8_many`), as the
-    /// trait's default does. Every operand is checked before anything is launched.
-    pub(super) fn adamw_clipped_fp8_impl(
-        &self,
-        tensors: &mut [AdamWTensor<'_, CudaBuffer>],
-        step: &AdamWClipStep,
-        scalars: &CudaBuffer,
-        outs: &mut [AdamWFp8Out<'_, CudaBuffer>],
-        scale: &CudaBuffer,
-        amax: &mut CudaBuffer,
-    ) -> Result<()> {
-        const OP: &str = "adamw_clipped_fp8";
-        check_adamw_fp8_outs(OP, tensors, outs, scale, amax)?;
-        check_dtype(OP, scalars, DType::F32)?;
-        check_range(OP, 0, ADAMW_SCALARS, scalars.len())?;
-        let enabled = self.fused_ops() && ADAMW_FP8_FUSED_ON_THREAD.with(std::cell::Cell::get);
-        let mut fused = vec![false; tensors.len()];
-        let mut fused_out = vec![false; outs.len()];
-        // FP8 suffix → the group's records and block count.
-        let mut groups: Vec<(&'static str, Vec<u8>, u64)> = Vec::new();
-        for (oi, o) in outs.iter().enumerate() {
-            let t = &tensors[o.tensor];
-            let (Some(copy), Some(dst_t)) = (t.copy.as_deref(), o.dst_t.as_deref()) else {
-                continue;
-            };
-            let ds = match o.dst.dtype() {
-                DType::F8E4M3 => "f8e4m3",
-                DType::F8E4M3Fnuz => "f8e4m3fnuz",
-                _ => continue,
-            };
-            let n = o.rows * o.cols; // checked by check_adamw_fp8_outs
-            let ptrs = [
-                t.param.ptr(),
-                t.grad.ptr(),
-                t.m.ptr(),
-                t.v.ptr(),
-                copy.ptr(),
-                o.dst.ptr(),
-                dst_t.ptr(),
-            ];
-            let takes = enabled
-                && !fused[o.tensor]
-                && copy.dtype() == DType::BF16
-                && t.grad.dtype() == DType::BF16
-                && [&*t.param, &*t.m, &*t.v]
-                    .iter()
-                    .all(|b| b.dtype() == DType::F32 && b.len() == n)
-                && t.grad.len() == n
-                && o.rows.is_multiple_of(VEC)
-                && o.cols.is_multiple_of(VEC)
-                && aligned16(&ptrs);
-            if !takes {
-                continue;
-            }
-            let (tr, tc) = adamw_fp8_tile();
-            let col_tiles = o.cols.div_ceil(tc) as u64;
-            let tiles = o.rows.div_ceil(tr) as u64 * col_tiles;
-            let gi = match groups.iter().position(|(k, ..)| *k == ds) {
-                Some(gi) => gi,
-                None => {
-                    groups.push((ds, Vec::new(), 0));
-                    groups.len() - 1
-                }
-            };
-            let (_, records, blocks) = &mut groups[gi];
-            // Block indices (and tile_start) stay below 2^31.
-            if *blocks + tiles > i32::MAX as u64 {
-                continue;
-            }
-            for v in ptrs {
-                records.extend_from_slice(&v.to_le_bytes());
-            }
-            for v in [
-                scale.ptr_at(o.slot),
-                amax.ptr_at(o.slot),
-                o.rows as u64,
-                o.cols as u64,
-            ] {
-                records.extend_from_slice(&v.to_le_bytes());
-            }
-            records.extend_from_slice(&t.weight_decay.to_le_bytes());
-            records.extend_from_slice(&(*blocks as u32).to_le_bytes());
-            records.extend_from_slice(&(col_tiles as u32).to_le_bytes());
-            records.extend_from_slice(&0u32.to_le_bytes());
-            *blocks += tiles;
-            fused[o.tensor] = true;
-            fused_out[oi] = true;
-        }
-        // The other tensors: adamw_multi (which checks its operands before launching).
-        let mut rest: Vec<AdamWTensor<'_, CudaBuffer>> = tensors
-            .iter_mut()
-            .zip(&fused)
-            .filter(|(_, f)| !**f)
-            .map(|(t, _)| AdamWTensor {
-                param: &mut *t.param,
-                grad: t.grad,
-                m: &mut *t.m,
-                v: &mut *t.v,
-                copy: t.copy.as_deref_mut(),
-                weight_decay: t.weight_decay,
-            })
-            .collect();
-        self.adamw_clipped_impl(&mut rest, step, scalars)?;
-        drop(rest);
-        groups.retain(|(_, _, blocks)| *blocks > 0);
-        if !groups.is_empty() {
-            let mut table = Vec::new();
-            let mut launches = Vec::new();
-            for (ds, records, blocks) in &groups {
-                let f = self.func(
-                    KernelModule::Fp8,
-                    &format!("adamw_fp8_{}_bf16_{ds}", adamw_fp8_kernel()),
-                )?;
-                let njobs = (records.len() / ADAMW_JOB_BYTES) as i32;
-                launches.push((f, table.len() as u64, njobs, *blocks as u32));
-                table.extend_from_slice(records);
-            }
-            let base = self.table(OP, table)?;
-            let s = *step;
-
-            for (f, offset, njobs, blocks) in launches {
-                // SAFETY: adamw_fp8_t_bf16_D(const AdamWFp8Job* jobs, unsigned njobs, const
-                // float* scalars, 5 floats): `njobs` (> 0) 104-byte records at base + offset (a
-                // live device table, cached while these buffers are in use; records start at
-                // multiples of 8 bytes from its 256-byte aligned start), each naming one
-                // tensor checked above: f32 param/m/v and bf16 grad/copy of rows × cols
-                // elements, FP8 dst and dst_t of the record's dtype and length (checked by
-                // check_adamw_fp8_outs), rows and cols multiples of 8, every address 16-byte
-                // aligned, scale/amax the output's slot (checked); no tensor in two records;
-                // tile_start increasing from 0 with ⌈rows / 64⌉ × col_tiles blocks per job,
-                // `blocks` in all (< 2^31), so every block finds its job and a tile inside the
-                // matrix; `scalars` holds ADAMW_SCALARS f32 (checked); block QT_THREADS as the
-                // kernel's __launch_bounds__.
-                unsafe {
-                    kernels::launch(
-                        &self.stream,
-                        &f,
-                        cfg((blocks, 1, 1), (QT_THREADS, 1, 1)),
-                        &[
-                            (base + offset).into(),
-                            njobs.into(),
-                            scalars.ptr().into(),
-                            s.beta1.into(),
-                            s.beta2.into(),
-                            s.eps.into(),
-                            s.max_norm.into(),
-                            s.loss_scale.into(),
-                        ],
-                    )?;
-                }
-            }
-            let count = fused.iter().filter(|f| **f).count() as u64;
-            self.adamw_fp8_fused
-                .fetch_add(count, std::sync::atomic::Ordering::Relaxed);
-        }
-        // The outputs the kernel did not take: quantised from their updated copies.
-        let mut jobs: Vec<Fp8QuantJob<'_, CudaBuffer>> = outs
-            .iter_mut()
-            .zip(&fused_out)
-            .filter(|(_, f)| !**f)
-            .map(|(o, _)| {
-                let t = &tensors[o.tensor];
-                Fp8QuantJob {
-                    src: t.copy.as_deref().unwrap_or(&*t.param),
-                    dst: &mut *o.dst,
-                    dst_t: o.dst_t.as_deref_mut(),
-                    rows: o.rows,
-                    cols: o.cols,
-                    slot: o.slot,
-                }
-            })
-            .collect();
-        if jobs.is_empty() {
-            return Ok(());
-        }
-        self.quantize_fp8_many_impl(&mut jobs, scale, amax)
     }
 }

@@ -19,6 +19,11 @@ if ! command -v "$hipcc" >/dev/null 2>&1; then
   exit 2
 fi
 mkdir -p "$out"
+# hipcc (ROCm 5.2) leaves an empty <source>-XXXXXX directory in $TMPDIR for every compile: give it
+# a private one and remove it at the end.
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+export TMPDIR="$tmp"
 shopt -s nullglob
 sources=(kernels-hip/*.hip)
 if [ ${#sources[@]} -eq 0 ]; then

@@ -38,6 +38,46 @@ def main():
             f"{r['tokens_per_s']:.0f} | {r.get('model_tflops', float('nan')):.1f} | "
             f"{'' if mfu is None else f'{100 * mfu:.1f}%'} | {r['peak_memory_bytes'] / 2**30:.2f} |"
         )
+    targets(rows(folder))
+
+
+# Issue #11's targets: (preset, what, numerator run, denominator run(s), limit). A denominator
+# list takes the fastest of the runs present (the best torch.compile mode).
+COMPILE = ["torch compile-bf16", "torch compile-bf16-ro", "torch compile-bf16-ma"]
+TARGETS = [
+    ("seed", "bf16 vs best torch.compile", "duet bf16", COMPILE, 0.8),
+    ("seed", "fp8 vs duet bf16", "duet fp8", ["duet bf16"], 0.85),
+    ("large", "bf16 vs best torch.compile", "duet bf16", COMPILE, 0.8),
+    ("large", "fp8 vs torchao fp8 + compile", "duet fp8", ["torch fp8-torchao-compile"], 0.7),
+]
+
+
+def targets(all_rows):
+    """Prints the step-time ratios against the targets, and duet bf16's peak memory against
+    torch eager bf16's, for the runs the folder holds (a target whose runs are missing is left
+    out)."""
+    ok = {(p, n): r for p, n, r in all_rows if "error" not in r}
+    lines = []
+    for preset, what, num, dens, limit in TARGETS:
+        d = [ok[(preset, n)] for n in dens if (preset, n) in ok]
+        if (preset, num) not in ok or not d:
+            continue
+        den = min(r["ms_per_step_median"] for r in d)
+        ratio = ok[(preset, num)]["ms_per_step_median"] / den
+        met = "yes" if ratio <= limit else "no"
+        lines.append(f"| {preset} | {what} | {ratio:.3f} × | ≤ {limit} × | {met} |")
+    for preset in ("seed", "large"):
+        a, b = ok.get((preset, "duet bf16")), ok.get((preset, "torch eager-bf16"))
+        if a and b:
+            ratio = a["peak_memory_bytes"] / b["peak_memory_bytes"]
+            met = "yes" if ratio <= 1 else "no"
+            what = "peak memory, duet bf16 vs torch eager bf16"
+            lines.append(f"| {preset} | {what} | {ratio:.3f} × | ≤ 1 × | {met} |")
+    if lines:
+        print()
+        print("| preset | target (median step times) | ratio | limit | met |")
+        print("|---|---|---:|---:|---|")
+        print("\n".join(lines))
 
 
 if __name__ == "__main__":

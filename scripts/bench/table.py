@@ -28,7 +28,8 @@ def main():
     folder = sys.argv[1] if len(sys.argv) > 1 else "."
     print("| preset | run | ms/step median | ms/step min | tokens/s | TFLOP/s | MFU | peak memory GiB |")
     print("|---|---|---:|---:|---:|---:|---:|---:|")
-    for preset, name, r in rows(folder):
+    found = rows(folder)
+    for preset, name, r in found:
         if "error" in r:
             print(f"| {preset} | {name} | error: {r['error'][:60]} | | | | | |")
             continue
@@ -38,7 +39,7 @@ def main():
             f"{r['tokens_per_s']:.0f} | {r.get('model_tflops', float('nan')):.1f} | "
             f"{'' if mfu is None else f'{100 * mfu:.1f}%'} | {r['peak_memory_bytes'] / 2**30:.2f} |"
         )
-    targets(rows(folder))
+    targets(found)
 
 
 # Issue #11's targets: (preset, what, numerator run, denominator run(s), limit). A denominator

@@ -9,28 +9,8 @@
 // out: bandwidth-bound). The multi-tensor adamw_multi below moves 4-element vectors instead.
 #include "common.cuh"
 
-// The update of one element, used by both kernels. The roundings are spelled out with the _rn
-// intrinsics (never contracted), exactly as the compiler contracted the plain expressions
-//   g = grad · s;  m = β1 m + (1 − β1) g;  v = β2 v + (1 − β2) g g
-//   p −= lr · ((m / bc1) / (√(v / bc2) + ε) + wd · p)
-// before (the m and v updates, the decay term and the final step are FMAs; everything else is
-// rounded on its own), so the results do not depend on how code around it is scheduled.
-struct AdamWConsts {
-    float beta1, beta2, eps, lr, bc1, bc2, grad_scale, weight_decay;
-};
-
-__device__ __forceinline__ float adamw_update(float graw, float& m, float& v, float p,
-                                              const AdamWConsts& k) {
-    const float g = __fmul_rn(graw, k.grad_scale);
-    const float mi = __fmaf_rn(k.beta1, m, __fmul_rn(1.0f - k.beta1, g));
-    const float vi = __fmaf_rn(k.beta2, v, __fmul_rn(__fmul_rn(1.0f - k.beta2, g), g));
-    m = mi;
-    v = vi;
-    const float mhat = __fdiv_rn(mi, k.bc1);
-    const float vhat = __fdiv_rn(vi, k.bc2);
-    const float step = __fdiv_rn(mhat, __fadd_rn(__fsqrt_rn(vhat), k.eps));
-    return __fmaf_rn(-k.lr, __fmaf_rn(k.weight_decay, p, step), p);
-}
+// adamw_update (the update of one element) and AdamWConsts: common.cuh (fp8.cu's
+// adamw_fp8_<D> kernels use them too).
 
 template <typename G, typename C>
 __device__ __forceinline__ void adamw_body(float* __restrict__ param, const G* __restrict__ grad,
@@ -70,9 +50,8 @@ FOR_FLOAT_PAIRS(ADAMW)
 
 // ------------------------------------------------------------------ multi-tensor AdamW
 // One launch updates every parameter tensor: block k handles chunk k of the table (a piece of
-// one tensor). The gradient factor is derived here from the global sum of squares, exactly as
-// duet_device::clip_grad_scale does on the host (f32 square root, f64 unscaling, one rounding),
-// so no value travels through the host.
+// one tensor). The gradient factor is derived here from the global sum of squares
+// (clip_grad_scale, common.cuh), so no value travels through the host.
 
 struct AdamWChunk {
     u64 param, grad, m, v, copy;  // copy: 0 when none
@@ -82,24 +61,11 @@ struct AdamWChunk {
     float weight_decay;
 };
 
-__device__ __forceinline__ float clip_grad_scale(float norm_sq, float max_norm, float loss_scale) {
-    const float raw = sqrtf(norm_sq);
-    const float norm = (float)((double)raw / (double)loss_scale);
-    const float coef = max_norm / (norm + 1e-6f);
-    const float clip = (max_norm > 0.0f && coef < 1.0f) ? coef : 1.0f;
-    return loss_scale == 1.0f ? clip : (float)((double)clip / (double)loss_scale);
-}
 
-// Four consecutive elements in one access: 16 bytes of f32, 8 bytes of bf16/f16. The table
-// holds plain addresses (generic pointers to device allocations, which equal their global
-// addresses), so the accesses are spelled out as global ones.
-__device__ __forceinline__ float4 load4(const float* p) {
-    float4 r;
-    asm volatile("ld.global.v4.f32 {%0, %1, %2, %3}, [%4];"
-                 : "=f"(r.x), "=f"(r.y), "=f"(r.z), "=f"(r.w)
-                 : "l"(p));
-    return r;
-}
+// Four consecutive elements in one access: 16 bytes of f32 (load4/store4, common.cuh), 8 bytes
+// of bf16/f16 (below). The table holds plain addresses (generic pointers to device
+// allocations, which equal their global addresses), so the accesses are spelled out as global
+// ones.
 template <typename T> __device__ __forceinline__ float4 load4(const T* p) {
     unsigned int lo, hi;
     asm volatile("ld.global.v2.u32 {%0, %1}, [%2];" : "=r"(lo), "=r"(hi) : "l"(p));
@@ -109,11 +75,6 @@ template <typename T> __device__ __forceinline__ float4 load4(const T* p) {
     c.bits = (unsigned short)(hi & 0xffffu);
     d.bits = (unsigned short)(hi >> 16);
     return make_float4(to_f32(a), to_f32(b), to_f32(c), to_f32(d));
-}
-__device__ __forceinline__ void store4(float* p, float4 x) {
-    asm volatile("st.global.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(p), "f"(x.x), "f"(x.y),
-                 "f"(x.z), "f"(x.w)
-                 : "memory");
 }
 template <typename T> __device__ __forceinline__ void store4(T* p, float4 x) {
     const unsigned int lo =

@@ -180,6 +180,29 @@ template <typename T> __device__ __forceinline__ void store_pack(T* p, const Pac
     *reinterpret_cast<uint4*>(p) = *reinterpret_cast<const uint4*>(&r);
 }
 
+// 16 bytes at a global address (as plain addresses from a job table are: generic pointers to
+// device allocations, which equal their global addresses), spelled out as global accesses.
+__device__ __forceinline__ float4 load4(const float* p) {
+    float4 r;
+    asm volatile("ld.global.v4.f32 {%0, %1, %2, %3}, [%4];"
+                 : "=f"(r.x), "=f"(r.y), "=f"(r.z), "=f"(r.w)
+                 : "l"(p));
+    return r;
+}
+__device__ __forceinline__ void store4(float* p, float4 x) {
+    asm volatile("st.global.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(p), "f"(x.x), "f"(x.y),
+                 "f"(x.z), "f"(x.w)
+                 : "memory");
+}
+__device__ __forceinline__ uint2 load2u(const void* p) {
+    uint2 r;
+    asm volatile("ld.global.v2.u32 {%0, %1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p));
+    return r;
+}
+__device__ __forceinline__ void store1u(void* p, unsigned int x) {
+    asm volatile("st.global.u32 [%0], %1;" ::"l"(p), "r"(x) : "memory");
+}
+
 // ------------------------------------------------------------------ reductions
 // All reductions have a fixed order (shuffles and shared-memory trees), so they are
 // deterministic run to run.
@@ -397,4 +420,39 @@ __device__ __forceinline__ float gelu_grad_f(float x) {
     const float a = __fmul_rn(__fmul_rn(__fmul_rn(2.0f * GELU_K, x), s), __fsub_rn(1.0f, s));
     const float b = __fmaf_rn(__fmul_rn(3.0f * GELU_C, x), x, 1.0f);
     return __fmaf_rn(a, b, s);
+}
+
+// ------------------------------------------------------------------ AdamW (one element)
+// The update of one element, used by adamw.cu's kernels and fp8.cu's adamw_fp8_<D>. The
+// roundings are spelled out with the _rn intrinsics (never contracted), exactly as the compiler
+// contracted the plain expressions
+//   g = grad · s;  m = β1 m + (1 − β1) g;  v = β2 v + (1 − β2) g g
+//   p −= lr · ((m / bc1) / (√(v / bc2) + ε) + wd · p)
+// before (the m and v updates, the decay term and the final step are FMAs; everything else is
+// rounded on its own), so the results do not depend on how code around it is scheduled.
+struct AdamWConsts {
+    float beta1, beta2, eps, lr, bc1, bc2, grad_scale, weight_decay;
+};
+
+__device__ __forceinline__ float adamw_update(float graw, float& m, float& v, float p,
+                                              const AdamWConsts& k) {
+    const float g = __fmul_rn(graw, k.grad_scale);
+    const float mi = __fmaf_rn(k.beta1, m, __fmul_rn(1.0f - k.beta1, g));
+    const float vi = __fmaf_rn(k.beta2, v, __fmul_rn(__fmul_rn(1.0f - k.beta2, g), g));
+    m = mi;
+    v = vi;
+    const float mhat = __fdiv_rn(mi, k.bc1);
+    const float vhat = __fdiv_rn(vi, k.bc2);
+    const float step = __fdiv_rn(mhat, __fadd_rn(__fsqrt_rn(vhat), k.eps));
+    return __fmaf_rn(-k.lr, __fmaf_rn(k.weight_decay, p, step), p);
+}
+
+// The gradient factor of a clipped step from the global sum of squares, exactly as
+// duet_device::clip_grad_scale does on the host (f32 square root, f64 unscaling, one rounding).
+__device__ __forceinline__ float clip_grad_scale(float norm_sq, float max_norm, float loss_scale) {
+    const float raw = sqrtf(norm_sq);
+    const float norm = (float)((double)raw / (double)loss_scale);
+    const float coef = max_norm / (norm + 1e-6f);
+    const float clip = (max_norm > 0.0f && coef < 1.0f) ? coef : 1.0f;
+    return loss_scale == 1.0f ? clip : (float)((double)clip / (double)loss_scale);
 }

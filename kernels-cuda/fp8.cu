@@ -259,6 +259,34 @@ __device__ __forceinline__ void transpose4x4(unsigned int a, unsigned int b, uns
     out[3] = __byte_perm(t1, t3, 0x7632);               // a3 b3 c3 d3
 }
 
+// The transposed store of a 64 × 64 tile of codes (after the barrier that completes `tile`):
+// thread t takes tile rows 8·(t % 8) .. +7 of word column t / 8, transposes the 8 × 4 bytes in
+// registers and writes 4 × 8 bytes to dst_t, whose rows are the tile's columns. dst_t null:
+// nothing (uniform across the block). cols is a multiple of 8, so columns 4w .. 4w + 3 are all
+// inside or all outside; rows too.
+__device__ __forceinline__ void store_tile_t(const unsigned int (&tile)[QT][QT / 4],
+                                             unsigned char* __restrict__ dst_t, u64 r0, u64 c0,
+                                             u64 rows, u64 cols) {
+    const int t = threadIdx.x, g = t & 7, w = t >> 3;
+    const u64 rr = r0 + 8 * g;
+    if (dst_t != nullptr && rr < rows && c0 + 4 * w < cols) {
+        unsigned int lo[4], hi[4];
+        transpose4x4(tile[8 * g + 0][tile_word(8 * g + 0, w)],
+                     tile[8 * g + 1][tile_word(8 * g + 1, w)],
+                     tile[8 * g + 2][tile_word(8 * g + 2, w)],
+                     tile[8 * g + 3][tile_word(8 * g + 3, w)], lo);
+        transpose4x4(tile[8 * g + 4][tile_word(8 * g + 4, w)],
+                     tile[8 * g + 5][tile_word(8 * g + 5, w)],
+                     tile[8 * g + 6][tile_word(8 * g + 6, w)],
+                     tile[8 * g + 7][tile_word(8 * g + 7, w)], hi);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const u64 cc = c0 + 4 * w + i;
+            *reinterpret_cast<uint2*>(dst_t + cc * rows + rr) = make_uint2(lo[i], hi[i]);
+        }
+    }
+}
+
 // The column-sum finish of the gradient tile kernels (see the top of the file). Called by every
 // thread of the block after its partial row was written and fenced; `scratch` is the block's
 // shared tile, free again (reused for the 8 × 64 chain sums after the barrier below).
@@ -466,6 +494,8 @@ __device__ __forceinline__ void quantize_tile_body(
             }
         }
 
+        // The transposed store; store_tile_t below is the same code as a function (kept
+        // inline here: as a call the gradient kernels compiled to another schedule).
         const int g = t & 7, w = t >> 3;
         const u64 rr = r0 + 8 * g;
         // dst_t null: uniform across the block. cols is a multiple of 8, so columns
@@ -841,3 +871,190 @@ FOR_ACT_AND_WIDE(LAYERNORM_FP8)
     LAYERNORM_QUANT_ONE(A, SA, P, SP, e4m3_t, f8e4m3)                                         \
     LAYERNORM_QUANT_ONE(A, SA, P, SP, e5m2_t, f8e5m2)
 FOR_ACT_AND_WIDE(LAYERNORM_QUANT)
+
+// ------------------------------------------------------------------ AdamW + weight codes
+//
+// adamw_fp8_<D>(const AdamWFp8Chunk* chunks, const float* scalars, β1, β2, ε, max_norm,
+// loss_scale): Device::adamw_clipped_fp8 for weights whose f32 `param` is the working weight
+// (no low-precision copy). Block k handles chunk k (a piece of one tensor; the chunks of
+// adamw_multi, device/multi.rs): adamw_multi's update of every element (adamw_update with the
+// gradient factor from clip_grad_scale, common.cuh: the same bits), then the FP8 code of the
+// updated value times scale[0] through encode4 (quantize_t_many's expression for an f32
+// source) into `codes`, and the amax over the updated values (one atomicMax per block). So the
+// update writes 1 byte more per element and no quantisation pass has to read the 4-byte weights
+// again; the transposed codes come from these (transpose_codes_many below).
+struct AdamWFp8Chunk {
+    u64 param, grad, m, v, codes;  // f32, G, f32, f32, D: tensor starts
+    u64 scale, amax;               // the tensor's slot of each
+    u64 offset;                    // first element of this chunk within the tensor
+    unsigned int len;              // elements in this chunk
+    int grad_dt;                   // 0 f32, 1 bf16, 2 f16
+    float weight_decay;
+    unsigned int pad;
+};
+static_assert(sizeof(AdamWFp8Chunk) == 80, "AdamWFp8Chunk: 80-byte records (device/fp8.rs)");
+
+// Four gradients at a global address (16 bytes of f32, 8 of bf16/f16).
+template <typename G> __device__ __forceinline__ float4 grad4(const G* p) {
+    const uint2 w = load2u(p);
+    G a, b, c, d;
+    a.bits = (unsigned short)(w.x & 0xffffu);
+    b.bits = (unsigned short)(w.x >> 16);
+    c.bits = (unsigned short)(w.y & 0xffffu);
+    d.bits = (unsigned short)(w.y >> 16);
+    return make_float4(to_f32(a), to_f32(b), to_f32(c), to_f32(d));
+}
+template <> __device__ __forceinline__ float4 grad4<float>(const float* p) { return load4(p); }
+
+struct AdamWFp8Quad {
+    float4 p, g, m, v;
+};
+
+// Updates 4 elements at index i (loaded into q), stores param, m, v and the 4 codes.
+template <typename D>
+__device__ __forceinline__ void adamw_fp8_store4(AdamWFp8Quad q, float* param, float* m,
+                                                 float* v, unsigned char* codes, unsigned int i,
+                                                 const AdamWConsts& k, float s, float& mx) {
+    float4 p;
+    p.x = adamw_update(q.g.x, q.m.x, q.v.x, q.p.x, k);
+    p.y = adamw_update(q.g.y, q.m.y, q.v.y, q.p.y, k);
+    p.z = adamw_update(q.g.z, q.m.z, q.v.z, q.p.z, k);
+    p.w = adamw_update(q.g.w, q.m.w, q.v.w, q.p.w, k);
+    store4(m + i, q.m);
+    store4(v + i, q.v);
+    store4(param + i, p);
+    store1u(codes + i, encode4<D>(p.x * s, p.y * s, p.z * s, p.w * s));
+    mx = fmaxf(mx, fmaxf(fmaxf(fabsf(p.x), fabsf(p.y)), fmaxf(fabsf(p.z), fabsf(p.w))));
+}
+
+// One chunk, as adamw_multi's adamw_chunk: 4-element groups two at a time (all loads issued
+// before the first store) when every stream is aligned for them, then the rest one at a time.
+template <typename G, typename D>
+__device__ __forceinline__ void adamw_fp8_chunk(const AdamWFp8Chunk& c, const AdamWConsts& k,
+                                                float s, float& mx) {
+    float* param = reinterpret_cast<float*>(c.param) + c.offset;
+    const G* grad = reinterpret_cast<const G*>(c.grad) + c.offset;
+    float* m = reinterpret_cast<float*>(c.m) + c.offset;
+    float* v = reinterpret_cast<float*>(c.v) + c.offset;
+    unsigned char* codes = reinterpret_cast<unsigned char*>(c.codes) + c.offset;
+    const unsigned int len = c.len, nt = blockDim.x;
+    unsigned int tail = 0;
+    const bool vec = (((u64)param | (u64)m | (u64)v) & 15) == 0 &&
+                     ((u64)grad & (4 * sizeof(G) - 1)) == 0 && ((u64)codes & 3) == 0;
+    const auto load = [&](unsigned int i) {
+        AdamWFp8Quad q;
+        q.p = load4(param + i);
+        q.g = grad4(grad + i);
+        q.m = load4(m + i);
+        q.v = load4(v + i);
+        return q;
+    };
+    if (vec) {
+        const unsigned int groups = len / 4;
+        unsigned int q = threadIdx.x;
+        for (; q + nt < groups; q += 2 * nt) {
+            const AdamWFp8Quad a = load(4 * q);
+            const AdamWFp8Quad b = load(4 * (q + nt));
+            adamw_fp8_store4<D>(a, param, m, v, codes, 4 * q, k, s, mx);
+            adamw_fp8_store4<D>(b, param, m, v, codes, 4 * (q + nt), k, s, mx);
+        }
+        if (q < groups) adamw_fp8_store4<D>(load(4 * q), param, m, v, codes, 4 * q, k, s, mx);
+        tail = 4 * groups;
+    }
+    for (unsigned int j = tail + threadIdx.x; j < len; j += nt) {
+        float mj = m[j], vj = v[j];
+        const float p = adamw_update(to_f32(grad[j]), mj, vj, param[j], k);
+        m[j] = mj;
+        v[j] = vj;
+        param[j] = p;
+        codes[j] = (unsigned char)(encode4<D>(p * s, 0.0f, 0.0f, 0.0f) & 0xffu);
+        mx = fmaxf(mx, fabsf(p));
+    }
+}
+
+template <typename D>
+__device__ __forceinline__ void adamw_fp8_body(const AdamWFp8Chunk* __restrict__ chunks,
+                                               const float* __restrict__ scalars, float beta1,
+                                               float beta2, float eps, float max_norm,
+                                               float loss_scale) {
+    __shared__ float sh[32];
+    const AdamWFp8Chunk c = chunks[blockIdx.x];
+    AdamWConsts k;
+    k.grad_scale = clip_grad_scale(scalars[0], max_norm, loss_scale);
+    k.lr = scalars[1];
+    k.bc1 = scalars[2];
+    k.bc2 = scalars[3];
+    k.beta1 = beta1;
+    k.beta2 = beta2;
+    k.eps = eps;
+    k.weight_decay = c.weight_decay;
+    const float s = reinterpret_cast<const float*>(c.scale)[0];
+    float mx = 0.0f;
+    if (c.grad_dt == 0)
+        adamw_fp8_chunk<float, D>(c, k, s, mx);
+    else if (c.grad_dt == 1)
+        adamw_fp8_chunk<bf16_t, D>(c, k, s, mx);
+    else
+        adamw_fp8_chunk<f16_t, D>(c, k, s, mx);
+    mx = block_max(mx, sh);
+    if (threadIdx.x == 0) record_amax(mx, reinterpret_cast<float*>(c.amax));
+}
+
+// Block size: THREADS in device/multi.rs (as adamw_multi).
+#define ADAMW_FP8(D, SD)                                                                      \
+    extern "C" __global__ void __launch_bounds__(256)                                         \
+        adamw_fp8_##SD(const AdamWFp8Chunk* __restrict__ chunks,                              \
+                       const float* __restrict__ scalars, float beta1, float beta2, float eps, \
+                       float max_norm, float loss_scale) {                                    \
+        adamw_fp8_body<D>(chunks, scalars, beta1, beta2, eps, max_norm, loss_scale);          \
+    }
+ADAMW_FP8(e4m3_t, f8e4m3)
+ADAMW_FP8(e5m2_t, f8e5m2)
+ADAMW_FP8(e4m3fnuz_t, f8e4m3fnuz)
+ADAMW_FP8(e5m2fnuz_t, f8e5m2fnuz)
+
+// transpose_codes_many(const CodesJob* jobs, unsigned njobs): dst_t = srcᵀ for every job (FP8
+// codes, any format: bytes; rows × cols → cols × rows). The tiles, the job search and the
+// transposed store are quantize_t_many's; each thread loads its 4 vectors of 8 codes first.
+// Requirements per job: rows and cols multiples of 8, src and dst_t 8-byte aligned.
+struct CodesJob {
+    u64 src, dst_t, rows, cols;
+    unsigned int tile_start;  // first block of this job
+    unsigned int col_tiles;   // ⌈cols / 64⌉
+};
+static_assert(sizeof(CodesJob) == 40, "CodesJob: 40-byte records (device/fp8.rs)");
+
+extern "C" __global__ void __launch_bounds__(QT_THREADS, QT_MIN_BLOCKS)
+    transpose_codes_many(const CodesJob* __restrict__ jobs, unsigned int njobs) {
+    __shared__ __align__(16) unsigned int tile[QT][QT / 4];
+    const unsigned int b = blockIdx.x;
+    unsigned int lo = 0, hi = njobs - 1;  // the last job with tile_start <= b
+    while (lo < hi) {
+        const unsigned int mid = (lo + hi + 1) / 2;
+        if (jobs[mid].tile_start <= b)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    const CodesJob& j = jobs[lo];
+    const unsigned int k = b - j.tile_start;
+    const u64 rows = j.rows, cols = j.cols;
+    const u64 r0 = (u64)(k / j.col_tiles) * QT, c0 = (u64)(k % j.col_tiles) * QT;
+    const unsigned char* src = reinterpret_cast<const unsigned char*>(j.src);
+    const int t = threadIdx.x, cg = t & 7, rt = t >> 3;
+    const u64 c = c0 + cg * 8;
+    uint2 q[QT_PASSES];
+#pragma unroll
+    for (int p = 0; p < QT_PASSES; ++p) {
+        const u64 r = r0 + rt + 16 * p;
+        if (c < cols && r < rows) q[p] = *reinterpret_cast<const uint2*>(src + r * cols + c);
+    }
+#pragma unroll
+    for (int p = 0; p < QT_PASSES; ++p) {
+        const int tr = rt + 16 * p;
+        if (c < cols && r0 + tr < rows)
+            *reinterpret_cast<uint2*>(&tile[tr][tile_word(tr, 2 * cg)]) = q[p];
+    }
+    __syncthreads();
+    store_tile_t(tile, reinterpret_cast<unsigned char*>(j.dst_t), r0, c0, rows, cols);
+}

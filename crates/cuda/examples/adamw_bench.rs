@@ -175,6 +175,125 @@ fn main() {
         let bytes = (total * (4 * 3 * 2 + gsize) + copies) as f64;
         row("adamw_clipped", gdt, bytes, us, host);
     }
+    fp8_weights(&dev);
+}
+
+/// The FP8 weight update of two layers of the large preset (d_model 2048, FFN 8192: the qkv,
+/// projection, fc and fc-projection matrices, bf16 gradients, E4M3 codes and their transposes),
+/// with bf16 working copies (`copy`: the update, then the quantisation of the copies) and
+/// without (`f32`: the weights themselves are f32, as FP8 models hold them): `adamw_clipped_fp8`
+/// with its fused kernels (`adamw_fp8_<D>`, then `transpose_codes_many`) against the separate
+/// ops (`adamw_clipped`, then `quantize_fp8_many`). Bytes per element: the update reads param,
+/// m, v (f32) and the gradient (bf16) and writes param, m, v (26), plus 2 for a copy; the
+/// quantisation reads the copy or the weight (2 or 4) and writes both codes (2); the fused
+/// update writes the codes (1) and the transpose reads and writes them (2).
+fn fp8_weights(dev: &CudaDevice) {
+    use duet_device::AdamWFp8Out;
+    let (c, f) = (2048usize, 8192usize);
+    let shapes: Vec<(usize, usize)> = (0..2)
+        .flat_map(|_| [(3 * c, c), (c, c), (f, c), (c, f)])
+        .collect();
+    let total: usize = shapes.iter().map(|(r, k)| r * k).sum();
+    println!("fp8 weights: {} matrices, {total} parameters", shapes.len());
+    let setup = |copies: bool| -> Vec<Param> {
+        shapes
+            .iter()
+            .enumerate()
+            .map(|(i, &(r, k))| {
+                let n = r * k;
+                let put = |dtype: DType, data: &[f32]| {
+                    let mut b = dev.alloc(dtype, n).unwrap();
+                    if dtype == DType::BF16 {
+                        let h: Vec<bf16> = data.iter().map(|&x| bf16::from_f32(x)).collect();
+                        dev.upload(&h, &mut b, 0).unwrap();
+                    } else {
+                        dev.upload(data, &mut b, 0).unwrap();
+                    }
+                    b
+                };
+                Param {
+                    param: put(DType::F32, &values(n, 4 * i, -0.05, 0.05)),
+                    grad: put(DType::BF16, &values(n, 4 * i + 1, -1e-3, 1e-3)),
+                    m: put(DType::F32, &values(n, 4 * i + 2, -1e-4, 1e-4)),
+                    v: put(DType::F32, &values(n, 4 * i + 3, 1e-9, 1e-7)),
+                    copy: copies.then(|| dev.alloc(DType::BF16, n).unwrap()),
+                    weight_decay: 0.1,
+                }
+            })
+            .collect()
+    };
+    let mut codes: Vec<[duet_cuda::CudaBuffer; 2]> = shapes
+        .iter()
+        .map(|(r, k)| {
+            [
+                dev.alloc(DType::F8E4M3, r * k).unwrap(),
+                dev.alloc(DType::F8E4M3, r * k).unwrap(),
+            ]
+        })
+        .collect();
+    let scale = dev.upload_new(&vec![200.0f32; 3 * shapes.len()]).unwrap();
+    let mut amax = dev.alloc(DType::F32, 3 * shapes.len()).unwrap();
+    dev.fill(&mut amax, 0.0).unwrap();
+    let mut scalars = dev.alloc(DType::F32, ADAMW_SCALARS).unwrap();
+    let (bc1, bc2) = AdamWStep::bias_corrections(0.9, 0.95, 10);
+    dev.upload(&[4.0f32, 3e-4, bc1, bc2], &mut scalars, 0)
+        .unwrap();
+    let step = AdamWClipStep {
+        beta1: 0.9,
+        beta2: 0.95,
+        eps: 1e-8,
+        max_norm: 1.0,
+        loss_scale: 1.0,
+    };
+    let mut run = |params: &mut Vec<Param>, fused: Option<bool>| {
+        let mut ts: Vec<AdamWTensor<'_, _>> = params
+            .iter_mut()
+            .map(|p| AdamWTensor {
+                param: &mut p.param,
+                grad: &p.grad,
+                m: &mut p.m,
+                v: &mut p.v,
+                copy: p.copy.as_mut(),
+                weight_decay: p.weight_decay,
+            })
+            .collect();
+        let mut outs: Vec<AdamWFp8Out<'_, _>> = codes
+            .iter_mut()
+            .zip(&shapes)
+            .enumerate()
+            .map(|(i, ([d, dt], &(r, k)))| AdamWFp8Out {
+                tensor: i,
+                dst: d,
+                dst_t: Some(dt),
+                rows: r,
+                cols: k,
+                slot: 3 * i + 1,
+            })
+            .collect();
+        match fused {
+            Some(on) => {
+                CudaDevice::adamw_fp8_fused_on_this_thread(on);
+                dev.adamw_clipped_fp8(&mut ts, &step, &scalars, &mut outs, &scale, &mut amax)
+                    .unwrap();
+                CudaDevice::adamw_fp8_fused_on_this_thread(true);
+            }
+            None => dev.adamw_clipped(&mut ts, &step, &scalars).unwrap(),
+        }
+    };
+    let t = total as f64;
+    let mut with_copies = setup(true);
+    let (us, host) = time(dev, || run(&mut with_copies, None));
+    row("copy: update", DType::BF16, 28.0 * t, us, host);
+    let (us, host) = time(dev, || run(&mut with_copies, Some(false)));
+    row("copy: +quantise", DType::BF16, 32.0 * t, us, host);
+    drop(with_copies);
+    let mut f32_weights = setup(false);
+    let (us, host) = time(dev, || run(&mut f32_weights, None));
+    row("f32: update", DType::BF16, 26.0 * t, us, host);
+    let (us, host) = time(dev, || run(&mut f32_weights, Some(false)));
+    row("f32: +quantise", DType::BF16, 32.0 * t, us, host);
+    let (us, host) = time(dev, || run(&mut f32_weights, Some(true)));
+    row("f32: fused", DType::BF16, 29.0 * t, us, host);
 }
 
 fn row(op: &str, gdt: DType, bytes: f64, us: f64, host: f64) {

@@ -88,6 +88,9 @@ pub struct CudaDevice {
     fused: std::sync::atomic::AtomicBool,
     /// GEMM autotuning ([`Device::set_gemm_autotune`]; `DUET_GEMM_AUTOTUNE=1` starts on).
     autotune: std::sync::atomic::AtomicBool,
+    /// Weight matrices [`Device::adamw_clipped_fp8`] has updated and quantised in its fused
+    /// kernel so far ([`CudaDevice::adamw_fp8_fused_count`]).
+    adamw_fp8_fused: std::sync::atomic::AtomicU64,
 }
 
 /// Set to 1 to start with the fused paths off ([`CudaDevice::set_fused_ops`]).
@@ -350,6 +353,7 @@ impl CudaDevice {
             autotune: std::sync::atomic::AtomicBool::new(
                 std::env::var(AUTOTUNE_ENV).is_ok_and(|v| v.trim() == "1"),
             ),
+            adamw_fp8_fused: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
@@ -1604,6 +1608,18 @@ impl Device for CudaDevice {
         scalars: &CudaBuffer,
     ) -> Result<()> {
         self.adamw_clipped_impl(tensors, step, scalars)
+    }
+
+    fn adamw_clipped_fp8(
+        &self,
+        tensors: &mut [duet_device::AdamWTensor<'_, CudaBuffer>],
+        step: &duet_device::AdamWClipStep,
+        scalars: &CudaBuffer,
+        outs: &mut [duet_device::AdamWFp8Out<'_, CudaBuffer>],
+        scale: &CudaBuffer,
+        amax: &mut CudaBuffer,
+    ) -> Result<()> {
+        self.adamw_clipped_fp8_impl(tensors, step, scalars, outs, scale, amax)
     }
 
     fn quantize_fp8(

@@ -2060,3 +2060,216 @@ fn quantize_fp8_many_checks_every_job_first() {
         assert_eq!(g.download::<f32>(&amax).unwrap(), vec![0.0, 0.0]);
     }
 }
+
+/// One tensor of the adamw_clipped_fp8 test: shape, gradient dtype, codes (if any), whether
+/// the codes are also wanted transposed, whether the tensor has a 16-bit working copy.
+struct AdamWFp8Case {
+    rows: usize,
+    cols: usize,
+    grad: DType,
+    codes: Option<DType>,
+    transposed: bool,
+    copy: bool,
+}
+
+/// The buffers of one run of adamw_clipped_fp8 (param, grad, m, v, bf16 copy if any; codes and
+/// transposed codes per case; scale, amax, scalars).
+struct AdamWFp8Run {
+    t: Vec<[<CudaDevice as Device>::Buffer; 4]>,
+    copies: Vec<Option<<CudaDevice as Device>::Buffer>>,
+    codes: Vec<Option<[<CudaDevice as Device>::Buffer; 2]>>,
+    scale: <CudaDevice as Device>::Buffer,
+    amax: <CudaDevice as Device>::Buffer,
+    scalars: <CudaDevice as Device>::Buffer,
+}
+
+/// Device::adamw_clipped_fp8 with its fused kernels (adamw_fp8_<D>, then transpose_codes_many)
+/// against the separate ops (adamw_multi, then quantize_fp8_many of the updated weights), both
+/// on the GPU: weights, moments, copies, codes, transposed codes and amaxes bit for bit, over
+/// five steps (the moments build up) with clipping active. The cases: several chunks and tiles
+/// with partial ones (200 × 136), one tile (64 × 64), a wide matrix, every FP8 format, f32,
+/// bf16 and f16 gradients, codes without a transposed copy (two chunks; a 35-element tensor
+/// that ends in single elements), a weight without codes (a bias), and outputs the kernel does
+/// not take (transposed codes with cols not a multiple of 8, a weight with a bf16 working
+/// copy), which must run the separate ops inside the same call. The fused kernel must have
+/// taken exactly the seven weights it can.
+#[test]
+fn adamw_clipped_fp8_matches_the_separate_ops() {
+    let test = "adamw_clipped_fp8_matches_the_separate_ops";
+    let Some(g) = gpu(test) else { return };
+    use duet_device::{AdamWClipStep, AdamWFp8Out, AdamWTensor};
+    let case = |rows, cols, grad, codes, transposed, copy| AdamWFp8Case {
+        rows,
+        cols,
+        grad,
+        codes,
+        transposed,
+        copy,
+    };
+    let (bf, e4, e5) = (DType::BF16, Some(DType::F8E4M3), Some(DType::F8E5M2));
+    let cases = [
+        case(200, 136, bf, e4, true, false),
+        case(64, 64, bf, Some(DType::F8E4M3Fnuz), true, false),
+        case(1, 100, bf, None, false, false),
+        case(48, 20, bf, e4, true, false),
+        case(24, 1040, bf, e4, true, false),
+        case(32, 64, DType::F32, e4, true, false),
+        case(16, 8, bf, e5, true, false),
+        case(3, 7000, bf, e4, false, false),
+        case(5, 7, DType::F16, Some(DType::F8E5M2Fnuz), false, false),
+        case(64, 64, bf, e4, true, true),
+    ];
+    let slots = 3 * cases.len();
+    let setup = || {
+        let mut t = Vec::new();
+        let mut copies = Vec::new();
+        let mut codes = Vec::new();
+        for (i, c) in cases.iter().enumerate() {
+            let n = c.rows * c.cols;
+            let seed = 100 + 10 * i as u64;
+            let small = |s: u64, k: f32| -> Vec<f32> {
+                values(n, s, false)
+                    .iter()
+                    .map(|x| (x * k).clamp(-1.0, 1.0))
+                    .collect()
+            };
+            let v: Vec<f32> = small(seed + 3, 1e-3).iter().map(|x| x.abs()).collect();
+            t.push([
+                upload_as(g, &small(seed, 0.5), DType::F32),
+                upload_as(g, &small(seed + 1, 1.0), c.grad),
+                upload_as(g, &small(seed + 2, 1e-2), DType::F32),
+                upload_as(g, &v, DType::F32),
+            ]);
+            copies.push(c.copy.then(|| g.alloc(DType::BF16, n).unwrap()));
+            codes.push(
+                c.codes
+                    .map(|d| [g.alloc(d, n).unwrap(), g.alloc(d, n).unwrap()]),
+            );
+        }
+        let scale: Vec<f32> = (0..slots).map(|s| 0.5 + 37.0 * (s % 5) as f32).collect();
+        let amax: Vec<f32> = (0..slots)
+            .map(|s| if s % 2 == 0 { 0.0 } else { 0.3 })
+            .collect();
+        AdamWFp8Run {
+            t,
+            copies,
+            codes,
+            scale: g.upload_new(&scale).unwrap(),
+            amax: g.upload_new(&amax).unwrap(),
+            scalars: g.upload_new(&[0.0f32; duet_device::ADAMW_SCALARS]).unwrap(),
+        }
+    };
+    let step = AdamWClipStep {
+        beta1: 0.9,
+        beta2: 0.95,
+        eps: 1e-8,
+        max_norm: 1.0,
+        loss_scale: 1.0,
+    };
+    let run = |r: &mut AdamWFp8Run, k: u64| {
+        let (bc1, bc2) = (1.0 - 0.9f32.powi(k as i32), 1.0 - 0.95f32.powi(k as i32));
+        g.upload(&[37.5f32, 3e-3, bc1, bc2], &mut r.scalars, 0)
+            .unwrap();
+        let mut tensors: Vec<AdamWTensor<'_, _>> =
+            r.t.iter_mut()
+                .zip(r.copies.iter_mut())
+                .enumerate()
+                .map(|(i, ([p, gr, m, v], c))| AdamWTensor {
+                    param: p,
+                    grad: &*gr,
+                    m,
+                    v,
+                    copy: c.as_mut(),
+                    weight_decay: if i % 2 == 0 { 0.1 } else { 0.0 },
+                })
+                .collect();
+        let mut outs: Vec<AdamWFp8Out<'_, _>> = r
+            .codes
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(i, c)| c.as_mut().map(|c| (i, c)))
+            .map(|(i, [d, dt])| AdamWFp8Out {
+                tensor: i,
+                dst: d,
+                dst_t: cases[i].transposed.then_some(dt),
+                rows: cases[i].rows,
+                cols: cases[i].cols,
+                slot: 3 * i + 1,
+            })
+            .collect();
+        g.adamw_clipped_fp8(
+            &mut tensors,
+            &step,
+            &r.scalars,
+            &mut outs,
+            &r.scale,
+            &mut r.amax,
+        )
+        .unwrap();
+    };
+    let bytes = |b: &<CudaDevice as Device>::Buffer| g.download_bytes(b, 0, b.len()).unwrap();
+    let mut fused = setup();
+    let mut separate = setup();
+    let before = g.adamw_fp8_fused_count();
+    for k in 1..=5u64 {
+        CudaDevice::adamw_fp8_fused_on_this_thread(true);
+        run(&mut fused, k);
+        CudaDevice::adamw_fp8_fused_on_this_thread(false);
+        run(&mut separate, k);
+        CudaDevice::adamw_fp8_fused_on_this_thread(true);
+        for (i, (a, b)) in fused.t.iter().zip(&separate.t).enumerate() {
+            for (j, what) in ["param", "grad", "m", "v"].iter().enumerate() {
+                assert!(
+                    bytes(&a[j]) == bytes(&b[j]),
+                    "step {k} case {i}: {what} differs"
+                );
+            }
+        }
+        for (i, (a, b)) in fused.copies.iter().zip(&separate.copies).enumerate() {
+            if let (Some(a), Some(b)) = (a, b) {
+                assert!(bytes(a) == bytes(b), "step {k} case {i}: copy differs");
+            }
+        }
+        for (i, (a, b)) in fused.codes.iter().zip(&separate.codes).enumerate() {
+            if let (Some(a), Some(b)) = (a, b) {
+                assert_eq!(bytes(&a[0]), bytes(&b[0]), "step {k} case {i}: codes");
+                if cases[i].transposed {
+                    assert_eq!(
+                        bytes(&a[1]),
+                        bytes(&b[1]),
+                        "step {k} case {i}: transposed codes"
+                    );
+                }
+            }
+        }
+        let (aa, ab): (Vec<f32>, Vec<f32>) = (
+            g.download(&fused.amax).unwrap(),
+            g.download(&separate.amax).unwrap(),
+        );
+        assert_eq!(
+            aa.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            ab.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            "step {k}: amaxes"
+        );
+    }
+    // Cases 0, 1, 4, 5, 6, 7 and 8 each step: the others have no codes, transposed codes with
+    // cols not a multiple of 8, or a working copy.
+    assert_eq!(
+        g.adamw_fp8_fused_count() - before,
+        7 * 5,
+        "fused kernel use"
+    );
+    // The codes are the f32 weights' (times the slot's scale), their transpose the transposed
+    // codes: decoded on the host.
+    let (rows, cols) = (cases[0].rows, cases[0].cols);
+    let w: Vec<f32> = g.download_f32(&fused.t[0][0]).unwrap();
+    let [codes, codes_t] = fused.codes[0].as_ref().unwrap();
+    let (codes, codes_t) = (bytes(codes), bytes(codes_t));
+    let fmt = Fp8Format::of(DType::F8E4M3).unwrap();
+    let scale = 37.5f32; // slot 1 (case 0's weight): 0.5 + 37 · (1 mod 5)
+    for (i, (x, &q)) in w.iter().zip(&codes).enumerate() {
+        assert_eq!(q, fmt.encode(x * scale), "{x}");
+        let (r, c) = (i / cols, i % cols);
+        assert_eq!(codes_t[c * rows + r], q, "transposed ({r}, {c})");
+    }
+}

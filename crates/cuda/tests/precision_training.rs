@@ -274,3 +274,66 @@ fn queued_steps_are_bit_identical() {
         }
     }
 }
+
+/// FP8 weight codes written by the optimizer's fused kernels (`adamw_fp8_<D>` and
+/// `transpose_codes_many`, after the scaling update) instead of quantised at the start of the
+/// next forward pass: the same bits on the GPU, with the step recorded and replayed. Runs of 12
+/// steps each way with a validation pass after step 3 and the weights replaced after step 6
+/// (the replay must then quantise them first, outside the recording) give identical losses,
+/// gradient norms, weights, moments and FP8 scaling state, and the fused kernels took every
+/// weight matrix in the first run.
+#[test]
+fn fp8_codes_from_the_optimizer_are_bit_identical() {
+    let test = "fp8_codes_from_the_optimizer_are_bit_identical";
+    let _guard = lock();
+    let Some(g) = gpu(test) else { return };
+    if !Precision::Fp8.supported_by(&g.info()) {
+        skip!("SKIP {test}: fp8 not supported by {}", g.info().name);
+        return;
+    }
+    let mut cfg = Config::preset(Preset::Default);
+    cfg.model.heads = 2;
+    cfg.train.precision = Precision::Fp8;
+    let layers = cfg.model.layers as u64;
+    let run = |from_optimizer: bool| {
+        let mut tr = Trainer::new(g.clone(), cfg.clone()).unwrap();
+        tr.set_fp8_codes_from_optimizer(from_optimizer);
+        let before = g.adamw_fp8_fused_count();
+        let mut out = Vec::new();
+        for step in 1..=12 {
+            let r = tr.train_step().unwrap();
+            out.push((r.loss.to_bits(), r.grad_norm.to_bits()));
+            if step == 3 {
+                out.push((tr.validation_loss().unwrap().to_bits(), 0));
+            }
+            if step == 6 {
+                let w: Vec<Vec<f32>> = tr
+                    .model()
+                    .weights()
+                    .unwrap()
+                    .iter()
+                    .map(|t| t.iter().map(|x| 0.97 * x).collect())
+                    .collect();
+                tr.model_mut().set_weights(&w).unwrap();
+            }
+        }
+        assert!(tr.step_recorded(), "the run did not replay a graph");
+        let fused = g.adamw_fp8_fused_count() - before;
+        let ck = tr.checkpoint().unwrap();
+        (out, ck.weights, ck.adam_m, ck.adam_v, ck.extra, fused)
+    };
+    let a = run(true);
+    let b = run(false);
+    // Counted when the update is queued: the first step and the recording (replays queue
+    // nothing); each time every weight matrix.
+    assert!(
+        a.5 >= 4 * layers && a.5 % (4 * layers) == 0,
+        "fused kernel use (codes from the optimizer): {}",
+        a.5
+    );
+    assert_eq!(b.5, 0, "fused kernel use (separate)");
+    assert_eq!(a.0, b.0, "losses / gradient norms");
+    assert!(a.1 == b.1, "master weights differ");
+    assert!(a.2 == b.2 && a.3 == b.3, "moments differ");
+    assert_eq!(a.4, b.4, "FP8 scaling state");
+}

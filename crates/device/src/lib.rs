@@ -155,6 +155,21 @@ pub struct AdamWTensor<'a, B> {
     pub weight_decay: f32,
 }
 
+/// The FP8 codes [`Device::adamw_clipped_fp8`] writes for one updated weight matrix.
+pub struct AdamWFp8Out<'a, B> {
+    /// Index of the weight in the update's tensors; the codes are those of its working copy
+    /// (of its `param` when it has none) after the update.
+    pub tensor: usize,
+    /// FP8 codes, `rows × cols`.
+    pub dst: &'a mut B,
+    /// The same codes transposed (`cols × rows`, `dst`'s dtype), if wanted.
+    pub dst_t: Option<&'a mut B>,
+    pub rows: usize,
+    pub cols: usize,
+    /// The weight's entry of `scale` and `amax`.
+    pub slot: usize,
+}
+
 /// One matrix of a multi-tensor FP8 quantisation ([`Device::quantize_fp8_many`]): the operands of
 /// one [`Device::quantize_fp8`] call but the `scale` and `amax` buffers, which every job of a
 /// call shares (each job reads and updates its own `slot` of them).
@@ -783,6 +798,44 @@ pub trait Device: Send + Sync + Sized + 'static {
         Ok(())
     }
 
+    /// [`Device::adamw_clipped`], then the FP8 codes of some of the updated weights: for each
+    /// `out`, exactly [`Device::quantize_fp8_many`] of the job with `src` the working copy of
+    /// tensor `out.tensor` (its `param` when it has none) and `out`'s `dst`, `dst_t`, `rows`,
+    /// `cols` and `slot` (codes bit for bit, `amax[slot] = max(amax[slot], max |src|)`).
+    /// Delayed scaling quantises the weights of step k + 1 with the scale set after step k, so
+    /// an FP8 model can take its weight codes from the optimizer once its scaling update has
+    /// run, instead of quantising the copies at the start of the next forward pass. A GPU
+    /// backend writes the codes in the update's pass (the copy is not read back). The codes'
+    /// operands are checked before anything runs ([`check_adamw_fp8_outs`]). The default runs
+    /// the two ops one after the other.
+    fn adamw_clipped_fp8(
+        &self,
+        tensors: &mut [AdamWTensor<'_, Self::Buffer>],
+        step: &AdamWClipStep,
+        scalars: &Self::Buffer,
+        outs: &mut [AdamWFp8Out<'_, Self::Buffer>],
+        scale: &Self::Buffer,
+        amax: &mut Self::Buffer,
+    ) -> Result<()> {
+        check_adamw_fp8_outs("adamw_clipped_fp8", tensors, outs, scale, amax)?;
+        self.adamw_clipped(tensors, step, scalars)?;
+        let mut jobs: Vec<Fp8QuantJob<'_, Self::Buffer>> = outs
+            .iter_mut()
+            .map(|o| {
+                let t = &tensors[o.tensor];
+                Fp8QuantJob {
+                    src: t.copy.as_deref().unwrap_or(&*t.param),
+                    dst: &mut *o.dst,
+                    dst_t: o.dst_t.as_deref_mut(),
+                    rows: o.rows,
+                    cols: o.cols,
+                    slot: o.slot,
+                }
+            })
+            .collect();
+        self.quantize_fp8_many(&mut jobs, scale, amax)
+    }
+
     // ------------------------------------------------------------------ FP8 (delayed scaling)
 
     /// FP8 quantisation with a device-resident scale, recording the amax in the same pass:
@@ -1172,6 +1225,35 @@ pub fn check_fp8_quant_jobs<B: Buffer>(
         check_range(op, j.slot, 1, amax.len())?;
     }
     Ok(())
+}
+
+/// The checks of [`Device::adamw_clipped_fp8`]'s codes: each `out` names one of `tensors`,
+/// whose working copy (or f32 `param`) is a float `rows × cols` matrix, and passes
+/// [`check_fp8_quant_jobs`] as the job quantising it. (The update's own operands are checked by
+/// [`Device::adamw_clipped`] before it writes anything.)
+pub fn check_adamw_fp8_outs<B: Buffer>(
+    op: &'static str,
+    tensors: &[AdamWTensor<'_, B>],
+    outs: &mut [AdamWFp8Out<'_, B>],
+    scale: &B,
+    amax: &B,
+) -> Result<()> {
+    let mut jobs = Vec::with_capacity(outs.len());
+    for (i, o) in outs.iter_mut().enumerate() {
+        let t = tensors.get(o.tensor).ok_or_else(|| DeviceError::Shape {
+            op,
+            detail: format!("output {i} names tensor {} of {}", o.tensor, tensors.len()),
+        })?;
+        jobs.push(Fp8QuantJob {
+            src: t.copy.as_deref().unwrap_or(&*t.param),
+            dst: &mut *o.dst,
+            dst_t: o.dst_t.as_deref_mut(),
+            rows: o.rows,
+            cols: o.cols,
+            slot: o.slot,
+        });
+    }
+    check_fp8_quant_jobs(op, &jobs, scale, amax)
 }
 
 /// Checks that `[offset, offset + len)` lies inside a buffer of `cap` elements.

@@ -12,7 +12,9 @@ use crate::fp8::{DelayedScaling, Fp8Family, Fp8State, Operand, OperandReport};
 use crate::precision::Precision;
 use crate::rng::Rng;
 use crate::{EngineError, Result};
-use duet_device::{Buffer, DType, Device, DeviceError, DeviceExt, Epilogue, Fp8QuantJob, GemmDesc};
+use duet_device::{
+    AdamWFp8Out, Buffer, DType, Device, DeviceError, DeviceExt, Epilogue, Fp8QuantJob, GemmDesc,
+};
 use half::{bf16, f16};
 use rayon::prelude::*;
 use std::sync::Arc;
@@ -385,9 +387,60 @@ const LINEARS: [(BlockParam, &str); 4] = [
     (BlockParam::FcProjW, "mlp.c_proj"),
 ];
 
+/// The FP8 weight codes an optimizer update writes ([`Gpt::update_params_with_fp8_codes`],
+/// [`crate::optim::AdamW::queue_device_step_fp8`]).
+pub struct Fp8WeightCodes<'a, B> {
+    /// One per linear layer's weight matrix.
+    pub outs: Vec<AdamWFp8Out<'a, B>>,
+    pub scale: &'a B,
+    pub amax: &'a mut B,
+}
+
+/// Where the FP8 weight codes stand. Delayed scaling quantises the weights of a step with the
+/// scales set after the previous step, so the optimizer can write them
+/// ([`Gpt::update_params_with_fp8_codes`]) and the next forward pass skip the quantisation. The
+/// amax slots of the weights must then hold what the separate path would have recorded: the
+/// max over every quantisation of the weights since the last scaling update.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Fp8Codes {
+    /// `w8` and `w8t` are the codes of the current weights at the current scales, their amaxes
+    /// recorded: the forward pass does not quantise the weights.
+    fresh: bool,
+    /// Those amaxes were recorded by the optimizer for a forward pass that has not run yet (the
+    /// separate path records them when that pass quantises).
+    unclaimed: bool,
+    /// Unclaimed amaxes of weights that have since changed: the weights' slots are zeroed
+    /// before anything records into them or reads them.
+    reset: bool,
+}
+
+impl Fp8Codes {
+    /// After the optimizer wrote them.
+    pub(crate) const WRITTEN: Self = Self {
+        fresh: true,
+        unclaimed: true,
+        reset: false,
+    };
+    /// After a forward pass quantised the weights (or used the optimizer's codes).
+    const QUANTISED: Self = Self {
+        fresh: true,
+        unclaimed: false,
+        reset: false,
+    };
+
+    /// The weights change: the codes no longer match, and unclaimed amaxes no longer belong.
+    fn stale(&mut self) {
+        self.reset |= self.unclaimed;
+        self.fresh = false;
+        self.unclaimed = false;
+    }
+}
+
 /// FP8 copies of the linear layers' operands and their scaling metadata.
 struct Fp8Bufs<D: Device> {
     state: Fp8State<D>,
+    /// What `w8`, `w8t` and the weights' amax slots hold (see [`Fp8Codes`]).
+    codes: Fp8Codes,
     /// Per kind of linear layer: the input (used by the forward GEMM only, so reused by every
     /// layer). Per linear layer (`4·layer + kind`): the input's transpose (kept for the weight
     /// gradient), the weight and its transpose (for the input gradient), all quantised at the
@@ -540,7 +593,16 @@ impl<D: Device> Gpt<D> {
         let mut params = Vec::with_capacity(specs.len());
         let mut grads = Vec::with_capacity(specs.len());
         for (i, s) in specs.iter().enumerate() {
-            params.push(dev.alloc(if s.low_precision() { act } else { f32 }, s.numel())?);
+            // FP8: the linear layers' weights reach the GEMMs only as FP8 codes, quantised
+            // from these f32 weights (which the optimizer updates in place: no master copy,
+            // no 16-bit copy).
+            let fp8_weight = plan.precision == Precision::Fp8 && is_linear_weight(cfg, i);
+            let dtype = if s.low_precision() && !fp8_weight {
+                act
+            } else {
+                f32
+            };
+            params.push(dev.alloc(dtype, s.numel())?);
             let low_grad = plan.low_precision_weight_grads && is_linear_weight(cfg, i);
             grads.push(dev.alloc(if low_grad { act } else { f32 }, s.numel())?);
         }
@@ -625,6 +687,7 @@ impl<D: Device> Gpt<D> {
             let mut bufs = Fp8Bufs {
                 amax_discard,
                 state,
+                codes: Fp8Codes::default(),
                 x8: vec![],
                 x8t: vec![],
                 w8: vec![],
@@ -759,7 +822,13 @@ impl<D: Device> Gpt<D> {
     /// FP8 only: folds the amaxes recorded since the last call into the histories and sets the
     /// scales the next step uses. A no-op in other precisions.
     pub fn fp8_update(&mut self) -> Result<()> {
+        // Amaxes the optimizer recorded for a forward pass that did not run are not folded in.
         if let Some(q) = &mut self.fp8 {
+            q.codes.stale();
+        }
+        self.apply_fp8_amax_reset()?;
+        if let Some(q) = &mut self.fp8 {
+            q.codes = Fp8Codes::default();
             q.state.update(&*self.dev)?;
         }
         Ok(())
@@ -783,7 +852,15 @@ impl<D: Device> Gpt<D> {
     /// model shape or format.
     pub fn set_fp8_state(&mut self, ops: &[crate::fp8::OperandScaling]) -> Result<()> {
         match &mut self.fp8 {
-            Some(q) => q.state.import(&*self.dev, ops),
+            Some(q) => {
+                q.state.import(&*self.dev, ops)?;
+                q.codes.stale();
+                self.apply_fp8_amax_reset()?;
+                if let Some(q) = &mut self.fp8 {
+                    q.codes = Fp8Codes::default();
+                }
+                Ok(())
+            }
             None => Err(EngineError::Config(format!(
                 "the model runs in {}, it has no FP8 state",
                 self.precision
@@ -830,7 +907,108 @@ impl<D: Device> Gpt<D> {
 
     /// Parameters and their gradients, for the optimizer.
     pub fn params_and_grads(&mut self) -> (&mut [D::Buffer], &[D::Buffer]) {
+        self.stale_fp8_codes();
         (&mut self.params, &self.grads)
+    }
+
+    /// The weights may change: the FP8 weight codes no longer match them (the next forward
+    /// pass quantises them).
+    fn stale_fp8_codes(&mut self) {
+        if let Some(q) = &mut self.fp8 {
+            q.codes.stale();
+        }
+    }
+
+    /// Zeroes the weights' amax slots if [`Fp8Codes::reset`] says so (a small upload per
+    /// linear layer; only after the weights were replaced between an update that wrote the
+    /// codes and the forward pass).
+    fn apply_fp8_amax_reset(&mut self) -> Result<()> {
+        let Some(q) = self.fp8.as_mut().filter(|q| q.codes.reset) else {
+            return Ok(());
+        };
+        for id in 0..q.w8.len() {
+            let slot = Fp8State::<D>::slot(id, Operand::Weight);
+            self.dev.upload(&[0.0f32], &mut q.state.amax, slot)?;
+        }
+        q.codes.reset = false;
+        Ok(())
+    }
+
+    /// Runs `update` (an optimizer step) on the parameters and gradients, handing it, in FP8,
+    /// the weight codes to write: each linear layer's weight matrix (its index in
+    /// [`param_specs`] order), its codes and transposed codes, and its slot of the scales and
+    /// amaxes ([`duet_device::Device::adamw_clipped_fp8`]). Call it after [`Gpt::fp8_update`]:
+    /// the codes then take the scales the next step quantises with, and the amaxes land in the
+    /// slots that update just reset, so the next forward pass, which skips the weight
+    /// quantisation when `update` succeeded, computes exactly what it would have. In other
+    /// precisions `update` gets `None`.
+    pub fn update_params_with_fp8_codes(
+        &mut self,
+        update: impl FnOnce(
+            &mut [D::Buffer],
+            &[D::Buffer],
+            Option<Fp8WeightCodes<'_, D::Buffer>>,
+        ) -> Result<()>,
+    ) -> Result<()> {
+        self.stale_fp8_codes();
+        self.apply_fp8_amax_reset()?;
+        let cfg = &self.cfg;
+        let codes = self.fp8.as_mut().map(|q| {
+            let outs =
+                q.w8.iter_mut()
+                    .zip(q.w8t.iter_mut())
+                    .enumerate()
+                    .map(|(id, (w8, w8t))| {
+                        let (l, kind) = (id / LINEARS.len(), id % LINEARS.len());
+                        let (cols, rows) = linear_dims(cfg, kind);
+                        AdamWFp8Out {
+                            tensor: param_index(l, LINEARS[kind].0),
+                            dst: w8,
+                            dst_t: Some(w8t),
+                            rows,
+                            cols,
+                            slot: Fp8State::<D>::slot(id, Operand::Weight),
+                        }
+                    })
+                    .collect();
+            Fp8WeightCodes {
+                outs,
+                scale: &q.state.scale,
+                amax: &mut q.state.amax,
+            }
+        });
+        update(&mut self.params, &self.grads, codes)?;
+        if let Some(q) = &mut self.fp8 {
+            q.codes = Fp8Codes::WRITTEN;
+        }
+        Ok(())
+    }
+
+    /// FP8: whether the weight codes match the current weights and scales (written by the last
+    /// update, [`Gpt::update_params_with_fp8_codes`], or by a forward pass since), so that the
+    /// next forward pass does not quantise the weights.
+    pub fn fp8_codes_fresh(&self) -> bool {
+        self.fp8.as_ref().is_some_and(|q| q.codes.fresh)
+    }
+
+    /// Where the FP8 weight codes stand, for a caller that records a step (recording runs
+    /// nothing, so it puts back what they were) or replays one (which leaves them as the
+    /// recorded step did).
+    pub(crate) fn fp8_codes(&self) -> Fp8Codes {
+        self.fp8.as_ref().map(|q| q.codes).unwrap_or_default()
+    }
+
+    pub(crate) fn set_fp8_codes(&mut self, codes: Fp8Codes) {
+        if let Some(q) = &mut self.fp8 {
+            q.codes = codes;
+        }
+    }
+
+    /// FP8: quantises the weights now unless their codes are fresh (as the next forward pass
+    /// would), so that a step recorded or replayed afterwards needs no quantisation and no
+    /// upload inside it.
+    pub(crate) fn ensure_fp8_codes(&mut self) -> Result<()> {
+        self.quantize_fp8_weights()
     }
 
     /// The gradients, writable (data parallelism stores the reduced sums back into them).
@@ -853,6 +1031,7 @@ impl<D: Device> Gpt<D> {
     /// ([`crate::optim::AdamW::set_master_weights`]) or the next step overwrites these.
     pub fn set_weights(&mut self, weights: &[Vec<f32>]) -> Result<()> {
         check_weights(&self.specs, weights)?;
+        self.stale_fp8_codes();
         for (w, buf) in weights.iter().zip(&mut self.params) {
             upload_f32_as(&*self.dev, w, buf)?;
         }
@@ -913,15 +1092,25 @@ impl<D: Device> Gpt<D> {
     /// FP8 only: the amaxes recorded since the last [`Gpt::fp8_update`], per operand slot
     /// (`3·linear + operand`, operands input, weight, output gradient).
     pub fn fp8_recorded_amax(&self) -> Result<Option<Vec<f32>>> {
-        match &self.fp8 {
-            Some(q) => Ok(Some(self.dev.download(&q.state.amax)?)),
-            None => Ok(None),
+        let Some(q) = &self.fp8 else {
+            return Ok(None);
+        };
+        let mut amax: Vec<f32> = self.dev.download(&q.state.amax)?;
+        if q.codes.unclaimed || q.codes.reset {
+            // Recorded by the optimizer for a forward pass that has not run (or no longer
+            // belonging to the weights): not recorded yet as far as the scaling is concerned.
+            for id in 0..q.w8.len() {
+                amax[Fp8State::<D>::slot(id, Operand::Weight)] = 0.0;
+            }
         }
+        Ok(Some(amax))
     }
 
     /// FP8 only: clears the amaxes recorded since the last update (for inspection and tests).
     pub fn fp8_clear_recorded_amax(&mut self) -> Result<()> {
         if let Some(q) = &mut self.fp8 {
+            // The next forward pass records the weights' amaxes again.
+            q.codes = Fp8Codes::default();
             self.dev.fill(&mut q.state.amax, 0.0)?;
         }
         Ok(())
@@ -978,9 +1167,16 @@ impl<D: Device> Gpt<D> {
     }
 
     /// FP8: every linear layer's weight quantised (and transposed, for the input gradient) in one
-    /// call, recording the weights' amaxes; the checkpointed segments' recomputation reuses the
-    /// codes (the weights have not changed), so it quantises no weight again.
+    /// call, recording the weights' amaxes, unless the optimizer already wrote those codes
+    /// (`codes_fresh`); the checkpointed segments' recomputation reuses the codes (the weights
+    /// have not changed), so it quantises no weight again.
     fn quantize_fp8_weights(&mut self) -> Result<()> {
+        if let Some(q) = self.fp8.as_mut().filter(|q| q.codes.fresh) {
+            // This pass is the one the optimizer recorded the amaxes for.
+            q.codes.unclaimed = false;
+            return Ok(());
+        }
+        self.apply_fp8_amax_reset()?;
         let Some(q) = self.fp8.as_mut() else {
             return Ok(());
         };
@@ -1002,9 +1198,10 @@ impl<D: Device> Gpt<D> {
                 })
                 .collect();
         let st = &mut q.state;
-        Ok(self
-            .dev
-            .quantize_fp8_many(&mut jobs, &st.scale, &mut st.amax)?)
+        self.dev
+            .quantize_fp8_many(&mut jobs, &st.scale, &mut st.amax)?;
+        q.codes = Fp8Codes::QUANTISED;
+        Ok(())
     }
 
     /// Runs the forward pass on `tokens` (`b·t`, row-major), up to the logits.
@@ -1318,14 +1515,21 @@ pub fn estimate_memory(cfg: &ModelConfig, b: usize, t: usize, plan: &PrecisionPl
     // activation dtype where the plan says so), and the optimizer state (f32 masters in mixed
     // precision, m and v), divided over the ZeRO-1 shards.
     let shards = plan.optimizer_shards.max(1) as u64;
-    let optimizer = (if lowp { 4 * params } else { 0 } + 2 * 4 * params).div_ceil(shards);
     let linear_weights = l * (3 * c * c + c * c + 2 * f * c);
+    // FP8 keeps the linear layers' weights in f32 with no master copy.
+    let f32_weights = if plan.precision == Precision::Fp8 {
+        linear_weights
+    } else {
+        0
+    };
+    let masters = if lowp { 4 * (params - f32_weights) } else { 0 };
+    let optimizer = (masters + 2 * 4 * params).div_ceil(shards);
     let grads = if plan.low_precision_weight_grads && lowp {
         4 * (params - linear_weights) + act * linear_weights
     } else {
         4 * params
     };
-    let weights = params * act + grads + optimizer;
+    let weights = (params - f32_weights) * act + 4 * f32_weights + grads + optimizer;
     let kept_gelu = if plan.keep_gelu_output && plan.precision != Precision::Fp8 {
         n * f
     } else {

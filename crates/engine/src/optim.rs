@@ -11,7 +11,7 @@
 //! computed anyway for clipping — doubles as the inf/NaN check: a non-finite norm skips the step
 //! (the [`LossScaler`] then halves a dynamic scale).
 
-use crate::model::ParamSpec;
+use crate::model::{Fp8WeightCodes, ParamSpec};
 use crate::precision::LossScaler;
 use crate::{EngineError, Result};
 use duet_device::{
@@ -271,6 +271,30 @@ impl<D: Device> AdamW<D> {
         grads: &[D::Buffer],
         comm: Option<&dyn Collective<D>>,
     ) -> Result<()> {
+        self.check_lengths(params, grads)?;
+        dev.in_range("optimizer", || {
+            self.queue_update(dev, params, grads, comm, None)
+        })
+    }
+
+    /// [`AdamW::queue_device_step`] (one rank) that also writes an FP8 model's weight codes
+    /// ([`Device::adamw_clipped_fp8`], after the model's scaling update), as
+    /// [`crate::model::Gpt::update_params_with_fp8_codes`] hands them over; with `None` it is
+    /// `queue_device_step`.
+    pub fn queue_device_step_fp8(
+        &mut self,
+        dev: &D,
+        params: &mut [D::Buffer],
+        grads: &[D::Buffer],
+        codes: Option<Fp8WeightCodes<'_, D::Buffer>>,
+    ) -> Result<()> {
+        self.check_lengths(params, grads)?;
+        dev.in_range("optimizer", || {
+            self.queue_update(dev, params, grads, None, codes)
+        })
+    }
+
+    fn check_lengths(&self, params: &[D::Buffer], grads: &[D::Buffer]) -> Result<()> {
         if params.len() != grads.len() || params.len() != self.m.len() {
             return Err(EngineError::Config(format!(
                 "optimizer: {} parameters, {} gradients, {} moment tensors",
@@ -279,7 +303,7 @@ impl<D: Device> AdamW<D> {
                 self.m.len()
             )));
         }
-        dev.in_range("optimizer", || self.queue_update(dev, params, grads, comm))
+        Ok(())
     }
 
     /// [`AdamW::queue_device_step`] after its checks (inside the profiler range).
@@ -289,6 +313,7 @@ impl<D: Device> AdamW<D> {
         params: &mut [D::Buffer],
         grads: &[D::Buffer],
         comm: Option<&dyn Collective<D>>,
+        codes: Option<Fp8WeightCodes<'_, D::Buffer>>,
     ) -> Result<()> {
         let refs: Vec<&D::Buffer> = grads.iter().collect();
         dev.sum_squares_many(&refs, &mut self.norm, 0)?;
@@ -327,7 +352,17 @@ impl<D: Device> AdamW<D> {
             max_norm: cfg.grad_clip,
             loss_scale: 1.0,
         };
-        dev.adamw_clipped(&mut tensors, &step, &self.norm)?;
+        match codes {
+            Some(mut c) => dev.adamw_clipped_fp8(
+                &mut tensors,
+                &step,
+                &self.norm,
+                &mut c.outs,
+                c.scale,
+                c.amax,
+            )?,
+            None => dev.adamw_clipped(&mut tensors, &step, &self.norm)?,
+        }
         Ok(())
     }
 

@@ -6,7 +6,7 @@ use crate::data::{Progressions, batch_of, keeps_stride, progression};
 use crate::dataset::{Batch, Prefetcher, Source, TokenFile, validation_batches};
 use crate::dist::zero::ShardedAdamW;
 use crate::dist::{Dist, DpOptions, local_batch, plan_buckets, ready_groups};
-use crate::model::{Gpt, init_weights};
+use crate::model::{Fp8Codes, Gpt, init_weights};
 use crate::optim::{AdamW, StepStats};
 use crate::precision::LossScaler;
 use crate::rng::Rng;
@@ -90,7 +90,14 @@ pub struct Trainer<D: Device> {
     /// A non-finite loss that [`Trainer::train_steps`] found after returning the steps before it
     /// (step, loss): every later step and checkpoint fails with it.
     diverged: Option<(u64, f32)>,
+    /// FP8 without a loss scaler or other ranks: the optimizer writes the next step's weight
+    /// codes ([`Trainer::set_fp8_codes_from_optimizer`]).
+    fp8_codes_from_optimizer: bool,
 }
+
+/// Set to 0 to have the forward pass quantise the FP8 weights instead of the optimizer
+/// ([`Trainer::set_fp8_codes_from_optimizer`]; for comparisons, the bits are the same).
+pub const FP8_CODES_FROM_OPTIMIZER_ENV: &str = "DUET_FP8_CODES_FROM_OPTIMIZER";
 
 /// Where the recording of the training step stands.
 enum StepGraph<D: Device> {
@@ -228,6 +235,8 @@ impl<D: Device> Trainer<D> {
             graph: StepGraph::Cold,
             readback: None,
             diverged: None,
+            fp8_codes_from_optimizer: std::env::var(FP8_CODES_FROM_OPTIMIZER_ENV)
+                .map_or(true, |v| v.trim() != "0"),
         })
     }
 
@@ -277,6 +286,57 @@ impl<D: Device> Trainer<D> {
     pub fn set_loss_scaler(&mut self, scaler: Option<LossScaler>) {
         self.scaler = scaler;
         self.graph = StepGraph::Cold;
+    }
+
+    /// FP8: whether the optimizer writes the weight codes of the next step
+    /// ([`Gpt::update_params_with_fp8_codes`], one pass over the weights instead of the update
+    /// and a quantisation at the start of the next forward pass; on by default) or the forward
+    /// pass quantises the weights. Both give the same bits. Applies to steps without a loss
+    /// scaler on one device.
+    pub fn set_fp8_codes_from_optimizer(&mut self, on: bool) {
+        self.fp8_codes_from_optimizer = on;
+        self.graph = match self.graph {
+            StepGraph::Off => StepGraph::Off,
+            _ => StepGraph::Cold,
+        };
+    }
+
+    /// Whether this step's update writes the FP8 weight codes (FP8, switched on, no loss
+    /// scaler, one device).
+    fn fp8_codes_in_update(&self) -> bool {
+        self.fp8_codes_from_optimizer
+            && self.model.fp8_enabled()
+            && self.scaler.is_none()
+            && self.dist.is_none()
+    }
+
+    /// Where the FP8 weight codes stand after a queued step ([`Trainer::queue_step`]).
+    fn fp8_codes_after_step(&self) -> Fp8Codes {
+        if self.fp8_codes_in_update() {
+            Fp8Codes::WRITTEN
+        } else {
+            Fp8Codes::default()
+        }
+    }
+
+    /// The update of a step without a loss scaler, and FP8's delayed-scaling update, queued on
+    /// the device. With [`Trainer::fp8_codes_in_update`] the scaling update runs first and
+    /// the optimizer writes the next step's weight codes with the scales it set; otherwise the
+    /// scaling update runs after the optimizer. The same bits either way.
+    fn queue_update(&mut self) -> Result<()> {
+        let dev = self.model.device().clone();
+        if self.fp8_codes_in_update() {
+            self.model.fp8_update()?;
+            let opt = &mut self.opt;
+            self.model
+                .update_params_with_fp8_codes(|params, grads, codes| {
+                    opt.queue_device_step_fp8(&*dev, params, grads, codes)
+                })
+        } else {
+            let (params, grads) = self.model.params_and_grads();
+            self.opt.queue_device_step(&*dev, params, grads, None)?;
+            self.model.fp8_update()
+        }
     }
 
     pub fn optimizer(&self) -> &AdamW<D> {
@@ -607,15 +667,22 @@ impl<D: Device> Trainer<D> {
         self.model.zero_grads()?;
         self.model.backward()?;
         let dev = self.model.device().clone();
-        let (params, grads) = self.model.params_and_grads();
-        let stats = self
-            .opt
-            .step_scaled(&*dev, params, grads, lr, self.scaler.as_mut())?;
+        let stats = if self.scaler.is_none() {
+            self.opt.prepare_device_step(&*dev, lr)?;
+            self.queue_update()?;
+            self.opt.device_step_stats(&*dev)?
+        } else {
+            let (params, grads) = self.model.params_and_grads();
+            let stats = self
+                .opt
+                .step_scaled(&*dev, params, grads, lr, self.scaler.as_mut())?;
+            self.model.fp8_update()?;
+            stats
+        };
         let loss = self.model.read_loss()?;
         // The update already ran on non-finite gradients: the run cannot continue (its last
         // checkpoint on disk is untouched).
         check_finite(self.step, loss)?;
-        self.model.fp8_update()?;
         let seconds = start.elapsed().as_secs_f64();
         self.finish_step(loss, lr, &stats, inputs.len(), seconds)
     }
@@ -645,11 +712,8 @@ impl<D: Device> Trainer<D> {
         self.model.queue_loss_loaded(true)?;
         self.model.zero_grads()?;
         self.model.backward()?;
-        let dev = self.model.device().clone();
-        let (params, grads) = self.model.params_and_grads();
-        self.opt.queue_device_step(&*dev, params, grads, None)?;
         // FP8 delayed scaling runs on the device too: the step records it.
-        self.model.fp8_update()
+        self.queue_update()
     }
 
     /// A step through the recorded graph: upload the batch and the step's scalars, replay (or
@@ -681,19 +745,30 @@ impl<D: Device> Trainer<D> {
         }
         match &self.graph {
             StepGraph::Recorded { graph, count: c } if *c == count => {
-                dev.in_range("training step (graph replay)", || dev.replay(graph))?
+                // The recording skipped the weight quantisation when the optimizer had written
+                // the codes; if something changed the weights or the scales since, quantise
+                // them now.
+                self.model.ensure_fp8_codes()?;
+                dev.in_range("training step (graph replay)", || dev.replay(graph))?;
+                self.model.set_fp8_codes(self.fp8_codes_after_step());
             }
             StepGraph::Cold => {
                 self.queue_step()?;
                 self.graph = StepGraph::Warm;
             }
             _ => {
+                // Quantised outside the recording if they must be (no upload inside it), and,
+                // since recording runs nothing, put back as they were after it.
+                self.model.ensure_fp8_codes()?;
+                let codes = self.model.fp8_codes();
                 dev.capture_begin()?;
                 let queued = self.queue_step();
                 let recorded = dev.capture_end();
+                self.model.set_fp8_codes(codes);
                 match (queued, recorded) {
                     (Ok(()), Ok(graph)) => {
                         dev.replay(&graph)?;
+                        self.model.set_fp8_codes(self.fp8_codes_after_step());
                         self.graph = StepGraph::Recorded { graph, count };
                     }
                     (q, r) => {

@@ -57,6 +57,45 @@ fn working_copies_are_low_precision_and_masters_fp32() {
     assert_eq!(working[0], rounded);
 }
 
+/// FP8: the linear layers' weight matrices are held in f32 with no master copy (they reach the
+/// GEMMs only as FP8 codes of the f32 values); everything else as in BF16 (16-bit working
+/// copies with f32 masters, LayerNorm parameters f32). The optimizer updates those weights in
+/// place, and the memory plan counts 2 bytes per weight less than BF16's.
+#[test]
+fn fp8_linear_weights_are_f32_without_masters() {
+    let cfg = Config::preset(Preset::Tiny);
+    let dev = Arc::new(CpuDevice::new(Some(1)).unwrap());
+    let w = init_weights(&cfg.model, 1);
+    let (b, t) = (cfg.train.batch, cfg.train.seq);
+    let model = |p: Precision| {
+        Gpt::with_precision(dev.clone(), &cfg.model, b, t, &w, PrecisionPlan::new(p)).unwrap()
+    };
+    let (fp8, bf16) = (model(Precision::Fp8), model(Precision::Bf16));
+    let opt = AdamW::with_masters(&*dev, opt_cfg(&cfg), fp8.specs(), fp8.params(), &w).unwrap();
+    let mut linear = 0;
+    for (i, (spec, p)) in fp8.specs().iter().zip(fp8.params()).enumerate() {
+        let is_linear = spec.decay && !spec.name.contains(".wte.") && !spec.name.contains(".wpe.");
+        let low = spec.low_precision() && !is_linear;
+        let expect = if low { DType::BF16 } else { DType::F32 };
+        assert_eq!(duet_device::Buffer::dtype(p), expect, "{}", spec.name);
+        assert_eq!(opt.master(i).is_some(), low, "{}", spec.name);
+        linear += usize::from(is_linear);
+    }
+    assert_eq!(linear, 4 * cfg.model.layers);
+    // The weights are the exact initial values.
+    assert_eq!(opt.master_weights(&*dev, fp8.params()).unwrap(), w);
+    let weights: usize = fp8
+        .specs()
+        .iter()
+        .filter(|s| s.decay && !s.name.contains(".wte.") && !s.name.contains(".wpe."))
+        .map(|s| s.numel())
+        .sum();
+    let (p8, p16) = (fp8.memory_plan().params, bf16.memory_plan().params);
+    assert_eq!(p8, p16 + 2 * weights as u64, "params bytes");
+    let (o8, o16) = (fp8.memory_plan().optimizer, bf16.memory_plan().optimizer);
+    assert_eq!(o8 + 4 * weights as u64, o16, "optimizer bytes");
+}
+
 type StepOutcome = (StepStats, Vec<Vec<f32>>, Vec<Vec<f32>>, u64);
 
 /// One fp16 step with a given scaler: (its stats, master weights before, after, Adam steps).
@@ -324,4 +363,52 @@ fn bf16_weight_gradients_are_the_rounded_f32_ones() {
         }
     }
     assert_eq!(linear, 4 * cfg.model.layers);
+}
+
+/// FP8 weight codes written by the optimizer (after the scaling update, with the scales the
+/// next step uses) instead of quantised at the start of the next forward pass: the same bits.
+/// Two runs of 10 steps, one each way, with a validation pass after step 3 and the working
+/// weights overwritten after step 6 (the next forward pass must quantise the new weights, not
+/// use the codes the optimizer wrote), give identical losses, gradient norms, master weights,
+/// moments and FP8 scaling state.
+#[test]
+fn fp8_codes_from_the_optimizer_change_no_bit() {
+    let mut cfg = Config::preset(Preset::Tiny);
+    cfg.train.precision = Precision::Fp8;
+    let dev = Arc::new(CpuDevice::new(Some(2)).unwrap());
+    let run = |from_optimizer: bool| {
+        let mut tr = Trainer::new(dev.clone(), cfg.clone()).unwrap();
+        tr.set_fp8_codes_from_optimizer(from_optimizer);
+        let mut out = Vec::new();
+        for step in 1..=10 {
+            let r = tr.train_step().unwrap();
+            out.push((r.loss.to_bits(), r.grad_norm.to_bits()));
+            assert_eq!(tr.model().fp8_codes_fresh(), from_optimizer, "step {step}");
+            if step == 3 {
+                out.push((tr.validation_loss().unwrap().to_bits(), 0));
+            }
+            if step == 6 {
+                let w: Vec<Vec<f32>> = tr
+                    .model()
+                    .weights()
+                    .unwrap()
+                    .iter()
+                    .map(|t| t.iter().map(|x| 0.97 * x).collect())
+                    .collect();
+                tr.model_mut().set_weights(&w).unwrap();
+                assert!(!tr.model().fp8_codes_fresh());
+            }
+        }
+        let ck = tr.checkpoint().unwrap();
+        (out, ck.weights, ck.adam_m, ck.adam_v, ck.extra)
+    };
+    let fused = run(true);
+    let separate = run(false);
+    assert_eq!(fused.0, separate.0, "losses / gradient norms");
+    assert!(fused.1 == separate.1, "master weights differ");
+    assert!(
+        fused.2 == separate.2 && fused.3 == separate.3,
+        "moments differ"
+    );
+    assert_eq!(fused.4, separate.4, "FP8 scaling state");
 }

@@ -43,7 +43,10 @@
 //! run the separate ops, like the trait's default.
 
 use super::*;
-use duet_device::{Fp8QuantJob, check_fp8_quant_jobs};
+use duet_device::{
+    ADAMW_SCALARS, AdamWClipStep, AdamWFp8Out, AdamWTensor, Fp8QuantJob, check_adamw_fp8_outs,
+    check_fp8_quant_jobs,
+};
 
 /// Tile edge of the vectorised kernels (`QT` in fp8.cu).
 const QT: usize = 64;
@@ -63,6 +66,11 @@ const SMEM_DEFAULT: usize = 48 * 1024;
 /// Shared memory per block kept back from the opt-in maximum for the kernel's static arrays.
 const SMEM_STATIC_RESERVE: usize = 1024;
 
+/// Bytes of one chunk record of `adamw_fp8_<D>` (`AdamWFp8Chunk` in fp8.cu) and of one job of
+/// `transpose_codes_many` (`CodesJob`).
+const ADAMW_CHUNK_BYTES: usize = 80;
+const CODES_JOB_BYTES: usize = 40;
+
 /// Row width from which [`Device::layernorm_forward_fp8`] runs the split kernels (statistics,
 /// then the 64 × 64 tile kernel) instead of the one-pass kernel.
 const LN_SPLIT_MIN_COLS: usize = 1024;
@@ -71,6 +79,9 @@ thread_local! {
     /// Per-thread override of the LayerNorm + FP8 path (`Some(true)`: split whenever possible).
     static LN_SPLIT_ON_THREAD: std::cell::Cell<Option<bool>> =
         const { std::cell::Cell::new(None) };
+    /// Per-thread switch of [`Device::adamw_clipped_fp8`]'s fused kernel (`false`: the
+    /// separate ops, as the trait's default runs them).
+    static ADAMW_FP8_FUSED_ON_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(true) };
 }
 
 /// Whether a LayerNorm + FP8 call with rows of `c` elements runs the split kernels.
@@ -691,5 +702,220 @@ impl CudaDevice {
             .unwrap_or(0)
             .max(0) as usize;
         optin.saturating_sub(SMEM_STATIC_RESERVE).max(SMEM_DEFAULT)
+    }
+
+    /// How many weight matrices [`Device::adamw_clipped_fp8`] has updated and quantised in its
+    /// fused kernel on this device (each call adds the matrices it took), so that a test or a
+    /// benchmark can tell that the fused path ran.
+    pub fn adamw_fp8_fused_count(&self) -> u64 {
+        self.adamw_fp8_fused
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Turns [`Device::adamw_clipped_fp8`]'s fused kernel off (or back on) for calls from the
+    /// current thread, so that tests and benchmarks can compare it with the separate ops in one
+    /// process; both give the same bits.
+    pub fn adamw_fp8_fused_on_this_thread(fused: bool) {
+        ADAMW_FP8_FUSED_ON_THREAD.with(|c| c.set(fused));
+    }
+
+    /// [`Device::adamw_clipped_fp8`]: every output the fused kernel takes (a weight with no
+    /// working copy, i.e. its f32 `param` is the weight, f32 moments, a gradient of f32, bf16 or
+    /// f16, one output per tensor) is updated by `adamw_fp8_<D>` (one launch per FP8 dtype, the
+    /// chunks of `adamw_multi`), which also writes its codes and records its amax; their
+    /// transposed codes then come from those codes (`transpose_codes_many`, one launch, where
+    /// rows and cols are multiples of 8; otherwise from the updated weights). The other tensors
+    /// go through `adamw_multi`, and the other outputs are quantised from their updated weights
+    /// afterwards (`quantize_fp8_many`), as the trait's default does. Every operand is checked
+    /// before anything is launched.
+    pub(super) fn adamw_clipped_fp8_impl(
+        &self,
+        tensors: &mut [AdamWTensor<'_, CudaBuffer>],
+        step: &AdamWClipStep,
+        scalars: &CudaBuffer,
+        outs: &mut [AdamWFp8Out<'_, CudaBuffer>],
+        scale: &CudaBuffer,
+        amax: &mut CudaBuffer,
+    ) -> Result<()> {
+        const OP: &str = "adamw_clipped_fp8";
+        check_adamw_fp8_outs(OP, tensors, outs, scale, amax)?;
+        check_dtype(OP, scalars, DType::F32)?;
+        check_range(OP, 0, ADAMW_SCALARS, scalars.len())?;
+        let enabled = self.fused_ops() && ADAMW_FP8_FUSED_ON_THREAD.with(std::cell::Cell::get);
+        let mut fused = vec![false; tensors.len()];
+        // Per output: its codes (and transposed codes) come from the fused kernel.
+        let mut fused_out = vec![false; outs.len()];
+        // FP8 suffix → the group's chunk records and count.
+        let mut groups: Vec<(&'static str, Vec<u8>, usize)> = Vec::new();
+        let mut transposes: Vec<u8> = Vec::new();
+        let mut transpose_blocks = 0u64;
+        for (oi, o) in outs.iter().enumerate() {
+            let t = &tensors[o.tensor];
+            let ds = match o.dst.dtype() {
+                DType::F8E4M3 => "f8e4m3",
+                DType::F8E5M2 => "f8e5m2",
+                DType::F8E4M3Fnuz => "f8e4m3fnuz",
+                DType::F8E5M2Fnuz => "f8e5m2fnuz",
+                _ => continue,
+            };
+            let n = o.rows * o.cols; // checked by check_adamw_fp8_outs
+            let gdt = match t.grad.dtype() {
+                DType::F32 => 0i32,
+                DType::BF16 => 1,
+                DType::F16 => 2,
+                _ => continue,
+            };
+            // The transposed codes from the codes: whole 8-byte vectors of 64 × 64 tiles.
+            let transpose = match o.dst_t.as_deref() {
+                None => None,
+                Some(dt) => {
+                    let tiles = (o.rows.div_ceil(QT) * o.cols.div_ceil(QT)) as u64;
+                    (o.rows.is_multiple_of(VEC)
+                        && o.cols.is_multiple_of(VEC)
+                        && aligned16(&[o.dst.ptr(), dt.ptr()])
+                        && transpose_blocks + tiles <= i32::MAX as u64)
+                        .then_some((dt.ptr(), tiles))
+                }
+            };
+            let takes = enabled
+                && !fused[o.tensor]
+                && t.copy.is_none()
+                && [&*t.param, &*t.m, &*t.v]
+                    .iter()
+                    .all(|b| b.dtype() == DType::F32 && b.len() == n)
+                && t.grad.len() == n
+                && (o.dst_t.is_none() || transpose.is_some());
+            if !takes {
+                continue;
+            }
+            let gi = match groups.iter().position(|(k, ..)| *k == ds) {
+                Some(gi) => gi,
+                None => {
+                    groups.push((ds, Vec::new(), 0));
+                    groups.len() - 1
+                }
+            };
+            let (_, records, count) = &mut groups[gi];
+            for (offset, len) in super::multi::chunks(n) {
+                for v in [
+                    t.param.ptr(),
+                    t.grad.ptr(),
+                    t.m.ptr(),
+                    t.v.ptr(),
+                    o.dst.ptr(),
+                    scale.ptr_at(o.slot),
+                    amax.ptr_at(o.slot),
+                    offset as u64,
+                ] {
+                    records.extend_from_slice(&v.to_le_bytes());
+                }
+                records.extend_from_slice(&(len as u32).to_le_bytes());
+                records.extend_from_slice(&gdt.to_le_bytes());
+                records.extend_from_slice(&t.weight_decay.to_le_bytes());
+                records.extend_from_slice(&0u32.to_le_bytes());
+                *count += 1;
+            }
+            if let Some((dst_t, tiles)) = transpose {
+                for v in [o.dst.ptr(), dst_t, o.rows as u64, o.cols as u64] {
+                    transposes.extend_from_slice(&v.to_le_bytes());
+                }
+                transposes.extend_from_slice(&(transpose_blocks as u32).to_le_bytes());
+                transposes.extend_from_slice(&(o.cols.div_ceil(QT) as u32).to_le_bytes());
+                transpose_blocks += tiles;
+            }
+            fused[o.tensor] = true;
+            fused_out[oi] = true;
+        }
+        // The other tensors: adamw_multi (which checks its operands before launching).
+        let mut rest: Vec<AdamWTensor<'_, CudaBuffer>> = tensors
+            .iter_mut()
+            .zip(&fused)
+            .filter(|(_, f)| !**f)
+            .map(|(t, _)| AdamWTensor {
+                param: &mut *t.param,
+                grad: t.grad,
+                m: &mut *t.m,
+                v: &mut *t.v,
+                copy: t.copy.as_deref_mut(),
+                weight_decay: t.weight_decay,
+            })
+            .collect();
+        self.adamw_clipped_impl(&mut rest, step, scalars)?;
+        drop(rest);
+        let s = *step;
+        for (ds, records, count) in groups {
+            let f = self.func(KernelModule::Fp8, &format!("adamw_fp8_{ds}"))?;
+            let blocks = grid_dim(OP, count)?;
+            debug_assert_eq!(records.len(), count * ADAMW_CHUNK_BYTES);
+            let table = self.table(OP, records)?;
+            // SAFETY: adamw_fp8_D(const AdamWFp8Chunk* chunks, const float* scalars, 5 floats):
+            // `count` 80-byte records (a live device table, cached while these buffers are in
+            // use), each a chunk (offset, len inside the tensor) of one tensor checked above:
+            // f32 param/m/v and a gradient of the recorded dtype, n elements each, codes of
+            // the group's FP8 dtype and n elements (check_adamw_fp8_outs), scale/amax that
+            // output's slot (checked); no tensor in two records' tensors; `scalars` holds
+            // ADAMW_SCALARS f32 (checked); the kernel moves 4-element vectors only when every
+            // stream is aligned for them; block THREADS as its __launch_bounds__.
+            unsafe {
+                kernels::launch(
+                    &self.stream,
+                    &f,
+                    cfg((blocks, 1, 1), (super::multi::THREADS, 1, 1)),
+                    &[
+                        table.into(),
+                        scalars.ptr().into(),
+                        s.beta1.into(),
+                        s.beta2.into(),
+                        s.eps.into(),
+                        s.max_norm.into(),
+                        s.loss_scale.into(),
+                    ],
+                )?;
+            }
+        }
+        if transpose_blocks > 0 {
+            let njobs = (transposes.len() / CODES_JOB_BYTES) as i32;
+            let f = self.func(KernelModule::Fp8, "transpose_codes_many")?;
+            let table = self.table(OP, transposes)?;
+            // SAFETY: transpose_codes_many(const CodesJob* jobs, unsigned njobs): `njobs` (> 0)
+            // 40-byte records (a live device table), each the codes of one output written
+            // above (rows × cols FP8 bytes) and its transposed codes (cols × rows, checked by
+            // check_adamw_fp8_outs), rows and cols multiples of 8, both 16-byte aligned;
+            // tile_start increasing from 0 with ⌈rows / 64⌉ × col_tiles blocks per job,
+            // `transpose_blocks` in all (< 2^31); block QT_THREADS as the kernel's
+            // __launch_bounds__. Ordered after the update on the same stream.
+            unsafe {
+                kernels::launch(
+                    &self.stream,
+                    &f,
+                    cfg((transpose_blocks as u32, 1, 1), (QT_THREADS, 1, 1)),
+                    &[table.into(), njobs.into()],
+                )?;
+            }
+        }
+        let count = fused.iter().filter(|f| **f).count() as u64;
+        self.adamw_fp8_fused
+            .fetch_add(count, std::sync::atomic::Ordering::Relaxed);
+        // The outputs the kernel did not take: quantised from their updated weights.
+        let mut jobs: Vec<Fp8QuantJob<'_, CudaBuffer>> = outs
+            .iter_mut()
+            .zip(&fused_out)
+            .filter(|(_, f)| !**f)
+            .map(|(o, _)| {
+                let t = &tensors[o.tensor];
+                Fp8QuantJob {
+                    src: t.copy.as_deref().unwrap_or(&*t.param),
+                    dst: &mut *o.dst,
+                    dst_t: o.dst_t.as_deref_mut(),
+                    rows: o.rows,
+                    cols: o.cols,
+                    slot: o.slot,
+                }
+            })
+            .collect();
+        if jobs.is_empty() {
+            return Ok(());
+        }
+        self.quantize_fp8_many_impl(&mut jobs, scale, amax)
     }
 }

@@ -19,9 +19,10 @@ use duet_device::{
 /// sum-of-squares partition (and so its rounding) depends on it: changing it changes the last
 /// bits of `sum_squares_many`.
 const CHUNK: usize = 1 << 14;
-/// Threads per block of sum_squares_many_partial and adamw_multi: the kernels are built for
-/// exactly this (SUMSQ_THREADS in reduce.cu, `__launch_bounds__` in adamw.cu).
-const THREADS: u32 = 256;
+/// Threads per block of sum_squares_many_partial, adamw_multi and adamw_fp8_*: the kernels are
+/// built for exactly this (SUMSQ_THREADS in reduce.cu, `__launch_bounds__` in adamw.cu and
+/// fp8.cu).
+pub(super) const THREADS: u32 = 256;
 /// Most tables kept on the device.
 const MAX_TABLES: usize = 8;
 
@@ -44,7 +45,7 @@ fn dt_code(op: &'static str, d: DType) -> Result<i32> {
 }
 
 /// `(offset, len)` of each chunk of a tensor of `n` elements.
-fn chunks(n: usize) -> impl Iterator<Item = (usize, usize)> {
+pub(super) fn chunks(n: usize) -> impl Iterator<Item = (usize, usize)> {
     (0..n.div_ceil(CHUNK)).map(move |k| (k * CHUNK, CHUNK.min(n - k * CHUNK)))
 }
 

@@ -24,8 +24,11 @@
 //                             blocks; see its section.
 //   layernorm_quant_t_<A>_<P>_<D>
 //                             the same for wide rows, after layernorm.cu's layernorm_stats
-//                             (the 64 × 64 tile kernel on the LayerNorm output); see the last
+//                             (the 64 × 64 tile kernel on the LayerNorm output); see its
 //                             section.
+//   adamw_fp8_<D>             adamw_multi's update of f32 weights that also writes their codes
+//                             (Device::adamw_clipped_fp8); see the last section.
+//   transpose_codes_many      the transposed copies of codes (a table of matrices, bytes).
 // The column sums are written to partial[tile_row · cols + col] (f32, a fixed order inside the
 // tile). Then each block bumps the counter of its column tile (counters[blockIdx.y]); the block
 // that arrives last adds the partial rows of its 64 columns into dbias, in the order of

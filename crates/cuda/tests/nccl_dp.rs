@@ -6,6 +6,7 @@
 use duet_cuda::{CudaDevice, NcclComm};
 use duet_device::{Collective, DType, Device, DeviceExt, ReduceOp};
 use duet_engine::dist::DpOptions;
+use duet_engine::precision::WeightGradDtype;
 use duet_engine::{Config, Precision, Preset, Trainer};
 use half::bf16;
 use std::sync::{Arc, OnceLock};
@@ -131,6 +132,9 @@ fn nccl_world1_matches_the_plain_run() {
         let mut cfg = Config::preset(Preset::Seed);
         cfg.train.batch = 8;
         cfg.train.precision = precision;
+        // Data-parallel runs keep f32 weight gradients (summed over ranks in f32), whatever
+        // their world size: so does the plain run they are compared with.
+        cfg.train.weight_grad_dtype = WeightGradDtype::F32;
         let (w0, l0, ms0) = match run(&dev, &cfg, None, steps) {
             Ok(r) => r,
             // FP8 GEMM support depends on the GPU and cuBLASLt: when the plain run cannot train

@@ -175,8 +175,10 @@ fn fused_ops_train_like_the_separate_ops() {
 
 /// A recorded (CUDA graph) training step computes exactly what the unrecorded step computes:
 /// fp32, bf16 and fp8 (delayed scaling updated between replays) runs of 12 steps with and
-/// without graphs give bit-identical losses, gradient norms and weights, and the graphed run
-/// really replays a graph.
+/// without graphs give bit-identical losses, gradient norms and weights, the same FP8 scales
+/// and amax histories as read back by the host (the FP8 report and the checkpoint's metadata:
+/// they once stayed at the recording step's values), and the graphed run really replays a
+/// graph.
 #[test]
 fn recorded_steps_are_bit_identical() {
     let test = "recorded_steps_are_bit_identical";
@@ -200,18 +202,32 @@ fn recorded_steps_are_bit_identical() {
                     (r.loss.to_bits(), r.grad_norm.to_bits())
                 })
                 .collect();
+            let ck = tr.checkpoint().unwrap();
             (
                 reports,
-                tr.checkpoint().unwrap().weights,
+                ck.weights,
                 tr.step_recorded(),
+                ck.extra,
+                tr.model().fp8_report(16).unwrap(),
             )
         };
-        let (a, wa, recorded) = run(true);
-        let (b, wb, unrecorded) = run(false);
+        let (a, wa, recorded, ea, fa) = run(true);
+        let (b, wb, unrecorded, eb, fb) = run(false);
         assert!(recorded, "{p}: the graphed run did not replay a graph");
         assert!(!unrecorded, "{p}: graphs were off");
         assert_eq!(a, b, "{p}: losses / norms differ with graphs");
         assert!(wa == wb, "{p}: weights differ with graphs");
+        // The FP8 scales and amax histories the host reads back (reports, traces and
+        // checkpoints) follow the replayed steps' device updates.
+        assert_eq!(
+            ea, eb,
+            "{p}: checkpoint metadata (FP8 scaling state) differs with graphs"
+        );
+        assert_eq!(
+            format!("{fa:?}"),
+            format!("{fb:?}"),
+            "{p}: FP8 report differs with graphs"
+        );
     }
 }
 

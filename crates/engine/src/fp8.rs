@@ -443,6 +443,32 @@ impl<D: Device> Fp8State<D> {
         Ok(())
     }
 
+    /// A recorded step that contains [`Fp8State::update`] was replayed: the device ran one more
+    /// update than the host queued, so the host view is read back before its next use.
+    pub fn note_replayed_update(&mut self) {
+        self.host
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .unsynced += 1;
+    }
+
+    /// Device updates not read back yet (see [`Fp8State::set_pending_updates`]).
+    pub fn pending_updates(&mut self) -> usize {
+        self.host
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .unsynced
+    }
+
+    /// Puts back the count of [`Fp8State::pending_updates`], for a caller whose queued updates
+    /// never ran (a recording that failed).
+    pub fn set_pending_updates(&mut self, n: usize) {
+        self.host
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .unsynced = n;
+    }
+
     /// Every operand's scale and full amax history (for checkpoints).
     pub fn export(&self, dev: &D) -> Result<Vec<OperandScaling>> {
         self.operands(dev)

@@ -870,6 +870,28 @@ impl<D: Device> Gpt<D> {
 
     /// FP8 only: per layer and operand, the current scale and the first `entries` amax-history
     /// entries (most recent first).
+    /// FP8 only: a recorded training step (which ends with [`Gpt::fp8_update`]) was replayed,
+    /// so the scales and amax histories moved on the device without the host queueing the
+    /// update; the next report or export reads them back.
+    pub fn fp8_note_replayed_update(&mut self) {
+        if let Some(q) = &mut self.fp8 {
+            q.state.note_replayed_update();
+        }
+    }
+
+    /// FP8 scaling updates queued or replayed since the host last read the state back (0 in
+    /// other precisions).
+    pub(crate) fn fp8_pending_updates(&mut self) -> usize {
+        self.fp8.as_mut().map_or(0, |q| q.state.pending_updates())
+    }
+
+    /// Puts back [`Gpt::fp8_pending_updates`] after queued work that never ran.
+    pub(crate) fn set_fp8_pending_updates(&mut self, n: usize) {
+        if let Some(q) = &mut self.fp8 {
+            q.state.set_pending_updates(n);
+        }
+    }
+
     pub fn fp8_report(&self, entries: usize) -> Result<Option<Vec<OperandReport>>> {
         self.fp8
             .as_ref()

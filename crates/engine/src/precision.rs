@@ -40,9 +40,12 @@ impl WeightGradDtype {
     /// autocast gives its optimizer (its weight-gradient GEMMs write bf16, then cast to the f32
     /// `.grad`), in half the bytes for the GEMM's write, the norm and AdamW's read. fp16 keeps
     /// f32 (loss-scaled gradients would overflow f16 where f32 does not), and so do
-    /// data-parallel runs (gradients are summed over ranks in f32).
-    pub fn low_precision(self, precision: Precision, ranks: usize) -> bool {
-        self == Self::Auto && matches!(precision, Precision::Bf16 | Precision::Fp8) && ranks <= 1
+    /// data-parallel runs, whatever their world size (gradients are summed over ranks in f32
+    /// buckets).
+    pub fn low_precision(self, precision: Precision, data_parallel: bool) -> bool {
+        self == Self::Auto
+            && matches!(precision, Precision::Bf16 | Precision::Fp8)
+            && !data_parallel
     }
 }
 
@@ -343,24 +346,26 @@ pub fn build<D: Device>(
     cfg: &Config,
     weights: &[Vec<f32>],
 ) -> Result<(Gpt<D>, AdamW<D>, Option<LossScaler>)> {
-    let model = build_model(dev.clone(), cfg, weights, 1, 1)?;
+    let model = build_model(dev.clone(), cfg, weights, false, 1)?;
     let opt = build_optimizer(&*dev, cfg, &model, weights)?;
     Ok((model, opt, build_scaler(cfg)))
 }
 
-/// The model alone for one of `ranks` data-parallel ranks, planned with the optimizer state
-/// split over `optimizer_shards` ranks (ZeRO-1; 1 otherwise).
+/// The model alone, for one rank of a data-parallel run if `data_parallel`, planned with the
+/// optimizer state split over `optimizer_shards` ranks (ZeRO-1; 1 otherwise).
 pub fn build_model<D: Device>(
     dev: Arc<D>,
     cfg: &Config,
     weights: &[Vec<f32>],
-    ranks: usize,
+    data_parallel: bool,
     optimizer_shards: usize,
 ) -> Result<Gpt<D>> {
     let t = &cfg.train;
     let plan = PrecisionPlan {
         precision: t.precision,
-        low_precision_weight_grads: t.weight_grad_dtype.low_precision(t.precision, ranks),
+        low_precision_weight_grads: t
+            .weight_grad_dtype
+            .low_precision(t.precision, data_parallel),
         keep_gelu_output: !t.recompute_gelu,
         fp8: t.delayed_scaling(),
         fp8_family: None,

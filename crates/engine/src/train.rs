@@ -163,9 +163,8 @@ impl<D: Device> Trainer<D> {
             Some((comm, o)) if o.zero => comm.world_size(),
             _ => 1,
         };
-        let ranks = dp.as_ref().map_or(1, |(comm, _)| comm.world_size());
         let model =
-            crate::precision::build_model(dev.clone(), &local, weights, ranks, zero_shards)?;
+            crate::precision::build_model(dev.clone(), &local, weights, dp.is_some(), zero_shards)?;
         let scaler = crate::precision::build_scaler(&local);
         let opt = if matches!(&dp, Some((_, o)) if o.zero) {
             AdamW::new(&*dev, crate::precision::adamw_config(&local), &[])?
@@ -750,6 +749,8 @@ impl<D: Device> Trainer<D> {
                 // them now.
                 self.model.ensure_fp8_codes()?;
                 dev.in_range("training step (graph replay)", || dev.replay(graph))?;
+                // The step's FP8 scaling update ran on the device only.
+                self.model.fp8_note_replayed_update();
                 self.model.set_fp8_codes(self.fp8_codes_after_step());
             }
             StepGraph::Cold => {
@@ -761,6 +762,7 @@ impl<D: Device> Trainer<D> {
                 // since recording runs nothing, put back as they were after it.
                 self.model.ensure_fp8_codes()?;
                 let codes = self.model.fp8_codes();
+                let pending = self.model.fp8_pending_updates();
                 dev.capture_begin()?;
                 let queued = self.queue_step();
                 let recorded = dev.capture_end();
@@ -782,6 +784,8 @@ impl<D: Device> Trainer<D> {
                             why.unwrap_or_default()
                         );
                         self.graph = StepGraph::Off;
+                        // The recording's FP8 scaling update never ran.
+                        self.model.set_fp8_pending_updates(pending);
                         self.queue_step()?;
                     }
                 }

@@ -299,3 +299,24 @@ fn zero1_ranks_plan_only_their_shard() {
     };
     assert_eq!(optimizer_bytes(true), optimizer_bytes(false).div_ceil(2));
 }
+
+/// One rank with the default weight-gradient dtype (`auto`): a data-parallel run keeps f32
+/// weight gradients whatever its world size, since its buckets sum in f32 (a one-rank run used
+/// to plan bf16 gradients, as a single-device run does, and failed at its first bucket copy),
+/// and it trains exactly like a single-device run with f32 weight gradients.
+#[test]
+fn one_rank_with_auto_weight_grads_keeps_them_f32() {
+    for precision in [Precision::Bf16, Precision::Fp8] {
+        let mut c = cfg(precision);
+        c.train.weight_grad_dtype = WeightGradDtype::Auto;
+        let r = parallel(&c, 1, DpOptions::default());
+        let (w, losses, norms, scales) = single(&cfg(precision));
+        assert_eq!(max_diff(&r[0].weights, &w), 0.0, "{precision}: weights");
+        for (a, b) in r[0].losses.iter().zip(&losses) {
+            // The data-parallel loss is re-averaged over the ranks' target counts.
+            assert!((a - b).abs() <= 1e-6 * b.abs(), "{precision}: losses");
+        }
+        assert_eq!(r[0].norms, norms, "{precision}: gradient norms");
+        assert_eq!(r[0].fp8, scales, "{precision}: FP8 scales");
+    }
+}

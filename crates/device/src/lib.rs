@@ -170,6 +170,21 @@ pub struct AdamWFp8Out<'a, B> {
     pub slot: usize,
 }
 
+impl<B> AdamWFp8Out<'_, B> {
+    /// The [`Device::quantize_fp8_many`] job that writes these codes from tensor `t`'s updated
+    /// weight (its working copy, else its `param`): what [`Device::adamw_clipped_fp8`] computes.
+    pub fn job<'b>(&'b mut self, t: &'b AdamWTensor<'_, B>) -> Fp8QuantJob<'b, B> {
+        Fp8QuantJob {
+            src: t.copy.as_deref().unwrap_or(&*t.param),
+            dst: &mut *self.dst,
+            dst_t: self.dst_t.as_deref_mut(),
+            rows: self.rows,
+            cols: self.cols,
+            slot: self.slot,
+        }
+    }
+}
+
 /// One matrix of a multi-tensor FP8 quantisation ([`Device::quantize_fp8_many`]): the operands of
 /// one [`Device::quantize_fp8`] call but the `scale` and `amax` buffers, which every job of a
 /// call shares (each job reads and updates its own `slot` of them).
@@ -823,14 +838,7 @@ pub trait Device: Send + Sync + Sized + 'static {
             .iter_mut()
             .map(|o| {
                 let t = &tensors[o.tensor];
-                Fp8QuantJob {
-                    src: t.copy.as_deref().unwrap_or(&*t.param),
-                    dst: &mut *o.dst,
-                    dst_t: o.dst_t.as_deref_mut(),
-                    rows: o.rows,
-                    cols: o.cols,
-                    slot: o.slot,
-                }
+                o.job(t)
             })
             .collect();
         self.quantize_fp8_many(&mut jobs, scale, amax)
@@ -1244,14 +1252,7 @@ pub fn check_adamw_fp8_outs<B: Buffer>(
             op,
             detail: format!("output {i} names tensor {} of {}", o.tensor, tensors.len()),
         })?;
-        jobs.push(Fp8QuantJob {
-            src: t.copy.as_deref().unwrap_or(&*t.param),
-            dst: &mut *o.dst,
-            dst_t: o.dst_t.as_deref_mut(),
-            rows: o.rows,
-            cols: o.cols,
-            slot: o.slot,
-        });
+        jobs.push(o.job(t));
     }
     check_fp8_quant_jobs(op, &jobs, scale, amax)
 }

@@ -903,14 +903,7 @@ impl CudaDevice {
             .filter(|(_, f)| !**f)
             .map(|(o, _)| {
                 let t = &tensors[o.tensor];
-                Fp8QuantJob {
-                    src: t.copy.as_deref().unwrap_or(&*t.param),
-                    dst: &mut *o.dst,
-                    dst_t: o.dst_t.as_deref_mut(),
-                    rows: o.rows,
-                    cols: o.cols,
-                    slot: o.slot,
-                }
+                o.job(t)
             })
             .collect();
         if jobs.is_empty() {

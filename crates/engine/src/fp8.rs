@@ -686,4 +686,69 @@ mod tests {
         assert_eq!(compute_scale(f32::INFINITY, 3.0, 448.0, 0), 3.0);
         assert_eq!(compute_scale(1e-45, 1.0, 57344.0, 0), f32::MAX, "clamped");
     }
+    /// A replayed recorded step runs the device's scaling update without the host queueing it
+    /// ([`Fp8State::update`]). With [`Fp8State::note_replayed_update`] after each replay, the
+    /// host view (reports, checkpoints) follows the device step by step, as for updates the host
+    /// queued; without it, it stays at the last queued update (what graphed CUDA runs had:
+    /// their traces and checkpoints kept the recording step's scales).
+    #[test]
+    fn replayed_updates_are_read_back() {
+        let dev = duet_cpu::CpuDevice::new(Some(1)).unwrap();
+        let c = cfg(4, AmaxAlgo::Max, 0);
+        let layers = ["l0".to_string()];
+        let state = || Fp8State::new(&dev, c, Fp8Family::Ocp, &layers).unwrap();
+        let (mut queued, mut noted, mut unnoted) = (state(), state(), state());
+        // The device-side update alone, as a replayed graph runs it.
+        let device_update = |st: &mut Fp8State<duet_cpu::CpuDevice>| {
+            dev.fp8_scaling_update(
+                &mut st.amax,
+                &mut st.history,
+                &mut st.scale,
+                &mut st.scale_inv,
+                st.inv_stride,
+                &st.fp8_max,
+                st.cfg.amax_history_len,
+                false,
+                0,
+            )
+            .unwrap();
+        };
+        let amaxes = [[1.5f32, 0.25, 3e-4], [2.0, 0.3, 5e-4], [0.5, 0.2, 1e-3]];
+        let mut first = None;
+        for (step, a) in amaxes.iter().enumerate() {
+            for st in [&mut queued, &mut noted, &mut unnoted] {
+                dev.upload(a, &mut st.amax, 0).unwrap();
+            }
+            queued.update(&dev).unwrap();
+            if step == 0 {
+                // The first step (and the recording) queue the update on the host.
+                noted.update(&dev).unwrap();
+                unnoted.update(&dev).unwrap();
+            } else {
+                device_update(&mut noted);
+                noted.note_replayed_update();
+                device_update(&mut unnoted);
+            }
+            // A trace reads every step.
+            let want = format!("{:?}", queued.report(&dev, 4).unwrap());
+            assert_eq!(
+                format!("{:?}", noted.report(&dev, 4).unwrap()),
+                want,
+                "step {step}"
+            );
+            let got = unnoted.report(&dev, 4).unwrap();
+            let first = first.get_or_insert_with(|| format!("{got:?}"));
+            assert_eq!(
+                &format!("{got:?}"),
+                first,
+                "step {step}: the view without the notes"
+            );
+        }
+        let r = queued.report(&dev, 4).unwrap();
+        assert_eq!(r[0].amax_history, vec![0.5, 2.0, 1.5]);
+        assert_eq!(
+            format!("{:?}", noted.export(&dev).unwrap()),
+            format!("{:?}", queued.export(&dev).unwrap())
+        );
+    }
 }

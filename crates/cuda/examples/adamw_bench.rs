@@ -110,24 +110,7 @@ fn main() {
             .iter()
             .enumerate()
             .map(|(i, &(n, matrix, copy))| {
-                let put = |dtype: DType, data: &[f32]| {
-                    let mut b = dev.alloc(dtype, n).unwrap();
-                    if dtype == DType::BF16 {
-                        let h: Vec<bf16> = data.iter().map(|&x| bf16::from_f32(x)).collect();
-                        dev.upload(&h, &mut b, 0).unwrap();
-                    } else {
-                        dev.upload(data, &mut b, 0).unwrap();
-                    }
-                    b
-                };
-                Param {
-                    param: put(DType::F32, &values(n, 4 * i, -0.05, 0.05)),
-                    grad: put(gdt, &values(n, 4 * i + 1, -1e-3, 1e-3)),
-                    m: put(DType::F32, &values(n, 4 * i + 2, -1e-4, 1e-4)),
-                    v: put(DType::F32, &values(n, 4 * i + 3, 1e-9, 1e-7)),
-                    copy: copy.then(|| dev.alloc(DType::BF16, n).unwrap()),
-                    weight_decay: if matrix { 0.1 } else { 0.0 },
-                }
+                param(&dev, i, n, gdt, copy, if matrix { 0.1 } else { 0.0 })
             })
             .collect();
         let gsize = gdt.size_bytes();
@@ -142,17 +125,7 @@ fn main() {
         drop(grads);
 
         // adamw_clipped with a fixed sum of squares (clipping active), lr and bias corrections.
-        let mut scalars = dev.alloc(DType::F32, ADAMW_SCALARS).unwrap();
-        let (bc1, bc2) = AdamWStep::bias_corrections(0.9, 0.95, 10);
-        dev.upload(&[4.0f32, 3e-4, bc1, bc2], &mut scalars, 0)
-            .unwrap();
-        let step = AdamWClipStep {
-            beta1: 0.9,
-            beta2: 0.95,
-            eps: 1e-8,
-            max_norm: 1.0,
-            loss_scale: 1.0,
-        };
+        let (scalars, step) = clipped_step(&dev);
         let (us, host) = time(&dev, || {
             let mut ts: Vec<AdamWTensor<'_, _>> = params
                 .iter_mut()
@@ -199,27 +172,7 @@ fn fp8_weights(dev: &CudaDevice) {
         shapes
             .iter()
             .enumerate()
-            .map(|(i, &(r, k))| {
-                let n = r * k;
-                let put = |dtype: DType, data: &[f32]| {
-                    let mut b = dev.alloc(dtype, n).unwrap();
-                    if dtype == DType::BF16 {
-                        let h: Vec<bf16> = data.iter().map(|&x| bf16::from_f32(x)).collect();
-                        dev.upload(&h, &mut b, 0).unwrap();
-                    } else {
-                        dev.upload(data, &mut b, 0).unwrap();
-                    }
-                    b
-                };
-                Param {
-                    param: put(DType::F32, &values(n, 4 * i, -0.05, 0.05)),
-                    grad: put(DType::BF16, &values(n, 4 * i + 1, -1e-3, 1e-3)),
-                    m: put(DType::F32, &values(n, 4 * i + 2, -1e-4, 1e-4)),
-                    v: put(DType::F32, &values(n, 4 * i + 3, 1e-9, 1e-7)),
-                    copy: copies.then(|| dev.alloc(DType::BF16, n).unwrap()),
-                    weight_decay: 0.1,
-                }
-            })
+            .map(|(i, &(r, k))| param(dev, i, r * k, DType::BF16, copies, 0.1))
             .collect()
     };
     let mut codes: Vec<[duet_cuda::CudaBuffer; 2]> = shapes
@@ -234,17 +187,7 @@ fn fp8_weights(dev: &CudaDevice) {
     let scale = dev.upload_new(&vec![200.0f32; 3 * shapes.len()]).unwrap();
     let mut amax = dev.alloc(DType::F32, 3 * shapes.len()).unwrap();
     dev.fill(&mut amax, 0.0).unwrap();
-    let mut scalars = dev.alloc(DType::F32, ADAMW_SCALARS).unwrap();
-    let (bc1, bc2) = AdamWStep::bias_corrections(0.9, 0.95, 10);
-    dev.upload(&[4.0f32, 3e-4, bc1, bc2], &mut scalars, 0)
-        .unwrap();
-    let step = AdamWClipStep {
-        beta1: 0.9,
-        beta2: 0.95,
-        eps: 1e-8,
-        max_norm: 1.0,
-        loss_scale: 1.0,
-    };
+    let (scalars, step) = clipped_step(dev);
     let mut run = |params: &mut Vec<Param>, fused: Option<bool>| {
         let mut ts: Vec<AdamWTensor<'_, _>> = params
             .iter_mut()
@@ -294,6 +237,46 @@ fn fp8_weights(dev: &CudaDevice) {
     row("f32: +quantise", DType::BF16, 32.0 * t, us, host);
     let (us, host) = time(dev, || run(&mut f32_weights, Some(true)));
     row("f32: fused", DType::BF16, 29.0 * t, us, host);
+}
+
+/// Tensor `i` of `n` elements: f32 weights and moments, a gradient of dtype `gdt` (values
+/// seeded by `i`), a bf16 working copy if `copy`.
+fn param(dev: &CudaDevice, i: usize, n: usize, gdt: DType, copy: bool, weight_decay: f32) -> Param {
+    let put = |dtype: DType, data: &[f32]| {
+        let mut b = dev.alloc(dtype, n).unwrap();
+        if dtype == DType::BF16 {
+            let h: Vec<bf16> = data.iter().map(|&x| bf16::from_f32(x)).collect();
+            dev.upload(&h, &mut b, 0).unwrap();
+        } else {
+            dev.upload(data, &mut b, 0).unwrap();
+        }
+        b
+    };
+    Param {
+        param: put(DType::F32, &values(n, 4 * i, -0.05, 0.05)),
+        grad: put(gdt, &values(n, 4 * i + 1, -1e-3, 1e-3)),
+        m: put(DType::F32, &values(n, 4 * i + 2, -1e-4, 1e-4)),
+        v: put(DType::F32, &values(n, 4 * i + 3, 1e-9, 1e-7)),
+        copy: copy.then(|| dev.alloc(DType::BF16, n).unwrap()),
+        weight_decay,
+    }
+}
+
+/// The device scalars of a step with a fixed sum of squares (clipping active), lr and bias
+/// corrections (step 10), and the step's constants.
+fn clipped_step(dev: &CudaDevice) -> (duet_cuda::CudaBuffer, AdamWClipStep) {
+    let mut scalars = dev.alloc(DType::F32, ADAMW_SCALARS).unwrap();
+    let (bc1, bc2) = AdamWStep::bias_corrections(0.9, 0.95, 10);
+    dev.upload(&[4.0f32, 3e-4, bc1, bc2], &mut scalars, 0)
+        .unwrap();
+    let step = AdamWClipStep {
+        beta1: 0.9,
+        beta2: 0.95,
+        eps: 1e-8,
+        max_norm: 1.0,
+        loss_scale: 1.0,
+    };
+    (scalars, step)
 }
 
 fn row(op: &str, gdt: DType, bytes: f64, us: f64, host: f64) {

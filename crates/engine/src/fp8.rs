@@ -436,37 +436,30 @@ impl<D: Device> Fp8State<D> {
             self.cfg.algo == AmaxAlgo::MostRecent,
             self.cfg.margin,
         )?;
-        self.host
-            .get_mut()
-            .unwrap_or_else(|e| e.into_inner())
-            .unsynced += 1;
+        self.host_mut().unsynced += 1;
         Ok(())
     }
 
     /// A recorded step that contains [`Fp8State::update`] was replayed: the device ran one more
     /// update than the host queued, so the host view is read back before its next use.
     pub fn note_replayed_update(&mut self) {
-        self.host
-            .get_mut()
-            .unwrap_or_else(|e| e.into_inner())
-            .unsynced += 1;
+        self.host_mut().unsynced += 1;
     }
 
     /// Device updates not read back yet (see [`Fp8State::set_pending_updates`]).
     pub fn pending_updates(&mut self) -> usize {
-        self.host
-            .get_mut()
-            .unwrap_or_else(|e| e.into_inner())
-            .unsynced
+        self.host_mut().unsynced
     }
 
     /// Puts back the count of [`Fp8State::pending_updates`], for a caller whose queued updates
     /// never ran (a recording that failed).
     pub fn set_pending_updates(&mut self, n: usize) {
-        self.host
-            .get_mut()
-            .unwrap_or_else(|e| e.into_inner())
-            .unsynced = n;
+        self.host_mut().unsynced = n;
+    }
+
+    /// The host view, through the exclusive borrow (no lock taken).
+    fn host_mut(&mut self) -> &mut HostView {
+        self.host.get_mut().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Every operand's scale and full amax history (for checkpoints).
@@ -478,7 +471,7 @@ impl<D: Device> Fp8State<D> {
     /// the scales and histories to the device; the amaxes recorded so far are cleared.
     pub fn import(&mut self, dev: &D, ops: &[OperandScaling]) -> Result<()> {
         let len = self.cfg.amax_history_len;
-        let host = self.host.get_mut().unwrap_or_else(|e| e.into_inner());
+        let host = self.host_mut();
         if ops.len() != host.ops.len() {
             return Err(EngineError::Config(format!(
                 "FP8 state has {} operands, the model has {}",
@@ -686,6 +679,7 @@ mod tests {
         assert_eq!(compute_scale(f32::INFINITY, 3.0, 448.0, 0), 3.0);
         assert_eq!(compute_scale(1e-45, 1.0, 57344.0, 0), f32::MAX, "clamped");
     }
+
     /// A replayed recorded step runs the device's scaling update without the host queueing it
     /// ([`Fp8State::update`]). With [`Fp8State::note_replayed_update`] after each replay, the
     /// host view (reports, checkpoints) follows the device step by step, as for updates the host

@@ -465,6 +465,33 @@ fn is_linear_weight(cfg: &ModelConfig, i: usize) -> bool {
     }
 }
 
+/// Every linear layer's weight codes (`w8`, `w8t`: linear layer `4·layer + kind`'s codes and
+/// transposed codes), each with its weight's index in [`param_specs`] order, its shape and its
+/// slot of the FP8 scales and amaxes: what the optimizer writes
+/// ([`Gpt::update_params_with_fp8_codes`]) or the forward pass quantises.
+fn weight_code_outs<'a, D: Device>(
+    cfg: &ModelConfig,
+    w8: &'a mut [D::Buffer],
+    w8t: &'a mut [D::Buffer],
+) -> Vec<AdamWFp8Out<'a, D::Buffer>> {
+    w8.iter_mut()
+        .zip(w8t.iter_mut())
+        .enumerate()
+        .map(|(id, (w8, w8t))| {
+            let (l, kind) = (id / LINEARS.len(), id % LINEARS.len());
+            let (cols, rows) = linear_dims(cfg, kind);
+            AdamWFp8Out {
+                tensor: param_index(l, LINEARS[kind].0),
+                dst: w8,
+                dst_t: Some(w8t),
+                rows,
+                cols,
+                slot: Fp8State::<D>::slot(id, Operand::Weight),
+            }
+        })
+        .collect()
+}
+
 /// `(in_features, out_features)` of linear kind `k` (see [`LINEARS`]).
 fn linear_dims(cfg: &ModelConfig, k: usize) -> (usize, usize) {
     let (c, f) = (cfg.d_model, cfg.ffn);
@@ -823,12 +850,8 @@ impl<D: Device> Gpt<D> {
     /// scales the next step uses. A no-op in other precisions.
     pub fn fp8_update(&mut self) -> Result<()> {
         // Amaxes the optimizer recorded for a forward pass that did not run are not folded in.
+        self.forget_fp8_codes()?;
         if let Some(q) = &mut self.fp8 {
-            q.codes.stale();
-        }
-        self.apply_fp8_amax_reset()?;
-        if let Some(q) = &mut self.fp8 {
-            q.codes = Fp8Codes::default();
             q.state.update(&*self.dev)?;
         }
         Ok(())
@@ -854,12 +877,7 @@ impl<D: Device> Gpt<D> {
         match &mut self.fp8 {
             Some(q) => {
                 q.state.import(&*self.dev, ops)?;
-                q.codes.stale();
-                self.apply_fp8_amax_reset()?;
-                if let Some(q) = &mut self.fp8 {
-                    q.codes = Fp8Codes::default();
-                }
-                Ok(())
+                self.forget_fp8_codes()
             }
             None => Err(EngineError::Config(format!(
                 "the model runs in {}, it has no FP8 state",
@@ -868,12 +886,10 @@ impl<D: Device> Gpt<D> {
         }
     }
 
-    /// FP8 only: per layer and operand, the current scale and the first `entries` amax-history
-    /// entries (most recent first).
     /// FP8 only: a recorded training step (which ends with [`Gpt::fp8_update`]) was replayed,
     /// so the scales and amax histories moved on the device without the host queueing the
     /// update; the next report or export reads them back.
-    pub fn fp8_note_replayed_update(&mut self) {
+    pub(crate) fn fp8_note_replayed_update(&mut self) {
         if let Some(q) = &mut self.fp8 {
             q.state.note_replayed_update();
         }
@@ -892,6 +908,8 @@ impl<D: Device> Gpt<D> {
         }
     }
 
+    /// FP8 only: per layer and operand, the current scale and the first `entries` amax-history
+    /// entries (most recent first).
     pub fn fp8_report(&self, entries: usize) -> Result<Option<Vec<OperandReport>>> {
         self.fp8
             .as_ref()
@@ -941,6 +959,18 @@ impl<D: Device> Gpt<D> {
         }
     }
 
+    /// The scales change: the weight codes no longer match them, and amaxes the optimizer
+    /// recorded for a forward pass that has not run are zeroed (the next forward pass
+    /// quantises the weights and records them again).
+    fn forget_fp8_codes(&mut self) -> Result<()> {
+        self.stale_fp8_codes();
+        self.apply_fp8_amax_reset()?;
+        if let Some(q) = &mut self.fp8 {
+            q.codes = Fp8Codes::default();
+        }
+        Ok(())
+    }
+
     /// Zeroes the weights' amax slots if [`Fp8Codes::reset`] says so (a small upload per
     /// linear layer; only after the weights were replaced between an update that wrote the
     /// codes and the forward pass).
@@ -975,29 +1005,10 @@ impl<D: Device> Gpt<D> {
         self.stale_fp8_codes();
         self.apply_fp8_amax_reset()?;
         let cfg = &self.cfg;
-        let codes = self.fp8.as_mut().map(|q| {
-            let outs =
-                q.w8.iter_mut()
-                    .zip(q.w8t.iter_mut())
-                    .enumerate()
-                    .map(|(id, (w8, w8t))| {
-                        let (l, kind) = (id / LINEARS.len(), id % LINEARS.len());
-                        let (cols, rows) = linear_dims(cfg, kind);
-                        AdamWFp8Out {
-                            tensor: param_index(l, LINEARS[kind].0),
-                            dst: w8,
-                            dst_t: Some(w8t),
-                            rows,
-                            cols,
-                            slot: Fp8State::<D>::slot(id, Operand::Weight),
-                        }
-                    })
-                    .collect();
-            Fp8WeightCodes {
-                outs,
-                scale: &q.state.scale,
-                amax: &mut q.state.amax,
-            }
+        let codes = self.fp8.as_mut().map(|q| Fp8WeightCodes {
+            outs: weight_code_outs::<D>(cfg, &mut q.w8, &mut q.w8t),
+            scale: &q.state.scale,
+            amax: &mut q.state.amax,
         });
         update(&mut self.params, &self.grads, codes)?;
         if let Some(q) = &mut self.fp8 {
@@ -1203,20 +1214,15 @@ impl<D: Device> Gpt<D> {
             return Ok(());
         };
         let mut jobs: Vec<Fp8QuantJob<'_, D::Buffer>> =
-            q.w8.iter_mut()
-                .zip(q.w8t.iter_mut())
-                .enumerate()
-                .map(|(id, (w8, w8t))| {
-                    let (l, kind) = (id / LINEARS.len(), id % LINEARS.len());
-                    let (cols, rows) = linear_dims(&self.cfg, kind);
-                    Fp8QuantJob {
-                        src: &self.params[param_index(l, LINEARS[kind].0)],
-                        dst: w8,
-                        dst_t: Some(w8t),
-                        rows,
-                        cols,
-                        slot: Fp8State::<D>::slot(id, Operand::Weight),
-                    }
+            weight_code_outs::<D>(&self.cfg, &mut q.w8, &mut q.w8t)
+                .into_iter()
+                .map(|o| Fp8QuantJob {
+                    src: &self.params[o.tensor],
+                    dst: o.dst,
+                    dst_t: o.dst_t,
+                    rows: o.rows,
+                    cols: o.cols,
+                    slot: o.slot,
                 })
                 .collect();
         let st = &mut q.state;

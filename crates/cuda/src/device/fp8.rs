@@ -751,19 +751,11 @@ impl CudaDevice {
         let mut transpose_blocks = 0u64;
         for (oi, o) in outs.iter().enumerate() {
             let t = &tensors[o.tensor];
-            let ds = match o.dst.dtype() {
-                DType::F8E4M3 => "f8e4m3",
-                DType::F8E5M2 => "f8e5m2",
-                DType::F8E4M3Fnuz => "f8e4m3fnuz",
-                DType::F8E5M2Fnuz => "f8e5m2fnuz",
-                _ => continue,
-            };
-            let n = o.rows * o.cols; // checked by check_adamw_fp8_outs
-            let gdt = match t.grad.dtype() {
-                DType::F32 => 0i32,
-                DType::BF16 => 1,
-                DType::F16 => 2,
-                _ => continue,
+            // An FP8 dtype and n = rows · cols: checked by check_adamw_fp8_outs.
+            let ds = conv::kernel_suffix(o.dst.dtype()).expect("fp8 dtype");
+            let n = o.rows * o.cols;
+            let Ok(gdt) = super::multi::dt_code(OP, t.grad.dtype()) else {
+                continue;
             };
             // The transposed codes from the codes: whole 8-byte vectors of 64 × 64 tiles.
             let transpose = match o.dst_t.as_deref() {

@@ -32,7 +32,8 @@ pub(super) struct Tables {
     entries: Vec<(Vec<u8>, DeviceMemory)>,
 }
 
-fn dt_code(op: &'static str, d: DType) -> Result<i32> {
+/// The dtype code of the AdamW chunk tables (`grad_dt`, `copy_dt`: 0 f32, 1 bf16, 2 f16).
+pub(super) fn dt_code(op: &'static str, d: DType) -> Result<i32> {
     match d {
         DType::F32 => Ok(0),
         DType::BF16 => Ok(1),

@@ -6,7 +6,8 @@
 # Environment: CASES (default below; one case per line: `<preset> <precision> [duet bench args]`),
 # ITERS (default 30), NCU="<preset> <precision> [args]" adds an ncu kernel-time summary of about
 # one step of that case, NCU_SKIP/NCU_COUNT the launches skipped/profiled, NCU_EXTRA more ncu
-# options (e.g. "--cache-control none": kernels see the L2 as the step leaves it).
+# options (e.g. "--cache-control none": kernels see the L2 as the step leaves it), NCU_SEQ=1 also
+# prints that step's launches in order with their grid and block sizes.
 set -uo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 if [ "${1:-}" = "--pack" ]; then
@@ -60,28 +61,39 @@ if [ -n "${NCU:-}" ] && command -v ncu >/dev/null; then
   for ncase in "${NCU_CASES[@]}"; do
     read -r preset precision args <<<"$ncase"
     # shellcheck disable=SC2086
-    timeout 300 ncu --clock-control none ${NCU_EXTRA:-} --metrics gpu__time_duration.sum --csv \
+    timeout 300 ncu --clock-control none ${NCU_EXTRA:-} --csv \
+        --metrics gpu__time_duration.sum,launch__grid_size,launch__block_size \
         --launch-skip "${NCU_SKIP:-500}" --launch-count "${NCU_COUNT:-400}" \
         "$HERE/duet" bench --backend cuda --preset "$preset" --precision "$precision" \
         --no-graphs --warmup-steps 6 --iters 2 $args >/tmp/ncu.csv 2>/tmp/ncu.err
     echo "ncu exit $? ($ncase, unrecorded steps)"
     python3 - /tmp/ncu.csv <<'PY'
-import csv, sys, collections
+import csv, sys, collections, os
 rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
 if not rows: sys.exit("no ncu rows")
 h = rows[0]; ki = h.index("Kernel Name"); vi = h.index("Metric Value"); ui = h.index("Metric Unit")
-seq = []
+ii = h.index("ID"); mi = h.index("Metric Name")
+launches = {}
 for r in rows[1:]:
-    v = float(r[vi].replace(",", "")) * {"ns": 1e-3, "nsecond": 1e-3, "ms": 1e3, "msecond": 1e3}.get(r[ui], 1.0)
-    seq.append((r[ki].split("(")[0][:70], v))
+    l = launches.setdefault(r[ii], {"name": r[ki].split("(")[0][:70]})
+    if r[mi] == "gpu__time_duration.sum":
+        l["us"] = float(r[vi].replace(",", "")) * {"ns": 1e-3, "nsecond": 1e-3, "ms": 1e3, "msecond": 1e3}.get(r[ui], 1.0)
+    else:
+        l[r[mi]] = r[vi].replace(",", "")
+order = sorted(launches, key=int)
+seq = [(launches[i]["name"], launches[i].get("us", 0.0)) for i in order]
+grids = [(launches[i].get("launch__grid_size", "?"), launches[i].get("launch__block_size", "?")) for i in order]
 # One step: from one embedding_forward to the next.
 starts = [i for i, (k, _) in enumerate(seq) if k.startswith("embedding_forward")]
-if len(starts) >= 2: seq = seq[starts[0]:starts[1]]
+if len(starts) >= 2: seq, grids = seq[starts[0]:starts[1]], grids[starts[0]:starts[1]]
 else: print(f"(no full step between embedding_forward launches: {len(seq)} kernels)")
 tot = collections.Counter(); cnt = collections.Counter()
 for k, v in seq: tot[k] += v; cnt[k] += 1
 print(f"one step: kernels {len(seq)}, GPU time {sum(tot.values())/1e3:.3f} ms (us below)")
 for k, v in tot.most_common(45): print(f"{v:10.1f} {cnt[k]:5d}  {k}")
+if os.environ.get("NCU_SEQ"):
+    print("launch sequence (us, grid, block, kernel):")
+    for (k, v), (g, b) in zip(seq, grids): print(f"{v:9.1f} {g:>7s} {b:>5s}  {k}")
 PY
     tail -3 /tmp/ncu.err | grep -v "^==PROF==" | head -3
   done

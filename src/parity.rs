@@ -1,6 +1,6 @@
 //! `duet parity a.jsonl b.jsonl`: compares two training traces.
 
-use duet_engine::trace::{ParityOutcome, Trace, compare};
+use duet_engine::trace::{ParityOutcome, Trace, compare, execution_differences};
 use std::path::Path;
 use std::process::ExitCode;
 
@@ -20,6 +20,13 @@ pub fn run(a: &Path, b: &Path) -> ExitCode {
         tb.header.precision,
         tb.steps.len()
     );
+    let differences = execution_differences(&ta, &tb);
+    if !differences.is_empty() {
+        println!(
+            "execution settings that differ (not the arithmetic): {}",
+            differences.join(", ")
+        );
+    }
     match compare(&ta, &tb) {
         Err(e) => {
             eprintln!("error: {e}");

@@ -40,6 +40,30 @@ fn parity_exit_codes() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("config.train.lr"));
 
+    // Execution settings (here activation checkpointing, the GELU kept, the loss read back
+    // after every step) do not make traces incomparable: the CPU backend gives the same bits,
+    // so they match, and the differing settings are named.
+    let e = tmp("e.jsonl");
+    train_trace(
+        &e,
+        "1",
+        &[
+            "--checkpoint-every",
+            "1",
+            "--keep-gelu",
+            "--loss-every",
+            "1",
+        ],
+    );
+    let out = duet(&["parity", a.to_str().unwrap(), e.to_str().unwrap()]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    assert!(stdout.contains("match over 6 steps"), "{stdout}");
+    for k in ["checkpoint_every", "recompute_gelu", "loss_every"] {
+        assert!(stdout.contains(&format!("train.{k}: ")), "{k}: {stdout}");
+    }
+    assert!(stdout.contains("parameters 0.000"), "{stdout}");
+
     // A trace whose step 4 loss was altered diverges there.
     let text = std::fs::read_to_string(&b).unwrap();
     let mut lines: Vec<String> = text.lines().map(String::from).collect();

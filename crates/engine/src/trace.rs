@@ -254,8 +254,45 @@ pub enum ParityOutcome {
 #[error("traces are not comparable: {0}")]
 pub struct Incompatible(pub String);
 
+/// `train` settings that change how a step executes, not what it computes: CUDA graphs, the
+/// loss read-back interval, GEMM autotuning, activation checkpointing and the GELU recompute
+/// (each documented to give the same bits, autotuning the same values up to the last bits).
+/// Traces that differ only in these are comparable; comparing them is how those claims are
+/// checked.
+pub const EXECUTION_SETTINGS: [&str; 5] = [
+    "graphs",
+    "loss_every",
+    "gemm_autotune",
+    "checkpoint_every",
+    "recompute_gelu",
+];
+
+/// The header's config as JSON, without the [`EXECUTION_SETTINGS`].
+fn run_config(t: &Trace) -> serde_json::Value {
+    let mut v = serde_json::to_value(&t.header.config).expect("config");
+    if let Some(train) = v.get_mut("train").and_then(|t| t.as_object_mut()) {
+        for k in EXECUTION_SETTINGS {
+            train.remove(k);
+        }
+    }
+    v
+}
+
+/// The [`EXECUTION_SETTINGS`] in which two traces differ, as `train.name: a vs b`.
+pub fn execution_differences(a: &Trace, b: &Trace) -> Vec<String> {
+    let ca = serde_json::to_value(&a.header.config).expect("config");
+    let cb = serde_json::to_value(&b.header.config).expect("config");
+    EXECUTION_SETTINGS
+        .iter()
+        .filter_map(|k| {
+            let (x, y) = (&ca["train"][k], &cb["train"][k]);
+            (x != y).then(|| format!("train.{k}: {x} vs {y}"))
+        })
+        .collect()
+}
+
 /// Compares two traces step by step. `precision` picks the tolerance; when the traces' precisions
-/// differ, the looser one applies.
+/// differ, the looser one applies. Configs must agree except in the [`EXECUTION_SETTINGS`].
 pub fn compare(a: &Trace, b: &Trace) -> std::result::Result<ParityOutcome, Incompatible> {
     if a.header.seed != b.header.seed {
         return Err(Incompatible(format!(
@@ -263,8 +300,7 @@ pub fn compare(a: &Trace, b: &Trace) -> std::result::Result<ParityOutcome, Incom
             a.header.seed, b.header.seed
         )));
     }
-    let ca = serde_json::to_value(&a.header.config).expect("config");
-    let cb = serde_json::to_value(&b.header.config).expect("config");
+    let (ca, cb) = (run_config(a), run_config(b));
     if ca != cb {
         let field = first_difference("config", &ca, &cb).unwrap_or_else(|| "config".into());
         return Err(Incompatible(format!("field '{field}' differs")));

@@ -91,16 +91,10 @@ pub struct CudaDevice {
     /// Weight matrices [`Device::adamw_clipped_fp8`] has updated and quantised in its fused
     /// kernel so far ([`CudaDevice::adamw_fp8_fused_count`]).
     adamw_fp8_fused: std::sync::atomic::AtomicU64,
-    /// Row tiles per block of the FP8 gradient kernels, from [`FP8_GRAD_TILES_ENV`] at
-    /// creation (None: one wave, see `CudaDevice::grad_tile_grid`).
-    fp8_grad_tiles: Option<u32>,
 }
 
 /// Set to 1 to start with the fused paths off ([`CudaDevice::set_fused_ops`]).
 pub const UNFUSED_ENV: &str = "DUET_CUDA_UNFUSED";
-/// Set to N to make each block of the FP8 gradient kernels take N row tiles (1: one block per
-/// tile, the layout before one-wave grids; for A/B comparisons).
-pub const FP8_GRAD_TILES_ENV: &str = "DUET_CUDA_FP8_GRAD_TILES";
 /// Set to 1 to start with GEMM autotuning on ([`Device::set_gemm_autotune`]).
 pub const AUTOTUNE_ENV: &str = "DUET_GEMM_AUTOTUNE";
 
@@ -360,9 +354,6 @@ impl CudaDevice {
                 std::env::var(AUTOTUNE_ENV).is_ok_and(|v| v.trim() == "1"),
             ),
             adamw_fp8_fused: std::sync::atomic::AtomicU64::new(0),
-            fp8_grad_tiles: std::env::var(FP8_GRAD_TILES_ENV)
-                .ok()
-                .and_then(|v| v.trim().parse().ok()),
         })
     }
 

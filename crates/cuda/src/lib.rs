@@ -32,7 +32,7 @@ mod nvtx;
 pub use nvtx::NVTX_LIB_ENV;
 pub mod nccl;
 
-pub use device::{CudaDevice, CudaStepGraph, FP8_GRAD_TILES_ENV, UNFUSED_ENV};
+pub use device::{CudaDevice, CudaStepGraph, UNFUSED_ENV};
 pub use kernels::{KernelModule, compile};
 pub use memory::CudaBuffer;
 pub use nccl::NcclComm;

@@ -164,36 +164,6 @@ impl CudaDevice {
         ))
     }
 
-    /// The grid of a gradient tile kernel (`quantize_grad_t`, `quantize_dgelu_t`): x row-tile
-    /// blocks, y = column tiles, each block taking row tiles x, x + grid.x, ... (the kernel's
-    /// loop). One block per row tile where the launch fits in one wave of resident blocks;
-    /// otherwise ⌈row tiles / waves⌉ blocks per column tile, so that it is one wave again and
-    /// every block takes the same number of tiles or one less (with one block per tile, the
-    /// seed model's 8192 × 768 gradients ran 1.3 waves). [`FP8_GRAD_TILES_ENV`] fixes the
-    /// row tiles per block instead (A/B comparisons). The codes, amaxes and column sums do not
-    /// depend on the grid: partial rows are per tile and summed in a fixed order.
-    fn grad_tile_grid(
-        &self,
-        op: &'static str,
-        f: &CudaFunction,
-        rows: usize,
-        cols: usize,
-    ) -> Result<(u32, u32, u32)> {
-        let (x, y, z) = Self::tile_grid(op, rows, cols)?;
-        let per_block = match self.fp8_grad_tiles {
-            Some(n) => n.max(1),
-            None => {
-                let resident = f
-                    .occupancy_max_active_blocks_per_multiprocessor(QT_THREADS, 0, None)
-                    .map_err(drv("cuOccupancyMaxActiveBlocksPerMultiprocessor"))?
-                    .max(1) as u64
-                    * self.sm_count as u64;
-                (x as u64 * y as u64).div_ceil(resident).max(1) as u32
-            }
-        };
-        Ok((x.div_ceil(per_block), y, z))
-    }
-
     /// FP8 quantisation (see [`Device::quantize_fp8`]).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn quantize_fp8_impl(
@@ -512,7 +482,7 @@ impl CudaDevice {
             format!("quantize_grad_t_{ss}_{ds}")
         };
         let f = self.func(KernelModule::Fp8, &name)?;
-        let grid = self.grad_tile_grid(OP, &f, rows, cols)?;
+        let grid = Self::tile_grid(OP, rows, cols)?;
         debug_assert!(grid.1 as usize <= FP8_COUNTERS);
         let tiles = rows.div_ceil(QT);
         let part_bytes = mul(OP, &[tiles, cols, 4])?;

@@ -296,7 +296,13 @@ pub fn train(opts: &TrainOptions) -> CliResult<TrainOutcome> {
             }
             cfg
         }
-        None => build_config(&opts.model)?,
+        None => {
+            let cfg = build_config(&opts.model)?;
+            if cfg.train.steps == 0 {
+                return Err("--steps is 0: nothing to train (give at least 1)".into());
+            }
+            cfg
+        }
     };
     // Data parallelism: `--gpus N` starts one process per GPU running this same command line;
     // each of those (and each process of a torchrun-style multi-node launch) is one rank.

@@ -802,6 +802,24 @@ pub fn bench(a: &ModelArgs, warmup: u64, iters: u64, json: Option<&Path>) -> Cli
     if iters == 0 {
         return Err("--iters must be at least 1".into());
     }
+    // A --json path that cannot be written is found before the (possibly long) benchmark runs.
+    if let Some(p) = json {
+        let parent = p
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        if !parent.is_dir() {
+            return Err(format!(
+                "cannot write {}: {} is not a directory",
+                p.display(),
+                parent.display()
+            )
+            .into());
+        }
+        if p.is_dir() {
+            return Err(format!("cannot write {}: it is a directory", p.display()).into());
+        }
+    }
     let cfgs = if precisions.is_empty() {
         vec![cfg]
     } else {

@@ -70,6 +70,28 @@ fn bad_configs_fail_cleanly() {
         ],
         "cannot create metrics file",
     );
+    // A --json path that cannot be written stops the benchmark before it runs (no JSON out).
+    let bench = [
+        "bench",
+        "--preset",
+        "tiny",
+        "--iters",
+        "1",
+        "--json",
+        "/nonexistent/dir/bench.json",
+    ];
+    assert_clean_error(&bench, "/nonexistent/dir is not a directory");
+    assert!(duet(&bench).stdout.is_empty());
+    let dir = tmp("bench-json-dir");
+    std::fs::create_dir_all(&dir).unwrap();
+    assert_clean_error(
+        &["bench", "--preset", "tiny", "--json", dir.to_str().unwrap()],
+        "it is a directory",
+    );
+    assert_clean_error(
+        &["train", "--preset", "tiny", "--steps", "0"],
+        "--steps is 0: nothing to train",
+    );
 }
 
 #[test]

@@ -83,6 +83,7 @@ pub fn run(a: &GenerateArgs) -> CliResult<()> {
         top_k: a.top_k,
         seed: a.seed,
     };
+    let context = ck.config.model.max_seq;
     let out = dispatch(
         kind,
         a.threads,
@@ -98,6 +99,13 @@ pub fn run(a: &GenerateArgs) -> CliResult<()> {
             },
         },
     )?;
+    if out.len() < a.max_new {
+        eprintln!(
+            "stopped after {} new tokens (--max-new {}): the model's context is {context} tokens",
+            out.len(),
+            a.max_new
+        );
+    }
     if text {
         let bytes: Vec<u8> = prompt.iter().chain(&out).map(|&t| t as u8).collect();
         println!("{}", String::from_utf8_lossy(&bytes));

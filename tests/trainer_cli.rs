@@ -101,6 +101,29 @@ fn stop_and_resume_gives_the_same_losses() {
             .count(),
         5
     );
+    // Asking for more than the context holds: the output stops there, and says so.
+    let out = duet(&[
+        "generate",
+        "--checkpoint",
+        s(&full),
+        "--tokens",
+        "1,3,5,7",
+        "--max-new",
+        "100",
+    ]);
+    assert_success(&out);
+    let n = String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .split(',')
+        .count();
+    assert!(n < 100, "{n} tokens");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!(
+            "stopped after {n} new tokens (--max-new 100): the model's context is"
+        )),
+        "{err}"
+    );
 }
 
 #[test]

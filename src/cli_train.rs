@@ -162,6 +162,26 @@ pub fn build_config(a: &ModelArgs) -> CliResult<Config> {
     Ok(cfg)
 }
 
+/// Warns when FP8 recipe flags were given but none of the run's precisions is fp8.
+fn warn_unused_fp8_flags(a: &ModelArgs, precisions: &[Precision]) {
+    let flags = [
+        (a.fp8_format.is_some(), "--fp8-format"),
+        (a.fp8_amax_history_len.is_some(), "--fp8-amax-history-len"),
+        (a.fp8_amax_compute_algo.is_some(), "--fp8-amax-compute-algo"),
+        (a.fp8_margin.is_some(), "--fp8-margin"),
+        (a.fp8_fast_accum.is_some(), "--fp8-fast-accum"),
+    ];
+    let given: Vec<&str> = flags.iter().filter(|f| f.0).map(|f| f.1).collect();
+    if !given.is_empty() && !precisions.contains(&Precision::Fp8) {
+        let list: Vec<String> = precisions.iter().map(|p| p.to_string()).collect();
+        eprintln!(
+            "warning: FP8 recipe flags ({}) take effect only with --precision fp8; this run is {}",
+            given.join(", "),
+            list.join(", ")
+        );
+    }
+}
+
 fn backend_kind(a: &ModelArgs) -> CliResult<BackendKind> {
     Ok(a.backend.parse()?)
 }
@@ -298,6 +318,7 @@ pub fn train(opts: &TrainOptions) -> CliResult<TrainOutcome> {
         }
         None => {
             let cfg = build_config(&opts.model)?;
+            warn_unused_fp8_flags(&opts.model, &[cfg.train.precision]);
             if cfg.train.steps == 0 {
                 return Err("--steps is 0: nothing to train (give at least 1)".into());
             }
@@ -309,6 +330,15 @@ pub fn train(opts: &TrainOptions) -> CliResult<TrainOutcome> {
     let launch = duet_engine::dist::rendezvous::LaunchEnv::from_env()?;
     if opts.zero > 1 {
         return Err("--zero takes 0 or 1 (optimizer-state sharding)".into());
+    }
+    if opts.stop_after == Some(0) {
+        return Err("--stop-after 0: nothing to train (give at least 1)".into());
+    }
+    if opts.zero == 1 && launch.is_none() && opts.gpus.is_none() {
+        eprintln!(
+            "warning: --zero 1 shards the optimizer state across data-parallel ranks; this run \
+             has one (add --gpus N)"
+        );
     }
     if launch.is_none()
         && let Some(n) = opts.gpus
@@ -801,6 +831,11 @@ pub fn bench(a: &ModelArgs, warmup: u64, iters: u64, json: Option<&Path>) -> Cli
     };
     if iters == 0 {
         return Err("--iters must be at least 1".into());
+    }
+    if precisions.is_empty() {
+        warn_unused_fp8_flags(a, &[cfg.train.precision]);
+    } else {
+        warn_unused_fp8_flags(a, &precisions);
     }
     // A --json path that cannot be written is found before the (possibly long) benchmark runs.
     if let Some(p) = json {

@@ -92,6 +92,65 @@ fn bad_configs_fail_cleanly() {
         &["train", "--preset", "tiny", "--steps", "0"],
         "--steps is 0: nothing to train",
     );
+    assert_clean_error(
+        &["train", "--preset", "tiny", "--stop-after", "0"],
+        "--stop-after 0: nothing to train",
+    );
+}
+
+/// Flags that cannot take effect in the run they were given to: the run goes on, with a warning.
+#[test]
+fn ineffective_flags_are_warned_about() {
+    let run = |args: &[&str]| {
+        let out = duet(args);
+        assert_success(&out);
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let base = [
+        "train",
+        "--preset",
+        "tiny",
+        "--steps",
+        "1",
+        "--log-every",
+        "0",
+    ];
+    let err = run(&[&base[..], &["--fp8-margin", "2", "--fp8-format", "e4m3"]].concat());
+    assert!(
+        err.contains(
+            "warning: FP8 recipe flags (--fp8-format, --fp8-margin) take effect only with \
+             --precision fp8; this run is fp32"
+        ),
+        "{err}"
+    );
+    let err = run(&[&base[..], &["--fp8-margin", "2", "--precision", "fp8"]].concat());
+    assert!(!err.contains("warning"), "{err}");
+    let err = run(&[&base[..], &["--zero", "1"]].concat());
+    assert!(
+        err.contains("warning: --zero 1 shards the optimizer state"),
+        "{err}"
+    );
+    let bench = [
+        "bench",
+        "--preset",
+        "tiny",
+        "--iters",
+        "1",
+        "--warmup-steps",
+        "0",
+    ];
+    let err = run(&[
+        &bench[..],
+        &["--precision", "bf16,fp8", "--fp8-margin", "1"],
+    ]
+    .concat());
+    assert!(!err.contains("warning"), "{err}");
+    let err = run(&[
+        &bench[..],
+        &["--precision", "bf16,fp32", "--fp8-margin", "1"],
+    ]
+    .concat());
+    assert!(err.contains("this run is bf16, fp32"), "{err}");
 }
 
 #[test]

@@ -83,41 +83,26 @@ fn stop_and_resume_gives_the_same_losses() {
         std::fs::read(full.join("checkpoint.safetensors")).unwrap(),
         before
     );
-    // Generation from the checkpoint.
-    let out = duet(&[
-        "generate",
-        "--checkpoint",
-        s(&full),
-        "--tokens",
-        "1,3,5,7",
-        "--max-new",
-        "5",
-    ]);
-    assert_success(&out);
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout)
-            .trim()
-            .split(',')
-            .count(),
-        5
-    );
+    // Generation from the checkpoint: the new tokens and stderr.
+    let generate = |max_new: &str| {
+        let out = duet(&[
+            "generate",
+            "--checkpoint",
+            s(&full),
+            "--tokens",
+            "1,3,5,7",
+            "--max-new",
+            max_new,
+        ]);
+        assert_success(&out);
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        (stdout.trim().split(',').count(), out.stderr)
+    };
+    assert_eq!(generate("5").0, 5);
     // Asking for more than the context holds: the output stops there, and says so.
-    let out = duet(&[
-        "generate",
-        "--checkpoint",
-        s(&full),
-        "--tokens",
-        "1,3,5,7",
-        "--max-new",
-        "100",
-    ]);
-    assert_success(&out);
-    let n = String::from_utf8_lossy(&out.stdout)
-        .trim()
-        .split(',')
-        .count();
+    let (n, err) = generate("100");
     assert!(n < 100, "{n} tokens");
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = String::from_utf8_lossy(&err);
     assert!(
         err.contains(&format!(
             "stopped after {n} new tokens (--max-new 100): the model's context is"

@@ -2,7 +2,9 @@
 
 use crate::backends::{OnDevice, dispatch};
 use crate::{CliResult, ModelArgs};
-use duet_device::{BackendKind, DType, Device, DeviceError, DeviceExt, GemmDesc, human_bytes};
+use duet_device::{
+    BackendKind, DType, Device, DeviceError, DeviceExt, GemmDesc, Telemetry, human_bytes,
+};
 use duet_engine::checkpoint::Checkpoint;
 use duet_engine::trace::{TraceHeader, TraceWriter};
 use duet_engine::{Config, Precision, Preset, Trainer};
@@ -1078,12 +1080,19 @@ fn bench_one<D: Device>(
     dev.reset_peak_memory();
     let mut times = Vec::with_capacity(iters as usize);
     let mut last_loss = f32::NAN;
+    // Clocks and power after each timed step (outside its timing: the step has finished on
+    // the device); the first reading, which may load the library, comes before the timing.
+    let has_telemetry = dev.telemetry().is_some();
+    let mut samples = Vec::new();
     for _ in 0..iters {
         let ms = dev.time_ms(|| -> CliResult<()> {
             last_loss = trainer.train_step()?.loss;
             Ok(())
         })?;
         times.push(ms);
+        if has_telemetry {
+            samples.extend(dev.telemetry());
+        }
     }
     let s = Instant::now();
     for _ in 0..iters {
@@ -1125,13 +1134,77 @@ fn bench_one<D: Device>(
         "fp8_fast_accum": cfg.train.fp8_fast_accum,
         "weight_grad_dtype": cfg.train.weight_grad_dtype,
         "recompute_gelu": cfg.train.recompute_gelu,
+        "telemetry": telemetry_summary(&samples),
         "git_rev": env!("DUET_GIT_REV"),
     }))
 }
 
+/// The device's clocks and power over a benchmark's timed steps (one reading after each):
+/// medians and extremes of the readings and the share of readings with the clocks held down by
+/// the power limit or by temperature; null without readings (a backend without telemetry).
+fn telemetry_summary(samples: &[Telemetry]) -> serde_json::Value {
+    if samples.is_empty() {
+        return serde_json::Value::Null;
+    }
+    let n = samples.len();
+    let median = |f: &dyn Fn(&Telemetry) -> f64| {
+        let mut v: Vec<f64> = samples.iter().map(f).collect();
+        v.sort_by(f64::total_cmp);
+        v[n / 2]
+    };
+    let max = |f: &dyn Fn(&Telemetry) -> f64| samples.iter().map(f).fold(f64::MIN, f64::max);
+    let min = |f: &dyn Fn(&Telemetry) -> f64| samples.iter().map(f).fold(f64::MAX, f64::min);
+    let share =
+        |f: &dyn Fn(&Telemetry) -> bool| samples.iter().filter(|t| f(t)).count() as f64 / n as f64;
+    let clock = |t: &Telemetry| t.sm_clock_mhz as f64;
+    let power = |t: &Telemetry| t.power_w;
+    serde_json::json!({
+        "samples": n,
+        "sm_clock_mhz_median": median(&clock),
+        "sm_clock_mhz_min": min(&clock),
+        "sm_clock_mhz_max": max(&clock),
+        "power_w_median": median(&power),
+        "power_w_max": max(&power),
+        "power_limit_w": median(&|t| t.power_limit_w),
+        "temperature_c_max": max(&|t| t.temperature_c as f64),
+        "power_capped_share": share(&|t| t.power_capped),
+        "thermal_slowdown_share": share(&|t| t.thermal_slowdown),
+    })
+}
+
 #[cfg(test)]
 mod tests {
-    use super::steps_to_read_back;
+    use super::{Telemetry, steps_to_read_back, telemetry_summary};
+
+    #[test]
+    fn telemetry_summary_of_the_readings() {
+        assert!(telemetry_summary(&[]).is_null());
+        let t = |mhz: u32, w: f64, capped: bool| Telemetry {
+            sm_clock_mhz: mhz,
+            power_w: w,
+            power_limit_w: 700.0,
+            temperature_c: mhz / 30,
+            power_capped: capped,
+            thermal_slowdown: false,
+        };
+        let s = telemetry_summary(&[
+            t(1980, 420.5, false),
+            t(1650, 699.0, true),
+            t(1425, 701.0, true),
+            t(1755, 650.0, true),
+        ]);
+        assert_eq!(s["samples"], 4);
+        // The upper median of an even count, like the step times'.
+        assert_eq!(s["sm_clock_mhz_median"], 1755.0);
+        assert_eq!(s["sm_clock_mhz_min"], 1425.0);
+        assert_eq!(s["sm_clock_mhz_max"], 1980.0);
+        assert_eq!(s["power_w_median"], 699.0);
+        assert_eq!(s["power_w_max"], 701.0);
+        assert_eq!(s["power_limit_w"], 700.0);
+        assert_eq!(s["temperature_c_max"], 66.0);
+        assert_eq!(s["power_capped_share"], 0.75);
+        assert_eq!(s["thermal_slowdown_share"], 0.0);
+    }
 
     #[test]
     fn read_back_groups_end_at_every_event_and_the_last_step() {

@@ -50,8 +50,10 @@ while read -r preset precision args; do
     python3 - "$preset $precision $args" "$json" <<'PY'
 import json, sys
 d = json.loads(sys.argv[2]); d = d[0] if isinstance(d, list) else d
+t = d.get("telemetry") or {}
+tel = f"  {t['sm_clock_mhz_median']:.0f} MHz {t['power_w_median']:.0f} W" if t else ""
 print(f"{sys.argv[1]:44s} {d['ms_per_step_median']:10.3f} {d['ms_per_step_min']:10.3f} "
-      f"{d['peak_memory_bytes'] / 2**30:12.3f}")
+      f"{d['peak_memory_bytes'] / 2**30:12.3f}{tel}")
 PY
     grep -i "warning" /tmp/dev-bench.err | head -3
 done <<<"$CASES"

@@ -26,20 +26,37 @@ def rows(folder):
 
 def main():
     folder = sys.argv[1] if len(sys.argv) > 1 else "."
-    print("| preset | run | ms/step median | ms/step min | tokens/s | TFLOP/s | MFU | peak memory GiB |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    print(
+        "| preset | run | ms/step median | ms/step min | tokens/s | TFLOP/s | MFU | peak memory GiB "
+        "| SM clock, power (timed steps) |"
+    )
+    print("|---|---|---:|---:|---:|---:|---:|---:|---|")
     found = rows(folder)
     for preset, name, r in found:
         if "error" in r:
-            print(f"| {preset} | {name} | error: {r['error'][:60]} | | | | | |")
+            print(f"| {preset} | {name} | error: {r['error'][:60]} | | | | | | |")
             continue
         mfu = r.get("mfu")
         print(
             f"| {preset} | {name} | {r['ms_per_step_median']:.2f} | {r['ms_per_step_min']:.2f} | "
             f"{r['tokens_per_s']:.0f} | {r.get('model_tflops', float('nan')):.1f} | "
-            f"{'' if mfu is None else f'{100 * mfu:.1f}%'} | {r['peak_memory_bytes'] / 2**30:.2f} |"
+            f"{'' if mfu is None else f'{100 * mfu:.1f}%'} | {r['peak_memory_bytes'] / 2**30:.2f} | "
+            f"{telemetry(r.get('telemetry'))} |"
         )
     targets(found)
+
+
+def telemetry(t):
+    """Median SM clock and power over the timed steps, and how often the power limit held the
+    clocks down (`duet bench` and torch_ref.py sample them through NVML)."""
+    if not t:
+        return ""
+    capped = t.get("power_capped_share", 0.0)
+    cap = f", power-capped {100 * capped:.0f}%" if capped > 0 else ""
+    return (
+        f"{t['sm_clock_mhz_median']:.0f} MHz, {t['power_w_median']:.0f} of "
+        f"{t['power_limit_w']:.0f} W{cap}"
+    )
 
 
 # Issue #11's targets: (preset, what, numerator run, denominator run(s), limit). A denominator

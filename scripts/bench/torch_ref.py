@@ -20,12 +20,15 @@ Each mode warms up, then times --iters steps with CUDA events around every step 
 between steps; the loss is never read inside the timed region) and prints one JSON object per
 line with the same fields as `duet bench` (ms_per_step_median/min, tokens_per_s, model_tflops,
 mfu, peak_memory_bytes). Peak memory is torch.cuda.max_memory_allocated over the timed steps
-(not comparable under CUDA graphs, whose pools are allocated at capture).
+(not comparable under CUDA graphs, whose pools are allocated at capture). "telemetry" holds the
+GPU's SM clock, power and temperature sampled through NVML while the timed steps run, as
+`duet bench` does (null where NVML does not load).
 """
 
 import argparse
 import json
 import math
+import subprocess
 import sys
 import time
 import traceback
@@ -127,7 +130,87 @@ def gemm_ceiling(dtype, size=8192, reps=20):
     return 2 * size**3 * reps / (s.elapsed_time(e) / 1e3) / 1e12
 
 
-def run_mode(mode, p, args, ceilings):
+# The NVML sampler, run as its own process (no GIL shared with the timed steps): prints one line
+# "sm_clock_mhz power_mw power_limit_mw temperature_c reasons" every PERIOD_MS until its stdin
+# closes; exits 3 at once if NVML does not load or does not know the GPU (argv[1], its PCI bus id).
+SAMPLER = r"""
+import ctypes, select, sys, time
+n = ctypes.CDLL("libnvidia-ml.so.1")
+d = ctypes.c_void_p()
+if n.nvmlInit_v2() != 0 or n.nvmlDeviceGetHandleByPciBusId_v2(sys.argv[1].encode(), ctypes.byref(d)) != 0:
+    sys.exit(3)
+try:
+    reasons = n.nvmlDeviceGetCurrentClocksEventReasons
+except AttributeError:
+    reasons = n.nvmlDeviceGetCurrentClocksThrottleReasons
+u = [ctypes.c_uint() for _ in range(4)]
+r = ctypes.c_ulonglong()
+period = float(sys.argv[2]) / 1e3
+while not select.select([sys.stdin], [], [], 0)[0]:
+    if (n.nvmlDeviceGetClockInfo(d, 1, ctypes.byref(u[0])) == 0  # NVML_CLOCK_SM
+            and n.nvmlDeviceGetPowerUsage(d, ctypes.byref(u[1])) == 0
+            and n.nvmlDeviceGetEnforcedPowerLimit(d, ctypes.byref(u[2])) == 0
+            and n.nvmlDeviceGetTemperature(d, 0, ctypes.byref(u[3])) == 0  # NVML_TEMPERATURE_GPU
+            and reasons(d, ctypes.byref(r)) == 0):
+        print(u[0].value, u[1].value, u[2].value, u[3].value, r.value, flush=True)
+    time.sleep(period)
+"""
+
+
+class Telemetry:
+    """The GPU's SM clock, power and temperature through NVML (libnvidia-ml), sampled every
+    5 ms by a separate process while the timed steps run; summary() gives the fields
+    `duet bench` writes (src/cli_train.rs, telemetry_summary), or None without readings."""
+
+    PERIOD_MS = 5
+    # nvmlClocksEventReasons: software power cap, hardware power brake; thermal slowdowns.
+    POWER, THERMAL = 0x4 | 0x80, 0x20 | 0x40
+
+    def __init__(self):
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        self.bus = f"{props.pci_domain_id:x}:{props.pci_bus_id:x}:{props.pci_device_id:x}.0"
+        self.proc = None
+
+    def start(self):
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", SAMPLER, self.bus, str(self.PERIOD_MS)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        )
+
+    def summary(self):
+        if self.proc is None:
+            return None
+        try:
+            out, _ = self.proc.communicate(input="stop\n", timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            out = ""
+        self.proc = None
+        s = []
+        for line in out.splitlines():
+            f = line.split()
+            if len(f) == 5:
+                s.append((int(f[0]), int(f[1]) / 1e3, int(f[2]) / 1e3, int(f[3]), int(f[4])))
+        if not s:
+            return None
+        n = len(s)
+        med = lambda i: sorted(x[i] for x in s)[n // 2]
+        return {
+            "samples": n,
+            "period_ms": self.PERIOD_MS,
+            "sm_clock_mhz_median": float(med(0)),
+            "sm_clock_mhz_min": float(min(x[0] for x in s)),
+            "sm_clock_mhz_max": float(max(x[0] for x in s)),
+            "power_w_median": med(1),
+            "power_w_max": max(x[1] for x in s),
+            "power_limit_w": med(2),
+            "temperature_c_max": float(max(x[3] for x in s)),
+            "power_capped_share": sum(1 for x in s if x[4] & self.POWER) / n,
+            "thermal_slowdown_share": sum(1 for x in s if x[4] & self.THERMAL) / n,
+        }
+
+
+def run_mode(mode, p, args, ceilings, telemetry):
     torch.manual_seed(1337)
     dev = "cuda"
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -185,11 +268,13 @@ def run_mode(mode, p, args, ceilings):
     warm_s = time.time() - t0
     torch.cuda.reset_peak_memory_stats()
     ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(args.iters)]
+    telemetry.start()
     for i in range(args.iters):
         ev[i][0].record()
         loss = step(*data[i % len(data)])
         ev[i][1].record()
     torch.cuda.synchronize()
+    tel = telemetry.summary()
     times = sorted(s.elapsed_time(e) for s, e in ev)
     med = times[len(times) // 2]
     tokens = p["batch"] * p["seq"]
@@ -217,6 +302,7 @@ def run_mode(mode, p, args, ceilings):
         "loss_after_warmup": first_loss,
         "loss_final": loss.item(),
         "timing": "CUDA events around each step",
+        "telemetry": tel,
     }
 
 
@@ -231,9 +317,10 @@ def main():
     p = PRESETS[args.preset]
     ceilings = {"bf16": gemm_ceiling(torch.bfloat16), "fp32": gemm_ceiling(torch.float32, 4096, 5)}
     print(f"# gemm ceilings (TFLOP/s): {ceilings}", file=sys.stderr)
+    telemetry = Telemetry()
     for mode in args.modes.split(","):
         try:
-            r = run_mode(mode, p, args, ceilings)
+            r = run_mode(mode, p, args, ceilings, telemetry)
         except Exception as e:  # a failing mode (e.g. torchao missing) must not stop the others
             traceback.print_exc()
             r = {"backend": "pytorch", "mode": mode, "preset": args.preset, "error": f"{type(e).__name__}: {e}"}

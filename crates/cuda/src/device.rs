@@ -82,6 +82,8 @@ pub struct CudaDevice {
     fp8_counters: DeviceMemory,
     /// NVTX ranges for profiler timelines, when the library is present.
     nvtx: Option<crate::nvtx::Nvtx>,
+    /// NVML for [`Device::telemetry`], loaded on first use (None when it does not load).
+    nvml: std::sync::OnceLock<Option<crate::nvml::Nvml>>,
     /// A graph is being recorded (see device/graph.rs).
     capturing: std::sync::atomic::AtomicBool,
     /// Whether the fused paths (flash attention, GEMM epilogues) are offered.
@@ -347,6 +349,7 @@ impl CudaDevice {
             fp8_counters,
             capturing: std::sync::atomic::AtomicBool::new(false),
             nvtx: crate::nvtx::Nvtx::load(),
+            nvml: std::sync::OnceLock::new(),
             fused: std::sync::atomic::AtomicBool::new(
                 std::env::var(UNFUSED_ENV).map_or(true, |v| v.trim() != "1"),
             ),
@@ -821,6 +824,20 @@ impl Device for CudaDevice {
 
     fn reset_peak_memory(&self) {
         self.mem.reset_peak();
+    }
+
+    fn telemetry(&self) -> Option<duet_device::Telemetry> {
+        self.nvml
+            .get_or_init(|| {
+                let attr = |a| self.ctx.attribute(a).ok().map(|v| v as u32);
+                crate::nvml::Nvml::load(
+                    attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID)?,
+                    attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_PCI_BUS_ID)?,
+                    attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID)?,
+                )
+            })
+            .as_ref()?
+            .sample()
     }
 
     // ------------------------------------------------------------------ GEMM

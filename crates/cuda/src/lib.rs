@@ -28,6 +28,7 @@ mod error;
 pub mod kernels;
 pub mod loader;
 mod memory;
+mod nvml;
 mod nvtx;
 pub use nvtx::NVTX_LIB_ENV;
 pub mod nccl;

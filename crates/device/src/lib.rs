@@ -95,6 +95,25 @@ pub struct MemoryStats {
     pub driver: Option<(u64, u64)>,
 }
 
+/// One reading of the device's clocks and power ([`Device::telemetry`]), for benchmarks: a
+/// step's time depends on them, and they differ between machines of the same model (power
+/// caps, cooling).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Telemetry {
+    /// Streaming-multiprocessor clock, MHz.
+    pub sm_clock_mhz: u32,
+    /// Board power draw, W.
+    pub power_w: f64,
+    /// The power limit in force, W.
+    pub power_limit_w: f64,
+    /// GPU temperature, °C.
+    pub temperature_c: u32,
+    /// The clocks are held down by the power limit (software power cap or power brake).
+    pub power_capped: bool,
+    /// The clocks are held down by temperature (software or hardware thermal slowdown).
+    pub thermal_slowdown: bool,
+}
+
 /// Hyper-parameters of one fused AdamW step (see [`Device::adamw`]).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AdamWStep {
@@ -422,6 +441,13 @@ pub trait Device: Send + Sync + Sized + 'static {
 
     fn memory_stats(&self) -> MemoryStats;
     fn reset_peak_memory(&self);
+
+    /// The device's clocks, power and temperature now, where the backend can read them (CUDA:
+    /// NVML when libnvidia-ml loads); None elsewhere. Cheap enough to sample every few
+    /// milliseconds from another thread while steps run.
+    fn telemetry(&self) -> Option<Telemetry> {
+        None
+    }
 
     // ------------------------------------------------------------------ GEMM
 

@@ -1,0 +1,175 @@
+//! Clocks, power and temperature through NVML (libnvidia-ml, installed with the NVIDIA driver),
+//! loaded at run time for [`duet_device::Device::telemetry`]. The GPU is found by its PCI bus id,
+//! so NVML's device order (which need not be CUDA's) does not matter. Without the library, or
+//! when a call fails, there is no telemetry; nothing else depends on it.
+
+use duet_device::Telemetry;
+use std::ffi::{CString, c_char, c_int, c_uint, c_ulonglong, c_void};
+
+/// Environment variable naming the NVML library to load instead of libnvidia-ml.so.1.
+pub const NVML_LIB_ENV: &str = "DUET_NVML_LIB";
+
+type Device = *mut c_void;
+type InitFn = unsafe extern "C" fn() -> c_int;
+type ByBusIdFn = unsafe extern "C" fn(*const c_char, *mut Device) -> c_int;
+type ClockFn = unsafe extern "C" fn(Device, c_int, *mut c_uint) -> c_int;
+type UintFn = unsafe extern "C" fn(Device, *mut c_uint) -> c_int;
+type TempFn = unsafe extern "C" fn(Device, c_int, *mut c_uint) -> c_int;
+type ReasonsFn = unsafe extern "C" fn(Device, *mut c_ulonglong) -> c_int;
+
+const NVML_SUCCESS: c_int = 0;
+/// nvmlClockType_t NVML_CLOCK_SM.
+const CLOCK_SM: c_int = 1;
+/// nvmlTemperatureSensors_t NVML_TEMPERATURE_GPU.
+const TEMPERATURE_GPU: c_int = 0;
+/// nvmlClocksEventReasons (nvmlClocksThrottleReasons before CUDA 12.2): software power cap,
+/// hardware power brake; software and hardware thermal slowdown.
+const REASON_SW_POWER_CAP: u64 = 0x4;
+const REASON_HW_POWER_BRAKE: u64 = 0x80;
+const REASON_SW_THERMAL: u64 = 0x20;
+const REASON_HW_THERMAL: u64 = 0x40;
+
+pub(crate) struct Nvml {
+    device: Device,
+    clock: ClockFn,
+    power: UintFn,
+    power_limit: UintFn,
+    temperature: TempFn,
+    reasons: ReasonsFn,
+    /// Keeps the functions above loaded.
+    _lib: libloading::Library,
+}
+
+// SAFETY: an nvmlDevice_t is an opaque handle that NVML allows from any thread (NVML is
+// thread-safe); the function pointers are plain code addresses.
+unsafe impl Send for Nvml {}
+// SAFETY: as above; every call only reads through the handle.
+unsafe impl Sync for Nvml {}
+
+impl Nvml {
+    /// NVML for the GPU at PCI `domain:bus:device`, if the library loads, initialises and
+    /// knows that GPU.
+    pub(crate) fn load(domain: u32, bus: u32, device: u32) -> Option<Self> {
+        let mut names: Vec<String> = std::env::var(NVML_LIB_ENV).into_iter().collect();
+        names.extend(["libnvidia-ml.so.1".into(), "libnvidia-ml.so".into()]);
+        Self::load_from(&names, domain, bus, device)
+    }
+
+    /// [`Nvml::load`] from the first of `names` that loads and answers.
+    fn load_from(names: &[String], domain: u32, bus: u32, device: u32) -> Option<Self> {
+        let bus_id = CString::new(format!("{domain:x}:{bus:x}:{device:x}.0")).ok()?;
+        names.iter().find_map(|n| {
+            // SAFETY: loading a shared library runs its initialisers; libnvidia-ml's set up
+            // its own state only.
+            let lib = unsafe { libloading::Library::new(n.as_str()) }.ok()?;
+            // SAFETY: these symbols have these C signatures in every NVML since CUDA 10
+            // (nvml.h): nvmlReturn_t nvmlInit_v2(void);
+            // nvmlDeviceGetHandleByPciBusId_v2(const char*, nvmlDevice_t*);
+            // nvmlDeviceGetClockInfo(nvmlDevice_t, nvmlClockType_t, unsigned*);
+            // nvmlDeviceGetPowerUsage / nvmlDeviceGetEnforcedPowerLimit(nvmlDevice_t, unsigned*);
+            // nvmlDeviceGetTemperature(nvmlDevice_t, nvmlTemperatureSensors_t, unsigned*);
+            // nvmlDeviceGetCurrentClocksEventReasons (or its older name
+            // nvmlDeviceGetCurrentClocksThrottleReasons)(nvmlDevice_t, unsigned long long*).
+            // The enums are C ints.
+            let (init, by_bus, clock, power, power_limit, temperature, reasons) = unsafe {
+                (
+                    *lib.get::<InitFn>(b"nvmlInit_v2\0").ok()?,
+                    *lib.get::<ByBusIdFn>(b"nvmlDeviceGetHandleByPciBusId_v2\0")
+                        .ok()?,
+                    *lib.get::<ClockFn>(b"nvmlDeviceGetClockInfo\0").ok()?,
+                    *lib.get::<UintFn>(b"nvmlDeviceGetPowerUsage\0").ok()?,
+                    *lib.get::<UintFn>(b"nvmlDeviceGetEnforcedPowerLimit\0")
+                        .ok()?,
+                    *lib.get::<TempFn>(b"nvmlDeviceGetTemperature\0").ok()?,
+                    *lib.get::<ReasonsFn>(b"nvmlDeviceGetCurrentClocksEventReasons\0")
+                        .or_else(|_| {
+                            lib.get::<ReasonsFn>(b"nvmlDeviceGetCurrentClocksThrottleReasons\0")
+                        })
+                        .ok()?,
+                )
+            };
+            // SAFETY: no arguments; initialising twice is allowed (NVML counts references).
+            if unsafe { init() } != NVML_SUCCESS {
+                return None;
+            }
+            let mut handle: Device = std::ptr::null_mut();
+            // SAFETY: a NUL-terminated bus id and an out-parameter for the handle.
+            if unsafe { by_bus(bus_id.as_ptr(), &mut handle) } != NVML_SUCCESS || handle.is_null() {
+                return None;
+            }
+            let nvml = Self {
+                device: handle,
+                clock,
+                power,
+                power_limit,
+                temperature,
+                reasons,
+                _lib: lib,
+            };
+            // Only a library that answers is kept.
+            nvml.sample().map(|_| nvml)
+        })
+    }
+
+    /// One reading, or None if any call fails.
+    pub(crate) fn sample(&self) -> Option<Telemetry> {
+        let ok = |r: c_int| (r == NVML_SUCCESS).then_some(());
+        let (mut clock, mut power, mut limit, mut temp, mut reasons) = (0, 0, 0, 0, 0);
+        // SAFETY: a live device handle (from load) and out-parameters of the declared types.
+        unsafe {
+            ok((self.clock)(self.device, CLOCK_SM, &mut clock))?;
+            ok((self.power)(self.device, &mut power))?;
+            ok((self.power_limit)(self.device, &mut limit))?;
+            ok((self.temperature)(self.device, TEMPERATURE_GPU, &mut temp))?;
+            ok((self.reasons)(self.device, &mut reasons))?;
+        }
+        Some(Telemetry {
+            sm_clock_mhz: clock,
+            // NVML reports milliwatts.
+            power_w: power as f64 / 1e3,
+            power_limit_w: limit as f64 / 1e3,
+            temperature_c: temp,
+            power_capped: reasons & (REASON_SW_POWER_CAP | REASON_HW_POWER_BRAKE) != 0,
+            thermal_slowdown: reasons & (REASON_SW_THERMAL | REASON_HW_THERMAL) != 0,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The loader against a stand-in library with nvml.h's signatures (tests/fixtures/
+    /// fake_nvml.c, built here with the system C compiler): the bus id format, the units, the
+    /// reason bits, the older name of the reasons call, and a GPU NVML does not know.
+    #[test]
+    fn reads_a_library_with_nvml_signatures() {
+        let dir = std::env::temp_dir().join(format!("duet-fake-nvml-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let lib = dir.join("libfake_nvml.so");
+        let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/fake_nvml.c");
+        let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+        let status = std::process::Command::new(&cc)
+            .args(["-shared", "-fPIC", "-O1", "-o"])
+            .arg(&lib)
+            .arg(src)
+            .status()
+            .unwrap_or_else(|e| panic!("{cc} (the C compiler Rust links with): {e}"));
+        assert!(status.success(), "{cc} failed on {src}");
+        let names = [
+            dir.join("missing.so").display().to_string(),
+            lib.display().to_string(),
+        ];
+        let nvml = Nvml::load_from(&names, 0, 0x19, 0).expect("the stand-in loads");
+        let t = nvml.sample().expect("a reading");
+        assert_eq!(t.sm_clock_mhz, 1650);
+        assert_eq!(t.power_w, 699.5);
+        assert_eq!(t.power_limit_w, 700.0);
+        assert_eq!(t.temperature_c, 65);
+        assert!(t.power_capped);
+        assert!(!t.thermal_slowdown);
+        // Another GPU: NVML does not know it, so there is no telemetry.
+        assert!(Nvml::load_from(&names, 0, 0x1a, 0).is_none());
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}

@@ -146,16 +146,24 @@ mod tests {
     fn reads_a_library_with_nvml_signatures() {
         let dir = std::env::temp_dir().join(format!("duet-fake-nvml-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let lib = dir.join("libfake_nvml.so");
-        let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/fake_nvml.c");
+        let (lib, src) = (dir.join("libfake_nvml.so"), dir.join("fake_nvml.c"));
+        std::fs::write(&src, include_str!("../tests/fixtures/fake_nvml.c")).unwrap();
         let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-        let status = std::process::Command::new(&cc)
+        let status = match std::process::Command::new(&cc)
             .args(["-shared", "-fPIC", "-O1", "-o"])
             .arg(&lib)
-            .arg(src)
+            .arg(&src)
             .status()
-            .unwrap_or_else(|e| panic!("{cc} (the C compiler Rust links with): {e}"));
-        assert!(status.success(), "{cc} failed on {src}");
+        {
+            Ok(s) => s,
+            // A machine with the test binary but no C compiler (the GPU machine): say so.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                eprintln!("reads_a_library_with_nvml_signatures: skipped, no C compiler ({cc})");
+                return;
+            }
+            Err(e) => panic!("{cc}: {e}"),
+        };
+        assert!(status.success(), "{cc} failed on {}", src.display());
         let names = [
             dir.join("missing.so").display().to_string(),
             lib.display().to_string(),

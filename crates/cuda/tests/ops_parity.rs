@@ -221,6 +221,46 @@ fn own_gpu(test: &str) -> Option<CudaDevice> {
     Some(CudaDevice::new(0).expect("a second device on the same GPU"))
 }
 
+/// NVML telemetry of the GPU (libnvidia-ml comes with the driver, so a machine that runs CUDA
+/// has it): readings in plausible ranges, and the clock rises under load.
+#[test]
+fn telemetry_reads_the_gpu() {
+    let Some(g) = gpu("telemetry_reads_the_gpu") else {
+        return;
+    };
+    let t = g
+        .telemetry()
+        .expect("NVML telemetry (libnvidia-ml.so.1 ships with the NVIDIA driver)");
+    eprintln!("telemetry_reads_the_gpu: idle {t:?}");
+    assert!((50..=4000).contains(&t.sm_clock_mhz), "{t:?}");
+    assert!(t.power_w > 1.0 && t.power_w < 2000.0, "{t:?}");
+    assert!(t.power_limit_w >= 50.0 && t.power_limit_w < 2000.0, "{t:?}");
+    assert!((1..=120).contains(&t.temperature_c), "{t:?}");
+    // Keep the GPU busy for a while (back-to-back 4096² bf16 GEMMs), then read again.
+    let n = 4096;
+    let a = g.upload_new(&vec![bf16::from_f32(0.01); n * n]).unwrap();
+    let mut c = g.alloc(DType::BF16, n * n).unwrap();
+    let desc = GemmDesc::new(false, false, n, n, n);
+    let start = std::time::Instant::now();
+    while start.elapsed() < std::time::Duration::from_millis(300) {
+        for _ in 0..20 {
+            g.gemm(&desc, &a, &a, &mut c).unwrap();
+        }
+        let busy = g.telemetry().expect("a reading under load");
+        if busy.sm_clock_mhz > t.sm_clock_mhz.max(600) {
+            eprintln!("telemetry_reads_the_gpu: busy {busy:?}");
+            g.synchronize().unwrap();
+            return;
+        }
+    }
+    g.synchronize().unwrap();
+    let busy = g.telemetry().unwrap();
+    assert!(
+        busy.sm_clock_mhz >= 600,
+        "the SM clock stayed low under load: idle {t:?}, busy {busy:?}"
+    );
+}
+
 #[test]
 fn device_info_and_memory_stats() {
     let Some(g) = own_gpu("device_info_and_memory_stats") else {

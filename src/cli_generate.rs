@@ -69,11 +69,11 @@ pub fn run(a: &GenerateArgs) -> CliResult<()> {
     if !(a.temperature.is_finite() && a.temperature >= 0.0) {
         return Err("--temperature must be ≥ 0".into());
     }
-    if prompt.len() >= ck.config.model.max_seq {
+    let context = ck.config.model.max_seq;
+    if prompt.len() >= context {
         return Err(format!(
-            "the prompt has {} tokens; the model's context is {}",
-            prompt.len(),
-            ck.config.model.max_seq
+            "the prompt has {} tokens; the model's context is {context}",
+            prompt.len()
         )
         .into());
     }
@@ -83,7 +83,6 @@ pub fn run(a: &GenerateArgs) -> CliResult<()> {
         top_k: a.top_k,
         seed: a.seed,
     };
-    let context = ck.config.model.max_seq;
     let out = dispatch(
         kind,
         a.threads,

@@ -834,11 +834,6 @@ pub fn bench(a: &ModelArgs, warmup: u64, iters: u64, json: Option<&Path>) -> Cli
     if iters == 0 {
         return Err("--iters must be at least 1".into());
     }
-    if precisions.is_empty() {
-        warn_unused_fp8_flags(a, &[cfg.train.precision]);
-    } else {
-        warn_unused_fp8_flags(a, &precisions);
-    }
     // A --json path that cannot be written is found before the (possibly long) benchmark runs.
     if let Some(p) = json {
         let parent = p
@@ -869,6 +864,8 @@ pub fn bench(a: &ModelArgs, warmup: u64, iters: u64, json: Option<&Path>) -> Cli
             })
             .collect()
     };
+    let run_precisions: Vec<Precision> = cfgs.iter().map(|c| c.train.precision).collect();
+    warn_unused_fp8_flags(a, &run_precisions);
     let kind = backend_kind(a)?;
     let mut runs = dispatch(
         kind,

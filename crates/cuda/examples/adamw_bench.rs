@@ -127,17 +127,7 @@ fn main() {
         // adamw_clipped with a fixed sum of squares (clipping active), lr and bias corrections.
         let (scalars, step) = clipped_step(&dev);
         let (us, host) = time(&dev, || {
-            let mut ts: Vec<AdamWTensor<'_, _>> = params
-                .iter_mut()
-                .map(|p| AdamWTensor {
-                    param: &mut p.param,
-                    grad: &p.grad,
-                    m: &mut p.m,
-                    v: &mut p.v,
-                    copy: p.copy.as_mut(),
-                    weight_decay: p.weight_decay,
-                })
-                .collect();
+            let mut ts = tensors(&mut params);
             dev.adamw_clipped(&mut ts, &step, &scalars).unwrap()
         });
         // Read param, grad, m, v; write param, m, v and the copies.
@@ -189,17 +179,7 @@ fn fp8_weights(dev: &CudaDevice) {
     dev.fill(&mut amax, 0.0).unwrap();
     let (scalars, step) = clipped_step(dev);
     let mut run = |params: &mut Vec<Param>, fused: Option<bool>| {
-        let mut ts: Vec<AdamWTensor<'_, _>> = params
-            .iter_mut()
-            .map(|p| AdamWTensor {
-                param: &mut p.param,
-                grad: &p.grad,
-                m: &mut p.m,
-                v: &mut p.v,
-                copy: p.copy.as_mut(),
-                weight_decay: p.weight_decay,
-            })
-            .collect();
+        let mut ts = tensors(params);
         let mut outs: Vec<AdamWFp8Out<'_, _>> = codes
             .iter_mut()
             .zip(&shapes)
@@ -264,6 +244,21 @@ fn param(dev: &CudaDevice, i: usize, n: usize, gdt: DType, copy: bool, weight_de
 
 /// The device scalars of a step with a fixed sum of squares (clipping active), lr and bias
 /// corrections (step 10), and the step's constants.
+/// The optimizer's view of the benchmark's parameters.
+fn tensors(params: &mut [Param]) -> Vec<AdamWTensor<'_, duet_cuda::CudaBuffer>> {
+    params
+        .iter_mut()
+        .map(|p| AdamWTensor {
+            param: &mut p.param,
+            grad: &p.grad,
+            m: &mut p.m,
+            v: &mut p.v,
+            copy: p.copy.as_mut(),
+            weight_decay: p.weight_decay,
+        })
+        .collect()
+}
+
 fn clipped_step(dev: &CudaDevice) -> (duet_cuda::CudaBuffer, AdamWClipStep) {
     let mut scalars = dev.alloc(DType::F32, ADAMW_SCALARS).unwrap();
     let (bc1, bc2) = AdamWStep::bias_corrections(0.9, 0.95, 10);

@@ -30,6 +30,7 @@ pub mod loader;
 mod memory;
 mod nvml;
 mod nvtx;
+pub use nvml::NVML_LIB_ENV;
 pub use nvtx::NVTX_LIB_ENV;
 pub mod nccl;
 

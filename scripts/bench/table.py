@@ -48,13 +48,16 @@ def main():
 
 def telemetry(t):
     """Median SM clock and power over the timed steps, and how often the power limit held the
-    clocks down (`duet bench` and torch_ref.py sample them through NVML)."""
+    clocks down (`duet bench` and torch_ref.py sample them through NVML). Power readings that
+    are the driver's trailing average (about 1 s, so a short run repeats one value) are marked;
+    results written before the field existed are marked too."""
     if not t:
         return ""
     capped = t.get("power_capped_share", 0.0)
     cap = f", power-capped {100 * capped:.0f}%" if capped > 0 else ""
+    avg = "" if t.get("power_instant") else " (1 s average)"
     return (
-        f"{t['sm_clock_mhz_median']:.0f} MHz, {t['power_w_median']:.0f} of "
+        f"{t['sm_clock_mhz_median']:.0f} MHz, {t['power_w_median']:.0f}{avg} of "
         f"{t['power_limit_w']:.0f} W{cap}"
     )
 

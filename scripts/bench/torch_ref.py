@@ -131,8 +131,11 @@ def gemm_ceiling(dtype, size=8192, reps=20):
 
 
 # The NVML sampler, run as its own process (no GIL shared with the timed steps): prints one line
-# "sm_clock_mhz power_mw power_limit_mw temperature_c reasons" every PERIOD_MS until its stdin
-# closes; exits 3 at once if NVML does not load or does not know the GPU (argv[1], its PCI bus id).
+# "sm_clock_mhz power_mw power_limit_mw temperature_c reasons instant" every PERIOD_MS until its
+# stdin closes; exits 3 at once if NVML does not load or does not know the GPU (argv[1], its PCI
+# bus id). Power as duet's loader reads it (crates/cuda/src/nvml.rs): the instantaneous board
+# power (field NVML_FI_DEV_POWER_INSTANT, Hopper and newer; instant = 1) where the GPU gives it,
+# else nvmlDeviceGetPowerUsage, a trailing average of about a second (instant = 0).
 SAMPLER = r"""
 import ctypes, select, sys, time
 n = ctypes.CDLL("libnvidia-ml.so.1")
@@ -143,16 +146,38 @@ try:
     reasons = n.nvmlDeviceGetCurrentClocksEventReasons
 except AttributeError:
     reasons = n.nvmlDeviceGetCurrentClocksThrottleReasons
+
+
+class Field(ctypes.Structure):  # nvmlFieldValue_t
+    _fields_ = [("fieldId", ctypes.c_uint), ("scopeId", ctypes.c_uint),
+                ("timestamp", ctypes.c_longlong), ("latencyUsec", ctypes.c_longlong),
+                ("valueType", ctypes.c_int), ("nvmlReturn", ctypes.c_int),
+                ("value", ctypes.c_ulonglong)]
+
+
+def instant_mw():
+    f = Field(fieldId=186)  # NVML_FI_DEV_POWER_INSTANT
+    if getattr(n, "nvmlDeviceGetFieldValues", None) is None:
+        return None
+    if n.nvmlDeviceGetFieldValues(d, 1, ctypes.byref(f)) != 0 or f.nvmlReturn != 0:
+        return None
+    # nvmlValueType_t: unsigned int 1 (the union's low 4 bytes), unsigned long(long) 2, 3.
+    return {1: f.value & 0xFFFFFFFF, 2: f.value, 3: f.value}.get(f.valueType)
+
+
+use_instant = instant_mw() is not None
 u = [ctypes.c_uint() for _ in range(4)]
 r = ctypes.c_ulonglong()
 period = float(sys.argv[2]) / 1e3
 while not select.select([sys.stdin], [], [], 0)[0]:
+    p = instant_mw() if use_instant else None
     if (n.nvmlDeviceGetClockInfo(d, 1, ctypes.byref(u[0])) == 0  # NVML_CLOCK_SM
-            and n.nvmlDeviceGetPowerUsage(d, ctypes.byref(u[1])) == 0
+            and (p is not None or n.nvmlDeviceGetPowerUsage(d, ctypes.byref(u[1])) == 0)
             and n.nvmlDeviceGetEnforcedPowerLimit(d, ctypes.byref(u[2])) == 0
             and n.nvmlDeviceGetTemperature(d, 0, ctypes.byref(u[3])) == 0  # NVML_TEMPERATURE_GPU
             and reasons(d, ctypes.byref(r)) == 0):
-        print(u[0].value, u[1].value, u[2].value, u[3].value, r.value, flush=True)
+        print(u[0].value, u[1].value if p is None else p, u[2].value, u[3].value, r.value,
+              int(p is not None), flush=True)
     time.sleep(period)
 """
 
@@ -189,8 +214,9 @@ class Telemetry:
         s = []
         for line in out.splitlines():
             f = line.split()
-            if len(f) == 5:
-                s.append((int(f[0]), int(f[1]) / 1e3, int(f[2]) / 1e3, int(f[3]), int(f[4])))
+            if len(f) == 6:
+                s.append((int(f[0]), int(f[1]) / 1e3, int(f[2]) / 1e3, int(f[3]), int(f[4]),
+                          f[5] == "1"))
         if not s:
             return None
         n = len(s)
@@ -203,6 +229,7 @@ class Telemetry:
             "sm_clock_mhz_max": float(max(x[0] for x in s)),
             "power_w_median": med(1),
             "power_w_max": max(x[1] for x in s),
+            "power_instant": all(x[5] for x in s),
             "power_limit_w": med(2),
             "temperature_c_max": float(max(x[3] for x in s)),
             "power_capped_share": sum(1 for x in s if x[4] & self.POWER) / n,

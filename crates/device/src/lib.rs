@@ -102,8 +102,11 @@ pub struct MemoryStats {
 pub struct Telemetry {
     /// Streaming-multiprocessor clock, MHz.
     pub sm_clock_mhz: u32,
-    /// Board power draw, W.
+    /// Board power draw, W: instantaneous where the GPU reports it ([`Telemetry::power_instant`]),
+    /// else the driver's trailing average (about one second on recent NVIDIA GPUs).
     pub power_w: f64,
+    /// Whether `power_w` is the instantaneous draw.
+    pub power_instant: bool,
     /// The power limit in force, W.
     pub power_limit_w: f64,
     /// GPU temperature, °C.

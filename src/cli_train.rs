@@ -888,7 +888,12 @@ pub fn bench(a: &ModelArgs, warmup: u64, iters: u64, json: Option<&Path>) -> Cli
         runs.remove(0)
     } else {
         eprintln!(
-            "precision  ms/step (median)  ms/step (min)  tokens/s  TFLOP/s    MFU   peak memory"
+            "precision  ms/step (median)  ms/step (min)  tokens/s  TFLOP/s    MFU   peak memory{}",
+            if runs.iter().any(|r| !r["telemetry"].is_null()) {
+                "  GPU (timed steps)"
+            } else {
+                ""
+            }
         );
         for r in &runs {
             if let Some(e) = r["error"].as_str() {
@@ -896,14 +901,15 @@ pub fn bench(a: &ModelArgs, warmup: u64, iters: u64, json: Option<&Path>) -> Cli
                 continue;
             }
             eprintln!(
-                "{:<10} {:>16.2} {:>14.2} {:>9.0} {:>8.1} {:>5.1}%   {}",
+                "{:<10} {:>16.2} {:>14.2} {:>9.0} {:>8.1} {:>5.1}%   {:>11}{}",
                 r["precision"].as_str().unwrap_or("?"),
                 r["ms_per_step_median"].as_f64().unwrap_or(f64::NAN),
                 r["ms_per_step_min"].as_f64().unwrap_or(f64::NAN),
                 r["tokens_per_s"].as_f64().unwrap_or(f64::NAN),
                 r["model_tflops"].as_f64().unwrap_or(f64::NAN),
                 100.0 * r["mfu"].as_f64().unwrap_or(f64::NAN),
-                human_bytes(r["peak_memory_bytes"].as_u64().unwrap_or(0))
+                human_bytes(r["peak_memory_bytes"].as_u64().unwrap_or(0)),
+                telemetry_note(&r["telemetry"])
             );
         }
         serde_json::Value::Array(runs)
@@ -1172,9 +1178,28 @@ fn telemetry_summary(samples: &[Telemetry]) -> serde_json::Value {
     })
 }
 
+/// The bench table's note on a run's telemetry summary: the median SM clock, and how often the
+/// power limit or heat held the clocks down; empty without readings.
+fn telemetry_note(t: &serde_json::Value) -> String {
+    let Some(mhz) = t["sm_clock_mhz_median"].as_f64() else {
+        return String::new();
+    };
+    let mut note = format!("  {mhz:.0} MHz");
+    for (key, what) in [
+        ("power_capped_share", "power-capped"),
+        ("thermal_slowdown_share", "thermal slowdown"),
+    ] {
+        let share = t[key].as_f64().unwrap_or(0.0);
+        if share > 0.0 {
+            note += &format!(", {what} {:.0}%", 100.0 * share);
+        }
+    }
+    note
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{Telemetry, steps_to_read_back, telemetry_summary};
+    use super::{Telemetry, steps_to_read_back, telemetry_note, telemetry_summary};
 
     #[test]
     fn telemetry_summary_of_the_readings() {
@@ -1212,6 +1237,13 @@ mod tests {
             telemetry_summary(&[t(1980, 300.0, false), averaged])["power_instant"],
             false
         );
+        // The bench table's note.
+        assert_eq!(telemetry_note(&s), "  1755 MHz, power-capped 75%");
+        assert_eq!(
+            telemetry_note(&telemetry_summary(&[t(1980, 120.0, false)])),
+            "  1980 MHz"
+        );
+        assert_eq!(telemetry_note(&serde_json::Value::Null), "");
     }
 
     #[test]

@@ -1168,9 +1168,9 @@ fn telemetry_summary(samples: &[Telemetry]) -> serde_json::Value {
         "sm_clock_mhz_max": max(&clock),
         "power_w_median": median(&power),
         "power_w_max": max(&power),
-        // Whether every power reading was instantaneous (else some are the driver's trailing
-        // average, about one second: a short run repeats one value).
-        "power_instant": samples.iter().all(|t| t.power_instant),
+        // The share of power readings that are instantaneous (the others are the driver's
+        // trailing average, about one second: a short run repeats one value).
+        "power_instant_share": share(&|t| t.power_instant),
         "power_limit_w": median(&|t| t.power_limit_w),
         "temperature_c_max": max(&|t| t.temperature_c as f64),
         "power_capped_share": share(&|t| t.power_capped),
@@ -1230,12 +1230,12 @@ mod tests {
         assert_eq!(s["temperature_c_max"], 66.0);
         assert_eq!(s["power_capped_share"], 0.75);
         assert_eq!(s["thermal_slowdown_share"], 0.0);
-        assert_eq!(s["power_instant"], true);
+        assert_eq!(s["power_instant_share"], 1.0);
         let mut averaged = t(1980, 300.0, false);
         averaged.power_instant = false;
         assert_eq!(
-            telemetry_summary(&[t(1980, 300.0, false), averaged])["power_instant"],
-            false
+            telemetry_summary(&[t(1980, 300.0, false), averaged])["power_instant_share"],
+            0.5
         );
         // The bench table's note.
         assert_eq!(telemetry_note(&s), "  1755 MHz, power-capped 75%");

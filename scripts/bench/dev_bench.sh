@@ -52,7 +52,7 @@ import json, sys
 d = json.loads(sys.argv[2]); d = d[0] if isinstance(d, list) else d
 t = d.get("telemetry") or {}
 tel = (f"  {t['sm_clock_mhz_median']:.0f} MHz {t['power_w_median']:.0f} W"
-       + ("" if t.get('power_instant') else " (1 s avg)")) if t else ""
+       + ("" if t.get('power_instant_share', 0.0) == 1.0 else " (1 s average)")) if t else ""
 print(f"{sys.argv[1]:44s} {d['ms_per_step_median']:10.3f} {d['ms_per_step_min']:10.3f} "
       f"{d['peak_memory_bytes'] / 2**30:12.3f}{tel}")
 PY

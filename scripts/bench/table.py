@@ -55,7 +55,7 @@ def telemetry(t):
         return ""
     capped = t.get("power_capped_share", 0.0)
     cap = f", power-capped {100 * capped:.0f}%" if capped > 0 else ""
-    avg = "" if t.get("power_instant") else " (1 s average)"
+    avg = "" if t.get("power_instant_share", 0.0) == 1.0 else " (1 s average)"
     return (
         f"{t['sm_clock_mhz_median']:.0f} MHz, {t['power_w_median']:.0f}{avg} of "
         f"{t['power_limit_w']:.0f} W{cap}"

@@ -134,8 +134,8 @@ def gemm_ceiling(dtype, size=8192, reps=20):
 # "sm_clock_mhz power_mw power_limit_mw temperature_c reasons instant" every PERIOD_MS until its
 # stdin closes; exits 3 at once if NVML does not load or does not know the GPU (argv[1], its PCI
 # bus id). Power as duet's loader reads it (crates/cuda/src/nvml.rs): the instantaneous board
-# power (field NVML_FI_DEV_POWER_INSTANT, Hopper and newer; instant = 1) where the GPU gives it,
-# else nvmlDeviceGetPowerUsage, a trailing average of about a second (instant = 0).
+# power (field NVML_FI_DEV_POWER_INSTANT; instant = 1) where the driver answers it, else
+# nvmlDeviceGetPowerUsage, a trailing average of about a second (instant = 0).
 SAMPLER = r"""
 import ctypes, select, sys, time
 n = ctypes.CDLL("libnvidia-ml.so.1")
@@ -161,8 +161,12 @@ def instant_mw():
         return None
     if n.nvmlDeviceGetFieldValues(d, 1, ctypes.byref(f)) != 0 or f.nvmlReturn != 0:
         return None
-    # nvmlValueType_t: unsigned int 1 (the union's low 4 bytes), unsigned long(long) 2, 3.
-    return {1: f.value & 0xFFFFFFFF, 2: f.value, 3: f.value}.get(f.valueType)
+    # nvmlValueType_t, as duet's loader decodes it: unsigned int 1 and signed int 5 (the union's
+    # low 4 bytes), unsigned long (long) 2, 3, signed long long 4; negative is no reading.
+    low = f.value & 0xFFFFFFFF
+    v = {1: low, 2: f.value, 3: f.value, 4: f.value - (1 << 64) if f.value >> 63 else f.value,
+         5: low - (1 << 32) if low >> 31 else low}.get(f.valueType)
+    return v if v is not None and v >= 0 else None
 
 
 use_instant = instant_mw() is not None
@@ -229,7 +233,7 @@ class Telemetry:
             "sm_clock_mhz_max": float(max(x[0] for x in s)),
             "power_w_median": med(1),
             "power_w_max": max(x[1] for x in s),
-            "power_instant": all(x[5] for x in s),
+            "power_instant_share": sum(1 for x in s if x[5]) / n,
             "power_limit_w": med(2),
             "temperature_c_max": float(max(x[3] for x in s)),
             "power_capped_share": sum(1 for x in s if x[4] & self.POWER) / n,

@@ -5,8 +5,8 @@
 //!
 //! Power: `nvmlDeviceGetPowerUsage` is a trailing average (about one second on Ampere and newer
 //! GPUs), longer than a whole benchmark of a small model, so every reading of a 3 ms step would
-//! repeat the same value. Where the GPU reports it (the field `NVML_FI_DEV_POWER_INSTANT`,
-//! Hopper and newer), the instantaneous board power is read instead.
+//! repeat the same value. Where the driver answers the field `NVML_FI_DEV_POWER_INSTANT` (the
+//! H200's does), the instantaneous power is read instead.
 
 use duet_device::Telemetry;
 use std::ffi::{CString, c_char, c_int, c_uint, c_ulonglong, c_void};
@@ -37,8 +37,16 @@ struct FieldValue {
     value: u64,
 }
 
-/// NVML_FI_DEV_POWER_INSTANT: the board's power now, milliwatts.
+// nvml.h's layout: 40 bytes, the value union at offset 32.
+const _: () = assert!(
+    std::mem::size_of::<FieldValue>() == 40 && std::mem::offset_of!(FieldValue, value) == 32
+);
+
+/// NVML_FI_DEV_POWER_INSTANT: the power now, milliwatts.
 const FI_DEV_POWER_INSTANT: c_uint = 186;
+/// NVML_POWER_SCOPE_GPU: the GPU's own power (the default scope; Grace Hopper's module power
+/// is another).
+const POWER_SCOPE_GPU: c_uint = 0;
 
 const NVML_SUCCESS: c_int = 0;
 /// nvmlClockType_t NVML_CLOCK_SM.
@@ -151,6 +159,7 @@ impl Nvml {
         let f = self.field_values?;
         let mut v = FieldValue {
             field_id: FI_DEV_POWER_INSTANT,
+            scope_id: POWER_SCOPE_GPU,
             ..FieldValue::default()
         };
         // SAFETY: a live device handle and one nvmlFieldValue_t (repr(C), nvml.h's layout)
@@ -237,6 +246,7 @@ mod tests {
             return;
         };
         let instant = build("libfake_nvml_instant.so", &["-DFAKE_INSTANT"]).expect("cc ran once");
+        let older = build("libfake_nvml_older.so", &["-DNO_FIELD_VALUES"]).expect("cc ran once");
         let names = |lib: &std::path::Path| {
             [
                 dir.join("missing.so").display().to_string(),
@@ -261,6 +271,11 @@ mod tests {
         assert_eq!(t.power_w, 512.25);
         assert!(t.power_instant);
         assert_eq!(t.sm_clock_mhz, 1650);
+        // A library without nvmlDeviceGetFieldValues: the average.
+        let nvml = Nvml::load_from(&names(&older), 0, 0x19, 0).expect("the stand-in loads");
+        let t = nvml.sample().expect("a reading");
+        assert_eq!(t.power_w, 699.5);
+        assert!(!t.power_instant);
         std::fs::remove_dir_all(&dir).ok();
     }
 }

@@ -16,7 +16,46 @@ pub fn open_cpu(threads: Option<usize>) -> Result<duet_cpu::CpuDevice, DeviceErr
 
 #[cfg(feature = "cuda")]
 fn open_cuda() -> Result<duet_cuda::CudaDevice, DeviceError> {
-    duet_cuda::CudaDevice::new(0)
+    quiet_cudarc_panics(|| duet_cuda::CudaDevice::new(0))
+}
+
+/// Runs `probe` with the panic hook silent for panics raised inside cudarc. cudarc panics when a
+/// library it loads lacks a symbol (a broken or foreign libcuda.so.1 on the library path);
+/// duet_cuda catches that panic and returns [`DeviceError::Unavailable`] naming it, but the hook
+/// runs first and would print "thread 'main' panicked at ..." (and a backtrace) above duet's own
+/// message. Any other panic is reported by the previous hook as usual, and that hook is back in
+/// place when `probe` returns.
+#[cfg(feature = "cuda")]
+pub(crate) fn quiet_cudarc_panics<T>(probe: impl FnOnce() -> T) -> T {
+    type Hook = Box<dyn Fn(&std::panic::PanicHookInfo<'_>) + Send + Sync + 'static>;
+    struct Restore(Option<Arc<Hook>>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            // The hook cannot be changed while unwinding (take_hook and set_hook panic then,
+            // which aborts); ours stays, and it still passes every other panic on.
+            if std::thread::panicking() {
+                return;
+            }
+            // Taking our hook drops its handle on the previous one, which is then unshared.
+            drop(std::panic::take_hook());
+            if let Some(previous) = self.0.take() {
+                match Arc::try_unwrap(previous) {
+                    Ok(hook) => std::panic::set_hook(hook),
+                    Err(shared) => std::panic::set_hook(Box::new(move |info| shared(info))),
+                }
+            }
+        }
+    }
+    let previous: Arc<Hook> = Arc::new(std::panic::take_hook());
+    let chained = previous.clone();
+    std::panic::set_hook(Box::new(move |info| {
+        let in_cudarc = info.location().is_some_and(|l| l.file().contains("cudarc"));
+        if !in_cudarc {
+            chained(info);
+        }
+    }));
+    let _restore = Restore(Some(previous));
+    probe()
 }
 
 #[cfg(not(feature = "cuda"))]

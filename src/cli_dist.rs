@@ -119,7 +119,7 @@ pub fn run_rank(kind: BackendKind, env: &LaunchEnv, task: TrainTask) -> CliResul
 
 #[cfg(feature = "cuda")]
 fn cuda_present() -> bool {
-    duet_cuda::CudaDevice::device_count().is_ok_and(|n| n > 0)
+    crate::backends::quiet_cudarc_panics(duet_cuda::CudaDevice::device_count).is_ok_and(|n| n > 0)
 }
 
 #[cfg(not(feature = "cuda"))]
@@ -130,7 +130,9 @@ fn cuda_present() -> bool {
 #[cfg(feature = "cuda")]
 fn run_cuda(env: &LaunchEnv, tag: u64, task: TrainTask) -> CliResult<TrainOutcome> {
     use std::sync::Arc;
-    let dev = Arc::new(duet_cuda::CudaDevice::new(env.local_rank)?);
+    let dev = Arc::new(crate::backends::quiet_cudarc_panics(|| {
+        duet_cuda::CudaDevice::new(env.local_rank)
+    })?);
     let id = env.share(tag, || Ok(duet_cuda::NcclComm::unique_id()?))?;
     let comm = duet_cuda::NcclComm::new(dev.clone(), env.rank, env.world_size, &id)?;
     task.run_with(dev, Some(Arc::new(comm)))

@@ -4,9 +4,11 @@ use crate::CliResult;
 use crate::backends::{OnDevice, dispatch};
 use clap::Args;
 use duet_device::{BackendKind, Device};
+use duet_engine::EngineError;
 use duet_engine::checkpoint::Checkpoint;
-use duet_engine::generate::{Generator, Sampling, WeightFormat};
-use std::path::PathBuf;
+use duet_engine::config::Config;
+use duet_engine::generate::{Generator, Sampling, WeightFormat, check_prompt_len};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 #[derive(Args, Debug)]
@@ -14,7 +16,7 @@ pub struct GenerateArgs {
     /// A checkpoint written by `duet train` (the file or its --out folder).
     #[arg(long)]
     checkpoint: PathBuf,
-    /// Text prompt (byte tokens; for models trained on text files).
+    /// Text prompt (byte tokens; for models trained on UTF-8 text files).
     #[arg(long, conflicts_with = "tokens")]
     prompt: Option<String>,
     /// Prompt as comma-separated token ids, e.g. "3,7,11,15".
@@ -41,15 +43,33 @@ pub struct GenerateArgs {
     threads: Option<usize>,
 }
 
+/// Why a model's token ids are not bytes, from the data it was trained on; `None` for a model
+/// trained on a UTF-8 text file, whose tokens are the text's bytes.
+fn not_bytes(cfg: &Config) -> Option<String> {
+    let data = &cfg.train.data;
+    if data.is_empty() {
+        return Some("trained on the synthetic progression task".into());
+    }
+    // The rule `TokenFile::open` reads the file by: a `.bin` extension is an llm.c shard.
+    if Path::new(data).extension().is_some_and(|e| e == "bin") {
+        return Some("trained on an llm.c token shard".into());
+    }
+    let vocab = cfg.model.vocab;
+    (vocab < 256).then(|| format!("a vocabulary of {vocab} tokens does not cover the 256 bytes"))
+}
+
 pub fn run(a: &GenerateArgs) -> CliResult<()> {
     let path = crate::cli_train::checkpoint_path(&a.checkpoint);
     let ck = Checkpoint::load(&path)?;
     let vocab = ck.config.model.vocab;
     let (prompt, text) = match (&a.prompt, &a.tokens) {
         (Some(p), _) => {
-            if vocab < 256 {
+            // The vocabulary's size alone cannot tell: a shard's 50257 ids cover 0..256 too,
+            // and the text would go in as the wrong tokens and come out as ids modulo 256.
+            if let Some(why) = not_bytes(&ck.config) {
                 return Err(format!(
-                    "this model has a vocabulary of {vocab} tokens, not bytes: give the prompt as --tokens"
+                    "this model's tokens are not bytes ({why}): give --tokens ids, e.g. \
+                     --tokens 3,7,11,15"
                 )
                 .into());
             }
@@ -66,16 +86,19 @@ pub fn run(a: &GenerateArgs) -> CliResult<()> {
         }
         (None, None) => return Err("give a --prompt or --tokens".into()),
     };
+    if prompt.is_empty() {
+        return Err("the prompt is empty".into());
+    }
     if !(a.temperature.is_finite() && a.temperature >= 0.0) {
         return Err("--temperature must be ≥ 0".into());
     }
     let context = ck.config.model.max_seq;
-    if prompt.len() >= context {
-        return Err(format!(
-            "the prompt has {} tokens; the model's context is {context}",
-            prompt.len()
-        )
-        .into());
+    // Before the weights go to the device; the generator checks the same rule.
+    if let Err(e) = check_prompt_len(prompt.len(), context) {
+        return Err(match e {
+            EngineError::Config(m) => m.into(),
+            other => other.into(),
+        });
     }
     let kind: BackendKind = a.backend.parse()?;
     let sampling = Sampling {
@@ -100,9 +123,11 @@ pub fn run(a: &GenerateArgs) -> CliResult<()> {
     )?;
     if out.len() < a.max_new {
         eprintln!(
-            "stopped after {} new tokens (--max-new {}): the model's context is {context} tokens",
+            "stopped after {} new tokens (--max-new {}): the model's context is {context} tokens, \
+             filled by the prompt's {} and the new ones",
             out.len(),
-            a.max_new
+            a.max_new,
+            prompt.len()
         );
     }
     if text {

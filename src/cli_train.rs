@@ -127,26 +127,14 @@ pub fn build_config(a: &ModelArgs) -> CliResult<Config> {
     if let Some(f) = &a.fp8_fast_accum {
         t.fp8_fast_accum = f.parse()?;
     }
-    if a.no_graphs {
-        t.graphs = false;
-    }
-    if a.gemm_autotune {
-        t.gemm_autotune = true;
-    }
-    set!(t.loss_every, a.loss_every);
     if let Some(d) = &a.weight_grad_dtype {
         t.weight_grad_dtype = d.parse()?;
     }
-    if a.keep_gelu {
-        t.recompute_gelu = false;
-    }
-    match (a.checkpoint, a.checkpoint_every) {
-        (_, Some(n)) => t.checkpoint_every = n,
-        (true, None) => t.checkpoint_every = 4,
-        (false, None) => {}
-    }
+    apply_execution_settings(t, a);
     if let Some(d) = &a.data {
-        t.data = d.display().to_string();
+        // Absolute, so that a resumed run reads the same file from any folder.
+        let abs = std::fs::canonicalize(d).unwrap_or_else(|_| d.clone());
+        t.data = abs.display().to_string();
         // The model's vocabulary must cover the file's tokens; pick it unless --vocab was given.
         let file = duet_engine::dataset::TokenFile::open(d, t.seq)?;
         if a.vocab.is_none() && cfg.model.vocab < file.vocab_needed {
@@ -162,6 +150,28 @@ pub fn build_config(a: &ModelArgs) -> CliResult<Config> {
     }
     cfg.validate()?;
     Ok(cfg)
+}
+
+/// The flags of the settings that change how a step runs, not what it computes
+/// (`duet_engine::trace::EXECUTION_SETTINGS`): a resumed run may change them too.
+fn apply_execution_settings(t: &mut duet_engine::config::TrainConfig, a: &ModelArgs) {
+    if a.no_graphs {
+        t.graphs = false;
+    }
+    if a.gemm_autotune {
+        t.gemm_autotune = true;
+    }
+    if let Some(n) = a.loss_every {
+        t.loss_every = n;
+    }
+    if a.keep_gelu {
+        t.recompute_gelu = false;
+    }
+    match (a.checkpoint, a.checkpoint_every) {
+        (_, Some(n)) => t.checkpoint_every = n,
+        (true, None) => t.checkpoint_every = 4,
+        (false, None) => {}
+    }
 }
 
 /// Warns when FP8 recipe flags were given but none of the run's precisions is fp8.
@@ -212,7 +222,9 @@ pub static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 
 const CHECKPOINT_FILE: &str = "checkpoint.safetensors";
 
-/// Flags that change the model or the optimisation, which a resumed run may not change.
+/// Flags that change the model, the optimisation, the precision recipe or the evaluation, which
+/// a resumed run may not change (it trains on with the checkpoint's config; only `--steps` and
+/// the execution settings, [`apply_execution_settings`], may differ).
 fn changed_on_resume(a: &ModelArgs) -> Vec<&'static str> {
     let mut v = Vec::new();
     let mut check = |given: bool, name: &'static str| {
@@ -243,13 +255,157 @@ fn changed_on_resume(a: &ModelArgs) -> Vec<&'static str> {
     check(a.max_stride.is_some(), "--max-stride");
     check(a.precision.is_some(), "--precision");
     check(a.weight_grad_dtype.is_some(), "--weight-grad-dtype");
-    check(a.keep_gelu, "--keep-gelu");
+    check(a.loss_scale.is_some(), "--loss-scale");
+    check(a.fp8_format.is_some(), "--fp8-format");
+    check(a.fp8_amax_history_len.is_some(), "--fp8-amax-history-len");
+    check(a.fp8_amax_compute_algo.is_some(), "--fp8-amax-compute-algo");
+    check(a.fp8_margin.is_some(), "--fp8-margin");
+    check(a.fp8_fast_accum.is_some(), "--fp8-fast-accum");
+    check(a.eval_sequences.is_some(), "--eval-sequences");
     check(a.data.is_some(), "--data");
-    check(
-        a.checkpoint || a.checkpoint_every.is_some(),
-        "--checkpoint/--checkpoint-every",
-    );
     v
+}
+
+/// Whether two paths name the same file, the second of which need not exist yet (its folder is
+/// resolved instead): compared after resolving `.`, `..` and links, not by spelling.
+fn same_file(a: &Path, b: &Path) -> bool {
+    let resolve = |p: &Path| -> Option<PathBuf> {
+        if let Ok(c) = std::fs::canonicalize(p) {
+            return Some(c);
+        }
+        let parent = match p.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        Some(std::fs::canonicalize(parent).ok()?.join(p.file_name()?))
+    };
+    match (resolve(a), resolve(b)) {
+        (Some(x), Some(y)) => x == y,
+        _ => a == b,
+    }
+}
+
+/// Refuses a run whose output files (metrics, trace, and in `--out` the checkpoint, config and
+/// loss plot) would overwrite one of its inputs (data, config, the checkpoint it resumes
+/// from) or one another: it would destroy the input, or interleave two logs into one file.
+fn check_no_overwrite(
+    opts: &TrainOptions,
+    cfg: &Config,
+    metrics: Option<&Path>,
+    trace: Option<&Path>,
+) -> CliResult<()> {
+    let mut inputs: Vec<(String, PathBuf)> = Vec::new();
+    if !cfg.train.data.is_empty() {
+        inputs.push(("--data".into(), PathBuf::from(&cfg.train.data)));
+    }
+    if let Some(c) = &opts.model.config {
+        inputs.push(("--config".into(), c.clone()));
+    }
+    let resumed = opts.resume.as_deref().map(checkpoint_path);
+    if let Some(r) = &resumed {
+        inputs.push(("the checkpoint resumed from".into(), r.clone()));
+    }
+    let mut outputs: Vec<(String, PathBuf)> = Vec::new();
+    if let Some(m) = metrics {
+        outputs.push(("the metrics file".into(), m.to_path_buf()));
+    }
+    if let Some(t) = trace {
+        outputs.push(("the trace".into(), t.to_path_buf()));
+    }
+    if let Some(dir) = &opts.out {
+        for f in [CHECKPOINT_FILE, "config.toml", "loss.svg"] {
+            outputs.push((format!("--out's {f}"), dir.join(f)));
+        }
+    }
+    for (i, (what, p)) in outputs.iter().enumerate() {
+        let resuming_in_place = |q: &Path| {
+            p.file_name() == Some(std::ffi::OsStr::new(CHECKPOINT_FILE))
+                && resumed.as_deref().is_some_and(|r| same_file(r, q))
+        };
+        for (other, q) in inputs.iter().chain(&outputs[..i]) {
+            // Resuming in place rewrites the checkpoint it started from, as intended.
+            if same_file(p, q) && !resuming_in_place(q) {
+                return Err(format!(
+                    "{what} ({}) is the same file as {other}: choose another path",
+                    p.display()
+                )
+                .into());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Takes the `--out` folder's lock file, so that two runs never write into one folder.
+fn lock_out(dir: &Path) -> CliResult<File> {
+    let path = dir.join(".duet.lock");
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+    match f.try_lock() {
+        Ok(()) => Ok(f),
+        Err(std::fs::TryLockError::WouldBlock) => Err(format!(
+            "another duet run is writing into {} (it holds {})",
+            dir.display(),
+            path.display()
+        )
+        .into()),
+        Err(std::fs::TryLockError::Error(e)) => {
+            Err(format!("cannot lock {}: {e}", path.display()).into())
+        }
+    }
+}
+
+/// Where a run without `--out` saves its checkpoint when interrupted: duet-interrupted.safetensors,
+/// or the first of duet-interrupted-2.safetensors, -3, ... that does not exist (another run's
+/// checkpoint is never overwritten).
+fn interrupted_path() -> PathBuf {
+    (1..)
+        .map(|i| match i {
+            1 => PathBuf::from("duet-interrupted.safetensors"),
+            i => PathBuf::from(format!("duet-interrupted-{i}.safetensors")),
+        })
+        .find(|p| !p.exists())
+        .expect("an unused name")
+}
+
+/// Before a resumed run appends to its metrics file: keeps the complete lines up to the
+/// checkpoint's step and drops the rest (a torn last line, or steps logged after the checkpoint
+/// by a run that was killed; the resumed run logs those steps again, with the same values).
+fn trim_metrics(path: &Path, step: u64) -> CliResult<()> {
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return Ok(()); // missing or unreadable: open_log reports what matters
+    };
+    let mut kept = String::with_capacity(text.len());
+    let mut dropped = 0usize;
+    for line in text.split_inclusive('\n') {
+        let keep = serde_json::from_str::<serde_json::Value>(line)
+            .is_ok_and(|v| v["step"].as_u64().is_none_or(|s| s <= step));
+        if keep {
+            kept.push_str(line.trim_end_matches('\n'));
+            kept.push('\n');
+        } else if !line.trim().is_empty() {
+            dropped += 1;
+        }
+    }
+    if kept == text {
+        return Ok(());
+    }
+    let tmp = path.with_extension("jsonl.tmp");
+    std::fs::write(&tmp, &kept)
+        .and_then(|()| std::fs::rename(&tmp, path))
+        .map_err(|e| format!("cannot rewrite {}: {e}", path.display()))?;
+    if dropped > 0 {
+        eprintln!(
+            "{}: dropped {dropped} line(s) past the checkpoint's step {step} (or cut off by a \
+             kill)",
+            path.display()
+        );
+    }
+    Ok(())
 }
 
 /// A checkpoint path given as the file or the `--out` folder holding it.
@@ -289,7 +445,9 @@ pub fn train(opts: &TrainOptions) -> CliResult<TrainOutcome> {
             let changed = changed_on_resume(&opts.model);
             if !changed.is_empty() {
                 return Err(format!(
-                    "cannot change {} when resuming: the checkpoint's config is used (only --steps may change)",
+                    "cannot change {} when resuming: the checkpoint's config is used (only --steps \
+                     and the execution settings --loss-every, --no-graphs, --gemm-autotune, \
+                     --checkpoint/--checkpoint-every and --keep-gelu may change)",
                     changed.join(", ")
                 )
                 .into());
@@ -304,11 +462,9 @@ pub fn train(opts: &TrainOptions) -> CliResult<TrainOutcome> {
             if let Some(steps) = opts.model.steps {
                 cfg.train.steps = steps;
             }
-            // How often the loss is read back changes no number: a resumed run may change it.
-            if let Some(n) = opts.model.loss_every {
-                cfg.train.loss_every = n;
-                cfg.validate()?;
-            }
+            // How a step runs changes no number: a resumed run may change it.
+            apply_execution_settings(&mut cfg.train, &opts.model);
+            cfg.validate()?;
             if cfg.train.steps <= ck.step {
                 return Err(format!(
                     "the checkpoint is at step {} and the run has {} steps: nothing to do (raise --steps)",
@@ -336,6 +492,29 @@ pub fn train(opts: &TrainOptions) -> CliResult<TrainOutcome> {
     if opts.stop_after == Some(0) {
         return Err("--stop-after 0: nothing to train (give at least 1)".into());
     }
+    if opts.out.is_none() {
+        if opts.stop_after.is_some() {
+            return Err(
+                "--stop-after saves a checkpoint into --out to resume from: give --out".into(),
+            );
+        }
+        if opts.save_every > 0 {
+            return Err("--save-every saves checkpoints into --out: give --out".into());
+        }
+        if opts.resume.is_some() {
+            eprintln!(
+                "warning: no --out: this resumed run saves no checkpoint and no metrics (give \
+                 --out, e.g. the folder it resumes from)"
+            );
+        }
+    }
+    let data = &cfg.train.data;
+    if !data.is_empty() && Path::new(data).is_relative() {
+        eprintln!(
+            "warning: the checkpoint's data path {data} is relative (written before duet stored \
+             it absolute): it is read from the current folder"
+        );
+    }
     if opts.zero == 1 && launch.is_none() && opts.gpus.is_none() {
         eprintln!(
             "warning: --zero 1 shards the optimizer state across data-parallel ranks; this run \
@@ -354,15 +533,28 @@ pub fn train(opts: &TrainOptions) -> CliResult<TrainOutcome> {
     });
     // Only rank 0 writes files and logs.
     let is_main = launch.as_ref().is_none_or(|l| l.rank == 0);
+    let metrics_path = opts
+        .metrics
+        .clone()
+        .or_else(|| opts.out.as_ref().map(|d| d.join("metrics.jsonl")))
+        .filter(|_| is_main);
+    let trace = opts.trace.clone().filter(|_| is_main);
+    // Before anything is written.
+    if is_main {
+        check_no_overwrite(opts, &cfg, metrics_path.as_deref(), trace.as_deref())?;
+    }
+    let mut _out_lock = None;
     if let Some(dir) = opts.out.as_ref().filter(|_| is_main) {
         std::fs::create_dir_all(dir)
             .map_err(|e| format!("cannot create output folder {}: {e}", dir.display()))?;
+        // One run at a time per folder (released when this process exits, however it ends).
+        _out_lock = Some(lock_out(dir)?);
         let ck = dir.join(CHECKPOINT_FILE);
         let resuming_here = opts
             .resume
             .as_deref()
             .map(checkpoint_path)
-            .is_some_and(|p| p == ck);
+            .is_some_and(|p| same_file(&p, &ck));
         if ck.exists() && !resuming_here {
             return Err(format!(
                 "{} already holds a checkpoint; resume it with --resume {} or choose another --out",
@@ -375,12 +567,6 @@ pub fn train(opts: &TrainOptions) -> CliResult<TrainOutcome> {
             .map_err(|e| format!("cannot write {}: {e}", dir.join("config.toml").display()))?;
     }
     // Open the logs before any work so a bad path fails fast. Resumed runs append.
-    let metrics_path = opts
-        .metrics
-        .clone()
-        .or_else(|| opts.out.as_ref().map(|d| d.join("metrics.jsonl")))
-        .filter(|_| is_main);
-    let trace = opts.trace.clone().filter(|_| is_main);
     if let Some(p) = &metrics_path {
         check_writable(p, "metrics")?;
     }
@@ -566,6 +752,9 @@ impl TrainTask {
             );
         }
         if let Some(p) = &self.metrics_path {
+            if resuming && main {
+                trim_metrics(p, trainer.step())?;
+            }
             self.metrics = Some(open_log(p, resuming, "metrics")?);
         }
         let first_step = trainer.step();
@@ -604,6 +793,34 @@ impl TrainTask {
             }
             None => None,
         };
+        // What would only fail after training, checked before it.
+        let has_val = trainer.has_validation_data();
+        if !has_val && self.val_every > 0 {
+            return Err(format!(
+                "--val-every: the synthetic task's held-out progressions do not fill one batch \
+                 of {} (lower --batch, or raise --vocab / --max-stride)",
+                t.batch
+            )
+            .into());
+        }
+        if !has_val {
+            say!(
+                "note: no validation loss at the end: the held-out progressions do not fill one \
+                 batch of {}",
+                t.batch
+            );
+        }
+        let min_seq = duet_engine::train::PROMPT_LEN + duet_engine::train::GEN_LEN - 1;
+        if main && t.eval_sequences > 0 && t.data.is_empty() && t.seq < min_seq {
+            return Err(format!(
+                "--eval-sequences: the generation check needs seq ≥ {min_seq} (prompt {} + {} \
+                 generated), got {} (raise --seq, or --eval-sequences 0)",
+                duet_engine::train::PROMPT_LEN,
+                duet_engine::train::GEN_LEN,
+                t.seq
+            )
+            .into());
+        }
         let start = Instant::now();
         let mut last_loss = f32::NAN;
         let (mut skipped, mut last_scale) = (0u64, None);
@@ -710,6 +927,11 @@ impl TrainTask {
                 {
                     // A read-back group ends at every save step, so the trainer is at this step.
                     debug_assert_eq!(trainer.step(), r.step);
+                    // The metrics reach at least the checkpoint's step on disk (a kill after
+                    // this leaves nothing missing; a resume trims what runs ahead).
+                    if let Some(w) = self.metrics.as_mut() {
+                        w.flush()?;
+                    }
                     self.save(&trainer, &dir.join(CHECKPOINT_FILE))?;
                 }
             }
@@ -757,7 +979,7 @@ impl TrainTask {
         }
         let ck_path = match &self.out {
             Some(dir) => Some(dir.join(CHECKPOINT_FILE)),
-            None if interrupted => Some(PathBuf::from("duet-interrupted.safetensors")),
+            None if interrupted => Some(interrupted_path()),
             None => None,
         };
         if let Some(p) = &ck_path {
@@ -770,14 +992,17 @@ impl TrainTask {
         }
         if interrupted {
             let p = ck_path.expect("interrupted runs always save");
+            let resume = match &self.out {
+                Some(dir) => format!("--resume {0} --out {0}", dir.display()),
+                None => format!("--resume {}", p.display()),
+            };
             say!(
-                "interrupted at step {}; resume with: duet train --resume {}",
-                trainer.step(),
-                p.display()
+                "interrupted at step {}; resume with: duet train {resume}",
+                trainer.step()
             );
             return Ok(TrainOutcome::Interrupted);
         }
-        if ran > 0 {
+        if ran > 0 && has_val {
             let v = trainer.validation_loss()?;
             match trainer.unigram_entropy() {
                 Some(h) => report!(
@@ -1081,7 +1306,7 @@ fn bench_one<D: Device>(
     }
     dev.synchronize()?;
     dev.reset_peak_memory();
-    let mut times = Vec::with_capacity(iters as usize);
+    let mut times = Vec::with_capacity(iters.min(1 << 16) as usize);
     let mut last_loss = f32::NAN;
     // Clocks and power after each timed step (outside its timing: the step has finished on
     // the device); the first reading, which may load the library, comes before the timing.

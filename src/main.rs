@@ -234,13 +234,15 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Train(a) => {
-            // Ctrl-C stops after the current step and saves a checkpoint; a second one aborts.
+            // Ctrl-C (or SIGTERM, SIGHUP: a scheduler's notice) stops after the steps already
+            // queued and saves a checkpoint; a second one aborts.
             let _ = ctrlc::set_handler(|| {
                 if cli_train::INTERRUPTED.swap(true, std::sync::atomic::Ordering::SeqCst) {
                     std::process::exit(130);
                 }
                 eprintln!(
-                    "\ninterrupt: finishing the current step and saving a checkpoint (Ctrl-C again aborts)"
+                    "\ninterrupt: finishing the steps already queued and saving a checkpoint (Ctrl-C \
+                     again aborts)"
                 );
             });
             match cli_train::train(&cli_train::TrainOptions {

@@ -241,3 +241,254 @@ fn generation_check_runs_on_a_small_model() {
         "{stdout}"
     );
 }
+
+/// The small model of the generation tests: a 32-token context.
+const SMALL: [&str; 20] = [
+    "--preset",
+    "tiny",
+    "--log-every",
+    "0",
+    "--layers",
+    "1",
+    "--d-model",
+    "32",
+    "--heads",
+    "2",
+    "--ffn",
+    "128",
+    "--seq",
+    "32",
+    "--max-seq",
+    "32",
+    "--batch",
+    "4",
+    "--steps",
+    "3",
+];
+
+/// Trains the small model into `tmp(name)` (on `data` when given) and returns the folder.
+fn train_small(name: &str, data: Option<&std::path::Path>) -> std::path::PathBuf {
+    let out = tmp(name);
+    let mut args = vec!["train"];
+    args.extend(SMALL);
+    args.extend(["--out", out.to_str().unwrap()]);
+    if let Some(d) = data {
+        args.extend(["--data", d.to_str().unwrap()]);
+    }
+    assert_success(&duet(&args));
+    out
+}
+
+/// A UTF-8 text file for byte-token models.
+fn text_file() -> std::path::PathBuf {
+    let path = tmp("corpus.txt");
+    std::fs::write(
+        &path,
+        "the quick brown fox jumps over the lazy dog. ".repeat(40),
+    )
+    .unwrap();
+    path
+}
+
+/// An llm.c shard (1024-byte header of i32: magic, version, token count; then u16 tokens) of
+/// 4000 tokens below 1000.
+fn llmc_shard() -> std::path::PathBuf {
+    let n = 4000u32;
+    let mut bytes = Vec::new();
+    for (i, w) in [20240520i32, 1, n as i32]
+        .into_iter()
+        .chain([0; 253])
+        .enumerate()
+    {
+        assert!(i < 256);
+        bytes.extend(w.to_le_bytes());
+    }
+    for i in 0..n {
+        bytes.extend(((i * 37 + 11) % 1000).to_le_bytes()[..2].iter());
+    }
+    let path = tmp("shard.bin");
+    std::fs::write(&path, bytes).unwrap();
+    path
+}
+
+/// Sizes past any real model (or that overflow 64 bits) stop in the config check with one
+/// line naming the limit, before anything is allocated: no capacity-overflow panic, no abort
+/// allocating hundreds of GB, no wrapped parameter count.
+#[test]
+fn absurd_sizes_fail_cleanly() {
+    let max = u64::MAX.to_string();
+    fn train<'a>(flags: &[&'a str]) -> Vec<&'a str> {
+        [&["train", "--preset", "tiny", "--steps", "1"], flags].concat()
+    }
+    assert_clean_error(
+        &train(&["--ffn", &max]),
+        "the MLP weight (ffn × d_model = 18446744073709551615 × 32) would have more than 2^40",
+    );
+    assert_clean_error(
+        &train(&["--max-seq", &max]),
+        "the position embedding (max_seq × d_model",
+    );
+    assert_clean_error(
+        &train(&["--layers", &max]),
+        "the model has more than 2^40 (about 1.1e12) parameters",
+    );
+    assert_clean_error(
+        &train(&["--d-model", "1000000000", "--heads", "1"]),
+        "the attention weight (3 × d_model × d_model = 3 × 1000000000 × 1000000000) would have \
+         more than 2^40",
+    );
+    assert_clean_error(
+        &train(&["--layers", "100000"]),
+        "layers (100000) is more than 65536",
+    );
+    assert_clean_error(
+        &train(&["--batch", &max]),
+        "the logits (batch × seq × vocab = 18446744073709551615 × 16 × 96)",
+    );
+    // --max-new far past the context: the output stops at the context, nothing is allocated
+    // for the rest.
+    let run = train_small("run-huge", Some(&text_file()));
+    for max_new in [max.as_str(), "100000000000"] {
+        let out = duet(&[
+            "generate",
+            "--checkpoint",
+            run.to_str().unwrap(),
+            "--prompt",
+            "hi",
+            "--max-new",
+            max_new,
+        ]);
+        assert_success(&out);
+        // (A barely trained model's bytes need not be UTF-8 and are printed lossily: stderr
+        // counts them.)
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(&format!(
+                "stopped after 30 new tokens (--max-new {max_new}): the model's context is 32 \
+                 tokens, filled by the prompt's 2 and the new ones"
+            )),
+            "{err}"
+        );
+    }
+}
+
+/// A model trained on an llm.c shard (or the synthetic task) has token ids, not bytes: a text
+/// prompt is refused instead of going in as bytes and coming out as ids modulo 256, and
+/// --tokens prints ids.
+#[test]
+fn text_prompts_need_a_byte_model() {
+    let bin = train_small("run-bin", Some(&llmc_shard()));
+    let ck = bin.to_str().unwrap();
+    assert_clean_error(
+        &["generate", "--checkpoint", ck, "--prompt", "hello"],
+        "this model's tokens are not bytes (trained on an llm.c token shard): give --tokens ids",
+    );
+    let out = duet(&[
+        "generate",
+        "--checkpoint",
+        ck,
+        "--tokens",
+        "3,999,5",
+        "--max-new",
+        "8",
+    ]);
+    assert_success(&out);
+    let ids: Vec<usize> = String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .split(',')
+        .map(|x| x.parse().expect("a token id"))
+        .collect();
+    assert_eq!(ids.len(), 8);
+    assert!(ids.iter().all(|&i| i < 1000), "{ids:?}");
+
+    let syn = train_small("run-syn", None);
+    let ck = syn.to_str().unwrap();
+    assert_clean_error(
+        &["generate", "--checkpoint", ck, "--prompt", "hello"],
+        "this model's tokens are not bytes (trained on the synthetic progression task)",
+    );
+    let out = duet(&[
+        "generate",
+        "--checkpoint",
+        ck,
+        "--tokens",
+        "3,7,11",
+        "--max-new",
+        "4",
+    ]);
+    assert_success(&out);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .split(',')
+            .count(),
+        4
+    );
+
+    // A model trained on text takes text and answers with it.
+    let txt = train_small("run-txt", Some(&text_file()));
+    let out = duet(&[
+        "generate",
+        "--checkpoint",
+        txt.to_str().unwrap(),
+        "--prompt",
+        "hello",
+        "--max-new",
+        "4",
+    ]);
+    assert_success(&out);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.starts_with("hello"), "{stdout}");
+}
+
+/// The prompt and the generated tokens together never exceed the context (32 here): a prompt
+/// of 31 gets one new token, a prompt of 32 is refused with the rule.
+#[test]
+fn generation_never_exceeds_the_context() {
+    let run = train_small("run-ctx", Some(&text_file()));
+    let ck = run.to_str().unwrap();
+    let prompt = "a".repeat(31);
+    let out = duet(&[
+        "generate",
+        "--checkpoint",
+        ck,
+        "--prompt",
+        &prompt,
+        "--max-new",
+        "8",
+    ]);
+    assert_success(&out);
+    assert!(out.stdout.starts_with(prompt.as_bytes()));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(
+            "stopped after 1 new tokens (--max-new 8): the model's context is 32 tokens, filled \
+             by the prompt's 31 and the new ones"
+        ),
+        "{err}"
+    );
+    assert_clean_error(
+        &["generate", "--checkpoint", ck, "--prompt", &"a".repeat(32)],
+        "the prompt has 32 tokens but the model's context is 32: prompt and generated tokens \
+         must fit in it together, so a prompt can have at most 31 tokens",
+    );
+    // Token ids: 3 + 29 = 32.
+    let syn = train_small("run-ctx-syn", None);
+    let out = duet(&[
+        "generate",
+        "--checkpoint",
+        syn.to_str().unwrap(),
+        "--tokens",
+        "1,2,3",
+        "--max-new",
+        "100",
+    ]);
+    assert_success(&out);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .split(',')
+            .count(),
+        29
+    );
+}

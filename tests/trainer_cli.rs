@@ -48,11 +48,23 @@ fn stop_and_resume_gives_the_same_losses() {
     let out = duet(&[&base[..], &["--out", s(&part), "--stop-after", "10"]].concat());
     assert_success(&out);
     assert_eq!(losses(&part.join("metrics.jsonl")).len(), 10);
-    // Changing the model on resume is refused.
+    // Changing the model, the precision recipe or the evaluation on resume is refused (these
+    // flags used to be ignored silently).
     assert_fails(
         &["train", "--resume", s(&part), "--lr", "0.5"],
         "cannot change --lr when resuming",
     );
+    for flag in [
+        ["--fp8-fast-accum", "none"],
+        ["--loss-scale", "1024"],
+        ["--eval-sequences", "8"],
+    ] {
+        assert_fails(
+            &["train", "--resume", s(&part), flag[0], flag[1]],
+            &format!("cannot change {} when resuming", flag[0]),
+        );
+    }
+    // The execution settings may change: the resumed losses stay those of the plain run.
     let out = duet(&[
         "train",
         "--resume",
@@ -61,6 +73,12 @@ fn stop_and_resume_gives_the_same_losses() {
         s(&part),
         "--log-every",
         "0",
+        "--checkpoint-every",
+        "1",
+        "--keep-gelu",
+        "--loss-every",
+        "3",
+        "--no-graphs",
     ]);
     assert_success(&out);
     let a = losses(&full.join("metrics.jsonl"));
@@ -209,7 +227,14 @@ fn data_files_train_and_bad_ones_are_named() {
 
 #[test]
 fn ctrl_c_saves_a_checkpoint_that_resumes() {
-    let dir = tmp("interrupt");
+    // SIGTERM (a scheduler's notice) is handled as Ctrl-C is.
+    for signal in ["-INT", "-TERM"] {
+        interrupted_run_resumes(signal);
+    }
+}
+
+fn interrupted_run_resumes(signal: &str) {
+    let dir = tmp(&format!("interrupt{signal}"));
     let child = Command::new(env!("CARGO_BIN_EXE_duet"))
         .args([
             "train",
@@ -238,14 +263,16 @@ fn ctrl_c_saves_a_checkpoint_that_resumes() {
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
     let status = Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
+        .args([signal, &child.id().to_string()])
         .status()
         .unwrap();
     assert!(status.success());
     let out = child.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(130), "{err}");
-    assert!(err.contains("resume with: duet train --resume"), "{err}");
+    assert_eq!(out.status.code(), Some(130), "{signal}: {err}");
+    // The printed command resumes into the same folder.
+    let resume = format!("resume with: duet train --resume {0} --out {0}", s(&dir));
+    assert!(err.contains(&resume), "{signal}: {err}");
     let ck = dir.join("checkpoint.safetensors");
     assert!(ck.exists());
     let steps_done = losses(&metrics).len();
@@ -291,4 +318,139 @@ fn a_failed_run_leaves_existing_logs_alone() {
             "{\"step\":1,\"loss\":1.0}\n"
         );
     }
+}
+
+#[test]
+fn a_killed_run_resumes_with_its_metrics_mended() {
+    let (full, part) = (tmp("killed-full"), tmp("killed-part"));
+    let base = [
+        "train",
+        "--preset",
+        "tiny",
+        "--steps",
+        "20",
+        "--log-every",
+        "0",
+    ];
+    assert_success(&duet(&[&base[..], &["--out", s(&full)]].concat()));
+    assert_success(&duet(
+        &[&base[..], &["--out", s(&part), "--stop-after", "10"]].concat(),
+    ));
+    // A run killed after its checkpoint (step 10) logged two more steps and half a line.
+    let metrics = part.join("metrics.jsonl");
+    let mut text = std::fs::read_to_string(&metrics).unwrap();
+    text += "{\"step\":11,\"loss\":9.0}\n{\"step\":12,\"loss\":9.0}\n{\"step\":13,\"lo";
+    std::fs::write(&metrics, text).unwrap();
+    // Resumed in place through another spelling of the folder.
+    let other = format!(
+        "{}/../{}",
+        s(&part),
+        part.file_name().unwrap().to_str().unwrap()
+    );
+    let out = duet(&[
+        "train",
+        "--resume",
+        s(&part),
+        "--out",
+        &other,
+        "--log-every",
+        "0",
+    ]);
+    assert_success(&out);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("dropped 3 line(s) past the checkpoint's step 10"),
+        "{err}"
+    );
+    assert_eq!(
+        losses(&full.join("metrics.jsonl")),
+        losses(&metrics),
+        "the mended metrics are those of an uninterrupted run"
+    );
+}
+
+#[test]
+fn outputs_never_overwrite_inputs_and_one_run_per_folder() {
+    let corpus = tmp("own-corpus.txt");
+    let text = "the quick brown fox jumps over the lazy dog. ".repeat(200);
+    std::fs::write(&corpus, &text).unwrap();
+    let tiny = [
+        "train",
+        "--preset",
+        "tiny",
+        "--steps",
+        "2",
+        "--log-every",
+        "0",
+    ];
+    assert_fails(
+        &[&tiny[..], &["--data", s(&corpus), "--metrics", s(&corpus)]].concat(),
+        "is the same file as --data",
+    );
+    assert_eq!(std::fs::read_to_string(&corpus).unwrap(), text);
+    let m = tmp("both.jsonl");
+    assert_fails(
+        &[&tiny[..], &["--metrics", s(&m), "--trace", s(&m)]].concat(),
+        "is the same file as the metrics file",
+    );
+    // A config read from the folder whose config.toml the run writes.
+    let dir = tmp("own-config");
+    std::fs::create_dir_all(&dir).unwrap();
+    let cfg = dir.join("config.toml");
+    std::fs::write(&cfg, "[train]\nsteps = 2\n").unwrap();
+    assert_fails(
+        &["train", "--config", s(&cfg), "--out", s(&dir)],
+        "is the same file as --config",
+    );
+    assert_eq!(
+        std::fs::read_to_string(&cfg).unwrap(),
+        "[train]\nsteps = 2\n"
+    );
+    // Checkpoint-saving flags need a folder to save into.
+    assert_fails(&[&tiny[..], &["--stop-after", "1"]].concat(), "give --out");
+    assert_fails(&[&tiny[..], &["--save-every", "1"]].concat(), "give --out");
+    // Another run holds the folder.
+    let busy = tmp("busy");
+    std::fs::create_dir_all(&busy).unwrap();
+    let lock = std::fs::File::create(busy.join(".duet.lock")).unwrap();
+    lock.lock().unwrap();
+    assert_fails(
+        &[&tiny[..], &["--out", s(&busy)]].concat(),
+        "another duet run is writing into",
+    );
+    drop(lock);
+    assert_success(&duet(&[&tiny[..], &["--out", s(&busy)]].concat()));
+}
+
+#[test]
+fn what_would_fail_after_training_fails_before_it() {
+    // The synthetic task's held-out progressions do not fill a batch of 512.
+    assert_fails(
+        &[
+            "train",
+            "--preset",
+            "tiny",
+            "--steps",
+            "2",
+            "--batch",
+            "512",
+            "--val-every",
+            "1",
+        ],
+        "do not fill one batch of 512",
+    );
+    assert_fails(
+        &[
+            "train",
+            "--preset",
+            "tiny",
+            "--steps",
+            "2",
+            "--eval-sequences",
+            "8",
+            "--seq",
+            "16",
+        ],
+        "the generation check needs seq ≥ 47",
+    );
 }

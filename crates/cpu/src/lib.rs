@@ -209,7 +209,8 @@ impl Device for CpuDevice {
         MemoryStats {
             current: self.mem.current(),
             peak: self.mem.peak(),
-            driver: None,
+            // The host's memory, which the model's memory plan is checked against.
+            driver: duet_device::host_memory(),
         }
     }
 

@@ -19,22 +19,75 @@ pub struct ModelConfig {
     pub max_seq: usize,
 }
 
+/// Most parameters a model may have: 2^40 (about 1.1e12). Far beyond what one device holds
+/// (16 bytes a parameter with gradients and AdamW state), so it rejects no real model; it exists
+/// so that sizes from a typo (`--layers 18446744073709551615`) stop with a clear error before
+/// anything is allocated, and every size derived from the shapes fits in 64 bits.
+pub const MAX_PARAMS: u64 = 1 << 40;
+
+/// Most elements one weight or activation tensor may have: 2^40 (4 TiB in f32).
+pub const MAX_TENSOR_ELEMS: u64 = 1 << 40;
+
+/// Most layers: far more than any real model, few enough that the per-layer bookkeeping
+/// (a dozen tensors each) stays small. Tiny layers would otherwise pass the parameter limit
+/// with billions of them.
+pub const MAX_LAYERS: usize = 1 << 16;
+
+/// Refuses a tensor of shape `dims` (named for the message) whose elements overflow 64 bits
+/// or pass [`MAX_TENSOR_ELEMS`].
+fn check_tensor(what: &str, dims: &[(&str, usize)]) -> Result<()> {
+    let n = dims
+        .iter()
+        .try_fold(1u64, |acc, &(_, d)| acc.checked_mul(d as u64));
+    match n {
+        Some(n) if n <= MAX_TENSOR_ELEMS => Ok(()),
+        _ => {
+            let names: Vec<&str> = dims.iter().map(|d| d.0).collect();
+            let values: Vec<String> = dims.iter().map(|d| d.1.to_string()).collect();
+            Err(EngineError::Config(format!(
+                "{what} ({} = {}) would have more than 2^40 (about 1.1e12) elements",
+                names.join(" × "),
+                values.join(" × ")
+            )))
+        }
+    }
+}
+
 impl ModelConfig {
     pub fn head_size(&self) -> usize {
         self.d_model / self.heads
     }
 
-    /// Number of trainable parameters (the LM head is tied to the token embedding).
-    pub fn num_params(&self) -> usize {
+    /// Number of trainable parameters (the LM head is tied to the token embedding); `None`
+    /// when it does not fit in 64 bits.
+    pub fn checked_num_params(&self) -> Option<u64> {
         let (v, c, f, l, t) = (
-            self.vocab,
-            self.d_model,
-            self.ffn,
-            self.layers,
-            self.max_seq,
+            self.vocab as u64,
+            self.d_model as u64,
+            self.ffn as u64,
+            self.layers as u64,
+            self.max_seq as u64,
         );
-        let per_layer = 2 * c + 3 * c * c + 3 * c + c * c + c + 2 * c + f * c + f + c * f + c;
-        v * c + t * c + l * per_layer + 2 * c
+        // Per layer: LayerNorms 4c, attention 3c² + 3c, projection c² + c, MLP 2fc + f + c.
+        let cc = c.checked_mul(c)?;
+        let fc = f.checked_mul(c)?;
+        let per_layer = cc
+            .checked_mul(4)?
+            .checked_add(fc.checked_mul(2)?)?
+            .checked_add(c.checked_mul(9)?)?
+            .checked_add(f)?;
+        v.checked_mul(c)?
+            .checked_add(t.checked_mul(c)?)?
+            .checked_add(l.checked_mul(per_layer)?)?
+            .checked_add(c.checked_mul(2)?)
+    }
+
+    /// Number of trainable parameters (the LM head is tied to the token embedding). Exact for
+    /// a validated config; saturates instead of wrapping for an absurd one.
+    pub fn num_params(&self) -> usize {
+        self.checked_num_params()
+            .and_then(|n| usize::try_from(n).ok())
+            .unwrap_or(usize::MAX)
     }
 
     pub fn validate(&self) -> Result<()> {
@@ -61,6 +114,29 @@ impl ModelConfig {
             return Err(EngineError::Config(format!(
                 "vocab {} is too large",
                 self.vocab
+            )));
+        }
+        // Sizes, with checked arithmetic, before anything is allocated: the largest weight
+        // matrices (the attention's 3c × c is the largest of a block), then the whole model.
+        let (v, c, f, t) = (self.vocab, self.d_model, self.ffn, self.max_seq);
+        check_tensor("the token embedding", &[("vocab", v), ("d_model", c)])?;
+        check_tensor("the position embedding", &[("max_seq", t), ("d_model", c)])?;
+        check_tensor(
+            "the attention weight",
+            &[("3", 3), ("d_model", c), ("d_model", c)],
+        )?;
+        check_tensor("the MLP weight", &[("ffn", f), ("d_model", c)])?;
+        if self.checked_num_params().is_none_or(|n| n > MAX_PARAMS) {
+            return Err(EngineError::Config(format!(
+                "the model has more than 2^40 (about 1.1e12) parameters (vocab {v}, d_model \
+                 {c}, ffn {f}, layers {}, max_seq {t})",
+                self.layers
+            )));
+        }
+        if self.layers > MAX_LAYERS {
+            return Err(EngineError::Config(format!(
+                "layers ({}) is more than {MAX_LAYERS} (2^16), far beyond any real model",
+                self.layers
             )));
         }
         Ok(())
@@ -328,29 +404,80 @@ impl Config {
     }
 
     pub fn from_toml_str(text: &str, base: Config) -> Result<Config> {
-        let overrides: toml::Table =
-            toml::from_str(text).map_err(|e| EngineError::Config(one_line(e.message())))?;
-        let mut merged = toml::Table::try_from(&base)
+        let overrides: toml::Table = toml::from_str(text).map_err(|e| {
+            // The parser's message lacks the place; its span gives it.
+            let at = e
+                .span()
+                .map(|s| {
+                    let (line, col) = position(text, s.start);
+                    format!("line {line}, column {col}: ")
+                })
+                .unwrap_or_default();
+            EngineError::Config(format!("{at}{}", one_line(e.message())))
+        })?;
+        let base_table = toml::Table::try_from(&base)
             .map_err(|e| EngineError::Config(format!("cannot serialise config: {e}")))?;
+        let mut merged = base_table.clone();
+        let mut set = Vec::new();
         for (section, value) in overrides {
-            let Some(toml::Value::Table(dst)) = merged.get_mut(&section) else {
+            let at = key_position(text, &section, None);
+            let toml::Value::Table(src) = value else {
+                if base_table.contains_key(&section) {
+                    return Err(EngineError::Config(format!(
+                        "{at}'{section}' must be a table: write [{section}] and its keys below"
+                    )));
+                }
+                // `layers = 1` before any [section] header: name the table it belongs in.
+                let home: Vec<String> = base_table
+                    .iter()
+                    .filter(|(_, t)| t.as_table().is_some_and(|t| t.contains_key(&section)))
+                    .map(|(name, _)| format!("[{name}]"))
+                    .collect();
+                let home = if home.is_empty() {
+                    "[model] or [train]".to_string()
+                } else {
+                    home.join(" or ")
+                };
                 return Err(EngineError::Config(format!(
-                    "unknown section [{section}] (expected [model] or [train])"
+                    "{at}'{section}' is a key outside any section: put it under {home}"
                 )));
             };
-            let toml::Value::Table(src) = value else {
-                return Err(EngineError::Config(format!("'{section}' must be a table")));
+            let Some(toml::Value::Table(dst)) = merged.get_mut(&section) else {
+                return Err(EngineError::Config(format!(
+                    "{at}unknown section [{section}] (expected [model] or [train])"
+                )));
             };
             for (k, v) in src {
                 if !dst.contains_key(&k) {
-                    return Err(EngineError::Config(format!("unknown field {section}.{k}")));
+                    let at = key_position(text, &section, Some(&k));
+                    return Err(EngineError::Config(format!(
+                        "{at}unknown field {section}.{k}"
+                    )));
                 }
-                dst.insert(k, v);
+                dst.insert(k.clone(), v.clone());
+                set.push((section.clone(), k, v));
             }
         }
         toml::Value::Table(merged)
             .try_into()
-            .map_err(|e: toml::de::Error| EngineError::Config(one_line(e.message())))
+            .map_err(|e: toml::de::Error| {
+                // A value of the wrong type: the merged table has no spans, so find the override
+                // that fails on its own to name its key and line.
+                for (section, k, v) in &set {
+                    let mut one = base_table.clone();
+                    if let Some(toml::Value::Table(dst)) = one.get_mut(section) {
+                        dst.insert(k.clone(), v.clone());
+                    }
+                    if let Err(e) = toml::Value::Table(one).try_into::<Config>() {
+                        let at = key_position(text, section, Some(k));
+                        return EngineError::Config(format!(
+                            "{at}bad value for {section}.{k}: {}",
+                            one_line(e.message())
+                        ));
+                    }
+                }
+                EngineError::Config(one_line(&e.to_string()))
+            })
     }
 
     pub fn to_toml(&self) -> String {
@@ -399,11 +526,39 @@ impl Config {
                 "grad_clip must be ≥ 0 (0 disables)".into(),
             ));
         }
-        if t.max_stride == 0 || t.max_stride >= self.model.vocab {
-            return Err(EngineError::Config(format!(
-                "max_stride must be in 1..{} (the vocabulary size), got {}",
-                self.model.vocab, t.max_stride
-            )));
+        // The largest activations of a step, with checked arithmetic: the logits, the MLP's
+        // hidden layer, the attention's q/k/v, and one t × t attention matrix.
+        let (v, c, f) = (self.model.vocab, self.model.d_model, self.model.ffn);
+        let (b, s) = (t.batch, t.seq);
+        check_tensor("the logits", &[("batch", b), ("seq", s), ("vocab", v)])?;
+        check_tensor(
+            "the MLP activation",
+            &[("batch", b), ("seq", s), ("ffn", f)],
+        )?;
+        check_tensor(
+            "the q/k/v activation",
+            &[("batch", b), ("seq", s), ("3", 3), ("d_model", c)],
+        )?;
+        check_tensor("an attention matrix", &[("seq", s), ("seq", s)])?;
+        // The strides belong to the synthetic task only (a data file ignores them): token
+        // ids 0..vocab with strides 1..=max_stride need max_stride < vocab.
+        if t.data.is_empty() {
+            if t.max_stride == 0 {
+                return Err(EngineError::Config("max_stride must be at least 1".into()));
+            }
+            if v < 2 {
+                return Err(EngineError::Config(format!(
+                    "vocab {v} is too small: the synthetic progression task needs at least 2 \
+                     tokens"
+                )));
+            }
+            if t.max_stride >= v {
+                return Err(EngineError::Config(format!(
+                    "max_stride ({}) must be smaller than the vocabulary size ({v}): lower \
+                     max_stride or raise vocab",
+                    t.max_stride
+                )));
+            }
         }
         if !(0.0..=1.0).contains(&t.min_lr_ratio) {
             return Err(EngineError::Config("min_lr_ratio must be in [0, 1]".into()));
@@ -435,6 +590,43 @@ impl Config {
         let coeff = 0.5 * (1.0 + (std::f64::consts::PI * progress).cos());
         (min_lr + coeff * (lr - min_lr)) as f32
     }
+}
+
+/// The 1-based line and column (in characters) of byte `offset` of `text`.
+fn position(text: &str, offset: usize) -> (usize, usize) {
+    // toml's spans start on character boundaries; past the end means the end.
+    let before = text.get(..offset).unwrap_or(text);
+    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+    (
+        before.matches('\n').count() + 1,
+        before[line_start..].chars().count() + 1,
+    )
+}
+
+/// "line L, column C: " for where `section` (or `key` in it) is written in `text`; empty when
+/// it cannot be found.
+fn key_position(text: &str, section: &str, key: Option<&str>) -> String {
+    let Ok(doc) = toml::de::DeTable::parse(text) else {
+        return String::new();
+    };
+    let find = || {
+        let (k, v) = doc
+            .get_ref()
+            .iter()
+            .find(|(k, _)| *k.get_ref() == section)?;
+        let Some(key) = key else {
+            return Some(k.span());
+        };
+        let toml::de::DeValue::Table(t) = v.get_ref() else {
+            return None;
+        };
+        let (k, _) = t.iter().find(|(k, _)| *k.get_ref() == key)?;
+        Some(k.span())
+    };
+    find().map_or(String::new(), |span| {
+        let (line, col) = position(text, span.start);
+        format!("line {line}, column {col}: ")
+    })
 }
 
 /// Joins a multi-line parser message into one line.
@@ -486,6 +678,84 @@ mod tests {
         for p in [Preset::Default, Preset::Seed, Preset::Large, Preset::Tiny] {
             Config::preset(p).validate().unwrap();
         }
+    }
+
+    /// Absurd sizes are refused with checked arithmetic; a model of about 1e12 parameters with
+    /// a 256k vocabulary and an 8k context is not.
+    #[test]
+    fn validation_limits_sizes_without_rejecting_real_models() {
+        let err = |f: &dyn Fn(&mut Config)| {
+            let mut c = Config::preset(Preset::Tiny);
+            f(&mut c);
+            c.validate().unwrap_err().to_string()
+        };
+        assert!(err(&|c| c.model.ffn = usize::MAX).contains("the MLP weight"));
+        assert!(err(&|c| c.model.max_seq = usize::MAX).contains("the position embedding"));
+        assert!(err(&|c| c.model.layers = usize::MAX).contains("more than 2^40"));
+        assert!(err(&|c| c.model.layers = MAX_LAYERS + 1).contains("layers (65537)"));
+        assert!(err(&|c| c.model.vocab = 1).contains("vocab 1 is too small"));
+        assert!(err(&|c| c.model.vocab = 5).contains("max_stride (8) must be smaller"));
+        assert!(
+            err(&|c| {
+                c.model.d_model = 1_000_000_000;
+                c.model.heads = 1;
+            })
+            .contains("the attention weight")
+        );
+        assert!(err(&|c| c.train.batch = usize::MAX).contains("the logits"));
+        assert_eq!(
+            ModelConfig {
+                layers: usize::MAX,
+                ..Config::preset(Preset::Tiny).model
+            }
+            .num_params(),
+            usize::MAX,
+            "saturates, does not wrap"
+        );
+        let mut big = Config::preset(Preset::Large);
+        big.model = ModelConfig {
+            vocab: 256_000,
+            d_model: 25_600,
+            heads: 200,
+            ffn: 102_400,
+            layers: 128,
+            max_seq: 8192,
+        };
+        big.train.batch = 8;
+        big.train.seq = 8192;
+        big.validate().unwrap();
+        assert!(big.model.num_params() > 1_000_000_000_000);
+        // A data file does not use the synthetic task's strides.
+        let mut c = Config::preset(Preset::Tiny);
+        c.model.vocab = 5;
+        c.train.data = "tokens.bin".into();
+        c.validate().unwrap();
+    }
+
+    /// Errors in a TOML file name the line, the column and the key.
+    #[test]
+    fn toml_errors_say_where() {
+        let base = Config::preset(Preset::Default);
+        let err = |text: &str| {
+            Config::from_toml_str(text, base.clone())
+                .unwrap_err()
+                .to_string()
+        };
+        assert!(err("[model]\nlayers = 1.2.3\n").contains("line 2, column "));
+        assert!(err("[model]\nlayers = \"one\"\n").contains(
+            "line 2, column 1: bad value for model.layers: invalid type: string \"one\", \
+                 expected usize"
+        ));
+        assert!(err("layers = 1\n").contains(
+            "line 1, column 1: 'layers' is a key outside any section: put it under [model]"
+        ));
+        assert!(err("lr = 1\n[model]\n").contains("put it under [train]"));
+        assert!(err("x = 1\n").contains("put it under [model] or [train]"));
+        assert!(err("model = 1\n").contains("'model' must be a table"));
+        assert!(
+            err("\n[train]\nstepz = 1\n").contains("line 3, column 1: unknown field train.stepz")
+        );
+        assert!(err("[modle]\n").contains("unknown section [modle]"));
     }
 
     #[test]

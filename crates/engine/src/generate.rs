@@ -389,26 +389,47 @@ impl<D: Device> Generator<D> {
         Ok(dev.download(&self.logits)?)
     }
 
-    /// Feeds `prompt`, then generates `max_new` tokens (stopping early when the context is full).
+    /// Feeds `prompt`, then generates up to `max_new` tokens: the cached positions, the prompt
+    /// and the new tokens together never exceed the context (`max_seq`), so the output stops
+    /// early when it is full. A prompt that leaves no room for a new token is refused
+    /// ([`check_prompt_len`]).
     pub fn generate(&mut self, prompt: &[i32], max_new: usize, s: &Sampling) -> Result<Vec<i32>> {
         if prompt.is_empty() {
             return Err(EngineError::Config("the prompt is empty".into()));
         }
+        let tmax = self.cfg.max_seq;
+        check_prompt_len(self.len + prompt.len(), tmax)?;
+        // Sized by what the context allows, not by `max_new` (which may be anything a user
+        // typed, up to usize::MAX).
+        let n = max_new.min(tmax - self.len - prompt.len());
         let mut rng = Rng::derive(s.seed, 7);
         let mut logits = Vec::new();
         for &t in prompt {
             logits = self.step(t)?;
         }
-        let tmax = self.cfg.max_seq;
-        let mut out = Vec::with_capacity(max_new);
-        for i in 0..max_new {
+        let mut out = Vec::with_capacity(n);
+        for i in 0..n {
             let next = sample(&logits, s, &mut rng) as i32;
             out.push(next);
-            if i + 1 == max_new || self.len >= tmax {
-                break;
+            // The last token is only sampled: running it would fill a position for nothing.
+            if i + 1 < n {
+                logits = self.step(next)?;
             }
-            logits = self.step(next)?;
         }
         Ok(out)
     }
+}
+
+/// Refuses a prompt of `len` tokens that leaves no room for a new token in a context of
+/// `max_seq`: prompt and generated tokens together never exceed the context, which is the
+/// number of positions the model has embeddings (and the KV cache has room) for.
+pub fn check_prompt_len(len: usize, max_seq: usize) -> Result<()> {
+    if len >= max_seq {
+        return Err(EngineError::Config(format!(
+            "the prompt has {len} tokens but the model's context is {max_seq}: prompt and \
+             generated tokens must fit in it together, so a prompt can have at most {} tokens",
+            max_seq.saturating_sub(1)
+        )));
+    }
+    Ok(())
 }

@@ -5,6 +5,8 @@
 //! then one record per step with the loss, gradient norm, learning rate, loss scale and, per
 //! parameter tensor, its L2 norm and a few values at fixed positions. Two runs of the same config
 //! and seed on different machines can then be compared step by step without sharing a machine.
+//! Infinities and NaN, which JSON numbers cannot hold, are the strings "inf", "-inf" and "NaN"
+//! (older traces have `null` for all three).
 
 use crate::config::Config;
 use crate::model::Gpt;
@@ -35,7 +37,9 @@ pub struct TraceHeader {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TensorTrace {
     pub numel: usize,
+    #[serde(with = "num")]
     pub norm: f64,
+    #[serde(with = "num::vec")]
     pub samples: Vec<f32>,
 }
 
@@ -44,9 +48,13 @@ pub struct TensorTrace {
 pub struct StepTrace {
     pub kind: String,
     pub step: u64,
+    #[serde(with = "num")]
     pub loss: f32,
+    #[serde(with = "num")]
     pub grad_norm: f32,
+    #[serde(with = "num")]
     pub lr: f32,
+    #[serde(default, with = "num::opt")]
     pub loss_scale: Option<f32>,
     pub params: BTreeMap<String, TensorTrace>,
     /// FP8 runs: per GEMM operand, the scale in use and the most recent amax.
@@ -57,8 +65,163 @@ pub struct StepTrace {
 /// One FP8 operand's scaling state after a step.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Fp8Trace {
+    #[serde(with = "num")]
     pub scale: f32,
+    #[serde(with = "num")]
     pub amax: f32,
+}
+
+/// A non-finite value read from a trace that does not say which one it was: traces written
+/// before duet told them apart have `null` for inf, -inf and NaN alike (serde_json's default).
+/// It is a NaN with a payload of its own, so [`compare`] can take it as "non-finite, kind
+/// unknown" and match it against any non-finite value instead of calling it a NaN.
+pub const UNKNOWN_NONFINITE_F32: f32 = f32::from_bits(0x7fc0_0001);
+/// [`UNKNOWN_NONFINITE_F32`] for the f64 tensor norms.
+pub const UNKNOWN_NONFINITE_F64: f64 = f64::from_bits(0x7ff8_0000_0000_0001);
+
+/// The JSON form of the traced numbers. JSON numbers cannot hold inf or NaN, so those are
+/// written as the strings "inf", "-inf" and "NaN"; `null` from older traces reads back as the
+/// unknown non-finite value ([`UNKNOWN_NONFINITE_F32`]). Finite values are plain numbers, as
+/// before, so older duet versions still read traces of runs that stayed finite.
+mod num {
+    use serde::de::{self, Deserializer, Visitor};
+    use serde::{Deserialize, Serialize, Serializer};
+    use std::marker::PhantomData;
+
+    pub(super) trait Float: Copy {
+        const UNKNOWN: Self;
+        fn from_f64(v: f64) -> Self;
+        fn to_f64(self) -> f64;
+        fn serialize_number<S: Serializer>(self, s: S) -> Result<S::Ok, S::Error>;
+    }
+
+    impl Float for f32 {
+        const UNKNOWN: Self = super::UNKNOWN_NONFINITE_F32;
+        fn from_f64(v: f64) -> Self {
+            // What serde_json's own f32 reading does: parse as f64, round once.
+            v as f32
+        }
+        fn to_f64(self) -> f64 {
+            self as f64
+        }
+        fn serialize_number<S: Serializer>(self, s: S) -> Result<S::Ok, S::Error> {
+            s.serialize_f32(self)
+        }
+    }
+
+    impl Float for f64 {
+        const UNKNOWN: Self = super::UNKNOWN_NONFINITE_F64;
+        fn from_f64(v: f64) -> Self {
+            v
+        }
+        fn to_f64(self) -> f64 {
+            self
+        }
+        fn serialize_number<S: Serializer>(self, s: S) -> Result<S::Ok, S::Error> {
+            s.serialize_f64(self)
+        }
+    }
+
+    struct Json<T>(T);
+
+    impl<T: Float> Serialize for Json<T> {
+        fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            let v = self.0.to_f64();
+            if v.is_nan() {
+                s.serialize_str("NaN")
+            } else if v == f64::INFINITY {
+                s.serialize_str("inf")
+            } else if v == f64::NEG_INFINITY {
+                s.serialize_str("-inf")
+            } else {
+                self.0.serialize_number(s)
+            }
+        }
+    }
+
+    struct JsonVisitor<T>(PhantomData<T>);
+
+    impl<T: Float> Visitor<'_> for JsonVisitor<T> {
+        type Value = T;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str(r#"a number, null, "inf", "-inf" or "NaN""#)
+        }
+        fn visit_f64<E: de::Error>(self, v: f64) -> Result<T, E> {
+            Ok(T::from_f64(v))
+        }
+        fn visit_i64<E: de::Error>(self, v: i64) -> Result<T, E> {
+            Ok(T::from_f64(v as f64))
+        }
+        fn visit_u64<E: de::Error>(self, v: u64) -> Result<T, E> {
+            Ok(T::from_f64(v as f64))
+        }
+        fn visit_unit<E: de::Error>(self) -> Result<T, E> {
+            Ok(T::UNKNOWN)
+        }
+        fn visit_none<E: de::Error>(self) -> Result<T, E> {
+            Ok(T::UNKNOWN)
+        }
+        fn visit_str<E: de::Error>(self, v: &str) -> Result<T, E> {
+            match v {
+                "NaN" => Ok(T::from_f64(f64::NAN)),
+                "inf" => Ok(T::from_f64(f64::INFINITY)),
+                "-inf" => Ok(T::from_f64(f64::NEG_INFINITY)),
+                _ => Err(E::invalid_value(de::Unexpected::Str(v), &self)),
+            }
+        }
+    }
+
+    impl<'de, T: Float> Deserialize<'de> for Json<T> {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            d.deserialize_any(JsonVisitor(PhantomData)).map(Json)
+        }
+    }
+
+    pub(super) fn serialize<T: Float, S: Serializer>(x: &T, s: S) -> Result<S::Ok, S::Error> {
+        Json(*x).serialize(s)
+    }
+
+    pub(super) fn deserialize<'de, T: Float, D: Deserializer<'de>>(d: D) -> Result<T, D::Error> {
+        Json::deserialize(d).map(|j| j.0)
+    }
+
+    /// `Option<f32>`: `null` stays `None` (no loss scale), as in every trace written so far.
+    pub(super) mod opt {
+        use super::*;
+
+        pub(in super::super) fn serialize<T: Float, S: Serializer>(
+            x: &Option<T>,
+            s: S,
+        ) -> Result<S::Ok, S::Error> {
+            x.map(Json).serialize(s)
+        }
+
+        pub(in super::super) fn deserialize<'de, T: Float, D: Deserializer<'de>>(
+            d: D,
+        ) -> Result<Option<T>, D::Error> {
+            Ok(Option::<Json<T>>::deserialize(d)?.map(|j| j.0))
+        }
+    }
+
+    pub(super) mod vec {
+        use super::*;
+
+        pub(in super::super) fn serialize<T: Float, S: Serializer>(
+            x: &[T],
+            s: S,
+        ) -> Result<S::Ok, S::Error> {
+            s.collect_seq(x.iter().map(|v| Json(*v)))
+        }
+
+        pub(in super::super) fn deserialize<'de, T: Float, D: Deserializer<'de>>(
+            d: D,
+        ) -> Result<Vec<T>, D::Error> {
+            Ok(Vec::<Json<T>>::deserialize(d)?
+                .into_iter()
+                .map(|j| j.0)
+                .collect())
+        }
+    }
 }
 
 /// The fixed positions sampled from a tensor of `numel` elements: spread over the tensor, the
@@ -234,11 +397,15 @@ pub fn tolerance(precision: &str, step: u64) -> f64 {
 #[derive(Clone, Debug, PartialEq)]
 pub enum ParityOutcome {
     /// Every compared quantity stayed within tolerance; the worst ratios (error / tolerance).
+    /// `nonfinite` counts the values that were inf or NaN alike in both traces (a skipped FP16
+    /// step's gradient norm, say), which match without a ratio.
     Match {
         steps: usize,
         worst: Vec<(f64, String)>,
+        nonfinite: usize,
     },
-    /// The first quantity that left tolerance.
+    /// The first quantity that left tolerance, or that was inf or NaN in one trace and not the
+    /// same in the other (then `rel_err` is infinite; see [`format_value`] for `a` and `b`).
     Diverged {
         step: u64,
         quantity: String,
@@ -247,6 +414,68 @@ pub enum ParityOutcome {
         rel_err: f64,
         tol: f64,
     },
+    /// The steps both traces have match, but one trace has more: the other run stopped early
+    /// (a crash, a kill, a trace cut short) or went on longer. Lengths are step records; `last`
+    /// is each trace's last step number.
+    LengthDiffers {
+        steps: usize,
+        a_steps: usize,
+        b_steps: usize,
+        a_last: u64,
+        b_last: u64,
+    },
+}
+
+/// A traced value for a message: `{:.9e}` when finite, else inf, -inf, NaN, or "non-finite"
+/// for [`UNKNOWN_NONFINITE_F64`] (an older trace's `null`, which may have been any of them).
+pub fn format_value(x: f64) -> String {
+    match Kind::of(x) {
+        Kind::Finite => format!("{x:.9e}"),
+        Kind::Unknown => "non-finite (null)".into(),
+        _ => format!("{x}"),
+    }
+}
+
+/// What a traced value is, for comparing non-finite values by kind.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Kind {
+    Finite,
+    Nan,
+    Inf,
+    NegInf,
+    /// [`UNKNOWN_NONFINITE_F64`]: one of the three above, not recorded which.
+    Unknown,
+}
+
+impl Kind {
+    fn of(x: f64) -> Kind {
+        if x.is_finite() {
+            Kind::Finite
+        } else if x.to_bits() == UNKNOWN_NONFINITE_F64.to_bits() {
+            Kind::Unknown
+        } else if x.is_nan() {
+            Kind::Nan
+        } else if x > 0.0 {
+            Kind::Inf
+        } else {
+            Kind::NegInf
+        }
+    }
+
+    /// Whether two non-finite values agree: the same kind, or an unknown one against any.
+    fn agrees(self, other: Kind) -> bool {
+        self == other || self == Kind::Unknown || other == Kind::Unknown
+    }
+}
+
+/// `x` as f64 for comparing, keeping [`UNKNOWN_NONFINITE_F32`] recognisable (a NaN's payload
+/// need not survive a float conversion).
+fn widen(x: f32) -> f64 {
+    if x.to_bits() == UNKNOWN_NONFINITE_F32.to_bits() {
+        UNKNOWN_NONFINITE_F64
+    } else {
+        x as f64
+    }
 }
 
 /// Why two traces cannot be compared.
@@ -309,9 +538,15 @@ pub fn compare(a: &Trace, b: &Trace) -> std::result::Result<ParityOutcome, Incom
         |step| tolerance(&a.header.precision, step).max(tolerance(&b.header.precision, step));
     let n = a.steps.len().min(b.steps.len());
     if n == 0 {
-        return Err(Incompatible("a trace has no steps".into()));
+        let which = match (a.steps.is_empty(), b.steps.is_empty()) {
+            (true, true) => "neither trace has",
+            (true, false) => "the first trace has",
+            _ => "the second trace has",
+        };
+        return Err(Incompatible(format!("{which} no step records")));
     }
     let mut worst: BTreeMap<String, f64> = BTreeMap::new();
+    let mut nonfinite = 0;
     for (sa, sb) in a.steps.iter().zip(&b.steps).take(n) {
         if sa.step != sb.step {
             return Err(Incompatible(format!(
@@ -320,28 +555,29 @@ pub fn compare(a: &Trace, b: &Trace) -> std::result::Result<ParityOutcome, Incom
             )));
         }
         let tol = tol_of(sa.step);
+        // (quantity, a, b, scale the error is relative to)
         let mut checks: Vec<(String, f64, f64, f64)> = vec![
             (
                 "loss".into(),
-                sa.loss as f64,
-                sb.loss as f64,
+                widen(sa.loss),
+                widen(sb.loss),
                 (sb.loss as f64).abs(),
             ),
             (
                 "grad_norm".into(),
-                sa.grad_norm as f64,
-                sb.grad_norm as f64,
+                widen(sa.grad_norm),
+                widen(sb.grad_norm),
                 (sb.grad_norm as f64).abs(),
             ),
             (
                 "lr".into(),
-                sa.lr as f64,
-                sb.lr as f64,
+                widen(sa.lr),
+                widen(sb.lr),
                 (sb.lr as f64).abs(),
             ),
         ];
         if let (Some(x), Some(y)) = (sa.loss_scale, sb.loss_scale) {
-            checks.push(("loss_scale".into(), x as f64, y as f64, (y as f64).abs()));
+            checks.push(("loss_scale".into(), widen(x), widen(y), (y as f64).abs()));
         }
         if let (Some(fa), Some(fb)) = (&sa.fp8, &sb.fp8) {
             for (name, x) in fa {
@@ -352,14 +588,14 @@ pub fn compare(a: &Trace, b: &Trace) -> std::result::Result<ParityOutcome, Incom
                 };
                 checks.push((
                     format!("fp8 {name}.scale"),
-                    x.scale as f64,
-                    y.scale as f64,
+                    widen(x.scale),
+                    widen(y.scale),
                     (y.scale as f64).abs(),
                 ));
                 checks.push((
                     format!("fp8 {name}.amax"),
-                    x.amax as f64,
-                    y.amax as f64,
+                    widen(x.amax),
+                    widen(y.amax),
                     (y.amax as f64).abs(),
                 ));
             }
@@ -372,22 +608,34 @@ pub fn compare(a: &Trace, b: &Trace) -> std::result::Result<ParityOutcome, Incom
             };
             checks.push((format!("{name}.norm"), ta.norm, tb.norm, tb.norm.abs()));
             // Samples are judged against the tensor's RMS so a value near zero cannot blow up
-            // the relative error.
+            // the relative error; a non-finite norm gives no RMS to judge by (an infinite one
+            // would pass any sample).
             let rms = tb.norm / (tb.numel.max(1) as f64).sqrt();
+            let rms = if rms.is_finite() { rms } else { 0.0 };
             for (k, (x, y)) in ta.samples.iter().zip(&tb.samples).enumerate() {
                 checks.push((
                     format!("{name}[sample {k}]"),
-                    *x as f64,
-                    *y as f64,
+                    widen(*x),
+                    widen(*y),
                     (*y as f64).abs().max(rms),
                 ));
             }
         }
         for (quantity, x, y, scale) in checks {
-            let err = (x - y).abs() / scale.max(1e-30);
-            let both_nan = x.is_nan() && y.is_nan();
-            let out_of_tolerance = err.is_nan() || err > tol;
-            if !both_nan && out_of_tolerance {
+            let (kx, ky) = (Kind::of(x), Kind::of(y));
+            // Finite values are judged by relative error. Non-finite ones carry no magnitude:
+            // the same kind in both traces (a skipped FP16 step's inf gradient norm) is the
+            // same behaviour, anything else is a divergence.
+            let err = match (kx, ky) {
+                (Kind::Finite, Kind::Finite) => (x - y).abs() / scale.max(1e-30),
+                (Kind::Finite, _) | (_, Kind::Finite) => f64::INFINITY,
+                _ if kx.agrees(ky) => {
+                    nonfinite += 1;
+                    continue;
+                }
+                _ => f64::INFINITY,
+            };
+            if err > tol {
                 return Ok(ParityOutcome::Diverged {
                     step: sa.step,
                     quantity,
@@ -409,16 +657,26 @@ pub fn compare(a: &Trace, b: &Trace) -> std::result::Result<ParityOutcome, Incom
             } else {
                 key
             };
-            let r = if both_nan { 0.0 } else { err / tol };
             let e = worst.entry(key).or_insert(0.0);
-            if r > *e {
-                *e = r;
-            }
+            *e = e.max(err / tol);
         }
+    }
+    if a.steps.len() != b.steps.len() {
+        return Ok(ParityOutcome::LengthDiffers {
+            steps: n,
+            a_steps: a.steps.len(),
+            b_steps: b.steps.len(),
+            a_last: a.steps.last().map_or(0, |s| s.step),
+            b_last: b.steps.last().map_or(0, |s| s.step),
+        });
     }
     let mut worst: Vec<(f64, String)> = worst.into_iter().map(|(k, v)| (v, k)).collect();
     worst.sort_by(|x, y| y.0.total_cmp(&x.0));
-    Ok(ParityOutcome::Match { steps: n, worst })
+    Ok(ParityOutcome::Match {
+        steps: n,
+        worst,
+        nonfinite,
+    })
 }
 
 /// The dotted path of the first field where two JSON values differ.
@@ -442,5 +700,159 @@ fn first_difference(path: &str, a: &serde_json::Value, b: &serde_json::Value) ->
         }
         _ if a != b => Some(path.to_string()),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn step(step: u64, loss: f32, grad_norm: f32, norm: f64) -> StepTrace {
+        StepTrace {
+            kind: "step".into(),
+            step,
+            loss,
+            grad_norm,
+            lr: 1e-3,
+            loss_scale: Some(f32::INFINITY),
+            params: BTreeMap::from([(
+                "w".to_string(),
+                TensorTrace {
+                    numel: 4,
+                    norm,
+                    samples: vec![0.5, f32::NAN, f32::NEG_INFINITY, -0.25],
+                },
+            )]),
+            fp8: None,
+        }
+    }
+
+    fn trace(steps: Vec<StepTrace>) -> Trace {
+        let config = Config::preset(crate::Preset::Tiny);
+        Trace {
+            header: TraceHeader {
+                kind: "header".into(),
+                duet_version: "test".into(),
+                git_rev: "test".into(),
+                backend: "cpu".into(),
+                device: "cpu".into(),
+                precision: "fp16".into(),
+                seed: config.train.seed,
+                config,
+            },
+            steps,
+        }
+    }
+
+    fn bits(s: &StepTrace) -> Vec<u64> {
+        let w = &s.params["w"];
+        let mut v = vec![
+            s.loss.to_bits() as u64,
+            s.grad_norm.to_bits() as u64,
+            s.loss_scale.unwrap().to_bits() as u64,
+            w.norm.to_bits(),
+        ];
+        v.extend(w.samples.iter().map(|x| x.to_bits() as u64));
+        v
+    }
+
+    #[test]
+    fn trace_numbers_keep_inf_and_nan_apart_and_read_old_nulls() {
+        let s = step(3, 2.5, f32::INFINITY, f64::NAN);
+        let json = serde_json::to_string(&s).unwrap();
+        assert!(json.contains(r#""grad_norm":"inf""#), "{json}");
+        assert!(
+            json.contains(r#""samples":[0.5,"NaN","-inf",-0.25]"#),
+            "{json}"
+        );
+        let back: StepTrace = serde_json::from_str(&json).unwrap();
+        assert_eq!(bits(&back), bits(&s));
+
+        // What serde_json wrote before: null for every non-finite value; a null loss scale is
+        // no loss scale, as it always was.
+        let old = json
+            .replace(r#""inf""#, "null")
+            .replace(r#""-inf""#, "null")
+            .replace(r#""NaN""#, "null");
+        let back: StepTrace = serde_json::from_str(&old).unwrap();
+        assert_eq!(back.grad_norm.to_bits(), UNKNOWN_NONFINITE_F32.to_bits());
+        assert_eq!(
+            back.params["w"].norm.to_bits(),
+            UNKNOWN_NONFINITE_F64.to_bits()
+        );
+        assert_eq!(back.loss_scale, None);
+
+        let err = serde_json::from_str::<StepTrace>(&json.replace(r#""inf""#, r#""big""#));
+        assert!(err.is_err());
+    }
+
+    #[test]
+    fn trace_compare_takes_non_finite_values_by_kind() {
+        let a = trace(vec![
+            step(1, 2.5, 1.0, 0.75),
+            step(2, 2.4, f32::INFINITY, 0.7),
+        ]);
+        // A trace always matches itself, non-finite values included.
+        match compare(&a, &a).unwrap() {
+            ParityOutcome::Match {
+                steps, nonfinite, ..
+            } => assert_eq!((steps, nonfinite), (2, 7)),
+            other => panic!("expected a match, got {other:?}"),
+        }
+        // An old trace's null (kind unknown) agrees with any non-finite value.
+        let mut old = a.clone();
+        old.steps[1].grad_norm = UNKNOWN_NONFINITE_F32;
+        assert!(matches!(
+            compare(&a, &old).unwrap(),
+            ParityOutcome::Match { .. }
+        ));
+        // Non-finite against finite, and inf against NaN, diverge at that step and quantity.
+        for (x, finite) in [(1.0, true), (f32::NAN, false), (f32::NEG_INFINITY, false)] {
+            let mut b = a.clone();
+            b.steps[1].grad_norm = x;
+            match compare(&a, &b).unwrap() {
+                ParityOutcome::Diverged {
+                    step,
+                    quantity,
+                    rel_err,
+                    b,
+                    ..
+                } => {
+                    assert_eq!((step, quantity.as_str()), (2, "grad_norm"));
+                    assert_eq!(b.is_finite(), finite);
+                    assert!(rel_err.is_infinite());
+                }
+                other => panic!("expected a divergence, got {other:?}"),
+            }
+        }
+        assert_eq!(format_value(f64::INFINITY), "inf");
+        assert_eq!(format_value(UNKNOWN_NONFINITE_F64), "non-finite (null)");
+    }
+
+    #[test]
+    fn trace_compare_reports_a_trace_that_ends_early() {
+        let a = trace(vec![step(1, 2.5, 1.0, 0.75), step(2, 2.4, 0.9, 0.7)]);
+        let mut short = a.clone();
+        short.steps.truncate(1);
+        let want = ParityOutcome::LengthDiffers {
+            steps: 1,
+            a_steps: 2,
+            b_steps: 1,
+            a_last: 2,
+            b_last: 1,
+        };
+        assert_eq!(compare(&a, &short).unwrap(), want);
+        // A divergence in the common steps comes first.
+        short.steps[0].loss = 3.0;
+        assert!(matches!(
+            compare(&a, &short).unwrap(),
+            ParityOutcome::Diverged { step: 1, .. }
+        ));
+        short.steps.clear();
+        let err = compare(&a, &short).unwrap_err().to_string();
+        assert!(
+            err.contains("the second trace has no step records"),
+            "{err}"
+        );
     }
 }

@@ -113,10 +113,29 @@ enum StepGraph<D: Device> {
     Off,
 }
 
+/// The initial weights are made on the host (f32) before anything reaches the device: refuses
+/// a model whose weights alone do not fit in the host's available memory, instead of swapping
+/// or an aborted allocation.
+fn check_host_memory(m: &crate::config::ModelConfig) -> Result<()> {
+    let needed = (m.num_params() as u64).saturating_mul(4);
+    if let Some((available, _)) = duet_device::host_memory()
+        && needed > available
+    {
+        return Err(EngineError::Config(format!(
+            "the model's {} initial weights need {} of host memory, but only {} is available",
+            m.num_params(),
+            duet_device::human_bytes(needed),
+            duet_device::human_bytes(available)
+        )));
+    }
+    Ok(())
+}
+
 impl<D: Device> Trainer<D> {
     /// A fresh run: weights initialised from the config's seed.
     pub fn new(dev: Arc<D>, cfg: Config) -> Result<Self> {
         cfg.validate()?;
+        check_host_memory(&cfg.model)?;
         let weights = init_weights(&cfg.model, cfg.train.seed);
         Self::with_weights(dev, cfg, &weights)
     }
@@ -135,6 +154,7 @@ impl<D: Device> Trainer<D> {
         opts: DpOptions,
     ) -> Result<Self> {
         cfg.validate()?;
+        check_host_memory(&cfg.model)?;
         let weights = init_weights(&cfg.model, cfg.train.seed);
         Self::build(dev, cfg, &weights, Some((comm, opts)))
     }
@@ -479,6 +499,19 @@ impl<D: Device> Trainer<D> {
         match self.diverged {
             Some((step, loss)) => Err(EngineError::Diverged { step, loss }),
             None => Ok(()),
+        }
+    }
+
+    /// Whether [`Trainer::validation_loss`] has a batch to evaluate: a file's held-out tail
+    /// always gives one; the synthetic task's held-out progressions must fill one batch.
+    pub fn has_validation_data(&self) -> bool {
+        match (&self.val_tokens, &self.data) {
+            (Some(_), _) => true,
+            (None, Source::Progressions(p)) => {
+                let b = self.cfg.train.batch;
+                p.held_out_pairs(4 * b, self.cfg.train.seed ^ 0x5a11).len() >= b
+            }
+            (None, _) => false,
         }
     }
 

@@ -6,6 +6,10 @@
 //! who it is, and receives the id. The handshake also carries the world size and a tag (a hash
 //! of the run's configuration), so ranks started with different settings fail at once with a
 //! clear message instead of hanging inside the collective library.
+//!
+//! torchrun's agent on node 0 serves its own store on `MASTER_PORT`, so under torchrun duet's
+//! rank 0 cannot listen there: `DUET_RENDEZVOUS_PORT` (the same on every rank) names another
+//! port for duet's handshake.
 
 use crate::{EngineError, Result};
 use std::io::{Read, Write};
@@ -15,6 +19,8 @@ use std::time::{Duration, Instant};
 const MAGIC: &[u8; 8] = b"DUETRDZ1";
 /// Largest payload accepted (unique ids are 128 bytes).
 const MAX_PAYLOAD: u32 = 1 << 20;
+/// The port of duet's handshake when it must differ from `MASTER_PORT` (torchrun).
+pub const PORT_ENV: &str = "DUET_RENDEZVOUS_PORT";
 /// How long ranks wait for each other by default (`DUET_RENDEZVOUS_TIMEOUT` seconds overrides).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 
@@ -59,11 +65,16 @@ impl LaunchEnv {
             None => rank,
         };
         let master_addr = get("MASTER_ADDR").unwrap_or_else(|| "127.0.0.1".into());
-        let master_port = match get("MASTER_PORT") {
+        let port_var = if get(PORT_ENV).is_some() {
+            PORT_ENV
+        } else {
+            "MASTER_PORT"
+        };
+        let master_port = match get(port_var) {
             Some(v) => v
                 .trim()
                 .parse()
-                .map_err(|_| rdzv_err(format!("MASTER_PORT={v:?} is not a port")))?,
+                .map_err(|_| rdzv_err(format!("{port_var}={v:?} is not a port")))?,
             None if world_size == 1 => 0,
             None => return Err(rdzv_err("MASTER_PORT is not set")),
         };
@@ -122,7 +133,17 @@ fn timeout_from_env() -> Duration {
 pub fn bind(addr: &str, port: u16) -> Result<TcpListener> {
     TcpListener::bind((addr, port))
         .or_else(|_| TcpListener::bind(("0.0.0.0", port)))
-        .map_err(|e| rdzv_err(format!("rank 0 cannot listen on {addr}:{port}: {e}")))
+        .map_err(|e| {
+            let hint = if e.kind() == std::io::ErrorKind::AddrInUse {
+                format!(
+                    " (under torchrun its agent serves a store on MASTER_PORT: set {PORT_ENV} to \
+                     a free port, the same on every rank)"
+                )
+            } else {
+                String::new()
+            };
+            rdzv_err(format!("rank 0 cannot listen on {addr}:{port}: {e}{hint}"))
+        })
 }
 
 fn io(what: &str, e: std::io::Error) -> EngineError {
@@ -312,6 +333,27 @@ mod tests {
                 e.master_port
             ),
             (3, 4, 1, "node0", 29500)
+        );
+        // DUET_RENDEZVOUS_PORT takes the handshake off torchrun's store port.
+        let e = LaunchEnv::from_vars(env(&[
+            ("RANK", "1"),
+            ("WORLD_SIZE", "2"),
+            ("MASTER_PORT", "29500"),
+            ("DUET_RENDEZVOUS_PORT", "29501"),
+        ]))
+        .unwrap()
+        .unwrap();
+        assert_eq!(e.master_port, 29501);
+        let bad = env(&[
+            ("RANK", "1"),
+            ("WORLD_SIZE", "2"),
+            ("MASTER_PORT", "29500"),
+            ("DUET_RENDEZVOUS_PORT", "x"),
+        ]);
+        let err = LaunchEnv::from_vars(bad).unwrap_err().to_string();
+        assert!(
+            err.contains("DUET_RENDEZVOUS_PORT=\"x\" is not a port"),
+            "{err}"
         );
         for bad in [
             vec![("RANK", "4"), ("WORLD_SIZE", "4"), ("MASTER_PORT", "1")],

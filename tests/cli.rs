@@ -377,52 +377,47 @@ fn absurd_sizes_fail_cleanly() {
 /// --tokens prints ids.
 #[test]
 fn text_prompts_need_a_byte_model() {
-    let bin = train_small("run-bin", Some(&llmc_shard()));
-    let ck = bin.to_str().unwrap();
-    assert_clean_error(
-        &["generate", "--checkpoint", ck, "--prompt", "hello"],
-        "this model's tokens are not bytes (trained on an llm.c token shard): give --tokens ids",
-    );
-    let out = duet(&[
-        "generate",
-        "--checkpoint",
-        ck,
-        "--tokens",
-        "3,999,5",
-        "--max-new",
-        "8",
-    ]);
-    assert_success(&out);
-    let ids: Vec<usize> = String::from_utf8_lossy(&out.stdout)
-        .trim()
-        .split(',')
-        .map(|x| x.parse().expect("a token id"))
-        .collect();
-    assert_eq!(ids.len(), 8);
-    assert!(ids.iter().all(|&i| i < 1000), "{ids:?}");
-
-    let syn = train_small("run-syn", None);
-    let ck = syn.to_str().unwrap();
-    assert_clean_error(
-        &["generate", "--checkpoint", ck, "--prompt", "hello"],
-        "this model's tokens are not bytes (trained on the synthetic progression task)",
-    );
-    let out = duet(&[
-        "generate",
-        "--checkpoint",
-        ck,
-        "--tokens",
-        "3,7,11",
-        "--max-new",
-        "4",
-    ]);
-    assert_success(&out);
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout)
+    // A model with token ids: --prompt is refused, the message going on with `reason`;
+    // --tokens gives max_new ids.
+    let ids_only = |ck: &std::path::Path, reason: &str, tokens: &str, max_new: usize| {
+        let ck = ck.to_str().unwrap();
+        assert_clean_error(
+            &["generate", "--checkpoint", ck, "--prompt", "hello"],
+            &format!("this model's tokens are not bytes ({reason}"),
+        );
+        let n = max_new.to_string();
+        let out = duet(&[
+            "generate",
+            "--checkpoint",
+            ck,
+            "--tokens",
+            tokens,
+            "--max-new",
+            &n,
+        ]);
+        assert_success(&out);
+        let ids: Vec<usize> = String::from_utf8_lossy(&out.stdout)
             .trim()
             .split(',')
-            .count(),
-        4
+            .map(|x| x.parse().expect("a token id"))
+            .collect();
+        assert_eq!(ids.len(), max_new);
+        ids
+    };
+    let bin = train_small("run-bin", Some(&llmc_shard()));
+    let ids = ids_only(
+        &bin,
+        "trained on an llm.c token shard): give --tokens ids",
+        "3,999,5",
+        8,
+    );
+    assert!(ids.iter().all(|&i| i < 1000), "{ids:?}");
+    let syn = train_small("run-syn", None);
+    ids_only(
+        &syn,
+        "trained on the synthetic progression task",
+        "3,7,11",
+        4,
     );
 
     // A model trained on text takes text and answers with it.

@@ -31,23 +31,33 @@ fn assert_fails(args: &[&str], needle: &str) {
     assert!(!err.contains("panicked"), "{err}");
 }
 
+/// The arguments of a 20-step tiny run.
+const TINY20: [&str; 7] = [
+    "train",
+    "--preset",
+    "tiny",
+    "--steps",
+    "20",
+    "--log-every",
+    "0",
+];
+
+/// A whole 20-step tiny run into `<name>-full`, and the same run stopped after step 10 into
+/// `<name>-part`.
+fn full_and_stopped(name: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+    let (full, part) = (tmp(&format!("{name}-full")), tmp(&format!("{name}-part")));
+    assert_success(&duet(&[&TINY20[..], &["--out", s(&full)]].concat()));
+    assert_success(&duet(
+        &[&TINY20[..], &["--out", s(&part), "--stop-after", "10"]].concat(),
+    ));
+    assert_eq!(losses(&part.join("metrics.jsonl")).len(), 10);
+    (full, part)
+}
+
 #[test]
 fn stop_and_resume_gives_the_same_losses() {
-    let (full, part) = (tmp("full"), tmp("part"));
-    let base = [
-        "train",
-        "--preset",
-        "tiny",
-        "--steps",
-        "20",
-        "--log-every",
-        "0",
-    ];
-    let out = duet(&[&base[..], &["--out", s(&full)]].concat());
-    assert_success(&out);
-    let out = duet(&[&base[..], &["--out", s(&part), "--stop-after", "10"]].concat());
-    assert_success(&out);
-    assert_eq!(losses(&part.join("metrics.jsonl")).len(), 10);
+    let (full, part) = full_and_stopped("resume");
+    let base = TINY20;
     // Changing the model, the precision recipe or the evaluation on resume is refused (these
     // flags used to be ignored silently).
     assert_fails(
@@ -322,20 +332,7 @@ fn a_failed_run_leaves_existing_logs_alone() {
 
 #[test]
 fn a_killed_run_resumes_with_its_metrics_mended() {
-    let (full, part) = (tmp("killed-full"), tmp("killed-part"));
-    let base = [
-        "train",
-        "--preset",
-        "tiny",
-        "--steps",
-        "20",
-        "--log-every",
-        "0",
-    ];
-    assert_success(&duet(&[&base[..], &["--out", s(&full)]].concat()));
-    assert_success(&duet(
-        &[&base[..], &["--out", s(&part), "--stop-after", "10"]].concat(),
-    ));
+    let (full, part) = full_and_stopped("killed");
     // A run killed after its checkpoint (step 10) logged two more steps and half a line.
     let metrics = part.join("metrics.jsonl");
     let mut text = std::fs::read_to_string(&metrics).unwrap();

@@ -176,14 +176,7 @@ fn apply_execution_settings(t: &mut duet_engine::config::TrainConfig, a: &ModelA
 
 /// Warns when FP8 recipe flags were given but none of the run's precisions is fp8.
 fn warn_unused_fp8_flags(a: &ModelArgs, precisions: &[Precision]) {
-    let flags = [
-        (a.fp8_format.is_some(), "--fp8-format"),
-        (a.fp8_amax_history_len.is_some(), "--fp8-amax-history-len"),
-        (a.fp8_amax_compute_algo.is_some(), "--fp8-amax-compute-algo"),
-        (a.fp8_margin.is_some(), "--fp8-margin"),
-        (a.fp8_fast_accum.is_some(), "--fp8-fast-accum"),
-    ];
-    let given: Vec<&str> = flags.iter().filter(|f| f.0).map(|f| f.1).collect();
+    let given = fp8_flags_given(a);
     if !given.is_empty() && !precisions.contains(&Precision::Fp8) {
         let list: Vec<String> = precisions.iter().map(|p| p.to_string()).collect();
         eprintln!(
@@ -192,6 +185,20 @@ fn warn_unused_fp8_flags(a: &ModelArgs, precisions: &[Precision]) {
             list.join(", ")
         );
     }
+}
+
+/// The FP8 recipe flags given on the command line.
+fn fp8_flags_given(a: &ModelArgs) -> Vec<&'static str> {
+    [
+        (a.fp8_format.is_some(), "--fp8-format"),
+        (a.fp8_amax_history_len.is_some(), "--fp8-amax-history-len"),
+        (a.fp8_amax_compute_algo.is_some(), "--fp8-amax-compute-algo"),
+        (a.fp8_margin.is_some(), "--fp8-margin"),
+        (a.fp8_fast_accum.is_some(), "--fp8-fast-accum"),
+    ]
+    .into_iter()
+    .filter_map(|(given, name)| given.then_some(name))
+    .collect()
 }
 
 fn backend_kind(a: &ModelArgs) -> CliResult<BackendKind> {
@@ -256,13 +263,9 @@ fn changed_on_resume(a: &ModelArgs) -> Vec<&'static str> {
     check(a.precision.is_some(), "--precision");
     check(a.weight_grad_dtype.is_some(), "--weight-grad-dtype");
     check(a.loss_scale.is_some(), "--loss-scale");
-    check(a.fp8_format.is_some(), "--fp8-format");
-    check(a.fp8_amax_history_len.is_some(), "--fp8-amax-history-len");
-    check(a.fp8_amax_compute_algo.is_some(), "--fp8-amax-compute-algo");
-    check(a.fp8_margin.is_some(), "--fp8-margin");
-    check(a.fp8_fast_accum.is_some(), "--fp8-fast-accum");
     check(a.eval_sequences.is_some(), "--eval-sequences");
     check(a.data.is_some(), "--data");
+    v.extend(fp8_flags_given(a));
     v
 }
 
@@ -294,37 +297,37 @@ fn check_no_overwrite(
     metrics: Option<&Path>,
     trace: Option<&Path>,
 ) -> CliResult<()> {
-    let mut inputs: Vec<(String, PathBuf)> = Vec::new();
+    // (what, path, whether it is a checkpoint)
+    let mut inputs: Vec<(String, PathBuf, bool)> = Vec::new();
     if !cfg.train.data.is_empty() {
-        inputs.push(("--data".into(), PathBuf::from(&cfg.train.data)));
+        inputs.push(("--data".into(), PathBuf::from(&cfg.train.data), false));
     }
     if let Some(c) = &opts.model.config {
-        inputs.push(("--config".into(), c.clone()));
+        inputs.push(("--config".into(), c.clone(), false));
     }
-    let resumed = opts.resume.as_deref().map(checkpoint_path);
-    if let Some(r) = &resumed {
-        inputs.push(("the checkpoint resumed from".into(), r.clone()));
+    if let Some(r) = &opts.resume {
+        inputs.push((
+            "the checkpoint resumed from".into(),
+            checkpoint_path(r),
+            true,
+        ));
     }
-    let mut outputs: Vec<(String, PathBuf)> = Vec::new();
+    let mut outputs: Vec<(String, PathBuf, bool)> = Vec::new();
     if let Some(m) = metrics {
-        outputs.push(("the metrics file".into(), m.to_path_buf()));
+        outputs.push(("the metrics file".into(), m.to_path_buf(), false));
     }
     if let Some(t) = trace {
-        outputs.push(("the trace".into(), t.to_path_buf()));
+        outputs.push(("the trace".into(), t.to_path_buf(), false));
     }
     if let Some(dir) = &opts.out {
         for f in [CHECKPOINT_FILE, "config.toml", "loss.svg"] {
-            outputs.push((format!("--out's {f}"), dir.join(f)));
+            outputs.push((format!("--out's {f}"), dir.join(f), f == CHECKPOINT_FILE));
         }
     }
-    for (i, (what, p)) in outputs.iter().enumerate() {
-        let resuming_in_place = |q: &Path| {
-            p.file_name() == Some(std::ffi::OsStr::new(CHECKPOINT_FILE))
-                && resumed.as_deref().is_some_and(|r| same_file(r, q))
-        };
-        for (other, q) in inputs.iter().chain(&outputs[..i]) {
+    for (i, (what, p, p_ck)) in outputs.iter().enumerate() {
+        for (other, q, q_ck) in inputs.iter().chain(&outputs[..i]) {
             // Resuming in place rewrites the checkpoint it started from, as intended.
-            if same_file(p, q) && !resuming_in_place(q) {
+            if same_file(p, q) && !(*p_ck && *q_ck) {
                 return Err(format!(
                     "{what} ({}) is the same file as {other}: choose another path",
                     p.display()
@@ -394,9 +397,7 @@ fn trim_metrics(path: &Path, step: u64) -> CliResult<()> {
     if kept == text {
         return Ok(());
     }
-    let tmp = path.with_extension("jsonl.tmp");
-    std::fs::write(&tmp, &kept)
-        .and_then(|()| std::fs::rename(&tmp, path))
+    duet_engine::checkpoint::write_atomic(path, kept.as_bytes())
         .map_err(|e| format!("cannot rewrite {}: {e}", path.display()))?;
     if dropped > 0 {
         eprintln!(

@@ -50,6 +50,31 @@ fn f32_bytes(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
+/// Replaces `path` with `bytes` so that a crash leaves either the old file or the new one:
+/// a temporary file in the same folder, fsync, rename (the temporary file is removed when a step
+/// fails).
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let file_name = path
+        .file_name()
+        .ok_or_else(|| std::io::Error::other("not a file path"))?
+        .to_string_lossy()
+        .to_string();
+    let tmp = dir.join(format!(".{file_name}.tmp-{}", std::process::id()));
+    let write = || -> std::io::Result<()> {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    };
+    write().inspect_err(|_| {
+        let _ = std::fs::remove_file(&tmp);
+    })
+}
+
 impl Checkpoint {
     /// Serialises to safetensors bytes.
     pub fn to_bytes(&self) -> Result<Vec<u8>> {
@@ -103,29 +128,11 @@ impl Checkpoint {
             .map_err(|e| EngineError::Config(format!("cannot serialise checkpoint: {e}")))
     }
 
-    /// Writes atomically (temporary file + fsync + rename).
+    /// Writes atomically ([`write_atomic`]).
     pub fn save(&self, path: &Path) -> Result<()> {
         let bytes = self.to_bytes()?;
-        let dir = path
-            .parent()
-            .filter(|p| !p.as_os_str().is_empty())
-            .unwrap_or(Path::new("."));
-        let file_name = path
-            .file_name()
-            .ok_or_else(|| ck_err(path, "not a file path"))?
-            .to_string_lossy()
-            .to_string();
-        let tmp = dir.join(format!(".{file_name}.tmp-{}", std::process::id()));
-        let write = || -> std::io::Result<()> {
-            let mut f = std::fs::File::create(&tmp)?;
-            f.write_all(&bytes)?;
-            f.sync_all()?;
-            std::fs::rename(&tmp, path)
-        };
-        write().map_err(|e| {
-            let _ = std::fs::remove_file(&tmp);
-            ck_err(path, format!("cannot write checkpoint: {e}"))
-        })
+        write_atomic(path, &bytes)
+            .map_err(|e| ck_err(path, format!("cannot write checkpoint: {e}")))
     }
 
     pub fn load(path: &Path) -> Result<Checkpoint> {

@@ -420,11 +420,13 @@ impl Config {
         let mut merged = base_table.clone();
         let mut set = Vec::new();
         for (section, value) in overrides {
-            let at = key_position(text, &section, None);
+            // Found (a second parse of the text) only for an error message.
+            let at = || key_position(text, &section, None);
             let toml::Value::Table(src) = value else {
                 if base_table.contains_key(&section) {
                     return Err(EngineError::Config(format!(
-                        "{at}'{section}' must be a table: write [{section}] and its keys below"
+                        "{}'{section}' must be a table: write [{section}] and its keys below",
+                        at()
                     )));
                 }
                 // `layers = 1` before any [section] header: name the table it belongs in.
@@ -439,12 +441,14 @@ impl Config {
                     home.join(" or ")
                 };
                 return Err(EngineError::Config(format!(
-                    "{at}'{section}' is a key outside any section: put it under {home}"
+                    "{}'{section}' is a key outside any section: put it under {home}",
+                    at()
                 )));
             };
             let Some(toml::Value::Table(dst)) = merged.get_mut(&section) else {
                 return Err(EngineError::Config(format!(
-                    "{at}unknown section [{section}] (expected [model] or [train])"
+                    "{}unknown section [{section}] (expected [model] or [train])",
+                    at()
                 )));
             };
             for (k, v) in src {

@@ -1,0 +1,54 @@
+//! Misuse is a typed error, never a wrong answer or a panic.
+
+use duet_device::{DType, Device, DeviceError};
+
+use super::*;
+
+/// Integer and FP8 buffers where an op needs float activations are `Unsupported` or
+/// `DTypeMismatch`; lengths that do not match the shape are `Shape`; nothing is written.
+pub fn unsupported_dtypes_are_typed_errors<D: Device>(h: &Harness<D>) {
+    let case = "unsupported_dtypes_are_typed_errors";
+    let d = &h.dev;
+    let typed = |r: duet_device::Result<()>, what: &str| match r {
+        Err(DeviceError::Unsupported { .. }) | Err(DeviceError::DTypeMismatch { .. }) => {}
+        other => panic!("{case}: {what}: expected Unsupported or DTypeMismatch, got {other:?}"),
+    };
+    let ints = d.alloc(DType::I32, 16).unwrap();
+    let mut iout = d.alloc(DType::I32, 16).unwrap();
+    typed(d.gelu_forward(&ints, &mut iout), "gelu_forward on i32");
+    let f8 = d.alloc(DType::F8E4M3, 16).unwrap();
+    let mut f8o = d.alloc(DType::F8E4M3, 16).unwrap();
+    typed(d.gelu_forward(&f8, &mut f8o), "gelu_forward on fp8");
+    let mut ib = d.alloc(DType::I32, 16).unwrap();
+    typed(d.scale(&mut ib, 2.0), "scale on i32");
+    let f = put(d, DType::F32, &[1.0; 16]);
+    let mut o = put(d, DType::F32, &[3.0; 16]);
+    let bias = put(d, DType::F32, &[0.0; 3]);
+    assert!(
+        matches!(
+            d.bias_add(&mut o, &bias, 4, 4),
+            Err(DeviceError::Shape { .. })
+        ),
+        "{case}: bias_add with a bias of 3 for 4 columns"
+    );
+    let short = put(d, DType::F32, &[1.0; 15]);
+    assert!(
+        matches!(
+            d.gelu_backward(&f, &short, &mut o),
+            Err(DeviceError::Shape { .. })
+        ),
+        "{case}: gelu_backward with a short dout"
+    );
+    assert_eq!(
+        get(d, "o", &o).f32(),
+        vec![3.0; 16],
+        "{case}: a refused call wrote its output"
+    );
+    let mut mean = d.alloc(DType::BF16, 4).unwrap();
+    let mut rstd = d.alloc(DType::F32, 4).unwrap();
+    let g = put(d, DType::F32, &[1.0; 4]);
+    typed(
+        d.layernorm_forward(&f, &g, &g, &mut o, &mut mean, &mut rstd, 4, 4, 1e-5),
+        "layernorm_forward with bf16 mean",
+    );
+}

@@ -1,0 +1,299 @@
+//! GEMMs: every transpose combination, dtype pair, odd shapes, strided batches; epilogues.
+
+use super::*;
+use crate::reference;
+use duet_device::{DType, Device, DeviceError, Epilogue, GemmDesc};
+
+fn run_gemm<E: Device>(
+    e: &E,
+    desc: &GemmDesc,
+    ab: DType,
+    cdt: DType,
+    a: &[f32],
+    b: &[f32],
+    c0: &[f32],
+) -> Vec<Tensor> {
+    let ba = put(e, ab, a);
+    let bb = put(e, ab, b);
+    let mut bc = put(e, cdt, c0);
+    e.gemm(desc, &ba, &bb, &mut bc).expect("gemm");
+    vec![get(e, "c", &bc)]
+}
+
+/// All four transpose combinations × (f32, f16, bf16 operands; C of their dtype or f32) × odd
+/// and aligned shapes × batched GEMMs with padded leading dimensions, strides and offsets
+/// (what lies between the matrices must stay as it was) × alpha and beta. beta = 0 ignores C
+/// (NaN-prefilled there).
+pub fn gemm_transposes_dtypes_strides<D: Device>(h: &Harness<D>) {
+    let case = "gemm_transposes_dtypes_strides";
+    let mut r = h.rng(case);
+    let combos = [
+        (DType::F32, DType::F32, Tol::REDUCTION),
+        (DType::F16, DType::F16, Tol::GEMM16),
+        (DType::F16, DType::F32, Tol::rel(1e-3)),
+        (DType::BF16, DType::BF16, Tol::GEMM16),
+        (DType::BF16, DType::F32, Tol::rel(1e-3)),
+    ];
+    for (ab, cdt, tol) in combos {
+        for (ta, tb) in [(false, false), (false, true), (true, false), (true, true)] {
+            for &(m, n, k, batch, padded) in &[
+                (33usize, 17usize, 29usize, 1usize, false),
+                (64, 96, 128, 1, false),
+                (1, 1, 1, 1, false),
+                (7, 5, 3, 3, true),
+                (40, 24, 64, 4, true),
+            ] {
+                let mut desc = GemmDesc::batched(ta, tb, m, n, k, batch)
+                    .alpha(r.uniform(0.5, 1.5))
+                    .beta(if padded { 0.5 } else { 0.0 });
+                if padded {
+                    desc.lda += 3;
+                    desc.ldb += 1;
+                    desc.ldc += 2;
+                    let (ar, _) = desc.a_stored();
+                    let (br, _) = desc.b_stored();
+                    desc.stride_a = ar * desc.lda + 5;
+                    desc.stride_b = br * desc.ldb + 2;
+                    desc.stride_c = m * desc.ldc + 3;
+                    desc.a_offset = 11;
+                    desc.b_offset = 4;
+                    desc.c_offset = 9;
+                }
+                let a = r.vec(desc.a_offset + batch * desc.stride_a, -1.0, 1.0);
+                let b = r.vec(desc.b_offset + batch * desc.stride_b, -1.0, 1.0);
+                let c0 = if desc.beta == 0.0 && !padded {
+                    vec![f32::NAN; m * n]
+                } else {
+                    r.vec(desc.c_offset + batch * desc.stride_c, -1.0, 1.0)
+                };
+                let what = format!(
+                    "{case} {ab}->{cdt} ta={ta} tb={tb} {m}x{n}x{k} batch {batch} padded {padded}"
+                );
+                let got = run_gemm(&h.dev, &desc, ab, cdt, &a, &b, &c0);
+                h.verify(
+                    &what,
+                    &got,
+                    |c| run_gemm(c, &desc, ab, cdt, &a, &b, &c0),
+                    || {
+                        let mut c = rounded64(cdt, &c0);
+                        reference::gemm(&desc, &rounded64(ab, &a), &rounded64(ab, &b), &mut c);
+                        vec![want("c", cdt, c)]
+                    },
+                    &[tol],
+                );
+            }
+        }
+    }
+}
+
+/// Mismatched operand dtypes, short buffers and bad descriptors are typed errors.
+pub fn gemm_errors<D: Device>(h: &Harness<D>) {
+    let d = &h.dev;
+    let desc = GemmDesc::new(false, false, 4, 4, 4);
+    let a = d.alloc(DType::F32, 16).unwrap();
+    let bh = d.alloc(DType::F16, 16).unwrap();
+    let mut c = d.alloc(DType::F32, 16).unwrap();
+    assert!(
+        d.gemm(&desc, &a, &bh, &mut c).is_err(),
+        "gemm_errors: mixed A/B dtypes"
+    );
+    let short = d.alloc(DType::F32, 15).unwrap();
+    assert!(
+        matches!(
+            d.gemm(&desc, &a, &short, &mut c),
+            Err(DeviceError::Shape { .. })
+        ),
+        "gemm_errors: short B"
+    );
+    let mut bad = desc;
+    bad.lda = 3;
+    assert!(
+        d.gemm(&bad, &a, &a, &mut c).is_err(),
+        "gemm_errors: lda < k"
+    );
+    let ints = d.alloc(DType::I32, 16).unwrap();
+    let mut ci = d.alloc(DType::I32, 16).unwrap();
+    assert!(
+        d.gemm(&desc, &ints, &ints, &mut ci).is_err(),
+        "gemm_errors: i32 GEMM"
+    );
+}
+
+/// Whether the device fuses GEMM epilogues for `dt` (today's probe; the plain composition is
+/// what the engine runs elsewhere).
+fn epilogue_native<D: Device>(d: &D, dt: DType) -> bool {
+    d.supports_gemm_epilogue(dt)
+}
+
+/// Every GEMM epilogue equals its plain composition (gemm, bias_add, add, gelu, gelu_backward,
+/// bias_backward) on the same device: bias (f32 and 16-bit, overwrite and accumulate), bias +
+/// residual (the residual untouched), bias + GELU keeping the pre-activation, GELU backward,
+/// and the weight gradient with its bias gradient; misuse is an error.
+pub fn gemm_epilogue_matches_composition<D: Device>(h: &Harness<D>) {
+    let case = "gemm_epilogue_matches_composition";
+    let d = &h.dev;
+    let mut r = h.rng(case);
+    let mut ran = false;
+    for dt in HALVES {
+        if !epilogue_native(d, dt) {
+            skip(
+                case,
+                &format!(
+                    "the {} backend has no fused {dt} GEMM epilogues",
+                    h.backend()
+                ),
+            );
+            continue;
+        }
+        ran = true;
+        let tol = if dt == DType::BF16 {
+            Tol::rel(2e-2)
+        } else {
+            Tol::rel(1e-2)
+        };
+        let (n, k, m) = (96, 64, 136);
+        let x = put(d, dt, &r.vec(n * k, -1.0, 1.0));
+        let w = put(d, dt, &r.vec(m * k, -0.2, 0.2));
+        for bias_dt in [DType::F32, dt] {
+            let what = format!("{case} {dt} bias {bias_dt}");
+            let bias = put(d, bias_dt, &r.vec(m, -0.5, 0.5));
+            for beta in [0.0f32, 1.0] {
+                let desc = GemmDesc::new(false, true, n, m, k).beta(beta);
+                let init = r.vec(n * m, -1.0, 1.0);
+                let mut plain = put(d, dt, &init);
+                d.gemm(&desc, &x, &w, &mut plain).unwrap();
+                d.bias_add(&mut plain, &bias, n, m).unwrap();
+                let mut fused = put(d, dt, &init);
+                d.gemm_epilogue(&desc, &x, &w, &mut fused, Epilogue::Bias(&bias))
+                    .unwrap();
+                h.same(
+                    &format!("{what} bias beta {beta}"),
+                    &[get(d, "c", &fused)],
+                    &[get(d, "c", &plain)],
+                    &[tol],
+                );
+            }
+            if bias_dt == dt {
+                let desc = GemmDesc::new(false, true, n, m, k);
+                let res = r.vec(n * m, -1.0, 1.0);
+                let residual = put(d, dt, &res);
+                let mut plain = nan(d, dt, n * m);
+                d.gemm(&desc, &x, &w, &mut plain).unwrap();
+                d.bias_add(&mut plain, &bias, n, m).unwrap();
+                let mut sum = nan(d, dt, n * m);
+                d.add(&plain, &residual, &mut sum).unwrap();
+                let mut fused = nan(d, dt, n * m);
+                d.gemm_epilogue(
+                    &desc,
+                    &x,
+                    &w,
+                    &mut fused,
+                    Epilogue::BiasResidual {
+                        bias: &bias,
+                        residual: &residual,
+                    },
+                )
+                .unwrap();
+                h.same(
+                    &format!("{what} bias + residual"),
+                    &[get(d, "c", &fused)],
+                    &[get(d, "c", &sum)],
+                    &[tol],
+                );
+                assert_eq!(
+                    get(d, "residual", &residual).bytes,
+                    encode(dt, &res),
+                    "{what}: residual changed"
+                );
+            }
+            let desc = GemmDesc::new(false, true, n, m, k);
+            let mut ppre = nan(d, dt, n * m);
+            d.gemm(&desc, &x, &w, &mut ppre).unwrap();
+            d.bias_add(&mut ppre, &bias, n, m).unwrap();
+            let mut py = nan(d, dt, n * m);
+            d.gelu_forward(&ppre, &mut py).unwrap();
+            let mut fpre = nan(d, dt, n * m);
+            let mut fy = nan(d, dt, n * m);
+            d.gemm_epilogue(
+                &desc,
+                &x,
+                &w,
+                &mut fy,
+                Epilogue::BiasGelu {
+                    bias: &bias,
+                    pre: &mut fpre,
+                },
+            )
+            .unwrap();
+            h.same(
+                &format!("{what} bias + gelu"),
+                &[get(d, "pre", &fpre), get(d, "out", &fy)],
+                &[get(d, "pre", &ppre), get(d, "out", &py)],
+                &[tol, tol],
+            );
+        }
+        // GELU backward: dpre = (dy · W) ⊙ gelu'(pre).
+        let dy = put(d, dt, &r.vec(n * m, -1.0, 1.0));
+        let pre = put(d, dt, &r.vec(n * k, -3.0, 3.0));
+        let desc = GemmDesc::new(false, false, n, k, m);
+        let mut prod = nan(d, dt, n * k);
+        d.gemm(&desc, &dy, &w, &mut prod).unwrap();
+        let mut pdx = nan(d, dt, n * k);
+        d.gelu_backward(&pre, &prod, &mut pdx).unwrap();
+        let mut fdx = nan(d, dt, n * k);
+        d.gemm_epilogue(&desc, &dy, &w, &mut fdx, Epilogue::DGelu { pre: &pre })
+            .unwrap();
+        h.same(
+            &format!("{case} {dt} dgelu"),
+            &[get(d, "dx", &fdx)],
+            &[get(d, "dx", &pdx)],
+            &[tol],
+        );
+        // Weight gradient accumulated into f32 with the bias gradient (overwritten).
+        let dw0 = r.vec(m * k, -1.0, 1.0);
+        let wdesc = GemmDesc::new(true, false, m, k, n).beta(1.0);
+        let mut pdw = put(d, DType::F32, &dw0);
+        d.gemm(&wdesc, &dy, &x, &mut pdw).unwrap();
+        let mut pdb = put(d, DType::F32, &vec![0.0; m]);
+        d.bias_backward(&dy, &mut pdb, n, m).unwrap();
+        let mut fdw = put(d, DType::F32, &dw0);
+        let mut fdb = nan(d, DType::F32, m);
+        d.gemm_epilogue(
+            &wdesc,
+            &dy,
+            &x,
+            &mut fdw,
+            Epilogue::BiasGradA { dbias: &mut fdb },
+        )
+        .unwrap();
+        h.same(
+            &format!("{case} {dt} weight and bias gradients"),
+            &[get(d, "dw", &fdw), get(d, "db", &fdb)],
+            &[get(d, "dw", &pdw), get(d, "db", &pdb)],
+            &[Tol::rel(1e-3), Tol::rel(1e-3)],
+        );
+        let bad = GemmDesc::new(false, false, n, k, m).beta(1.0);
+        assert!(
+            d.gemm_epilogue(&bad, &dy, &w, &mut fdx, Epilogue::DGelu { pre: &pre })
+                .is_err(),
+            "{case}: DGelu with beta 1 is refused"
+        );
+    }
+    if ran {
+        let x32 = put(d, DType::F32, &[1.0; 4]);
+        let mut y32 = put(d, DType::F32, &[0.0; 4]);
+        let b32 = put(d, DType::F32, &[0.0; 2]);
+        assert!(
+            d.gemm_epilogue(
+                &GemmDesc::new(false, true, 2, 2, 2),
+                &x32,
+                &x32,
+                &mut y32,
+                Epilogue::Bias(&b32)
+            )
+            .is_err()
+                || epilogue_native(d, DType::F32),
+            "{case}: f32 epilogues where the backend does not offer them are refused"
+        );
+    }
+}

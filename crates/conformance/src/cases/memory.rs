@@ -1,0 +1,134 @@
+//! Memory: uploads, downloads, copies, fills, zeroing.
+
+use super::*;
+use duet_device::{DType, Device};
+
+const ALL_DTYPES: [DType; 8] = [
+    DType::F32,
+    DType::F16,
+    DType::BF16,
+    DType::F8E4M3,
+    DType::F8E5M2,
+    DType::F8E4M3Fnuz,
+    DType::F8E5M2Fnuz,
+    DType::I32,
+];
+
+/// Every dtype goes up and comes back bit for bit; `copy` moves exactly the range asked for
+/// (offsets on both sides) and nothing else; `fill` writes every element as the host encodes
+/// the value. The expectations are host models, the same for every backend.
+pub fn upload_download_copy_fill<D: Device>(h: &Harness<D>) {
+    let case = "upload_download_copy_fill";
+    let d = &h.dev;
+    let mut r = h.rng(case);
+    for dt in ALL_DTYPES {
+        for n in [1usize, 7, 4099] {
+            let data: Vec<f32> = if dt == DType::I32 {
+                (0..n).map(|_| r.below(100_000) as f32 - 50_000.0).collect()
+            } else {
+                r.vec(n, -3.0, 3.0)
+            };
+            let bytes = encode(dt, &data);
+            let b = put(d, dt, &data);
+            assert_eq!(
+                d.download_bytes(&b, 0, n).unwrap(),
+                bytes,
+                "{case}: {dt} n={n} round trip"
+            );
+            // A partial download.
+            if n > 3 {
+                let es = dt.size_bytes();
+                assert_eq!(
+                    d.download_bytes(&b, 2, n - 3).unwrap(),
+                    bytes[2 * es..(n - 1) * es].to_vec(),
+                    "{case}: {dt} n={n} partial download"
+                );
+            }
+            // copy src[so .. so+len] → dst[do .. do+len] into a dst of its own values.
+            let so = n / 3;
+            let doff = n / 5;
+            let len = (n - so).min(n - doff);
+            let init: Vec<f32> = if dt == DType::I32 {
+                vec![7.0; n]
+            } else {
+                r.vec(n, -1.0, 1.0)
+            };
+            let mut dst = put(d, dt, &init);
+            d.copy(&b, so, &mut dst, doff, len).unwrap();
+            let mut want = encode(dt, &init);
+            let es = dt.size_bytes();
+            want[doff * es..(doff + len) * es].copy_from_slice(&bytes[so * es..(so + len) * es]);
+            assert_eq!(
+                d.download_bytes(&dst, 0, n).unwrap(),
+                want,
+                "{case}: {dt} n={n} copy"
+            );
+            // fill
+            if dt != DType::I32 {
+                for v in [0.0f32, -1.5, 300.0, f32::NAN] {
+                    let mut f = put(d, dt, &init);
+                    d.fill(&mut f, v).unwrap();
+                    let got = d.download_bytes(&f, 0, n).unwrap();
+                    assert_eq!(got, encode(dt, &vec![v; n]), "{case}: {dt} n={n} fill {v}");
+                }
+            }
+        }
+        // Out-of-range copies and downloads are errors.
+        let b = d.alloc(dt, 8).unwrap();
+        let mut c = d.alloc(dt, 8).unwrap();
+        assert!(
+            d.copy(&b, 4, &mut c, 0, 5).is_err(),
+            "{case}: {dt} copy past the end"
+        );
+        assert!(
+            d.download_bytes(&b, 5, 4).is_err(),
+            "{case}: {dt} download past the end"
+        );
+    }
+}
+
+/// `zero_many` clears buffers of every size and dtype completely, as `fill(0)` per buffer does.
+pub fn zero_many_matches_composition<D: Device>(h: &Harness<D>) {
+    let case = "zero_many_matches_composition";
+    let d = &h.dev;
+    let mut r = h.rng(case);
+    let shapes: Vec<(DType, usize)> = ALL_DTYPES
+        .iter()
+        .flat_map(|&dt| [1usize, 3, 4099, 70_001].map(move |n| (dt, n)))
+        .collect();
+    let mut fused: Vec<D::Buffer> = shapes
+        .iter()
+        .map(|&(dt, n)| put(d, dt, &r.vec(n, 1.0, 2.0)))
+        .collect();
+    let mut plain: Vec<D::Buffer> = shapes
+        .iter()
+        .map(|&(dt, n)| put(d, dt, &r.vec(n, 1.0, 2.0)))
+        .collect();
+    let untouched = put(d, DType::F32, &[5.0; 9]);
+    {
+        let mut refs: Vec<&mut D::Buffer> = fused.iter_mut().collect();
+        d.zero_many(&mut refs).unwrap();
+    }
+    for p in plain.iter_mut() {
+        d.fill(p, 0.0).unwrap();
+    }
+    for (i, &(dt, n)) in shapes.iter().enumerate() {
+        let f = get(d, "zeroed", &fused[i]);
+        let p = get(d, "zeroed", &plain[i]);
+        h.same(
+            &format!("{case} {dt} n={n}"),
+            &[f.clone()],
+            &[p],
+            &[Tol::Bits],
+        );
+        assert!(
+            f.bytes.iter().all(|&b| b == 0),
+            "{case}: {dt} n={n} not all zero bits"
+        );
+    }
+    assert_eq!(
+        get(d, "other", &untouched).f32(),
+        vec![5.0; 9],
+        "{case}: a buffer not passed was changed"
+    );
+}

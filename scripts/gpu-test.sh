@@ -95,8 +95,8 @@ for b in "$HERE"/gpu-tests/*; do
     case "$name" in kernels_compile | op_timing) continue ;; esac
     run "$name" --show-output
 done
-# The ops suite once more with fresh random inputs and the warm kernel cache.
-[ -x "$HERE/gpu-tests/ops_parity" ] && run ops_parity
+# The conformance suite once more with fresh random inputs and the warm kernel cache, timed.
+[ -x "$HERE/gpu-tests/conformance" ] && run conformance
 # Op timings at the seed model's shapes (informational).
 if [ -x "$HERE/gpu-tests/op_timing" ]; then
     echo; echo "== op_timing f32"; "$HERE/gpu-tests/op_timing" f32 || status=1

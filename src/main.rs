@@ -232,6 +232,11 @@ struct BenchArgs {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // A malformed DUET_* variable fails every command at once, naming it (duet_device::knobs).
+    if let Err(e) = duet_device::knobs::knobs() {
+        eprintln!("error: {e}");
+        return ExitCode::FAILURE;
+    }
     let result = match cli.command {
         Command::Train(a) => {
             // Ctrl-C (or SIGTERM, SIGHUP: a scheduler's notice) stops after the steps already

@@ -60,13 +60,15 @@ pub use buffer::CpuBuffer;
 pub use collective::{CpuComm, CpuGroup};
 
 use buffer::MemCounter;
+use duet_device::knobs::{KnobError, Knobs};
 use duet_device::{
     AdamWStep, DType, Device, DeviceError, DeviceInfo, GemmDesc, MemoryStats, Result,
 };
 use std::sync::Arc;
 
-/// Environment variable that sets the thread count when [`CpuDevice::new`] gets `None`.
-pub const THREADS_ENV: &str = "DUET_CPU_THREADS";
+/// Environment variable that sets the thread count when [`CpuDevice::new`] gets `None`
+/// ([`duet_device::knobs::Knobs::cpu_threads`]).
+pub use duet_device::knobs::CPU_THREADS as THREADS_ENV;
 
 /// The CPU device: a private rayon thread pool plus allocation accounting.
 pub struct CpuDevice {
@@ -89,14 +91,18 @@ fn default_threads() -> usize {
         .unwrap_or(1)
 }
 
-/// The thread count: `requested`, else the value of [`THREADS_ENV`] (`env`), else every core.
-fn resolve_threads(requested: Option<usize>, env: Option<&str>) -> Result<usize> {
-    let threads = match (requested, env.map(str::trim)) {
-        (Some(n), _) => n,
-        (None, Some(s)) if !s.is_empty() => s.parse::<usize>().map_err(|_| {
-            DeviceError::InvalidArgument(format!("{THREADS_ENV}={s:?} is not a thread count"))
-        })?,
-        (None, _) => default_threads(),
+/// The thread count: `requested`, else [`THREADS_ENV`] from `knobs` (whose error counts only
+/// then), else every core.
+fn resolve_threads(
+    requested: Option<usize>,
+    knobs: std::result::Result<&Knobs, &KnobError>,
+) -> Result<usize> {
+    let threads = match requested {
+        Some(n) => n,
+        None => knobs
+            .map_err(DeviceError::from)?
+            .cpu_threads
+            .unwrap_or_else(default_threads),
     };
     if threads == 0 {
         return Err(DeviceError::InvalidArgument(
@@ -108,9 +114,10 @@ fn resolve_threads(requested: Option<usize>, env: Option<&str>) -> Result<usize>
 
 impl CpuDevice {
     /// Creates a device with `threads` worker threads. `None` reads `DUET_CPU_THREADS`, falling
-    /// back to every available core. Zero threads or an unparsable variable is an error.
+    /// back to every available core. Zero threads is an error, and with `None` so is an
+    /// unparsable variable (any of [`duet_device::knobs`]: they are parsed together).
     pub fn new(threads: Option<usize>) -> Result<Self> {
-        let threads = resolve_threads(threads, std::env::var(THREADS_ENV).ok().as_deref())?;
+        let threads = resolve_threads(threads, duet_device::knobs::knobs())?;
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
             .thread_name(|i| format!("duet-cpu-{i}"))
@@ -139,7 +146,8 @@ impl CpuDevice {
 }
 
 impl Default for CpuDevice {
-    /// Like `CpuDevice::new(None)`, but an invalid `DUET_CPU_THREADS` falls back to all cores.
+    /// Like `CpuDevice::new(None)`, but an invalid `DUET_CPU_THREADS` (or other `DUET_*`
+    /// variable) falls back to all cores.
     ///
     /// # Panics
     /// If the operating system refuses to start any worker thread at all.
@@ -444,14 +452,26 @@ impl Device for CpuDevice {
 mod tests {
     use super::*;
 
+    /// [`resolve_threads`] with `DUET_CPU_THREADS` set to `env` (or unset).
+    fn resolve(requested: Option<usize>, env: Option<&str>) -> Result<usize> {
+        let knobs = Knobs::from_vars(|k| env.filter(|_| k == THREADS_ENV).map(str::to_string));
+        resolve_threads(requested, knobs.as_ref())
+    }
+
     #[test]
     fn thread_count_resolution() {
-        assert_eq!(resolve_threads(Some(3), Some("7")).unwrap(), 3);
-        assert_eq!(resolve_threads(None, Some(" 5 ")).unwrap(), 5);
-        assert_eq!(resolve_threads(None, None).unwrap(), default_threads());
-        assert_eq!(resolve_threads(None, Some("")).unwrap(), default_threads());
-        assert!(resolve_threads(None, Some("many")).is_err());
-        assert!(resolve_threads(None, Some("0")).is_err());
-        assert!(resolve_threads(Some(0), None).is_err());
+        assert_eq!(resolve(Some(3), Some("7")).unwrap(), 3);
+        assert_eq!(resolve(None, Some(" 5 ")).unwrap(), 5);
+        assert_eq!(resolve(None, None).unwrap(), default_threads());
+        assert_eq!(resolve(None, Some("")).unwrap(), default_threads());
+        let err = resolve(None, Some("many")).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "invalid argument: DUET_CPU_THREADS=\"many\" is not a thread count"
+        );
+        assert!(resolve(None, Some("0")).is_err());
+        assert!(resolve(Some(0), None).is_err());
+        // A count given outright does not look at the variable.
+        assert_eq!(resolve(Some(2), Some("many")).unwrap(), 2);
     }
 }

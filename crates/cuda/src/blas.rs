@@ -15,8 +15,6 @@ use duet_device::{Buffer, DType, DeviceError, GemmDesc, Result};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-pub(crate) const TF32_ENV: &str = "DUET_CUDA_ALLOW_TF32";
-
 pub(crate) struct Blas {
     ctx: Arc<CudaContext>,
     handle: Mutex<CudaBlas>,
@@ -27,6 +25,8 @@ pub(crate) struct Blas {
 
 impl Blas {
     pub(crate) fn new(ctx: Arc<CudaContext>, stream: Arc<CudaStream>) -> Result<Self> {
+        // DUET_CUDA_ALLOW_TF32.
+        let allow_tf32 = duet_device::knobs::device_knobs()?.cuda_allow_tf32;
         let blas = CudaBlas::new(stream).map_err(|e| error::cublas("cublasCreate", e))?;
         // SAFETY: the handle is live; the math mode is a plain enum value.
         unsafe { sys::cublasSetMathMode(*blas.handle(), cublasMath_t::CUBLAS_DEFAULT_MATH) }
@@ -38,7 +38,6 @@ impl Blas {
             .result()
             .map_err(|e| error::cublas("cublasGetVersion", e))?;
         let version = format!("{}.{}.{}", v / 10000, (v / 100) % 100, v % 100);
-        let allow_tf32 = std::env::var(TF32_ENV).is_ok_and(|s| s == "1" || s == "true");
         Ok(Self {
             ctx,
             handle: Mutex::new(blas),

@@ -31,8 +31,6 @@ const WORKSPACE_HOPPER: usize = 32 << 20;
 const WORKSPACE_OTHER: usize = 4 << 20;
 /// Alignment (bytes) at which cuBLASLt takes the FP8 scale pointers in place.
 pub(crate) const SCALE_ALIGN: u64 = 256;
-/// Set to copy the FP8 scales before every GEMM even when they are aligned (A/B comparisons).
-pub const SCALE_COPY_ENV: &str = "DUET_CUDA_FP8_SCALE_COPY";
 /// Algorithms asked of the heuristic for a new GEMM shape (tried in order, or timed when
 /// autotuning).
 const HEURISTIC_CANDIDATES: usize = 16;
@@ -168,8 +166,13 @@ pub(crate) struct BlasLt {
     /// [`SCALE_ALIGN`] bytes apart ([`duet_device::Device::fp8_scale_inv_stride`]) are read in
     /// place, with no copy (two graph nodes less per GEMM).
     scales: DeviceMemory,
-    /// [`SCALE_COPY_ENV`] at creation: copy even aligned scales (A/B comparisons).
+    /// `DUET_CUDA_FP8_SCALE_COPY` at creation
+    /// ([`duet_device::knobs::Knobs::cuda_fp8_scale_copy`]): copy even aligned scales (A/B
+    /// comparisons).
     copy_scales: bool,
+    /// `DUET_GEMM_AUTOTUNE_LOG` at creation ([`duet_device::knobs::Knobs::gemm_autotune_log`]):
+    /// print each autotuned GEMM's candidate timings and choice on stderr.
+    tune_log: bool,
     algos: HashMap<AlgoKey, ltsys::cublasLtMatmulAlgo_t>,
     /// Whether a new shape may be autotuned now (set by the device before each call: only
     /// when autotuning is on and no graph is being recorded).
@@ -296,6 +299,7 @@ impl BlasLt {
         cc: i32,
         mem: &Arc<MemTracker>,
     ) -> Result<Self> {
+        let knobs = duet_device::knobs::device_knobs()?;
         let handle = lt::create_handle().map_err(|e| lt_err("cublasLtCreate", e))?;
         let bytes = if cc >= 90 {
             WORKSPACE_HOPPER
@@ -322,7 +326,8 @@ impl BlasLt {
             handle,
             workspace,
             scales,
-            copy_scales: std::env::var_os(SCALE_COPY_ENV).is_some(),
+            copy_scales: knobs.cuda_fp8_scale_copy,
+            tune_log: knobs.gemm_autotune_log,
             algos: HashMap::new(),
             may_tune: false,
             ctx: Arc::clone(ctx),
@@ -636,6 +641,7 @@ impl BlasLt {
                 candidates,
                 (beta != 0.0 && c_in == cptr).then_some((c_ptr, c_bytes)),
                 &run,
+                self.tune_log,
             )
             .map_err(|e| match e {
                 TuneError::Lt(e) => lt_err(&what(), e),
@@ -643,7 +649,7 @@ impl BlasLt {
             })?;
             if let Some(i) = best {
                 run(&candidates[i].algo).map_err(|e| lt_err(&what(), e))?;
-                if std::env::var_os(AUTOTUNE_LOG_ENV).is_some() {
+                if self.tune_log {
                     eprintln!(
                         "gemm autotune: {} -> candidate {i} of {}",
                         what(),
@@ -672,9 +678,6 @@ impl BlasLt {
     }
 }
 
-/// Set to print each autotuned GEMM's candidate timings and choice on stderr.
-pub const AUTOTUNE_LOG_ENV: &str = "DUET_GEMM_AUTOTUNE_LOG";
-
 enum TuneError {
     Lt(lt::CublasError),
     Other(DeviceError),
@@ -684,7 +687,7 @@ enum TuneError {
 /// the fastest's index (None when none runs). `accumulate`: the address and size of C when the
 /// GEMM reads it (beta ≠ 0); C is saved first and restored afterwards, so the trial runs leave
 /// no trace. Outputs the GEMM only writes (D with beta = 0, the GELU pre-activation, the bias
-/// gradient) are rewritten by the caller's final run.
+/// gradient) are rewritten by the caller's final run. `log`: print each candidate's time.
 fn tune(
     ctx: &Arc<CudaContext>,
     stream: &Arc<CudaStream>,
@@ -692,6 +695,7 @@ fn tune(
     candidates: &[ltsys::cublasLtMatmulHeuristicResult_t],
     accumulate: Option<(u64, usize)>,
     run: &dyn Fn(&ltsys::cublasLtMatmulAlgo_t) -> std::result::Result<(), lt::CublasError>,
+    log: bool,
 ) -> std::result::Result<Option<usize>, TuneError> {
     let drv = |call: &'static str| {
         move |e: cudarc::driver::DriverError| TuneError::Other(crate::error::driver(call, e))
@@ -727,7 +731,7 @@ fn tune(
         end.record(stream).map_err(drv("cuEventRecord"))?;
         end.synchronize().map_err(drv("cuEventSynchronize"))?;
         let ms = start.elapsed_ms(&end).map_err(drv("cuEventElapsedTime"))?;
-        if std::env::var_os(AUTOTUNE_LOG_ENV).is_some() {
+        if log {
             eprintln!(
                 "gemm autotune:   candidate {i}: {:.1} us",
                 ms * 1e3 / TUNE_REPS as f32

@@ -1,5 +1,6 @@
-//! Every mapping between duet's types and CUDA's, in one place: dtype → kernel-name suffix and
-//! cuBLAS data type, compute capability → NVRTC architecture, and the row-major [`GemmDesc`] →
+//! Every mapping between duet's types and CUDA's, in one place: dtype → kernel-name suffix (and
+//! the checked activation / parameter suffixes), run-time dtype code, fill pattern and cuBLAS
+//! data type, compute capability → NVRTC architecture, and the row-major [`GemmDesc`] →
 //! column-major cuBLAS argument translation.
 
 use cudarc::cublas::sys::{cublasOperation_t, cudaDataType};
@@ -16,6 +17,82 @@ pub(crate) fn kernel_suffix(dtype: DType) -> Option<&'static str> {
         DType::F8E4M3Fnuz => Some("f8e4m3fnuz"),
         DType::F8E5M2Fnuz => Some("f8e5m2fnuz"),
         DType::I32 | DType::U8 => None,
+    }
+}
+
+/// The f32/f16/bf16 suffix of an activation-type buffer, or `Unsupported`.
+pub(crate) fn float_suffix(op: &'static str, d: DType) -> Result<&'static str> {
+    match d {
+        DType::F32 | DType::F16 | DType::BF16 => Ok(kernel_suffix(d).expect("float")),
+        dtype => Err(DeviceError::Unsupported {
+            op: op.into(),
+            dtype,
+        }),
+    }
+}
+
+/// Suffix of a parameter or gradient buffer (`what`) that must be either the activation dtype
+/// `act` or f32.
+pub(crate) fn wide_suffix(
+    op: &'static str,
+    act: DType,
+    what: &str,
+    d: DType,
+) -> Result<&'static str> {
+    if d == act || d == DType::F32 {
+        float_suffix(op, d)
+    } else {
+        Err(DeviceError::Unsupported {
+            op: format!("{op} ({what} must be {act} or f32 with {act} activations)"),
+            dtype: d,
+        })
+    }
+}
+
+/// The run-time dtype code of the kernels' `load_dt` / `store_dt` (common.cuh) and of the
+/// multi-tensor chunk tables (`grad_dt`, `copy_dt`): 0 f32, 1 bf16, 2 f16.
+pub(crate) fn float_code(op: &'static str, d: DType) -> Result<i32> {
+    match d {
+        DType::F32 => Ok(0),
+        DType::BF16 => Ok(1),
+        DType::F16 => Ok(2),
+        dtype => Err(DeviceError::Unsupported {
+            op: op.into(),
+            dtype,
+        }),
+    }
+}
+
+/// `(bits, width in bytes)` of one element of `d` holding `value`, for `fill` (a memset of that
+/// width). Floats round like the CPU reference (FP8 saturates); `value` must be an integer in
+/// range for i32 and u8.
+pub(crate) fn fill_pattern(d: DType, value: f32) -> Result<(u32, usize)> {
+    Ok(match d {
+        DType::F32 => (value.to_bits(), 4),
+        DType::F16 => (half::f16::from_f32(value).to_bits() as u32, 2),
+        DType::BF16 => (half::bf16::from_f32(value).to_bits() as u32, 2),
+        DType::I32 => (
+            integral(value, i32::MIN as f64, i32::MAX as f64, "i32")? as i32 as u32,
+            4,
+        ),
+        DType::U8 => (integral(value, 0.0, 255.0, "u8")? as u8 as u32, 1),
+        fp8 => (
+            duet_device::Fp8Format::of(fp8)
+                .expect("fp8 dtype")
+                .encode(value) as u32,
+            1,
+        ),
+    })
+}
+
+fn integral(value: f32, min: f64, max: f64, what: &str) -> Result<f64> {
+    let v = value as f64;
+    if v.fract() == 0.0 && v >= min && v <= max {
+        Ok(v)
+    } else {
+        Err(DeviceError::InvalidArgument(format!(
+            "fill: {value} is not representable as {what}"
+        )))
     }
 }
 

@@ -57,18 +57,6 @@ pub(crate) fn nvrtc(
     }
 }
 
-/// An argument a kernel cannot take (e.g. a dimension beyond 32 bits).
-pub(crate) fn too_large(op: &'static str, what: &str, v: usize) -> DeviceError {
-    DeviceError::InvalidArgument(format!(
-        "{op}: {what} = {v} is beyond what the CUDA kernels index"
-    ))
-}
-
-/// Converts a dimension to the `int` a kernel takes.
-pub(crate) fn dim(op: &'static str, what: &str, v: usize) -> Result<i32, DeviceError> {
-    i32::try_from(v).map_err(|_| too_large(op, what, v))
-}
-
 /// Turns a panic payload (cudarc panics when a library or symbol cannot be loaded) into text.
 pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
     if let Some(s) = payload.downcast_ref::<&str>() {

@@ -14,6 +14,7 @@
 
 use crate::error::{self, BACKEND};
 use crate::loader::{self, CudaLib};
+use crate::memory::CudaBuffer;
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaModule, CudaStream, LaunchConfig, PushKernelArg,
 };
@@ -31,8 +32,9 @@ const INCLUDE_LINE: &str = "#include \"common.cuh\"";
 /// NVRTC options besides `--gpu-architecture` (keep in sync with scripts/check_cuda_kernels.py).
 pub const NVRTC_OPTIONS: &[&str] = &["--std=c++17"];
 
-/// Environment variable naming the kernel cache folder (`off` disables the cache).
-pub const CACHE_DIR_ENV: &str = "DUET_CUDA_CACHE_DIR";
+/// Environment variable naming the kernel cache folder (`off` disables the cache;
+/// [`duet_device::knobs::Knobs::cuda_cache_dir`]).
+pub use duet_device::knobs::CUDA_CACHE_DIR as CACHE_DIR_ENV;
 
 /// One kernel source file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -114,19 +116,20 @@ pub fn nvrtc_version() -> Result<(i32, i32)> {
     Ok((major, minor))
 }
 
-fn options(arch: &str) -> Vec<String> {
+fn options(arch: &str) -> Result<Vec<String>> {
     let mut o: Vec<String> = NVRTC_OPTIONS.iter().map(|s| s.to_string()).collect();
     o.push(format!("--gpu-architecture={arch}"));
     // Kernel experiments: extra options (e.g. `-DQT_GRAD_MIN_BLOCKS=12`), part of the cache key.
-    if let Ok(extra) = std::env::var(NVRTC_EXTRA_ENV) {
+    if let Some(extra) = &duet_device::knobs::device_knobs()?.nvrtc_extra {
         o.extend(extra.split_whitespace().map(str::to_string));
     }
-    o
+    Ok(o)
 }
 
 /// Extra NVRTC options (whitespace-separated) for kernel experiments, such as `-D` overrides of
-/// the tuning macros; they enter the cache key like the built-in options.
-pub const NVRTC_EXTRA_ENV: &str = "DUET_NVRTC_EXTRA";
+/// the tuning macros; they enter the cache key like the built-in options
+/// ([`duet_device::knobs::Knobs::nvrtc_extra`]).
+pub use duet_device::knobs::NVRTC_EXTRA as NVRTC_EXTRA_ENV;
 
 /// Destroys an NVRTC program when dropped.
 struct Program(nvrtc_sys::nvrtcProgram);
@@ -158,7 +161,7 @@ pub fn compile_source(name: &str, src: &str, arch: &str) -> Result<Vec<u8>> {
         nvrtc_result::create_program(&src, Some(&cname))
             .map_err(|e| error::nvrtc("nvrtcCreateProgram", e))?,
     );
-    let opts = options(arch);
+    let opts = options(arch)?;
     // SAFETY: `prog` is a live program; `src` and `cname` outlive it (dropped after `prog`).
     let compiled = unsafe { nvrtc_result::compile_program(prog.0, &opts) };
     // SAFETY: as above.
@@ -217,11 +220,12 @@ fn fnv1a128(parts: &[&[u8]]) -> u128 {
 
 /// The kernel cache folder, or why there is none.
 pub fn cache_dir() -> std::result::Result<PathBuf, String> {
-    let dir = match std::env::var_os(CACHE_DIR_ENV) {
-        Some(v) if v == "off" || v.is_empty() => {
+    let knobs = duet_device::knobs::knobs().map_err(|e| e.to_string())?;
+    let dir = match &knobs.cuda_cache_dir {
+        Some(v) if v.as_os_str() == "off" => {
             return Err(format!("disabled by {CACHE_DIR_ENV}"));
         }
-        Some(v) => PathBuf::from(v),
+        Some(v) => v.clone(),
         None => match (std::env::var_os("XDG_CACHE_HOME"), std::env::var_os("HOME")) {
             (Some(x), _) if !x.is_empty() => PathBuf::from(x).join("duet/cuda"),
             (_, Some(h)) if !h.is_empty() => PathBuf::from(h).join(".cache/duet/cuda"),
@@ -237,9 +241,9 @@ fn cache_file(
     module: KernelModule,
     arch: &str,
     nvrtc: (i32, i32),
-) -> PathBuf {
+) -> Result<PathBuf> {
     let src = module.source();
-    let opts = options(arch).join(" ");
+    let opts = options(arch)?.join(" ");
     let ver = format!("{}.{}", nvrtc.0, nvrtc.1);
     let key = fnv1a128(&[
         src.as_bytes(),
@@ -248,7 +252,7 @@ fn cache_file(
         ver.as_bytes(),
     ]);
     let stem = module.file_name().trim_end_matches(".cu");
-    dir.join(format!("{stem}-{arch}-{key:032x}.cubin"))
+    Ok(dir.join(format!("{stem}-{arch}-{key:032x}.cubin")))
 }
 
 /// Writes `bytes` to `path` atomically (temp file + rename); failures are ignored.
@@ -289,14 +293,14 @@ impl Kernels {
                     let dir = dir.as_ref().ok().cloned();
                     s.spawn(move || -> Result<(Vec<u8>, Origin)> {
                         if let Some(d) = &dir
-                            && let Ok(bytes) = std::fs::read(cache_file(d, m, arch, nvrtc))
+                            && let Ok(bytes) = std::fs::read(cache_file(d, m, arch, nvrtc)?)
                             && !bytes.is_empty()
                         {
                             return Ok((bytes, Origin::Cache));
                         }
                         let cubin = compile(m, arch)?;
                         if let Some(d) = &dir {
-                            write_cache(&cache_file(d, m, arch, nvrtc), &cubin);
+                            write_cache(&cache_file(d, m, arch, nvrtc)?, &cubin);
                         }
                         Ok((cubin, Origin::Compiled))
                     })
@@ -332,7 +336,7 @@ impl Kernels {
                     // A stale or damaged cache entry: rebuild it.
                     let cubin = compile(m, arch)?;
                     if let Ok(d) = &dir {
-                        write_cache(&cache_file(d, m, arch, nvrtc), &cubin);
+                        write_cache(&cache_file(d, m, arch, nvrtc)?, &cubin);
                     }
                     compiled += 1;
                     ctx.load_module(Ptx::from_binary(cubin)).map_err(|e2| {
@@ -400,51 +404,154 @@ pub(crate) enum Arg {
     F32(f32),
 }
 
-impl From<u64> for Arg {
-    fn from(v: u64) -> Self {
-        Arg::U64(v)
-    }
+/// One kernel launch being put together: the function, the launch shape and the arguments in
+/// the order of the kernel's C parameter list. Made by [`CudaDevice::kernel`] (look up and
+/// launch) or [`CudaDevice::launcher`] (a function looked up before, e.g. to set its
+/// shared-memory attribute or to launch it more than once); grid and block start at (1, 1, 1),
+/// dynamic shared memory at 0. Every argument is pushed with the method of its C type, so the
+/// value handed to the driver is exactly the one given.
+///
+/// Building is safe; [`Launch::launch`] is `unsafe`, and each call site states in a
+/// `// SAFETY:` comment the kernel's signature and why every pointer covers what the kernel
+/// touches for the sizes and the launch shape given.
+///
+/// [`CudaDevice::kernel`]: crate::CudaDevice
+/// [`CudaDevice::launcher`]: crate::CudaDevice
+#[must_use = "a kernel launch does nothing until `launch` is called"]
+pub(crate) struct Launch<'a> {
+    stream: &'a CudaStream,
+    func: CudaFunction,
+    cfg: LaunchConfig,
+    args: Vec<Arg>,
 }
-impl From<i32> for Arg {
-    fn from(v: i32) -> Self {
-        Arg::I32(v)
+
+impl<'a> Launch<'a> {
+    /// A launch of `func` on `stream`, grid and block (1, 1, 1), no dynamic shared memory.
+    pub(crate) fn new(stream: &'a CudaStream, func: CudaFunction) -> Self {
+        Self {
+            stream,
+            func,
+            cfg: LaunchConfig {
+                grid_dim: (1, 1, 1),
+                block_dim: (1, 1, 1),
+                shared_mem_bytes: 0,
+            },
+            args: Vec::new(),
+        }
     }
-}
-impl From<f32> for Arg {
-    fn from(v: f32) -> Self {
-        Arg::F32(v)
+
+    /// Blocks per grid (x, y, z). A zero in any dimension makes [`Launch::launch`] a no-op.
+    pub(crate) fn grid(mut self, grid: (u32, u32, u32)) -> Self {
+        self.cfg.grid_dim = grid;
+        self
+    }
+
+    /// Threads per block (x, y, z).
+    pub(crate) fn block(mut self, block: (u32, u32, u32)) -> Self {
+        self.cfg.block_dim = block;
+        self
+    }
+
+    /// Bytes of dynamic shared memory per block.
+    pub(crate) fn shared_mem(mut self, bytes: u32) -> Self {
+        self.cfg.shared_mem_bytes = bytes;
+        self
+    }
+
+    /// A pointer parameter: the device address of `buf`'s first element.
+    pub(crate) fn arg_buf(self, buf: &CudaBuffer) -> Self {
+        self.arg_ptr(buf.ptr())
+    }
+
+    /// A pointer parameter given as a device address (0 for a null pointer).
+    pub(crate) fn arg_ptr(self, ptr: u64) -> Self {
+        self.arg(Arg::U64(ptr))
+    }
+
+    /// An `unsigned long long` / `long long` parameter.
+    pub(crate) fn arg_u64(self, v: u64) -> Self {
+        self.arg(Arg::U64(v))
+    }
+
+    /// An `int` (or `unsigned`) parameter.
+    pub(crate) fn arg_i32(self, v: i32) -> Self {
+        self.arg(Arg::I32(v))
+    }
+
+    /// A `float` parameter.
+    pub(crate) fn arg_f32(self, v: f32) -> Self {
+        self.arg(Arg::F32(v))
+    }
+
+    /// Appends `args` as they are (argument lists built up front, e.g. shared by two kernels).
+    pub(crate) fn args(mut self, args: &[Arg]) -> Self {
+        self.args.extend_from_slice(args);
+        self
+    }
+
+    fn arg(mut self, a: Arg) -> Self {
+        self.args.push(a);
+        self
+    }
+
+    /// Queues the kernel on the stream (nothing when a grid dimension is 0).
+    ///
+    /// # Safety
+    /// The arguments must match the kernel's C parameter list in number, order and type
+    /// (`arg_buf`/`arg_ptr`/`arg_u64` for pointers, `unsigned long long` and `long long`;
+    /// `arg_i32` for `int`; `arg_f32` for `float`), every pointer must refer to live device
+    /// memory covering every element the kernel touches for the given sizes and launch shape,
+    /// and the block size and shared memory must be ones the kernel is written for.
+    pub(crate) unsafe fn launch(self) -> Result<()> {
+        let c = self.cfg;
+        if c.grid_dim.0 == 0 || c.grid_dim.1 == 0 || c.grid_dim.2 == 0 {
+            return Ok(());
+        }
+        let mut builder = self.stream.launch_builder(&self.func);
+        for a in &self.args {
+            match a {
+                Arg::U64(v) => builder.arg(v),
+                Arg::I32(v) => builder.arg(v),
+                Arg::F32(v) => builder.arg(v),
+            };
+        }
+        // SAFETY: the one place duet's CUDA backend launches a kernel. The caller guarantees
+        // the argument list, the memory ranges and the launch shape (see `# Safety`);
+        // `self.args` outlives `builder`, so every reference pushed is valid during the call.
+        unsafe { builder.launch(c) }
+            .map(|_| ())
+            .map_err(|e| error::driver("cuLaunchKernel", e))
     }
 }
 
-/// Launches `func` on `stream`.
-///
-/// # Safety
-/// `args` must match the kernel's C parameter list in number, order and type (`U64` for
-/// pointers, `unsigned long long` and `long long`; `I32` for `int`; `F32` for `float`), and every
-/// pointer must refer to live device memory covering every element the kernel touches for the
-/// given sizes and launch configuration.
-pub(crate) unsafe fn launch(
-    stream: &CudaStream,
-    func: &CudaFunction,
-    cfg: LaunchConfig,
-    args: &[Arg],
-) -> Result<()> {
-    if cfg.grid_dim.0 == 0 || cfg.grid_dim.1 == 0 || cfg.grid_dim.2 == 0 {
-        return Ok(());
-    }
-    let mut builder = stream.launch_builder(func);
-    for a in args {
-        match a {
-            Arg::U64(v) => builder.arg(v),
-            Arg::I32(v) => builder.arg(v),
-            Arg::F32(v) => builder.arg(v),
-        };
-    }
-    // SAFETY: the caller guarantees the argument list and memory ranges; `args` outlives the
-    // builder, so every pushed reference is valid during the launch call.
-    unsafe { builder.launch(cfg) }
-        .map(|_| ())
-        .map_err(|e| error::driver("cuLaunchKernel", e))
+/// An argument a kernel cannot take (e.g. a dimension beyond 32 bits).
+pub(crate) fn too_large(op: &'static str, what: &str, v: usize) -> DeviceError {
+    DeviceError::InvalidArgument(format!(
+        "{op}: {what} = {v} is beyond what the CUDA kernels index"
+    ))
+}
+
+/// Converts a dimension to the `int` a kernel takes, or [`too_large`].
+pub(crate) fn dim(op: &'static str, what: &str, v: usize) -> Result<i32> {
+    i32::try_from(v).map_err(|_| too_large(op, what, v))
+}
+
+/// A grid dimension of `blocks` blocks (at most `i32::MAX`), or [`too_large`].
+pub(crate) fn grid_dim(op: &'static str, blocks: usize) -> Result<u32> {
+    u32::try_from(blocks)
+        .ok()
+        .filter(|&b| b <= i32::MAX as u32)
+        .ok_or_else(|| too_large(op, "grid", blocks))
+}
+
+/// The product of `dims` (an element count), or [`DeviceError::Shape`] when it overflows.
+pub(crate) fn checked_product(op: &'static str, dims: &[usize]) -> Result<usize> {
+    dims.iter()
+        .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+        .ok_or_else(|| DeviceError::Shape {
+            op,
+            detail: format!("{dims:?} overflows"),
+        })
 }
 
 #[cfg(test)]
@@ -471,11 +578,14 @@ mod tests {
     #[test]
     fn cache_keys_depend_on_arch_and_version() {
         let d = std::path::Path::new("/tmp");
-        let a = cache_file(d, KernelModule::Reduce, "sm_90", (13, 0));
-        let b = cache_file(d, KernelModule::Reduce, "sm_80", (13, 0));
-        let c = cache_file(d, KernelModule::Reduce, "sm_90", (13, 1));
-        let e = cache_file(d, KernelModule::Softmax, "sm_90", (13, 0));
+        let a = cache_file(d, KernelModule::Reduce, "sm_90", (13, 0)).unwrap();
+        let b = cache_file(d, KernelModule::Reduce, "sm_80", (13, 0)).unwrap();
+        let c = cache_file(d, KernelModule::Reduce, "sm_90", (13, 1)).unwrap();
+        let e = cache_file(d, KernelModule::Softmax, "sm_90", (13, 0)).unwrap();
         assert!(a != b && a != c && a != e);
-        assert_eq!(a, cache_file(d, KernelModule::Reduce, "sm_90", (13, 0)));
+        assert_eq!(
+            a,
+            cache_file(d, KernelModule::Reduce, "sm_90", (13, 0)).unwrap()
+        );
     }
 }

@@ -15,8 +15,11 @@
 //!   `sum_squares` use fixed partitions and ordered two-pass reductions, so they are identical
 //!   run to run. cuBLAS is deterministic for a given GPU model, library version and stream.
 //!
-//! Module layout follows the HIP backend: `device`, `memory`, `blas`, `kernels`, `error`,
-//! `conv`, plus `loader`.
+//! Module layout mirrors the HIP backend: `device` (the device, its construction, the shared
+//! launch helpers and `impl Device` as a dispatch table), `ops/` (one file per op family, the
+//! CPU backend's names), `memory`, `blas`, `kernels` (modules, the [`kernels`] launch builder
+//! and the launch-argument checks), `error`, `conv` (every dtype/enum mapping), plus `graph`,
+//! `loader`, `blaslt`, `nccl`, `nvml`, `nvtx`.
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
@@ -25,16 +28,41 @@ mod blaslt;
 mod conv;
 mod device;
 mod error;
+mod graph;
 pub mod kernels;
 pub mod loader;
 mod memory;
 mod nvml;
 mod nvtx;
+mod ops;
 pub use nvml::NVML_LIB_ENV;
 pub use nvtx::NVTX_LIB_ENV;
 pub mod nccl;
 
-pub use device::{CudaDevice, CudaStepGraph, UNFUSED_ENV};
+pub use device::{CudaDevice, UNFUSED_ENV};
+pub use graph::CudaStepGraph;
+
 pub use kernels::{KernelModule, compile};
 pub use memory::CudaBuffer;
 pub use nccl::NcclComm;
+
+// device.rs spells these two names itself; they must be the knobs' (duet_device::knobs).
+const _: () = assert!(
+    same_str(device::UNFUSED_ENV, duet_device::knobs::CUDA_UNFUSED)
+        && same_str(device::AUTOTUNE_ENV, duet_device::knobs::GEMM_AUTOTUNE)
+);
+
+const fn same_str(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    if a.len() != b.len() {
+        return false;
+    }
+    let mut i = 0;
+    while i < a.len() {
+        if a[i] != b[i] {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}

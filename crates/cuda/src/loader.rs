@@ -10,12 +10,14 @@
 //! loaded for the life of the process.
 
 use duet_device::DeviceError;
+use duet_device::knobs::Knobs;
 use libloading::Library;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
 
-/// Environment variable with extra folders (`:`-separated) to search first.
-pub const LIB_DIR_ENV: &str = "DUET_CUDA_LIB_DIR";
+/// Environment variable with extra folders (`:`-separated) to search first
+/// ([`duet_device::knobs::Knobs::cuda_lib_dir`]).
+pub use duet_device::knobs::CUDA_LIB_DIR as LIB_DIR_ENV;
 
 /// A library duet needs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -84,12 +86,14 @@ fn keep(lib: Library) {
     }
 }
 
-/// Makes sure every library in `libs` can be loaded; returns where each one was found.
+/// Makes sure every library in `libs` can be loaded; returns where each one was found. A
+/// malformed `DUET_*` variable ([`duet_device::knobs`]) is an error here, before anything loads.
 pub fn require(libs: &[CudaLib]) -> Result<Vec<Found>, DeviceError> {
+    let knobs = duet_device::knobs::device_knobs()?;
     let mut found = Vec::new();
     for &lib in libs {
         let idx = CudaLib::ALL.iter().position(|&l| l == lib).unwrap_or(0);
-        match PROBES[idx].get_or_init(|| probe(lib)) {
+        match PROBES[idx].get_or_init(|| probe(lib, knobs)) {
             Ok(f) => found.push(f.clone()),
             Err((reason, tried)) => {
                 return Err(DeviceError::Unavailable {
@@ -107,7 +111,7 @@ fn candidates(lib: CudaLib) -> Vec<String> {
     cudarc::get_lib_name_candidates(lib.base())
 }
 
-fn probe(lib: CudaLib) -> Outcome {
+fn probe(lib: CudaLib, knobs: &Knobs) -> Outcome {
     let names = candidates(lib);
     let mut tried = Vec::new();
     // 1. The dynamic loader's own search (LD_LIBRARY_PATH, ld.so.cache, RUNPATH) — exactly what
@@ -134,7 +138,7 @@ fn probe(lib: CudaLib) -> Outcome {
     ));
     // 2. Known install folders, by full path.
     let mut errors = Vec::new();
-    for dir in search_dirs(lib) {
+    for dir in search_dirs(lib, knobs) {
         let mut hit = false;
         for name in &names {
             let path = dir.join(name);
@@ -194,10 +198,10 @@ fn preload_nvrtc_builtins(dir: &Path) {
 }
 
 /// Folders to look in, most specific first; only existing folders are returned.
-fn search_dirs(lib: CudaLib) -> Vec<PathBuf> {
+fn search_dirs(lib: CudaLib, knobs: &Knobs) -> Vec<PathBuf> {
     let mut dirs: Vec<PathBuf> = Vec::new();
-    if let Some(v) = std::env::var_os(LIB_DIR_ENV) {
-        dirs.extend(std::env::split_paths(&v));
+    if let Some(v) = &knobs.cuda_lib_dir {
+        dirs.extend(std::env::split_paths(v));
     }
     if let Ok(v) = EXTRA_DIRS.lock() {
         dirs.extend(v.iter().cloned());

@@ -32,8 +32,9 @@ use std::ffi::{CStr, c_char, c_int, c_void};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 
-/// Environment variable naming the NCCL library file to load.
-pub const NCCL_LIB_ENV: &str = "DUET_NCCL_LIB";
+/// Environment variable naming the NCCL library file to load
+/// ([`duet_device::knobs::Knobs::nccl_lib`]).
+pub use duet_device::knobs::NCCL_LIB as NCCL_LIB_ENV;
 
 /// The NCCL entry points duet calls, resolved from the loaded library.
 struct NcclLib {
@@ -73,10 +74,10 @@ struct NcclLib {
     ) -> ncclResult_t,
 }
 
-fn candidates() -> Vec<String> {
+fn candidates(knobs: &duet_device::knobs::Knobs) -> Vec<String> {
     let mut out = Vec::new();
-    if let Some(p) = std::env::var_os(NCCL_LIB_ENV).filter(|p| !p.is_empty()) {
-        out.push(PathBuf::from(p).display().to_string());
+    if let Some(p) = &knobs.nccl_lib {
+        out.push(p.display().to_string());
     }
     out.push("libnccl.so.2".into());
     out.push("libnccl.so".into());
@@ -119,9 +120,9 @@ fn candidates() -> Vec<String> {
 }
 
 impl NcclLib {
-    fn load() -> std::result::Result<Self, (String, Vec<String>)> {
+    fn load(knobs: &duet_device::knobs::Knobs) -> std::result::Result<Self, (String, Vec<String>)> {
         let mut tried = Vec::new();
-        for name in candidates() {
+        for name in candidates(knobs) {
             // SAFETY: loading NCCL runs its initialisers, which have no preconditions on our
             // side; the handle is stored with the function pointers taken from it.
             let lib = match unsafe { Library::new(&name) } {
@@ -194,7 +195,8 @@ impl NcclLib {
 
 fn library() -> Result<&'static NcclLib> {
     static LIB: OnceLock<std::result::Result<NcclLib, (String, Vec<String>)>> = OnceLock::new();
-    LIB.get_or_init(NcclLib::load)
+    let knobs = duet_device::knobs::device_knobs()?;
+    LIB.get_or_init(|| NcclLib::load(knobs))
         .as_ref()
         .map_err(|(reason, tried)| DeviceError::Unavailable {
             backend: "nccl",

@@ -11,8 +11,9 @@
 use duet_device::Telemetry;
 use std::ffi::{CString, c_char, c_int, c_uint, c_ulonglong, c_void};
 
-/// Environment variable naming the NVML library to load instead of libnvidia-ml.so.1.
-pub const NVML_LIB_ENV: &str = "DUET_NVML_LIB";
+/// Environment variable naming the NVML library to load instead of libnvidia-ml.so.1
+/// ([`duet_device::knobs::Knobs::nvml_lib`]).
+pub use duet_device::knobs::NVML_LIB as NVML_LIB_ENV;
 
 type Device = *mut c_void;
 type InitFn = unsafe extern "C" fn() -> c_int;
@@ -82,9 +83,15 @@ unsafe impl Sync for Nvml {}
 
 impl Nvml {
     /// NVML for the GPU at PCI `domain:bus:device`, if the library loads, initialises and
-    /// knows that GPU.
+    /// knows that GPU. (A malformed `DUET_*` variable has already failed the device's opening,
+    /// so the knobs' error is not looked at again here.)
     pub(crate) fn load(domain: u32, bus: u32, device: u32) -> Option<Self> {
-        let mut names: Vec<String> = std::env::var(NVML_LIB_ENV).into_iter().collect();
+        let mut names: Vec<String> = duet_device::knobs::knobs()
+            .ok()
+            .and_then(|k| k.nvml_lib.as_ref())
+            .map(|p| p.display().to_string())
+            .into_iter()
+            .collect();
         names.extend(["libnvidia-ml.so.1".into(), "libnvidia-ml.so".into()]);
         Self::load_from(&names, domain, bus, device)
     }

@@ -5,8 +5,9 @@
 
 use std::ffi::{CString, c_char, c_int};
 
-/// Environment variable naming the NVTX library to load.
-pub const NVTX_LIB_ENV: &str = "DUET_NVTX_LIB";
+/// Environment variable naming the NVTX library to load
+/// ([`duet_device::knobs::Knobs::nvtx_lib`]).
+pub use duet_device::knobs::NVTX_LIB as NVTX_LIB_ENV;
 
 type PushFn = unsafe extern "C" fn(*const c_char) -> c_int;
 type PopFn = unsafe extern "C" fn() -> c_int;
@@ -19,9 +20,15 @@ pub(crate) struct Nvtx {
 }
 
 impl Nvtx {
-    /// The NVTX library, if one loads and has both functions.
+    /// The NVTX library, if one loads and has both functions. (Called once the device's opening
+    /// has checked the knobs, so their error is not looked at again here.)
     pub(crate) fn load() -> Option<Self> {
-        let mut names: Vec<String> = std::env::var(NVTX_LIB_ENV).into_iter().collect();
+        let mut names: Vec<String> = duet_device::knobs::knobs()
+            .ok()
+            .and_then(|k| k.nvtx_lib.as_ref())
+            .map(|p| p.display().to_string())
+            .into_iter()
+            .collect();
         names.extend(["libnvToolsExt.so.1".into(), "libnvToolsExt.so".into()]);
         names.into_iter().find_map(|n| {
             // SAFETY: loading a shared library runs its initialisers; libnvToolsExt's only set

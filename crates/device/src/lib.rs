@@ -11,11 +11,16 @@
 //!   overwrites its output.
 #![forbid(unsafe_code)]
 
+pub mod args;
+mod capabilities;
 mod collective;
 mod dtype;
 mod error;
 mod gemm;
+pub mod knobs;
 
+pub use args::{HeadsDesc, RowsDesc, SoftmaxDesc, TokensDesc};
+pub use capabilities::Capabilities;
 pub use collective::{Collective, ReduceOp, check_collective_lens};
 pub use dtype::{DType, Fp8Format, Fp8Kind, HostType};
 pub use error::human_bytes;

@@ -95,9 +95,10 @@ pub struct Trainer<D: Device> {
     fp8_codes_from_optimizer: bool,
 }
 
-/// Set to 0 to have the forward pass quantise the FP8 weights instead of the optimizer
-/// ([`Trainer::set_fp8_codes_from_optimizer`]; for comparisons, the bits are the same).
-pub const FP8_CODES_FROM_OPTIMIZER_ENV: &str = "DUET_FP8_CODES_FROM_OPTIMIZER";
+/// Set to 0 (or another false value) to have the forward pass quantise the FP8 weights instead
+/// of the optimizer ([`Trainer::set_fp8_codes_from_optimizer`]; for comparisons, the bits are
+/// the same; [`duet_device::knobs::Knobs::fp8_codes_from_optimizer`]).
+pub use duet_device::knobs::FP8_CODES_FROM_OPTIMIZER as FP8_CODES_FROM_OPTIMIZER_ENV;
 
 /// Where the recording of the training step stands.
 enum StepGraph<D: Device> {
@@ -254,8 +255,7 @@ impl<D: Device> Trainer<D> {
             graph: StepGraph::Cold,
             readback: None,
             diverged: None,
-            fp8_codes_from_optimizer: std::env::var(FP8_CODES_FROM_OPTIMIZER_ENV)
-                .map_or(true, |v| v.trim() != "0"),
+            fp8_codes_from_optimizer: duet_device::knobs::device_knobs()?.fp8_codes_from_optimizer,
         })
     }
 

@@ -1,5 +1,5 @@
-//! Every enum mapping of the backend in one place: dtypes to kernel-name suffixes and library
-//! type codes, and the row-major → column-major GEMM translation.
+//! Every enum mapping of the backend in one place: dtypes to kernel-name suffixes (and the
+//! checked activation / parameter suffixes), fill patterns and library type codes, and the row-major → column-major GEMM translation.
 
 use crate::hipblaslt::sys as lt;
 use crate::rocblas::result::ColMajorGemm;
@@ -85,28 +85,35 @@ pub fn fill_pattern(d: DType, value: f32) -> (u32, usize) {
     }
 }
 
-/// Activation dtypes (the kernels' `DUET_FOR_ACT`).
-pub fn is_act(d: DType) -> bool {
-    matches!(d, DType::F32 | DType::F16 | DType::BF16)
+/// The suffix kernel entry points use for a storage type (`add_bf16`, `cast_f32_f8e4m3`, ...):
+/// every float type, FP8 included (the kernels' `DUET_FOR_FLOAT`).
+pub fn kernel_suffix(d: DType) -> Option<&'static str> {
+    d.is_float().then(|| d.name())
 }
 
-/// The `<act>_<param>` suffix of the mixed-dtype kernels: P must be A or f32.
-pub fn act_wide(op: &'static str, a: DType, p: DType) -> Result<String> {
-    if !is_act(a) {
-        return Err(DeviceError::Unsupported {
+/// The f32/f16/bf16 suffix of an activation-type buffer (the kernels' `DUET_FOR_ACT`), or
+/// `Unsupported`.
+pub fn float_suffix(op: &'static str, d: DType) -> Result<&'static str> {
+    match d {
+        DType::F32 | DType::F16 | DType::BF16 => Ok(d.name()),
+        dtype => Err(DeviceError::Unsupported {
             op: op.into(),
-            dtype: a,
-        });
+            dtype,
+        }),
     }
-    if p != a && p != DType::F32 {
-        return Err(DeviceError::Unsupported {
-            op: format!(
-                "{op} with {a} activations and {p} parameters (parameters must be {a} or f32)"
-            ),
-            dtype: p,
-        });
+}
+
+/// Suffix of a parameter or gradient buffer (`what`) that must be either the activation dtype
+/// `act` or f32 (the `<act>_<param>` kernels, `DUET_FOR_ACT_AND_WIDE`).
+pub fn wide_suffix(op: &'static str, act: DType, what: &str, d: DType) -> Result<&'static str> {
+    if d == act || d == DType::F32 {
+        float_suffix(op, d)
+    } else {
+        Err(DeviceError::Unsupported {
+            op: format!("{op} ({what} must be {act} or f32 with {act} activations)"),
+            dtype: d,
+        })
     }
-    Ok(format!("{}_{}", a.name(), p.name()))
 }
 
 #[cfg(test)]
@@ -154,10 +161,19 @@ mod tests {
     }
 
     #[test]
-    fn mixed_dtype_suffixes() {
-        assert_eq!(act_wide("x", DType::BF16, DType::F32).unwrap(), "bf16_f32");
-        assert_eq!(act_wide("x", DType::F16, DType::F16).unwrap(), "f16_f16");
-        assert!(act_wide("x", DType::F16, DType::BF16).is_err());
-        assert!(act_wide("x", DType::F8E4M3, DType::F32).is_err());
+    fn dtype_suffixes() {
+        assert_eq!(
+            wide_suffix("x", DType::BF16, "p", DType::F32).unwrap(),
+            "f32"
+        );
+        assert_eq!(
+            wide_suffix("x", DType::F16, "p", DType::F16).unwrap(),
+            "f16"
+        );
+        assert!(wide_suffix("x", DType::F16, "p", DType::BF16).is_err());
+        assert!(float_suffix("x", DType::F8E4M3).is_err());
+        assert_eq!(float_suffix("x", DType::BF16).unwrap(), "bf16");
+        assert_eq!(kernel_suffix(DType::F8E4M3Fnuz), Some("f8e4m3fnuz"));
+        assert_eq!(kernel_suffix(DType::I32), None);
     }
 }

@@ -2,78 +2,81 @@
 //! same rules as the CPU reference where the kernels have the variant, else a typed
 //! `Unsupported`), then enqueues its kernels on the device's stream.
 
-use crate::blas::{self, Lt};
-use crate::conv::{self, act_wide, is_act};
+use crate::blas::Lt;
+use crate::conv;
 use crate::error::{HipError, unavailable};
 use crate::hip::result::{HipApi, version_string};
 use crate::hip::safe::Stream;
 use crate::hip::sys;
 use crate::hipblaslt::{result::LtApi, safe::LtHandle};
 use crate::hiprtc::result::RtcApi;
-use crate::kernels::{Args, Kernels};
+use crate::kernels::{BLOCK, Kernels, Launch, dim, grid_dim};
 use crate::memory::{HipBuffer, MemShared};
 use crate::rocblas::{result::RocblasApi, safe::RocblasHandle};
 use duet_device::{
     AdamWStep, Buffer, DType, Device, DeviceError, DeviceInfo, GemmDesc, MemoryStats, Result,
-    check_dtype, check_len, check_range,
+    check_dtype,
 };
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
 
-/// Threads per block of every kernel (`DUET_BLOCK` in kernels-hip/duet_hip.h).
-const BLOCK: u32 = 256;
 /// Rows per chunk of the two-pass column sums (the CPU reference's block size).
-const CHUNK_ROWS: usize = 32;
-/// Most blocks of a `sum_squares` partial pass (fixed by n alone, so results are deterministic).
-const SUMSQ_BLOCKS: u64 = 1024;
+pub(crate) const CHUNK_ROWS: usize = 32;
 
-fn grid1(n: u64) -> (u32, u32) {
-    (n.div_ceil(BLOCK as u64).clamp(1, 65_535) as u32, 1)
+/// The grid of a row kernel that gives each of `rows` rows one block ([`BLOCK`] threads), or
+/// [`crate::kernels::too_large`].
+pub(crate) fn rows_grid(op: &'static str, rows: usize) -> Result<(u32, u32, u32)> {
+    Ok((grid_dim(op, rows.max(1))?, 1, 1))
 }
 
-fn rows_grid(rows: usize) -> Result<(u32, u32)> {
-    u32::try_from(rows.max(1))
-        .map(|r| (r, 1))
-        .map_err(|_| DeviceError::InvalidArgument(format!("{rows} rows exceed the grid limit")))
-}
-
-fn int(what: &str, v: usize) -> Result<i32> {
-    i32::try_from(v).map_err(|_| DeviceError::InvalidArgument(format!("{what} = {v} exceeds i32")))
-}
-
-fn unsupported(op: &str, dtype: DType) -> DeviceError {
+pub(crate) fn unsupported(op: &str, dtype: DType) -> DeviceError {
     DeviceError::Unsupported {
         op: op.to_string(),
         dtype,
     }
 }
 
-fn same(op: &'static str, a: &HipBuffer, b: &HipBuffer) -> Result<()> {
-    check_dtype(op, b, a.dtype())
+/// Checks that every buffer in `bufs` has dtype `want`.
+pub(crate) fn same_dtype(op: &'static str, want: DType, bufs: &[&HipBuffer]) -> Result<()> {
+    for b in bufs {
+        check_dtype(op, *b, want)?;
+    }
+    Ok(())
 }
 
-fn act(op: &'static str, b: &HipBuffer) -> Result<&'static str> {
-    if is_act(b.dtype()) {
-        Ok(b.dtype().name())
-    } else {
-        Err(unsupported(op, b.dtype()))
-    }
+/// A deferred check of the i32 ids an op read on the device (see [`HipDevice::queue_id_check`]).
+pub(crate) struct IdCheck {
+    op: &'static str,
+    /// A stream-ordered copy of the ids.
+    ids: HipBuffer,
+    /// The vocabulary size: ids must be below it.
+    limit: usize,
+    /// Whether negative ids are allowed (ignored cross-entropy targets).
+    negative_ok: bool,
 }
+
+/// Most id checks queued before one is run eagerly (a synchronize), so a caller that never
+/// synchronizes does not accumulate copies.
+const MAX_ID_CHECKS: usize = 256;
 
 /// A HIP (ROCm 6/7) GPU.
 pub struct HipDevice {
-    ordinal: i32,
-    info: DeviceInfo,
-    arch_base: String,
-    kernels: Kernels,
-    blas: Mutex<RocblasHandle>,
-    lt: Option<Mutex<Lt>>,
-    scratch: Mutex<Option<HipBuffer>>,
-    mem: Arc<MemShared>,
-    stream: Arc<Stream>,
-    api: Arc<HipApi>,
+    pub(crate) ordinal: i32,
+    pub(crate) info: DeviceInfo,
+    pub(crate) arch_base: String,
+    pub(crate) kernels: Kernels,
+    pub(crate) blas: Mutex<RocblasHandle>,
+    pub(crate) lt: Option<Mutex<Lt>>,
+    pub(crate) scratch: Mutex<Option<HipBuffer>>,
+    pub(crate) mem: Arc<MemShared>,
+    pub(crate) stream: Arc<Stream>,
+    pub(crate) api: Arc<HipApi>,
     /// roctx ranges for profiler timelines, when the library is present.
-    roctx: Option<crate::roctx::Roctx>,
+    pub(crate) roctx: Option<crate::roctx::Roctx>,
+    /// Token ids and targets of the ops queued since the last synchronize, copied on the stream
+    /// as the kernels read them, checked against their vocabulary at the next synchronize
+    /// ([`HipDevice::queue_id_check`]).
+    pub(crate) id_checks: Mutex<Vec<IdCheck>>,
 }
 
 impl HipDevice {
@@ -176,24 +179,24 @@ impl HipDevice {
             stream,
             api,
             roctx: crate::roctx::Roctx::load(),
+            id_checks: Mutex::new(Vec::new()),
         })
     }
 
-    fn launch(&self, name: &str, grid: (u32, u32), args: Args) -> Result<()> {
-        let f = self.kernels.get(name)?;
-        let mut args = args;
-        let mut ptrs = args.pointers();
-        // SAFETY: every call site builds `args` in the order and with the types of the kernel's
-        // parameters (kernels-hip), from buffers validated to hold what the kernel addresses.
-        unsafe {
-            self.api
-                .launch(f.0, grid, BLOCK, self.stream.raw(), ptrs.as_mut_ptr())
-        }?;
-        Ok(())
+    /// A launch of the kernel `name` on the device's stream (see [`Launch`]); the module comes
+    /// from the name's prefix ([`crate::kernels::KernelModule::of`]).
+    pub(crate) fn kernel(&self, name: &str) -> Result<Launch<'_>> {
+        Ok(Launch::new(&self.stream, self.kernels.get(name)?))
+    }
+
+    /// The grid of a grid-stride loop over `items` work items in blocks of [`BLOCK`] threads
+    /// (at most 65535 blocks).
+    pub(crate) fn grid_1d(&self, items: usize) -> (u32, u32, u32) {
+        (items.div_ceil(BLOCK as usize).clamp(1, 65_535) as u32, 1, 1)
     }
 
     /// A device scratch area of at least `n` f32, reused across ops (the stream orders uses).
-    fn scratch(&self, n: usize) -> Result<*mut c_void> {
+    pub(crate) fn scratch(&self, n: usize) -> Result<*mut c_void> {
         let mut s = self
             .scratch
             .lock()
@@ -204,32 +207,70 @@ impl HipDevice {
         Ok(s.as_ref().map_or(std::ptr::null_mut(), |b| b.ptr()))
     }
 
-    /// `out[j] (+)= Σ_rows x[r, j]` in two deterministic passes (colsum_partial, colsum_finish).
-    fn colsum(&self, x: &HipBuffer, rows: usize, cols: usize, out: &HipBuffer) -> Result<()> {
+    /// `out[j] += Σ_rows x[r, j]` in two deterministic passes (colsum_partial, colsum_finish).
+    pub(crate) fn column_sum(
+        &self,
+        op: &'static str,
+        x: &HipBuffer,
+        rows: usize,
+        cols: usize,
+        out: &HipBuffer,
+    ) -> Result<()> {
         let chunks = rows.div_ceil(CHUNK_ROWS).max(1);
         let part = self.scratch(chunks * cols)?;
-        let gx = (cols as u64).div_ceil(BLOCK as u64) as u32;
-        let args = Args::default()
-            .ptr(x.ptr())
-            .ptr(part)
-            .u64(rows as u64)
-            .u64(cols as u64)
-            .u64(CHUNK_ROWS as u64);
-        self.launch(
-            &format!("colsum_partial_{}", act("colsum", x)?),
-            (gx.max(1), chunks as u32),
-            args,
-        )?;
-        let args = Args::default()
-            .ptr(part)
-            .ptr(out.ptr())
-            .u64(chunks as u64)
-            .u64(cols as u64);
-        self.launch(
-            &format!("colsum_finish_{}", act("colsum", out)?),
-            grid1(cols as u64),
-            args,
-        )
+        let gx = grid_dim(op, cols.div_ceil(BLOCK as usize))?;
+        let sx = conv::float_suffix(op, x.dtype())?;
+        // SAFETY: colsum_partial_T(const T* x, float* partial, u64 rows, u64 cols,
+        // u64 rows_per_chunk): the caller checked x to hold rows × cols elements; `part` holds
+        // chunks × cols f32 (just sized); one thread per column, one grid row per chunk.
+        unsafe {
+            self.kernel(&format!("colsum_partial_{sx}"))?
+                .grid((gx.max(1), grid_dim(op, chunks)?, 1))
+                .arg_buf(x)
+                .arg_ptr(part)
+                .arg_u64(rows as u64)
+                .arg_u64(cols as u64)
+                .arg_u64(CHUNK_ROWS as u64)
+                .launch()?;
+        }
+        let so = conv::float_suffix(op, out.dtype())?;
+        // SAFETY: colsum_finish_T(const float* partial, T* out, u64 chunks, u64 cols): the
+        // chunks × cols partials written above; the caller checked `out` to hold cols elements.
+        unsafe {
+            self.kernel(&format!("colsum_finish_{so}"))?
+                .grid(self.grid_1d(cols))
+                .arg_ptr(part)
+                .arg_buf(out)
+                .arg_u64(chunks as u64)
+                .arg_u64(cols as u64)
+                .launch()
+        }
+    }
+
+    /// `out[slot] += Σ partial[0..count)` in a fixed order (sum_squares_finish in reduce.hip).
+    ///
+    /// # Safety
+    /// `partial` must hold `count` f32 partial sums written by earlier queued work, and `slot`
+    /// must lie inside `out` (f32).
+    pub(crate) unsafe fn sum_squares_finish(
+        &self,
+        op: &'static str,
+        partial: *const c_void,
+        count: usize,
+        out: &HipBuffer,
+        slot: usize,
+    ) -> Result<()> {
+        let count = dim(op, "partials", count)?;
+        // SAFETY: sum_squares_finish(const float* partial, int count, float* out, u64 slot),
+        // one block; sizes from the caller.
+        unsafe {
+            self.kernel("sum_squares_finish")?
+                .arg_ptr(partial)
+                .arg_i32(count)
+                .arg_buf(out)
+                .arg_u64(slot as u64)
+                .launch()
+        }
     }
 
     pub fn ordinal(&self) -> usize {
@@ -242,15 +283,11 @@ impl Device for HipDevice {
     type Graph = ();
 
     fn range_push(&self, name: &str) {
-        if let Some(r) = &self.roctx {
-            r.push(name);
-        }
+        self.range_push_impl(name)
     }
 
     fn range_pop(&self) {
-        if let Some(r) = &self.roctx {
-            r.pop();
-        }
+        self.range_pop_impl()
     }
 
     fn info(&self) -> DeviceInfo {
@@ -258,71 +295,15 @@ impl Device for HipDevice {
     }
 
     fn alloc(&self, dtype: DType, len: usize) -> Result<HipBuffer> {
-        let bytes = len
-            .checked_mul(dtype.size_bytes())
-            .ok_or_else(|| DeviceError::InvalidArgument(format!("{len} x {dtype} overflows")))?;
-        let buf = HipBuffer::new(&self.mem, dtype, len).map_err(|e| match e {
-            HipError::Runtime { code: 2, .. } => DeviceError::OutOfMemory {
-                requested: bytes as u64,
-                free: self.api.mem_info().map_or(0, |m| m.0),
-            },
-            e => e.into(),
-        })?;
-        if bytes > 0 {
-            // SAFETY: the buffer holds `bytes` bytes of device memory.
-            unsafe {
-                self.api
-                    .memset_zero_async(buf.ptr(), bytes, self.stream.raw())
-            }?;
-        }
-        Ok(buf)
+        self.alloc_impl(dtype, len)
     }
 
     fn upload_bytes(&self, src: &[u8], dst: &mut HipBuffer, offset: usize) -> Result<()> {
-        let es = dst.dtype().size_bytes();
-        if !src.len().is_multiple_of(es) {
-            return Err(DeviceError::InvalidArgument(format!(
-                "upload: {} bytes is not a whole number of {} elements",
-                src.len(),
-                dst.dtype()
-            )));
-        }
-        check_range("upload", offset, src.len() / es, dst.len())?;
-        if src.is_empty() {
-            return Ok(());
-        }
-        // SAFETY: the destination range was checked; the host slice stays borrowed until the
-        // stream synchronize below, so the pageable source is not freed mid-copy.
-        unsafe {
-            self.api.memcpy_async(
-                dst.ptr_at(offset),
-                src.as_ptr().cast(),
-                src.len(),
-                sys::hipMemcpyKind::hipMemcpyHostToDevice,
-                self.stream.raw(),
-            )?;
-        }
-        self.stream.synchronize()?;
-        Ok(())
+        self.upload_bytes_impl(src, dst, offset)
     }
 
     fn download_bytes(&self, src: &HipBuffer, offset: usize, len: usize) -> Result<Vec<u8>> {
-        check_range("download", offset, len, src.len())?;
-        let mut out = vec![0u8; len * src.dtype().size_bytes()];
-        if !out.is_empty() {
-            // SAFETY: the source range was checked; `out` has room and lives past the synchronize.
-            unsafe {
-                self.api.memcpy_async(
-                    out.as_mut_ptr().cast(),
-                    src.ptr_at(offset),
-                    out.len(),
-                    sys::hipMemcpyKind::hipMemcpyDeviceToHost,
-                    self.stream.raw(),
-                )?;
-            }
-        }
-        self.synchronize()?;
-        Ok(out)
+        self.download_bytes_impl(src, offset, len)
     }
 
     fn copy(
@@ -333,50 +314,15 @@ impl Device for HipDevice {
         dst_offset: usize,
         len: usize,
     ) -> Result<()> {
-        check_dtype("copy", dst, src.dtype())?;
-        check_range("copy", src_offset, len, src.len())?;
-        check_range("copy", dst_offset, len, dst.len())?;
-        if len == 0 {
-            return Ok(());
-        }
-        // SAFETY: both ranges were checked and are distinct buffers (borrow rules).
-        unsafe {
-            self.api.memcpy_async(
-                dst.ptr_at(dst_offset),
-                src.ptr_at(src_offset),
-                len * src.dtype().size_bytes(),
-                sys::hipMemcpyKind::hipMemcpyDeviceToDevice,
-                self.stream.raw(),
-            )?;
-        }
-        Ok(())
+        self.copy_impl(src, src_offset, dst, dst_offset, len)
     }
 
     fn fill(&self, dst: &mut HipBuffer, value: f32) -> Result<()> {
-        let (bits, width) = conv::fill_pattern(dst.dtype(), value);
-        if dst.is_empty() {
-            return Ok(());
-        }
-        // SAFETY: `len` elements of `width` bytes are the whole buffer.
-        unsafe {
-            self.api
-                .memset_async(dst.ptr(), bits, width, dst.len(), self.stream.raw())
-        }?;
-        Ok(())
+        self.fill_impl(dst, value)
     }
 
     fn synchronize(&self) -> Result<()> {
-        self.stream.synchronize()?;
-        let deferred = self.stream.deferred.take();
-        if deferred.is_empty() {
-            Ok(())
-        } else {
-            Err(DeviceError::Driver {
-                backend: "hip",
-                call: "deferred (buffer drop)".into(),
-                message: deferred.join("; "),
-            })
-        }
+        self.synchronize_impl()
     }
 
     fn memory_stats(&self) -> MemoryStats {
@@ -388,78 +334,23 @@ impl Device for HipDevice {
     }
 
     fn gemm(&self, desc: &GemmDesc, a: &HipBuffer, b: &HipBuffer, c: &mut HipBuffer) -> Result<()> {
-        check_dtype("gemm", b, a.dtype())?;
-        desc.validate(a.len(), b.len(), c.len())?;
-        if desc.batch == 0 || desc.m == 0 || desc.n == 0 {
-            return Ok(());
-        }
-        if a.dtype().is_fp8() {
-            let lt = self.lt.as_ref().ok_or_else(|| {
-                unsupported("gemm (fp8 needs hipBLASLt, which was not found)", a.dtype())
-            })?;
-            let lt = lt
-                .lock()
-                .map_err(|_| DeviceError::InvalidArgument("hipBLASLt lock poisoned".into()))?;
-            return blas::gemm_fp8(&lt, &self.arch_base, self.stream.raw(), desc, a, b, c, None);
-        }
-        let h = self
-            .blas
-            .lock()
-            .map_err(|_| DeviceError::InvalidArgument("rocBLAS lock poisoned".into()))?;
-        blas::gemm(&h, desc, a, b, c)
+        self.gemm_impl(desc, a, b, c)
     }
 
     fn cast(&self, src: &HipBuffer, dst: &mut HipBuffer, scale: f32) -> Result<()> {
-        check_len("cast", "dst", dst, src.len())?;
-        for b in [src.dtype(), dst.dtype()] {
-            if !b.is_float() {
-                return Err(unsupported("cast", b));
-            }
-        }
-        let args = Args::default()
-            .ptr(src.ptr())
-            .ptr(dst.ptr())
-            .u64(src.len() as u64)
-            .f32(scale);
-        self.launch(
-            &format!("cast_{}_{}", src.dtype().name(), dst.dtype().name()),
-            grid1(src.len() as u64),
-            args,
-        )
+        self.cast_impl(src, dst, scale)
     }
 
     fn scale(&self, x: &mut HipBuffer, alpha: f32) -> Result<()> {
-        let n = act("scale", x)?;
-        self.launch(
-            &format!("scale_{n}"),
-            grid1(x.len() as u64),
-            Args::default().ptr(x.ptr()).f32(alpha).u64(x.len() as u64),
-        )
+        self.scale_impl(x, alpha)
     }
 
     fn add(&self, a: &HipBuffer, b: &HipBuffer, out: &mut HipBuffer) -> Result<()> {
-        let n = act("add", a)?;
-        same("add", a, b)?;
-        same("add", a, out)?;
-        check_len("add", "b", b, a.len())?;
-        check_len("add", "out", out, a.len())?;
-        let args = Args::default()
-            .ptr(a.ptr())
-            .ptr(b.ptr())
-            .ptr(out.ptr())
-            .u64(a.len() as u64);
-        self.launch(&format!("add_{n}"), grid1(a.len() as u64), args)
+        self.add_impl(a, b, out)
     }
 
     fn add_assign(&self, dst: &mut HipBuffer, src: &HipBuffer) -> Result<()> {
-        let n = act("add_assign", dst)?;
-        same("add_assign", dst, src)?;
-        check_len("add_assign", "src", src, dst.len())?;
-        let args = Args::default()
-            .ptr(dst.ptr())
-            .ptr(src.ptr())
-            .u64(dst.len() as u64);
-        self.launch(&format!("add_assign_{n}"), grid1(dst.len() as u64), args)
+        self.add_assign_impl(dst, src)
     }
 
     fn embedding_forward(
@@ -472,35 +363,7 @@ impl Device for HipDevice {
         t: usize,
         c: usize,
     ) -> Result<()> {
-        const OP: &str = "embedding_forward";
-        check_dtype(OP, tokens, DType::I32)?;
-        check_dtype(OP, wpe, wte.dtype())?;
-        let v = act_wide(OP, out.dtype(), wte.dtype())?;
-        let bt = b * t;
-        check_len(OP, "tokens", tokens, bt)?;
-        check_len(OP, "out", out, bt * c)?;
-        if c == 0 || wte.is_empty() || !wte.len().is_multiple_of(c) {
-            return Err(DeviceError::Shape {
-                op: OP,
-                detail: format!(
-                    "token table of {} elements is not a positive multiple of c = {c}",
-                    wte.len()
-                ),
-            });
-        }
-        duet_device::check_min_len(OP, "position table", wpe, t * c)?;
-        if bt == 0 {
-            return Ok(());
-        }
-        let args = Args::default()
-            .ptr(tokens.ptr())
-            .ptr(wte.ptr())
-            .ptr(wpe.ptr())
-            .ptr(out.ptr())
-            .i32(int("t", t)?)
-            .i32(int("c", c)?)
-            .i32(int("vocab", wte.len() / c)?);
-        self.launch(&format!("{OP}_{v}"), rows_grid(bt)?, args)
+        self.embedding_forward_impl(tokens, wte, wpe, out, b, t, c)
     }
 
     fn embedding_backward(
@@ -513,36 +376,7 @@ impl Device for HipDevice {
         t: usize,
         c: usize,
     ) -> Result<()> {
-        const OP: &str = "embedding_backward";
-        check_dtype(OP, tokens, DType::I32)?;
-        let v = act_wide(OP, dout.dtype(), dwte.dtype())?;
-        act(OP, dwpe)?;
-        let bt = b * t;
-        check_len(OP, "tokens", tokens, bt)?;
-        check_len(OP, "dout", dout, bt * c)?;
-        if c == 0 || dwte.is_empty() || !dwte.len().is_multiple_of(c) {
-            return Err(DeviceError::Shape {
-                op: OP,
-                detail: format!(
-                    "token table of {} elements is not a positive multiple of c = {c}",
-                    dwte.len()
-                ),
-            });
-        }
-        duet_device::check_min_len(OP, "position table", dwpe, t * c)?;
-        if bt == 0 {
-            return Ok(());
-        }
-        let args = Args::default()
-            .ptr(tokens.ptr())
-            .ptr(dout.ptr())
-            .ptr(dwte.ptr())
-            .i32(int("b*t", bt)?)
-            .i32(int("c", c)?)
-            .i32(int("vocab", dwte.len() / c)?);
-        self.launch(&format!("embedding_backward_wte_{v}"), rows_grid(bt)?, args)?;
-        // dwpe[t, :] += Σ_b dout[b, t, :]: a column sum over b rows of t·c columns.
-        self.colsum(dout, b, t * c, dwpe)
+        self.embedding_backward_impl(tokens, dout, dwte, dwpe, b, t, c)
     }
 
     fn layernorm_forward(
@@ -557,32 +391,7 @@ impl Device for HipDevice {
         c: usize,
         eps: f32,
     ) -> Result<()> {
-        const OP: &str = "layernorm_forward";
-        let v = act_wide(OP, x.dtype(), gamma.dtype())?;
-        same(OP, gamma, beta)?;
-        same(OP, x, out)?;
-        check_dtype(OP, mean, DType::F32)?;
-        check_dtype(OP, rstd, DType::F32)?;
-        check_len(OP, "x", x, n * c)?;
-        check_len(OP, "out", out, n * c)?;
-        check_len(OP, "gamma", gamma, c)?;
-        check_len(OP, "beta", beta, c)?;
-        check_len(OP, "mean", mean, n)?;
-        check_len(OP, "rstd", rstd, n)?;
-        if n == 0 {
-            return Ok(());
-        }
-        let args = Args::default()
-            .ptr(x.ptr())
-            .ptr(gamma.ptr())
-            .ptr(beta.ptr())
-            .ptr(out.ptr())
-            .ptr(mean.ptr())
-            .ptr(rstd.ptr())
-            .i32(int("n", n)?)
-            .i32(int("c", c)?)
-            .f32(eps);
-        self.launch(&format!("{OP}_{v}"), rows_grid(n)?, args)
+        self.layernorm_forward_impl(x, gamma, beta, out, mean, rstd, n, c, eps)
     }
 
     fn layernorm_backward(
@@ -598,86 +407,11 @@ impl Device for HipDevice {
         n: usize,
         c: usize,
     ) -> Result<()> {
-        const OP: &str = "layernorm_backward";
-        let v = act_wide(OP, x.dtype(), gamma.dtype())?;
-        same(OP, x, dout)?;
-        same(OP, x, dx)?;
-        act(OP, dgamma)?;
-        act(OP, dbeta)?;
-        check_dtype(OP, mean, DType::F32)?;
-        check_dtype(OP, rstd, DType::F32)?;
-        for (what, buf, len) in [
-            ("dout", dout, n * c),
-            ("x", x, n * c),
-            ("dx", &*dx, n * c),
-            ("gamma", gamma, c),
-            ("dgamma", &*dgamma, c),
-            ("dbeta", &*dbeta, c),
-            ("mean", mean, n),
-            ("rstd", rstd, n),
-        ] {
-            check_len(OP, what, buf, len)?;
-        }
-        if n == 0 {
-            return Ok(());
-        }
-        let (ni, ci) = (int("n", n)?, int("c", c)?);
-        let args = Args::default()
-            .ptr(dout.ptr())
-            .ptr(x.ptr())
-            .ptr(gamma.ptr())
-            .ptr(mean.ptr())
-            .ptr(rstd.ptr())
-            .ptr(dx.ptr())
-            .i32(ni)
-            .i32(ci);
-        self.launch(&format!("layernorm_backward_dx_{v}"), rows_grid(n)?, args)?;
-        let chunks = n.div_ceil(CHUNK_ROWS);
-        let pg = self.scratch(2 * chunks * c)?;
-        // SAFETY: the scratch holds 2·chunks·c f32; pb is its second half.
-        let pb = unsafe { pg.cast::<f32>().add(chunks * c) }.cast::<c_void>();
-        let gx = (c as u64).div_ceil(BLOCK as u64) as u32;
-        let args = Args::default()
-            .ptr(dout.ptr())
-            .ptr(x.ptr())
-            .ptr(mean.ptr())
-            .ptr(rstd.ptr())
-            .ptr(pg)
-            .ptr(pb)
-            .i32(ni)
-            .i32(ci)
-            .i32(CHUNK_ROWS as i32);
-        self.launch(
-            &format!("layernorm_dparams_partial_{}", x.dtype().name()),
-            (gx.max(1), chunks as u32),
-            args,
-        )?;
-        for (part, out) in [(pg, &*dgamma), (pb, &*dbeta)] {
-            let args = Args::default()
-                .ptr(part)
-                .ptr(out.ptr())
-                .u64(chunks as u64)
-                .u64(c as u64);
-            self.launch(
-                &format!("colsum_finish_{}", out.dtype().name()),
-                grid1(c as u64),
-                args,
-            )?;
-        }
-        Ok(())
+        self.layernorm_backward_impl(dout, x, gamma, mean, rstd, dx, dgamma, dbeta, n, c)
     }
 
     fn bias_add(&self, x: &mut HipBuffer, bias: &HipBuffer, rows: usize, c: usize) -> Result<()> {
-        const OP: &str = "bias_add";
-        let v = act_wide(OP, x.dtype(), bias.dtype())?;
-        check_len(OP, "x", x, rows * c)?;
-        check_len(OP, "bias", bias, c)?;
-        let args = Args::default()
-            .ptr(x.ptr())
-            .ptr(bias.ptr())
-            .u64(rows as u64)
-            .u64(c as u64);
-        self.launch(&format!("{OP}_{v}"), grid1((rows * c) as u64), args)
+        self.bias_add_impl(x, bias, rows, c)
     }
 
     fn bias_backward(
@@ -687,43 +421,15 @@ impl Device for HipDevice {
         rows: usize,
         c: usize,
     ) -> Result<()> {
-        const OP: &str = "bias_backward";
-        act(OP, dout)?;
-        act(OP, dbias)?;
-        check_len(OP, "dout", dout, rows * c)?;
-        check_len(OP, "dbias", dbias, c)?;
-        if c == 0 {
-            return Ok(());
-        }
-        self.colsum(dout, rows, c, dbias)
+        self.bias_backward_impl(dout, dbias, rows, c)
     }
 
     fn gelu_forward(&self, x: &HipBuffer, out: &mut HipBuffer) -> Result<()> {
-        let n = act("gelu_forward", x)?;
-        same("gelu_forward", x, out)?;
-        check_len("gelu_forward", "out", out, x.len())?;
-        self.launch(
-            &format!("gelu_forward_{n}"),
-            grid1(x.len() as u64),
-            Args::default()
-                .ptr(x.ptr())
-                .ptr(out.ptr())
-                .u64(x.len() as u64),
-        )
+        self.gelu_forward_impl(x, out)
     }
 
     fn gelu_backward(&self, x: &HipBuffer, dout: &HipBuffer, dx: &mut HipBuffer) -> Result<()> {
-        let n = act("gelu_backward", x)?;
-        same("gelu_backward", x, dout)?;
-        same("gelu_backward", x, dx)?;
-        check_len("gelu_backward", "dout", dout, x.len())?;
-        check_len("gelu_backward", "dx", dx, x.len())?;
-        let args = Args::default()
-            .ptr(x.ptr())
-            .ptr(dout.ptr())
-            .ptr(dx.ptr())
-            .u64(x.len() as u64);
-        self.launch(&format!("gelu_backward_{n}"), grid1(x.len() as u64), args)
+        self.gelu_backward_impl(x, dout, dx)
     }
 
     fn split_heads(
@@ -737,24 +443,7 @@ impl Device for HipDevice {
         nh: usize,
         hs: usize,
     ) -> Result<()> {
-        const OP: &str = "split_heads";
-        let n = act(OP, qkv)?;
-        let len = b * t * nh * hs;
-        check_len(OP, "qkv", qkv, 3 * len)?;
-        for (what, x) in [("q", &*q), ("k", &*k), ("v", &*v)] {
-            same(OP, qkv, x)?;
-            check_len(OP, what, x, len)?;
-        }
-        let args = Args::default()
-            .ptr(qkv.ptr())
-            .ptr(q.ptr())
-            .ptr(k.ptr())
-            .ptr(v.ptr())
-            .i32(int("b", b)?)
-            .i32(int("t", t)?)
-            .i32(int("nh", nh)?)
-            .i32(int("hs", hs)?);
-        self.launch(&format!("{OP}_{n}"), grid1(len as u64), args)
+        self.split_heads_impl(qkv, q, k, v, b, t, nh, hs)
     }
 
     fn split_heads_backward(
@@ -768,24 +457,7 @@ impl Device for HipDevice {
         nh: usize,
         hs: usize,
     ) -> Result<()> {
-        const OP: &str = "split_heads_backward";
-        let n = act(OP, dqkv)?;
-        let len = b * t * nh * hs;
-        check_len(OP, "dqkv", dqkv, 3 * len)?;
-        for (what, x) in [("dq", dq), ("dk", dk), ("dv", dv)] {
-            same(OP, dqkv, x)?;
-            check_len(OP, what, x, len)?;
-        }
-        let args = Args::default()
-            .ptr(dq.ptr())
-            .ptr(dk.ptr())
-            .ptr(dv.ptr())
-            .ptr(dqkv.ptr())
-            .i32(int("b", b)?)
-            .i32(int("t", t)?)
-            .i32(int("nh", nh)?)
-            .i32(int("hs", hs)?);
-        self.launch(&format!("{OP}_{n}"), grid1(3 * len as u64), args)
+        self.split_heads_backward_impl(dq, dk, dv, dqkv, b, t, nh, hs)
     }
 
     fn merge_heads(
@@ -798,25 +470,7 @@ impl Device for HipDevice {
         hs: usize,
         backward: bool,
     ) -> Result<()> {
-        const OP: &str = "merge_heads";
-        let n = act(OP, y)?;
-        same(OP, y, out)?;
-        let len = b * t * nh * hs;
-        check_len(OP, "y", y, len)?;
-        check_len(OP, "out", out, len)?;
-        let args = Args::default()
-            .ptr(y.ptr())
-            .ptr(out.ptr())
-            .i32(int("b", b)?)
-            .i32(int("t", t)?)
-            .i32(int("nh", nh)?)
-            .i32(int("hs", hs)?);
-        let name = if backward {
-            format!("merge_heads_backward_{n}")
-        } else {
-            format!("merge_heads_{n}")
-        };
-        self.launch(&name, grid1(len as u64), args)
+        self.merge_heads_impl(y, out, b, t, nh, hs, backward)
     }
 
     fn softmax_causal_forward(
@@ -827,21 +481,7 @@ impl Device for HipDevice {
         t: usize,
         scale: f32,
     ) -> Result<()> {
-        const OP: &str = "softmax_causal_forward";
-        let n = act(OP, scores)?;
-        same(OP, scores, probs)?;
-        check_len(OP, "scores", scores, rows * t * t)?;
-        check_len(OP, "probs", probs, rows * t * t)?;
-        if rows * t == 0 {
-            return Ok(());
-        }
-        let args = Args::default()
-            .ptr(scores.ptr())
-            .ptr(probs.ptr())
-            .u64((rows * t) as u64)
-            .i32(int("t", t)?)
-            .f32(scale);
-        self.launch(&format!("{OP}_{n}"), rows_grid(rows * t)?, args)
+        self.softmax_causal_forward_impl(scores, probs, rows, t, scale)
     }
 
     fn softmax_causal_backward(
@@ -853,24 +493,7 @@ impl Device for HipDevice {
         t: usize,
         scale: f32,
     ) -> Result<()> {
-        const OP: &str = "softmax_causal_backward";
-        let n = act(OP, probs)?;
-        same(OP, probs, dprobs)?;
-        same(OP, probs, dscores)?;
-        for (what, x) in [("probs", probs), ("dprobs", dprobs), ("dscores", &*dscores)] {
-            check_len(OP, what, x, rows * t * t)?;
-        }
-        if rows * t == 0 {
-            return Ok(());
-        }
-        let args = Args::default()
-            .ptr(probs.ptr())
-            .ptr(dprobs.ptr())
-            .ptr(dscores.ptr())
-            .u64((rows * t) as u64)
-            .i32(int("t", t)?)
-            .f32(scale);
-        self.launch(&format!("{OP}_{n}"), rows_grid(rows * t)?, args)
+        self.softmax_causal_backward_impl(probs, dprobs, dscores, rows, t, scale)
     }
 
     fn cross_entropy(
@@ -883,32 +506,7 @@ impl Device for HipDevice {
         v: usize,
         grad_scale: f32,
     ) -> Result<()> {
-        const OP: &str = "cross_entropy";
-        let name = act(OP, logits)?;
-        check_dtype(OP, targets, DType::I32)?;
-        check_dtype(OP, losses, DType::F32)?;
-        check_len(OP, "logits", logits, n * v)?;
-        check_len(OP, "targets", targets, n)?;
-        check_len(OP, "losses", losses, n)?;
-        let dl = match dlogits {
-            Some(d) => {
-                same(OP, logits, d)?;
-                check_len(OP, "dlogits", d, n * v)?;
-                d.ptr()
-            }
-            None => std::ptr::null_mut(),
-        };
-        if n == 0 {
-            return Ok(());
-        }
-        let args = Args::default()
-            .ptr(logits.ptr())
-            .ptr(targets.ptr())
-            .ptr(losses.ptr())
-            .ptr(dl)
-            .i32(int("v", v)?)
-            .f32(grad_scale);
-        self.launch(&format!("{OP}_{name}"), rows_grid(n)?, args)
+        self.cross_entropy_impl(logits, targets, losses, dlogits, n, v, grad_scale)
     }
 
     fn adamw(
@@ -920,65 +518,11 @@ impl Device for HipDevice {
         step: &AdamWStep,
         param_copy: Option<&mut HipBuffer>,
     ) -> Result<()> {
-        const OP: &str = "adamw";
-        let n = param.len();
-        check_dtype(OP, param, DType::F32)?;
-        check_dtype(OP, m, DType::F32)?;
-        check_dtype(OP, v, DType::F32)?;
-        let g = act(OP, grad)?;
-        check_len(OP, "grad", grad, n)?;
-        check_len(OP, "m", m, n)?;
-        check_len(OP, "v", v, n)?;
-        let (copy, cdt) = match param_copy {
-            Some(c) => {
-                check_len(OP, "param_copy", c, n)?;
-                if !c.dtype().is_float() {
-                    return Err(unsupported("adamw param_copy", c.dtype()));
-                }
-                (c.ptr(), c.dtype())
-            }
-            None => (std::ptr::null_mut(), DType::F32),
-        };
-        let s = step;
-        let args = Args::default()
-            .ptr(param.ptr())
-            .ptr(grad.ptr())
-            .ptr(m.ptr())
-            .ptr(v.ptr())
-            .ptr(copy)
-            .u64(n as u64)
-            .f32(s.lr)
-            .f32(s.beta1)
-            .f32(s.beta2)
-            .f32(s.eps)
-            .f32(s.weight_decay)
-            .f32(s.bias_correction1)
-            .f32(s.bias_correction2)
-            .f32(s.grad_scale);
-        self.launch(&format!("adamw_{g}_{}", cdt.name()), grid1(n as u64), args)
+        self.adamw_impl(param, grad, m, v, step, param_copy)
     }
 
     fn sum_squares(&self, x: &HipBuffer, out: &mut HipBuffer, slot: usize) -> Result<()> {
-        const OP: &str = "sum_squares";
-        if !x.dtype().is_float() {
-            return Err(unsupported(OP, x.dtype()));
-        }
-        check_dtype(OP, out, DType::F32)?;
-        check_range(OP, slot, 1, out.len())?;
-        let blocks = grid1(x.len() as u64).0.min(SUMSQ_BLOCKS as u32);
-        let part = self.scratch(blocks as usize)?;
-        let args = Args::default().ptr(x.ptr()).u64(x.len() as u64).ptr(part);
-        self.launch(
-            &format!("sum_squares_partial_{}", x.dtype().name()),
-            (blocks, 1),
-            args,
-        )?;
-        let args = Args::default()
-            .ptr(part)
-            .i32(blocks as i32)
-            .ptr(out.ptr())
-            .u64(slot as u64);
-        self.launch("sum_squares_finish", (1, 1), args)
+        self.sum_squares_impl(x, out, slot)
     }
 
     fn quantize_fp8(
@@ -992,42 +536,7 @@ impl Device for HipDevice {
         amax: &mut HipBuffer,
         slot: usize,
     ) -> Result<()> {
-        const OP: &str = "quantize_fp8";
-        let s = act(OP, src)?;
-        if !dst.dtype().is_fp8() {
-            return Err(unsupported(OP, dst.dtype()));
-        }
-        let n = rows.checked_mul(cols).ok_or_else(|| {
-            DeviceError::InvalidArgument(format!("{OP}: {rows} × {cols} overflows"))
-        })?;
-        check_len(OP, "src", src, n)?;
-        check_len(OP, "dst", dst, n)?;
-        if let Some(t) = &dst_t {
-            check_dtype(OP, *t, dst.dtype())?;
-            check_len(OP, "dst_t", *t, n)?;
-        }
-        check_dtype(OP, scale, DType::F32)?;
-        check_dtype(OP, amax, DType::F32)?;
-        check_range(OP, slot, 1, scale.len())?;
-        check_range(OP, slot, 1, amax.len())?;
-        if n == 0 {
-            return Ok(());
-        }
-        // quantize_S_D(const S*, D*, D* dst_t (or null), u64 rows, u64 cols, const float*,
-        // float*): src, dst (and dst_t) hold rows × cols elements; scale/amax at slot (checked).
-        let args = Args::default()
-            .ptr(src.ptr())
-            .ptr(dst.ptr())
-            .ptr(dst_t.map_or(std::ptr::null_mut(), |t| t.ptr()))
-            .u64(rows as u64)
-            .u64(cols as u64)
-            .ptr(scale.ptr_at(slot))
-            .ptr(amax.ptr_at(slot));
-        self.launch(
-            &format!("quantize_{s}_{}", dst.dtype().name()),
-            grid1(n as u64),
-            args,
-        )
+        self.quantize_fp8_impl(src, dst, dst_t, rows, cols, scale, amax, slot)
     }
 
     fn gemm_fp8(
@@ -1040,35 +549,128 @@ impl Device for HipDevice {
         a_slot: usize,
         b_slot: usize,
     ) -> Result<()> {
-        const OP: &str = "gemm_fp8";
-        for x in [a, b] {
-            if !x.dtype().is_fp8() {
-                return Err(unsupported(OP, x.dtype()));
+        self.gemm_fp8_impl(desc, a, b, c, scale_inv, a_slot, b_slot)
+    }
+}
+
+/// The device-level trait methods (no op family).
+impl HipDevice {
+    pub(crate) fn range_push_impl(&self, name: &str) {
+        if let Some(r) = &self.roctx {
+            r.push(name);
+        }
+    }
+
+    pub(crate) fn range_pop_impl(&self) {
+        if let Some(r) = &self.roctx {
+            r.pop();
+        }
+    }
+
+    pub(crate) fn synchronize_impl(&self) -> Result<()> {
+        self.stream.synchronize()?;
+        let deferred = self.stream.deferred.take();
+        if !deferred.is_empty() {
+            return Err(DeviceError::Driver {
+                backend: "hip",
+                call: "deferred (buffer drop)".into(),
+                message: deferred.join("; "),
+            });
+        }
+        self.check_deferred()
+    }
+
+    /// Queues a check of the i32 ids in `ids` (token ids, or targets with `negative_ok`)
+    /// against `limit`: a stream-ordered copy of them now, checked on the host at the next
+    /// [`Device::synchronize`] (or download), which then reports the first bad id of each op as
+    /// [`DeviceError::InvalidArgument`] in the CPU backend's words. The same deferred report as
+    /// the CUDA backend's error word (the HIP kernels cannot flag it themselves); the kernel
+    /// still runs (NaN rows for bad token ids, a NaN loss and gradient row for a bad target).
+    pub(crate) fn queue_id_check(
+        &self,
+        op: &'static str,
+        ids: &HipBuffer,
+        limit: usize,
+        negative_ok: bool,
+    ) -> Result<()> {
+        let copy = HipBuffer::new(&self.mem, DType::I32, ids.len())?;
+        // SAFETY: both are live allocations of ids.len() i32 (checked by the caller); the copy
+        // is stream-ordered, so it sees the ids the next kernel reads.
+        unsafe {
+            self.api.memcpy_async(
+                copy.ptr(),
+                ids.ptr(),
+                ids.len() * 4,
+                sys::hipMemcpyKind::hipMemcpyDeviceToDevice,
+                self.stream.raw(),
+            )?;
+        }
+        let full = {
+            let mut pending = self
+                .id_checks
+                .lock()
+                .map_err(|_| DeviceError::InvalidArgument("id check lock poisoned".into()))?;
+            pending.push(IdCheck {
+                op,
+                ids: copy,
+                limit,
+                negative_ok,
+            });
+            pending.len() >= MAX_ID_CHECKS
+        };
+        if full {
+            self.stream.synchronize()?;
+            self.check_deferred()?;
+        }
+        Ok(())
+    }
+
+    /// Runs the queued id checks (the stream is synchronized): the first bad id of each op, in
+    /// the CPU backend's words, or `Ok`.
+    fn check_deferred(&self) -> Result<()> {
+        let pending = std::mem::take(
+            &mut *self
+                .id_checks
+                .lock()
+                .map_err(|_| DeviceError::InvalidArgument("id check lock poisoned".into()))?,
+        );
+        let mut bad = Vec::new();
+        for c in pending {
+            let mut ids = vec![0i32; c.ids.len()];
+            if !ids.is_empty() {
+                // SAFETY: `ids` has room for the copy's ids.len() i32 and lives past the
+                // synchronize below.
+                unsafe {
+                    self.api.memcpy_async(
+                        ids.as_mut_ptr().cast(),
+                        c.ids.ptr(),
+                        ids.len() * 4,
+                        sys::hipMemcpyKind::hipMemcpyDeviceToHost,
+                        self.stream.raw(),
+                    )?;
+                }
+                self.stream.synchronize()?;
+            }
+            let first = ids.iter().enumerate().find(|&(_, &x)| {
+                if c.negative_ok {
+                    x >= 0 && x as usize >= c.limit
+                } else {
+                    x < 0 || x as usize >= c.limit
+                }
+            });
+            if let Some((i, &x)) = first {
+                let (op, v) = (c.op, c.limit);
+                bad.push(if c.negative_ok {
+                    format!("{op}: target {x} of row {i} is outside the vocabulary of {v}")
+                } else {
+                    format!("{op}: token {x} at position {i} is outside the vocabulary of {v}")
+                });
             }
         }
-        check_dtype(OP, scale_inv, DType::F32)?;
-        check_range(OP, a_slot, 1, scale_inv.len())?;
-        check_range(OP, b_slot, 1, scale_inv.len())?;
-        desc.validate(a.len(), b.len(), c.len())?;
-        if desc.batch == 0 || desc.m == 0 || desc.n == 0 {
-            return Ok(());
+        if bad.is_empty() {
+            Ok(())
+        } else {
+            Err(DeviceError::InvalidArgument(bad.join("; ")))
         }
-        let lt = self.lt.as_ref().ok_or_else(|| {
-            unsupported("gemm_fp8 (needs hipBLASLt, which was not found)", a.dtype())
-        })?;
-        let lt = lt
-            .lock()
-            .map_err(|_| DeviceError::InvalidArgument("hipBLASLt lock poisoned".into()))?;
-        let scales = (scale_inv.ptr_at(a_slot), scale_inv.ptr_at(b_slot));
-        blas::gemm_fp8(
-            &lt,
-            &self.arch_base,
-            self.stream.raw(),
-            desc,
-            a,
-            b,
-            c,
-            Some(scales),
-        )
     }
 }

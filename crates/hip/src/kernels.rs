@@ -7,9 +7,10 @@
 //! write only costs a recompile next time.
 
 use crate::hip::result::HipApi;
-use crate::hip::safe::{Function, Module};
+use crate::hip::safe::{Function, Module, Stream};
 use crate::hiprtc::result::RtcApi;
 use crate::hiprtc::safe::{CompileFailure, compile};
+use crate::memory::HipBuffer;
 use duet_device::{DeviceError, Result};
 use std::collections::HashMap;
 use std::ffi::{CString, c_void};
@@ -145,21 +146,24 @@ pub fn cache_name(
     )
 }
 
-pub fn cache_dir() -> Option<PathBuf> {
-    if let Some(d) = std::env::var_os("DUET_HIP_CACHE").filter(|d| !d.is_empty()) {
-        return Some(PathBuf::from(d));
+/// The kernel cache folder: `DUET_HIP_CACHE` ([`duet_device::knobs::Knobs::hip_cache`]), else
+/// `$XDG_CACHE_HOME/duet/hip`, else `~/.cache/duet/hip`; `None` when none is known. A malformed
+/// `DUET_*` variable is an error.
+pub fn cache_dir() -> Result<Option<PathBuf>> {
+    if let Some(d) = &duet_device::knobs::device_knobs()?.hip_cache {
+        return Ok(Some(d.clone()));
     }
     if let Some(d) = std::env::var_os("XDG_CACHE_HOME").filter(|d| !d.is_empty()) {
-        return Some(PathBuf::from(d).join("duet/hip"));
+        return Ok(Some(PathBuf::from(d).join("duet/hip")));
     }
-    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/duet/hip"))
+    Ok(std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/duet/hip")))
 }
 
 /// Compiles one module with hiprtc (or reads it from the cache).
 pub fn code_object(rtc: &RtcApi, module: KernelModule, arch: &str, warp: i32) -> Result<Vec<u8>> {
     let opts = options(arch, warp);
     let version = rtc.version().map_err(DeviceError::from)?;
-    let path = cache_dir().map(|d| d.join(cache_name(module, arch, version, &opts)));
+    let path = cache_dir()?.map(|d| d.join(cache_name(module, arch, version, &opts)));
     if let Some(bytes) = path
         .as_ref()
         .and_then(|p| std::fs::read(p).ok())
@@ -255,6 +259,151 @@ impl Args {
     pub fn pointers(&mut self) -> Vec<*mut c_void> {
         self.0.iter_mut().map(|s| (s as *mut u64).cast()).collect()
     }
+}
+
+/// One kernel launch being put together: the function, the launch shape and the arguments in
+/// the order of the kernel's parameter list. Made by [`HipDevice::kernel`] (looked up by name;
+/// the module comes from the name's prefix, [`KernelModule::of`]); the grid starts at
+/// (1, 1, 1) and the block at ([`BLOCK`], 1, 1), the size every kernels-hip kernel is built for
+/// (`DUET_BLOCK`). Every argument is pushed with the method of its C type, so the value handed
+/// to the runtime is exactly the one given. The same builder as the CUDA backend's
+/// (`crates/cuda/src/kernels.rs`).
+///
+/// Building is safe; [`Launch::launch`] is `unsafe`, and each call site states in a
+/// `// SAFETY:` comment the kernel's signature and why every pointer covers what the kernel
+/// touches for the sizes and the launch shape given.
+///
+/// [`HipDevice::kernel`]: crate::HipDevice
+#[must_use = "a kernel launch does nothing until `launch` is called"]
+pub(crate) struct Launch<'a> {
+    stream: &'a Stream,
+    func: Function,
+    grid: (u32, u32, u32),
+    block: (u32, u32, u32),
+    args: Args,
+}
+
+/// Threads per block of every kernel (`DUET_BLOCK` in kernels-hip/duet_hip.h).
+pub(crate) const BLOCK: u32 = 256;
+
+impl<'a> Launch<'a> {
+    /// A launch of `func` on `stream`: grid (1, 1, 1), block ([`BLOCK`], 1, 1).
+    pub(crate) fn new(stream: &'a Stream, func: Function) -> Self {
+        Self {
+            stream,
+            func,
+            grid: (1, 1, 1),
+            block: (BLOCK, 1, 1),
+            args: Args::default(),
+        }
+    }
+
+    /// Blocks per grid (x, y, z). A zero in any dimension makes [`Launch::launch`] a no-op.
+    pub(crate) fn grid(mut self, grid: (u32, u32, u32)) -> Self {
+        self.grid = grid;
+        self
+    }
+
+    /// Threads per block (x, y, z).
+    #[allow(
+        dead_code,
+        reason = "the CUDA builder's shape; every kernels-hip kernel runs the default BLOCK"
+    )]
+    pub(crate) fn block(mut self, block: (u32, u32, u32)) -> Self {
+        self.block = block;
+        self
+    }
+
+    /// A pointer parameter: the device address of `buf`'s first element.
+    pub(crate) fn arg_buf(self, buf: &HipBuffer) -> Self {
+        self.arg_ptr(buf.ptr())
+    }
+
+    /// A pointer parameter given as a device address (null for a null pointer).
+    pub(crate) fn arg_ptr(mut self, ptr: *const c_void) -> Self {
+        self.args = self.args.ptr(ptr);
+        self
+    }
+
+    /// An `unsigned long long` (`duet_u64`) parameter.
+    pub(crate) fn arg_u64(mut self, v: u64) -> Self {
+        self.args = self.args.u64(v);
+        self
+    }
+
+    /// An `int` parameter.
+    pub(crate) fn arg_i32(mut self, v: i32) -> Self {
+        self.args = self.args.i32(v);
+        self
+    }
+
+    /// A `float` parameter.
+    pub(crate) fn arg_f32(mut self, v: f32) -> Self {
+        self.args = self.args.f32(v);
+        self
+    }
+
+    /// Queues the kernel on the stream (nothing when a grid dimension is 0).
+    ///
+    /// # Safety
+    /// The arguments must match the kernel's parameter list in number, order and type
+    /// (`arg_buf`/`arg_ptr` for pointers, `arg_u64` for `duet_u64`, `arg_i32` for `int`,
+    /// `arg_f32` for `float`), every pointer must refer to live device memory covering every
+    /// element the kernel touches for the given sizes and launch shape, and the block must be
+    /// one the kernel is written for.
+    pub(crate) unsafe fn launch(self) -> Result<()> {
+        let g = self.grid;
+        if g.0 == 0 || g.1 == 0 || g.2 == 0 {
+            return Ok(());
+        }
+        let mut args = self.args;
+        let mut ptrs = args.pointers();
+        // SAFETY: the one place duet's HIP backend launches a kernel. The caller guarantees
+        // the argument list, the memory ranges and the launch shape (see `# Safety`); `args`
+        // (which `ptrs` points into) outlives the call, and hipModuleLaunchKernel reads each
+        // parameter's size from the kernel's signature, taking it from the front of its 8-byte
+        // slot.
+        unsafe {
+            self.stream.api().launch(
+                self.func.0,
+                g,
+                self.block,
+                self.stream.raw(),
+                ptrs.as_mut_ptr(),
+            )
+        }?;
+        Ok(())
+    }
+}
+
+/// An argument a kernel cannot take (e.g. a dimension beyond 32 bits).
+pub(crate) fn too_large(op: &'static str, what: &str, v: usize) -> DeviceError {
+    DeviceError::InvalidArgument(format!(
+        "{op}: {what} = {v} is beyond what the HIP kernels index"
+    ))
+}
+
+/// Converts a dimension to the `int` a kernel takes, or [`too_large`].
+pub(crate) fn dim(op: &'static str, what: &str, v: usize) -> Result<i32> {
+    i32::try_from(v).map_err(|_| too_large(op, what, v))
+}
+
+/// A grid dimension of `blocks` blocks (at most `i32::MAX`), or [`too_large`].
+pub(crate) fn grid_dim(op: &'static str, blocks: usize) -> Result<u32> {
+    u32::try_from(blocks)
+        .ok()
+        .filter(|&b| b <= i32::MAX as u32)
+        .ok_or_else(|| too_large(op, "grid", blocks))
+}
+
+/// The product of `dims` (an element count), or [`DeviceError::Shape`] when it overflows.
+pub(crate) fn checked_product(op: &'static str, dims: &[usize]) -> Result<usize> {
+    dims.iter()
+        .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+        .ok_or_else(|| DeviceError::Shape {
+            op,
+            detail: format!("{dims:?} overflows"),
+        })
 }
 
 #[cfg(test)]

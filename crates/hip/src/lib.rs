@@ -20,8 +20,14 @@
 //!   FP8 GEMMs through hipBLASLt (FNUZ formats on gfx942, OCP on gfx950) with scale pointers.
 //! - **Determinism.** No float atomics; cross-row reductions use fixed partitions and ordered
 //!   two-pass sums.
+//! - **Bad token ids and targets.** Checked at the next `synchronize` or download, from a
+//!   stream-ordered copy of the ids (as the CUDA backend reports its device error word):
+//!   `DeviceError::InvalidArgument` in the CPU backend's words.
 //!
-//! Module layout mirrors the CUDA crate: `device`, `memory`, `blas`, `kernels`, `error`, `conv`.
+//! Module layout mirrors the CUDA crate: `device` (the device, its construction, the shared
+//! launch helpers and `impl Device` as a dispatch table), `ops/` (one file per op family the
+//! backend has, the CPU and CUDA backends' names), `memory`, `blas`, `kernels` (modules, the
+//! launch builder and the launch-argument checks), `error`, `conv` (every dtype/enum mapping).
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod blas;
@@ -35,6 +41,7 @@ pub mod hiprtc;
 pub mod kernels;
 pub mod loader;
 mod memory;
+mod ops;
 mod roctx;
 pub use roctx::ROCTX_LIB_ENV;
 pub mod rccl;

@@ -5,8 +5,9 @@
 
 use std::ffi::{CString, c_char, c_int};
 
-/// Environment variable naming the roctx library to load.
-pub const ROCTX_LIB_ENV: &str = "DUET_ROCTX_LIB";
+/// Environment variable naming the roctx library to load
+/// ([`duet_device::knobs::Knobs::roctx_lib`]).
+pub use duet_device::knobs::ROCTX_LIB as ROCTX_LIB_ENV;
 
 type PushFn = unsafe extern "C" fn(*const c_char) -> c_int;
 type PopFn = unsafe extern "C" fn() -> c_int;
@@ -19,9 +20,16 @@ pub(crate) struct Roctx {
 }
 
 impl Roctx {
-    /// The roctx library, if one loads and has both functions.
+    /// The roctx library, if one loads and has both functions. (Called once the device's
+    /// opening has checked the knobs, when loading the kernels, so their error is not looked at
+    /// again here.)
     pub(crate) fn load() -> Option<Self> {
-        let mut names: Vec<String> = std::env::var(ROCTX_LIB_ENV).into_iter().collect();
+        let mut names: Vec<String> = duet_device::knobs::knobs()
+            .ok()
+            .and_then(|k| k.roctx_lib.as_ref())
+            .map(|p| p.display().to_string())
+            .into_iter()
+            .collect();
         names.extend(
             [
                 "libroctx64.so.4",

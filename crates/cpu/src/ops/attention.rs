@@ -3,19 +3,10 @@
 //! The permutations move raw elements (bytes), so they work for every dtype and are exact.
 
 use super::math::exp_f32;
-use super::{max_f32, par_chunks_f32, read, rows_per_task, shape_err, sum_f32};
+use super::{max_f32, par_chunks_f32, read, rows_per_task, sum_f32};
 use crate::buffer::CpuBuffer;
-use duet_device::{Buffer, Result, check_dtype, check_len};
+use duet_device::{Buffer, HeadsDesc, Result, SoftmaxDesc};
 use rayon::prelude::*;
-
-/// Checks `b·t·nh·hs` for overflow and returns it.
-fn head_elems(op: &'static str, b: usize, t: usize, nh: usize, hs: usize) -> Result<usize> {
-    b.checked_mul(t)
-        .and_then(|x| x.checked_mul(nh))
-        .and_then(|x| x.checked_mul(hs))
-        .and_then(|x| x.checked_mul(3).map(|_| x))
-        .ok_or_else(|| shape_err(op, "b × t × nh × hs overflows"))
-}
 
 /// Minimum elements per task for the permutations.
 const PERMUTE_MIN_ELEMS: usize = 1 << 13;
@@ -32,12 +23,9 @@ pub(crate) fn split_heads(
     hs: usize,
 ) -> Result<()> {
     const OP: &str = "split_heads";
-    let n = head_elems(OP, b, t, nh, hs)?;
-    check_len(OP, "qkv", qkv, 3 * n)?;
-    for (name, buf) in [("q", &*q), ("k", &*k), ("v", &*v)] {
-        check_dtype(OP, buf, qkv.dtype())?;
-        check_len(OP, name, buf, n)?;
-    }
+    let desc = HeadsDesc::new(OP, b, t, nh, hs)?;
+    desc.validate_split(("qkv", qkv), [("q", &*q), ("k", &*k), ("v", &*v)])?;
+    let n = desc.n;
     if n == 0 {
         return Ok(());
     }
@@ -76,12 +64,9 @@ pub(crate) fn split_heads_backward(
     hs: usize,
 ) -> Result<()> {
     const OP: &str = "split_heads_backward";
-    let n = head_elems(OP, b, t, nh, hs)?;
-    check_len(OP, "dqkv", dqkv, 3 * n)?;
-    for (name, buf) in [("dq", dq), ("dk", dk), ("dv", dv)] {
-        check_dtype(OP, buf, dqkv.dtype())?;
-        check_len(OP, name, buf, n)?;
-    }
+    let desc = HeadsDesc::new(OP, b, t, nh, hs)?;
+    desc.validate_split(("dqkv", &*dqkv), [("dq", dq), ("dk", dk), ("dv", dv)])?;
+    let n = desc.n;
     if n == 0 {
         return Ok(());
     }
@@ -117,10 +102,9 @@ pub(crate) fn merge_heads(
     backward: bool,
 ) -> Result<()> {
     const OP: &str = "merge_heads";
-    let n = head_elems(OP, b, t, nh, hs)?;
-    check_dtype(OP, out, y.dtype())?;
-    check_len(OP, "y", y, n)?;
-    check_len(OP, "out", out, n)?;
+    let desc = HeadsDesc::new(OP, b, t, nh, hs)?;
+    desc.validate_merge(y, out)?;
+    let n = desc.n;
     if n == 0 {
         return Ok(());
     }
@@ -157,12 +141,6 @@ pub(crate) fn merge_heads(
     Ok(())
 }
 
-fn score_elems(op: &'static str, rows: usize, t: usize) -> Result<usize> {
-    rows.checked_mul(t)
-        .and_then(|x| x.checked_mul(t))
-        .ok_or_else(|| shape_err(op, "rows × t × t overflows"))
-}
-
 pub(crate) fn softmax_causal_forward(
     scores: &CpuBuffer,
     probs: &mut CpuBuffer,
@@ -171,10 +149,10 @@ pub(crate) fn softmax_causal_forward(
     scale: f32,
 ) -> Result<()> {
     const OP: &str = "softmax_causal_forward";
-    let total = score_elems(OP, rows, t)?;
+    let desc = SoftmaxDesc::new(OP, rows, t)?;
+    desc.validate(&[("scores", scores), ("probs", &*probs)])?;
+    let total = desc.total;
     let sv = scores.act(OP)?;
-    check_len(OP, "scores", scores, total)?;
-    check_len(OP, "probs", probs, total)?;
     let pv = probs.act_mut(OP)?;
     if total == 0 {
         return Ok(());
@@ -212,12 +190,11 @@ pub(crate) fn softmax_causal_backward(
     scale: f32,
 ) -> Result<()> {
     const OP: &str = "softmax_causal_backward";
-    let total = score_elems(OP, rows, t)?;
+    let desc = SoftmaxDesc::new(OP, rows, t)?;
+    desc.validate(&[("probs", probs), ("dprobs", dprobs), ("dscores", &*dscores)])?;
+    let total = desc.total;
     let pv = probs.act(OP)?;
     let dv = dprobs.act(OP)?;
-    check_len(OP, "probs", probs, total)?;
-    check_len(OP, "dprobs", dprobs, total)?;
-    check_len(OP, "dscores", dscores, total)?;
     let dsv = dscores.act_mut(OP)?;
     if total == 0 {
         return Ok(());

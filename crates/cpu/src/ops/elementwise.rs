@@ -1,9 +1,9 @@
 //! Element-wise ops: casts, scaling, residual adds, GELU and bias.
 
 use super::math::sigmoid_f32;
-use super::{ELEM_CHUNK, REDUCE_BLOCK_ROWS, par_chunks_f32, read, rows_per_task, shape_err};
+use super::{ELEM_CHUNK, REDUCE_BLOCK_ROWS, par_chunks_f32, read, rows_per_task};
 use crate::buffer::CpuBuffer;
-use duet_device::{Buffer, Result, check_dtype, check_float, check_len};
+use duet_device::{Buffer, Result, RowsDesc, check_len};
 use rayon::prelude::*;
 
 pub(crate) fn cast(src: &CpuBuffer, dst: &mut CpuBuffer, scale: f32) -> Result<()> {
@@ -35,11 +35,7 @@ pub(crate) fn scale(x: &mut CpuBuffer, alpha: f32) -> Result<()> {
 
 pub(crate) fn add(a: &CpuBuffer, b: &CpuBuffer, out: &mut CpuBuffer) -> Result<()> {
     const OP: &str = "add";
-    check_float(OP, a)?;
-    check_dtype(OP, b, a.dtype())?;
-    check_dtype(OP, out, a.dtype())?;
-    check_len(OP, "b", b, a.len())?;
-    check_len(OP, "out", out, a.len())?;
+    duet_device::args::validate_add(a, b, out)?;
     let (av, bv) = (a.act(OP)?, b.act(OP)?);
     par_chunks_f32(out.act_mut(OP)?, false, ELEM_CHUNK, |start, o| {
         let (mut s1, mut s2) = (Vec::new(), Vec::new());
@@ -54,8 +50,8 @@ pub(crate) fn add(a: &CpuBuffer, b: &CpuBuffer, out: &mut CpuBuffer) -> Result<(
 
 pub(crate) fn add_assign(dst: &mut CpuBuffer, src: &CpuBuffer) -> Result<()> {
     const OP: &str = "add_assign";
+    duet_device::args::validate_add_assign(dst, src)?;
     let sv = src.act(OP)?;
-    check_len(OP, "src", src, dst.len())?;
     par_chunks_f32(dst.act_mut(OP)?, true, ELEM_CHUNK, |start, d| {
         let mut s1 = Vec::new();
         let x = read(sv, start, d.len(), &mut s1);
@@ -102,8 +98,8 @@ fn gelu_backward_kernel(x: &[f32], dout: &[f32], dx: &mut [f32]) {
 
 pub(crate) fn gelu_forward(x: &CpuBuffer, out: &mut CpuBuffer) -> Result<()> {
     const OP: &str = "gelu_forward";
+    duet_device::args::validate_gelu_forward(x, out)?;
     let xv = x.act(OP)?;
-    check_len(OP, "out", out, x.len())?;
     par_chunks_f32(out.act_mut(OP)?, false, ELEM_CHUNK, |start, o| {
         let mut s1 = Vec::new();
         let xs = read(xv, start, o.len(), &mut s1);
@@ -114,10 +110,9 @@ pub(crate) fn gelu_forward(x: &CpuBuffer, out: &mut CpuBuffer) -> Result<()> {
 
 pub(crate) fn gelu_backward(x: &CpuBuffer, dout: &CpuBuffer, dx: &mut CpuBuffer) -> Result<()> {
     const OP: &str = "gelu_backward";
+    duet_device::args::validate_gelu_backward(x, dout, dx)?;
     let xv = x.act(OP)?;
     let dv = dout.act(OP)?;
-    check_len(OP, "dout", dout, x.len())?;
-    check_len(OP, "dx", dx, x.len())?;
     par_chunks_f32(dx.act_mut(OP)?, false, ELEM_CHUNK, |start, o| {
         let (mut s1, mut s2) = (Vec::new(), Vec::new());
         let xs = read(xv, start, o.len(), &mut s1);
@@ -127,16 +122,11 @@ pub(crate) fn gelu_backward(x: &CpuBuffer, dout: &CpuBuffer, dx: &mut CpuBuffer)
     Ok(())
 }
 
-fn check_rows_c(op: &'static str, rows: usize, c: usize) -> Result<usize> {
-    rows.checked_mul(c)
-        .ok_or_else(|| shape_err(op, format!("{rows} × {c} overflows")))
-}
-
 pub(crate) fn bias_add(x: &mut CpuBuffer, bias: &CpuBuffer, rows: usize, c: usize) -> Result<()> {
     const OP: &str = "bias_add";
-    let total = check_rows_c(OP, rows, c)?;
-    check_len(OP, "x", x, total)?;
-    check_len(OP, "bias", bias, c)?;
+    let desc = RowsDesc::new(OP, rows, c)?;
+    desc.validate_bias_add(x, bias)?;
+    let total = desc.total;
     let bv = bias.act(OP)?.to_f32();
     let xv = x.act_mut(OP)?;
     if total == 0 {
@@ -197,9 +187,7 @@ pub(crate) fn bias_backward(
     c: usize,
 ) -> Result<()> {
     const OP: &str = "bias_backward";
-    let total = check_rows_c(OP, rows, c)?;
-    check_len(OP, "dout", dout, total)?;
-    check_len(OP, "dbias", dbias, c)?;
+    RowsDesc::new(OP, rows, c)?.validate_bias_backward(dout, dbias)?;
     let dv = dout.act(OP)?;
     let mut db = dbias.act_mut(OP)?;
     let partials = block_partials(rows, c, |r, acc| {

@@ -1,46 +1,29 @@
 //! Token + position embedding and its deterministic backward.
 
-use super::{par_chunks_f32, read, rows_per_task, shape_err};
+use super::{par_chunks_f32, read, rows_per_task};
 use crate::buffer::CpuBuffer;
-use duet_device::{Buffer, DeviceError, Result, check_len, check_min_len};
+use duet_device::{DeviceError, Result, TokensDesc};
 use rayon::prelude::*;
 
 struct Dims {
     vocab: usize,
 }
 
-/// Shared validation: sizes, the vocabulary implied by the table, and every token id.
+/// Shared validation: the contract's sizes ([`TokensDesc`]), the vocabulary implied by the
+/// table, and every token id (on the host, before anything is written).
+#[allow(clippy::too_many_arguments)]
 fn validate(
     op: &'static str,
     tokens: &CpuBuffer,
     table: &CpuBuffer,
     pos_table: &CpuBuffer,
+    act: &CpuBuffer,
     b: usize,
     t: usize,
     c: usize,
 ) -> Result<Dims> {
-    let bt = b
-        .checked_mul(t)
-        .ok_or_else(|| shape_err(op, "b × t overflows"))?;
-    bt.checked_mul(c)
-        .and(t.checked_mul(c))
-        .ok_or_else(|| shape_err(op, "b × t × c overflows"))?;
+    let vocab = TokensDesc::new(op, b, t, c)?.validate(tokens, table, pos_table, act)?;
     let toks = tokens.i32s(op)?;
-    check_len(op, "tokens", tokens, bt)?;
-    if c == 0 {
-        return Err(shape_err(op, "c must be positive"));
-    }
-    if !table.len().is_multiple_of(c) || table.is_empty() {
-        return Err(shape_err(
-            op,
-            format!(
-                "token table has {} elements, not a positive multiple of c = {c}",
-                table.len()
-            ),
-        ));
-    }
-    check_min_len(op, "position table", pos_table, t * c)?;
-    let vocab = table.len() / c;
     if let Some((i, &tok)) = toks
         .iter()
         .enumerate()
@@ -64,9 +47,8 @@ pub(crate) fn forward(
     c: usize,
 ) -> Result<()> {
     const OP: &str = "embedding_forward";
+    validate(OP, tokens, wte, wpe, out, b, t, c)?;
     let (wte_v, wpe_v) = (wte.act(OP)?, wpe.act(OP)?);
-    validate(OP, tokens, wte, wpe, b, t, c)?;
-    check_len(OP, "out", out, b * t * c)?;
     let toks = tokens.i32s(OP)?;
     par_chunks_f32(out.act_mut(OP)?, false, rows_per_task(c) * c, |start, o| {
         let (mut s1, mut s2) = (Vec::new(), Vec::new());
@@ -98,11 +80,8 @@ pub(crate) fn backward(
     c: usize,
 ) -> Result<()> {
     const OP: &str = "embedding_backward";
+    let Dims { vocab } = validate(OP, tokens, dwte, dwpe, dout, b, t, c)?;
     let dv = dout.act(OP)?;
-    dwte.act(OP)?;
-    dwpe.act(OP)?;
-    let Dims { vocab } = validate(OP, tokens, dwte, dwpe, b, t, c)?;
-    check_len(OP, "dout", dout, b * t * c)?;
     let toks = tokens.i32s(OP)?;
 
     // Position gradients: dwpe[p] += Σ_b dout[b, p] in batch order.

@@ -1,8 +1,8 @@
 //! FP8 quantisation with a device-resident scale and amax recording (delayed scaling).
 
-use super::{ELEM_CHUNK, max_f32, read, shape_err};
+use super::{ELEM_CHUNK, max_f32, read};
 use crate::buffer::{CpuBuffer, Storage, unsupported};
-use duet_device::{Buffer, DType, Fp8Format, Result, check_dtype, check_len};
+use duet_device::{Buffer, Fp8Format, Result, RowsDesc};
 use rayon::prelude::*;
 
 /// Rows per task of the transposed store.
@@ -76,21 +76,10 @@ pub(crate) fn quantize(
     slot: usize,
 ) -> Result<()> {
     const OP: &str = "quantize_fp8";
+    let desc = RowsDesc::new(OP, rows, cols)?;
+    desc.validate_quantize_fp8(Some(src), dst, dst_t.as_deref(), scale, amax, slot)?;
     let sv = src.act(OP)?;
-    let n = rows
-        .checked_mul(cols)
-        .ok_or_else(|| shape_err(OP, format!("{rows} × {cols} overflows")))?;
-    check_len(OP, "src", src, n)?;
-    check_len(OP, "dst", dst, n)?;
     let fmt = Fp8Format::of(dst.dtype()).ok_or_else(|| unsupported(OP, dst.dtype()))?;
-    if let Some(t) = &dst_t {
-        check_dtype(OP, *t, dst.dtype())?;
-        check_len(OP, "dst_t", *t, n)?;
-    }
-    check_dtype(OP, scale, DType::F32)?;
-    check_dtype(OP, amax, DType::F32)?;
-    duet_device::check_range(OP, slot, 1, scale.len())?;
-    duet_device::check_range(OP, slot, 1, amax.len())?;
     let s = scale.f32s(OP)?[slot];
     let codes = match &mut dst.storage {
         Storage::Bytes(v) => v,

@@ -1,18 +1,10 @@
 //! LayerNorm over the last dimension, forward and backward.
 
 use super::elementwise::combine_partials;
-use super::{REDUCE_BLOCK_ROWS, dot_f32, read, rows_per_task, shape_err, sum_f32};
+use super::{REDUCE_BLOCK_ROWS, dot_f32, read, rows_per_task, sum_f32};
 use crate::buffer::CpuBuffer;
-use duet_device::{DType, Result, check_dtype, check_len};
+use duet_device::{Result, RowsDesc};
 use rayon::prelude::*;
-
-fn dims(op: &'static str, n: usize, c: usize) -> Result<usize> {
-    if c == 0 && n > 0 {
-        return Err(shape_err(op, "c must be positive"));
-    }
-    n.checked_mul(c)
-        .ok_or_else(|| shape_err(op, format!("{n} × {c} overflows")))
-}
 
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn forward(
@@ -27,16 +19,8 @@ pub(crate) fn forward(
     eps: f32,
 ) -> Result<()> {
     const OP: &str = "layernorm_forward";
-    let total = dims(OP, n, c)?;
+    RowsDesc::new(OP, n, c)?.validate_layernorm_forward(x, gamma, beta, Some(out), mean, rstd)?;
     let xv = x.act(OP)?;
-    check_len(OP, "x", x, total)?;
-    check_len(OP, "gamma", gamma, c)?;
-    check_len(OP, "beta", beta, c)?;
-    check_len(OP, "out", out, total)?;
-    check_dtype(OP, mean, DType::F32)?;
-    check_dtype(OP, rstd, DType::F32)?;
-    check_len(OP, "mean", mean, n)?;
-    check_len(OP, "rstd", rstd, n)?;
     let g = gamma.act(OP)?.to_f32();
     let bt = beta.act(OP)?.to_f32();
     let outv = out.act_mut(OP)?;
@@ -93,19 +77,12 @@ pub(crate) fn backward(
     c: usize,
 ) -> Result<()> {
     const OP: &str = "layernorm_backward";
-    let total = dims(OP, n, c)?;
+    RowsDesc::new(OP, n, c)?
+        .validate_layernorm_backward(dout, x, gamma, mean, rstd, dx, dgamma, dbeta, None)?;
     let dv = dout.act(OP)?;
     let xv = x.act(OP)?;
-    check_len(OP, "dout", dout, total)?;
-    check_len(OP, "x", x, total)?;
-    check_len(OP, "gamma", gamma, c)?;
-    check_len(OP, "dx", dx, total)?;
-    check_len(OP, "dgamma", dgamma, c)?;
-    check_len(OP, "dbeta", dbeta, c)?;
     let mean_s = mean.f32s(OP)?;
     let rstd_s = rstd.f32s(OP)?;
-    check_len(OP, "mean", mean, n)?;
-    check_len(OP, "rstd", rstd, n)?;
     let g = gamma.act(OP)?.to_f32();
     let dxv = dx.act_mut(OP)?;
     let mut dgv = dgamma.act_mut(OP)?;

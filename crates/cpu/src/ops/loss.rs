@@ -1,9 +1,9 @@
 //! Fused softmax + cross-entropy.
 
 use super::math::exp_f32;
-use super::{max_f32, read, rows_per_task, shape_err, sum_f32};
+use super::{max_f32, read, rows_per_task, sum_f32};
 use crate::buffer::{CpuBuffer, FMut, FRef};
-use duet_device::{DType, DeviceError, Result, check_dtype, check_len};
+use duet_device::{DeviceError, Result, RowsDesc};
 use rayon::prelude::*;
 
 /// Loss of one row (0 for an ignored target). When `grad` is given, writes
@@ -55,21 +55,10 @@ pub(crate) fn cross_entropy(
     grad_scale: f32,
 ) -> Result<()> {
     const OP: &str = "cross_entropy";
-    let total = n
-        .checked_mul(v)
-        .ok_or_else(|| shape_err(OP, "n × v overflows"))?;
-    if v == 0 && n > 0 {
-        return Err(shape_err(OP, "v must be positive"));
-    }
+    let desc = RowsDesc::new(OP, n, v)?;
+    desc.validate_cross_entropy(logits, targets, losses, dlogits.as_deref())?;
     let lv = logits.act(OP)?;
-    check_len(OP, "logits", logits, total)?;
     let tg = targets.i32s(OP)?;
-    check_len(OP, "targets", targets, n)?;
-    check_dtype(OP, losses, DType::F32)?;
-    check_len(OP, "losses", losses, n)?;
-    if let Some(d) = &dlogits {
-        check_len(OP, "dlogits", *d, total)?;
-    }
     let dl = match dlogits {
         Some(d) => Some(d.act_mut(OP)?),
         None => None,

@@ -2,7 +2,7 @@
 
 use super::{ELEM_CHUNK, read};
 use crate::buffer::CpuBuffer;
-use duet_device::{AdamWStep, Buffer, DType, Result, check_dtype, check_len, check_range};
+use duet_device::{AdamWStep, Result};
 use rayon::prelude::*;
 
 pub(crate) fn adamw(
@@ -14,17 +14,8 @@ pub(crate) fn adamw(
     param_copy: Option<&mut CpuBuffer>,
 ) -> Result<()> {
     const OP: &str = "adamw";
-    let n = param.len();
-    check_dtype(OP, param, DType::F32)?;
-    check_dtype(OP, m, DType::F32)?;
-    check_dtype(OP, v, DType::F32)?;
+    duet_device::args::validate_adamw(param, grad, m, v, param_copy.as_deref())?;
     let gv = grad.act(OP)?;
-    check_len(OP, "grad", grad, n)?;
-    check_len(OP, "m", m, n)?;
-    check_len(OP, "v", v, n)?;
-    if let Some(pc) = &param_copy {
-        check_len(OP, "param_copy", *pc, n)?;
-    }
     let pc = match param_copy {
         Some(pc) => Some(pc.any_float_mut(OP)?),
         None => None,
@@ -71,10 +62,8 @@ const SUMSQ_CHUNK: usize = 1 << 12;
 /// chunk sums combined in order (f64), then added to `out[slot]` with one f32 rounding.
 pub(crate) fn sum_squares(x: &CpuBuffer, out: &mut CpuBuffer, slot: usize) -> Result<()> {
     const OP: &str = "sum_squares";
+    let len = duet_device::args::validate_sum_squares(x, out, slot)?;
     let xv = x.any_float(OP)?;
-    check_dtype(OP, out, DType::F32)?;
-    check_range(OP, slot, 1, out.len())?;
-    let len = x.len();
     let partials: Vec<f64> = (0..len.div_ceil(SUMSQ_CHUNK))
         .into_par_iter()
         .with_min_len(4)

@@ -1,7 +1,9 @@
 //! Shared helpers for the CPU backend tests: a seeded RNG, buffer shortcuts and comparisons.
 #![allow(dead_code)]
 
-pub mod reference;
+/// The f64 reference the conformance suite checks the CPU backend against.
+#[allow(unused_imports)]
+pub use duet_conformance::reference;
 
 use duet_cpu::{CpuBuffer, CpuDevice};
 use duet_device::{DType, Device, DeviceExt};
@@ -117,41 +119,5 @@ pub fn assert_close_norm(what: &str, got: &[f32], want: &[f64], rtol: f64) {
     }
 }
 
-/// Naive f64 GEMM on row-major storage with the trait's conventions, for one batch entry.
-#[allow(clippy::too_many_arguments)]
-pub fn naive_gemm(
-    trans_a: bool,
-    trans_b: bool,
-    m: usize,
-    n: usize,
-    k: usize,
-    a: &[f64],
-    lda: usize,
-    b: &[f64],
-    ldb: usize,
-    alpha: f64,
-    beta: f64,
-    c: &mut [f64],
-    ldc: usize,
-) {
-    for i in 0..m {
-        for j in 0..n {
-            let mut acc = 0.0;
-            for p in 0..k {
-                let av = if trans_a {
-                    a[p * lda + i]
-                } else {
-                    a[i * lda + p]
-                };
-                let bv = if trans_b {
-                    b[j * ldb + p]
-                } else {
-                    b[p * ldb + j]
-                };
-                acc += av * bv;
-            }
-            let old = c[i * ldc + j];
-            c[i * ldc + j] = alpha * acc + if beta == 0.0 { 0.0 } else { beta * old };
-        }
-    }
-}
+#[allow(unused_imports)]
+pub use duet_conformance::reference::naive_gemm;

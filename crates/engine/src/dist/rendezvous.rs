@@ -12,6 +12,8 @@
 //! port for duet's handshake.
 
 use crate::{EngineError, Result};
+use duet_device::DeviceError;
+use duet_device::knobs::Knobs;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
@@ -19,9 +21,11 @@ use std::time::{Duration, Instant};
 const MAGIC: &[u8; 8] = b"DUETRDZ1";
 /// Largest payload accepted (unique ids are 128 bytes).
 const MAX_PAYLOAD: u32 = 1 << 20;
-/// The port of duet's handshake when it must differ from `MASTER_PORT` (torchrun).
-pub const PORT_ENV: &str = "DUET_RENDEZVOUS_PORT";
-/// How long ranks wait for each other by default (`DUET_RENDEZVOUS_TIMEOUT` seconds overrides).
+/// The port of duet's handshake when it must differ from `MASTER_PORT` (torchrun;
+/// [`Knobs::rendezvous_port`]).
+pub use duet_device::knobs::RENDEZVOUS_PORT as PORT_ENV;
+/// How long ranks wait for each other by default (`DUET_RENDEZVOUS_TIMEOUT` seconds overrides:
+/// [`Knobs::rendezvous_timeout`]).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// One process's place in a multi-process run.
@@ -40,9 +44,25 @@ fn rdzv_err(message: impl Into<String>) -> EngineError {
 }
 
 impl LaunchEnv {
-    /// Reads the torchrun variables through `get`; `Ok(None)` when `RANK` and `WORLD_SIZE` are
+    /// Reads the torchrun variables through `get` (and [`PORT_ENV`], parsed by
+    /// [`Knobs::from_vars`] from the same `get`); `Ok(None)` when `RANK` and `WORLD_SIZE` are
     /// both unset (a single-process run).
     pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<Option<Self>> {
+        let knobs = Knobs::from_vars(&get).map_err(DeviceError::from)?;
+        Self::from_knobs(get, &knobs)
+    }
+
+    /// [`LaunchEnv::from_vars`] on the process environment (and the process's
+    /// [`duet_device::knobs::knobs`]).
+    pub fn from_env() -> Result<Option<Self>> {
+        Self::from_knobs(
+            |k| std::env::var(k).ok().filter(|v| !v.is_empty()),
+            duet_device::knobs::device_knobs()?,
+        )
+    }
+
+    /// The torchrun variables from `get`, duet's own from `knobs`.
+    fn from_knobs(get: impl Fn(&str) -> Option<String>, knobs: &Knobs) -> Result<Option<Self>> {
         let (rank, world) = (get("RANK"), get("WORLD_SIZE"));
         if rank.is_none() && world.is_none() {
             return Ok(None);
@@ -65,18 +85,14 @@ impl LaunchEnv {
             None => rank,
         };
         let master_addr = get("MASTER_ADDR").unwrap_or_else(|| "127.0.0.1".into());
-        let port_var = if get(PORT_ENV).is_some() {
-            PORT_ENV
-        } else {
-            "MASTER_PORT"
-        };
-        let master_port = match get(port_var) {
-            Some(v) => v
+        let master_port = match (knobs.rendezvous_port, get("MASTER_PORT")) {
+            (Some(p), _) => p,
+            (None, Some(v)) => v
                 .trim()
                 .parse()
-                .map_err(|_| rdzv_err(format!("{port_var}={v:?} is not a port")))?,
-            None if world_size == 1 => 0,
-            None => return Err(rdzv_err("MASTER_PORT is not set")),
+                .map_err(|_| rdzv_err(format!("MASTER_PORT={v:?} is not a port")))?,
+            (None, None) if world_size == 1 => 0,
+            (None, None) => return Err(rdzv_err("MASTER_PORT is not set")),
         };
         Ok(Some(Self {
             rank,
@@ -87,11 +103,6 @@ impl LaunchEnv {
         }))
     }
 
-    /// [`LaunchEnv::from_vars`] on the process environment.
-    pub fn from_env() -> Result<Option<Self>> {
-        Self::from_vars(|k| std::env::var(k).ok().filter(|v| !v.is_empty()))
-    }
-
     /// Rank 0 serves `make_payload()`'s bytes to every other rank; every rank returns them.
     /// `tag` must be equal on every rank.
     pub fn share(
@@ -99,7 +110,9 @@ impl LaunchEnv {
         tag: u64,
         make_payload: impl FnOnce() -> Result<Vec<u8>>,
     ) -> Result<Vec<u8>> {
-        let timeout = timeout_from_env();
+        let timeout = duet_device::knobs::device_knobs()?
+            .rendezvous_timeout
+            .map_or(DEFAULT_TIMEOUT, Duration::from_secs);
         if self.world_size == 1 {
             return make_payload();
         }
@@ -119,14 +132,6 @@ impl LaunchEnv {
             )
         }
     }
-}
-
-fn timeout_from_env() -> Duration {
-    std::env::var("DUET_RENDEZVOUS_TIMEOUT")
-        .ok()
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .map(Duration::from_secs)
-        .unwrap_or(DEFAULT_TIMEOUT)
 }
 
 /// Binds rank 0's listener on `addr:port` (all interfaces when `addr` is not local).

@@ -23,7 +23,7 @@
 //! 64 × 64 tile kernel over a table of jobs, one tile per block, one launch per (source, FP8)
 //! dtype pair among the jobs (one for a model's bf16 weights). The table (64-byte records:
 //! pointers, shape, the slot's scale/amax addresses, first block) goes through the multi-tensor
-//! table cache of device/multi.rs: uploaded on the first call with these buffers and reused
+//! table cache of ops/optim.rs: uploaded on the first call with these buffers and reused
 //! afterwards, so a call recorded into a CUDA graph with the same jobs as an earlier eager call
 //! uploads nothing. Jobs the tiles cannot take (cols not a multiple of 8, or rows not a multiple
 //! of 8 with `dst_t`, or unaligned buffers) run [`Device::quantize_fp8`] one by one.
@@ -42,11 +42,16 @@
 //! (wider than the fast LayerNorm takes), FNUZ formats, and tiles beyond the GPU's shared memory
 //! run the separate ops, like the trait's default.
 
-use super::*;
+use super::gemm::{REFUSED_FP8_BIAS, REFUSED_FP8_GELU};
+use super::layernorm;
+use super::prelude::*;
+use crate::blaslt::{self, LtEpilogue};
+use cudarc::driver::sys::{self as cu, CUdevice_attribute};
 use duet_device::{
     ADAMW_SCALARS, AdamWClipStep, AdamWFp8Out, AdamWTensor, Fp8QuantJob, check_adamw_fp8_outs,
     check_fp8_quant_jobs,
 };
+use duet_device::{Epilogue, GemmDesc};
 
 /// Tile edge of the vectorised kernels (`QT` in fp8.cu).
 const QT: usize = 64;
@@ -93,20 +98,7 @@ fn use_ln_split(c: usize) -> bool {
 
 /// Column-tile counters of the gradient kernels (u32 each): one per grid y index, of which
 /// [`CudaDevice::tile_grid`] allows at most 65535.
-pub(super) const FP8_COUNTERS: usize = 65536;
-
-/// The runtime dtype code of `load_dt` / `store_dt` (common.cuh): 0 f32, 1 bf16, 2 f16.
-fn float_code(op: &'static str, d: DType) -> Result<i32> {
-    match d {
-        DType::F32 => Ok(0),
-        DType::BF16 => Ok(1),
-        DType::F16 => Ok(2),
-        dtype => Err(DeviceError::Unsupported {
-            op: op.into(),
-            dtype,
-        }),
-    }
-}
+pub(crate) const FP8_COUNTERS: usize = 65536;
 
 /// Whether every address is 16-byte aligned (always true for allocations; checked anyway, since
 /// the vector kernels would fault otherwise).
@@ -129,7 +121,7 @@ impl CudaDevice {
         amax: &CudaBuffer,
         slot: usize,
     ) -> Result<(&'static str, &'static str, usize)> {
-        let ss = float_sfx(op, src.dtype())?;
+        let ss = float_suffix(op, src.dtype())?;
         if !dst.dtype().is_fp8() {
             return Err(DeviceError::Unsupported {
                 op: op.into(),
@@ -137,7 +129,7 @@ impl CudaDevice {
             });
         }
         let ds = conv::kernel_suffix(dst.dtype()).expect("fp8 dtype");
-        let n = mul(op, &[rows, cols])?;
+        let n = checked_product(op, &[rows, cols])?;
         check_len(op, "src", src, n)?;
         check_len(op, "dst", dst, n)?;
         if let Some(t) = dst_t {
@@ -159,14 +151,14 @@ impl CudaDevice {
             u32::try_from(y)
                 .ok()
                 .filter(|&g| g <= 65535)
-                .ok_or_else(|| error::too_large(op, "cols / 64", y))?,
+                .ok_or_else(|| too_large(op, "cols / 64", y))?,
             1,
         ))
     }
 
     /// FP8 quantisation (see [`Device::quantize_fp8`]).
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn quantize_fp8_impl(
+    pub(crate) fn quantize_fp8_impl(
         &self,
         src: &CudaBuffer,
         dst: &mut CudaBuffer,
@@ -194,7 +186,7 @@ impl CudaDevice {
     /// FP8 quantisation of `gelu(pre)` (see [`Device::quantize_fp8_gelu`]): the kernels of
     /// [`Self::quantize_fp8_impl`] with GELU applied on load.
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn quantize_fp8_gelu_impl(
+    pub(crate) fn quantize_fp8_gelu_impl(
         &self,
         pre: &CudaBuffer,
         dst: &mut CudaBuffer,
@@ -256,28 +248,25 @@ impl CudaDevice {
             // elements at a time and finishes the n % 8 tail one by one); scale and amax point
             // at slot < len (checked).
             return unsafe {
-                self.launch_1d(
-                    KernelModule::Fp8,
-                    &format!("{prefix}_{ss}_{ds}"),
-                    n.div_ceil(VEC),
-                    &[
-                        src.ptr().into(),
-                        dst.ptr().into(),
-                        (n as u64).into(),
-                        scale.ptr_at(slot).into(),
-                        amax.ptr_at(slot).into(),
-                    ],
-                )
+                self.kernel(KernelModule::Fp8, &format!("{prefix}_{ss}_{ds}"))?
+                    .grid(self.grid_1d(n.div_ceil(VEC)))
+                    .block((EW_BLOCK, 1, 1))
+                    .arg_buf(src)
+                    .arg_buf(dst)
+                    .arg_u64(n as u64)
+                    .arg_ptr(scale.ptr_at(slot))
+                    .arg_ptr(amax.ptr_at(slot))
+                    .launch()
             };
         };
         let args = [
-            src.ptr().into(),
-            dst.ptr().into(),
-            t.ptr().into(),
-            (rows as u64).into(),
-            (cols as u64).into(),
-            scale.ptr_at(slot).into(),
-            amax.ptr_at(slot).into(),
+            Arg::U64(src.ptr()),
+            Arg::U64(dst.ptr()),
+            Arg::U64(t.ptr()),
+            Arg::U64(rows as u64),
+            Arg::U64(cols as u64),
+            Arg::U64(scale.ptr_at(slot)),
+            Arg::U64(amax.ptr_at(slot)),
         ];
         if rows.is_multiple_of(VEC)
             && cols.is_multiple_of(VEC)
@@ -290,7 +279,13 @@ impl CudaDevice {
             // multiples of 8 and the buffers 16-byte aligned, as the 64 × 64 tiles need
             // (every 8-element vector is bounds-checked as a whole); block QT_THREADS as the
             // kernel's __launch_bounds__; scale/amax at slot (checked).
-            unsafe { kernels::launch(&self.stream, &f, cfg(grid, (QT_THREADS, 1, 1)), &args) }
+            unsafe {
+                self.launcher(&f)
+                    .grid(grid)
+                    .block((QT_THREADS, 1, 1))
+                    .args(&args)
+                    .launch()
+            }
         } else {
             let f = self.func(KernelModule::Fp8, &format!("{prefix}_t_scalar_{ss}_{ds}"))?;
             let grid = (
@@ -298,17 +293,23 @@ impl CudaDevice {
                 u32::try_from(rows.div_ceil(32))
                     .ok()
                     .filter(|&g| g <= 65535)
-                    .ok_or_else(|| error::too_large(op, "rows / 32", rows.div_ceil(32)))?,
+                    .ok_or_else(|| too_large(op, "rows / 32", rows.div_ceil(32)))?,
                 1,
             );
             // SAFETY: {prefix}_t_scalar_S_D has the same parameters as {prefix}_t_S_D; its
             // 32 × 32 tiles (block (32, 8)) guard every index against rows and cols.
-            unsafe { kernels::launch(&self.stream, &f, cfg(grid, (32, 8, 1)), &args) }
+            unsafe {
+                self.launcher(&f)
+                    .grid(grid)
+                    .block((32, 8, 1))
+                    .args(&args)
+                    .launch()
+            }
         }
     }
 
     /// Many FP8 quantisations (see [`Device::quantize_fp8_many`] and the module docs).
-    pub(super) fn quantize_fp8_many_impl(
+    pub(crate) fn quantize_fp8_many_impl(
         &self,
         jobs: &mut [Fp8QuantJob<'_, CudaBuffer>],
         scale: &CudaBuffer,
@@ -394,12 +395,12 @@ impl CudaDevice {
                 // col_tiles blocks each, `blocks` in all (< 2^31), so every block finds its job
                 // and tile inside the matrix; block QT_THREADS as the kernel's __launch_bounds__.
                 unsafe {
-                    kernels::launch(
-                        &self.stream,
-                        &f,
-                        cfg((blocks, 1, 1), (QT_THREADS, 1, 1)),
-                        &[(base + offset).into(), njobs.into()],
-                    )?;
+                    self.launcher(&f)
+                        .grid((blocks, 1, 1))
+                        .block((QT_THREADS, 1, 1))
+                        .arg_ptr(base + offset)
+                        .arg_i32(njobs)
+                        .launch()?;
                 }
             }
         }
@@ -421,7 +422,7 @@ impl CudaDevice {
 
     /// Fused gradient quantisation (see [`Device::quantize_fp8_grad`]).
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn quantize_fp8_grad_impl(
+    pub(crate) fn quantize_fp8_grad_impl(
         &self,
         dout: &CudaBuffer,
         gelu_pre: Option<&CudaBuffer>,
@@ -485,7 +486,7 @@ impl CudaDevice {
         let grid = Self::tile_grid(OP, rows, cols)?;
         debug_assert!(grid.1 as usize <= FP8_COUNTERS);
         let tiles = rows.div_ceil(QT);
-        let part_bytes = mul(OP, &[tiles, cols, 4])?;
+        let part_bytes = checked_product(OP, &[tiles, cols, 4])?;
         // The scratch is sized on the first (unrecorded) call of a shape; later calls, recorded
         // ones included, reuse it.
         let mut scratch = lock(&self.scratch, OP)?;
@@ -502,32 +503,29 @@ impl CudaDevice {
         // `dbias_code` names; block QT_THREADS as the kernel's __launch_bounds__; scale/amax at
         // slot (checked).
         unsafe {
-            kernels::launch(
-                &self.stream,
-                &f,
-                cfg(grid, (QT_THREADS, 1, 1)),
-                &[
-                    dout.ptr().into(),
-                    gelu_pre.map_or(0, CudaBuffer::ptr).into(),
-                    dst.ptr().into(),
-                    dst_t.map_or(0, |t| t.ptr()).into(),
-                    partial.into(),
-                    self.fp8_counters.ptr().into(),
-                    dbias.ptr().into(),
-                    dbias_code.into(),
-                    (rows as u64).into(),
-                    (cols as u64).into(),
-                    scale.ptr_at(slot).into(),
-                    amax.ptr_at(slot).into(),
-                ],
-            )
+            self.launcher(&f)
+                .grid(grid)
+                .block((QT_THREADS, 1, 1))
+                .arg_buf(dout)
+                .arg_ptr(gelu_pre.map_or(0, CudaBuffer::ptr))
+                .arg_buf(dst)
+                .arg_ptr(dst_t.map_or(0, |t| t.ptr()))
+                .arg_ptr(partial)
+                .arg_ptr(self.fp8_counters.ptr())
+                .arg_buf(dbias)
+                .arg_i32(dbias_code)
+                .arg_u64(rows as u64)
+                .arg_u64(cols as u64)
+                .arg_ptr(scale.ptr_at(slot))
+                .arg_ptr(amax.ptr_at(slot))
+                .launch()
         }
     }
 
     /// LayerNorm forward with the FP8 quantisation of its output (see
     /// [`Device::layernorm_forward_fp8`]).
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn layernorm_forward_fp8_impl(
+    pub(crate) fn layernorm_forward_fp8_impl(
         &self,
         x: &CudaBuffer,
         gamma: &CudaBuffer,
@@ -547,7 +545,7 @@ impl CudaDevice {
         let act = x.dtype();
         let (sa, ds, _) =
             Self::quantize_check(OP, x, dst, dst_t.as_deref(), n, c, scale, amax, slot)?;
-        let sp = wide_sfx(OP, act, "gamma", gamma.dtype())?;
+        let sp = wide_suffix(OP, act, "gamma", gamma.dtype())?;
         check_dtype(OP, beta, gamma.dtype())?;
         check_dtype(OP, mean, DType::F32)?;
         check_dtype(OP, rstd, DType::F32)?;
@@ -608,24 +606,21 @@ impl CudaDevice {
             // with dst_t), 16-byte aligned x/gamma/beta/dst/dst_t (checked above);
             // scale/amax at slot (checked).
             return unsafe {
-                kernels::launch(
-                    &self.stream,
-                    &f,
-                    cfg(grid, (QT_THREADS, 1, 1)),
-                    &[
-                        x.ptr().into(),
-                        gamma.ptr().into(),
-                        beta.ptr().into(),
-                        mean.ptr().into(),
-                        rstd.ptr().into(),
-                        dst.ptr().into(),
-                        dst_t.map_or(0, |t| t.ptr()).into(),
-                        (n as u64).into(),
-                        (c as u64).into(),
-                        scale.ptr_at(slot).into(),
-                        amax.ptr_at(slot).into(),
-                    ],
-                )
+                self.launcher(&f)
+                    .grid(grid)
+                    .block((QT_THREADS, 1, 1))
+                    .arg_buf(x)
+                    .arg_buf(gamma)
+                    .arg_buf(beta)
+                    .arg_buf(mean)
+                    .arg_buf(rstd)
+                    .arg_buf(dst)
+                    .arg_ptr(dst_t.map_or(0, |t| t.ptr()))
+                    .arg_u64(n as u64)
+                    .arg_u64(c as u64)
+                    .arg_ptr(scale.ptr_at(slot))
+                    .arg_ptr(amax.ptr_at(slot))
+                    .launch()
             };
         }
         // The one-pass kernel holds at most 24 elements per thread (two rows in flight).
@@ -649,8 +644,7 @@ impl CudaDevice {
             .map_err(drv("cuFuncSetAttribute"))?;
         }
         let (_, threads) = p.block(layernorm::LN_WARPS);
-        let mut lc = cfg((grid_dim(OP, n.div_ceil(LNQ_ROWS))?, 1, 1), (threads, 1, 1));
-        lc.shared_mem_bytes = smem as u32;
+        let grid = (grid_dim(OP, n.div_ceil(LNQ_ROWS))?, 1, 1);
         // SAFETY: layernorm_fp8_A_P_{v|s}_D(const A* x, const P* gamma, const P* beta,
         // float* mean, float* rstd, D* dst, D* dst_t, int n, int c, float eps, int G,
         // const float* scale, float* amax): x, dst (and dst_t, or null: no transposed store)
@@ -662,26 +656,24 @@ impl CudaDevice {
         // dynamic shared tile is 32 rows of ⌈c / 128⌉ · 128 bytes (allowed above 48 KiB by the
         // attribute set above, within the device's opt-in limit); scale/amax at slot (checked).
         unsafe {
-            kernels::launch(
-                &self.stream,
-                &f,
-                lc,
-                &[
-                    x.ptr().into(),
-                    gamma.ptr().into(),
-                    beta.ptr().into(),
-                    mean.ptr().into(),
-                    rstd.ptr().into(),
-                    dst.ptr().into(),
-                    dst_t.map_or(0, |t| t.ptr()).into(),
-                    ni.into(),
-                    ci.into(),
-                    eps.into(),
-                    (p.g as i32).into(),
-                    scale.ptr_at(slot).into(),
-                    amax.ptr_at(slot).into(),
-                ],
-            )
+            self.launcher(&f)
+                .grid(grid)
+                .block((threads, 1, 1))
+                .shared_mem(smem as u32)
+                .arg_buf(x)
+                .arg_buf(gamma)
+                .arg_buf(beta)
+                .arg_buf(mean)
+                .arg_buf(rstd)
+                .arg_buf(dst)
+                .arg_ptr(dst_t.map_or(0, |t| t.ptr()))
+                .arg_i32(ni)
+                .arg_i32(ci)
+                .arg_f32(eps)
+                .arg_i32(p.g as i32)
+                .arg_ptr(scale.ptr_at(slot))
+                .arg_ptr(amax.ptr_at(slot))
+                .launch()
         }
     }
 
@@ -728,7 +720,7 @@ impl CudaDevice {
     /// go through `adamw_multi`, and the other outputs are quantised from their updated weights
     /// afterwards (`quantize_fp8_many`), as the trait's default does. Every operand is checked
     /// before anything is launched.
-    pub(super) fn adamw_clipped_fp8_impl(
+    pub(crate) fn adamw_clipped_fp8_impl(
         &self,
         tensors: &mut [AdamWTensor<'_, CudaBuffer>],
         step: &AdamWClipStep,
@@ -754,7 +746,7 @@ impl CudaDevice {
             // An FP8 dtype and n = rows · cols: checked by check_adamw_fp8_outs.
             let ds = conv::kernel_suffix(o.dst.dtype()).expect("fp8 dtype");
             let n = o.rows * o.cols;
-            let Ok(gdt) = super::multi::dt_code(OP, t.grad.dtype()) else {
+            let Ok(gdt) = float_code(OP, t.grad.dtype()) else {
                 continue;
             };
             // The transposed codes from the codes: whole 8-byte vectors of 64 × 64 tiles.
@@ -788,7 +780,7 @@ impl CudaDevice {
                 }
             };
             let (_, records, count) = &mut groups[gi];
-            for (offset, len) in super::multi::chunks(n) {
+            for (offset, len) in super::optim::chunks(n) {
                 for v in [
                     t.param.ptr(),
                     t.grad.ptr(),
@@ -849,20 +841,17 @@ impl CudaDevice {
             // ADAMW_SCALARS f32 (checked); the kernel moves 4-element vectors only when every
             // stream is aligned for them; block THREADS as its __launch_bounds__.
             unsafe {
-                kernels::launch(
-                    &self.stream,
-                    &f,
-                    cfg((blocks, 1, 1), (super::multi::THREADS, 1, 1)),
-                    &[
-                        table.into(),
-                        scalars.ptr().into(),
-                        s.beta1.into(),
-                        s.beta2.into(),
-                        s.eps.into(),
-                        s.max_norm.into(),
-                        s.loss_scale.into(),
-                    ],
-                )?;
+                self.launcher(&f)
+                    .grid((blocks, 1, 1))
+                    .block((super::optim::THREADS, 1, 1))
+                    .arg_ptr(table)
+                    .arg_buf(scalars)
+                    .arg_f32(s.beta1)
+                    .arg_f32(s.beta2)
+                    .arg_f32(s.eps)
+                    .arg_f32(s.max_norm)
+                    .arg_f32(s.loss_scale)
+                    .launch()?;
             }
         }
         if transpose_blocks > 0 {
@@ -877,12 +866,12 @@ impl CudaDevice {
             // `transpose_blocks` in all (< 2^31); block QT_THREADS as the kernel's
             // __launch_bounds__. Ordered after the update on the same stream.
             unsafe {
-                kernels::launch(
-                    &self.stream,
-                    &f,
-                    cfg((transpose_blocks as u32, 1, 1), (QT_THREADS, 1, 1)),
-                    &[table.into(), njobs.into()],
-                )?;
+                self.launcher(&f)
+                    .grid((transpose_blocks as u32, 1, 1))
+                    .block((QT_THREADS, 1, 1))
+                    .arg_ptr(table)
+                    .arg_i32(njobs)
+                    .launch()?;
             }
         }
         let count = fused.iter().filter(|f| **f).count() as u64;
@@ -902,5 +891,199 @@ impl CudaDevice {
             return Ok(());
         }
         self.quantize_fp8_many_impl(&mut jobs, scale, amax)
+    }
+}
+
+impl CudaDevice {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn fp8_scaling_update_impl(
+        &self,
+        amax: &mut CudaBuffer,
+        history: &mut CudaBuffer,
+        scale: &mut CudaBuffer,
+        scale_inv: &mut CudaBuffer,
+        inv_stride: usize,
+        fp8_max: &CudaBuffer,
+        len: usize,
+        most_recent: bool,
+        margin: i32,
+    ) -> Result<()> {
+        let ops = duet_device::check_fp8_scaling_args(
+            amax, history, scale, scale_inv, inv_stride, fp8_max, len,
+        )?;
+        if ops == 0 {
+            return Ok(());
+        }
+        // SAFETY: fp8_scaling_update(float* amax, float* history, float* scale,
+        // float* scale_inv, u64 inv_stride, const float* fp8_max, u64 ops, u64 len,
+        // int most_recent, int margin); every buffer is f32 and holds ops (history ops × len,
+        // scale_inv ops × inv_stride) elements (checked above); one thread per operand.
+        unsafe {
+            self.kernel(KernelModule::Fp8Scaling, "fp8_scaling_update")?
+                .grid((ops.div_ceil(128) as u32, 1, 1))
+                .block((128, 1, 1))
+                .arg_buf(amax)
+                .arg_buf(history)
+                .arg_buf(scale)
+                .arg_buf(scale_inv)
+                .arg_u64(inv_stride as u64)
+                .arg_buf(fp8_max)
+                .arg_u64(ops as u64)
+                .arg_u64(len as u64)
+                .arg_i32(most_recent as i32)
+                .arg_i32(margin)
+                .launch()
+        }
+    }
+}
+
+impl CudaDevice {
+    /// FP8 GEMM through cuBLASLt (see [`Device::gemm_fp8`] and [`crate::blaslt`]).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn gemm_fp8_impl(
+        &self,
+        desc: &GemmDesc,
+        a: &CudaBuffer,
+        b: &CudaBuffer,
+        c: &mut CudaBuffer,
+        scale_inv: &CudaBuffer,
+        a_slot: usize,
+        b_slot: usize,
+    ) -> Result<()> {
+        blaslt::validate(desc, a, b, c, scale_inv, a_slot, b_slot, self.cc)?;
+        self.with_lt("gemm_fp8", |lt| {
+            lt.gemm_fp8(
+                &self.stream,
+                desc,
+                a,
+                b,
+                c,
+                scale_inv,
+                (a_slot, b_slot),
+                blaslt::LtEpilogue::None,
+            )
+        })
+    }
+
+    /// An FP8 GEMM with a bias, bias + residual or bias + GELU epilogue (bias, residual and
+    /// pre-activation in C's dtype). Where cuBLASLt refuses one (remembered), the FP8 GEMM and
+    /// the separate ops.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn gemm_fp8_epilogue_impl(
+        &self,
+        desc: &GemmDesc,
+        a: &CudaBuffer,
+        b: &CudaBuffer,
+        c: &mut CudaBuffer,
+        scale_inv: &CudaBuffer,
+        a_slot: usize,
+        b_slot: usize,
+        epilogue: Epilogue<'_, CudaBuffer>,
+    ) -> Result<()> {
+        const OP8: &str = "gemm_fp8_epilogue";
+        blaslt::validate(desc, a, b, c, scale_inv, a_slot, b_slot, self.cc)?;
+        let dt = c.dtype();
+        if !matches!(dt, DType::BF16 | DType::F16) {
+            return Err(DeviceError::Unsupported {
+                op: format!("{OP8} (C must be bf16 or f16)"),
+                dtype: dt,
+            });
+        }
+        // The fallback adds the bias over whole rows of C.
+        if desc.ldc != desc.n || desc.c_offset != 0 || c.len() != desc.m * desc.n {
+            return Err(DeviceError::InvalidArgument(format!(
+                "{OP8}: C must be exactly the m × n result (ldc {}, offset {}, {} elements)",
+                desc.ldc,
+                desc.c_offset,
+                c.len()
+            )));
+        }
+        let check_bias = |bias: &CudaBuffer| -> Result<()> {
+            duet_device::check_dtype(OP8, bias, dt)?;
+            duet_device::check_len(OP8, "bias", bias, desc.n)
+        };
+        let fused_only = |what: &str| -> Result<()> {
+            if desc.alpha != 1.0 || desc.beta != 0.0 {
+                return Err(DeviceError::InvalidArgument(format!(
+                    "{OP8}: the {what} epilogue needs alpha 1 and beta 0"
+                )));
+            }
+            Ok(())
+        };
+        let (slots, scales) = ((a_slot, b_slot), scale_inv);
+        match epilogue {
+            Epilogue::Bias(bias) | Epilogue::BiasResidual { bias, .. } => {
+                check_bias(bias)?;
+                let residual = match epilogue {
+                    Epilogue::BiasResidual { residual, .. } => {
+                        duet_device::check_dtype(OP8, residual, dt)?;
+                        duet_device::check_len(OP8, "residual", residual, c.len())?;
+                        fused_only("bias + residual")?;
+                        Some(residual)
+                    }
+                    _ => None,
+                };
+                let epi = match residual {
+                    Some(r) => LtEpilogue::BiasResidual {
+                        bias: bias.ptr(),
+                        dtype: dt,
+                        residual: r.ptr(),
+                    },
+                    None => LtEpilogue::Bias {
+                        bias: bias.ptr(),
+                        dtype: dt,
+                    },
+                };
+                let fused = self.lt_unless_refused(REFUSED_FP8_BIAS, || {
+                    self.with_lt(OP8, |lt| {
+                        lt.gemm_fp8(&self.stream, desc, a, b, c, scales, slots, epi)
+                    })
+                });
+                if fused {
+                    return Ok(());
+                }
+                match residual {
+                    Some(r) => {
+                        self.copy(r, 0, c, 0, c.len())?;
+                        let acc = GemmDesc { beta: 1.0, ..*desc };
+                        self.gemm_fp8(&acc, a, b, c, scales, a_slot, b_slot)?;
+                    }
+                    None => self.gemm_fp8(desc, a, b, c, scales, a_slot, b_slot)?,
+                }
+                self.bias_add(c, bias, desc.m, desc.n)
+            }
+            Epilogue::BiasGelu { bias, pre } => {
+                check_bias(bias)?;
+                duet_device::check_dtype(OP8, &*pre, dt)?;
+                duet_device::check_len(OP8, "pre", &*pre, c.len())?;
+                fused_only("bias + GELU")?;
+                if !desc.n.is_multiple_of(8) {
+                    return Err(DeviceError::InvalidArgument(format!(
+                        "{OP8}: n {} must be a multiple of 8 for a GELU epilogue",
+                        desc.n
+                    )));
+                }
+                let epi = LtEpilogue::GeluAuxBias {
+                    bias: bias.ptr(),
+                    dtype: dt,
+                    aux: pre.ptr(),
+                    ld: desc.ldc as i64,
+                };
+                let fused = self.lt_unless_refused(REFUSED_FP8_GELU, || {
+                    self.with_lt(OP8, |lt| {
+                        lt.gemm_fp8(&self.stream, desc, a, b, c, scales, slots, epi)
+                    })
+                });
+                if fused {
+                    return Ok(());
+                }
+                self.gemm_fp8(desc, a, b, pre, scales, a_slot, b_slot)?;
+                self.bias_add(pre, bias, desc.m, desc.n)?;
+                self.gelu_forward(pre, c)
+            }
+            _ => Err(DeviceError::InvalidArgument(format!(
+                "{OP8}: only the bias, bias + residual and bias + GELU epilogues run on FP8 GEMMs"
+            ))),
+        }
     }
 }

@@ -4,7 +4,7 @@
 //! allocate, upload, download or synchronise (each would be recorded wrongly or break the
 //! capture), with a clear error.
 
-use super::CudaDevice;
+use crate::device::CudaDevice;
 use crate::error::drv;
 use cudarc::driver::CudaGraph;
 use cudarc::driver::sys as cu;

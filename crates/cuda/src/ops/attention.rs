@@ -2,8 +2,9 @@
 //! [`duet_device::Device::flash_attention_forward`].
 //!
 //! Two versions of the kernels; version 2 is the default, version 1 runs when the environment
-//! variable `DUET_FLASH_V1` is set to anything but `0` or empty (read once per process), or on a
-//! thread that called [`CudaDevice::flash_attention_v1_on_this_thread`] (tests, benchmarks).
+//! variable `DUET_FLASH_V1` is true (`1`, `true`, `yes`, `on`; read once per process, see
+//! [`duet_device::knobs`]), or on a thread that called
+//! [`CudaDevice::flash_attention_v1_on_this_thread`] (tests, benchmarks).
 //!
 //! Version 1. Forward: one kernel, a block per 64 queries of one head, looping over the key
 //! tiles up to the diagonal with an online softmax; it writes `out` and the per-row
@@ -32,16 +33,10 @@
 //! Every output element is written by exactly one thread with a fixed summation order: no
 //! atomics, results are bit-identical run to run (for a given version).
 
-use super::{CudaDevice, cfg, grid_dim, lock, mul};
-use crate::error::{dim, drv};
-use crate::kernels::{self, KernelModule};
-use crate::memory::CudaBuffer;
-use crate::memory::align_up;
+use super::prelude::*;
 use cudarc::driver::CudaFunction;
 use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
-use duet_device::{Buffer, DType, DeviceError, Result, check_dtype, check_len};
 use std::cell::Cell;
-use std::sync::OnceLock;
 
 /// Threads per block of the attention kernels (4 warps of 16 rows each).
 const THREADS: u32 = 128;
@@ -51,9 +46,6 @@ const TILE: usize = 64;
 const TILE2: usize = 128;
 /// Threads per block of the `rowdot` kernel.
 const ROWDOT_BLOCK: u32 = 256;
-
-/// Environment variable selecting the version-1 kernels (see the module documentation).
-pub const FLASH_V1_ENV: &str = "DUET_FLASH_V1";
 
 /// Largest dSᵀ buffer (bytes) of the version-3 backward; longer sequences run version 2's.
 const DS_MAX_BYTES: usize = 512 << 20;
@@ -69,12 +61,13 @@ thread_local! {
     static V3_ON_THREAD: Cell<Option<bool>> = const { Cell::new(None) };
 }
 
-/// Whether the attention calls made on this thread use the version-1 kernels.
-fn use_v1() -> bool {
-    static ENV: OnceLock<bool> = OnceLock::new();
-    V1_ON_THREAD.with(Cell::get).unwrap_or_else(|| {
-        *ENV.get_or_init(|| std::env::var(FLASH_V1_ENV).is_ok_and(|v| !v.is_empty() && v != "0"))
-    })
+/// Whether the attention calls made on this thread use the version-1 kernels: the thread's
+/// override, else `DUET_FLASH_V1` ([`duet_device::knobs::Knobs::flash_v1`]).
+fn use_v1() -> Result<bool> {
+    match V1_ON_THREAD.with(Cell::get) {
+        Some(v1) => Ok(v1),
+        None => Ok(duet_device::knobs::device_knobs()?.flash_v1),
+    }
 }
 
 /// The kernel variant for a head size: its name part and the dynamic shared memory (bytes) of
@@ -142,7 +135,7 @@ impl CudaDevice {
         V3_ON_THREAD.with(|c| c.set(v3));
     }
 
-    pub(super) fn flash_supported(&self, dtype: DType, hs: usize) -> bool {
+    pub(crate) fn flash_supported(&self, dtype: DType, hs: usize) -> bool {
         self.flash_variant(dtype, hs).is_ok()
     }
 
@@ -206,7 +199,7 @@ impl CudaDevice {
     }
 
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn flash_forward_impl(
+    pub(crate) fn flash_attention_forward_impl(
         &self,
         qkv: &CudaBuffer,
         out: &mut CudaBuffer,
@@ -222,47 +215,43 @@ impl CudaDevice {
         let (v, sfx) = self.flash_check(OP, dtype, hs)?;
         check_dtype(OP, out, dtype)?;
         check_dtype(OP, lse, DType::F32)?;
-        let n = mul(OP, &[b, t, nh, hs])?;
-        check_len(OP, "qkv", qkv, mul(OP, &[n, 3])?)?;
+        let n = checked_product(OP, &[b, t, nh, hs])?;
+        check_len(OP, "qkv", qkv, checked_product(OP, &[n, 3])?)?;
         check_len(OP, "out", out, n)?;
-        check_len(OP, "lse", lse, mul(OP, &[b, nh, t])?)?;
+        check_len(OP, "lse", lse, checked_product(OP, &[b, nh, t])?)?;
         if n == 0 {
             return Ok(());
         }
         let heads = grid_dim(OP, b * nh)?;
-        let (kernel, tile, smem) = if use_v1() {
+        let (kernel, tile, smem) = if use_v1()? {
             ("forward", TILE, v.smem_forward)
         } else {
             ("forward2", TILE2, v.smem_forward2)
         };
         let tiles = tile_count(OP, t, tile)?;
         let f = self.flash_func(&format!("flash_attention_{kernel}_{}_{sfx}", v.name), smem)?;
-        let mut c = cfg((heads, tiles, 1), (THREADS, 1, 1));
-        c.shared_mem_bytes = smem;
         // SAFETY: flash_attention_forward / forward2(const T* qkv, T* out, float* lse, int t,
         // int nh, float scale): qkv holds b·t·3·nh·hs elements, out b·t·nh·hs, lse b·nh·t
         // (checked); the grid covers b·nh heads × ⌈t/tile⌉ query tiles (tile = the kernel's
         // 64 or 128 rows) and rows past t are neither read nor written; the dynamic shared
         // memory is the size the kernel's tiles need.
         unsafe {
-            kernels::launch(
-                &self.stream,
-                &f,
-                c,
-                &[
-                    qkv.ptr().into(),
-                    out.ptr().into(),
-                    lse.ptr().into(),
-                    dim(OP, "t", t)?.into(),
-                    dim(OP, "nh", nh)?.into(),
-                    scale.into(),
-                ],
-            )
+            self.launcher(&f)
+                .grid((heads, tiles, 1))
+                .block((THREADS, 1, 1))
+                .shared_mem(smem)
+                .arg_buf(qkv)
+                .arg_buf(out)
+                .arg_buf(lse)
+                .arg_i32(dim(OP, "t", t)?)
+                .arg_i32(dim(OP, "nh", nh)?)
+                .arg_f32(scale)
+                .launch()
         }
     }
 
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn flash_backward_impl(
+    pub(crate) fn flash_attention_backward_impl(
         &self,
         qkv: &CudaBuffer,
         out: &CudaBuffer,
@@ -282,13 +271,13 @@ impl CudaDevice {
             check_dtype(OP, buf, dtype)?;
         }
         check_dtype(OP, lse, DType::F32)?;
-        let n = mul(OP, &[b, t, nh, hs])?;
-        let rows = mul(OP, &[b, nh, t])?;
-        check_len(OP, "qkv", qkv, mul(OP, &[n, 3])?)?;
+        let n = checked_product(OP, &[b, t, nh, hs])?;
+        let rows = checked_product(OP, &[b, nh, t])?;
+        check_len(OP, "qkv", qkv, checked_product(OP, &[n, 3])?)?;
         check_len(OP, "out", out, n)?;
         check_len(OP, "dout", dout, n)?;
         check_len(OP, "lse", lse, rows)?;
-        check_len(OP, "dqkv", dqkv, mul(OP, &[n, 3])?)?;
+        check_len(OP, "dqkv", dqkv, checked_product(OP, &[n, 3])?)?;
         if n == 0 {
             return Ok(());
         }
@@ -296,7 +285,7 @@ impl CudaDevice {
         let tiles = tile_count(OP, t, TILE)?;
         let (t32, nh32) = (dim(OP, "t", t)?, dim(OP, "nh", nh)?);
         let tp = t.next_multiple_of(TILE3);
-        let v3 = !use_v1() && V3_ON_THREAD.with(Cell::get).unwrap_or(hs >= V3_MIN_HS);
+        let v3 = !use_v1()? && V3_ON_THREAD.with(Cell::get).unwrap_or(hs >= V3_MIN_HS);
         if let Some(ds_bytes) = tp
             .checked_mul(tp)
             .and_then(|x| x.checked_mul(2 * b * nh))
@@ -315,60 +304,53 @@ impl CudaDevice {
             &format!("flash_attention_backward_dkv_{}_{sfx}", v.name),
             v.smem_dkv,
         )?;
-        if !use_v1() {
+        if !use_v1()? {
             let fq = self.flash_func(
                 &format!("flash_attention_backward_dq2_{}_{sfx}", v.name),
                 v.smem_dq,
             )?;
             let mut scratch = lock(&self.scratch, OP)?;
             let d = scratch.get(&self.ctx, &self.stream, rows * 4, &self.mem)?;
-            let mut c = cfg((heads, tiles, 1), (THREADS, 1, 1));
-            c.shared_mem_bytes = v.smem_dq;
             // SAFETY: backward_dq2(const T* qkv, const T* out, const T* dout, const float* lse,
             // float* d, T* dqkv, int t, int nh, float scale): qkv and dqkv hold b·t·3·nh·hs
             // elements, out and dout b·t·nh·hs, lse b·nh·t (checked), `d` b·nh·t f32 (scratch
             // just sized); one block per head and 64-query tile, writing d for and the q part
             // of its rows before t only.
             unsafe {
-                kernels::launch(
-                    &self.stream,
-                    &fq,
-                    c,
-                    &[
-                        qkv.ptr().into(),
-                        out.ptr().into(),
-                        dout.ptr().into(),
-                        lse.ptr().into(),
-                        d.into(),
-                        dqkv.ptr().into(),
-                        t32.into(),
-                        nh32.into(),
-                        scale.into(),
-                    ],
-                )?;
+                self.launcher(&fq)
+                    .grid((heads, tiles, 1))
+                    .block((THREADS, 1, 1))
+                    .shared_mem(v.smem_dq)
+                    .arg_buf(qkv)
+                    .arg_buf(out)
+                    .arg_buf(dout)
+                    .arg_buf(lse)
+                    .arg_ptr(d)
+                    .arg_buf(dqkv)
+                    .arg_i32(t32)
+                    .arg_i32(nh32)
+                    .arg_f32(scale)
+                    .launch()?;
             }
-            c.shared_mem_bytes = v.smem_dkv;
             // SAFETY: backward_dkv(const T* qkv, const T* dout, const float* lse,
             // const float* d, T* dqkv, int t, int nh, float scale): sizes as above; `d` was
             // written for every row before t by backward_dq2 earlier on the same stream; one
             // block per head and 64-key tile, writing only the k and v parts of its rows
             // before t.
             return unsafe {
-                kernels::launch(
-                    &self.stream,
-                    &fkv,
-                    c,
-                    &[
-                        qkv.ptr().into(),
-                        dout.ptr().into(),
-                        lse.ptr().into(),
-                        d.into(),
-                        dqkv.ptr().into(),
-                        t32.into(),
-                        nh32.into(),
-                        scale.into(),
-                    ],
-                )
+                self.launcher(&fkv)
+                    .grid((heads, tiles, 1))
+                    .block((THREADS, 1, 1))
+                    .shared_mem(v.smem_dkv)
+                    .arg_buf(qkv)
+                    .arg_buf(dout)
+                    .arg_buf(lse)
+                    .arg_ptr(d)
+                    .arg_buf(dqkv)
+                    .arg_i32(t32)
+                    .arg_i32(nh32)
+                    .arg_f32(scale)
+                    .launch()
             };
         }
         let fq = self.flash_func(
@@ -379,26 +361,37 @@ impl CudaDevice {
         let d = scratch.get(&self.ctx, &self.stream, rows * 4, &self.mem)?;
         self.flash_rowdot(v, sfx, out, dout, d, (rows, t32, nh32, hs))?;
         let args = [
-            qkv.ptr().into(),
-            dout.ptr().into(),
-            lse.ptr().into(),
-            d.into(),
-            dqkv.ptr().into(),
-            t32.into(),
-            nh32.into(),
-            scale.into(),
+            Arg::U64(qkv.ptr()),
+            Arg::U64(dout.ptr()),
+            Arg::U64(lse.ptr()),
+            Arg::U64(d),
+            Arg::U64(dqkv.ptr()),
+            Arg::I32(t32),
+            Arg::I32(nh32),
+            Arg::F32(scale),
         ];
-        let mut c = cfg((heads, tiles, 1), (THREADS, 1, 1));
-        c.shared_mem_bytes = v.smem_dkv;
         // SAFETY: backward_dkv(const T* qkv, const T* dout, const float* lse, const float* d,
         // T* dqkv, int t, int nh, float scale): qkv and dqkv hold b·t·3·nh·hs elements, dout
         // b·t·nh·hs, lse and d b·nh·t (checked / sized above); one block per head and 64-key
         // tile, writing only the k and v parts of its rows before t.
-        unsafe { kernels::launch(&self.stream, &fkv, c, &args)? };
-        c.shared_mem_bytes = v.smem_dq;
+        unsafe {
+            self.launcher(&fkv)
+                .grid((heads, tiles, 1))
+                .block((THREADS, 1, 1))
+                .shared_mem(v.smem_dkv)
+                .args(&args)
+                .launch()?
+        };
         // SAFETY: backward_dq has the same parameters and sizes; one block per head and
         // 64-query tile, writing only the q part of its rows before t.
-        unsafe { kernels::launch(&self.stream, &fq, c, &args) }
+        unsafe {
+            self.launcher(&fq)
+                .grid((heads, tiles, 1))
+                .block((THREADS, 1, 1))
+                .shared_mem(v.smem_dq)
+                .args(&args)
+                .launch()
+        }
     }
 }
 
@@ -420,25 +413,22 @@ impl CudaDevice {
             KernelModule::FlashAttention,
             &format!("flash_attention_rowdot_{}_{sfx}", v.name),
         )?;
-        let threads = mul(OP, &[rows, hs / 8])?;
+        let threads = checked_product(OP, &[rows, hs / 8])?;
         let blocks = grid_dim(OP, threads.div_ceil(ROWDOT_BLOCK as usize))?;
         // SAFETY: rowdot(const T* out, const T* dout, float* d, u64 rows, int t, int nh): out
         // and dout hold rows·hs elements, `d` rows f32 (see above); hs/8 threads per row,
         // threads past the last row only join the shuffles.
         unsafe {
-            kernels::launch(
-                &self.stream,
-                &fr,
-                cfg((blocks, 1, 1), (ROWDOT_BLOCK, 1, 1)),
-                &[
-                    out.ptr().into(),
-                    dout.ptr().into(),
-                    d.into(),
-                    (rows as u64).into(),
-                    t32.into(),
-                    nh32.into(),
-                ],
-            )
+            self.launcher(&fr)
+                .grid((blocks, 1, 1))
+                .block((ROWDOT_BLOCK, 1, 1))
+                .arg_buf(out)
+                .arg_buf(dout)
+                .arg_ptr(d)
+                .arg_u64(rows as u64)
+                .arg_i32(t32)
+                .arg_i32(nh32)
+                .launch()
         }
     }
 
@@ -476,8 +466,7 @@ impl CudaDevice {
         let d = scratch.get(&self.ctx, &self.stream, ds_off + ds_bytes, &self.mem)?;
         let ds = d + ds_off as u64;
         self.flash_rowdot(v, sfx, out, dout, d, (rows, t32, nh32, hs))?;
-        let mut c = cfg((heads, tile_count(OP, t, TILE)?, 1), (THREADS, 1, 1));
-        c.shared_mem_bytes = v.smem_dkv;
+        let kv_tiles = tile_count(OP, t, TILE)?;
         // SAFETY: backward_dkv3(const T* qkv, const T* dout, const float* lse, const float* d,
         // T* dqkv, int t, int nh, float scale, T* ds, int tp): qkv and dqkv hold b·t·3·nh·hs
         // elements, dout b·t·nh·hs, lse b·nh·t (checked by the caller), d b·nh·t f32 written by
@@ -485,46 +474,41 @@ impl CudaDevice {
         // 256-byte aligned); one block per head and 64-key tile, writing the k and v parts of
         // its rows before t and its dSᵀ rows before t for query columns below tp.
         unsafe {
-            kernels::launch(
-                &self.stream,
-                &fkv,
-                c,
-                &[
-                    qkv.ptr().into(),
-                    dout.ptr().into(),
-                    lse.ptr().into(),
-                    d.into(),
-                    dqkv.ptr().into(),
-                    t32.into(),
-                    nh32.into(),
-                    scale.into(),
-                    ds.into(),
-                    tp32.into(),
-                ],
-            )?;
+            self.launcher(&fkv)
+                .grid((heads, kv_tiles, 1))
+                .block((THREADS, 1, 1))
+                .shared_mem(v.smem_dkv)
+                .arg_buf(qkv)
+                .arg_buf(dout)
+                .arg_buf(lse)
+                .arg_ptr(d)
+                .arg_buf(dqkv)
+                .arg_i32(t32)
+                .arg_i32(nh32)
+                .arg_f32(scale)
+                .arg_ptr(ds)
+                .arg_i32(tp32)
+                .launch()?;
         }
-        let mut c = cfg((heads, tile_count(OP, t, TILE3)?, 1), (THREADS, 1, 1));
-        c.shared_mem_bytes = v.smem_dq3;
+        let q_tiles = tile_count(OP, t, TILE3)?;
         // SAFETY: backward_dq3(const T* qkv, const T* ds, T* dqkv, int t, int nh, int tp,
         // float scale): sizes as above; it reads the dSᵀ tiles on and below the diagonal that
         // dkv3 wrote earlier on the same stream (rows ≥ t zero-filled on load, columns ≥ t only
         // feed rows that are not stored); one block per head and 64-query tile, writing only
         // the q part of its rows before t.
         unsafe {
-            kernels::launch(
-                &self.stream,
-                &fq,
-                c,
-                &[
-                    qkv.ptr().into(),
-                    ds.into(),
-                    dqkv.ptr().into(),
-                    t32.into(),
-                    nh32.into(),
-                    tp32.into(),
-                    scale.into(),
-                ],
-            )
+            self.launcher(&fq)
+                .grid((heads, q_tiles, 1))
+                .block((THREADS, 1, 1))
+                .shared_mem(v.smem_dq3)
+                .arg_buf(qkv)
+                .arg_ptr(ds)
+                .arg_buf(dqkv)
+                .arg_i32(t32)
+                .arg_i32(nh32)
+                .arg_i32(tp32)
+                .arg_f32(scale)
+                .launch()
         }
     }
 }
@@ -535,5 +519,230 @@ fn tile_count(op: &'static str, t: usize, tile: usize) -> Result<u32> {
     u32::try_from(tiles)
         .ok()
         .filter(|&n| n <= 65535)
-        .ok_or_else(|| crate::error::too_large(op, "t / tile (grid rows)", tiles))
+        .ok_or_else(|| too_large(op, "t / tile (grid rows)", tiles))
+}
+
+impl CudaDevice {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn split_heads_impl(
+        &self,
+        qkv: &CudaBuffer,
+        q: &mut CudaBuffer,
+        k: &mut CudaBuffer,
+        v: &mut CudaBuffer,
+        b: usize,
+        t: usize,
+        nh: usize,
+        hs: usize,
+    ) -> Result<()> {
+        const OP: &str = "split_heads";
+        let s = float_suffix(OP, qkv.dtype())?;
+        let n = checked_product(OP, &[b, t, nh, hs, 3])? / 3;
+        check_len(OP, "qkv", qkv, 3 * n)?;
+        for (name, buf) in [("q", &*q), ("k", &*k), ("v", &*v)] {
+            check_dtype(OP, buf, qkv.dtype())?;
+            check_len(OP, name, buf, n)?;
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let (f, grid) = self.permute_launch(OP, &format!("split_heads_{s}"), qkv.dtype(), n, hs)?;
+        // SAFETY: split_heads(const T*, T*, T*, T*, int b, int t, int nh, int hs): qkv holds
+        // 3·b·t·nh·hs elements, q/k/v b·t·nh·hs each; gridDim.y = 3 selects the output.
+        unsafe {
+            self.launcher(&f)
+                .grid((grid, 3, 1))
+                .block((EW_BLOCK, 1, 1))
+                .arg_buf(qkv)
+                .arg_buf(q)
+                .arg_buf(k)
+                .arg_buf(v)
+                .arg_i32(dim(OP, "b", b)?)
+                .arg_i32(dim(OP, "t", t)?)
+                .arg_i32(dim(OP, "nh", nh)?)
+                .arg_i32(dim(OP, "hs", hs)?)
+                .launch()
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn split_heads_backward_impl(
+        &self,
+        dq: &CudaBuffer,
+        dk: &CudaBuffer,
+        dv: &CudaBuffer,
+        dqkv: &mut CudaBuffer,
+        b: usize,
+        t: usize,
+        nh: usize,
+        hs: usize,
+    ) -> Result<()> {
+        const OP: &str = "split_heads_backward";
+        let s = float_suffix(OP, dqkv.dtype())?;
+        let n = checked_product(OP, &[b, t, nh, hs, 3])? / 3;
+        check_len(OP, "dqkv", dqkv, 3 * n)?;
+        for (name, buf) in [("dq", dq), ("dk", dk), ("dv", dv)] {
+            check_dtype(OP, buf, dqkv.dtype())?;
+            check_len(OP, name, buf, n)?;
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let (f, grid) = self.permute_launch(
+            OP,
+            &format!("split_heads_backward_{s}"),
+            dqkv.dtype(),
+            n,
+            hs,
+        )?;
+        // SAFETY: split_heads_backward(const T*, const T*, const T*, T*, int b, int t, int nh,
+        // int hs): sizes as in split_heads.
+        unsafe {
+            self.launcher(&f)
+                .grid((grid, 3, 1))
+                .block((EW_BLOCK, 1, 1))
+                .arg_buf(dq)
+                .arg_buf(dk)
+                .arg_buf(dv)
+                .arg_buf(dqkv)
+                .arg_i32(dim(OP, "b", b)?)
+                .arg_i32(dim(OP, "t", t)?)
+                .arg_i32(dim(OP, "nh", nh)?)
+                .arg_i32(dim(OP, "hs", hs)?)
+                .launch()
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn merge_heads_impl(
+        &self,
+        y: &CudaBuffer,
+        out: &mut CudaBuffer,
+        b: usize,
+        t: usize,
+        nh: usize,
+        hs: usize,
+        backward: bool,
+    ) -> Result<()> {
+        const OP: &str = "merge_heads";
+        let s = float_suffix(OP, y.dtype())?;
+        let n = checked_product(OP, &[b, t, nh, hs])?;
+        check_dtype(OP, out, y.dtype())?;
+        check_len(OP, "y", y, n)?;
+        check_len(OP, "out", out, n)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let name = if backward {
+            format!("merge_heads_backward_{s}")
+        } else {
+            format!("merge_heads_{s}")
+        };
+        let (f, grid) = self.permute_launch(OP, &name, y.dtype(), n, hs)?;
+        // SAFETY: merge_heads[_backward](const T*, T*, int b, int t, int nh, int hs): both hold
+        // b·t·nh·hs elements.
+        unsafe {
+            self.launcher(&f)
+                .grid((grid, 1, 1))
+                .block((EW_BLOCK, 1, 1))
+                .arg_buf(y)
+                .arg_buf(out)
+                .arg_i32(dim(OP, "b", b)?)
+                .arg_i32(dim(OP, "t", t)?)
+                .arg_i32(dim(OP, "nh", nh)?)
+                .arg_i32(dim(OP, "hs", hs)?)
+                .launch()
+        }
+    }
+
+    pub(crate) fn softmax_causal_forward_impl(
+        &self,
+        scores: &CudaBuffer,
+        probs: &mut CudaBuffer,
+        rows: usize,
+        t: usize,
+        scale: f32,
+    ) -> Result<()> {
+        const OP: &str = "softmax_causal_forward";
+        let s = float_suffix(OP, scores.dtype())?;
+        check_dtype(OP, probs, scores.dtype())?;
+        let total = checked_product(OP, &[rows, t, t])?;
+        check_len(OP, "scores", scores, total)?;
+        check_len(OP, "probs", probs, total)?;
+        if total == 0 {
+            return Ok(());
+        }
+        let lines = rows * t;
+        // SAFETY: softmax_causal_forward(const T*, T*, u64 rows·t, int t, float): one warp per
+        // line < rows·t, each touching t elements of buffers holding rows·t·t.
+        unsafe {
+            self.kernel(
+                KernelModule::Softmax,
+                &format!("softmax_causal_forward_{s}"),
+            )?
+            .grid(rows_grid(OP, lines)?)
+            .block((ROW_BLOCK, 1, 1))
+            .arg_buf(scores)
+            .arg_buf(probs)
+            .arg_u64(lines as u64)
+            .arg_i32(dim(OP, "t", t)?)
+            .arg_f32(scale)
+            .launch()
+        }
+    }
+
+    pub(crate) fn softmax_causal_backward_impl(
+        &self,
+        probs: &CudaBuffer,
+        dprobs: &CudaBuffer,
+        dscores: &mut CudaBuffer,
+        rows: usize,
+        t: usize,
+        scale: f32,
+    ) -> Result<()> {
+        const OP: &str = "softmax_causal_backward";
+        let s = float_suffix(OP, probs.dtype())?;
+        same_dtype(OP, probs.dtype(), &[dprobs, dscores])?;
+        let total = checked_product(OP, &[rows, t, t])?;
+        check_len(OP, "probs", probs, total)?;
+        check_len(OP, "dprobs", dprobs, total)?;
+        check_len(OP, "dscores", dscores, total)?;
+        if total == 0 {
+            return Ok(());
+        }
+        let lines = rows * t;
+        let f = self.func(
+            KernelModule::Softmax,
+            &format!("softmax_causal_backward_{s}"),
+        )?;
+        // SAFETY: softmax_causal_backward(const T*, const T*, T*, u64, int, float): as forward.
+        unsafe {
+            self.launcher(&f)
+                .grid(rows_grid(OP, lines)?)
+                .block((ROW_BLOCK, 1, 1))
+                .arg_buf(probs)
+                .arg_buf(dprobs)
+                .arg_buf(dscores)
+                .arg_u64(lines as u64)
+                .arg_i32(dim(OP, "t", t)?)
+                .arg_f32(scale)
+                .launch()
+        }
+    }
+
+    /// The function and grid size of a head permutation over `n` elements.
+    fn permute_launch(
+        &self,
+        op: &'static str,
+        name: &str,
+        dtype: DType,
+        n: usize,
+        hs: usize,
+    ) -> Result<(CudaFunction, u32)> {
+        let pack = 16 / dtype.size_bytes();
+        let units = if hs.is_multiple_of(pack) { n / pack } else { n };
+        let f = self.func(KernelModule::Attention, name)?;
+        let _ = op;
+        Ok((f, self.grid_1d(units).0))
+    }
 }

@@ -4,13 +4,9 @@
 //! tensor per block) that is built on the host, uploaded once and reused while the tensors stay
 //! the same (a training run passes the same buffers every step).
 
-use super::{CudaDevice, cfg, lock};
-use crate::kernels::{self, KernelModule};
-use crate::memory::{CudaBuffer, DeviceMemory};
-use duet_device::{
-    AdamWClipStep, AdamWTensor, Buffer, DType, Device, DeviceError, Result, check_dtype, check_len,
-    check_range,
-};
+use super::prelude::*;
+use crate::memory::DeviceMemory;
+use duet_device::{AdamWClipStep, AdamWStep, AdamWTensor};
 
 /// Elements per chunk (one block of THREADS threads, 64 elements each: enough blocks in flight
 /// to keep these bandwidth-bound passes near the memory bandwidth). A multiple of 8, so every
@@ -18,42 +14,29 @@ use duet_device::{
 /// still check each address and fall back to element-wise accesses when one is not. The
 /// sum-of-squares partition (and so its rounding) depends on it: changing it changes the last
 /// bits of `sum_squares_many`.
-const CHUNK: usize = 1 << 14;
+pub(crate) const CHUNK: usize = 1 << 14;
 /// Threads per block of sum_squares_many_partial, adamw_multi and adamw_fp8_*: the kernels are
 /// built for exactly this (SUMSQ_THREADS in reduce.cu, `__launch_bounds__` in adamw.cu and
 /// fp8.cu).
-pub(super) const THREADS: u32 = 256;
+pub(crate) const THREADS: u32 = 256;
 /// Most tables kept on the device.
 const MAX_TABLES: usize = 8;
 
 /// Uploaded chunk tables, keyed by their bytes.
 #[derive(Default)]
-pub(super) struct Tables {
+pub(crate) struct Tables {
     entries: Vec<(Vec<u8>, DeviceMemory)>,
 }
 
-/// The dtype code of the AdamW chunk tables (`grad_dt`, `copy_dt`: 0 f32, 1 bf16, 2 f16).
-pub(super) fn dt_code(op: &'static str, d: DType) -> Result<i32> {
-    match d {
-        DType::F32 => Ok(0),
-        DType::BF16 => Ok(1),
-        DType::F16 => Ok(2),
-        dtype => Err(DeviceError::Unsupported {
-            op: op.into(),
-            dtype,
-        }),
-    }
-}
-
 /// `(offset, len)` of each chunk of a tensor of `n` elements.
-pub(super) fn chunks(n: usize) -> impl Iterator<Item = (usize, usize)> {
+pub(crate) fn chunks(n: usize) -> impl Iterator<Item = (usize, usize)> {
     (0..n.div_ceil(CHUNK)).map(move |k| (k * CHUNK, CHUNK.min(n - k * CHUNK)))
 }
 
 impl CudaDevice {
     /// The device address of `table` (uploading it unless an identical one is cached). Also the
-    /// job table of `quantize_fp8_many` (device/fp8.rs).
-    pub(super) fn table(&self, op: &'static str, table: Vec<u8>) -> Result<u64> {
+    /// job table of `quantize_fp8_many` (ops/fp8.rs).
+    pub(crate) fn table(&self, op: &'static str, table: Vec<u8>) -> Result<u64> {
         let mut tables = lock(&self.tables, op)?;
         if let Some((_, mem)) = tables.entries.iter().find(|(k, _)| *k == table) {
             return Ok(mem.ptr());
@@ -78,41 +61,7 @@ impl CudaDevice {
         Ok(ptr)
     }
 
-    pub(super) fn zero_many_impl(&self, dsts: &mut [&mut CudaBuffer]) -> Result<()> {
-        const OP: &str = "zero_many";
-        // Chunks of CHUNK · 4 bytes; every chunk start stays 16-byte aligned (allocations are
-        // 256-byte aligned and the chunk size is a multiple of 16).
-        let bytes_per = CHUNK * 4;
-        let mut table = Vec::new();
-        let mut count = 0usize;
-        for d in dsts.iter() {
-            let bytes = d.size_bytes();
-            for k in 0..bytes.div_ceil(bytes_per) {
-                let len = bytes_per.min(bytes - k * bytes_per);
-                table.extend_from_slice(&(d.ptr() + (k * bytes_per) as u64).to_le_bytes());
-                table.extend_from_slice(&(len as u64).to_le_bytes());
-                count += 1;
-            }
-        }
-        if count == 0 {
-            return Ok(());
-        }
-        let blocks = super::grid_dim(OP, count)?;
-        let table = self.table(OP, table)?;
-        let f = self.func(KernelModule::Reduce, "zero_many")?;
-        // SAFETY: zero_many(const ZeroChunk*): `count` 16-byte records, each a byte range
-        // inside one of the live buffers in `dsts`, starting 16-byte aligned.
-        unsafe {
-            kernels::launch(
-                &self.stream,
-                &f,
-                cfg((blocks, 1, 1), (256, 1, 1)),
-                &[table.into()],
-            )
-        }
-    }
-
-    pub(super) fn sum_squares_many_impl(
+    pub(crate) fn sum_squares_many_impl(
         &self,
         xs: &[&CudaBuffer],
         out: &mut CudaBuffer,
@@ -124,7 +73,7 @@ impl CudaDevice {
         let mut table = Vec::new();
         let mut count = 0usize;
         for x in xs {
-            let dt = dt_code(OP, x.dtype())?;
+            let dt = float_code(OP, x.dtype())?;
             for (offset, len) in chunks(x.len()) {
                 table.extend_from_slice(&x.ptr().to_le_bytes());
                 table.extend_from_slice(&(offset as u64).to_le_bytes());
@@ -137,28 +86,27 @@ impl CudaDevice {
         if count == 0 {
             return Ok(());
         }
-        let blocks = super::grid_dim(OP, count)?;
+        let blocks = grid_dim(OP, count)?;
         let table = self.table(OP, table)?;
         let mut scratch = lock(&self.scratch, OP)?;
         let partial = scratch.get(&self.ctx, &self.stream, count * 8, &self.mem)?;
-        let fp = self.func(KernelModule::Reduce, "sum_squares_many_partial")?;
         // SAFETY: sum_squares_many_partial(const SumSqChunk*, double*): `count` 32-byte chunk
         // records (ptr, offset, len, dtype) describing ranges inside live buffers, and `count`
         // doubles of scratch. The kernel reads 16-byte packs only from chunks whose start is
         // 16-byte aligned, and only whole packs inside the chunk.
         unsafe {
-            kernels::launch(
-                &self.stream,
-                &fp,
-                cfg((blocks, 1, 1), (THREADS, 1, 1)),
-                &[table.into(), partial.into()],
-            )?;
+            self.kernel(KernelModule::Reduce, "sum_squares_many_partial")?
+                .grid((blocks, 1, 1))
+                .block((THREADS, 1, 1))
+                .arg_ptr(table)
+                .arg_ptr(partial)
+                .launch()?;
         }
         // SAFETY: `count` partials just written; slot < out.len() (checked).
         unsafe { self.sum_squares_finish(OP, partial, count, out, slot) }
     }
 
-    pub(super) fn adamw_clipped_impl(
+    pub(crate) fn adamw_clipped_impl(
         &self,
         tensors: &mut [AdamWTensor<'_, CudaBuffer>],
         step: &AdamWClipStep,
@@ -178,7 +126,7 @@ impl CudaDevice {
             check_len(OP, "grad", t.grad, n)?;
             check_len(OP, "m", &*t.m, n)?;
             check_len(OP, "v", &*t.v, n)?;
-            let gdt = dt_code(OP, t.grad.dtype())?;
+            let gdt = float_code(OP, t.grad.dtype())?;
             let (copy, cdt) = match t.copy.as_deref() {
                 None => (0u64, 0i32),
                 Some(c) => {
@@ -188,7 +136,7 @@ impl CudaDevice {
                         fp8_copies.push(i);
                         (0, 0)
                     } else {
-                        (c.ptr(), dt_code(OP, c.dtype())?)
+                        (c.ptr(), float_code(OP, c.dtype())?)
                     }
                 }
             };
@@ -205,7 +153,7 @@ impl CudaDevice {
             }
         }
         if count > 0 {
-            let blocks = super::grid_dim(OP, count)?;
+            let blocks = grid_dim(OP, count)?;
             let table = self.table(OP, table)?;
             let f = self.func(KernelModule::AdamW, "adamw_multi")?;
             let s = *step;
@@ -216,20 +164,17 @@ impl CudaDevice {
             // stream's chunk start is aligned for them, and only whole vectors inside the
             // chunk; the block size is its `__launch_bounds__`.
             unsafe {
-                kernels::launch(
-                    &self.stream,
-                    &f,
-                    cfg((blocks, 1, 1), (THREADS, 1, 1)),
-                    &[
-                        table.into(),
-                        scalars.ptr().into(),
-                        s.beta1.into(),
-                        s.beta2.into(),
-                        s.eps.into(),
-                        s.max_norm.into(),
-                        s.loss_scale.into(),
-                    ],
-                )?;
+                self.launcher(&f)
+                    .grid((blocks, 1, 1))
+                    .block((THREADS, 1, 1))
+                    .arg_ptr(table)
+                    .arg_buf(scalars)
+                    .arg_f32(s.beta1)
+                    .arg_f32(s.beta2)
+                    .arg_f32(s.eps)
+                    .arg_f32(s.max_norm)
+                    .arg_f32(s.loss_scale)
+                    .launch()?;
             }
         }
         for i in fp8_copies {
@@ -239,5 +184,143 @@ impl CudaDevice {
             }
         }
         Ok(())
+    }
+}
+
+impl CudaDevice {
+    pub(crate) fn adamw_impl(
+        &self,
+        param: &mut CudaBuffer,
+        grad: &CudaBuffer,
+        m: &mut CudaBuffer,
+        v: &mut CudaBuffer,
+        step: &AdamWStep,
+        param_copy: Option<&mut CudaBuffer>,
+    ) -> Result<()> {
+        const OP: &str = "adamw";
+        let n = param.len();
+        check_dtype(OP, param, DType::F32)?;
+        check_dtype(OP, m, DType::F32)?;
+        check_dtype(OP, v, DType::F32)?;
+        let sg = float_suffix(OP, grad.dtype())?;
+        check_len(OP, "grad", grad, n)?;
+        check_len(OP, "m", m, n)?;
+        check_len(OP, "v", v, n)?;
+        // The fused kernel writes f32/f16/bf16 copies; an fp8 copy is a cast afterwards.
+        let (fused_copy, cast_copy) = match param_copy {
+            None => (None, None),
+            Some(pc) => {
+                check_len(OP, "param_copy", pc, n)?;
+                match pc.dtype() {
+                    DType::F32 | DType::F16 | DType::BF16 => (Some(pc), None),
+                    d if d.is_fp8() => (None, Some(pc)),
+                    dtype => {
+                        return Err(DeviceError::Unsupported {
+                            op: "adamw param_copy".into(),
+                            dtype,
+                        });
+                    }
+                }
+            }
+        };
+        if n == 0 {
+            return Ok(());
+        }
+        let sc = fused_copy
+            .as_ref()
+            .map(|pc| float_suffix(OP, pc.dtype()))
+            .transpose()?
+            .unwrap_or("f32");
+        let copy_ptr = fused_copy.as_ref().map(|pc| pc.ptr()).unwrap_or(0);
+        let st = *step;
+        // SAFETY: adamw_G_C(float*, const G*, float*, float*, C* (nullable), u64 n, 8 floats):
+        // param/m/v are f32 × n, grad and the copy n elements of their dtypes.
+        unsafe {
+            self.kernel(KernelModule::AdamW, &format!("adamw_{sg}_{sc}"))?
+                .grid(self.grid_1d(n))
+                .block((EW_BLOCK, 1, 1))
+                .arg_buf(param)
+                .arg_buf(grad)
+                .arg_buf(m)
+                .arg_buf(v)
+                .arg_ptr(copy_ptr)
+                .arg_u64(n as u64)
+                .arg_f32(st.lr)
+                .arg_f32(st.beta1)
+                .arg_f32(st.beta2)
+                .arg_f32(st.eps)
+                .arg_f32(st.weight_decay)
+                .arg_f32(st.bias_correction1)
+                .arg_f32(st.bias_correction2)
+                .arg_f32(st.grad_scale)
+                .launch()?;
+        }
+        if let Some(pc) = cast_copy {
+            self.cast(param, pc, 1.0)?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn sum_squares_impl(
+        &self,
+        x: &CudaBuffer,
+        out: &mut CudaBuffer,
+        slot: usize,
+    ) -> Result<()> {
+        const OP: &str = "sum_squares";
+        let s = float_suffix(OP, x.dtype())?;
+        check_dtype(OP, out, DType::F32)?;
+        check_range(OP, slot, 1, out.len())?;
+        let n = x.len();
+        if n == 0 {
+            return Ok(());
+        }
+        // The partition depends on n only (never on the GPU), so results are reproducible.
+        let blocks = n.div_ceil(256 * 16).clamp(1, 1024);
+        let mut scratch = lock(&self.scratch, OP)?;
+        let partial = scratch.get(&self.ctx, &self.stream, blocks * 8, &self.mem)?;
+        // SAFETY: sum_squares_partial(const T*, u64 n, double*): x holds n elements, the
+        // scratch `blocks` doubles (one per block).
+        unsafe {
+            self.kernel(KernelModule::Reduce, &format!("sum_squares_partial_{s}"))?
+                .grid((blocks as u32, 1, 1))
+                .block((256, 1, 1))
+                .arg_buf(x)
+                .arg_u64(n as u64)
+                .arg_ptr(partial)
+                .launch()?;
+        }
+        // SAFETY: `blocks` partials just written; slot < out.len() (checked).
+        unsafe { self.sum_squares_finish(OP, partial, blocks, out, slot) }
+    }
+}
+
+impl CudaDevice {
+    /// `out[slot] += Σ partial[0..count)` in a fixed order (sum_squares_finish in reduce.cu).
+    ///
+    /// # Safety
+    /// `partial` must hold `count` f64 partial sums written by earlier queued work, and `slot`
+    /// must lie inside `out` (f32).
+    pub(crate) unsafe fn sum_squares_finish(
+        &self,
+        op: &'static str,
+        partial: u64,
+        count: usize,
+        out: &CudaBuffer,
+        slot: usize,
+    ) -> Result<()> {
+        let count = i32::try_from(count).map_err(|_| too_large(op, "partials", count))?;
+        // SAFETY: sum_squares_finish(const double*, int count, float*, u64 slot), one block of
+        // 256 threads; sizes from the caller.
+        unsafe {
+            self.kernel(KernelModule::Reduce, "sum_squares_finish")?
+                .grid((1, 1, 1))
+                .block((256, 1, 1))
+                .arg_ptr(partial)
+                .arg_i32(count)
+                .arg_buf(out)
+                .arg_u64(slot as u64)
+                .launch()
+        }
     }
 }

@@ -7,7 +7,7 @@
 //! implementation, so the results are bit-identical to it. The position gradient is a column
 //! sum. Launches: 1–2 per pass, 0–2 for the runs, 1 for the token rows, 2 for the column sum.
 
-use super::*;
+use super::prelude::*;
 
 /// Keys per sort block (kernels-cuda/embedding.cu: EMB_TILE = EMB_SORT_THREADS · EMB_ITEMS).
 const EMB_TILE: usize = 8192;
@@ -20,7 +20,7 @@ const WTE_WARPS: usize = 8;
 
 impl CudaDevice {
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn embedding_backward_impl(
+    pub(crate) fn embedding_backward_impl(
         &self,
         tokens: &CudaBuffer,
         dout: &CudaBuffer,
@@ -32,13 +32,13 @@ impl CudaDevice {
     ) -> Result<()> {
         const OP: &str = "embedding_backward";
         let act = dout.dtype();
-        let sa = float_sfx(OP, act)?;
-        let sg = wide_sfx(OP, act, "dwte", dwte.dtype())?;
+        let sa = float_suffix(OP, act)?;
+        let sg = wide_suffix(OP, act, "dwte", dwte.dtype())?;
         check_dtype(OP, dwpe, dwte.dtype())?;
         check_dtype(OP, tokens, DType::I32)?;
-        let bt = mul(OP, &[b, t])?;
-        let total = mul(OP, &[bt, c])?;
-        let tc = mul(OP, &[t, c])?;
+        let bt = checked_product(OP, &[b, t])?;
+        let total = checked_product(OP, &[bt, c])?;
+        let tc = checked_product(OP, &[t, c])?;
         check_len(OP, "tokens", tokens, bt)?;
         check_len(OP, "dout", dout, total)?;
         if c == 0 {
@@ -70,7 +70,7 @@ impl CudaDevice {
         let passes = (u32::BITS - (vocab as u32).leading_zeros()).div_ceil(8) as usize;
         let tiles = bt.div_ceil(EMB_TILE);
         let num_tiles = dim(OP, "sort tiles", tiles)?;
-        let sort_grid = cfg((grid_dim(OP, tiles)?, 1, 1), (EMB_SORT_THREADS, 1, 1));
+        let sort_grid = (grid_dim(OP, tiles)?, 1, 1);
 
         // Scratch layout (i32/u32 arrays, byte offsets): two key/value ping-pong pairs of n
         // each, the digit histogram (256 per tile), the run counts per tile, and the runs
@@ -118,20 +118,17 @@ impl CudaDevice {
                 // int vocab, unsigned* hist, int num_tiles): reads n keys, writes
                 // 256·num_tiles counts (the hist area).
                 unsafe {
-                    kernels::launch(
-                        &self.stream,
-                        &count_k,
-                        sort_grid,
-                        &[
-                            keys_in.into(),
-                            n.into(),
-                            shift.into(),
-                            i32::from(first).into(),
-                            vocab.into(),
-                            hist.into(),
-                            num_tiles.into(),
-                        ],
-                    )?;
+                    self.launcher(&count_k)
+                        .grid(sort_grid)
+                        .block((EMB_SORT_THREADS, 1, 1))
+                        .arg_ptr(keys_in)
+                        .arg_i32(n)
+                        .arg_i32(shift)
+                        .arg_i32(i32::from(first))
+                        .arg_i32(vocab)
+                        .arg_ptr(hist)
+                        .arg_i32(num_tiles)
+                        .launch()?;
                 }
             }
             // A single pass writes the runs itself and needs no sorted keys.
@@ -143,28 +140,25 @@ impl CudaDevice {
             // first pass), writes a permutation of them (n each), the runs (≤ vocab + 1 < n + 1
             // words) only when emit_runs.
             unsafe {
-                kernels::launch(
-                    &self.stream,
-                    &scatter_k,
-                    sort_grid,
-                    &[
-                        keys_in.into(),
-                        vals_in.into(),
-                        keys_out.into(),
-                        vals[p % 2].into(),
-                        n.into(),
-                        shift.into(),
-                        i32::from(first).into(),
-                        vocab.into(),
-                        hist.into(),
-                        num_tiles.into(),
-                        i32::from(single_pass).into(),
-                        run_count.into(),
-                        run_start.into(),
-                        run_tok.into(),
-                        self.err_word.ptr().into(),
-                    ],
-                )?;
+                self.launcher(&scatter_k)
+                    .grid(sort_grid)
+                    .block((EMB_SORT_THREADS, 1, 1))
+                    .arg_ptr(keys_in)
+                    .arg_ptr(vals_in)
+                    .arg_ptr(keys_out)
+                    .arg_ptr(vals[p % 2])
+                    .arg_i32(n)
+                    .arg_i32(shift)
+                    .arg_i32(i32::from(first))
+                    .arg_i32(vocab)
+                    .arg_ptr(hist)
+                    .arg_i32(num_tiles)
+                    .arg_i32(i32::from(single_pass))
+                    .arg_ptr(run_count)
+                    .arg_ptr(run_start)
+                    .arg_ptr(run_tok)
+                    .arg_ptr(self.err_word.ptr())
+                    .launch()?;
             }
         }
         let last = (passes - 1) % 2;
@@ -174,34 +168,32 @@ impl CudaDevice {
                 // SAFETY: embedding_runs_count(const int* keys, int n, int vocab,
                 // unsigned* counts): reads n sorted keys, writes num_tiles counts.
                 unsafe {
-                    kernels::launch(
-                        &self.stream,
-                        &f,
-                        sort_grid,
-                        &[keys[last].into(), n.into(), vocab.into(), counts.into()],
-                    )?;
+                    self.launcher(&f)
+                        .grid(sort_grid)
+                        .block((EMB_SORT_THREADS, 1, 1))
+                        .arg_ptr(keys[last])
+                        .arg_i32(n)
+                        .arg_i32(vocab)
+                        .arg_ptr(counts)
+                        .launch()?;
                 }
             }
-            let f = self.func(KernelModule::Embedding, "embedding_runs_write")?;
             // SAFETY: embedding_runs_write(const int* keys, int n, int vocab, int num_tiles,
             // const unsigned* counts, int* run_count, int* run_start, int* run_tok): reads n
             // sorted keys and num_tiles counts, writes 1 + (≤ n + 1) + (≤ n) words.
             unsafe {
-                kernels::launch(
-                    &self.stream,
-                    &f,
-                    sort_grid,
-                    &[
-                        keys[last].into(),
-                        n.into(),
-                        vocab.into(),
-                        num_tiles.into(),
-                        counts.into(),
-                        run_count.into(),
-                        run_start.into(),
-                        run_tok.into(),
-                    ],
-                )?;
+                self.kernel(KernelModule::Embedding, "embedding_runs_write")?
+                    .grid(sort_grid)
+                    .block((EMB_SORT_THREADS, 1, 1))
+                    .arg_ptr(keys[last])
+                    .arg_i32(n)
+                    .arg_i32(vocab)
+                    .arg_i32(num_tiles)
+                    .arg_ptr(counts)
+                    .arg_ptr(run_count)
+                    .arg_ptr(run_start)
+                    .arg_ptr(run_tok)
+                    .launch()?;
             }
         }
 
@@ -233,28 +225,22 @@ impl CudaDevice {
         // (< n) written above, dout rows < n, and updates dwte rows < vocab (the run tokens
         // are valid ids); columns < c.
         unsafe {
-            kernels::launch(
-                &self.stream,
-                &wte_k,
-                cfg(
-                    (
-                        grid_dim(OP, max_runs.div_ceil(WTE_WARPS))?,
-                        grid_dim(OP, groups)?,
-                        1,
-                    ),
-                    (32 * WTE_WARPS as u32, 1, 1),
-                ),
-                &[
-                    run_count.into(),
-                    run_start.into(),
-                    run_tok.into(),
-                    vals[last].into(),
-                    dout.ptr().into(),
-                    dwte.ptr().into(),
-                    ci.into(),
-                    dim(OP, "column chunks", chunks)?.into(),
-                ],
-            )?;
+            self.launcher(&wte_k)
+                .grid((
+                    grid_dim(OP, max_runs.div_ceil(WTE_WARPS))?,
+                    grid_dim(OP, groups)?,
+                    1,
+                ))
+                .block((32 * WTE_WARPS as u32, 1, 1))
+                .arg_ptr(run_count)
+                .arg_ptr(run_start)
+                .arg_ptr(run_tok)
+                .arg_ptr(vals[last])
+                .arg_buf(dout)
+                .arg_buf(dwte)
+                .arg_i32(ci)
+                .arg_i32(dim(OP, "column chunks", chunks)?)
+                .launch()?;
         }
         // dwpe[t, :] += Σ_b dout[b, t, :]: a column sum of dout seen as b × (t·c), in the same
         // scratch area (the sort output is no longer needed, stream order).
@@ -270,6 +256,73 @@ impl CudaDevice {
                 b,
                 tc,
             )
+        }
+    }
+}
+
+impl CudaDevice {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn embedding_forward_impl(
+        &self,
+        tokens: &CudaBuffer,
+        wte: &CudaBuffer,
+        wpe: &CudaBuffer,
+        out: &mut CudaBuffer,
+        b: usize,
+        t: usize,
+        c: usize,
+    ) -> Result<()> {
+        const OP: &str = "embedding_forward";
+        let act = out.dtype();
+        let sa = float_suffix(OP, act)?;
+        let sp = wide_suffix(OP, act, "wte", wte.dtype())?;
+        check_dtype(OP, wpe, wte.dtype())?;
+        check_dtype(OP, tokens, DType::I32)?;
+        let bt = checked_product(OP, &[b, t])?;
+        let total = checked_product(OP, &[bt, c])?;
+        check_len(OP, "tokens", tokens, bt)?;
+        if c == 0 {
+            return Err(DeviceError::Shape {
+                op: OP,
+                detail: "c must be positive".into(),
+            });
+        }
+        if wte.is_empty() || !wte.len().is_multiple_of(c) {
+            return Err(DeviceError::Shape {
+                op: OP,
+                detail: format!(
+                    "token table has {} elements, not a positive multiple of c = {c}",
+                    wte.len()
+                ),
+            });
+        }
+        check_min_len(OP, "position table", wpe, checked_product(OP, &[t, c])?)?;
+        check_len(OP, "out", out, total)?;
+        if bt == 0 {
+            return Ok(());
+        }
+        let vocab = dim(OP, "vocab", wte.len() / c)?;
+        let f = self.func(
+            KernelModule::Embedding,
+            &format!("embedding_forward_{sa}_{sp}"),
+        )?;
+        let block = (c.div_ceil(32) * 32).clamp(32, 256) as u32;
+        // SAFETY: embedding_forward(const int*, const P*, const P*, A*, int t, int c, int vocab,
+        // unsigned*): tokens hold b·t ids, each row reads wte[tok·c..] (tok checked < vocab in
+        // the kernel) and wpe[(r % t)·c..] (wpe ≥ t·c), writes out[r·c..] (out = b·t·c).
+        unsafe {
+            self.launcher(&f)
+                .grid((grid_dim(OP, bt)?, 1, 1))
+                .block((block, 1, 1))
+                .arg_buf(tokens)
+                .arg_buf(wte)
+                .arg_buf(wpe)
+                .arg_buf(out)
+                .arg_i32(dim(OP, "t", t)?)
+                .arg_i32(dim(OP, "c", c)?)
+                .arg_i32(vocab)
+                .arg_ptr(self.err_word.ptr())
+                .launch()
         }
     }
 }

@@ -7,7 +7,7 @@
 //! depends on the shape and dtypes only (buffers are allocation-aligned), so the summation
 //! orders are fixed and the results bit-reproducible.
 
-use super::*;
+use super::prelude::*;
 
 /// Vectors per thread the fast kernels are instantiated for.
 const LN_M: [usize; 6] = [1, 2, 3, 4, 6, 8];
@@ -15,22 +15,22 @@ const LN_M: [usize; 6] = [1, 2, 3, 4, 6, 8];
 /// rows up to 2048 bf16 elements get one warp each, whose reductions need no block barrier.
 const LN_FWD_MAX_VECTORS: usize = 8;
 /// Warps per block of the fast forward (at most; `⌊8 / g⌋` row groups of `g` warps).
-pub(super) const LN_WARPS: usize = 8;
+pub(crate) const LN_WARPS: usize = 8;
 /// Warps per block of the fused backward (at most; `⌊4 / g⌋` row groups of `g` warps).
 const LN_BWD_WARPS: usize = 4;
 /// Most chunks (partial rows) of the fused backward.
 const LN_MAX_CHUNKS: usize = 512;
 
 /// How the fast LayerNorm kernels split a row of `c` elements.
-/// The fused LayerNorm + FP8 quantisation (device/fp8.rs) uses the forward's plan too, so its
+/// The fused LayerNorm + FP8 quantisation (ops/fp8.rs) uses the forward's plan too, so its
 /// row statistics follow the same order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct Plan {
+pub(crate) struct Plan {
     /// 16-byte vectors (`c` a multiple of the vector width, buffers 16-byte aligned), else
     /// single elements.
-    pub(super) vec: bool,
+    pub(crate) vec: bool,
     /// Warps per row (1..=8).
-    pub(super) g: usize,
+    pub(crate) g: usize,
     /// Vectors per thread (one of [`LN_M`]).
     m: usize,
 }
@@ -43,7 +43,7 @@ impl Plan {
     }
 
     /// Elements per thread for rows of `act` (vectors of 16 bytes, or single elements).
-    pub(super) fn elements(&self, act: DType) -> usize {
+    pub(crate) fn elements(&self, act: DType) -> usize {
         if self.vec {
             self.m * (16 / act.size_bytes())
         } else {
@@ -52,7 +52,7 @@ impl Plan {
     }
 
     /// Row groups per block and threads per block, for blocks of at most `warps` warps.
-    pub(super) fn block(&self, warps: usize) -> (usize, u32) {
+    pub(crate) fn block(&self, warps: usize) -> (usize, u32) {
         let groups = warps / self.g;
         (groups, (groups * self.g * 32) as u32)
     }
@@ -63,7 +63,7 @@ impl Plan {
 /// the instantiated vectors each (forward: [`LN_FWD_MAX_VECTORS`] vectors of 16 bytes;
 /// backward: 3; single elements: 6), picks the one with the fewest thread slots, then
 /// the fewest warps per row.
-pub(super) fn plan(c: usize, act: DType, aligned: bool, backward: bool) -> Option<Plan> {
+pub(crate) fn plan(c: usize, act: DType, aligned: bool, backward: bool) -> Option<Plan> {
     let pack = 16 / act.size_bytes();
     let vec = aligned && c.is_multiple_of(pack);
     let (width, max_m) = match (vec, backward) {
@@ -101,10 +101,10 @@ fn aligned16(ptrs: &[u64]) -> bool {
 impl CudaDevice {
     /// The row statistics (mean, rstd) of `layernorm_forward` with the vectorised plan `p`, no
     /// output (`layernorm_stats_<act>_v`): the first launch of the split LayerNorm + FP8 path
-    /// (device/fp8.rs), whose caller has checked x (n·c elements, 16-byte aligned), mean and
+    /// (ops/fp8.rs), whose caller has checked x (n·c elements, 16-byte aligned), mean and
     /// rstd (n f32 each).
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn layernorm_stats(
+    pub(crate) fn layernorm_stats(
         &self,
         x: &CudaBuffer,
         mean: &mut CudaBuffer,
@@ -116,7 +116,7 @@ impl CudaDevice {
     ) -> Result<()> {
         const OP: &str = "layernorm_forward_fp8";
         debug_assert!(p.vec && p.m <= LN_FWD_MAX_VECTORS);
-        let sa = float_sfx(OP, x.dtype())?;
+        let sa = float_suffix(OP, x.dtype())?;
         let f = self.func(KernelModule::LayerNorm, &format!("layernorm_stats_{sa}_v"))?;
         let (groups, threads) = p.block(LN_WARPS);
         // SAFETY: layernorm_stats_A_v(const A* x, float* mean, float* rstd, int n, int c,
@@ -126,25 +126,22 @@ impl CudaDevice {
         // plan's vectors per thread (≤ LN_FWD_MAX_VECTORS, the kernel's M); ⌊8 / G⌋ groups of
         // G warps, ≤ 256 threads.
         unsafe {
-            kernels::launch(
-                &self.stream,
-                &f,
-                cfg((grid_dim(OP, n.div_ceil(groups))?, 1, 1), (threads, 1, 1)),
-                &[
-                    x.ptr().into(),
-                    mean.ptr().into(),
-                    rstd.ptr().into(),
-                    dim(OP, "n", n)?.into(),
-                    dim(OP, "c", c)?.into(),
-                    eps.into(),
-                    (p.g as i32).into(),
-                ],
-            )
+            self.launcher(&f)
+                .grid((grid_dim(OP, n.div_ceil(groups))?, 1, 1))
+                .block((threads, 1, 1))
+                .arg_buf(x)
+                .arg_buf(mean)
+                .arg_buf(rstd)
+                .arg_i32(dim(OP, "n", n)?)
+                .arg_i32(dim(OP, "c", c)?)
+                .arg_f32(eps)
+                .arg_i32(p.g as i32)
+                .launch()
         }
     }
 
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn layernorm_forward_impl(
+    pub(crate) fn layernorm_forward_impl(
         &self,
         x: &CudaBuffer,
         gamma: &CudaBuffer,
@@ -158,13 +155,13 @@ impl CudaDevice {
     ) -> Result<()> {
         const OP: &str = "layernorm_forward";
         let act = x.dtype();
-        let sa = float_sfx(OP, act)?;
-        let sp = wide_sfx(OP, act, "gamma", gamma.dtype())?;
+        let sa = float_suffix(OP, act)?;
+        let sp = wide_suffix(OP, act, "gamma", gamma.dtype())?;
         check_dtype(OP, beta, gamma.dtype())?;
         check_dtype(OP, out, act)?;
         check_dtype(OP, mean, DType::F32)?;
         check_dtype(OP, rstd, DType::F32)?;
-        let total = mul(OP, &[n, c])?;
+        let total = checked_product(OP, &[n, c])?;
         if c == 0 && n > 0 {
             return Err(DeviceError::Shape {
                 op: OP,
@@ -189,49 +186,42 @@ impl CudaDevice {
             // n·c, gamma/beta c, mean/rstd n elements; vector accesses only when `aligned` and
             // c is a multiple of the vector width (`plan`).
             return unsafe {
-                kernels::launch(
-                    &self.stream,
-                    &f,
-                    cfg((grid_dim(OP, n.div_ceil(groups))?, 1, 1), (threads, 1, 1)),
-                    &[
-                        x.ptr().into(),
-                        gamma.ptr().into(),
-                        beta.ptr().into(),
-                        out.ptr().into(),
-                        mean.ptr().into(),
-                        rstd.ptr().into(),
-                        dim(OP, "n", n)?.into(),
-                        dim(OP, "c", c)?.into(),
-                        eps.into(),
-                        (p.g as i32).into(),
-                    ],
-                )
+                self.launcher(&f)
+                    .grid((grid_dim(OP, n.div_ceil(groups))?, 1, 1))
+                    .block((threads, 1, 1))
+                    .arg_buf(x)
+                    .arg_buf(gamma)
+                    .arg_buf(beta)
+                    .arg_buf(out)
+                    .arg_buf(mean)
+                    .arg_buf(rstd)
+                    .arg_i32(dim(OP, "n", n)?)
+                    .arg_i32(dim(OP, "c", c)?)
+                    .arg_f32(eps)
+                    .arg_i32(p.g as i32)
+                    .launch()
             };
         }
         // Rows too wide for the fast kernel: one warp per row.
-        let f = self.func(
-            KernelModule::LayerNorm,
-            &format!("layernorm_forward_{sa}_{sp}"),
-        )?;
         // SAFETY: layernorm_forward(const A*, const P*, const P*, A*, float*, float*, int n,
         // int c, float eps): one warp per row < n; x/out hold n·c, gamma/beta c, mean/rstd n.
         unsafe {
-            kernels::launch(
-                &self.stream,
-                &f,
-                warp_row_cfg(OP, n)?,
-                &[
-                    x.ptr().into(),
-                    gamma.ptr().into(),
-                    beta.ptr().into(),
-                    out.ptr().into(),
-                    mean.ptr().into(),
-                    rstd.ptr().into(),
-                    dim(OP, "n", n)?.into(),
-                    dim(OP, "c", c)?.into(),
-                    eps.into(),
-                ],
-            )
+            self.kernel(
+                KernelModule::LayerNorm,
+                &format!("layernorm_forward_{sa}_{sp}"),
+            )?
+            .grid(rows_grid(OP, n)?)
+            .block((ROW_BLOCK, 1, 1))
+            .arg_buf(x)
+            .arg_buf(gamma)
+            .arg_buf(beta)
+            .arg_buf(out)
+            .arg_buf(mean)
+            .arg_buf(rstd)
+            .arg_i32(dim(OP, "n", n)?)
+            .arg_i32(dim(OP, "c", c)?)
+            .arg_f32(eps)
+            .launch()
         }
     }
 
@@ -242,7 +232,7 @@ impl CudaDevice {
     /// with dgamma's and dbeta's arithmetic by `layernorm_dparams_finish3_*`; the other paths
     /// (single elements, rows too wide) add a separate column sum of dx (`bias_backward`).
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn layernorm_backward_impl(
+    pub(crate) fn layernorm_backward_impl(
         &self,
         dout: &CudaBuffer,
         x: &CudaBuffer,
@@ -261,14 +251,14 @@ impl CudaDevice {
             None => "layernorm_backward",
         };
         let act = dout.dtype();
-        let sa = float_sfx(op, act)?;
-        let sp = wide_sfx(op, act, "gamma", gamma.dtype())?;
-        wide_sfx(op, act, "dgamma", dgamma.dtype())?;
+        let sa = float_suffix(op, act)?;
+        let sp = wide_suffix(op, act, "gamma", gamma.dtype())?;
+        wide_suffix(op, act, "dgamma", dgamma.dtype())?;
         check_dtype(op, dbeta, dgamma.dtype())?;
         same_dtype(op, act, &[x, dx])?;
         check_dtype(op, mean, DType::F32)?;
         check_dtype(op, rstd, DType::F32)?;
-        let total = mul(op, &[n, c])?;
+        let total = checked_product(op, &[n, c])?;
         if c == 0 && n > 0 {
             return Err(DeviceError::Shape {
                 op,
@@ -286,7 +276,7 @@ impl CudaDevice {
         let ss = match &dsum {
             Some(ds) => {
                 check_len(op, "dsum", &**ds, c)?;
-                Some(float_sfx(op, ds.dtype())?)
+                Some(float_suffix(op, ds.dtype())?)
             }
             None => None,
         };
@@ -307,7 +297,7 @@ impl CudaDevice {
             return self.bias_backward(dx, dsum, n, c);
         }
         if let Some(p) = fast {
-            let sg = float_sfx(op, dgamma.dtype())?;
+            let sg = float_suffix(op, dgamma.dtype())?;
             let rpc = ln_rows_per_chunk(n);
             let chunks = n.div_ceil(rpc);
             let part_bytes = align_up(chunks * c * 4);
@@ -319,24 +309,24 @@ impl CudaDevice {
             let pass = if dsum.is_some() { "bwdsum" } else { "bwd" };
             let f = self.func(KernelModule::LayerNorm, &p.kernel(pass, sa, sp))?;
             let (_, threads) = p.block(LN_BWD_WARPS);
-            let mut args: Vec<Arg> = vec![
-                dout.ptr().into(),
-                x.ptr().into(),
-                gamma.ptr().into(),
-                mean.ptr().into(),
-                rstd.ptr().into(),
-                dx.ptr().into(),
-                pg.into(),
-                pb.into(),
+            let mut args = vec![
+                Arg::U64(dout.ptr()),
+                Arg::U64(x.ptr()),
+                Arg::U64(gamma.ptr()),
+                Arg::U64(mean.ptr()),
+                Arg::U64(rstd.ptr()),
+                Arg::U64(dx.ptr()),
+                Arg::U64(pg),
+                Arg::U64(pb),
             ];
             if dsum.is_some() {
-                args.push(ps.into());
+                args.push(Arg::U64(ps));
             }
-            args.extend::<[Arg; 4]>([
-                ni.into(),
-                ci.into(),
-                dim(op, "rows per chunk", rpc)?.into(),
-                (p.g as i32).into(),
+            args.extend([
+                Arg::I32(ni),
+                Arg::I32(ci),
+                Arg::I32(dim(op, "rows per chunk", rpc)?),
+                Arg::I32(p.g as i32),
             ]);
             // SAFETY: layernorm_bwd_*(const A*, const A*, const P*, const float*, const float*,
             // A*, float*, float*, int n, int c, int rpc, int G), and layernorm_bwdsum_* with a
@@ -345,33 +335,32 @@ impl CudaDevice {
             // f32 partial areas (scratch of `areas`·part_bytes); vector accesses only when
             // `aligned` and c is a multiple of the vector width (`plan`).
             unsafe {
-                kernels::launch(
-                    &self.stream,
-                    &f,
-                    cfg((grid_dim(op, chunks)?, 1, 1), (threads, 1, 1)),
-                    &args,
-                )?;
+                self.launcher(&f)
+                    .grid((grid_dim(op, chunks)?, 1, 1))
+                    .block((threads, 1, 1))
+                    .args(&args)
+                    .launch()?;
             }
             let cgrid = grid_dim(op, c.div_ceil(32))?;
             let chunks = dim(op, "chunks", chunks)?;
             // The finish: dgamma and dbeta (and dsum) from their partial areas.
-            let mut fargs: Vec<Arg> = vec![pg.into(), pb.into()];
+            let mut fargs = vec![Arg::U64(pg), Arg::U64(pb)];
             let name = match (dsum, ss) {
                 (Some(dsum), Some(ss)) => {
-                    fargs.extend::<[Arg; 4]>([
-                        ps.into(),
-                        dgamma.ptr().into(),
-                        dbeta.ptr().into(),
-                        dsum.ptr().into(),
+                    fargs.extend([
+                        Arg::U64(ps),
+                        Arg::U64(dgamma.ptr()),
+                        Arg::U64(dbeta.ptr()),
+                        Arg::U64(dsum.ptr()),
                     ]);
                     format!("layernorm_dparams_finish3_{sg}_{ss}")
                 }
                 _ => {
-                    fargs.extend::<[Arg; 2]>([dgamma.ptr().into(), dbeta.ptr().into()]);
+                    fargs.extend([Arg::U64(dgamma.ptr()), Arg::U64(dbeta.ptr())]);
                     format!("layernorm_dparams_finish_{sg}")
                 }
             };
-            fargs.extend::<[Arg; 2]>([chunks.into(), ci.into()]);
+            fargs.extend([Arg::I32(chunks), Arg::I32(ci)]);
             let ff = self.func(KernelModule::LayerNorm, &name)?;
             // SAFETY: layernorm_dparams_finish(const float*, const float*, G*, G*, int chunks,
             // int c), and layernorm_dparams_finish3 with a third area (ps) after pb and a third
@@ -379,38 +368,33 @@ impl CudaDevice {
             // chunks·c partials from each area and updates c elements of dgamma, dbeta (dtype
             // G) and dsum, checked above.
             return unsafe {
-                kernels::launch(
-                    &self.stream,
-                    &ff,
-                    cfg((cgrid, areas as u32, 1), (32, 32, 1)),
-                    &fargs,
-                )
+                self.launcher(&ff)
+                    .grid((cgrid, areas as u32, 1))
+                    .block((32, 32, 1))
+                    .args(&fargs)
+                    .launch()
             };
         }
         // Rows too wide for the fused kernel: dx with one warp per row, then the parameter
         // gradients in two passes.
-        let f = self.func(
-            KernelModule::LayerNorm,
-            &format!("layernorm_backward_dx_{sa}_{sp}"),
-        )?;
         // SAFETY: layernorm_backward_dx(const A*, const A*, const P*, const float*, const float*,
         // A*, int n, int c): one warp per row < n over buffers of n·c / c / n elements.
         unsafe {
-            kernels::launch(
-                &self.stream,
-                &f,
-                warp_row_cfg(op, n)?,
-                &[
-                    dout.ptr().into(),
-                    x.ptr().into(),
-                    gamma.ptr().into(),
-                    mean.ptr().into(),
-                    rstd.ptr().into(),
-                    dx.ptr().into(),
-                    ni.into(),
-                    ci.into(),
-                ],
-            )?;
+            self.kernel(
+                KernelModule::LayerNorm,
+                &format!("layernorm_backward_dx_{sa}_{sp}"),
+            )?
+            .grid(rows_grid(op, n)?)
+            .block((ROW_BLOCK, 1, 1))
+            .arg_buf(dout)
+            .arg_buf(x)
+            .arg_buf(gamma)
+            .arg_buf(mean)
+            .arg_buf(rstd)
+            .arg_buf(dx)
+            .arg_i32(ni)
+            .arg_i32(ci)
+            .launch()?;
         }
         let rpc = rows_per_chunk(n);
         let chunks = n.div_ceil(rpc);
@@ -418,33 +402,26 @@ impl CudaDevice {
         let mut scratch = lock(&self.scratch, op)?;
         let pg = scratch.get(&self.ctx, &self.stream, 2 * part_bytes, &self.mem)?;
         let pb = pg + part_bytes as u64;
-        let fp = self.func(
-            KernelModule::LayerNorm,
-            &format!("layernorm_dparams_partial_{sa}"),
-        )?;
         // SAFETY: layernorm_dparams_partial(const A*, const A*, const float*, const float*,
         // float*, float*, int n, int c, int rows_per_chunk): reads n·c / n elements, writes
         // chunks·c floats to each of the two scratch areas.
         unsafe {
-            kernels::launch(
-                &self.stream,
-                &fp,
-                cfg(
-                    (grid_dim(op, c.div_ceil(32))?, grid_dim(op, chunks)?, 1),
-                    (32, 8, 1),
-                ),
-                &[
-                    dout.ptr().into(),
-                    x.ptr().into(),
-                    mean.ptr().into(),
-                    rstd.ptr().into(),
-                    pg.into(),
-                    pb.into(),
-                    ni.into(),
-                    ci.into(),
-                    dim(op, "rows per chunk", rpc)?.into(),
-                ],
-            )?;
+            self.kernel(
+                KernelModule::LayerNorm,
+                &format!("layernorm_dparams_partial_{sa}"),
+            )?
+            .grid((grid_dim(op, c.div_ceil(32))?, grid_dim(op, chunks)?, 1))
+            .block((32, 8, 1))
+            .arg_buf(dout)
+            .arg_buf(x)
+            .arg_buf(mean)
+            .arg_buf(rstd)
+            .arg_ptr(pg)
+            .arg_ptr(pb)
+            .arg_i32(ni)
+            .arg_i32(ci)
+            .arg_i32(dim(op, "rows per chunk", rpc)?)
+            .launch()?;
         }
         for (partial, out) in [(pg, &*dgamma), (pb, &*dbeta)] {
             // SAFETY: chunks·c partials, c outputs of the gradient's dtype (checked above).

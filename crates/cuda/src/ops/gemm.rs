@@ -2,24 +2,23 @@
 //! GELU backward): see [`duet_device::Device::gemm_epilogue`]; and the FP8 GEMMs' bias and
 //! bias + GELU epilogues ([`duet_device::Device::gemm_fp8_epilogue`]).
 
-use super::CudaDevice;
+use super::prelude::*;
 use crate::blaslt::{self, LtEpilogue, float_type};
-use crate::memory::CudaBuffer;
-use duet_device::{Buffer, DType, Device, DeviceError, Epilogue, GemmDesc, Result};
+use duet_device::{Epilogue, GemmDesc};
 
 const OP: &str = "gemm_epilogue";
 
 /// Bits of `CudaDevice::lt_refused`: epilogues this cuBLASLt refused once.
 const REFUSED_BGRAD: u8 = 1;
-const REFUSED_FP8_BIAS: u8 = 2;
-const REFUSED_FP8_GELU: u8 = 4;
+pub(crate) const REFUSED_FP8_BIAS: u8 = 2;
+pub(crate) const REFUSED_FP8_GELU: u8 = 4;
 
 impl CudaDevice {
-    pub(super) fn epilogue_supported(&self, dtype: DType) -> bool {
+    pub(crate) fn epilogue_supported(&self, dtype: DType) -> bool {
         self.cc >= 80 && matches!(dtype, DType::BF16 | DType::F16)
     }
 
-    pub(super) fn gemm_epilogue_impl(
+    pub(crate) fn gemm_epilogue_impl(
         &self,
         desc: &GemmDesc,
         a: &CudaBuffer,
@@ -171,7 +170,7 @@ impl CudaDevice {
     }
 
     /// One 16-bit cuBLASLt matmul (A and B of A's dtype, no scales) with `epi`.
-    pub(super) fn lt_matmul(
+    pub(crate) fn lt_matmul(
         &self,
         desc: &GemmDesc,
         a: &CudaBuffer,
@@ -210,7 +209,7 @@ impl CudaDevice {
 
     /// Runs `matmul` (a cuBLASLt epilogue) unless cuBLASLt refused `bit` before; an error is
     /// remembered as a refusal, so the caller's separate ops run from then on. Whether it ran.
-    fn lt_unless_refused(&self, bit: u8, matmul: impl FnOnce() -> Result<()>) -> bool {
+    pub(crate) fn lt_unless_refused(&self, bit: u8, matmul: impl FnOnce() -> Result<()>) -> bool {
         use std::sync::atomic::Ordering;
         if self.lt_refused.load(Ordering::Relaxed) & bit != 0 {
             return false;
@@ -223,126 +222,31 @@ impl CudaDevice {
             }
         }
     }
+}
 
-    /// An FP8 GEMM with a bias, bias + residual or bias + GELU epilogue (bias, residual and
-    /// pre-activation in C's dtype). Where cuBLASLt refuses one (remembered), the FP8 GEMM and
-    /// the separate ops.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn gemm_fp8_epilogue_impl(
+impl CudaDevice {
+    pub(crate) fn gemm_impl(
         &self,
         desc: &GemmDesc,
         a: &CudaBuffer,
         b: &CudaBuffer,
         c: &mut CudaBuffer,
-        scale_inv: &CudaBuffer,
-        a_slot: usize,
-        b_slot: usize,
-        epilogue: Epilogue<'_, CudaBuffer>,
     ) -> Result<()> {
-        const OP8: &str = "gemm_fp8_epilogue";
-        blaslt::validate(desc, a, b, c, scale_inv, a_slot, b_slot, self.cc)?;
-        let dt = c.dtype();
-        if !matches!(dt, DType::BF16 | DType::F16) {
-            return Err(DeviceError::Unsupported {
-                op: format!("{OP8} (C must be bf16 or f16)"),
-                dtype: dt,
-            });
+        // Autotuned 16-bit GEMMs go through cuBLASLt, where the algorithm can be chosen.
+        let lt_ok = matches!(a.dtype(), DType::BF16 | DType::F16)
+            && b.dtype() == a.dtype()
+            && c.dtype() == a.dtype()
+            && desc.batch == 1;
+        if lt_ok && self.gemm_autotune() && self.fused_ops() {
+            desc.validate(a.len(), b.len(), c.len())?;
+            return self.lt_matmul(desc, a, b, c, blaslt::LtEpilogue::None);
         }
-        // The fallback adds the bias over whole rows of C.
-        if desc.ldc != desc.n || desc.c_offset != 0 || c.len() != desc.m * desc.n {
-            return Err(DeviceError::InvalidArgument(format!(
-                "{OP8}: C must be exactly the m × n result (ldc {}, offset {}, {} elements)",
-                desc.ldc,
-                desc.c_offset,
-                c.len()
-            )));
-        }
-        let check_bias = |bias: &CudaBuffer| -> Result<()> {
-            duet_device::check_dtype(OP8, bias, dt)?;
-            duet_device::check_len(OP8, "bias", bias, desc.n)
-        };
-        let fused_only = |what: &str| -> Result<()> {
-            if desc.alpha != 1.0 || desc.beta != 0.0 {
-                return Err(DeviceError::InvalidArgument(format!(
-                    "{OP8}: the {what} epilogue needs alpha 1 and beta 0"
-                )));
-            }
-            Ok(())
-        };
-        let (slots, scales) = ((a_slot, b_slot), scale_inv);
-        match epilogue {
-            Epilogue::Bias(bias) | Epilogue::BiasResidual { bias, .. } => {
-                check_bias(bias)?;
-                let residual = match epilogue {
-                    Epilogue::BiasResidual { residual, .. } => {
-                        duet_device::check_dtype(OP8, residual, dt)?;
-                        duet_device::check_len(OP8, "residual", residual, c.len())?;
-                        fused_only("bias + residual")?;
-                        Some(residual)
-                    }
-                    _ => None,
-                };
-                let epi = match residual {
-                    Some(r) => LtEpilogue::BiasResidual {
-                        bias: bias.ptr(),
-                        dtype: dt,
-                        residual: r.ptr(),
-                    },
-                    None => LtEpilogue::Bias {
-                        bias: bias.ptr(),
-                        dtype: dt,
-                    },
-                };
-                let fused = self.lt_unless_refused(REFUSED_FP8_BIAS, || {
-                    self.with_lt(OP8, |lt| {
-                        lt.gemm_fp8(&self.stream, desc, a, b, c, scales, slots, epi)
-                    })
-                });
-                if fused {
-                    return Ok(());
-                }
-                match residual {
-                    Some(r) => {
-                        self.copy(r, 0, c, 0, c.len())?;
-                        let acc = GemmDesc { beta: 1.0, ..*desc };
-                        self.gemm_fp8(&acc, a, b, c, scales, a_slot, b_slot)?;
-                    }
-                    None => self.gemm_fp8(desc, a, b, c, scales, a_slot, b_slot)?,
-                }
-                self.bias_add(c, bias, desc.m, desc.n)
-            }
-            Epilogue::BiasGelu { bias, pre } => {
-                check_bias(bias)?;
-                duet_device::check_dtype(OP8, &*pre, dt)?;
-                duet_device::check_len(OP8, "pre", &*pre, c.len())?;
-                fused_only("bias + GELU")?;
-                if !desc.n.is_multiple_of(8) {
-                    return Err(DeviceError::InvalidArgument(format!(
-                        "{OP8}: n {} must be a multiple of 8 for a GELU epilogue",
-                        desc.n
-                    )));
-                }
-                let epi = LtEpilogue::GeluAuxBias {
-                    bias: bias.ptr(),
-                    dtype: dt,
-                    aux: pre.ptr(),
-                    ld: desc.ldc as i64,
-                };
-                let fused = self.lt_unless_refused(REFUSED_FP8_GELU, || {
-                    self.with_lt(OP8, |lt| {
-                        lt.gemm_fp8(&self.stream, desc, a, b, c, scales, slots, epi)
-                    })
-                });
-                if fused {
-                    return Ok(());
-                }
-                self.gemm_fp8(desc, a, b, pre, scales, a_slot, b_slot)?;
-                self.bias_add(pre, bias, desc.m, desc.n)?;
-                self.gelu_forward(pre, c)
-            }
-            _ => Err(DeviceError::InvalidArgument(format!(
-                "{OP8}: only the bias, bias + residual and bias + GELU epilogues run on FP8 GEMMs"
-            ))),
-        }
+        self.blas.gemm(desc, a, b, c)
+    }
+
+    pub(crate) fn set_gemm_autotune_impl(&self, on: bool) -> bool {
+        self.autotune
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+        true
     }
 }

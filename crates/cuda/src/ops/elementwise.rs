@@ -1,0 +1,213 @@
+//! Element-wise ops and casts, bias add and its gradient, GELU (kernels-cuda/elementwise.cu,
+//! reduce.cu).
+
+use super::prelude::*;
+
+impl CudaDevice {
+    pub(crate) fn cast_impl(
+        &self,
+        src: &CudaBuffer,
+        dst: &mut CudaBuffer,
+        scale: f32,
+    ) -> Result<()> {
+        const OP: &str = "cast";
+        let unsupported = |dtype| DeviceError::Unsupported {
+            op: OP.into(),
+            dtype,
+        };
+        let s = conv::kernel_suffix(src.dtype()).ok_or_else(|| unsupported(src.dtype()))?;
+        let d = conv::kernel_suffix(dst.dtype()).ok_or_else(|| unsupported(dst.dtype()))?;
+        check_len(OP, "dst", dst, src.len())?;
+        let n = src.len();
+        if n == 0 {
+            return Ok(());
+        }
+        // SAFETY: cast_S_D(const S*, D*, u64 n, float); both buffers hold n elements.
+        unsafe {
+            self.kernel(KernelModule::Reduce, &format!("cast_{s}_{d}"))?
+                .grid(self.grid_1d(n))
+                .block((EW_BLOCK, 1, 1))
+                .arg_buf(src)
+                .arg_buf(dst)
+                .arg_u64(n as u64)
+                .arg_f32(scale)
+                .launch()
+        }
+    }
+
+    pub(crate) fn scale_impl(&self, x: &mut CudaBuffer, alpha: f32) -> Result<()> {
+        const OP: &str = "scale";
+        let s = float_suffix(OP, x.dtype())?;
+        let n = x.len();
+        if n == 0 {
+            return Ok(());
+        }
+        // SAFETY: scale_T(T*, float, u64); x holds n elements.
+        unsafe {
+            self.kernel(KernelModule::Elementwise, &format!("scale_{s}"))?
+                .grid(self.grid_1d(n.div_ceil(16 / x.dtype().size_bytes())))
+                .block((EW_BLOCK, 1, 1))
+                .arg_buf(x)
+                .arg_f32(alpha)
+                .arg_u64(n as u64)
+                .launch()
+        }
+    }
+
+    pub(crate) fn add_impl(
+        &self,
+        a: &CudaBuffer,
+        b: &CudaBuffer,
+        out: &mut CudaBuffer,
+    ) -> Result<()> {
+        const OP: &str = "add";
+        let s = float_suffix(OP, a.dtype())?;
+        same_dtype(OP, a.dtype(), &[b, out])?;
+        check_len(OP, "b", b, a.len())?;
+        check_len(OP, "out", out, a.len())?;
+        let n = a.len();
+        if n == 0 {
+            return Ok(());
+        }
+        // SAFETY: add_T(const T*, const T*, T*, u64); all three hold n elements.
+        unsafe {
+            self.kernel(KernelModule::Elementwise, &format!("add_{s}"))?
+                .grid(self.grid_1d(n.div_ceil(16 / a.dtype().size_bytes())))
+                .block((EW_BLOCK, 1, 1))
+                .arg_buf(a)
+                .arg_buf(b)
+                .arg_buf(out)
+                .arg_u64(n as u64)
+                .launch()
+        }
+    }
+
+    pub(crate) fn add_assign_impl(&self, dst: &mut CudaBuffer, src: &CudaBuffer) -> Result<()> {
+        const OP: &str = "add_assign";
+        let d = float_suffix(OP, dst.dtype())?;
+        let s = float_suffix(OP, src.dtype())?;
+        check_len(OP, "src", src, dst.len())?;
+        let n = dst.len();
+        if n == 0 {
+            return Ok(());
+        }
+        // SAFETY: add_assign_D_S(D*, const S*, u64); both hold n elements.
+        unsafe {
+            self.kernel(KernelModule::Elementwise, &format!("add_assign_{d}_{s}"))?
+                .grid(self.grid_1d(n.div_ceil(16 / dst.dtype().size_bytes())))
+                .block((EW_BLOCK, 1, 1))
+                .arg_buf(dst)
+                .arg_buf(src)
+                .arg_u64(n as u64)
+                .launch()
+        }
+    }
+
+    pub(crate) fn bias_add_impl(
+        &self,
+        x: &mut CudaBuffer,
+        bias: &CudaBuffer,
+        rows: usize,
+        c: usize,
+    ) -> Result<()> {
+        const OP: &str = "bias_add";
+        let act = x.dtype();
+        let sa = float_suffix(OP, act)?;
+        let sp = wide_suffix(OP, act, "bias", bias.dtype())?;
+        let total = checked_product(OP, &[rows, c])?;
+        check_len(OP, "x", x, total)?;
+        check_len(OP, "bias", bias, c)?;
+        if total == 0 {
+            return Ok(());
+        }
+        // SAFETY: bias_add(A*, const P*, u64 rows, u64 c): x holds rows·c, bias c elements.
+        unsafe {
+            self.kernel(KernelModule::Elementwise, &format!("bias_add_{sa}_{sp}"))?
+                .grid(self.grid_1d(total.div_ceil(16 / act.size_bytes())))
+                .block((EW_BLOCK, 1, 1))
+                .arg_buf(x)
+                .arg_buf(bias)
+                .arg_u64(rows as u64)
+                .arg_u64(c as u64)
+                .launch()
+        }
+    }
+
+    pub(crate) fn bias_backward_impl(
+        &self,
+        dout: &CudaBuffer,
+        dbias: &mut CudaBuffer,
+        rows: usize,
+        c: usize,
+    ) -> Result<()> {
+        const OP: &str = "bias_backward";
+        float_suffix(OP, dout.dtype())?;
+        float_suffix(OP, dbias.dtype())?;
+        let total = checked_product(OP, &[rows, c])?;
+        check_len(OP, "dout", dout, total)?;
+        check_len(OP, "dbias", dbias, c)?;
+        let mut scratch = lock(&self.scratch, OP)?;
+        // SAFETY: dout holds rows × c elements, dbias c.
+        unsafe {
+            self.column_sum(
+                OP,
+                &mut scratch,
+                dout.ptr(),
+                dout.dtype(),
+                dbias.ptr(),
+                dbias.dtype(),
+                rows,
+                c,
+            )
+        }
+    }
+
+    pub(crate) fn gelu_forward_impl(&self, x: &CudaBuffer, out: &mut CudaBuffer) -> Result<()> {
+        const OP: &str = "gelu_forward";
+        let s = float_suffix(OP, x.dtype())?;
+        check_dtype(OP, out, x.dtype())?;
+        check_len(OP, "out", out, x.len())?;
+        let n = x.len();
+        if n == 0 {
+            return Ok(());
+        }
+        // SAFETY: gelu_forward_T(const T*, T*, u64); both hold n elements.
+        unsafe {
+            self.kernel(KernelModule::Elementwise, &format!("gelu_forward_{s}"))?
+                .grid(self.grid_1d(n.div_ceil(16 / x.dtype().size_bytes())))
+                .block((EW_BLOCK, 1, 1))
+                .arg_buf(x)
+                .arg_buf(out)
+                .arg_u64(n as u64)
+                .launch()
+        }
+    }
+
+    pub(crate) fn gelu_backward_impl(
+        &self,
+        x: &CudaBuffer,
+        dout: &CudaBuffer,
+        dx: &mut CudaBuffer,
+    ) -> Result<()> {
+        const OP: &str = "gelu_backward";
+        let s = float_suffix(OP, x.dtype())?;
+        same_dtype(OP, x.dtype(), &[dout, dx])?;
+        check_len(OP, "dout", dout, x.len())?;
+        check_len(OP, "dx", dx, x.len())?;
+        let n = x.len();
+        if n == 0 {
+            return Ok(());
+        }
+        // SAFETY: gelu_backward_T(const T*, const T*, T*, u64); all hold n elements.
+        unsafe {
+            self.kernel(KernelModule::Elementwise, &format!("gelu_backward_{s}"))?
+                .grid(self.grid_1d(n.div_ceil(16 / x.dtype().size_bytes())))
+                .block((EW_BLOCK, 1, 1))
+                .arg_buf(x)
+                .arg_buf(dout)
+                .arg_buf(dx)
+                .arg_u64(n as u64)
+                .launch()
+        }
+    }
+}

@@ -1,0 +1,159 @@
+//! Element-wise ops and casts, bias add and its gradient, GELU (kernels-hip/elementwise.hip,
+//! reduce.hip).
+
+use super::prelude::*;
+
+impl HipDevice {
+    pub(crate) fn cast_impl(&self, src: &HipBuffer, dst: &mut HipBuffer, scale: f32) -> Result<()> {
+        const OP: &str = "cast";
+        check_len(OP, "dst", dst, src.len())?;
+        let s = kernel_suffix(src.dtype()).ok_or_else(|| unsupported(OP, src.dtype()))?;
+        let d = kernel_suffix(dst.dtype()).ok_or_else(|| unsupported(OP, dst.dtype()))?;
+        let n = src.len();
+        // SAFETY: cast_S_D(const S* src, D* dst, u64 n, float scale): both hold n elements.
+        unsafe {
+            self.kernel(&format!("cast_{s}_{d}"))?
+                .grid(self.grid_1d(n))
+                .arg_buf(src)
+                .arg_buf(dst)
+                .arg_u64(n as u64)
+                .arg_f32(scale)
+                .launch()
+        }
+    }
+
+    pub(crate) fn scale_impl(&self, x: &mut HipBuffer, alpha: f32) -> Result<()> {
+        let s = float_suffix("scale", x.dtype())?;
+        let n = x.len();
+        // SAFETY: scale_T(T* x, float alpha, u64 n): x holds n elements.
+        unsafe {
+            self.kernel(&format!("scale_{s}"))?
+                .grid(self.grid_1d(n))
+                .arg_buf(x)
+                .arg_f32(alpha)
+                .arg_u64(n as u64)
+                .launch()
+        }
+    }
+
+    pub(crate) fn add_impl(&self, a: &HipBuffer, b: &HipBuffer, out: &mut HipBuffer) -> Result<()> {
+        const OP: &str = "add";
+        let s = float_suffix(OP, a.dtype())?;
+        same_dtype(OP, a.dtype(), &[b, out])?;
+        check_len(OP, "b", b, a.len())?;
+        check_len(OP, "out", out, a.len())?;
+        let n = a.len();
+        // SAFETY: add_T(const T* a, const T* b, T* out, u64 n): all three hold n elements.
+        unsafe {
+            self.kernel(&format!("add_{s}"))?
+                .grid(self.grid_1d(n))
+                .arg_buf(a)
+                .arg_buf(b)
+                .arg_buf(out)
+                .arg_u64(n as u64)
+                .launch()
+        }
+    }
+
+    pub(crate) fn add_assign_impl(&self, dst: &mut HipBuffer, src: &HipBuffer) -> Result<()> {
+        const OP: &str = "add_assign";
+        let s = float_suffix(OP, dst.dtype())?;
+        same_dtype(OP, dst.dtype(), &[src])?;
+        check_len(OP, "src", src, dst.len())?;
+        let n = dst.len();
+        // SAFETY: add_assign_T(T* dst, const T* src, u64 n): both hold n elements.
+        unsafe {
+            self.kernel(&format!("add_assign_{s}"))?
+                .grid(self.grid_1d(n))
+                .arg_buf(dst)
+                .arg_buf(src)
+                .arg_u64(n as u64)
+                .launch()
+        }
+    }
+
+    pub(crate) fn bias_add_impl(
+        &self,
+        x: &mut HipBuffer,
+        bias: &HipBuffer,
+        rows: usize,
+        c: usize,
+    ) -> Result<()> {
+        const OP: &str = "bias_add";
+        let sa = float_suffix(OP, x.dtype())?;
+        let sp = wide_suffix(OP, x.dtype(), "bias", bias.dtype())?;
+        let total = checked_product(OP, &[rows, c])?;
+        check_len(OP, "x", x, total)?;
+        check_len(OP, "bias", bias, c)?;
+        // SAFETY: bias_add_A_P(A* x, const P* bias, u64 rows, u64 c): x holds rows·c elements,
+        // bias c.
+        unsafe {
+            self.kernel(&format!("{OP}_{sa}_{sp}"))?
+                .grid(self.grid_1d(total))
+                .arg_buf(x)
+                .arg_buf(bias)
+                .arg_u64(rows as u64)
+                .arg_u64(c as u64)
+                .launch()
+        }
+    }
+
+    pub(crate) fn bias_backward_impl(
+        &self,
+        dout: &HipBuffer,
+        dbias: &mut HipBuffer,
+        rows: usize,
+        c: usize,
+    ) -> Result<()> {
+        const OP: &str = "bias_backward";
+        float_suffix(OP, dout.dtype())?;
+        float_suffix(OP, dbias.dtype())?;
+        check_len(OP, "dout", dout, checked_product(OP, &[rows, c])?)?;
+        check_len(OP, "dbias", dbias, c)?;
+        if c == 0 {
+            return Ok(());
+        }
+        self.column_sum(OP, dout, rows, c, dbias)
+    }
+
+    pub(crate) fn gelu_forward_impl(&self, x: &HipBuffer, out: &mut HipBuffer) -> Result<()> {
+        const OP: &str = "gelu_forward";
+        let s = float_suffix(OP, x.dtype())?;
+        same_dtype(OP, x.dtype(), &[out])?;
+        check_len(OP, "out", out, x.len())?;
+        let n = x.len();
+        // SAFETY: gelu_forward_T(const T* x, T* out, u64 n): both hold n elements.
+        unsafe {
+            self.kernel(&format!("gelu_forward_{s}"))?
+                .grid(self.grid_1d(n))
+                .arg_buf(x)
+                .arg_buf(out)
+                .arg_u64(n as u64)
+                .launch()
+        }
+    }
+
+    pub(crate) fn gelu_backward_impl(
+        &self,
+        x: &HipBuffer,
+        dout: &HipBuffer,
+        dx: &mut HipBuffer,
+    ) -> Result<()> {
+        const OP: &str = "gelu_backward";
+        let s = float_suffix(OP, x.dtype())?;
+        same_dtype(OP, x.dtype(), &[dout, dx])?;
+        check_len(OP, "dout", dout, x.len())?;
+        check_len(OP, "dx", dx, x.len())?;
+        let n = x.len();
+        // SAFETY: gelu_backward_T(const T* x, const T* dout, T* dx, u64 n): all hold n elements.
+        unsafe {
+            self.kernel(&format!("gelu_backward_{s}"))?
+                .grid(self.grid_1d(n))
+                .arg_buf(x)
+                .arg_buf(dout)
+                .arg_buf(dx)
+                .arg_u64(n as u64)
+                .launch()
+        }
+    }
+}

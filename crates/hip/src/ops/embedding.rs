@@ -1,0 +1,128 @@
+//! Token and position embedding, forward and backward (kernels-hip/embedding.hip).
+//!
+//! The backward adds each token's rows in position order without atomics (one block per
+//! position; only the block of a token's first occurrence works); the position gradient is a
+//! column sum (reduce.hip).
+
+use super::prelude::*;
+
+/// The shape checks of both passes (the CPU's and CUDA's rules and wording): `c` positive, the
+/// token table a positive multiple of `c` rows, the position table at least `t·c`.
+fn check_tables(
+    op: &'static str,
+    table: &HipBuffer,
+    pos_table: &HipBuffer,
+    t: usize,
+    c: usize,
+) -> Result<()> {
+    if c == 0 {
+        return Err(DeviceError::Shape {
+            op,
+            detail: "c must be positive".into(),
+        });
+    }
+    if table.is_empty() || !table.len().is_multiple_of(c) {
+        return Err(DeviceError::Shape {
+            op,
+            detail: format!(
+                "token table has {} elements, not a positive multiple of c = {c}",
+                table.len()
+            ),
+        });
+    }
+    check_min_len(
+        op,
+        "position table",
+        pos_table,
+        checked_product(op, &[t, c])?,
+    )
+}
+
+impl HipDevice {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn embedding_forward_impl(
+        &self,
+        tokens: &HipBuffer,
+        wte: &HipBuffer,
+        wpe: &HipBuffer,
+        out: &mut HipBuffer,
+        b: usize,
+        t: usize,
+        c: usize,
+    ) -> Result<()> {
+        const OP: &str = "embedding_forward";
+        check_dtype(OP, tokens, DType::I32)?;
+        check_dtype(OP, wpe, wte.dtype())?;
+        let sa = float_suffix(OP, out.dtype())?;
+        let sp = wide_suffix(OP, out.dtype(), "wte", wte.dtype())?;
+        let bt = checked_product(OP, &[b, t])?;
+        check_len(OP, "tokens", tokens, bt)?;
+        check_len(OP, "out", out, checked_product(OP, &[bt, c])?)?;
+        check_tables(OP, wte, wpe, t, c)?;
+        if bt == 0 {
+            return Ok(());
+        }
+        let vocab = wte.len() / c;
+        self.queue_id_check(OP, tokens, vocab, false)?;
+        // SAFETY: embedding_forward_A_P(const int* tokens, const P* wte, const P* wpe, A* out,
+        // int t, int c, int vocab): one block per position < b·t; tokens hold b·t ids, each
+        // row reads wte[tok·c..] only for 0 ≤ tok < vocab (the kernel checks; wte holds
+        // vocab·c) and wpe[(p % t)·c..] (wpe ≥ t·c), and writes out[p·c..] (out = b·t·c).
+        unsafe {
+            self.kernel(&format!("{OP}_{sa}_{sp}"))?
+                .grid(rows_grid(OP, bt)?)
+                .arg_buf(tokens)
+                .arg_buf(wte)
+                .arg_buf(wpe)
+                .arg_buf(out)
+                .arg_i32(dim(OP, "t", t)?)
+                .arg_i32(dim(OP, "c", c)?)
+                .arg_i32(dim(OP, "vocab", vocab)?)
+                .launch()
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn embedding_backward_impl(
+        &self,
+        tokens: &HipBuffer,
+        dout: &HipBuffer,
+        dwte: &mut HipBuffer,
+        dwpe: &mut HipBuffer,
+        b: usize,
+        t: usize,
+        c: usize,
+    ) -> Result<()> {
+        const OP: &str = "embedding_backward";
+        check_dtype(OP, tokens, DType::I32)?;
+        let sa = float_suffix(OP, dout.dtype())?;
+        let sg = wide_suffix(OP, dout.dtype(), "dwte", dwte.dtype())?;
+        float_suffix(OP, dwpe.dtype())?;
+        let bt = checked_product(OP, &[b, t])?;
+        check_len(OP, "tokens", tokens, bt)?;
+        check_len(OP, "dout", dout, checked_product(OP, &[bt, c])?)?;
+        check_tables(OP, dwte, dwpe, t, c)?;
+        if bt == 0 {
+            return Ok(());
+        }
+        let vocab = dwte.len() / c;
+        self.queue_id_check(OP, tokens, vocab, false)?;
+        // SAFETY: embedding_backward_wte_A_G(const int* tokens, const A* dout, G* dwte, int n,
+        // int c, int vocab): one block per position p < n = b·t; tokens hold n ids, dout n·c
+        // elements; a block updates dwte[tok·c..] only for 0 ≤ tok < vocab (the kernel checks;
+        // dwte holds vocab·c).
+        unsafe {
+            self.kernel(&format!("embedding_backward_wte_{sa}_{sg}"))?
+                .grid(rows_grid(OP, bt)?)
+                .arg_buf(tokens)
+                .arg_buf(dout)
+                .arg_buf(dwte)
+                .arg_i32(dim(OP, "b·t", bt)?)
+                .arg_i32(dim(OP, "c", c)?)
+                .arg_i32(dim(OP, "vocab", vocab)?)
+                .launch()?;
+        };
+        // dwpe[t, :] += Σ_b dout[b, t, :]: a column sum over b rows of t·c columns.
+        self.column_sum(OP, dout, b, t * c, dwpe)
+    }
+}

@@ -1,0 +1,53 @@
+//! The loss: fused softmax + cross-entropy (kernels-hip/cross_entropy.hip).
+
+use super::prelude::*;
+
+impl HipDevice {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn cross_entropy_impl(
+        &self,
+        logits: &HipBuffer,
+        targets: &HipBuffer,
+        losses: &mut HipBuffer,
+        dlogits: Option<&mut HipBuffer>,
+        n: usize,
+        v: usize,
+        grad_scale: f32,
+    ) -> Result<()> {
+        const OP: &str = "cross_entropy";
+        let s = float_suffix(OP, logits.dtype())?;
+        check_dtype(OP, targets, DType::I32)?;
+        check_dtype(OP, losses, DType::F32)?;
+        let total = checked_product(OP, &[n, v])?;
+        check_len(OP, "logits", logits, total)?;
+        check_len(OP, "targets", targets, n)?;
+        check_len(OP, "losses", losses, n)?;
+        let dl = match dlogits {
+            Some(d) => {
+                same_dtype(OP, logits.dtype(), &[d])?;
+                check_len(OP, "dlogits", d, total)?;
+                d.ptr()
+            }
+            None => std::ptr::null_mut(),
+        };
+        if n == 0 {
+            return Ok(());
+        }
+        self.queue_id_check(OP, targets, v, true)?;
+        // SAFETY: cross_entropy_T(const T* logits, const int* targets, float* losses,
+        // T* dlogits (nullable), int v, float grad_scale): one block per row < n over logits and
+        // dlogits (n·v), targets and losses (n), checked; a row reads logits[row·v + tgt] only
+        // for 0 ≤ tgt < v (the kernel checks).
+        unsafe {
+            self.kernel(&format!("{OP}_{s}"))?
+                .grid(rows_grid(OP, n)?)
+                .arg_buf(logits)
+                .arg_buf(targets)
+                .arg_buf(losses)
+                .arg_ptr(dl)
+                .arg_i32(dim(OP, "v", v)?)
+                .arg_f32(grad_scale)
+                .launch()
+        }
+    }
+}

@@ -1,0 +1,26 @@
+//! The op families, one file each, with the same names as the CPU and CUDA backends' `ops/`
+//! (a family the HIP backend has no op of has no file): each holds `impl HipDevice` methods
+//! named `<trait method>_impl` that `impl Device for HipDevice` (device.rs) calls, one per trait
+//! method. As on CUDA, every op that reads or writes FP8 codes lives in `fp8.rs`.
+
+mod attention;
+mod elementwise;
+mod embedding;
+mod fp8;
+mod gemm;
+mod layernorm;
+mod loss;
+mod memory;
+mod optim;
+
+/// What the op files share.
+mod prelude {
+    pub(super) use crate::conv::{self, float_suffix, kernel_suffix, wide_suffix};
+    pub(super) use crate::device::{HipDevice, rows_grid, same_dtype, unsupported};
+    pub(super) use crate::kernels::{checked_product, dim, grid_dim};
+    pub(super) use crate::memory::HipBuffer;
+    pub(super) use duet_device::{
+        Buffer, DType, Device, DeviceError, Result, check_dtype, check_len, check_min_len,
+        check_range,
+    };
+}

@@ -1,0 +1,91 @@
+//! The optimizer ops: AdamW and the sum of squares (kernels-hip/adamw.hip, reduce.hip). HIP has
+//! no multi-tensor kernels (the trait's defaults run).
+
+use super::prelude::*;
+use duet_device::AdamWStep;
+
+/// Most blocks of a `sum_squares` partial pass (fixed by n alone, so results are deterministic).
+const SUMSQ_BLOCKS: u32 = 1024;
+
+impl HipDevice {
+    pub(crate) fn adamw_impl(
+        &self,
+        param: &mut HipBuffer,
+        grad: &HipBuffer,
+        m: &mut HipBuffer,
+        v: &mut HipBuffer,
+        step: &AdamWStep,
+        param_copy: Option<&mut HipBuffer>,
+    ) -> Result<()> {
+        const OP: &str = "adamw";
+        let n = param.len();
+        check_dtype(OP, param, DType::F32)?;
+        check_dtype(OP, m, DType::F32)?;
+        check_dtype(OP, v, DType::F32)?;
+        let g = float_suffix(OP, grad.dtype())?;
+        check_len(OP, "grad", grad, n)?;
+        check_len(OP, "m", m, n)?;
+        check_len(OP, "v", v, n)?;
+        let (copy, cdt) = match param_copy {
+            Some(c) => {
+                check_len(OP, "param_copy", c, n)?;
+                if !c.dtype().is_float() {
+                    return Err(unsupported("adamw param_copy", c.dtype()));
+                }
+                (c.ptr(), c.dtype())
+            }
+            None => (std::ptr::null_mut(), DType::F32),
+        };
+        let sc = kernel_suffix(cdt).expect("a float dtype");
+        let s = step;
+        // SAFETY: adamw_G_C(float* param, const G* grad, float* m, float* v, C* copy (nullable),
+        // u64 n, 8 floats): param/m/v are f32 × n, grad and the copy n elements of their dtypes
+        // (checked).
+        unsafe {
+            self.kernel(&format!("adamw_{g}_{sc}"))?
+                .grid(self.grid_1d(n))
+                .arg_buf(param)
+                .arg_buf(grad)
+                .arg_buf(m)
+                .arg_buf(v)
+                .arg_ptr(copy)
+                .arg_u64(n as u64)
+                .arg_f32(s.lr)
+                .arg_f32(s.beta1)
+                .arg_f32(s.beta2)
+                .arg_f32(s.eps)
+                .arg_f32(s.weight_decay)
+                .arg_f32(s.bias_correction1)
+                .arg_f32(s.bias_correction2)
+                .arg_f32(s.grad_scale)
+                .launch()
+        }
+    }
+
+    pub(crate) fn sum_squares_impl(
+        &self,
+        x: &HipBuffer,
+        out: &mut HipBuffer,
+        slot: usize,
+    ) -> Result<()> {
+        const OP: &str = "sum_squares";
+        let s = kernel_suffix(x.dtype()).ok_or_else(|| unsupported(OP, x.dtype()))?;
+        check_dtype(OP, out, DType::F32)?;
+        check_range(OP, slot, 1, out.len())?;
+        // The partition depends on n only (never on the GPU), so results are reproducible.
+        let blocks = self.grid_1d(x.len()).0.min(SUMSQ_BLOCKS);
+        let part = self.scratch(blocks as usize)?;
+        // SAFETY: sum_squares_partial_T(const T* x, u64 n, float* partial): x holds n elements,
+        // the scratch `blocks` f32 (one per block).
+        unsafe {
+            self.kernel(&format!("sum_squares_partial_{s}"))?
+                .grid((blocks, 1, 1))
+                .arg_buf(x)
+                .arg_u64(x.len() as u64)
+                .arg_ptr(part)
+                .launch()?;
+        };
+        // SAFETY: `blocks` partials just written; slot < out.len() (checked).
+        unsafe { self.sum_squares_finish(OP, part, blocks as usize, out, slot) }
+    }
+}

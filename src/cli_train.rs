@@ -3,7 +3,7 @@
 use crate::backends::{OnDevice, dispatch};
 use crate::{CliResult, ModelArgs};
 use duet_device::{
-    BackendKind, DType, Device, DeviceError, DeviceExt, GemmDesc, Telemetry, human_bytes,
+    BackendKind, DType, DeviceError, DeviceExt, Fused, GemmDesc, Telemetry, human_bytes,
 };
 use duet_engine::checkpoint::Checkpoint;
 use duet_engine::trace::{TraceHeader, TraceWriter};
@@ -39,7 +39,7 @@ pub struct TrainOptions {
 
 /// Resolves the configured precision against the device (fallback with a warning, or an error
 /// with `--strict`) and writes the result back into `cfg`.
-fn resolve_precision<D: Device>(cfg: &mut Config, dev: &D, strict: bool) -> CliResult<()> {
+fn resolve_precision<D: Fused>(cfg: &mut Config, dev: &D, strict: bool) -> CliResult<()> {
     let (p, warning) =
         duet_engine::precision::resolve_precision_on(dev, cfg.train.precision, strict)?;
     if let Some(w) = warning {
@@ -50,7 +50,7 @@ fn resolve_precision<D: Device>(cfg: &mut Config, dev: &D, strict: bool) -> CliR
 }
 
 /// One line per FP8 operand: scale and the first amax-history entries.
-fn print_fp8_report<D: Device>(trainer: &Trainer<D>) {
+fn print_fp8_report<D: Fused>(trainer: &Trainer<D>) {
     let report = match trainer.model().fp8_report(FP8_REPORT_ENTRIES) {
         Ok(r) => r,
         Err(e) => {
@@ -620,7 +620,7 @@ pub(crate) struct TrainTask {
 impl TrainTask {
     /// Writes a checkpoint from rank 0. Under ZeRO every rank takes part in gathering the
     /// optimizer state, so every rank must call this.
-    fn save<D: Device>(&self, trainer: &Trainer<D>, path: &Path) -> CliResult<()> {
+    fn save<D: Fused>(&self, trainer: &Trainer<D>, path: &Path) -> CliResult<()> {
         let zero = trainer.dist().is_some_and(|d| d.zero());
         if self.is_main || zero {
             let ck = trainer.checkpoint()?;
@@ -645,14 +645,14 @@ impl TrainTask {
 impl OnDevice for TrainTask {
     type Output = TrainOutcome;
 
-    fn run<D: Device>(self, dev: Arc<D>) -> CliResult<TrainOutcome> {
+    fn run<D: Fused>(self, dev: Arc<D>) -> CliResult<TrainOutcome> {
         self.run_with(dev, None)
     }
 }
 
 impl TrainTask {
     /// The training run on `dev`; with `comm`, as one rank of a data-parallel group.
-    pub(crate) fn run_with<D: Device>(
+    pub(crate) fn run_with<D: Fused>(
         mut self,
         dev: Arc<D>,
         comm: Option<Arc<dyn duet_device::Collective<D>>>,
@@ -1158,7 +1158,7 @@ struct BenchTask {
 impl OnDevice for BenchTask {
     type Output = Vec<serde_json::Value>;
 
-    fn run<D: Device>(self, dev: Arc<D>) -> CliResult<Vec<serde_json::Value>> {
+    fn run<D: Fused>(self, dev: Arc<D>) -> CliResult<Vec<serde_json::Value>> {
         let mut out = Vec::with_capacity(self.cfgs.len());
         let mut ceilings: Vec<(DType, Result<Option<f64>, String>)> = Vec::new();
         for cfg in &self.cfgs {
@@ -1227,7 +1227,7 @@ pub fn train_flops(cfg: &Config) -> f64 {
 }
 
 /// The GEMM input dtype a precision's linear layers run in.
-fn ceiling_dtype<D: Device>(dev: &D, p: Precision, cfg: &Config) -> DType {
+fn ceiling_dtype<D: Fused>(dev: &D, p: Precision, cfg: &Config) -> DType {
     match p {
         Precision::Fp8 => {
             duet_engine::fp8::Fp8Family::of_device(&dev.info())
@@ -1241,7 +1241,7 @@ fn ceiling_dtype<D: Device>(dev: &D, p: Precision, cfg: &Config) -> DType {
 /// TFLOP/s of one large square GEMM `C = X·Xᵀ` in `dtype` (random data; FP8 through
 /// `gemm_fp8` with unit scales), timed over repeated launches between two synchronisations.
 /// `None` when the backend cannot run that GEMM.
-fn gemm_ceiling<D: Device>(dev: &D, dtype: DType) -> CliResult<Option<f64>> {
+fn gemm_ceiling<D: Fused>(dev: &D, dtype: DType) -> CliResult<Option<f64>> {
     let info = dev.info();
     let size: usize = if info.backend == "cpu" { 256 } else { 8192 };
     let reps = if info.backend == "cpu" { 3 } else { 20 };
@@ -1295,7 +1295,7 @@ fn gemm_ceiling<D: Device>(dev: &D, dtype: DType) -> CliResult<Option<f64>> {
 /// afterwards). Every step is timed on the host clock between two device synchronisations
 /// (a step ends with the device idle, so this is the step's wall time); the steps are also
 /// timed back to back with one synchronisation at the end, which gives the mean.
-fn bench_one<D: Device>(
+fn bench_one<D: Fused>(
     dev: &Arc<D>,
     cfg: &Config,
     warmup: u64,

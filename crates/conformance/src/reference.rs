@@ -139,6 +139,61 @@ pub fn matmul_abt(a: &[f64], b: &[f64], m: usize, n: usize, k: usize) -> Vec<f64
     c
 }
 
+/// Causal scaled self-attention straight from the definitions, with its backward: from `qkv`
+/// (`b × t × 3 × nh × hs`) and `dout` (`b × t × nh·hs`) returns (out `b × t × nh·hs`,
+/// lse `b × nh × t` of each query row's scaled scores over keys j ≤ i, dqkv in qkv's layout).
+pub fn causal_attention(
+    qkv: &[f64],
+    dout: &[f64],
+    (b, t, nh, hs): (usize, usize, usize, usize),
+    scale: f64,
+) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    let at = |bb: usize, i: usize, w: usize, h: usize| (((bb * t + i) * 3 + w) * nh + h) * hs;
+    let ot = |bb: usize, i: usize, h: usize| ((bb * t + i) * nh + h) * hs;
+    let dot = |x: &[f64], y: &[f64]| -> f64 { x.iter().zip(y).map(|(a, b)| a * b).sum() };
+    let mut out = vec![0.0; b * t * nh * hs];
+    let mut lse = vec![0.0; b * nh * t];
+    let mut dqkv = vec![0.0; 3 * b * t * nh * hs];
+    for bb in 0..b {
+        for h in 0..nh {
+            let mut p = vec![vec![0.0; t]; t];
+            for i in 0..t {
+                let q = &qkv[at(bb, i, 0, h)..][..hs];
+                let s: Vec<f64> = (0..=i)
+                    .map(|j| scale * dot(q, &qkv[at(bb, j, 1, h)..][..hs]))
+                    .collect();
+                let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let l = m + s.iter().map(|&x| (x - m).exp()).sum::<f64>().ln();
+                lse[(bb * nh + h) * t + i] = l;
+                for j in 0..=i {
+                    p[i][j] = (s[j] - l).exp();
+                    for d in 0..hs {
+                        out[ot(bb, i, h) + d] += p[i][j] * qkv[at(bb, j, 2, h) + d];
+                    }
+                }
+            }
+            // dP = dO·Vᵀ, dS = P ⊙ (dP − rowsum(P ⊙ dP)), dQ = scale·dS·K, dK = scale·dSᵀ·Q,
+            // dV = Pᵀ·dO.
+            for i in 0..t {
+                let g = &dout[ot(bb, i, h)..][..hs];
+                let dp: Vec<f64> = (0..=i)
+                    .map(|j| dot(g, &qkv[at(bb, j, 2, h)..][..hs]))
+                    .collect();
+                let di: f64 = (0..=i).map(|j| p[i][j] * dp[j]).sum();
+                for j in 0..=i {
+                    let ds = scale * p[i][j] * (dp[j] - di);
+                    for d in 0..hs {
+                        dqkv[at(bb, i, 0, h) + d] += ds * qkv[at(bb, j, 1, h) + d];
+                        dqkv[at(bb, j, 1, h) + d] += ds * qkv[at(bb, i, 0, h) + d];
+                        dqkv[at(bb, j, 2, h) + d] += p[i][j] * g[d];
+                    }
+                }
+            }
+        }
+    }
+    (out, lse, dqkv)
+}
+
 /// Central finite-difference gradient of `L(x) = Σ w·f(x)` at `x` for the given indices (all
 /// when `indices` is `None`), in f64.
 pub fn fd_grad(
@@ -343,4 +398,56 @@ pub fn transpose<T: Copy>(x: &[T], rows: usize, cols: usize) -> Vec<T> {
         }
     }
     out
+}
+
+// ---------------------------------------------------------------- optimizer and FP8 helpers
+
+/// `Σ x²` in f64.
+pub fn sum_squares(x: &[f64]) -> f64 {
+    x.iter().map(|v| v * v).sum()
+}
+
+/// AdamW's gradient factor from the sum of squares of the (loss-scaled) gradients, in f64 from
+/// the trait's description: PyTorch's `clip_grad_norm_` coefficient `max_norm / (norm + 1e-6)`
+/// of the unscaled norm where it is below 1 (clipping on), divided by the loss scale.
+pub fn clip_grad_scale(norm_sq: f64, max_norm: f64, loss_scale: f64) -> f64 {
+    let norm = norm_sq.sqrt() / loss_scale;
+    let coef = max_norm / (norm + 1e-6);
+    let clip = if max_norm > 0.0 && coef < 1.0 {
+        coef
+    } else {
+        1.0
+    };
+    clip / loss_scale
+}
+
+/// FP8 codes of `x · scale` (the product in f32, as the quantisation ops compute it) with the
+/// host codec (round to nearest even, saturation, NaN to the format's NaN).
+pub fn fp8_codes(x: &[f32], scale: f32, dtype: duet_device::DType) -> Vec<u8> {
+    let f = duet_device::Fp8Format::of(dtype).expect("an FP8 dtype");
+    x.iter().map(|&v| f.encode(v * scale)).collect()
+}
+
+/// The values FP8 codes stand for.
+pub fn fp8_values(codes: &[u8], dtype: duet_device::DType) -> Vec<f64> {
+    let f = duet_device::Fp8Format::of(dtype).expect("an FP8 dtype");
+    codes.iter().map(|&c| f.decode(c) as f64).collect()
+}
+
+/// `max(prior, max |x|)` over the elements that are not NaN (infinities count).
+pub fn fp8_amax(prior: f32, x: &[f32]) -> f32 {
+    x.iter()
+        .filter(|v| !v.is_nan())
+        .fold(prior, |m, v| if v.abs() > m { v.abs() } else { m })
+}
+
+/// Column sums of a `rows × cols` row-major matrix.
+pub fn col_sums(x: &[f64], rows: usize, cols: usize) -> Vec<f64> {
+    let mut s = vec![0.0; cols];
+    for r in 0..rows {
+        for (j, sj) in s.iter_mut().enumerate() {
+            *sj += x[r * cols + j];
+        }
+    }
+    s
 }

@@ -62,7 +62,8 @@ pub use collective::{CpuComm, CpuGroup};
 use buffer::MemCounter;
 use duet_device::knobs::{KnobError, Knobs};
 use duet_device::{
-    AdamWStep, DType, Device, DeviceError, DeviceInfo, GemmDesc, MemoryStats, Result,
+    AdamWStep, Capabilities, DType, Device, DeviceError, DeviceInfo, Fused, GemmDesc, MemoryStats,
+    Result,
 };
 use std::sync::Arc;
 
@@ -180,6 +181,11 @@ impl Device for CpuDevice {
                 ),
             ],
         }
+    }
+
+    fn capabilities(&self) -> &Capabilities {
+        static CAPS: std::sync::OnceLock<Capabilities> = std::sync::OnceLock::new();
+        CAPS.get_or_init(Capabilities::composed)
     }
 
     fn alloc(&self, dtype: DType, len: usize) -> Result<CpuBuffer> {
@@ -447,6 +453,10 @@ impl Device for CpuDevice {
         self.run(|| ops::gemm::gemm_fp8(desc, a, b, c, scale_inv, a_slot, b_slot, threads))
     }
 }
+
+/// Every fused path composed of the core ops (the trait's defaults): the CPU is the reference
+/// the backends' native paths are checked against.
+impl Fused for CpuDevice {}
 
 #[cfg(test)]
 mod tests {

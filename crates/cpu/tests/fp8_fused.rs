@@ -1,14 +1,15 @@
-//! The trait's default of the fused FP8 LayerNorm forward (`Device::layernorm_forward_fp8`, which
+//! The trait's default of the fused FP8 LayerNorm forward (`Fused::layernorm_forward_fp8`, which
 //! the CPU backend does not override): it must give exactly what `layernorm_forward` followed by
 //! `quantize_fp8` of its output give (codes, transposed codes, mean, rstd, amax bit for bit) and
-//! the same argument errors. Also the default of `Device::quantize_fp8_many`: exactly the
+//! the same argument errors. Also the default of `Fused::quantize_fp8_many`: exactly the
 //! per-job `quantize_fp8` calls, and its argument checks (before any job runs). And the default
-//! of `Device::fp8_scaling_update` with strided inverse scales.
+//! of `Fused::fp8_scaling_update` with strided inverse scales.
 
 mod common;
 
 use common::*;
 use duet_cpu::{CpuBuffer, CpuDevice};
+use duet_device::Fused;
 use duet_device::{Buffer, DType, Device, DeviceError, Fp8QuantJob};
 
 const FP8: [DType; 4] = [
@@ -386,7 +387,7 @@ fn quantize_fp8_many_default_checks_every_job_first() {
     check(&src, DType::F8E4M3, None, 0, &bf16_scale, mismatch);
 }
 
-/// The trait's default of `Device::fp8_scaling_update` with the inverse scales `inv_stride`
+/// The trait's default of `Fused::fp8_scaling_update` with the inverse scales `inv_stride`
 /// apart: the same scales and histories as packed, each inverse at `i · inv_stride` (1/scale
 /// rounded once), the elements in between untouched; a zero stride or a `scale_inv` of the
 /// wrong length is refused before anything is written.

@@ -1,4 +1,4 @@
-//! `Device::layernorm_backward_colsum` on the CPU backend (the trait's default): bit for bit
+//! `Fused::layernorm_backward_colsum` on the CPU backend (the trait's default): bit for bit
 //! `layernorm_backward` followed by `bias_backward` of the updated `dx`, for every activation /
 //! parameter / dsum dtype combination, accumulating into non-zero gradients; and `dsum` equals
 //! its starting value plus the column sums of the stored `dx`.
@@ -7,6 +7,7 @@ mod common;
 
 use common::*;
 use duet_cpu::CpuDevice;
+use duet_device::Fused;
 use duet_device::{DType, Device};
 
 #[allow(clippy::too_many_arguments)]

@@ -13,6 +13,7 @@
 //! pace. No pass/fail.
 
 use duet_cuda::CudaDevice;
+use duet_device::Fused;
 use duet_device::{
     ADAMW_SCALARS, AdamWClipStep, AdamWStep, AdamWTensor, Buffer, DType, Device, DeviceError,
     DeviceExt,

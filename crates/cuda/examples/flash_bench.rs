@@ -7,6 +7,7 @@
 //! 2.5× that). No pass/fail.
 
 use duet_cuda::CudaDevice;
+use duet_device::Fused;
 use duet_device::{DType, Device, DeviceError, GemmDesc};
 
 const ITERS: usize = 50;

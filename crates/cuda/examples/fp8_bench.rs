@@ -35,6 +35,7 @@
 //! directly. No pass/fail.
 
 use duet_cuda::CudaDevice;
+use duet_device::Fused;
 use duet_device::{DType, Device, DeviceError, DeviceExt, Fp8QuantJob};
 use half::bf16;
 

@@ -163,7 +163,7 @@ pub(crate) struct BlasLt {
     /// The two inverse scales of the current GEMM, copied to 256-byte aligned addresses (byte 0
     /// and byte 256) when they are not aligned themselves: cuBLASLt refuses
     /// (CUBLAS_STATUS_NOT_SUPPORTED) scale pointers 4 bytes apart. Scales laid out
-    /// [`SCALE_ALIGN`] bytes apart ([`duet_device::Device::fp8_scale_inv_stride`]) are read in
+    /// [`SCALE_ALIGN`] bytes apart ([`duet_device::Capabilities::fp8_scale_inv_stride`]) are read in
     /// place, with no copy (two graph nodes less per GEMM).
     scales: DeviceMemory,
     /// `DUET_CUDA_FP8_SCALE_COPY` at creation

@@ -21,7 +21,8 @@ use crate::ops::{FP8_COUNTERS, Tables};
 use cudarc::driver::sys::{self as cu, CUdevice_attribute};
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream};
 use duet_device::{
-    AdamWStep, DType, Device, DeviceError, DeviceInfo, GemmDesc, MemoryStats, Result, check_dtype,
+    AdamWStep, Buffer, Capabilities, DType, Device, DeviceError, DeviceInfo, Fused, GemmDesc,
+    MemoryStats, Result, check_dtype, composed,
 };
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -79,9 +80,12 @@ pub struct CudaDevice {
     pub(crate) capturing: std::sync::atomic::AtomicBool,
     /// Whether the fused paths (flash attention, GEMM epilogues) are offered.
     pub(crate) fused: std::sync::atomic::AtomicBool,
+    /// What [`Device::capabilities`] answers with the fused paths off (`[0]`) and on (`[1]`),
+    /// made once at start.
+    pub(crate) caps: [Capabilities; 2],
     /// GEMM autotuning ([`Device::set_gemm_autotune`]; `DUET_GEMM_AUTOTUNE=1` starts on).
     pub(crate) autotune: std::sync::atomic::AtomicBool,
-    /// Weight matrices [`Device::adamw_clipped_fp8`] has updated and quantised in its fused
+    /// Weight matrices [`Fused::adamw_clipped_fp8`] has updated and quantised in its fused
     /// kernel so far ([`CudaDevice::adamw_fp8_fused_count`]).
     pub(crate) adamw_fp8_fused: std::sync::atomic::AtomicU64,
 }
@@ -262,7 +266,7 @@ impl CudaDevice {
             supports_fp8: cc >= 89,
             details,
         };
-        Ok(Self {
+        let mut dev = Self {
             ctx,
             stream,
             blas,
@@ -288,7 +292,38 @@ impl CudaDevice {
                 duet_device::knobs::device_knobs()?.gemm_autotune,
             ),
             adamw_fp8_fused: std::sync::atomic::AtomicU64::new(0),
-        })
+            caps: [Capabilities::composed(), Capabilities::composed()],
+        };
+        dev.caps = [dev.native_paths(false), dev.native_paths(true)];
+        Ok(dev)
+    }
+
+    /// The capabilities with the fused paths off or on: graphs, autotuning and the scale
+    /// stride always; GEMM epilogues (sm_80+, 16-bit), FP8 epilogues (sm_89+) and flash
+    /// attention (the dtype and head-size pairs a kernel variant covers) when on.
+    fn native_paths(&self, fused: bool) -> Capabilities {
+        let mut c = Capabilities {
+            graphs: true,
+            gemm_autotune: true,
+            fp8_scale_inv_stride: (crate::blaslt::SCALE_ALIGN / 4) as usize,
+            ..Capabilities::composed()
+        };
+        if fused {
+            let halves = [DType::BF16, DType::F16];
+            c.gemm_epilogue = halves
+                .into_iter()
+                .filter(|&d| self.epilogue_supported(d))
+                .collect();
+            if self.info.supports_fp8 {
+                c.fp8_gemm_epilogue = halves.to_vec();
+            }
+            c.flash_attention = [DType::BF16, DType::F16, DType::F32]
+                .into_iter()
+                .flat_map(|d| (1..=256usize).map(move |hs| (d, hs)))
+                .filter(|&(d, hs)| self.flash_supported(d, hs))
+                .collect();
+        }
+        c
     }
 
     /// Allows TF32 tensor cores for f32 GEMMs (off by default: f32 GEMMs are true FP32 so the
@@ -298,7 +333,7 @@ impl CudaDevice {
     }
 
     /// Offers (default) or withholds the fused paths: flash attention and GEMM epilogues
-    /// (`supports_flash_attention` / `supports_gemm_epilogue` answer false while off, so the
+    /// (the capabilities list neither while off, so the
     /// engine runs the separate ops). For A/B comparisons; `DUET_CUDA_UNFUSED=1` starts off.
     pub fn set_fused_ops(&self, on: bool) {
         self.fused.store(on, std::sync::atomic::Ordering::Relaxed);
@@ -492,6 +527,15 @@ impl Device for CudaDevice {
         self.range_pop_impl()
     }
 
+    fn capabilities(&self) -> &Capabilities {
+        // Both sets are made at start; set_fused_ops switches between them.
+        if self.fused_ops() {
+            &self.caps[1]
+        } else {
+            &self.caps[0]
+        }
+    }
+
     fn info(&self) -> DeviceInfo {
         self.info_impl()
     }
@@ -521,10 +565,6 @@ impl Device for CudaDevice {
 
     fn fill(&self, dst: &mut CudaBuffer, value: f32) -> Result<()> {
         self.fill_impl(dst, value)
-    }
-
-    fn supports_capture(&self) -> bool {
-        true
     }
 
     fn time_ms<E: From<DeviceError>>(
@@ -578,21 +618,6 @@ impl Device for CudaDevice {
 
     fn set_gemm_autotune(&self, on: bool) -> bool {
         self.set_gemm_autotune_impl(on)
-    }
-
-    fn supports_gemm_epilogue(&self, dtype: DType) -> bool {
-        self.fused_ops() && self.epilogue_supported(dtype)
-    }
-
-    fn gemm_epilogue(
-        &self,
-        desc: &GemmDesc,
-        a: &CudaBuffer,
-        b: &CudaBuffer,
-        c: &mut CudaBuffer,
-        epilogue: duet_device::Epilogue<'_, CudaBuffer>,
-    ) -> Result<()> {
-        self.gemm_epilogue_impl(desc, a, b, c, epilogue)
     }
 
     fn cast(&self, src: &CudaBuffer, dst: &mut CudaBuffer, scale: f32) -> Result<()> {
@@ -666,35 +691,6 @@ impl Device for CudaDevice {
         c: usize,
     ) -> Result<()> {
         self.layernorm_backward_impl(dout, x, gamma, mean, rstd, dx, dgamma, dbeta, None, n, c)
-    }
-
-    fn layernorm_backward_colsum(
-        &self,
-        dout: &CudaBuffer,
-        x: &CudaBuffer,
-        gamma: &CudaBuffer,
-        mean: &CudaBuffer,
-        rstd: &CudaBuffer,
-        dx: &mut CudaBuffer,
-        dgamma: &mut CudaBuffer,
-        dbeta: &mut CudaBuffer,
-        dsum: &mut CudaBuffer,
-        n: usize,
-        c: usize,
-    ) -> Result<()> {
-        self.layernorm_backward_impl(
-            dout,
-            x,
-            gamma,
-            mean,
-            rstd,
-            dx,
-            dgamma,
-            dbeta,
-            Some(dsum),
-            n,
-            c,
-        )
     }
 
     fn bias_add(&self, x: &mut CudaBuffer, bias: &CudaBuffer, rows: usize, c: usize) -> Result<()> {
@@ -783,40 +779,6 @@ impl Device for CudaDevice {
         self.softmax_causal_backward_impl(probs, dprobs, dscores, rows, t, scale)
     }
 
-    fn supports_flash_attention(&self, dtype: DType, hs: usize) -> bool {
-        self.fused_ops() && self.flash_supported(dtype, hs)
-    }
-
-    fn flash_attention_forward(
-        &self,
-        qkv: &CudaBuffer,
-        out: &mut CudaBuffer,
-        lse: &mut CudaBuffer,
-        b: usize,
-        t: usize,
-        nh: usize,
-        hs: usize,
-        scale: f32,
-    ) -> Result<()> {
-        self.flash_attention_forward_impl(qkv, out, lse, b, t, nh, hs, scale)
-    }
-
-    fn flash_attention_backward(
-        &self,
-        qkv: &CudaBuffer,
-        out: &CudaBuffer,
-        dout: &CudaBuffer,
-        lse: &CudaBuffer,
-        dqkv: &mut CudaBuffer,
-        b: usize,
-        t: usize,
-        nh: usize,
-        hs: usize,
-        scale: f32,
-    ) -> Result<()> {
-        self.flash_attention_backward_impl(qkv, out, dout, lse, dqkv, b, t, nh, hs, scale)
-    }
-
     fn cross_entropy(
         &self,
         logits: &CudaBuffer,
@@ -840,6 +802,120 @@ impl Device for CudaDevice {
         param_copy: Option<&mut CudaBuffer>,
     ) -> Result<()> {
         self.adamw_impl(param, grad, m, v, step, param_copy)
+    }
+
+    fn quantize_fp8(
+        &self,
+        src: &CudaBuffer,
+        dst: &mut CudaBuffer,
+        dst_t: Option<&mut CudaBuffer>,
+        rows: usize,
+        cols: usize,
+        scale: &CudaBuffer,
+        amax: &mut CudaBuffer,
+        slot: usize,
+    ) -> Result<()> {
+        self.quantize_fp8_impl(src, dst, dst_t, rows, cols, scale, amax, slot)
+    }
+
+    fn gemm_fp8(
+        &self,
+        desc: &GemmDesc,
+        a: &CudaBuffer,
+        b: &CudaBuffer,
+        c: &mut CudaBuffer,
+        scale_inv: &CudaBuffer,
+        a_slot: usize,
+        b_slot: usize,
+    ) -> Result<()> {
+        self.gemm_fp8_impl(desc, a, b, c, scale_inv, a_slot, b_slot)
+    }
+
+    fn sum_squares(&self, x: &CudaBuffer, out: &mut CudaBuffer, slot: usize) -> Result<()> {
+        self.sum_squares_impl(x, out, slot)
+    }
+}
+
+impl Fused for CudaDevice {
+    fn gemm_epilogue(
+        &self,
+        desc: &GemmDesc,
+        a: &CudaBuffer,
+        b: &CudaBuffer,
+        c: &mut CudaBuffer,
+        epilogue: duet_device::Epilogue<'_, CudaBuffer>,
+    ) -> Result<()> {
+        if !self.capabilities().gemm_epilogue(a.dtype()) {
+            return composed::gemm_epilogue(self, desc, a, b, c, epilogue);
+        }
+        self.gemm_epilogue_impl(desc, a, b, c, epilogue)
+    }
+
+    fn layernorm_backward_colsum(
+        &self,
+        dout: &CudaBuffer,
+        x: &CudaBuffer,
+        gamma: &CudaBuffer,
+        mean: &CudaBuffer,
+        rstd: &CudaBuffer,
+        dx: &mut CudaBuffer,
+        dgamma: &mut CudaBuffer,
+        dbeta: &mut CudaBuffer,
+        dsum: &mut CudaBuffer,
+        n: usize,
+        c: usize,
+    ) -> Result<()> {
+        self.layernorm_backward_impl(
+            dout,
+            x,
+            gamma,
+            mean,
+            rstd,
+            dx,
+            dgamma,
+            dbeta,
+            Some(dsum),
+            n,
+            c,
+        )
+    }
+
+    fn flash_attention_forward(
+        &self,
+        qkv: &CudaBuffer,
+        out: &mut CudaBuffer,
+        lse: &mut CudaBuffer,
+        b: usize,
+        t: usize,
+        nh: usize,
+        hs: usize,
+        scale: f32,
+    ) -> Result<()> {
+        if !self.capabilities().flash_attention(qkv.dtype(), hs) {
+            return composed::flash_attention_forward(self, qkv, out, lse, b, t, nh, hs, scale);
+        }
+        self.flash_attention_forward_impl(qkv, out, lse, b, t, nh, hs, scale)
+    }
+
+    fn flash_attention_backward(
+        &self,
+        qkv: &CudaBuffer,
+        out: &CudaBuffer,
+        dout: &CudaBuffer,
+        lse: &CudaBuffer,
+        dqkv: &mut CudaBuffer,
+        b: usize,
+        t: usize,
+        nh: usize,
+        hs: usize,
+        scale: f32,
+    ) -> Result<()> {
+        if !self.capabilities().flash_attention(qkv.dtype(), hs) {
+            return composed::flash_attention_backward(
+                self, qkv, out, dout, lse, dqkv, b, t, nh, hs, scale,
+            );
+        }
+        self.flash_attention_backward_impl(qkv, out, dout, lse, dqkv, b, t, nh, hs, scale)
     }
 
     fn zero_many(&self, dsts: &mut [&mut CudaBuffer]) -> Result<()> {
@@ -874,20 +950,6 @@ impl Device for CudaDevice {
         amax: &mut CudaBuffer,
     ) -> Result<()> {
         self.adamw_clipped_fp8_impl(tensors, step, scalars, outs, scale, amax)
-    }
-
-    fn quantize_fp8(
-        &self,
-        src: &CudaBuffer,
-        dst: &mut CudaBuffer,
-        dst_t: Option<&mut CudaBuffer>,
-        rows: usize,
-        cols: usize,
-        scale: &CudaBuffer,
-        amax: &mut CudaBuffer,
-        slot: usize,
-    ) -> Result<()> {
-        self.quantize_fp8_impl(src, dst, dst_t, rows, cols, scale, amax, slot)
     }
 
     fn quantize_fp8_many(
@@ -952,23 +1014,6 @@ impl Device for CudaDevice {
         )
     }
 
-    fn gemm_fp8(
-        &self,
-        desc: &GemmDesc,
-        a: &CudaBuffer,
-        b: &CudaBuffer,
-        c: &mut CudaBuffer,
-        scale_inv: &CudaBuffer,
-        a_slot: usize,
-        b_slot: usize,
-    ) -> Result<()> {
-        self.gemm_fp8_impl(desc, a, b, c, scale_inv, a_slot, b_slot)
-    }
-
-    fn supports_fp8_epilogue(&self, dtype: DType) -> bool {
-        self.fused_ops() && self.info.supports_fp8 && matches!(dtype, DType::BF16 | DType::F16)
-    }
-
     fn gemm_fp8_epilogue(
         &self,
         desc: &GemmDesc,
@@ -980,11 +1025,12 @@ impl Device for CudaDevice {
         b_slot: usize,
         epilogue: duet_device::Epilogue<'_, CudaBuffer>,
     ) -> Result<()> {
+        if !self.capabilities().fp8_gemm_epilogue(c.dtype()) {
+            return composed::gemm_fp8_epilogue(
+                self, desc, a, b, c, scale_inv, a_slot, b_slot, epilogue,
+            );
+        }
         self.gemm_fp8_epilogue_impl(desc, a, b, c, scale_inv, a_slot, b_slot, epilogue)
-    }
-
-    fn fp8_scale_inv_stride(&self) -> usize {
-        (crate::blaslt::SCALE_ALIGN / 4) as usize
     }
 
     fn fp8_scaling_update(
@@ -1010,10 +1056,6 @@ impl Device for CudaDevice {
             most_recent,
             margin,
         )
-    }
-
-    fn sum_squares(&self, x: &CudaBuffer, out: &mut CudaBuffer, slot: usize) -> Result<()> {
-        self.sum_squares_impl(x, out, slot)
     }
 }
 

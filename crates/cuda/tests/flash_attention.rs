@@ -6,6 +6,7 @@
 //! bit-identical results and that unsupported dtypes, head sizes and wrong shapes are refused.
 //! Without a CUDA device the tests print why they skip.
 
+use duet_device::Fused;
 use duet_cuda::CudaDevice;
 use duet_device::{Buffer, DType, Device, DeviceError, DeviceExt};
 use half::{bf16, f16};
@@ -227,7 +228,7 @@ fn check_all(test: &str, dtype: DType, tol: f64) {
     for (name, v1, v3) in VERSIONS {
         select(name, v1, v3);
         for &(b, t, nh, hs) in SHAPES {
-            assert!(dev.supports_flash_attention(dtype, hs), "{dtype} hs={hs}");
+            assert!(dev.capabilities().flash_attention(dtype, hs), "{dtype} hs={hs}");
             check_shape(&dev, dtype, &Shape { b, t, nh, hs }, tol);
         }
     }
@@ -316,7 +317,7 @@ fn flash_attention_refuses_what_it_does_not_support() {
         (DType::BF16, 256, false),
     ] {
         assert_eq!(
-            dev.supports_flash_attention(dtype, hs),
+            dev.capabilities().flash_attention(dtype, hs),
             want,
             "{dtype} hs={hs}"
         );

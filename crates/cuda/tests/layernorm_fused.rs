@@ -8,6 +8,7 @@
 //! device is usable the test prints `SKIP <name>: <reason>` to stderr and returns. Inputs come from a fixed seed
 //! (`DUET_TEST_SEED` overrides it).
 
+use duet_device::Fused;
 use duet_cpu::{CpuBuffer, CpuDevice};
 use duet_cuda::{CudaBuffer, CudaDevice};
 use duet_device::{Buffer, DType, Device, DeviceExt};
@@ -65,7 +66,7 @@ fn encode(dtype: DType, data: &[f32]) -> Vec<u8> {
     }
 }
 
-fn put<D: Device>(dev: &D, dtype: DType, data: &[f32]) -> D::Buffer {
+fn put<D: Fused>(dev: &D, dtype: DType, data: &[f32]) -> D::Buffer {
     let mut b = dev.alloc(dtype, data.len()).unwrap();
     dev.upload_bytes(&encode(dtype, data), &mut b, 0).unwrap();
     b

@@ -6,6 +6,7 @@
 use duet_cpu::CpuDevice;
 use duet_cuda::CudaDevice;
 use duet_device::Device;
+use duet_device::Fused;
 use duet_engine::{Config, Precision, Preset, Trainer};
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -41,7 +42,7 @@ struct Run {
     skipped: u64,
 }
 
-fn train<D: Device>(dev: Arc<D>, p: Precision) -> Run {
+fn train<D: Fused>(dev: Arc<D>, p: Precision) -> Run {
     let mut cfg = Config::preset(Preset::Default);
     cfg.train.steps = STEPS;
     cfg.train.max_stride = 8;
@@ -139,8 +140,10 @@ fn fused_ops_train_like_the_separate_ops() {
     let _guard = lock();
     let Some(g) = gpu(test) else { return };
     g.set_fused_ops(true);
-    if !(g.supports_flash_attention(duet_device::DType::BF16, 64)
-        && g.supports_gemm_epilogue(duet_device::DType::BF16))
+    if !(g
+        .capabilities()
+        .flash_attention(duet_device::DType::BF16, 64)
+        && g.capabilities().gemm_epilogue(duet_device::DType::BF16))
     {
         skip!("SKIP {test}: {} has no bf16 fused paths", g.info().name);
         return;

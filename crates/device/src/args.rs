@@ -365,7 +365,11 @@ impl HeadsDesc {
 
     /// `split_heads` / `split_heads_backward`: the packed `qkv` (or `dqkv`, `3n`) and the
     /// three heads (`n` each), all of the packed buffer's dtype.
-    pub fn validate_split<B: Buffer>(&self, packed: (&str, &B), parts: [(&str, &B); 3]) -> Result<()> {
+    pub fn validate_split<B: Buffer>(
+        &self,
+        packed: (&str, &B),
+        parts: [(&str, &B); 3],
+    ) -> Result<()> {
         let (pname, qkv) = packed;
         check_len(self.op, pname, qkv, 3 * self.n)?;
         for (name, p) in parts {

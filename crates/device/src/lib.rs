@@ -14,6 +14,7 @@
 pub mod args;
 mod capabilities;
 mod collective;
+pub mod composed;
 mod dtype;
 mod error;
 mod gemm;
@@ -149,7 +150,7 @@ impl AdamWStep {
     }
 }
 
-/// What a fused GEMM epilogue does after `op(A)·op(B)` ([`Device::gemm_epilogue`]).
+/// What a fused GEMM epilogue does after `op(A)·op(B)` ([`Fused::gemm_epilogue`]).
 pub enum Epilogue<'a, B> {
     /// `C = alpha·op(A)·op(B) + beta·C + bias`: `bias` holds one value per column of C (f32
     /// or C's dtype).
@@ -170,7 +171,7 @@ pub enum Epilogue<'a, B> {
     BiasGradA { dbias: &'a mut B },
 }
 
-/// One tensor of a multi-tensor AdamW update ([`Device::adamw_clipped`]).
+/// One tensor of a multi-tensor AdamW update ([`Fused::adamw_clipped`]).
 pub struct AdamWTensor<'a, B> {
     /// f32 (master) weights, updated in place.
     pub param: &'a mut B,
@@ -182,7 +183,7 @@ pub struct AdamWTensor<'a, B> {
     pub weight_decay: f32,
 }
 
-/// The FP8 codes [`Device::adamw_clipped_fp8`] writes for one updated weight matrix.
+/// The FP8 codes [`Fused::adamw_clipped_fp8`] writes for one updated weight matrix.
 pub struct AdamWFp8Out<'a, B> {
     /// Index of the weight in the update's tensors; the codes are those of its working copy
     /// (of its `param` when it has none) after the update.
@@ -198,8 +199,8 @@ pub struct AdamWFp8Out<'a, B> {
 }
 
 impl<B> AdamWFp8Out<'_, B> {
-    /// The [`Device::quantize_fp8_many`] job that writes these codes from tensor `t`'s updated
-    /// weight (its working copy, else its `param`): what [`Device::adamw_clipped_fp8`] computes.
+    /// The [`Fused::quantize_fp8_many`] job that writes these codes from tensor `t`'s updated
+    /// weight (its working copy, else its `param`): what [`Fused::adamw_clipped_fp8`] computes.
     pub fn job<'b>(&'b mut self, t: &'b AdamWTensor<'_, B>) -> Fp8QuantJob<'b, B> {
         Fp8QuantJob {
             src: t.copy.as_deref().unwrap_or(&*t.param),
@@ -212,7 +213,7 @@ impl<B> AdamWFp8Out<'_, B> {
     }
 }
 
-/// One matrix of a multi-tensor FP8 quantisation ([`Device::quantize_fp8_many`]): the operands of
+/// One matrix of a multi-tensor FP8 quantisation ([`Fused::quantize_fp8_many`]): the operands of
 /// one [`Device::quantize_fp8`] call but the `scale` and `amax` buffers, which every job of a
 /// call shares (each job reads and updates its own `slot` of them).
 pub struct Fp8QuantJob<'a, B> {
@@ -228,7 +229,7 @@ pub struct Fp8QuantJob<'a, B> {
     pub slot: usize,
 }
 
-/// The run-wide values of [`Device::adamw_clipped`]. The per-step values (learning rate, bias
+/// The run-wide values of [`Fused::adamw_clipped`]. The per-step values (learning rate, bias
 /// corrections) live in a device buffer, see [`ADAMW_SCALARS`], and the gradient factor is
 /// derived on the device from the global gradient norm (clipping and loss-scale unscaling), so
 /// one queued (or recorded) update serves every step.
@@ -243,14 +244,14 @@ pub struct AdamWClipStep {
     pub loss_scale: f32,
 }
 
-/// Layout of the f32 scalar buffer of [`Device::adamw_clipped`]: the sum of squares of all the
-/// gradients (slot 0, accumulated by [`Device::sum_squares_many`]), the learning rate, and the
+/// Layout of the f32 scalar buffer of [`Fused::adamw_clipped`]: the sum of squares of all the
+/// gradients (slot 0, accumulated by [`Fused::sum_squares_many`]), the learning rate, and the
 /// bias corrections 1 − β1^t and 1 − β2^t.
 pub const ADAMW_SCALARS: usize = 4;
 
 /// FP8 delayed scaling: the scale for an amax (`fp8_max / amax / 2^margin`, computed in f64,
 /// saturating at f32::MAX), or `prev` when `amax` is not a finite positive number (no data,
-/// overflow, NaN). What [`Device::fp8_scaling_update`] computes on every backend.
+/// overflow, NaN). What [`Fused::fp8_scaling_update`] computes on every backend.
 pub fn fp8_delayed_scale(amax: f32, prev: f32, fp8_max: f32, margin: i32) -> f32 {
     if !(amax.is_finite() && amax > 0.0) {
         return prev;
@@ -343,11 +344,13 @@ pub trait Buffer: Send + Sync {
     }
 }
 
-/// A compute device: memory, copies, a stream, GEMMs and the training kernels.
+/// A compute device: memory, copies, a stream, GEMMs and the training kernels (the core ops
+/// every backend implements). The fused paths built on them are in [`Fused`].
 ///
 /// Every method validates shapes and dtypes before touching memory and reports problems as
-/// [`DeviceError`]s. Buffers passed as outputs (`&mut`) must not alias inputs; Rust's borrow rules
-/// enforce that for distinct buffers.
+/// [`DeviceError`]s (the contract's checks are in [`args`], shared by every backend). Buffers
+/// passed as outputs (`&mut`) must not alias inputs; Rust's borrow rules enforce that for
+/// distinct buffers.
 pub trait Device: Send + Sync + Sized + 'static {
     type Buffer: Buffer;
     /// A recorded sequence of queued ops ([`Device::capture_begin`]); `()` where the backend
@@ -355,6 +358,9 @@ pub trait Device: Send + Sync + Sized + 'static {
     type Graph: Send;
 
     fn info(&self) -> DeviceInfo;
+
+    /// The paths this device has of its own, read once when it opened.
+    fn capabilities(&self) -> &Capabilities;
 
     // ------------------------------------------------------------------ memory and copies
 
@@ -382,15 +388,6 @@ pub trait Device: Send + Sync + Sized + 'static {
     /// Sets every element to `value` (converted to the buffer's dtype).
     fn fill(&self, dst: &mut Self::Buffer, value: f32) -> Result<()>;
 
-    /// Sets every element of every buffer in `dsts` to zero (one launch on a GPU backend;
-    /// the default calls [`Device::fill`] per buffer).
-    fn zero_many(&self, dsts: &mut [&mut Self::Buffer]) -> Result<()> {
-        for d in dsts.iter_mut() {
-            self.fill(d, 0.0)?;
-        }
-        Ok(())
-    }
-
     /// Waits until all queued work has finished, reporting any deferred error.
     fn synchronize(&self) -> Result<()>;
 
@@ -403,11 +400,6 @@ pub trait Device: Send + Sync + Sized + 'static {
 
     /// Closes the innermost range of [`Device::range_push`].
     fn range_pop(&self) {}
-
-    /// Whether [`Device::capture_begin`] works here (CUDA graphs; not the CPU).
-    fn supports_capture(&self) -> bool {
-        false
-    }
 
     /// Starts recording: until [`Device::capture_end`], ops are recorded instead of run.
     /// Recorded ops keep the buffers and scalar arguments they were given, so what changes
@@ -476,31 +468,6 @@ pub trait Device: Send + Sync + Sized + 'static {
     fn set_gemm_autotune(&self, on: bool) -> bool {
         let _ = on;
         false
-    }
-
-    /// Whether [`Device::gemm_epilogue`] runs for A and B of `dtype` (C of `dtype`, or f32
-    /// for [`Epilogue::BiasGradA`] and [`Epilogue::Bias`]). Callers use
-    /// [`Device::gemm`] followed by the separate ops (bias_add, gelu) when this is false.
-    fn supports_gemm_epilogue(&self, dtype: DType) -> bool {
-        let _ = dtype;
-        false
-    }
-
-    /// A single (unbatched) GEMM with a fused epilogue (see [`Epilogue`]); same conventions as
-    /// [`Device::gemm`]. The result equals the unfused sequence up to rounding.
-    fn gemm_epilogue(
-        &self,
-        desc: &GemmDesc,
-        a: &Self::Buffer,
-        b: &Self::Buffer,
-        c: &mut Self::Buffer,
-        epilogue: Epilogue<'_, Self::Buffer>,
-    ) -> Result<()> {
-        let _ = (desc, b, c, epilogue);
-        Err(DeviceError::Unsupported {
-            op: "gemm_epilogue".into(),
-            dtype: a.dtype(),
-        })
     }
 
     // ------------------------------------------------------------------ elementwise and casts
@@ -577,40 +544,6 @@ pub trait Device: Send + Sync + Sized + 'static {
         n: usize,
         c: usize,
     ) -> Result<()>;
-
-    /// [`Device::layernorm_backward`] (accumulating into `dx`, `dgamma` and `dbeta`), and then
-    /// `dsum[col] += Σ_rows dx[row, col]` over the `n × c` `dx` *after* the update: the values
-    /// left in `dx` (its dtype's rounding), summed in f32. `dsum` (`c`, any float dtype) is the
-    /// bias gradient of a linear layer whose output was added to the residual stream this
-    /// LayerNorm read: with `dx` the residual-stream gradient (it holds the gradient coming down
-    /// the stream and the LayerNorm's input gradient is added), the result is exactly what
-    /// [`Device::bias_backward`]`(dx, dsum, n, c)` would compute after the call, without
-    /// reading `dx` again.
-    ///
-    /// `dx`, `dgamma` and `dbeta` are bit-identical to `layernorm_backward`'s. `dsum` is
-    /// deterministic (a summation order fixed by the shape), but backends may add the rows in
-    /// a different order than `bias_backward`, so it can differ from that op in the last bits.
-    /// The default composes the two ops.
-    #[allow(clippy::too_many_arguments)]
-    fn layernorm_backward_colsum(
-        &self,
-        dout: &Self::Buffer,
-        x: &Self::Buffer,
-        gamma: &Self::Buffer,
-        mean: &Self::Buffer,
-        rstd: &Self::Buffer,
-        dx: &mut Self::Buffer,
-        dgamma: &mut Self::Buffer,
-        dbeta: &mut Self::Buffer,
-        dsum: &mut Self::Buffer,
-        n: usize,
-        c: usize,
-    ) -> Result<()> {
-        // A wrong dsum fails before dx is touched.
-        check_len("layernorm_backward_colsum", "dsum", dsum, c)?;
-        self.layernorm_backward(dout, x, gamma, mean, rstd, dx, dgamma, dbeta, n, c)?;
-        self.bias_backward(dx, dsum, n, c)
-    }
 
     /// `x[r, :] += bias` for every row of `x` (`rows × c`).
     fn bias_add(
@@ -707,62 +640,6 @@ pub trait Device: Send + Sync + Sized + 'static {
         scale: f32,
     ) -> Result<()>;
 
-    /// Whether [`Device::flash_attention_forward`] and [`Device::flash_attention_backward`]
-    /// run for activations of `dtype` and head size `hs`. Callers use the unfused ops
-    /// (split/merge heads, batched GEMMs, causal softmax) when this is false.
-    fn supports_flash_attention(&self, dtype: DType, hs: usize) -> bool {
-        let _ = (dtype, hs);
-        false
-    }
-
-    /// Fused causal self-attention straight from the QKV projection: `qkv` is
-    /// `b × t × 3 × nh × hs` (the c_attn output layout), `out` (`b × t × nh·hs`, heads merged)
-    /// receives `softmax_causal(scale · q·kᵀ) · v`, and `lse` (f32, `b × nh × t`) the
-    /// log-sum-exp of each query row's scaled scores (over keys j ≤ i), for the backward pass.
-    /// No `t × t` matrix is written to memory.
-    #[allow(clippy::too_many_arguments)]
-    fn flash_attention_forward(
-        &self,
-        qkv: &Self::Buffer,
-        out: &mut Self::Buffer,
-        lse: &mut Self::Buffer,
-        b: usize,
-        t: usize,
-        nh: usize,
-        hs: usize,
-        scale: f32,
-    ) -> Result<()> {
-        let _ = (out, lse, b, t, nh, hs, scale);
-        Err(DeviceError::Unsupported {
-            op: "flash_attention_forward".into(),
-            dtype: qkv.dtype(),
-        })
-    }
-
-    /// Backward of [`Device::flash_attention_forward`]: from `dout` (`b × t × nh·hs`) and the
-    /// forward pass's `qkv`, `out` and `lse`, overwrites `dqkv` (`b × t × 3 × nh × hs`).
-    /// Deterministic (no floating-point atomics).
-    #[allow(clippy::too_many_arguments)]
-    fn flash_attention_backward(
-        &self,
-        qkv: &Self::Buffer,
-        out: &Self::Buffer,
-        dout: &Self::Buffer,
-        lse: &Self::Buffer,
-        dqkv: &mut Self::Buffer,
-        b: usize,
-        t: usize,
-        nh: usize,
-        hs: usize,
-        scale: f32,
-    ) -> Result<()> {
-        let _ = (out, dout, lse, dqkv, b, t, nh, hs, scale);
-        Err(DeviceError::Unsupported {
-            op: "flash_attention_backward".into(),
-            dtype: qkv.dtype(),
-        })
-    }
-
     /// Fused softmax + cross-entropy over `logits` (`n × v`) with i32 `targets` (`n`; a negative
     /// target is ignored: loss 0, gradient 0). Writes per-row `losses` (f32, `n`). When `dlogits`
     /// is given, also writes `dlogits = (softmax(logits) − onehot(target)) · grad_scale`.
@@ -796,88 +673,6 @@ pub trait Device: Send + Sync + Sized + 'static {
     /// Accumulates `out[slot] += Σ x²` (in f32) for the global gradient L2 norm; `out` is f32.
     fn sum_squares(&self, x: &Self::Buffer, out: &mut Self::Buffer, slot: usize) -> Result<()>;
 
-    /// `out[slot] += Σ_i Σ x_i²` over several tensors (f32 result, fixed summation order).
-    /// Backends may fuse the tensors into one pass; the default calls [`Device::sum_squares`]
-    /// per tensor.
-    fn sum_squares_many(
-        &self,
-        xs: &[&Self::Buffer],
-        out: &mut Self::Buffer,
-        slot: usize,
-    ) -> Result<()> {
-        for x in xs {
-            self.sum_squares(x, out, slot)?;
-        }
-        Ok(())
-    }
-
-    /// AdamW on many tensors reading its per-step values from `scalars` (f32, laid out as
-    /// [`ADAMW_SCALARS`] says: sum of squares of the gradients, lr, bias corrections), with the
-    /// gradient factor derived from the sum of squares by [`clip_grad_scale`]. On a GPU nothing
-    /// travels through the host, so the step needs no host synchronisation and can be recorded
-    /// once and replayed. The default reads `scalars` back and calls [`Device::adamw`] per
-    /// tensor.
-    fn adamw_clipped(
-        &self,
-        tensors: &mut [AdamWTensor<'_, Self::Buffer>],
-        step: &AdamWClipStep,
-        scalars: &Self::Buffer,
-    ) -> Result<()> {
-        check_dtype("adamw_clipped", scalars, DType::F32)?;
-        check_min_len("adamw_clipped", "scalars", scalars, ADAMW_SCALARS)?;
-        let raw = self.download_bytes(scalars, 0, ADAMW_SCALARS)?;
-        let v: Vec<f32> = raw
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect();
-        let grad_scale = clip_grad_scale(v[0], step.max_norm, step.loss_scale);
-        for t in tensors.iter_mut() {
-            let s = AdamWStep {
-                lr: v[1],
-                beta1: step.beta1,
-                beta2: step.beta2,
-                eps: step.eps,
-                weight_decay: t.weight_decay,
-                bias_correction1: v[2],
-                bias_correction2: v[3],
-                grad_scale,
-            };
-            self.adamw(t.param, t.grad, t.m, t.v, &s, t.copy.as_deref_mut())?;
-        }
-        Ok(())
-    }
-
-    /// [`Device::adamw_clipped`], then the FP8 codes of some of the updated weights: for each
-    /// `out`, exactly [`Device::quantize_fp8_many`] of the job with `src` the working copy of
-    /// tensor `out.tensor` (its `param` when it has none) and `out`'s `dst`, `dst_t`, `rows`,
-    /// `cols` and `slot` (codes bit for bit, `amax[slot] = max(amax[slot], max |src|)`).
-    /// Delayed scaling quantises the weights of step k + 1 with the scale set after step k, so
-    /// an FP8 model can take its weight codes from the optimizer once its scaling update has
-    /// run, instead of quantising the copies at the start of the next forward pass. A GPU
-    /// backend writes the codes in the update's pass (the copy is not read back). The codes'
-    /// operands are checked before anything runs ([`check_adamw_fp8_outs`]). The default runs
-    /// the two ops one after the other.
-    fn adamw_clipped_fp8(
-        &self,
-        tensors: &mut [AdamWTensor<'_, Self::Buffer>],
-        step: &AdamWClipStep,
-        scalars: &Self::Buffer,
-        outs: &mut [AdamWFp8Out<'_, Self::Buffer>],
-        scale: &Self::Buffer,
-        amax: &mut Self::Buffer,
-    ) -> Result<()> {
-        check_adamw_fp8_outs("adamw_clipped_fp8", tensors, outs, scale, amax)?;
-        self.adamw_clipped(tensors, step, scalars)?;
-        let mut jobs: Vec<Fp8QuantJob<'_, Self::Buffer>> = outs
-            .iter_mut()
-            .map(|o| {
-                let t = &tensors[o.tensor];
-                o.job(t)
-            })
-            .collect();
-        self.quantize_fp8_many(&mut jobs, scale, amax)
-    }
-
     // ------------------------------------------------------------------ FP8 (delayed scaling)
 
     /// FP8 quantisation with a device-resident scale, recording the amax in the same pass:
@@ -901,6 +696,188 @@ pub trait Device: Send + Sync + Sized + 'static {
         slot: usize,
     ) -> Result<()>;
 
+    /// FP8 GEMM: `C = alpha · (op(A)·sa) · (op(B)·sb) + beta · C` with `sa = scale_inv[a_slot]`,
+    /// `sb = scale_inv[b_slot]` (f32, on the device), A and B FP8 (each E4M3 or E5M2 of one
+    /// family, OCP or FNUZ), C f32, bf16 or f16; FP32 accumulation. Backends may restrict the
+    /// layout to what their FP8 GEMM supports (cuBLASLt on sm_90: `trans_a = false`,
+    /// `trans_b = true`, i.e. both operands K-major, one matrix, leading dimensions multiples of
+    /// 16, not both operands E5M2) and return [`DeviceError::Unsupported`] or
+    /// [`DeviceError::InvalidArgument`] otherwise.
+    #[allow(clippy::too_many_arguments)]
+    fn gemm_fp8(
+        &self,
+        desc: &GemmDesc,
+        a: &Self::Buffer,
+        b: &Self::Buffer,
+        c: &mut Self::Buffer,
+        scale_inv: &Self::Buffer,
+        a_slot: usize,
+        b_slot: usize,
+    ) -> Result<()>;
+}
+
+/// The fused paths: each does what a sequence of core ops does, in fewer passes where the
+/// backend has its own kernel for it, with the same results (bit for bit or up to the rounding
+/// each method states).
+///
+/// **One fallback style.** Every method has a default body composed of the core ops of
+/// [`Device`] (allocating temporaries where the composition needs them), so each works on every
+/// backend from day one and the conformance suite checks a backend's override against it. A
+/// backend overrides what it has natively and says so in its [`Capabilities`], which callers
+/// read once to plan around the native paths (the engine sizes its memory plan for native
+/// flash attention or for its own composed attention, and fuses GEMM epilogues only where they
+/// are native: a composed default allocates per call).
+pub trait Fused: Device {
+    /// Sets every element of every buffer in `dsts` to zero (one launch on a GPU backend;
+    /// the default calls [`Device::fill`] per buffer).
+    fn zero_many(&self, dsts: &mut [&mut Self::Buffer]) -> Result<()> {
+        composed::zero_many(self, dsts)
+    }
+
+    /// A single (unbatched) GEMM with a fused epilogue (see [`Epilogue`]); same conventions as
+    /// [`Device::gemm`]. The result equals the unfused sequence up to rounding. The default
+    /// composes the core ops on a dense C (`ldc = n`, no offset): [`Device::gemm`], then
+    /// [`Device::bias_add`], [`Device::add_assign`], [`Device::gelu_forward`],
+    /// [`Device::gelu_backward`] (through a temporary) or [`Device::bias_backward`]; the
+    /// bias gradient of [`Epilogue::BiasGradA`] needs `trans_a` (A stored `k × m`).
+    fn gemm_epilogue(
+        &self,
+        desc: &GemmDesc,
+        a: &Self::Buffer,
+        b: &Self::Buffer,
+        c: &mut Self::Buffer,
+        epilogue: Epilogue<'_, Self::Buffer>,
+    ) -> Result<()> {
+        composed::gemm_epilogue(self, desc, a, b, c, epilogue)
+    }
+
+    /// [`Device::layernorm_backward`] (accumulating into `dx`, `dgamma` and `dbeta`), and then
+    /// `dsum[col] += Σ_rows dx[row, col]` over the `n × c` `dx` *after* the update: the values
+    /// left in `dx` (its dtype's rounding), summed in f32. `dsum` (`c`, any float dtype) is the
+    /// bias gradient of a linear layer whose output was added to the residual stream this
+    /// LayerNorm read: with `dx` the residual-stream gradient (it holds the gradient coming down
+    /// the stream and the LayerNorm's input gradient is added), the result is exactly what
+    /// [`Device::bias_backward`]`(dx, dsum, n, c)` would compute after the call, without
+    /// reading `dx` again.
+    ///
+    /// `dx`, `dgamma` and `dbeta` are bit-identical to `layernorm_backward`'s. `dsum` is
+    /// deterministic (a summation order fixed by the shape), but backends may add the rows in
+    /// a different order than `bias_backward`, so it can differ from that op in the last bits.
+    /// The default composes the two ops.
+    #[allow(clippy::too_many_arguments)]
+    fn layernorm_backward_colsum(
+        &self,
+        dout: &Self::Buffer,
+        x: &Self::Buffer,
+        gamma: &Self::Buffer,
+        mean: &Self::Buffer,
+        rstd: &Self::Buffer,
+        dx: &mut Self::Buffer,
+        dgamma: &mut Self::Buffer,
+        dbeta: &mut Self::Buffer,
+        dsum: &mut Self::Buffer,
+        n: usize,
+        c: usize,
+    ) -> Result<()> {
+        composed::layernorm_backward_colsum(
+            self, dout, x, gamma, mean, rstd, dx, dgamma, dbeta, dsum, n, c,
+        )
+    }
+
+    /// Fused causal self-attention straight from the QKV projection: `qkv` is
+    /// `b × t × 3 × nh × hs` (the c_attn output layout), `out` (`b × t × nh·hs`, heads merged)
+    /// receives `softmax_causal(scale · q·kᵀ) · v`, and `lse` (f32, `b × nh × t`) the
+    /// log-sum-exp of each query row's scaled scores (over keys j ≤ i), for the backward pass.
+    /// A native path writes no `t × t` matrix to memory ([`Capabilities::flash_attention`]);
+    /// the default composes the unfused ops (split heads, batched GEMMs, causal softmax, merge
+    /// heads) through temporaries and computes `lse` on the host from the scores: correct on
+    /// every backend, for checking, not for speed (it cannot be recorded in a graph).
+    #[allow(clippy::too_many_arguments)]
+    fn flash_attention_forward(
+        &self,
+        qkv: &Self::Buffer,
+        out: &mut Self::Buffer,
+        lse: &mut Self::Buffer,
+        b: usize,
+        t: usize,
+        nh: usize,
+        hs: usize,
+        scale: f32,
+    ) -> Result<()> {
+        composed::flash_attention_forward(self, qkv, out, lse, b, t, nh, hs, scale)
+    }
+
+    /// Backward of [`Fused::flash_attention_forward`]: from `dout` (`b × t × nh·hs`) and the
+    /// forward pass's `qkv`, `out` and `lse`, overwrites `dqkv` (`b × t × 3 × nh × hs`).
+    /// Deterministic (no floating-point atomics). The default recomputes the probabilities
+    /// from `qkv` and composes the unfused backward (batched GEMMs, causal softmax backward,
+    /// head permutations) through temporaries.
+    #[allow(clippy::too_many_arguments)]
+    fn flash_attention_backward(
+        &self,
+        qkv: &Self::Buffer,
+        out: &Self::Buffer,
+        dout: &Self::Buffer,
+        lse: &Self::Buffer,
+        dqkv: &mut Self::Buffer,
+        b: usize,
+        t: usize,
+        nh: usize,
+        hs: usize,
+        scale: f32,
+    ) -> Result<()> {
+        composed::flash_attention_backward(self, qkv, out, dout, lse, dqkv, b, t, nh, hs, scale)
+    }
+
+    /// `out[slot] += Σ_i Σ x_i²` over several tensors (f32 result, fixed summation order).
+    /// Backends may fuse the tensors into one pass; the default calls [`Device::sum_squares`]
+    /// per tensor.
+    fn sum_squares_many(
+        &self,
+        xs: &[&Self::Buffer],
+        out: &mut Self::Buffer,
+        slot: usize,
+    ) -> Result<()> {
+        composed::sum_squares_many(self, xs, out, slot)
+    }
+
+    /// AdamW on many tensors reading its per-step values from `scalars` (f32, laid out as
+    /// [`ADAMW_SCALARS`] says: sum of squares of the gradients, lr, bias corrections), with the
+    /// gradient factor derived from the sum of squares by [`clip_grad_scale`]. On a GPU nothing
+    /// travels through the host, so the step needs no host synchronisation and can be recorded
+    /// once and replayed. The default reads `scalars` back and calls [`Device::adamw`] per
+    /// tensor.
+    fn adamw_clipped(
+        &self,
+        tensors: &mut [AdamWTensor<'_, Self::Buffer>],
+        step: &AdamWClipStep,
+        scalars: &Self::Buffer,
+    ) -> Result<()> {
+        composed::adamw_clipped(self, tensors, step, scalars)
+    }
+
+    /// [`Fused::adamw_clipped`], then the FP8 codes of some of the updated weights: for each
+    /// `out`, exactly [`Fused::quantize_fp8_many`] of the job with `src` the working copy of
+    /// tensor `out.tensor` (its `param` when it has none) and `out`'s `dst`, `dst_t`, `rows`,
+    /// `cols` and `slot` (codes bit for bit, `amax[slot] = max(amax[slot], max |src|)`).
+    /// Delayed scaling quantises the weights of step k + 1 with the scale set after step k, so
+    /// an FP8 model can take its weight codes from the optimizer once its scaling update has
+    /// run, instead of quantising the copies at the start of the next forward pass. A GPU
+    /// backend writes the codes in the update's pass (the copy is not read back). The codes'
+    /// operands are checked before anything runs ([`check_adamw_fp8_outs`]). The default runs
+    /// the two ops one after the other.
+    fn adamw_clipped_fp8(
+        &self,
+        tensors: &mut [AdamWTensor<'_, Self::Buffer>],
+        step: &AdamWClipStep,
+        scalars: &Self::Buffer,
+        outs: &mut [AdamWFp8Out<'_, Self::Buffer>],
+        scale: &Self::Buffer,
+        amax: &mut Self::Buffer,
+    ) -> Result<()> {
+        composed::adamw_clipped_fp8(self, tensors, step, scalars, outs, scale, amax)
+    }
+
     /// [`Device::quantize_fp8`] of every job, sharing `scale` and `amax` (job `j` uses entry
     /// `j.slot` of both): the results are exactly those of calling `quantize_fp8` on the jobs
     /// in order, codes and transposed codes bit for bit and every
@@ -916,20 +893,7 @@ pub trait Device: Send + Sync + Sized + 'static {
         scale: &Self::Buffer,
         amax: &mut Self::Buffer,
     ) -> Result<()> {
-        check_fp8_quant_jobs("quantize_fp8_many", jobs, scale, amax)?;
-        for j in jobs.iter_mut() {
-            self.quantize_fp8(
-                j.src,
-                j.dst,
-                j.dst_t.as_deref_mut(),
-                j.rows,
-                j.cols,
-                scale,
-                amax,
-                j.slot,
-            )?;
-        }
-        Ok(())
+        composed::quantize_fp8_many(self, jobs, scale, amax)
     }
 
     /// The gradient side of an FP8 linear layer in one pass, as Transformer Engine fuses it:
@@ -953,18 +917,9 @@ pub trait Device: Send + Sync + Sized + 'static {
         amax: &mut Self::Buffer,
         slot: usize,
     ) -> Result<()> {
-        let tmp;
-        let g = match gelu_pre {
-            Some(pre) => {
-                let mut t = self.alloc(dout.dtype(), dout.len())?;
-                self.gelu_backward(pre, dout, &mut t)?;
-                tmp = t;
-                &tmp
-            }
-            None => dout,
-        };
-        self.bias_backward(g, dbias, rows, cols)?;
-        self.quantize_fp8(g, dst, dst_t, rows, cols, scale, amax, slot)
+        composed::quantize_fp8_grad(
+            self, dout, gelu_pre, dst, dst_t, dbias, rows, cols, scale, amax, slot,
+        )
     }
 
     /// The forward side of an FP8 linear layer whose input is `gelu(pre)`: [`Device::quantize_fp8`]
@@ -983,9 +938,7 @@ pub trait Device: Send + Sync + Sized + 'static {
         amax: &mut Self::Buffer,
         slot: usize,
     ) -> Result<()> {
-        let mut h = self.alloc(pre.dtype(), pre.len())?;
-        self.gelu_forward(pre, &mut h)?;
-        self.quantize_fp8(&h, dst, dst_t, rows, cols, scale, amax, slot)
+        composed::quantize_fp8_gelu(self, pre, dst, dst_t, rows, cols, scale, amax, slot)
     }
 
     /// The forward side of an FP8 linear layer whose input is a LayerNorm, in one pass:
@@ -1013,21 +966,15 @@ pub trait Device: Send + Sync + Sized + 'static {
         amax: &mut Self::Buffer,
         slot: usize,
     ) -> Result<()> {
-        let mut out = self.alloc(x.dtype(), x.len())?;
-        self.layernorm_forward(x, gamma, beta, &mut out, mean, rstd, n, c, eps)?;
-        self.quantize_fp8(&out, dst, dst_t, n, c, scale, amax, slot)
-    }
-
-    /// Whether [`Device::gemm_fp8_epilogue`] runs (C bf16 or f16).
-    fn supports_fp8_epilogue(&self, dtype: DType) -> bool {
-        let _ = dtype;
-        false
+        composed::layernorm_forward_fp8(
+            self, x, gamma, beta, mean, rstd, dst, dst_t, n, c, eps, scale, amax, slot,
+        )
     }
 
     /// [`Device::gemm_fp8`] with a fused [`Epilogue::Bias`], [`Epilogue::BiasResidual`] or
     /// [`Epilogue::BiasGelu`] (bias, residual and `pre` in C's dtype); other epilogues are
-    /// refused. The result equals `gemm_fp8` followed
-    /// by the separate ops up to rounding.
+    /// refused. The result equals `gemm_fp8` followed by the separate ops up to rounding; the
+    /// default is that sequence, on a dense C.
     #[allow(clippy::too_many_arguments)]
     fn gemm_fp8_epilogue(
         &self,
@@ -1040,20 +987,7 @@ pub trait Device: Send + Sync + Sized + 'static {
         b_slot: usize,
         epilogue: Epilogue<'_, Self::Buffer>,
     ) -> Result<()> {
-        let _ = (desc, b, c, scale_inv, a_slot, b_slot, epilogue);
-        Err(DeviceError::Unsupported {
-            op: "gemm_fp8_epilogue".into(),
-            dtype: a.dtype(),
-        })
-    }
-
-    /// The element distance at which FP8 GEMMs best read their inverse scales: the engine
-    /// keeps operand `i`'s inverse scale at `scale_inv[i · stride]`
-    /// ([`Device::fp8_scaling_update`]'s `inv_stride`). 1 (packed) by default; CUDA answers 64
-    /// (256 bytes), the alignment at which cuBLASLt reads a scale in place instead of from a
-    /// copy made before each GEMM.
-    fn fp8_scale_inv_stride(&self) -> usize {
-        1
+        composed::gemm_fp8_epilogue(self, desc, a, b, c, scale_inv, a_slot, b_slot, epilogue)
     }
 
     /// FP8 delayed scaling for every operand `i < amax.len()`, on the device so a recorded step
@@ -1076,51 +1010,59 @@ pub trait Device: Send + Sync + Sized + 'static {
         most_recent: bool,
         margin: i32,
     ) -> Result<()> {
-        let ops =
-            check_fp8_scaling_args(amax, history, scale, scale_inv, inv_stride, fp8_max, len)?;
-        let to_f32 = |bytes: Vec<u8>| -> Vec<f32> {
-            bytes
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect()
-        };
-        let bytes = |v: &[f32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
-        let a = to_f32(self.download_bytes(amax, 0, ops)?);
-        let mut h = to_f32(self.download_bytes(history, 0, ops * len)?);
-        let mut s = to_f32(self.download_bytes(scale, 0, ops)?);
-        let m = to_f32(self.download_bytes(fp8_max, 0, ops)?);
-        for i in 0..ops {
-            let hist = &mut h[i * len..(i + 1) * len];
-            s[i] = fp8_history_step(hist, a[i], s[i], m[i], most_recent, margin);
-        }
-        let mut inv = to_f32(self.download_bytes(scale_inv, 0, ops * inv_stride)?);
-        for (i, &x) in s.iter().enumerate() {
-            inv[i * inv_stride] = fp8_scale_inv(x);
-        }
-        self.upload_bytes(&bytes(&h), history, 0)?;
-        self.upload_bytes(&bytes(&s), scale, 0)?;
-        self.upload_bytes(&bytes(&inv), scale_inv, 0)?;
-        self.fill(amax, 0.0)
+        composed::fp8_scaling_update(
+            self,
+            amax,
+            history,
+            scale,
+            scale_inv,
+            inv_stride,
+            fp8_max,
+            len,
+            most_recent,
+            margin,
+        )
     }
+}
 
-    /// FP8 GEMM: `C = alpha · (op(A)·sa) · (op(B)·sb) + beta · C` with `sa = scale_inv[a_slot]`,
-    /// `sb = scale_inv[b_slot]` (f32, on the device), A and B FP8 (each E4M3 or E5M2 of one
-    /// family, OCP or FNUZ), C f32, bf16 or f16; FP32 accumulation. Backends may restrict the
-    /// layout to what their FP8 GEMM supports (cuBLASLt on sm_90: `trans_a = false`,
-    /// `trans_b = true`, i.e. both operands K-major, one matrix, leading dimensions multiples of
-    /// 16, not both operands E5M2) and return [`DeviceError::Unsupported`] or
-    /// [`DeviceError::InvalidArgument`] otherwise.
-    #[allow(clippy::too_many_arguments)]
-    fn gemm_fp8(
-        &self,
-        desc: &GemmDesc,
-        a: &Self::Buffer,
-        b: &Self::Buffer,
-        c: &mut Self::Buffer,
-        scale_inv: &Self::Buffer,
-        a_slot: usize,
-        b_slot: usize,
-    ) -> Result<()>;
+/// The shape rules of the composed [`Fused::gemm_epilogue`] and [`Fused::gemm_fp8_epilogue`]:
+/// one dense matrix C (`ldc = n`, no offset, `m × n` elements), and alpha = 1, beta = 0 for
+/// the epilogues that need them, with `pre` and `residual` of C's length.
+pub fn epilogue_shape<B: Buffer>(
+    op: &'static str,
+    desc: &GemmDesc,
+    epilogue: &Epilogue<'_, B>,
+    c_len: usize,
+) -> Result<()> {
+    let mn = desc.m.checked_mul(desc.n).ok_or(DeviceError::Shape {
+        op,
+        detail: "m × n overflows".into(),
+    })?;
+    if desc.batch != 1 || desc.ldc != desc.n || desc.c_offset != 0 || c_len != mn {
+        return Err(DeviceError::InvalidArgument(format!(
+            "{op}: an epilogue needs one dense C of m × n = {mn} elements (batch 1, ldc = n, no offset)"
+        )));
+    }
+    let exact = |what: &str, len: usize| -> Result<()> {
+        if desc.alpha != 1.0 || desc.beta != 0.0 {
+            return Err(DeviceError::InvalidArgument(format!(
+                "{op}: the {what} epilogue needs alpha = 1 and beta = 0"
+            )));
+        }
+        if len != mn {
+            return Err(DeviceError::Shape {
+                op,
+                detail: format!("the {what} epilogue's operand has {len} elements, expected {mn}"),
+            });
+        }
+        Ok(())
+    };
+    match epilogue {
+        Epilogue::BiasResidual { residual, .. } => exact("bias + residual", residual.len()),
+        Epilogue::BiasGelu { pre, .. } => exact("bias + GELU", pre.len()),
+        Epilogue::DGelu { pre } => exact("GELU backward", pre.len()),
+        Epilogue::Bias(_) | Epilogue::BiasGradA { .. } => Ok(()),
+    }
 }
 
 /// The error of the graph methods on a backend that cannot record.
@@ -1193,7 +1135,7 @@ fn check_host_dtype<T: HostType>(buf: DType, op: &'static str) -> Result<()> {
     }
 }
 
-/// Checks the buffers of [`Device::fp8_scaling_update`] (all f32; `history` holds `len` entries
+/// Checks the buffers of [`Fused::fp8_scaling_update`] (all f32; `history` holds `len` entries
 /// per operand, `scale_inv` `inv_stride` ≥ 1, the others one) and returns the number of
 /// operands.
 pub fn check_fp8_scaling_args<B: Buffer>(
@@ -1230,7 +1172,7 @@ pub fn check_fp8_scaling_args<B: Buffer>(
     Ok(ops)
 }
 
-/// Checks the jobs of [`Device::quantize_fp8_many`] as [`Device::quantize_fp8`] checks its
+/// Checks the jobs of [`Fused::quantize_fp8_many`] as [`Device::quantize_fp8`] checks its
 /// operands: `src` f32, f16 or bf16 with `rows · cols` elements, `dst` an FP8 buffer of the same
 /// length, `dst_t` (if any) of `dst`'s dtype and length, `scale` and `amax` f32 holding every
 /// job's `slot`. Several jobs may name the same slot.
@@ -1269,10 +1211,10 @@ pub fn check_fp8_quant_jobs<B: Buffer>(
     Ok(())
 }
 
-/// The checks of [`Device::adamw_clipped_fp8`]'s codes: each `out` names one of `tensors`,
+/// The checks of [`Fused::adamw_clipped_fp8`]'s codes: each `out` names one of `tensors`,
 /// whose working copy (or f32 `param`) is a float `rows × cols` matrix, and passes
 /// [`check_fp8_quant_jobs`] as the job quantising it. (The update's own operands are checked by
-/// [`Device::adamw_clipped`] before it writes anything.)
+/// [`Fused::adamw_clipped`] before it writes anything.)
 pub fn check_adamw_fp8_outs<B: Buffer>(
     op: &'static str,
     tensors: &[AdamWTensor<'_, B>],

@@ -14,12 +14,12 @@
 //!
 //! Where things live: the scales, their inverses, the amaxes of the current step and the amax
 //! histories are f32 buffers on the device (one slot per operand; the inverses `stride` apart,
-//! [`Device::fp8_scale_inv_stride`], so the GEMM library reads them in place), updated by
-//! [`Device::fp8_scaling_update`] with no host round trip; the host keeps a copy of the histories
+//! [`Capabilities::fp8_scale_inv_stride`](duet_device::Capabilities), so the GEMM library reads them in place), updated by
+//! [`Fused::fp8_scaling_update`] with no host round trip; the host keeps a copy of the histories
 //! and scales, brought up to date when asked for (checkpoints, reports).
 
 use crate::{EngineError, Result};
-use duet_device::{DType, Device, DeviceExt, DeviceInfo};
+use duet_device::{DType, DeviceExt, DeviceInfo, Fused};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::sync::{Mutex, MutexGuard};
@@ -263,7 +263,7 @@ impl OperandScaling {
     pub fn update(&mut self, amax: f32, cfg: &DelayedScaling) {
         self.history.insert(0, amax);
         self.history.truncate(cfg.amax_history_len);
-        // The rule every backend's `Device::fp8_scaling_update` applies (a NaN entry poisons
+        // The rule every backend's `Fused::fp8_scaling_update` applies (a NaN entry poisons
         // the max like torch.max does, and the previous scale stays).
         self.scale = duet_device::fp8_history_scale(
             &self.history,
@@ -307,7 +307,7 @@ pub struct OperandReport {
 }
 
 /// Per-operand FP8 metadata of a model: device-side scales/amaxes and host-side histories.
-pub struct Fp8State<D: Device> {
+pub struct Fp8State<D: Fused> {
     pub cfg: DelayedScaling,
     pub fwd: DType,
     pub bwd: DType,
@@ -320,7 +320,7 @@ pub struct Fp8State<D: Device> {
     pub scale: D::Buffer,
     /// f32, operand `i`'s 1/scale (given to the FP8 GEMMs) at `i · inv_stride` ([`Self::inv`]).
     pub scale_inv: D::Buffer,
-    /// [`Device::fp8_scale_inv_stride`] of the device.
+    /// [`Capabilities::fp8_scale_inv_stride`](duet_device::Capabilities) of the device.
     pub inv_stride: usize,
     /// f32 per operand: the amax recorded since the last update.
     pub amax: D::Buffer,
@@ -338,7 +338,7 @@ struct HostView {
     unsynced: usize,
 }
 
-impl<D: Device> Fp8State<D> {
+impl<D: Fused> Fp8State<D> {
     /// Metadata for `names.len()` linear layers (3 operands each, slot `3·i + operand`).
     pub fn new(
         dev: &D,
@@ -361,7 +361,7 @@ impl<D: Device> Fp8State<D> {
         }
         let n = ops.len();
         let mut scale = dev.alloc(DType::F32, n)?;
-        let inv_stride = dev.fp8_scale_inv_stride().max(1);
+        let inv_stride = dev.capabilities().fp8_scale_inv_stride.max(1);
         let mut scale_inv = dev.alloc(DType::F32, n * inv_stride)?;
         dev.fill(&mut scale, 1.0)?;
         dev.fill(&mut scale_inv, 1.0)?;
@@ -421,7 +421,7 @@ impl<D: Device> Fp8State<D> {
         Ok(self.synced(dev)?.ops.clone())
     }
 
-    /// The delayed-scaling update after a step, on the device ([`Device::fp8_scaling_update`]):
+    /// The delayed-scaling update after a step, on the device ([`Fused::fp8_scaling_update`]):
     /// every operand's amax goes into its history, the scales follow, the amaxes restart at 0.
     /// Queues device work only (a recorded step can include it).
     pub fn update(&mut self, dev: &D) -> Result<()> {

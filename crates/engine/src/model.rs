@@ -13,7 +13,7 @@ use crate::precision::Precision;
 use crate::rng::Rng;
 use crate::{EngineError, Result};
 use duet_device::{
-    AdamWFp8Out, Buffer, DType, Device, DeviceError, DeviceExt, Epilogue, Fp8QuantJob, GemmDesc,
+    AdamWFp8Out, Buffer, DType, DeviceError, DeviceExt, Epilogue, Fp8QuantJob, Fused, GemmDesc,
 };
 use half::{bf16, f16};
 use rayon::prelude::*;
@@ -297,7 +297,7 @@ impl<B> Scratch<B> {
     /// `heads`: whether the split q/k/v buffers (and their gradients) of the unfused
     /// attention are needed.
     #[allow(clippy::too_many_arguments)]
-    fn alloc<D: Device<Buffer = B>>(
+    fn alloc<D: Fused<Buffer = B>>(
         dev: &D,
         act: DType,
         n: usize,
@@ -437,7 +437,7 @@ impl Fp8Codes {
 }
 
 /// FP8 copies of the linear layers' operands and their scaling metadata.
-struct Fp8Bufs<D: Device> {
+struct Fp8Bufs<D: Fused> {
     state: Fp8State<D>,
     /// What `w8`, `w8t` and the weights' amax slots hold (see [`Fp8Codes`]).
     codes: Fp8Codes,
@@ -469,7 +469,7 @@ fn is_linear_weight(cfg: &ModelConfig, i: usize) -> bool {
 /// transposed codes), each with its weight's index in [`param_specs`] order, its shape and its
 /// slot of the FP8 scales and amaxes: what the optimizer writes
 /// ([`Gpt::update_params_with_fp8_codes`]) or the forward pass quantises.
-fn weight_code_outs<'a, D: Device>(
+fn weight_code_outs<'a, D: Fused>(
     cfg: &ModelConfig,
     w8: &'a mut [D::Buffer],
     w8t: &'a mut [D::Buffer],
@@ -499,7 +499,7 @@ fn linear_dims(cfg: &ModelConfig, k: usize) -> (usize, usize) {
 }
 
 /// Copies host f32 values into a float buffer of any of f32, f16, bf16 (rounding once).
-pub(crate) fn upload_f32_as<D: Device>(dev: &D, src: &[f32], dst: &mut D::Buffer) -> Result<()> {
+pub(crate) fn upload_f32_as<D: Fused>(dev: &D, src: &[f32], dst: &mut D::Buffer) -> Result<()> {
     match dst.dtype() {
         DType::F32 => dev.upload(src, dst, 0)?,
         DType::BF16 => {
@@ -520,7 +520,7 @@ pub(crate) fn upload_f32_as<D: Device>(dev: &D, src: &[f32], dst: &mut D::Buffer
 }
 
 /// A GPT model bound to a device, with buffers planned for batch `b` and sequence length `t`.
-pub struct Gpt<D: Device> {
+pub struct Gpt<D: Fused> {
     dev: Arc<D>,
     cfg: ModelConfig,
     b: usize,
@@ -552,7 +552,7 @@ pub struct Gpt<D: Device> {
     precision: Precision,
     /// Activation dtype.
     act: DType,
-    /// Attention runs fused (see [`Device::flash_attention_forward`]).
+    /// Attention runs fused (see [`Fused::flash_attention_forward`]).
     flash: bool,
     /// The logits' gradient in the activation dtype (mixed precision only).
     dlogits_lp: Option<D::Buffer>,
@@ -561,7 +561,7 @@ pub struct Gpt<D: Device> {
     fp8: Option<Fp8Bufs<D>>,
 }
 
-impl<D: Device> Gpt<D> {
+impl<D: Fused> Gpt<D> {
     /// Plans and allocates every buffer for batch `b` × sequence `t`, and uploads `weights`
     /// (host f32 in [`param_specs`] order). FP32 throughout.
     pub fn new(
@@ -637,7 +637,7 @@ impl<D: Device> Gpt<D> {
         let n = b * t;
         // Fused attention where the backend has it for this dtype and head size: then no score
         // matrix and no split q/k/v exist at all.
-        let flash = dev.supports_flash_attention(act, c / nh.max(1));
+        let flash = dev.capabilities().flash_attention(act, c / nh.max(1));
         let att = if flash {
             0
         } else {
@@ -687,7 +687,8 @@ impl<D: Device> Gpt<D> {
         }
         // The MLP's hidden gradient can overwrite the recomputed GELU output (d_f2) where the
         // GELU backward needs no separate pass: fused into the GEMM, or into FP8's quantisation.
-        let one_mlp_grad = plan.precision == Precision::Fp8 || dev.supports_gemm_epilogue(act);
+        let one_mlp_grad =
+            plan.precision == Precision::Fp8 || dev.capabilities().gemm_epilogue(act);
         let scratch = Scratch::alloc(&*dev, act, n, c, f, att, !flash, one_mlp_grad)?;
         let fp8 = if plan.precision == Precision::Fp8 {
             // FP8 tensor-core GEMMs (cuBLASLt, hipBLASLt) need every dimension of the linear
@@ -989,7 +990,7 @@ impl<D: Device> Gpt<D> {
     /// Runs `update` (an optimizer step) on the parameters and gradients, handing it, in FP8,
     /// the weight codes to write: each linear layer's weight matrix (its index in
     /// [`param_specs`] order), its codes and transposed codes, and its slot of the scales and
-    /// amaxes ([`duet_device::Device::adamw_clipped_fp8`]). Call it after [`Gpt::fp8_update`]:
+    /// amaxes ([`duet_device::Fused::adamw_clipped_fp8`]). Call it after [`Gpt::fp8_update`]:
     /// the codes then take the scales the next step quantises with, and the amaxes land in the
     /// slots that update just reset, so the next forward pass, which skips the weight
     /// quantisation when `update` succeeded, computes exactly what it would have. In other
@@ -1614,7 +1615,7 @@ struct Dims {
     n: usize,
     /// Attention matrices (of the `b·nh`) handled per chunk; divides `b·nh`.
     ab: usize,
-    /// The backend's fused attention runs (see [`Device::flash_attention_forward`]).
+    /// The backend's fused attention runs (see [`Fused::flash_attention_forward`]).
     flash: bool,
 }
 
@@ -1633,7 +1634,7 @@ fn attention_chunk(bh: usize, t: usize) -> usize {
 
 /// One block's forward pass from `x` into its activations `a`.
 #[allow(clippy::too_many_arguments)]
-fn block_forward<D: Device>(
+fn block_forward<D: Fused>(
     dev: &D,
     p: &[D::Buffer],
     q8: &mut Option<Fp8Bufs<D>>,
@@ -1792,7 +1793,7 @@ fn block_forward<D: Device>(
 /// One block's backward pass: consumes `s.dresid` (the gradient of the block's output) and
 /// leaves the gradient of its input there; accumulates the block's parameter gradients.
 #[allow(clippy::too_many_arguments)]
-fn block_backward<D: Device>(
+fn block_backward<D: Fused>(
     dev: &D,
     p: &[D::Buffer],
     g: &mut [D::Buffer],
@@ -2008,7 +2009,7 @@ fn block_backward<D: Device>(
 /// [`Device::layernorm_backward`], with `dsum += Σ_rows dx` (after the update) in the same pass
 /// where given: the bias gradient of the linear layer whose output `dx` is the gradient of.
 #[allow(clippy::too_many_arguments)]
-fn layernorm_backward<D: Device>(
+fn layernorm_backward<D: Fused>(
     dev: &D,
     dout: &D::Buffer,
     x: &D::Buffer,
@@ -2033,7 +2034,7 @@ fn layernorm_backward<D: Device>(
 /// Causal attention `y = softmax(scale · q·kᵀ) · v` over the `b·nh` heads in `s.q`, `s.k`,
 /// `s.v`, `d.ab` heads at a time (no `t × t` matrix beyond one chunk is ever written); `y`
 /// (head layout) goes to `s.d_c2`, which the backward pass only uses later for its own gradient.
-fn attention_forward<D: Device>(
+fn attention_forward<D: Fused>(
     dev: &D,
     s: &mut Scratch<D::Buffer>,
     d: Dims,
@@ -2052,7 +2053,7 @@ fn attention_forward<D: Device>(
 /// Backward of [`attention_forward`]: from `dy` in `s.d_c2` and `s.q`, `s.k`, `s.v`, writes
 /// `s.dq`, `s.dk`, `s.dv`. Each chunk's probabilities are recomputed exactly as the forward
 /// pass computed them (same ops, same shapes, so the same bits).
-fn attention_backward<D: Device>(
+fn attention_backward<D: Fused>(
     dev: &D,
     s: &mut Scratch<D::Buffer>,
     d: Dims,
@@ -2083,7 +2084,7 @@ fn attention_backward<D: Device>(
 
 /// The causal attention probabilities of the chunk of `d.ab` heads starting at head `j`
 /// (of the `b·nh` in `s.q`, `s.k`): `s.probs = softmax(scale · q·kᵀ)`, via `s.scores`.
-fn attention_probs<D: Device>(
+fn attention_probs<D: Fused>(
     dev: &D,
     s: &mut Scratch<D::Buffer>,
     j: usize,
@@ -2105,7 +2106,7 @@ fn attention_probs<D: Device>(
 /// for the backward pass. Bias (and GELU, see [`linear_gelu_forward`]) are fused into the GEMM
 /// where the backend offers the epilogue, else separate ops.
 #[allow(clippy::too_many_arguments)]
-fn linear_forward<D: Device>(
+fn linear_forward<D: Fused>(
     dev: &D,
     q8: Option<(&mut Fp8Bufs<D>, usize)>,
     record: bool,
@@ -2137,7 +2138,7 @@ fn linear_forward<D: Device>(
 /// [`linear_forward`] into `pre` followed by `out = gelu(pre)`: one GEMM with a fused
 /// bias + GELU epilogue where the backend has one (16-bit and FP8 GEMMs).
 #[allow(clippy::too_many_arguments)]
-fn linear_gelu_forward<D: Device>(
+fn linear_gelu_forward<D: Fused>(
     dev: &D,
     q8: Option<(&mut Fp8Bufs<D>, usize)>,
     record: bool,
@@ -2170,10 +2171,10 @@ fn linear_gelu_forward<D: Device>(
 /// the layer's input, never written) the GELU or the LayerNorm of one.
 enum LinearInput<'a, B> {
     Plain(&'a B),
-    /// `gelu(pre)` ([`Device::quantize_fp8_gelu`]).
+    /// `gelu(pre)` ([`Fused::quantize_fp8_gelu`]).
     GeluOf(&'a B),
     /// `layernorm(x)`, whose statistics are written to `mean` and `rstd`
-    /// ([`Device::layernorm_forward_fp8`]).
+    /// ([`Fused::layernorm_forward_fp8`]).
     LayerNormOf {
         x: &'a B,
         gamma: &'a B,
@@ -2193,7 +2194,7 @@ enum Operands<'a, B> {
 /// The body of [`linear_forward`] (`gelu_pre` None) and [`linear_gelu_forward`] (no
 /// residual); FP8 layers also take their input as a GELU or LayerNorm ([`LinearInput`]).
 #[allow(clippy::too_many_arguments)]
-fn linear_act_forward<D: Device>(
+fn linear_act_forward<D: Fused>(
     dev: &D,
     q8: Option<(&mut Fp8Bufs<D>, usize)>,
     record: bool,
@@ -2263,8 +2264,8 @@ fn linear_act_forward<D: Device>(
         }
     };
     let fused = match operands {
-        Operands::Plain(_) => dev.supports_gemm_epilogue(out.dtype()),
-        Operands::Fp8(..) => dev.supports_fp8_epilogue(out.dtype()),
+        Operands::Plain(_) => dev.capabilities().gemm_epilogue(out.dtype()),
+        Operands::Fp8(..) => dev.capabilities().fp8_gemm_epilogue(out.dtype()),
     };
     if fused {
         let epi = linear_epilogue(bias, residual, gelu_pre);
@@ -2343,7 +2344,7 @@ impl<'a, B> GradIo<'a, B> {
 
 /// Backward of [`linear_forward`]: `dW = doutᵀ · x` (written: [`Gpt::zero_grads`] leaves
 /// these gradients alone), `dbias += Σ_rows dout` (unless `dbias` is None: a LayerNorm
-/// backward computed it already, [`Device::layernorm_backward_colsum`]; FP8 layers always
+/// backward computed it already, [`Fused::layernorm_backward_colsum`]; FP8 layers always
 /// compute their own), then
 /// `dx = dout · W` (overwrites). With `q8`, `dout` is quantised (E5M2 in the HYBRID recipe) and
 /// both GEMMs run in FP8 on the copies the forward pass made, in the K-major layout FP8 GEMMs
@@ -2354,9 +2355,9 @@ impl<'a, B> GradIo<'a, B> {
 /// backward into the 16-bit GEMM; returns whether it did (else the caller applies
 /// `gelu_backward`, or passes `dout_gelu_pre` to the next layer). With `dout_gelu_pre` (FP8
 /// only), `dout` is the gradient of `gelu(dout_gelu_pre)`, this layer's output: the GELU
-/// backward runs inside the quantisation ([`Device::quantize_fp8_grad`]).
+/// backward runs inside the quantisation ([`Fused::quantize_fp8_grad`]).
 #[allow(clippy::too_many_arguments)]
-fn linear_backward<D: Device>(
+fn linear_backward<D: Fused>(
     dev: &D,
     q8: Option<(&mut Fp8Bufs<D>, usize)>,
     dout: &D::Buffer,
@@ -2384,7 +2385,7 @@ fn linear_backward<D: Device>(
             match dbias {
                 // The bias gradient comes out of the weight-gradient GEMM (written, not added:
                 // it is the bias's only contribution in a step, onto zeroed gradients).
-                Some(dbias) if dev.supports_gemm_epilogue(dout.dtype()) => {
+                Some(dbias) if dev.capabilities().gemm_epilogue(dout.dtype()) => {
                     dev.gemm_epilogue(&dw_desc, dout, x, dw, Epilogue::BiasGradA { dbias })?
                 }
                 Some(dbias) => {
@@ -2396,7 +2397,7 @@ fn linear_backward<D: Device>(
             let dx = io.into_dx();
             let desc = GemmDesc::new(false, false, n, k, m);
             match dgelu_pre {
-                Some(pre) if dev.supports_gemm_epilogue(dx.dtype()) => {
+                Some(pre) if dev.capabilities().gemm_epilogue(dx.dtype()) => {
                     dev.gemm_epilogue(&desc, dout, w, dx, Epilogue::DGelu { pre })?;
                     Ok(true)
                 }

@@ -15,7 +15,7 @@ use crate::model::{Fp8WeightCodes, ParamSpec};
 use crate::precision::LossScaler;
 use crate::{EngineError, Result};
 use duet_device::{
-    AdamWClipStep, AdamWStep, AdamWTensor, Buffer, Collective, DType, Device, DeviceExt, ReduceOp,
+    AdamWClipStep, AdamWStep, AdamWTensor, Buffer, Collective, DType, DeviceExt, Fused, ReduceOp,
 };
 
 /// Optimizer hyper-parameters that do not change during a run.
@@ -82,7 +82,7 @@ impl AdamWConfig {
 }
 
 /// Per-parameter first and second moments, on the device.
-pub struct AdamW<D: Device> {
+pub struct AdamW<D: Fused> {
     cfg: AdamWConfig,
     m: Vec<D::Buffer>,
     v: Vec<D::Buffer>,
@@ -111,7 +111,7 @@ pub struct StepStats {
     pub loss_scale: f32,
 }
 
-impl<D: Device> AdamW<D> {
+impl<D: Fused> AdamW<D> {
     pub fn new(dev: &D, cfg: AdamWConfig, specs: &[ParamSpec]) -> Result<Self> {
         let mut m = Vec::with_capacity(specs.len());
         let mut v = Vec::with_capacity(specs.len());
@@ -278,7 +278,7 @@ impl<D: Device> AdamW<D> {
     }
 
     /// [`AdamW::queue_device_step`] (one rank) that also writes an FP8 model's weight codes
-    /// ([`Device::adamw_clipped_fp8`], after the model's scaling update), as
+    /// ([`Fused::adamw_clipped_fp8`], after the model's scaling update), as
     /// [`crate::model::Gpt::update_params_with_fp8_codes`] hands them over; with `None` it is
     /// `queue_device_step`.
     pub fn queue_device_step_fp8(

@@ -18,7 +18,7 @@ use crate::config::Config;
 use crate::model::{Gpt, PrecisionPlan};
 use crate::optim::{AdamW, AdamWConfig};
 use crate::{EngineError, Result};
-use duet_device::{DType, Device, DeviceInfo};
+use duet_device::{DType, DeviceInfo, Fused};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::sync::Arc;
@@ -181,7 +181,7 @@ pub fn resolve_precision(
 /// only chosen when the backend actually implements the FP8 ops (a 16 × 16 quantisation and
 /// FP8 GEMM are tried once); a backend that answers `Unsupported` falls back like hardware
 /// without FP8 does (or fails with `strict`).
-pub fn resolve_precision_on<D: Device>(
+pub fn resolve_precision_on<D: Fused>(
     dev: &D,
     requested: Precision,
     strict: bool,
@@ -211,7 +211,7 @@ pub fn resolve_precision_on<D: Device>(
 }
 
 /// Tries the FP8 ops once: `Ok(Err(reason))` when the backend reports them unsupported.
-fn probe_fp8<D: Device>(dev: &D, info: &DeviceInfo) -> Result<std::result::Result<(), String>> {
+fn probe_fp8<D: Fused>(dev: &D, info: &DeviceInfo) -> Result<std::result::Result<(), String>> {
     use duet_device::{DeviceError, GemmDesc};
     let (fwd, _) = crate::fp8::Fp8Family::of_device(info).dtypes(crate::fp8::Fp8Recipe::Hybrid);
     let n = 16;
@@ -341,7 +341,7 @@ impl LossScaler {
 /// against the device, see [`resolve_precision`]). FP32 gives exactly [`Gpt::new`] and
 /// [`AdamW::new`]; other precisions hold FP32 masters in the optimizer.
 #[allow(clippy::type_complexity)]
-pub fn build<D: Device>(
+pub fn build<D: Fused>(
     dev: Arc<D>,
     cfg: &Config,
     weights: &[Vec<f32>],
@@ -353,7 +353,7 @@ pub fn build<D: Device>(
 
 /// The model alone, for one rank of a data-parallel run if `data_parallel`, planned with the
 /// optimizer state split over `optimizer_shards` ranks (ZeRO-1; 1 otherwise).
-pub fn build_model<D: Device>(
+pub fn build_model<D: Fused>(
     dev: Arc<D>,
     cfg: &Config,
     weights: &[Vec<f32>],
@@ -389,7 +389,7 @@ pub fn adamw_config(cfg: &Config) -> AdamWConfig {
 
 /// The replicated optimizer for `model`: FP32 moments, and FP32 masters for every weight whose
 /// working copy is not f32.
-pub fn build_optimizer<D: Device>(
+pub fn build_optimizer<D: Fused>(
     dev: &D,
     cfg: &Config,
     model: &Gpt<D>,

@@ -11,7 +11,7 @@
 use crate::config::Config;
 use crate::model::Gpt;
 use crate::{EngineError, Result};
-use duet_device::{Buffer, DType, Device, DeviceExt};
+use duet_device::{Buffer, DType, DeviceExt, Fused};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::io::{BufRead, Write};
@@ -253,7 +253,7 @@ impl<W: Write> TraceWriter<W> {
     }
 
     /// Records the state of `model` after a step.
-    pub fn record<D: Device>(
+    pub fn record<D: Fused>(
         &mut self,
         model: &Gpt<D>,
         step: u64,

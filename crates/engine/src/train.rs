@@ -11,7 +11,7 @@ use crate::optim::{AdamW, StepStats};
 use crate::precision::LossScaler;
 use crate::rng::Rng;
 use crate::{EngineError, Result};
-use duet_device::{Buffer, Collective, DType, Device, DeviceExt, ReduceOp};
+use duet_device::{Buffer, Collective, DType, DeviceExt, Fused, ReduceOp};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
@@ -69,7 +69,7 @@ impl GenerationEval {
 }
 
 /// Owns the model, the optimizer and the data stream of one run.
-pub struct Trainer<D: Device> {
+pub struct Trainer<D: Fused> {
     cfg: Config,
     model: Gpt<D>,
     opt: AdamW<D>,
@@ -101,7 +101,7 @@ pub struct Trainer<D: Device> {
 pub use duet_device::knobs::FP8_CODES_FROM_OPTIMIZER as FP8_CODES_FROM_OPTIMIZER_ENV;
 
 /// Where the recording of the training step stands.
-enum StepGraph<D: Device> {
+enum StepGraph<D: Fused> {
     /// Not recorded yet, and no step run: the first step runs unrecorded, warming every
     /// buffer, table and library plan up so that the recording allocates nothing.
     Cold,
@@ -132,7 +132,7 @@ fn check_host_memory(m: &crate::config::ModelConfig) -> Result<()> {
     Ok(())
 }
 
-impl<D: Device> Trainer<D> {
+impl<D: Fused> Trainer<D> {
     /// A fresh run: weights initialised from the config's seed.
     pub fn new(dev: Arc<D>, cfg: Config) -> Result<Self> {
         cfg.validate()?;
@@ -734,7 +734,7 @@ impl<D: Device> Trainer<D> {
         self.cfg.train.graphs
             && self.scaler.is_none()
             && self.dist.is_none()
-            && self.model.device().supports_capture()
+            && self.model.device().capabilities().graphs
     }
 
     /// The queued part of a step on an uploaded batch: forward, loss, backward and the

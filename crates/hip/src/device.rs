@@ -14,8 +14,8 @@ use crate::kernels::{BLOCK, Kernels, Launch, dim, grid_dim};
 use crate::memory::{HipBuffer, MemShared};
 use crate::rocblas::{result::RocblasApi, safe::RocblasHandle};
 use duet_device::{
-    AdamWStep, Buffer, DType, Device, DeviceError, DeviceInfo, GemmDesc, MemoryStats, Result,
-    check_dtype,
+    AdamWStep, Buffer, Capabilities, DType, Device, DeviceError, DeviceInfo, Fused, GemmDesc,
+    MemoryStats, Result, check_dtype,
 };
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
@@ -290,6 +290,12 @@ impl Device for HipDevice {
         self.range_pop_impl()
     }
 
+    fn capabilities(&self) -> &Capabilities {
+        // No native fused path yet: every op of Fused runs its composition of the core ops.
+        static CAPS: std::sync::OnceLock<Capabilities> = std::sync::OnceLock::new();
+        CAPS.get_or_init(Capabilities::composed)
+    }
+
     fn info(&self) -> DeviceInfo {
         self.info.clone()
     }
@@ -552,6 +558,10 @@ impl Device for HipDevice {
         self.gemm_fp8_impl(desc, a, b, c, scale_inv, a_slot, b_slot)
     }
 }
+
+/// The fused paths, composed of the core ops (the trait's defaults) until HIP has kernels of
+/// its own for them.
+impl Fused for HipDevice {}
 
 /// The device-level trait methods (no op family).
 impl HipDevice {

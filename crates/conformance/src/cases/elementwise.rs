@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::reference;
-use duet_device::{DType, Device, DeviceError};
+use duet_device::{DType, DeviceError, Fused};
 
 /// Values that exercise every corner of the FP8 and 16-bit codecs: saturation, subnormals,
 /// ties, signs, infinities, the largest finite values.
@@ -60,7 +60,7 @@ const CAST_DTYPES: [DType; 7] = [
 
 /// `cast` between every pair of float dtypes with and without a scale, bit for bit: the host
 /// model decodes the source, multiplies by the scale in f32 and encodes (saturating FP8).
-pub fn cast_every_pair_bit_exact<D: Device>(h: &Harness<D>) {
+pub fn cast_every_pair_bit_exact<D: Fused>(h: &Harness<D>) {
     let case = "cast_every_pair_bit_exact";
     let d = &h.dev;
     let mut r = h.rng(case);
@@ -98,13 +98,7 @@ pub fn cast_every_pair_bit_exact<D: Device>(h: &Harness<D>) {
     );
 }
 
-fn run_elementwise<E: Device>(
-    e: &E,
-    dt: DType,
-    src_dt: DType,
-    a: &[f32],
-    b: &[f32],
-) -> Vec<Tensor> {
+fn run_elementwise<E: Fused>(e: &E, dt: DType, src_dt: DType, a: &[f32], b: &[f32]) -> Vec<Tensor> {
     let n = a.len();
     let mut ba = put(e, dt, a);
     let bb = put(e, dt, b);
@@ -123,7 +117,7 @@ fn run_elementwise<E: Device>(
 
 /// `scale`, `add` and `add_assign` (every source dtype into every destination dtype) on odd
 /// and aligned lengths.
-pub fn scale_add_add_assign<D: Device>(h: &Harness<D>) {
+pub fn scale_add_add_assign<D: Fused>(h: &Harness<D>) {
     let case = "scale_add_add_assign";
     let mut r = h.rng(case);
     for dt in FLOATS {
@@ -180,7 +174,7 @@ pub fn scale_add_add_assign<D: Device>(h: &Harness<D>) {
     );
 }
 
-fn run_gelu<E: Device>(e: &E, dt: DType, x: &[f32], dy: &[f32]) -> Vec<Tensor> {
+fn run_gelu<E: Fused>(e: &E, dt: DType, x: &[f32], dy: &[f32]) -> Vec<Tensor> {
     let bx = put(e, dt, x);
     let bdy = put(e, dt, dy);
     let mut y = nan(e, dt, x.len());
@@ -191,7 +185,7 @@ fn run_gelu<E: Device>(e: &E, dt: DType, x: &[f32], dy: &[f32]) -> Vec<Tensor> {
 }
 
 /// GELU (tanh approximation) and its gradient against the analytic f64 forms.
-pub fn gelu_forward_backward<D: Device>(h: &Harness<D>) {
+pub fn gelu_forward_backward<D: Fused>(h: &Harness<D>) {
     let case = "gelu_forward_backward";
     let mut r = h.rng(case);
     for dt in FLOATS {
@@ -234,7 +228,8 @@ pub fn gelu_forward_backward<D: Device>(h: &Harness<D>) {
     }
 }
 
-fn run_bias<E: Device>(
+#[allow(clippy::too_many_arguments)]
+fn run_bias<E: Fused>(
     e: &E,
     act: DType,
     pdt: DType,
@@ -255,7 +250,7 @@ fn run_bias<E: Device>(
 
 /// `bias_add` and `bias_backward` (accumulating) for every activation dtype with a bias of
 /// that dtype or f32, on odd and large shapes; `bias_backward` is deterministic.
-pub fn bias_add_and_backward<D: Device>(h: &Harness<D>) {
+pub fn bias_add_and_backward<D: Fused>(h: &Harness<D>) {
     let case = "bias_add_and_backward";
     let mut r = h.rng(case);
     for act in FLOATS {

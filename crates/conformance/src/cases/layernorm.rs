@@ -1,8 +1,9 @@
 //! LayerNorm forward and backward, and the backward fused with the bias-gradient column sum.
 
 use super::*;
+use crate::harness::compare_values;
 use crate::reference;
-use duet_device::{DType, Device};
+use duet_device::{DType, DeviceError, Fused};
 
 /// Rows with their own offsets and scales.
 fn ln_input(r: &mut Rng, n: usize, c: usize) -> Vec<f32> {
@@ -26,6 +27,9 @@ struct LnCase {
     dx0: Vec<f32>,
     dg0: Vec<f32>,
     db0: Vec<f32>,
+    /// dsum's dtype and start (the colsum variant).
+    sdt: DType,
+    ds0: Vec<f32>,
 }
 
 impl LnCase {
@@ -42,12 +46,31 @@ impl LnCase {
             dx0: r.vec(n * c, -0.5, 0.5),
             dg0: r.vec(c, -0.5, 0.5),
             db0: r.vec(c, -0.5, 0.5),
+            sdt: DType::F32,
+            ds0: vec![0.25; c],
         }
+    }
+
+    /// With a dsum of `sdt` starting at random values, and a dx start biased per column (the
+    /// residual-stream gradient), so the column sums are not all near zero.
+    fn with_dsum(mut self, r: &mut Rng, sdt: DType) -> Self {
+        let bias = r.vec(self.c, -0.3, 0.3);
+        for (i, d) in self.dx0.iter_mut().enumerate() {
+            *d += bias[i % self.c];
+        }
+        self.sdt = sdt;
+        self.ds0 = r.vec(self.c, -0.5, 0.5);
+        self
     }
 
     /// Forward, then the backward from the device's own saved statistics (as the engine runs
     /// it), accumulating into dx, dgamma and dbeta; with `colsum`, the fused variant.
-    fn run<E: Device>(&self, e: &E, colsum: Option<bool>) -> Vec<Tensor> {
+    fn run<E: Fused>(&self, e: &E, colsum: Option<bool>) -> Vec<Tensor> {
+        self.run_times(e, colsum, 1)
+    }
+
+    /// [`LnCase::run`] with the backward called `times` times (each call adds again).
+    fn run_times<E: Fused>(&self, e: &E, colsum: Option<bool>, times: usize) -> Vec<Tensor> {
         let (n, c) = (self.n, self.c);
         let x = put(e, self.act, &self.x);
         let g = put(e, self.pdt, &self.gamma);
@@ -67,23 +90,30 @@ impl LnCase {
             get(e, "rstd", &rstd),
         ];
         match colsum {
-            None => e
-                .layernorm_backward(&dout, &x, &g, &mean, &rstd, &mut dx, &mut dg, &mut db, n, c)
-                .expect("layernorm_backward"),
-            Some(fused) => {
-                let mut dsum = put(e, DType::F32, &vec![0.25; c]);
-                if fused {
-                    e.layernorm_backward_colsum(
-                        &dout, &x, &g, &mean, &rstd, &mut dx, &mut dg, &mut db, &mut dsum, n, c,
-                    )
-                    .expect("layernorm_backward_colsum");
-                } else {
+            None => {
+                for _ in 0..times {
                     e.layernorm_backward(
                         &dout, &x, &g, &mean, &rstd, &mut dx, &mut dg, &mut db, n, c,
                     )
                     .expect("layernorm_backward");
-                    e.bias_backward(&dx, &mut dsum, n, c)
-                        .expect("bias_backward");
+                }
+            }
+            Some(fused) => {
+                let mut dsum = put(e, self.sdt, &self.ds0);
+                for _ in 0..times {
+                    if fused {
+                        e.layernorm_backward_colsum(
+                            &dout, &x, &g, &mean, &rstd, &mut dx, &mut dg, &mut db, &mut dsum, n, c,
+                        )
+                        .expect("layernorm_backward_colsum");
+                    } else {
+                        e.layernorm_backward(
+                            &dout, &x, &g, &mean, &rstd, &mut dx, &mut dg, &mut db, n, c,
+                        )
+                        .expect("layernorm_backward");
+                        e.bias_backward(&dx, &mut dsum, n, c)
+                            .expect("bias_backward");
+                    }
                 }
                 res.push(get(e, "dsum", &dsum));
             }
@@ -100,6 +130,12 @@ impl LnCase {
     }
 
     fn reference(&self) -> Vec<Want> {
+        self.reference_times(1)
+    }
+
+    /// The f64 outputs after `times` backward calls: the starting gradients plus `times` of
+    /// each increment.
+    fn reference_times(&self, times: usize) -> Vec<Want> {
         let (n, c) = (self.n, self.c);
         let x = rounded64(self.act, &self.x);
         let g = rounded64(self.pdt, &self.gamma);
@@ -111,7 +147,7 @@ impl LnCase {
             rounded64(dt, init)
                 .iter()
                 .zip(a)
-                .map(|(i, d)| i + d)
+                .map(|(i, d)| i + times as f64 * d)
                 .collect()
         };
         vec![
@@ -129,7 +165,7 @@ const LN_SHAPES: [(usize, usize); 5] = [(1, 1), (5, 3), (67, 768), (1024, 96), (
 
 /// LayerNorm forward (out, mean, rstd) and backward (accumulating dx, dgamma, dbeta) for every
 /// activation dtype with parameters of that dtype or f32; deterministic.
-pub fn layernorm_forward_backward<D: Device>(h: &Harness<D>) {
+pub fn layernorm_forward_backward<D: Fused>(h: &Harness<D>) {
     let case = "layernorm_forward_backward";
     let mut r = h.rng(case);
     for act in FLOATS {
@@ -169,7 +205,7 @@ pub fn layernorm_forward_backward<D: Device>(h: &Harness<D>) {
 
 /// `layernorm_backward_colsum` equals `layernorm_backward` followed by `bias_backward` of the
 /// updated dx: dx, dgamma and dbeta bit for bit, the column sum up to summation order.
-pub fn layernorm_backward_colsum_matches_composition<D: Device>(h: &Harness<D>) {
+pub fn layernorm_backward_colsum_matches_composition<D: Fused>(h: &Harness<D>) {
     let case = "layernorm_backward_colsum_matches_composition";
     let mut r = h.rng(case);
     for act in FLOATS {
@@ -195,4 +231,250 @@ pub fn layernorm_backward_colsum_matches_composition<D: Device>(h: &Harness<D>) 
             }
         }
     }
+}
+
+/// The (activation, parameter) dtype pairs of the recipes.
+const LN_DTYPES: [(DType, DType); 5] = [
+    (DType::F32, DType::F32),
+    (DType::BF16, DType::BF16),
+    (DType::BF16, DType::F32),
+    (DType::F16, DType::F16),
+    (DType::F16, DType::F32),
+];
+
+/// Shapes (n, c) for every row path of a GPU LayerNorm: the vectorised fast path (c a multiple
+/// of 8: 768, 2048), the single-element path (c = 1, 7, 100), one row, a few rows and many
+/// rows (8192, so many blocks share the dgamma/dbeta reduction), and rows too wide for the
+/// register-cached kernels (1537 single elements; 3080, 8200, 16392 vectors). Few rows where
+/// they are wide, so the CPU runs them quickly.
+const LN_PATH_SHAPES: [(usize, usize); 17] = [
+    (1, 1),
+    (1, 7),
+    (1, 100),
+    (1, 768),
+    (1, 2048),
+    (3, 1),
+    (3, 7),
+    (3, 100),
+    (3, 768),
+    (3, 2048),
+    (8192, 1),
+    (8192, 7),
+    (8192, 100),
+    (5, 1537),
+    (4, 3080),
+    (9, 8200),
+    (3, 16392),
+];
+
+/// LayerNorm forward and backward over every row path (see [`LN_PATH_SHAPES`]) for the
+/// recipes' dtype pairs: one backward call, then two (the second adds again: the starting
+/// gradients plus twice the increment), each deterministic.
+pub fn layernorm_every_row_path_accumulates<D: Fused>(h: &Harness<D>) {
+    let case = "layernorm_every_row_path_accumulates";
+    let mut r = h.rng(case);
+    let grad = Tol::Rel {
+        f32: 2e-4,
+        f16: 5e-3,
+        bf16: 1e-2,
+        fp8: 0.13,
+    };
+    let tols = [
+        Tol::REDUCTION,
+        Tol::rel(1e-5),
+        Tol::REDUCTION,
+        grad,
+        grad,
+        Tol::REDUCTION,
+    ];
+    for (act, pdt) in LN_DTYPES {
+        for (n, c) in LN_PATH_SHAPES {
+            let lc = LnCase::new(&mut r, act, pdt, n, c);
+            for times in [1, 2] {
+                let what = format!("{case} {act}/{pdt} {n}x{c}, {times} backward call(s)");
+                let got = lc.run_times(&h.dev, None, times);
+                h.verify(
+                    &what,
+                    &got,
+                    |cpu| lc.run_times(cpu, None, times),
+                    || lc.reference_times(times),
+                    &tols,
+                );
+                if times == 2 {
+                    assert!(
+                        got == lc.run_times(&h.dev, None, times),
+                        "{what}: not deterministic"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// `layernorm_backward_colsum` over the fused kernels' paths (vectorised rows, 65 × 136 with a
+/// partial last chunk; single elements, 65 × 130; one row; rows too wide for the fast path,
+/// 37 × 3000 and 37 × 3080; many rows) for every dtype pair and dsum of f32, of the parameters'
+/// dtype, and of a third dtype: dx, dgamma, dbeta bit-identical to `layernorm_backward`'s; dsum
+/// equal (in f64) to its start plus the column sums of the dx it left, and to `bias_backward`'s
+/// up to summation order; all of it deterministic; many rows (1024 × 768, 8192 × 64); and against the oracle (the CPU, or the f64
+/// reference with dsum the column sums of the reference's dx).
+pub fn layernorm_backward_colsum_every_path_and_dsum_dtype<D: Fused>(h: &Harness<D>) {
+    let case = "layernorm_backward_colsum_every_path_and_dsum_dtype";
+    let mut r = h.rng(case);
+    let shapes = [
+        (1024usize, 768usize),
+        (8192, 64),
+        (65, 136),
+        (65, 130),
+        (1, 64),
+        (37, 3000),
+        (37, 3080),
+    ];
+    let mut combos: Vec<(DType, DType, DType)> = Vec::new();
+    for (act, pdt) in LN_DTYPES {
+        combos.push((act, pdt, DType::F32));
+        if pdt != DType::F32 {
+            combos.push((act, pdt, pdt));
+        }
+    }
+    combos.push((DType::BF16, DType::F32, DType::F16));
+    combos.push((DType::F32, DType::F32, DType::BF16));
+    // One rounding of the stored value (or f32 sums of many rows).
+    let rel = |dt: DType| match dt {
+        DType::F32 => 1e-5,
+        DType::F16 => 5e-3,
+        _ => 1e-2,
+    };
+    for (act, pdt, sdt) in combos {
+        for (n, c) in shapes {
+            let what = format!("{case} {act}/{pdt}/dsum {sdt} {n}x{c}");
+            let lc = LnCase::new(&mut r, act, pdt, n, c).with_dsum(&mut r, sdt);
+            let fused = lc.run(&h.dev, Some(true));
+            let plain = lc.run(&h.dev, Some(false));
+            h.same(
+                &what,
+                &fused,
+                &plain,
+                &[
+                    Tol::Bits,
+                    Tol::Bits,
+                    Tol::Bits,
+                    Tol::Bits,
+                    Tol::Bits,
+                    Tol::Bits,
+                    Tol::rel(rel(sdt)),
+                ],
+            );
+            assert!(
+                fused == lc.run(&h.dev, Some(true)),
+                "{what}: not deterministic"
+            );
+            // dsum = its start + Σ_rows of the dx the call left (its dtype's rounding).
+            let dx: Vec<f64> = fused[3].f32().iter().map(|&x| x as f64).collect();
+            let from_dx: Vec<f64> = reference::col_sums(&dx, n, c)
+                .iter()
+                .zip(rounded64(sdt, &lc.ds0))
+                .map(|(s, d)| s + d)
+                .collect();
+            let got: Vec<f64> = fused[6].f32().iter().map(|&x| x as f64).collect();
+            compare_values(
+                &format!("{what} dsum vs its start + the column sums of its dx"),
+                &got,
+                &from_dx,
+                rel(sdt),
+            );
+            // Against the oracle: the dx behind dsum rounds differently there (the CPU's own
+            // statistics, or none at all in f64), in the last bit of the activation dtype.
+            let grad = Tol::Rel {
+                f32: 2e-4,
+                f16: 5e-3,
+                bf16: 1e-2,
+                fp8: 0.13,
+            };
+            h.verify(
+                &what,
+                &fused,
+                |cpu| lc.run(cpu, Some(true)),
+                || {
+                    let mut w = lc.reference();
+                    let ds: Vec<f64> = reference::col_sums(&w[3].values, n, c)
+                        .iter()
+                        .zip(rounded64(sdt, &lc.ds0))
+                        .map(|(s, d)| s + d)
+                        .collect();
+                    w.push(want("dsum", sdt, ds));
+                    w
+                },
+                &[
+                    Tol::REDUCTION,
+                    Tol::rel(1e-5),
+                    Tol::REDUCTION,
+                    grad,
+                    grad,
+                    Tol::REDUCTION,
+                    Tol::rel(rel(sdt).max(rel(act)).max(1e-4)),
+                ],
+            );
+        }
+    }
+}
+
+/// LayerNorm refuses what does not fit: c = 0 with rows, gamma of the wrong length, a dsum of
+/// the wrong length or an integer dsum (typed errors); n = 0 is a no-op.
+pub fn layernorm_rejects_bad_shapes<D: Fused>(h: &Harness<D>) {
+    let case = "layernorm_rejects_bad_shapes";
+    let d = &h.dev;
+    let typed = |res: duet_device::Result<()>, what: &str| match res {
+        Err(
+            DeviceError::Shape { .. }
+            | DeviceError::DTypeMismatch { .. }
+            | DeviceError::Unsupported { .. },
+        ) => {}
+        other => panic!(
+            "{case} ({}): {what}: expected a Shape, DTypeMismatch or Unsupported error, got \
+             {other:?}",
+            h.backend()
+        ),
+    };
+    let x = put(d, DType::BF16, &[1.0; 8]);
+    let p = put(d, DType::F32, &[1.0; 8]);
+    let mut o = d.alloc(DType::BF16, 8).unwrap();
+    let mut m = d.alloc(DType::F32, 1).unwrap();
+    let mut rs = d.alloc(DType::F32, 1).unwrap();
+    typed(
+        d.layernorm_forward(&x, &p, &p, &mut o, &mut m, &mut rs, 1, 0, 1e-5),
+        "forward with c = 0 and a row",
+    );
+    let short = put(d, DType::F32, &[1.0; 4]);
+    typed(
+        d.layernorm_forward(&x, &short, &p, &mut o, &mut m, &mut rs, 1, 8, 1e-5),
+        "forward with a gamma of 4 for c = 8",
+    );
+    // n = 0: empty row buffers, nothing to do.
+    let x0 = d.alloc(DType::BF16, 0).unwrap();
+    let mut o0 = d.alloc(DType::BF16, 0).unwrap();
+    let mut m0 = d.alloc(DType::F32, 0).unwrap();
+    let mut r0 = d.alloc(DType::F32, 0).unwrap();
+    d.layernorm_forward(&x0, &p, &p, &mut o0, &mut m0, &mut r0, 0, 8, 1e-5)
+        .unwrap_or_else(|e| panic!("{case}: n = 0 was refused: {e}"));
+    // The colsum variant with a bad dsum.
+    let a = |dtype, len| put(d, dtype, &vec![0.5; len]);
+    let (dout, x2) = (a(DType::BF16, 16), a(DType::BF16, 16));
+    let (g, mean, rstd) = (a(DType::F32, 8), a(DType::F32, 2), a(DType::F32, 2));
+    let (mut dx, mut dg, mut db) = (a(DType::BF16, 16), a(DType::F32, 8), a(DType::F32, 8));
+    let mut short = a(DType::F32, 4);
+    typed(
+        d.layernorm_backward_colsum(
+            &dout, &x2, &g, &mean, &rstd, &mut dx, &mut dg, &mut db, &mut short, 2, 8,
+        ),
+        "backward_colsum with a dsum of 4 for c = 8",
+    );
+    let mut ints = d.alloc(DType::I32, 8).unwrap();
+    typed(
+        d.layernorm_backward_colsum(
+            &dout, &x2, &g, &mean, &rstd, &mut dx, &mut dg, &mut db, &mut ints, 2, 8,
+        ),
+        "backward_colsum with an i32 dsum",
+    );
+    d.synchronize().expect("no deferred error");
 }

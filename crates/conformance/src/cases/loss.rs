@@ -2,10 +2,10 @@
 
 use super::*;
 use crate::reference;
-use duet_device::{DType, Device};
+use duet_device::{DType, Fused};
 
 #[allow(clippy::too_many_arguments)]
-fn run_ce<E: Device>(
+fn run_ce<E: Fused>(
     e: &E,
     dt: DType,
     logits: &[f32],
@@ -32,7 +32,7 @@ fn run_ce<E: Device>(
 
 /// Per-row losses, with and without the gradient `(softmax − onehot)·grad_scale`; ignored
 /// (negative) targets give loss 0 and a zero gradient row; GPT-2's vocabulary among the shapes.
-pub fn cross_entropy_losses_and_gradients<D: Device>(h: &Harness<D>) {
+pub fn cross_entropy_losses_and_gradients<D: Fused>(h: &Harness<D>) {
     let case = "cross_entropy_losses_and_gradients";
     let mut r = h.rng(case);
     for dt in FLOATS {

@@ -1,7 +1,7 @@
 //! Memory: uploads, downloads, copies, fills, zeroing.
 
 use super::*;
-use duet_device::{DType, Device};
+use duet_device::{DType, Fused};
 
 const ALL_DTYPES: [DType; 8] = [
     DType::F32,
@@ -17,11 +17,19 @@ const ALL_DTYPES: [DType; 8] = [
 /// Every dtype goes up and comes back bit for bit; `copy` moves exactly the range asked for
 /// (offsets on both sides) and nothing else; `fill` writes every element as the host encodes
 /// the value. The expectations are host models, the same for every backend.
-pub fn upload_download_copy_fill<D: Device>(h: &Harness<D>) {
+pub fn upload_download_copy_fill<D: Fused>(h: &Harness<D>) {
     let case = "upload_download_copy_fill";
     let d = &h.dev;
     let mut r = h.rng(case);
     for dt in ALL_DTYPES {
+        let fresh = d.alloc(dt, 4099).unwrap();
+        assert!(
+            d.download_bytes(&fresh, 0, 4099)
+                .unwrap()
+                .iter()
+                .all(|&b| b == 0),
+            "{case}: {dt} alloc zero-initialises"
+        );
         for n in [1usize, 7, 4099] {
             let data: Vec<f32> = if dt == DType::I32 {
                 (0..n).map(|_| r.below(100_000) as f32 - 50_000.0).collect()
@@ -88,7 +96,7 @@ pub fn upload_download_copy_fill<D: Device>(h: &Harness<D>) {
 }
 
 /// `zero_many` clears buffers of every size and dtype completely, as `fill(0)` per buffer does.
-pub fn zero_many_matches_composition<D: Device>(h: &Harness<D>) {
+pub fn zero_many_matches_composition<D: Fused>(h: &Harness<D>) {
     let case = "zero_many_matches_composition";
     let d = &h.dev;
     let mut r = h.rng(case);
@@ -117,7 +125,7 @@ pub fn zero_many_matches_composition<D: Device>(h: &Harness<D>) {
         let p = get(d, "zeroed", &plain[i]);
         h.same(
             &format!("{case} {dt} n={n}"),
-            &[f.clone()],
+            std::slice::from_ref(&f),
             &[p],
             &[Tol::Bits],
         );

@@ -1,6 +1,6 @@
 //! The suite's cases, one module per op family (the backends' `ops/` module names).
 //!
-//! Every case is `pub fn <case><D: Device>(h: &Harness<D>)`. A case runs the op on `h.dev`
+//! Every case is `pub fn <case><D: Fused>(h: &Harness<D>)`. A case runs the op on `h.dev`
 //! through a generic helper and hands the same helper the CPU backend as the oracle
 //! ([`Harness::verify`]); fused paths are compared with their composition ([`Harness::same`]).
 
@@ -45,11 +45,19 @@ pub const ALL: &[&str] = &[
     "bias_add_and_backward",
     "embedding_forward_backward",
     "embedding_bad_token_is_an_error",
+    "embedding_backward_bits_follow_position_order",
+    "embedding_backward_bad_tokens_contribute_nothing",
     "layernorm_forward_backward",
     "layernorm_backward_colsum_matches_composition",
+    "layernorm_every_row_path_accumulates",
+    "layernorm_backward_colsum_every_path_and_dsum_dtype",
+    "layernorm_rejects_bad_shapes",
     "head_permutations_exact",
     "softmax_causal_forward_backward",
     "flash_attention_matches_composition",
+    "flash_attention_matches_f64_reference",
+    "flash_attention_is_deterministic",
+    "flash_attention_refuses_what_it_does_not_support",
     "cross_entropy_losses_and_gradients",
     "unsupported_dtypes_are_typed_errors",
     "adamw_all_grad_and_copy_dtypes",

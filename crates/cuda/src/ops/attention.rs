@@ -1,5 +1,5 @@
 //! Fused causal attention (kernels-cuda/flash_attention.cu): see
-//! [`duet_device::Device::flash_attention_forward`].
+//! [`duet_device::Fused::flash_attention_forward`].
 //!
 //! Two versions of the kernels; version 2 is the default, version 1 runs when the environment
 //! variable `DUET_FLASH_V1` is true (`1`, `true`, `yes`, `on`; read once per process, see

@@ -1,5 +1,5 @@
 //! FP8 quantisation (kernels-cuda/fp8.cu): [`Device::quantize_fp8`], the fused gradient
-//! variant [`Device::quantize_fp8_grad`] and the fused GELU variant [`Device::quantize_fp8_gelu`].
+//! variant [`Fused::quantize_fp8_grad`] and the fused GELU variant [`Fused::quantize_fp8_gelu`].
 //!
 //! Paths, chosen from the shape only (buffers are allocation-aligned):
 //! * no transposed copy: `quantize_<S>_<D>`, a grid-stride loop over 8-element vectors with a
@@ -19,7 +19,7 @@
 //! not a multiple of 8, or rows not a multiple of 8 with `dst_t`) run the separate ops, like the
 //! trait's default.
 //!
-//! The multi-matrix variant [`Device::quantize_fp8_many`] runs `quantize_t_many_<S>_<D>`, the
+//! The multi-matrix variant [`Fused::quantize_fp8_many`] runs `quantize_t_many_<S>_<D>`, the
 //! 64 × 64 tile kernel over a table of jobs, one tile per block, one launch per (source, FP8)
 //! dtype pair among the jobs (one for a model's bf16 weights). The table (64-byte records:
 //! pointers, shape, the slot's scale/amax addresses, first block) goes through the multi-tensor
@@ -28,7 +28,7 @@
 //! uploads nothing. Jobs the tiles cannot take (cols not a multiple of 8, or rows not a multiple
 //! of 8 with `dst_t`, or unaligned buffers) run [`Device::quantize_fp8`] one by one.
 //!
-//! The LayerNorm variant [`Device::layernorm_forward_fp8`] runs `layernorm_fp8_<A>_<P>_<v|s>_<D>`:
+//! The LayerNorm variant [`Fused::layernorm_forward_fp8`] runs `layernorm_fp8_<A>_<P>_<v|s>_<D>`:
 //! the fast LayerNorm forward's block and row layout (`super::layernorm::plan`, chosen exactly
 //! as `layernorm_forward` chooses it for the same operands), so mean, rstd and the normalised
 //! values are its bits, then the codes of each value rounded to `x`'s dtype, as `quantize_fp8`
@@ -76,7 +76,7 @@ const SMEM_STATIC_RESERVE: usize = 1024;
 const ADAMW_CHUNK_BYTES: usize = 80;
 const CODES_JOB_BYTES: usize = 40;
 
-/// Row width from which [`Device::layernorm_forward_fp8`] runs the split kernels (statistics,
+/// Row width from which [`Fused::layernorm_forward_fp8`] runs the split kernels (statistics,
 /// then the 64 × 64 tile kernel) instead of the one-pass kernel.
 const LN_SPLIT_MIN_COLS: usize = 1024;
 
@@ -84,7 +84,7 @@ thread_local! {
     /// Per-thread override of the LayerNorm + FP8 path (`Some(true)`: split whenever possible).
     static LN_SPLIT_ON_THREAD: std::cell::Cell<Option<bool>> =
         const { std::cell::Cell::new(None) };
-    /// Per-thread switch of [`Device::adamw_clipped_fp8`]'s fused kernel (`false`: the
+    /// Per-thread switch of [`Fused::adamw_clipped_fp8`]'s fused kernel (`false`: the
     /// separate ops, as the trait's default runs them).
     static ADAMW_FP8_FUSED_ON_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(true) };
 }
@@ -183,7 +183,7 @@ impl CudaDevice {
         )
     }
 
-    /// FP8 quantisation of `gelu(pre)` (see [`Device::quantize_fp8_gelu`]): the kernels of
+    /// FP8 quantisation of `gelu(pre)` (see [`Fused::quantize_fp8_gelu`]): the kernels of
     /// [`Self::quantize_fp8_impl`] with GELU applied on load.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn quantize_fp8_gelu_impl(
@@ -308,7 +308,7 @@ impl CudaDevice {
         }
     }
 
-    /// Many FP8 quantisations (see [`Device::quantize_fp8_many`] and the module docs).
+    /// Many FP8 quantisations (see [`Fused::quantize_fp8_many`] and the module docs).
     pub(crate) fn quantize_fp8_many_impl(
         &self,
         jobs: &mut [Fp8QuantJob<'_, CudaBuffer>],
@@ -420,7 +420,7 @@ impl CudaDevice {
         Ok(())
     }
 
-    /// Fused gradient quantisation (see [`Device::quantize_fp8_grad`]).
+    /// Fused gradient quantisation (see [`Fused::quantize_fp8_grad`]).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn quantize_fp8_grad_impl(
         &self,
@@ -523,7 +523,7 @@ impl CudaDevice {
     }
 
     /// LayerNorm forward with the FP8 quantisation of its output (see
-    /// [`Device::layernorm_forward_fp8`]).
+    /// [`Fused::layernorm_forward_fp8`]).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn layernorm_forward_fp8_impl(
         &self,
@@ -677,7 +677,7 @@ impl CudaDevice {
         }
     }
 
-    /// Selects the [`Device::layernorm_forward_fp8`] kernels for the calls made on the calling
+    /// Selects the [`Fused::layernorm_forward_fp8`] kernels for the calls made on the calling
     /// thread: `Some(true)` the split kernels (statistics, then the tile kernel) wherever they
     /// apply, `Some(false)` the one-pass kernel, `None` by row width. For A/B tests and
     /// benchmarks; both give the same bits.
@@ -696,7 +696,7 @@ impl CudaDevice {
         optin.saturating_sub(SMEM_STATIC_RESERVE).max(SMEM_DEFAULT)
     }
 
-    /// How many weight matrices [`Device::adamw_clipped_fp8`] has updated and quantised in its
+    /// How many weight matrices [`Fused::adamw_clipped_fp8`] has updated and quantised in its
     /// fused kernel on this device (each call adds the matrices it took), so that a test or a
     /// benchmark can tell that the fused path ran.
     pub fn adamw_fp8_fused_count(&self) -> u64 {
@@ -704,14 +704,14 @@ impl CudaDevice {
             .load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// Turns [`Device::adamw_clipped_fp8`]'s fused kernel off (or back on) for calls from the
+    /// Turns [`Fused::adamw_clipped_fp8`]'s fused kernel off (or back on) for calls from the
     /// current thread, so that tests and benchmarks can compare it with the separate ops in one
     /// process; both give the same bits.
     pub fn adamw_fp8_fused_on_this_thread(fused: bool) {
         ADAMW_FP8_FUSED_ON_THREAD.with(|c| c.set(fused));
     }
 
-    /// [`Device::adamw_clipped_fp8`]: every output the fused kernel takes (a weight with no
+    /// [`Fused::adamw_clipped_fp8`]: every output the fused kernel takes (a weight with no
     /// working copy, i.e. its f32 `param` is the weight, f32 moments, a gradient of f32, bf16 or
     /// f16, one output per tensor) is updated by `adamw_fp8_<D>` (one launch per FP8 dtype, the
     /// chunks of `adamw_multi`), which also writes its codes and records its amax; their

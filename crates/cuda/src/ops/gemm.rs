@@ -1,6 +1,6 @@
 //! GEMMs with fused epilogues through cuBLASLt (bias, bias + GELU with the pre-activation kept,
-//! GELU backward): see [`duet_device::Device::gemm_epilogue`]; and the FP8 GEMMs' bias and
-//! bias + GELU epilogues ([`duet_device::Device::gemm_fp8_epilogue`]).
+//! GELU backward): see [`duet_device::Fused::gemm_epilogue`]; and the FP8 GEMMs' bias and
+//! bias + GELU epilogues ([`duet_device::Fused::gemm_fp8_epilogue`]).
 
 use super::prelude::*;
 use crate::blaslt::{self, LtEpilogue, float_type};

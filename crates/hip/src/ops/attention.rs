@@ -1,5 +1,5 @@
 //! Attention: the head permutations and the causal softmax (kernels-hip/attention.hip). HIP
-//! has no fused flash attention (`supports_flash_attention` keeps the trait's `false`).
+//! has no fused flash attention (its capabilities list none: the trait's composed default runs).
 
 use super::prelude::*;
 

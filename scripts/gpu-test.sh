@@ -47,7 +47,7 @@ BINS+=("$ROOT/target/release/examples/op_timing")
 rm -rf "$CARRY/gpu-tests"
 mkdir -p "$CARRY/gpu-tests"
 for b in "${BINS[@]}"; do
-    # target/release/deps/ops_parity-0123abcd → ops_parity
+    # target/release/deps/conformance-0123abcd → conformance
     name="$(basename "$b" | sed -E 's/-[0-9a-f]{16}$//')"
     cp "$b" "$CARRY/gpu-tests/$name"
     strip "$CARRY/gpu-tests/$name" 2>/dev/null || true

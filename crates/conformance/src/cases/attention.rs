@@ -1,5 +1,6 @@
 //! Attention: head permutations, the causal softmax, and flash attention against the unfused
-//! composition.
+//! composition and the f64 reference, its determinism and its refusals. (The CUDA kernel
+//! versions each run these bodies again: crates/cuda/tests/flash_versions.rs.)
 
 use super::*;
 use crate::harness::compare_values;
@@ -408,16 +409,32 @@ fn against_reference(
     ] {
         let gv: Vec<f64> = g.f32().iter().map(|&x| x as f64).collect();
         let what = format!("{what} {} vs the f64 reference", g.name);
-        if rms(w) <= 1e-6 * scale {
+        if g.name == "lse" {
+            // An error in lse is the relative error of the softmax's normaliser: held to
+            // tol · max(|lse|, 1), so a row whose lse is near 0 (one key) asks no more.
+            for (i, (&gi, &wi)) in gv.iter().zip(w).enumerate() {
+                assert!(
+                    (gi - wi).abs() <= tol * wi.abs().max(1.0),
+                    "{what}: element {i}: {gi} vs {wi} (error {:.3e} > {tol:.1e} · max(|lse|, 1), \
+                     seed {})",
+                    (gi - wi).abs(),
+                    crate::harness::base_seed()
+                );
+            }
+        } else if rms(w) <= 1e-6 * scale {
             // A part that is zero (dq and dk at t = 1, where the softmax has one entry): held
             // to the scale of the whole gradient.
-            let worst = gv.iter().fold(0.0f64, |m, x| m.max(x.abs()));
-            assert!(
-                worst <= tol * scale,
-                "{what}: the reference is 0, the largest element {worst:e} > {tol:.1e} · \
-                 {scale:.3e} (seed {})",
-                crate::harness::base_seed()
-            );
+            if let Some((i, x)) = gv
+                .iter()
+                .enumerate()
+                .find(|(_, x)| x.is_nan() || x.abs() > tol * scale)
+            {
+                panic!(
+                    "{what}: the reference is 0, element {i} is {x:e} (> {tol:.1e} · {scale:.3e}, \
+                     seed {})",
+                    crate::harness::base_seed()
+                );
+            }
         } else {
             compare_values(&what, &gv, w, tol);
         }
@@ -451,11 +468,11 @@ const FLASH_SHAPES: [(usize, usize, usize, usize); 14] = [
 /// f16 4.5e-3, 7.2e-3, 2e-4; f32 3.5e-6, 6.2e-6, 2.3e-7).
 fn flash_tols(dt: DType, native: bool) -> [f64; 3] {
     match (dt, native) {
-        (DType::BF16, true) => [1.5e-2, 2e-6, 5e-2],
-        (DType::F16, true) => [2e-3, 2e-6, 7e-3],
+        (DType::BF16, true) => [1.5e-2, 1e-5, 5e-2],
+        (DType::F16, true) => [2e-3, 1e-5, 7e-3],
         (DType::BF16, false) => [5e-2, 5e-3, 8e-2],
         (DType::F16, false) => [1e-2, 1e-3, 1.5e-2],
-        _ => [2e-5, 2e-6, 3e-5],
+        _ => [2e-5, 5e-6, 3e-5],
     }
 }
 

@@ -1,4 +1,6 @@
-//! Token and position embeddings.
+//! Token and position embeddings: forward and backward, the token gradient's summation order
+//! bit for bit (large vocabularies, long runs of one token), and token ids outside the
+//! vocabulary.
 
 use super::*;
 use crate::reference;

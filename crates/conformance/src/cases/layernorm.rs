@@ -1,4 +1,6 @@
-//! LayerNorm forward and backward, and the backward fused with the bias-gradient column sum.
+//! LayerNorm forward and backward, and the backward fused with the bias-gradient column sum:
+//! every row path of the GPU kernels, repeated (accumulating) calls, every dsum dtype, and the
+//! shapes they refuse.
 
 use super::*;
 use crate::harness::compare_values;
@@ -269,7 +271,7 @@ const LN_PATH_SHAPES: [(usize, usize); 17] = [
 
 /// LayerNorm forward and backward over every row path (see [`LN_PATH_SHAPES`]) for the
 /// recipes' dtype pairs: one backward call, then two (the second adds again: the starting
-/// gradients plus twice the increment), each deterministic.
+/// gradients plus twice the increment, bit-identical when run again).
 pub fn layernorm_every_row_path_accumulates<D: Fused>(h: &Harness<D>) {
     let case = "layernorm_every_row_path_accumulates";
     let mut r = h.rng(case);
@@ -313,11 +315,13 @@ pub fn layernorm_every_row_path_accumulates<D: Fused>(h: &Harness<D>) {
 
 /// `layernorm_backward_colsum` over the fused kernels' paths (vectorised rows, 65 × 136 with a
 /// partial last chunk; single elements, 65 × 130; one row; rows too wide for the fast path,
-/// 37 × 3000 and 37 × 3080; many rows) for every dtype pair and dsum of f32, of the parameters'
-/// dtype, and of a third dtype: dx, dgamma, dbeta bit-identical to `layernorm_backward`'s; dsum
-/// equal (in f64) to its start plus the column sums of the dx it left, and to `bias_backward`'s
-/// up to summation order; all of it deterministic; many rows (1024 × 768, 8192 × 64); and against the oracle (the CPU, or the f64
-/// reference with dsum the column sums of the reference's dx).
+/// 37 × 3000 and 37 × 3080; many rows, 1024 × 768 and 8192 × 64) for every dtype pair and a
+/// dsum of f32, of the parameters' dtype, and of a third dtype, every gradient starting
+/// non-zero (dx biased per column, as a residual-stream gradient): dx, dgamma, dbeta
+/// bit-identical to `layernorm_backward`'s; dsum equal (in f64) to its start plus the column
+/// sums of the dx it left, and to `bias_backward`'s up to summation order; deterministic; and
+/// against the oracle (the CPU, or the f64 reference with dsum its start plus the column sums
+/// of the reference's dx).
 pub fn layernorm_backward_colsum_every_path_and_dsum_dtype<D: Fused>(h: &Harness<D>) {
     let case = "layernorm_backward_colsum_every_path_and_dsum_dtype";
     let mut r = h.rng(case);

@@ -17,6 +17,7 @@ echo "== traces: CPU vs CUDA (default model, 30 steps) and CUDA twice"
 "$D" parity "$OUT/cpu.jsonl" "$OUT/cuda.jsonl"; echo "parity cpu-vs-cuda exit $?"
 "$D" parity "$OUT/cuda.jsonl" "$OUT/cuda2.jsonl"; echo "parity cuda-vs-cuda exit $?"
 cmp <(tail -n +2 "$OUT/cuda.jsonl") <(tail -n +2 "$OUT/cuda2.jsonl") && echo "cuda run twice: step records byte-identical"
+if [ -n "${TRAIN_QUICK:-}" ]; then echo "== TRAIN_QUICK: seed training and benches skipped"; exit 0; fi
 echo "== seed preset on CUDA (FP32)"
 "$D" train --backend cuda --preset seed --log-every 25 --metrics "$OUT/seed-cuda.jsonl" ${SEED_ARGS:-}
 echo "== bench seed preset on CUDA"

@@ -230,14 +230,10 @@ pub(crate) fn validate(
     cc: i32,
 ) -> Result<()> {
     const OP: &str = "gemm_fp8";
-    let unsupported = |dtype| DeviceError::Unsupported {
-        op: OP.into(),
-        dtype,
-    };
+    // The contract (FP8 operands of one family, a float C, the scale_inv slots, the lengths),
+    // then what cuBLASLt takes.
+    duet_device::args::validate_gemm_fp8(desc, a, b, c, scale_inv, a_slot, b_slot)?;
     for x in [a, b] {
-        if !x.dtype().is_fp8() {
-            return Err(unsupported(x.dtype()));
-        }
         if fp8_type(x.dtype()).is_none() {
             return Err(DeviceError::Unsupported {
                 op: format!("{OP} on CUDA (cuBLASLt has OCP FP8 types only, no FNUZ)"),
@@ -251,19 +247,12 @@ pub(crate) fn validate(
             dtype: a.dtype(),
         });
     }
-    if out_type(c.dtype()).is_none() {
-        return Err(unsupported(c.dtype()));
-    }
     if cc < 89 {
         return Err(DeviceError::Unsupported {
             op: format!("{OP} (FP8 tensor cores need sm_89+, this GPU is sm_{cc})"),
             dtype: a.dtype(),
         });
     }
-    duet_device::check_dtype(OP, scale_inv, DType::F32)?;
-    duet_device::check_range(OP, a_slot, 1, scale_inv.len())?;
-    duet_device::check_range(OP, b_slot, 1, scale_inv.len())?;
-    desc.validate(a.len(), b.len(), c.len())?;
     let layout_err = |what: String| {
         Err(DeviceError::InvalidArgument(format!(
             "{OP}: {what} (cuBLASLt FP8 on sm_89/sm_90)"

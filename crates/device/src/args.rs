@@ -10,8 +10,8 @@
 //! synchronisation).
 
 use crate::{
-    Buffer, DType, DeviceError, Result, check_dtype, check_float, check_len, check_min_len,
-    check_range,
+    ADAMW_SCALARS, AdamWTensor, Buffer, DType, DeviceError, GemmDesc, Result, check_dtype,
+    check_float, check_len, check_min_len, check_range,
 };
 
 fn shape(op: &'static str, detail: impl Into<String>) -> DeviceError {
@@ -45,7 +45,73 @@ fn f32_slot<B: Buffer>(op: &'static str, buf: &B, slot: usize) -> Result<()> {
     check_range(op, slot, 1, buf.len())
 }
 
+/// Any float dtype (FP8 included), else `Unsupported`.
+fn any_float<B: Buffer>(op: &'static str, buf: &B) -> Result<()> {
+    if buf.dtype().is_float() {
+        Ok(())
+    } else {
+        Err(DeviceError::Unsupported {
+            op: op.into(),
+            dtype: buf.dtype(),
+        })
+    }
+}
+
+// ---------------------------------------------------------------------- memory
+
+/// `upload_bytes`: `bytes` a whole number of `dst`'s elements, landing inside `dst` from
+/// `offset`. Returns the number of elements.
+pub fn validate_upload<B: Buffer>(dst: &B, bytes: usize, offset: usize) -> Result<usize> {
+    const OP: &str = "upload_bytes";
+    let size = dst.dtype().size_bytes();
+    if !bytes.is_multiple_of(size) {
+        return Err(shape(
+            OP,
+            format!(
+                "{bytes} bytes is not a whole number of {} elements",
+                dst.dtype()
+            ),
+        ));
+    }
+    check_range(OP, offset, bytes / size, dst.len())?;
+    Ok(bytes / size)
+}
+
+/// `download_bytes`: `[offset, offset + len)` inside `src`.
+pub fn validate_download<B: Buffer>(src: &B, offset: usize, len: usize) -> Result<()> {
+    check_range("download_bytes", offset, len, src.len())
+}
+
+/// `copy`: `src` and `dst` of one dtype, both ranges of `len` elements inside their buffers.
+pub fn validate_copy<B: Buffer>(
+    src: &B,
+    src_offset: usize,
+    dst: &B,
+    dst_offset: usize,
+    len: usize,
+) -> Result<()> {
+    const OP: &str = "copy";
+    if src.dtype() != dst.dtype() {
+        return Err(DeviceError::DTypeMismatch {
+            op: OP,
+            expected: dst.dtype(),
+            got: src.dtype(),
+        });
+    }
+    check_range(OP, src_offset, len, src.len())?;
+    check_range(OP, dst_offset, len, dst.len())
+}
+
 // ---------------------------------------------------------------------- element-wise
+
+/// `cast`: `src` and `dst` of any float dtype (FP8 included) and one length.
+pub fn validate_cast<B: Buffer>(src: &B, dst: &B) -> Result<usize> {
+    const OP: &str = "cast";
+    any_float(OP, src)?;
+    check_len(OP, "dst", dst, src.len())?;
+    any_float(OP, dst)?;
+    Ok(src.len())
+}
 
 /// `add`: `a`, `b` and `out` share a float dtype and a length.
 pub fn validate_add<B: Buffer>(a: &B, b: &B, out: &B) -> Result<usize> {
@@ -95,23 +161,50 @@ pub fn validate_adamw<B: Buffer>(
     v: &B,
     copy: Option<&B>,
 ) -> Result<usize> {
-    const OP: &str = "adamw";
+    adamw_operands("adamw", param, grad, m, v, copy)
+}
+
+/// `adamw_clipped`: f32 `scalars` of at least [`ADAMW_SCALARS`] values, and every tensor's
+/// operands as [`validate_adamw`] checks them (reported as `adamw_clipped`'s).
+pub fn validate_adamw_clipped<B: Buffer>(
+    tensors: &[AdamWTensor<'_, B>],
+    scalars: &B,
+) -> Result<()> {
+    const OP: &str = "adamw_clipped";
+    validate_adamw_scalars(OP, scalars)?;
+    for t in tensors {
+        adamw_operands(OP, &*t.param, t.grad, &*t.m, &*t.v, t.copy.as_deref())?;
+    }
+    Ok(())
+}
+
+/// The per-step values of the clipped AdamW ops (`adamw_clipped`, `adamw_clipped_fp8`): f32,
+/// at least [`ADAMW_SCALARS`] of them.
+pub fn validate_adamw_scalars<B: Buffer>(op: &'static str, scalars: &B) -> Result<()> {
+    check_dtype(op, scalars, DType::F32)?;
+    check_min_len(op, "scalars", scalars, ADAMW_SCALARS)
+}
+
+/// [`validate_adamw`]'s checks, reported as `op`'s.
+fn adamw_operands<B: Buffer>(
+    op: &'static str,
+    param: &B,
+    grad: &B,
+    m: &B,
+    v: &B,
+    copy: Option<&B>,
+) -> Result<usize> {
     let n = param.len();
-    check_dtype(OP, param, DType::F32)?;
-    check_dtype(OP, m, DType::F32)?;
-    check_dtype(OP, v, DType::F32)?;
-    check_float(OP, grad)?;
-    check_len(OP, "grad", grad, n)?;
-    check_len(OP, "m", m, n)?;
-    check_len(OP, "v", v, n)?;
+    check_dtype(op, param, DType::F32)?;
+    check_dtype(op, m, DType::F32)?;
+    check_dtype(op, v, DType::F32)?;
+    check_float(op, grad)?;
+    check_len(op, "grad", grad, n)?;
+    check_len(op, "m", m, n)?;
+    check_len(op, "v", v, n)?;
     if let Some(c) = copy {
-        if !c.dtype().is_float() {
-            return Err(DeviceError::Unsupported {
-                op: OP.into(),
-                dtype: c.dtype(),
-            });
-        }
-        check_len(OP, "param_copy", c, n)?;
+        any_float(op, c)?;
+        check_len(op, "param_copy", c, n)?;
     }
     Ok(n)
 }
@@ -119,14 +212,52 @@ pub fn validate_adamw<B: Buffer>(
 /// `sum_squares`: `x` of any float dtype (FP8 included), an f32 `out` holding `slot`.
 pub fn validate_sum_squares<B: Buffer>(x: &B, out: &B, slot: usize) -> Result<usize> {
     const OP: &str = "sum_squares";
-    if !x.dtype().is_float() {
-        return Err(DeviceError::Unsupported {
-            op: OP.into(),
-            dtype: x.dtype(),
-        });
-    }
+    any_float(OP, x)?;
     f32_slot(OP, out, slot)?;
     Ok(x.len())
+}
+
+/// `sum_squares_many`: an f32 `out` holding `slot` (checked even with no tensors) and every
+/// `x` of any float dtype (FP8 included).
+pub fn validate_sum_squares_many<B: Buffer>(xs: &[&B], out: &B, slot: usize) -> Result<()> {
+    const OP: &str = "sum_squares_many";
+    f32_slot(OP, out, slot)?;
+    for x in xs {
+        any_float(OP, *x)?;
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------- FP8 GEMM
+
+/// `gemm_fp8`: FP8 `a` and `b` (`Unsupported` otherwise) of one family (OCP or FNUZ, else
+/// `InvalidArgument`), a float `c` (f32, f16, bf16), an f32 `scale_inv` holding `a_slot` and
+/// `b_slot`, and the buffer lengths against `desc` ([`GemmDesc::validate`]).
+pub fn validate_gemm_fp8<B: Buffer>(
+    desc: &GemmDesc,
+    a: &B,
+    b: &B,
+    c: &B,
+    scale_inv: &B,
+    a_slot: usize,
+    b_slot: usize,
+) -> Result<()> {
+    const OP: &str = "gemm_fp8";
+    is_fp8(OP, a)?;
+    is_fp8(OP, b)?;
+    let fnuz = |d: DType| matches!(d, DType::F8E4M3Fnuz | DType::F8E5M2Fnuz);
+    if fnuz(a.dtype()) != fnuz(b.dtype()) {
+        return Err(DeviceError::InvalidArgument(format!(
+            "{OP}: A is {} but B is {}: OCP and FNUZ operands cannot be mixed",
+            a.dtype(),
+            b.dtype()
+        )));
+    }
+    check_float(OP, c)?;
+    check_dtype(OP, scale_inv, DType::F32)?;
+    check_range(OP, a_slot, 1, scale_inv.len())?;
+    check_range(OP, b_slot, 1, scale_inv.len())?;
+    desc.validate(a.len(), b.len(), c.len())
 }
 
 // ---------------------------------------------------------------------- rows × cols
@@ -237,6 +368,50 @@ impl RowsDesc {
         self.per_row_f32("rstd", rstd)
     }
 
+    /// `layernorm_forward_fp8`: [`RowsDesc::validate_layernorm_forward`]'s operands without
+    /// `out` (`x`, `gamma`, `beta`, `mean`, `rstd`), then the codes of the output as
+    /// [`RowsDesc::validate_quantize_fp8`] checks them (`dst`, `dst_t`, `scale` and `amax` at
+    /// `slot`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn validate_layernorm_forward_fp8<B: Buffer>(
+        &self,
+        x: &B,
+        gamma: &B,
+        beta: &B,
+        mean: &B,
+        rstd: &B,
+        dst: &B,
+        dst_t: Option<&B>,
+        scale: &B,
+        amax: &B,
+        slot: usize,
+    ) -> Result<()> {
+        self.validate_layernorm_forward(x, gamma, beta, None, mean, rstd)?;
+        self.validate_quantize_fp8(None, dst, dst_t, scale, amax, slot)
+    }
+
+    /// `quantize_fp8_grad`: float `gelu_pre` (when given) and `dout` (`rows × cols`), float
+    /// `dbias` (`cols`), then the codes as [`RowsDesc::validate_quantize_fp8`] checks them.
+    #[allow(clippy::too_many_arguments)]
+    pub fn validate_quantize_fp8_grad<B: Buffer>(
+        &self,
+        dout: &B,
+        gelu_pre: Option<&B>,
+        dst: &B,
+        dst_t: Option<&B>,
+        dbias: &B,
+        scale: &B,
+        amax: &B,
+        slot: usize,
+    ) -> Result<()> {
+        if let Some(pre) = gelu_pre {
+            self.matrix("gelu_pre", pre)?;
+        }
+        self.matrix("dout", dout)?;
+        self.per_col("dbias", dbias)?;
+        self.validate_quantize_fp8(None, dst, dst_t, scale, amax, slot)
+    }
+
     /// `cross_entropy`: float `logits` (`n × v`), i32 `targets` and f32 `losses` (`n`), float
     /// `dlogits` (`n × v`) when given; `v > 0` unless there are no rows.
     pub fn validate_cross_entropy<B: Buffer>(
@@ -298,6 +473,7 @@ pub struct TokensDesc {
 impl TokensDesc {
     pub fn new(op: &'static str, b: usize, t: usize, c: usize) -> Result<Self> {
         product(op, "b × t", &[b, t])?;
+        product(op, "t × c", &[t, c])?;
         product(op, "b × t × c", &[b, t, c])?;
         if c == 0 {
             return Err(shape(op, "c must be positive"));
@@ -353,6 +529,8 @@ pub struct HeadsDesc {
 impl HeadsDesc {
     pub fn new(op: &'static str, b: usize, t: usize, nh: usize, hs: usize) -> Result<Self> {
         let n = product(op, "b × t × nh × hs", &[b, t, nh, hs, 3])? / 3;
+        // The length of flash attention's lse (checked even when hs = 0 makes n 0).
+        product(op, "b × nh × t", &[b, nh, t])?;
         Ok(HeadsDesc {
             op,
             b,

@@ -76,7 +76,17 @@ pub fn layernorm_backward_colsum<D: Fused>(
     c: usize,
 ) -> Result<()> {
     // A wrong dsum fails before dx is touched.
-    check_len("layernorm_backward_colsum", "dsum", dsum, c)?;
+    RowsDesc::new("layernorm_backward_colsum", n, c)?.validate_layernorm_backward(
+        dout,
+        x,
+        gamma,
+        mean,
+        rstd,
+        dx,
+        dgamma,
+        dbeta,
+        Some(&*dsum),
+    )?;
     d.layernorm_backward(dout, x, gamma, mean, rstd, dx, dgamma, dbeta, n, c)?;
     d.bias_backward(dx, dsum, n, c)
 }
@@ -204,6 +214,7 @@ pub fn sum_squares_many<D: Fused>(
     out: &mut D::Buffer,
     slot: usize,
 ) -> Result<()> {
+    args::validate_sum_squares_many(xs, out, slot)?;
     for x in xs {
         d.sum_squares(x, out, slot)?;
     }
@@ -217,8 +228,8 @@ pub fn adamw_clipped<D: Fused>(
     step: &AdamWClipStep,
     scalars: &D::Buffer,
 ) -> Result<()> {
-    check_dtype("adamw_clipped", scalars, DType::F32)?;
-    check_min_len("adamw_clipped", "scalars", scalars, ADAMW_SCALARS)?;
+    // Every tensor is checked before any is updated.
+    args::validate_adamw_clipped(tensors, scalars)?;
     let raw = d.download_bytes(scalars, 0, ADAMW_SCALARS)?;
     let v: Vec<f32> = raw
         .chunks_exact(4)
@@ -301,6 +312,16 @@ pub fn quantize_fp8_grad<D: Fused>(
     amax: &mut D::Buffer,
     slot: usize,
 ) -> Result<()> {
+    RowsDesc::new("quantize_fp8_grad", rows, cols)?.validate_quantize_fp8_grad(
+        dout,
+        gelu_pre,
+        dst,
+        dst_t.as_deref(),
+        dbias,
+        scale,
+        amax,
+        slot,
+    )?;
     let tmp;
     let g = match gelu_pre {
         Some(pre) => {
@@ -328,6 +349,14 @@ pub fn quantize_fp8_gelu<D: Fused>(
     amax: &mut D::Buffer,
     slot: usize,
 ) -> Result<()> {
+    RowsDesc::new("quantize_fp8_gelu", rows, cols)?.validate_quantize_fp8(
+        Some(pre),
+        dst,
+        dst_t.as_deref(),
+        scale,
+        amax,
+        slot,
+    )?;
     let mut h = d.alloc(pre.dtype(), pre.len())?;
     d.gelu_forward(pre, &mut h)?;
     d.quantize_fp8(&h, dst, dst_t, rows, cols, scale, amax, slot)
@@ -351,6 +380,18 @@ pub fn layernorm_forward_fp8<D: Fused>(
     amax: &mut D::Buffer,
     slot: usize,
 ) -> Result<()> {
+    RowsDesc::new("layernorm_forward_fp8", n, c)?.validate_layernorm_forward_fp8(
+        x,
+        gamma,
+        beta,
+        mean,
+        rstd,
+        dst,
+        dst_t.as_deref(),
+        scale,
+        amax,
+        slot,
+    )?;
     let mut out = d.alloc(x.dtype(), x.len())?;
     d.layernorm_forward(x, gamma, beta, &mut out, mean, rstd, n, c, eps)?;
     d.quantize_fp8(&out, dst, dst_t, n, c, scale, amax, slot)

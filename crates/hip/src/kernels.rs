@@ -396,16 +396,6 @@ pub(crate) fn grid_dim(op: &'static str, blocks: usize) -> Result<u32> {
         .ok_or_else(|| too_large(op, "grid", blocks))
 }
 
-/// The product of `dims` (an element count), or [`DeviceError::Shape`] when it overflows.
-pub(crate) fn checked_product(op: &'static str, dims: &[usize]) -> Result<usize> {
-    dims.iter()
-        .try_fold(1usize, |acc, &d| acc.checked_mul(d))
-        .ok_or_else(|| DeviceError::Shape {
-            op,
-            detail: format!("{dims:?} overflows"),
-        })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

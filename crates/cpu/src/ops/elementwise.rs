@@ -3,14 +3,13 @@
 use super::math::sigmoid_f32;
 use super::{ELEM_CHUNK, REDUCE_BLOCK_ROWS, par_chunks_f32, read, rows_per_task};
 use crate::buffer::CpuBuffer;
-use duet_device::{Buffer, Result, RowsDesc, check_len};
+use duet_device::{Result, RowsDesc};
 use rayon::prelude::*;
 
 pub(crate) fn cast(src: &CpuBuffer, dst: &mut CpuBuffer, scale: f32) -> Result<()> {
     const OP: &str = "cast";
+    duet_device::args::validate_cast(src, dst)?;
     let s = src.any_float(OP)?;
-    let len = src.len();
-    check_len(OP, "dst", dst, len)?;
     let d = dst.any_float_mut(OP)?;
     par_chunks_f32(d, false, ELEM_CHUNK, |start, out| {
         s.load(start, out);

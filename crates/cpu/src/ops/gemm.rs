@@ -90,27 +90,7 @@ pub(crate) fn gemm_fp8(
     threads: usize,
 ) -> Result<()> {
     const OP: &str = "gemm_fp8";
-    for x in [a, b] {
-        if !x.dtype().is_fp8() {
-            return Err(DeviceError::Unsupported {
-                op: OP.into(),
-                dtype: x.dtype(),
-            });
-        }
-    }
-    let fnuz = |d: DType| matches!(d, DType::F8E4M3Fnuz | DType::F8E5M2Fnuz);
-    if fnuz(a.dtype()) != fnuz(b.dtype()) {
-        return Err(DeviceError::InvalidArgument(format!(
-            "{OP}: A is {} but B is {}: OCP and FNUZ operands cannot be mixed",
-            a.dtype(),
-            b.dtype()
-        )));
-    }
-    check_float(OP, c)?;
-    check_dtype(OP, scale_inv, DType::F32)?;
-    duet_device::check_range(OP, a_slot, 1, scale_inv.len())?;
-    duet_device::check_range(OP, b_slot, 1, scale_inv.len())?;
-    desc.validate(a.len(), b.len(), c.len())?;
+    duet_device::args::validate_gemm_fp8(desc, a, b, c, scale_inv, a_slot, b_slot)?;
     let s = scale_inv.f32s(OP)?;
     let d = GemmDesc {
         alpha: desc.alpha * s[a_slot] * s[b_slot],

@@ -1,8 +1,8 @@
 //! Host↔device copies, device copies and fills.
 
-use super::{ELEM_CHUNK, shape_err};
+use super::ELEM_CHUNK;
 use crate::buffer::{CpuBuffer, Storage};
-use duet_device::{Buffer, DeviceError, Fp8Format, Result, check_range};
+use duet_device::{Buffer, DeviceError, Fp8Format, Result};
 use half::{bf16, f16};
 use rayon::prelude::*;
 
@@ -11,26 +11,15 @@ use rayon::prelude::*;
 compile_error!("duet-cpu assumes a little-endian host");
 
 pub(crate) fn upload_bytes(src: &[u8], dst: &mut CpuBuffer, offset: usize) -> Result<()> {
-    const OP: &str = "upload_bytes";
+    duet_device::args::validate_upload(dst, src.len(), offset)?;
     let size = dst.dtype().size_bytes();
-    if !src.len().is_multiple_of(size) {
-        return Err(shape_err(
-            OP,
-            format!(
-                "{} bytes is not a whole number of {} elements",
-                src.len(),
-                dst.dtype()
-            ),
-        ));
-    }
-    check_range(OP, offset, src.len() / size, dst.len())?;
     let start = offset * size;
     dst.storage.bytes_mut()[start..start + src.len()].copy_from_slice(src);
     Ok(())
 }
 
 pub(crate) fn download_bytes(src: &CpuBuffer, offset: usize, len: usize) -> Result<Vec<u8>> {
-    check_range("download_bytes", offset, len, src.len())?;
+    duet_device::args::validate_download(src, offset, len)?;
     let size = src.dtype().size_bytes();
     Ok(src.storage.bytes()[offset * size..(offset + len) * size].to_vec())
 }
@@ -42,16 +31,7 @@ pub(crate) fn copy(
     dst_offset: usize,
     len: usize,
 ) -> Result<()> {
-    const OP: &str = "copy";
-    if src.dtype() != dst.dtype() {
-        return Err(DeviceError::DTypeMismatch {
-            op: OP,
-            expected: dst.dtype(),
-            got: src.dtype(),
-        });
-    }
-    check_range(OP, src_offset, len, src.len())?;
-    check_range(OP, dst_offset, len, dst.len())?;
+    duet_device::args::validate_copy(src, src_offset, dst, dst_offset, len)?;
     let size = src.dtype().size_bytes();
     let s = &src.storage.bytes()[src_offset * size..(src_offset + len) * size];
     let d = &mut dst.storage.bytes_mut()[dst_offset * size..(dst_offset + len) * size];

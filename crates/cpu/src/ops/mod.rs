@@ -17,7 +17,6 @@ pub(crate) mod memory;
 pub(crate) mod optim;
 
 use crate::buffer::{FMut, FRef};
-use duet_device::DeviceError;
 use rayon::prelude::*;
 
 /// Target number of elements per parallel task for element-wise work.
@@ -31,13 +30,6 @@ pub(crate) const REDUCE_BLOCK_ROWS: usize = 32;
 /// Rows per task for row-wise ops: about [`ELEM_CHUNK`] elements, at least one row.
 pub(crate) fn rows_per_task(row_len: usize) -> usize {
     (ELEM_CHUNK / row_len.max(1)).max(1)
-}
-
-pub(crate) fn shape_err(op: &'static str, detail: impl Into<String>) -> DeviceError {
-    DeviceError::Shape {
-        op,
-        detail: detail.into(),
-    }
 }
 
 /// `len` elements of `src` from `start` as f32: borrowed for f32 storage, else loaded into

@@ -211,14 +211,10 @@ impl CudaDevice {
         scale: f32,
     ) -> Result<()> {
         const OP: &str = "flash_attention_forward";
-        let dtype = qkv.dtype();
-        let (v, sfx) = self.flash_check(OP, dtype, hs)?;
-        check_dtype(OP, out, dtype)?;
-        check_dtype(OP, lse, DType::F32)?;
-        let n = checked_product(OP, &[b, t, nh, hs])?;
-        check_len(OP, "qkv", qkv, checked_product(OP, &[n, 3])?)?;
-        check_len(OP, "out", out, n)?;
-        check_len(OP, "lse", lse, checked_product(OP, &[b, nh, t])?)?;
+        let h = HeadsDesc::new(OP, b, t, nh, hs)?;
+        h.validate_flash(qkv, &[("out", &*out)], lse)?;
+        let n = h.n;
+        let (v, sfx) = self.flash_check(OP, qkv.dtype(), hs)?;
         if n == 0 {
             return Ok(());
         }
@@ -265,19 +261,10 @@ impl CudaDevice {
         scale: f32,
     ) -> Result<()> {
         const OP: &str = "flash_attention_backward";
-        let dtype = qkv.dtype();
-        let (v, sfx) = self.flash_check(OP, dtype, hs)?;
-        for buf in [out, dout, &*dqkv] {
-            check_dtype(OP, buf, dtype)?;
-        }
-        check_dtype(OP, lse, DType::F32)?;
-        let n = checked_product(OP, &[b, t, nh, hs])?;
-        let rows = checked_product(OP, &[b, nh, t])?;
-        check_len(OP, "qkv", qkv, checked_product(OP, &[n, 3])?)?;
-        check_len(OP, "out", out, n)?;
-        check_len(OP, "dout", dout, n)?;
-        check_len(OP, "lse", lse, rows)?;
-        check_len(OP, "dqkv", dqkv, checked_product(OP, &[n, 3])?)?;
+        let h = HeadsDesc::new(OP, b, t, nh, hs)?;
+        h.validate_flash(qkv, &[("out", out), ("dout", dout), ("dqkv", &*dqkv)], lse)?;
+        let (n, rows) = (h.n, b * nh * t);
+        let (v, sfx) = self.flash_check(OP, qkv.dtype(), hs)?;
         if n == 0 {
             return Ok(());
         }
@@ -536,13 +523,11 @@ impl CudaDevice {
         hs: usize,
     ) -> Result<()> {
         const OP: &str = "split_heads";
+        let h = HeadsDesc::new(OP, b, t, nh, hs)?;
+        h.validate_split(("qkv", qkv), [("q", &*q), ("k", &*k), ("v", &*v)])?;
+        let n = h.n;
+        // The kernels move f32, f16 and bf16 elements.
         let s = float_suffix(OP, qkv.dtype())?;
-        let n = checked_product(OP, &[b, t, nh, hs, 3])? / 3;
-        check_len(OP, "qkv", qkv, 3 * n)?;
-        for (name, buf) in [("q", &*q), ("k", &*k), ("v", &*v)] {
-            check_dtype(OP, buf, qkv.dtype())?;
-            check_len(OP, name, buf, n)?;
-        }
         if n == 0 {
             return Ok(());
         }
@@ -578,13 +563,11 @@ impl CudaDevice {
         hs: usize,
     ) -> Result<()> {
         const OP: &str = "split_heads_backward";
+        let h = HeadsDesc::new(OP, b, t, nh, hs)?;
+        h.validate_split(("dqkv", &*dqkv), [("dq", dq), ("dk", dk), ("dv", dv)])?;
+        let n = h.n;
+        // The kernels move f32, f16 and bf16 elements.
         let s = float_suffix(OP, dqkv.dtype())?;
-        let n = checked_product(OP, &[b, t, nh, hs, 3])? / 3;
-        check_len(OP, "dqkv", dqkv, 3 * n)?;
-        for (name, buf) in [("dq", dq), ("dk", dk), ("dv", dv)] {
-            check_dtype(OP, buf, dqkv.dtype())?;
-            check_len(OP, name, buf, n)?;
-        }
         if n == 0 {
             return Ok(());
         }
@@ -625,11 +608,11 @@ impl CudaDevice {
         backward: bool,
     ) -> Result<()> {
         const OP: &str = "merge_heads";
+        let h = HeadsDesc::new(OP, b, t, nh, hs)?;
+        h.validate_merge(y, out)?;
+        let n = h.n;
+        // The kernels move f32, f16 and bf16 elements.
         let s = float_suffix(OP, y.dtype())?;
-        let n = checked_product(OP, &[b, t, nh, hs])?;
-        check_dtype(OP, out, y.dtype())?;
-        check_len(OP, "y", y, n)?;
-        check_len(OP, "out", out, n)?;
         if n == 0 {
             return Ok(());
         }
@@ -664,11 +647,12 @@ impl CudaDevice {
         scale: f32,
     ) -> Result<()> {
         const OP: &str = "softmax_causal_forward";
+        let desc = SoftmaxDesc::new(OP, rows, t)?;
+        desc.validate(&[("scores", scores), ("probs", &*probs)])?;
+        let total = desc.total;
         let s = float_suffix(OP, scores.dtype())?;
+        // The kernels write probs in the scores' dtype.
         check_dtype(OP, probs, scores.dtype())?;
-        let total = checked_product(OP, &[rows, t, t])?;
-        check_len(OP, "scores", scores, total)?;
-        check_len(OP, "probs", probs, total)?;
         if total == 0 {
             return Ok(());
         }
@@ -701,12 +685,12 @@ impl CudaDevice {
         scale: f32,
     ) -> Result<()> {
         const OP: &str = "softmax_causal_backward";
+        let desc = SoftmaxDesc::new(OP, rows, t)?;
+        desc.validate(&[("probs", probs), ("dprobs", dprobs), ("dscores", &*dscores)])?;
+        let total = desc.total;
         let s = float_suffix(OP, probs.dtype())?;
+        // The kernels take all three in one dtype.
         same_dtype(OP, probs.dtype(), &[dprobs, dscores])?;
-        let total = checked_product(OP, &[rows, t, t])?;
-        check_len(OP, "probs", probs, total)?;
-        check_len(OP, "dprobs", dprobs, total)?;
-        check_len(OP, "dscores", dscores, total)?;
         if total == 0 {
             return Ok(());
         }

@@ -11,14 +11,13 @@ impl CudaDevice {
         scale: f32,
     ) -> Result<()> {
         const OP: &str = "cast";
+        let n = args::validate_cast(src, dst)?;
         let unsupported = |dtype| DeviceError::Unsupported {
             op: OP.into(),
             dtype,
         };
         let s = conv::kernel_suffix(src.dtype()).ok_or_else(|| unsupported(src.dtype()))?;
         let d = conv::kernel_suffix(dst.dtype()).ok_or_else(|| unsupported(dst.dtype()))?;
-        check_len(OP, "dst", dst, src.len())?;
-        let n = src.len();
         if n == 0 {
             return Ok(());
         }
@@ -61,11 +60,8 @@ impl CudaDevice {
         out: &mut CudaBuffer,
     ) -> Result<()> {
         const OP: &str = "add";
+        let n = args::validate_add(a, b, out)?;
         let s = float_suffix(OP, a.dtype())?;
-        same_dtype(OP, a.dtype(), &[b, out])?;
-        check_len(OP, "b", b, a.len())?;
-        check_len(OP, "out", out, a.len())?;
-        let n = a.len();
         if n == 0 {
             return Ok(());
         }
@@ -84,10 +80,9 @@ impl CudaDevice {
 
     pub(crate) fn add_assign_impl(&self, dst: &mut CudaBuffer, src: &CudaBuffer) -> Result<()> {
         const OP: &str = "add_assign";
+        let n = args::validate_add_assign(dst, src)?;
         let d = float_suffix(OP, dst.dtype())?;
         let s = float_suffix(OP, src.dtype())?;
-        check_len(OP, "src", src, dst.len())?;
-        let n = dst.len();
         if n == 0 {
             return Ok(());
         }
@@ -111,12 +106,13 @@ impl CudaDevice {
         c: usize,
     ) -> Result<()> {
         const OP: &str = "bias_add";
+        let desc = RowsDesc::new(OP, rows, c)?;
+        desc.validate_bias_add(x, bias)?;
+        let total = desc.total;
         let act = x.dtype();
         let sa = float_suffix(OP, act)?;
+        // The kernels take the bias in the activations' dtype or in f32.
         let sp = wide_suffix(OP, act, "bias", bias.dtype())?;
-        let total = checked_product(OP, &[rows, c])?;
-        check_len(OP, "x", x, total)?;
-        check_len(OP, "bias", bias, c)?;
         if total == 0 {
             return Ok(());
         }
@@ -141,11 +137,7 @@ impl CudaDevice {
         c: usize,
     ) -> Result<()> {
         const OP: &str = "bias_backward";
-        float_suffix(OP, dout.dtype())?;
-        float_suffix(OP, dbias.dtype())?;
-        let total = checked_product(OP, &[rows, c])?;
-        check_len(OP, "dout", dout, total)?;
-        check_len(OP, "dbias", dbias, c)?;
+        RowsDesc::new(OP, rows, c)?.validate_bias_backward(dout, dbias)?;
         let mut scratch = lock(&self.scratch, OP)?;
         // SAFETY: dout holds rows × c elements, dbias c.
         unsafe {
@@ -164,10 +156,10 @@ impl CudaDevice {
 
     pub(crate) fn gelu_forward_impl(&self, x: &CudaBuffer, out: &mut CudaBuffer) -> Result<()> {
         const OP: &str = "gelu_forward";
+        let n = args::validate_gelu_forward(x, out)?;
         let s = float_suffix(OP, x.dtype())?;
+        // The kernels write `out` in `x`'s dtype.
         check_dtype(OP, out, x.dtype())?;
-        check_len(OP, "out", out, x.len())?;
-        let n = x.len();
         if n == 0 {
             return Ok(());
         }
@@ -190,11 +182,10 @@ impl CudaDevice {
         dx: &mut CudaBuffer,
     ) -> Result<()> {
         const OP: &str = "gelu_backward";
+        let n = args::validate_gelu_backward(x, dout, dx)?;
         let s = float_suffix(OP, x.dtype())?;
+        // The kernels take all three in one dtype.
         same_dtype(OP, x.dtype(), &[dout, dx])?;
-        check_len(OP, "dout", dout, x.len())?;
-        check_len(OP, "dx", dx, x.len())?;
-        let n = x.len();
         if n == 0 {
             return Ok(());
         }

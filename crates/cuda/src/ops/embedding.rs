@@ -31,37 +31,17 @@ impl CudaDevice {
         c: usize,
     ) -> Result<()> {
         const OP: &str = "embedding_backward";
+        let vocab_len = TokensDesc::new(OP, b, t, c)?.validate(tokens, dwte, dwpe, dout)?;
         let act = dout.dtype();
         let sa = float_suffix(OP, act)?;
+        // The kernels take the gradient tables in the activations' dtype or in f32, both in one.
         let sg = wide_suffix(OP, act, "dwte", dwte.dtype())?;
         check_dtype(OP, dwpe, dwte.dtype())?;
-        check_dtype(OP, tokens, DType::I32)?;
-        let bt = checked_product(OP, &[b, t])?;
-        let total = checked_product(OP, &[bt, c])?;
-        let tc = checked_product(OP, &[t, c])?;
-        check_len(OP, "tokens", tokens, bt)?;
-        check_len(OP, "dout", dout, total)?;
-        if c == 0 {
-            return Err(DeviceError::Shape {
-                op: OP,
-                detail: "c must be positive".into(),
-            });
-        }
-        if dwte.is_empty() || !dwte.len().is_multiple_of(c) {
-            return Err(DeviceError::Shape {
-                op: OP,
-                detail: format!(
-                    "token table has {} elements, not a positive multiple of c = {c}",
-                    dwte.len()
-                ),
-            });
-        }
-        check_min_len(OP, "position table", dwpe, tc)?;
+        let (bt, tc) = (b * t, t * c);
         if bt == 0 {
             return Ok(());
         }
         let n = dim(OP, "b·t", bt)?;
-        let vocab_len = dwte.len() / c;
         let vocab = dim(OP, "vocab", vocab_len)?;
         let ci = dim(OP, "c", c)?;
 
@@ -273,35 +253,17 @@ impl CudaDevice {
         c: usize,
     ) -> Result<()> {
         const OP: &str = "embedding_forward";
+        let vocab = TokensDesc::new(OP, b, t, c)?.validate(tokens, wte, wpe, out)?;
         let act = out.dtype();
         let sa = float_suffix(OP, act)?;
+        // The kernels take the tables in the activations' dtype or in f32, both in one.
         let sp = wide_suffix(OP, act, "wte", wte.dtype())?;
         check_dtype(OP, wpe, wte.dtype())?;
-        check_dtype(OP, tokens, DType::I32)?;
-        let bt = checked_product(OP, &[b, t])?;
-        let total = checked_product(OP, &[bt, c])?;
-        check_len(OP, "tokens", tokens, bt)?;
-        if c == 0 {
-            return Err(DeviceError::Shape {
-                op: OP,
-                detail: "c must be positive".into(),
-            });
-        }
-        if wte.is_empty() || !wte.len().is_multiple_of(c) {
-            return Err(DeviceError::Shape {
-                op: OP,
-                detail: format!(
-                    "token table has {} elements, not a positive multiple of c = {c}",
-                    wte.len()
-                ),
-            });
-        }
-        check_min_len(OP, "position table", wpe, checked_product(OP, &[t, c])?)?;
-        check_len(OP, "out", out, total)?;
+        let bt = b * t;
         if bt == 0 {
             return Ok(());
         }
-        let vocab = dim(OP, "vocab", wte.len() / c)?;
+        let vocab = dim(OP, "vocab", vocab)?;
         let f = self.func(
             KernelModule::Embedding,
             &format!("embedding_forward_{sa}_{sp}"),

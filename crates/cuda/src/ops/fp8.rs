@@ -48,10 +48,10 @@ use super::prelude::*;
 use crate::blaslt::{self, LtEpilogue};
 use cudarc::driver::sys::{self as cu, CUdevice_attribute};
 use duet_device::{
-    ADAMW_SCALARS, AdamWClipStep, AdamWFp8Out, AdamWTensor, Fp8QuantJob, check_adamw_fp8_outs,
+    AdamWClipStep, AdamWFp8Out, AdamWTensor, Fp8QuantJob, check_adamw_fp8_outs,
     check_fp8_quant_jobs,
 };
-use duet_device::{Epilogue, GemmDesc};
+use duet_device::{Epilogue, GemmDesc, epilogue_shape};
 
 /// Tile edge of the vectorised kernels (`QT` in fp8.cu).
 const QT: usize = 64;
@@ -107,40 +107,16 @@ fn aligned16(ptrs: &[u64]) -> bool {
 }
 
 impl CudaDevice {
-    /// Checks the operands of a quantisation of a `rows × cols` matrix `src` into `dst` (and
-    /// `dst_t`) and returns the kernel suffixes of the source and FP8 dtypes and the length.
-    #[allow(clippy::too_many_arguments)]
-    fn quantize_check(
+    /// The kernel suffixes of a quantisation's source (f32, f16, bf16) and FP8 dtypes, for
+    /// operands the op's validator has checked.
+    fn quantize_suffixes(
         op: &'static str,
         src: &CudaBuffer,
         dst: &CudaBuffer,
-        dst_t: Option<&CudaBuffer>,
-        rows: usize,
-        cols: usize,
-        scale: &CudaBuffer,
-        amax: &CudaBuffer,
-        slot: usize,
-    ) -> Result<(&'static str, &'static str, usize)> {
+    ) -> Result<(&'static str, &'static str)> {
         let ss = float_suffix(op, src.dtype())?;
-        if !dst.dtype().is_fp8() {
-            return Err(DeviceError::Unsupported {
-                op: op.into(),
-                dtype: dst.dtype(),
-            });
-        }
         let ds = conv::kernel_suffix(dst.dtype()).expect("fp8 dtype");
-        let n = checked_product(op, &[rows, cols])?;
-        check_len(op, "src", src, n)?;
-        check_len(op, "dst", dst, n)?;
-        if let Some(t) = dst_t {
-            check_dtype(op, t, dst.dtype())?;
-            check_len(op, "dst_t", t, n)?;
-        }
-        check_dtype(op, scale, DType::F32)?;
-        check_dtype(op, amax, DType::F32)?;
-        check_range(op, slot, 1, scale.len())?;
-        check_range(op, slot, 1, amax.len())?;
-        Ok((ss, ds, n))
+        Ok((ss, ds))
     }
 
     /// Grid of the 64 × 64 tile kernels: x over row tiles, y over column tiles.
@@ -227,17 +203,10 @@ impl CudaDevice {
         amax: &mut CudaBuffer,
         slot: usize,
     ) -> Result<()> {
-        let (ss, ds, n) = Self::quantize_check(
-            op,
-            src,
-            dst,
-            dst_t.as_deref(),
-            rows,
-            cols,
-            scale,
-            amax,
-            slot,
-        )?;
+        let desc = RowsDesc::new(op, rows, cols)?;
+        desc.validate_quantize_fp8(Some(src), dst, dst_t.as_deref(), scale, amax, slot)?;
+        let n = desc.total;
+        let (ss, ds) = Self::quantize_suffixes(op, src, dst)?;
         if n == 0 {
             return Ok(());
         }
@@ -322,17 +291,9 @@ impl CudaDevice {
         let mut groups: Vec<((&'static str, &'static str), Vec<u8>, u64)> = Vec::new();
         let mut single = Vec::new();
         for (i, j) in jobs.iter().enumerate() {
-            let (ss, ds, n) = Self::quantize_check(
-                OP,
-                j.src,
-                j.dst,
-                j.dst_t.as_deref(),
-                j.rows,
-                j.cols,
-                scale,
-                amax,
-                j.slot,
-            )?;
+            // Sizes and dtypes checked above.
+            let n = j.rows * j.cols;
+            let (ss, ds) = Self::quantize_suffixes(OP, j.src, j.dst)?;
             if n == 0 {
                 continue;
             }
@@ -436,23 +397,24 @@ impl CudaDevice {
         slot: usize,
     ) -> Result<()> {
         const OP: &str = "quantize_fp8_grad";
-        let (ss, ds, n) = Self::quantize_check(
-            OP,
+        let desc = RowsDesc::new(OP, rows, cols)?;
+        desc.validate_quantize_fp8_grad(
             dout,
+            gelu_pre,
             dst,
             dst_t.as_deref(),
-            rows,
-            cols,
+            dbias,
             scale,
             amax,
             slot,
         )?;
+        let n = desc.total;
+        let (ss, ds) = Self::quantize_suffixes(OP, dout, dst)?;
         if let Some(pre) = gelu_pre {
+            // The kernels take gelu_pre in dout's dtype.
             check_dtype(OP, pre, dout.dtype())?;
-            check_len(OP, "gelu_pre", pre, n)?;
         }
         let dbias_code = float_code(OP, dbias.dtype())?;
-        check_len(OP, "dbias", dbias, cols)?;
         let mut ptrs = vec![dout.ptr(), dst.ptr()];
         ptrs.extend(gelu_pre.map(CudaBuffer::ptr));
         ptrs.extend(dst_t.as_deref().map(CudaBuffer::ptr));
@@ -542,23 +504,23 @@ impl CudaDevice {
         slot: usize,
     ) -> Result<()> {
         const OP: &str = "layernorm_forward_fp8";
+        RowsDesc::new(OP, n, c)?.validate_layernorm_forward_fp8(
+            x,
+            gamma,
+            beta,
+            mean,
+            rstd,
+            dst,
+            dst_t.as_deref(),
+            scale,
+            amax,
+            slot,
+        )?;
         let act = x.dtype();
-        let (sa, ds, _) =
-            Self::quantize_check(OP, x, dst, dst_t.as_deref(), n, c, scale, amax, slot)?;
+        let (sa, ds) = Self::quantize_suffixes(OP, x, dst)?;
+        // The kernels take gamma and beta in one dtype, the activations' or f32.
         let sp = wide_suffix(OP, act, "gamma", gamma.dtype())?;
         check_dtype(OP, beta, gamma.dtype())?;
-        check_dtype(OP, mean, DType::F32)?;
-        check_dtype(OP, rstd, DType::F32)?;
-        if c == 0 && n > 0 {
-            return Err(DeviceError::Shape {
-                op: OP,
-                detail: "c must be positive".into(),
-            });
-        }
-        check_len(OP, "gamma", gamma, c)?;
-        check_len(OP, "beta", beta, c)?;
-        check_len(OP, "mean", mean, n)?;
-        check_len(OP, "rstd", rstd, n)?;
         if n == 0 {
             return Ok(());
         }
@@ -731,8 +693,7 @@ impl CudaDevice {
     ) -> Result<()> {
         const OP: &str = "adamw_clipped_fp8";
         check_adamw_fp8_outs(OP, tensors, outs, scale, amax)?;
-        check_dtype(OP, scalars, DType::F32)?;
-        check_range(OP, 0, ADAMW_SCALARS, scalars.len())?;
+        args::validate_adamw_scalars(OP, scalars)?;
         let enabled = self.fused_ops() && ADAMW_FP8_FUSED_ON_THREAD.with(std::cell::Cell::get);
         let mut fused = vec![false; tensors.len()];
         // Per output: its codes (and transposed codes) come from the fused kernel.
@@ -989,26 +950,13 @@ impl CudaDevice {
                 dtype: dt,
             });
         }
-        // The fallback adds the bias over whole rows of C.
-        if desc.ldc != desc.n || desc.c_offset != 0 || c.len() != desc.m * desc.n {
-            return Err(DeviceError::InvalidArgument(format!(
-                "{OP8}: C must be exactly the m × n result (ldc {}, offset {}, {} elements)",
-                desc.ldc,
-                desc.c_offset,
-                c.len()
-            )));
-        }
+        // One dense C (the fallback adds the bias over whole rows of C); alpha 1 and beta 0,
+        // and residual and pre of C's length, where the epilogue needs them.
+        epilogue_shape(OP8, desc, &epilogue, c.len())?;
+        // The epilogues take the bias (n elements), residual and pre in C's dtype.
         let check_bias = |bias: &CudaBuffer| -> Result<()> {
-            duet_device::check_dtype(OP8, bias, dt)?;
+            check_dtype(OP8, bias, dt)?;
             duet_device::check_len(OP8, "bias", bias, desc.n)
-        };
-        let fused_only = |what: &str| -> Result<()> {
-            if desc.alpha != 1.0 || desc.beta != 0.0 {
-                return Err(DeviceError::InvalidArgument(format!(
-                    "{OP8}: the {what} epilogue needs alpha 1 and beta 0"
-                )));
-            }
-            Ok(())
         };
         let (slots, scales) = ((a_slot, b_slot), scale_inv);
         match epilogue {
@@ -1016,9 +964,7 @@ impl CudaDevice {
                 check_bias(bias)?;
                 let residual = match epilogue {
                     Epilogue::BiasResidual { residual, .. } => {
-                        duet_device::check_dtype(OP8, residual, dt)?;
-                        duet_device::check_len(OP8, "residual", residual, c.len())?;
-                        fused_only("bias + residual")?;
+                        check_dtype(OP8, residual, dt)?;
                         Some(residual)
                     }
                     _ => None,
@@ -1054,9 +1000,7 @@ impl CudaDevice {
             }
             Epilogue::BiasGelu { bias, pre } => {
                 check_bias(bias)?;
-                duet_device::check_dtype(OP8, &*pre, dt)?;
-                duet_device::check_len(OP8, "pre", &*pre, c.len())?;
-                fused_only("bias + GELU")?;
+                check_dtype(OP8, &*pre, dt)?;
                 if !desc.n.is_multiple_of(8) {
                     return Err(DeviceError::InvalidArgument(format!(
                         "{OP8}: n {} must be a multiple of 8 for a GELU epilogue",

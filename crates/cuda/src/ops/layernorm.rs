@@ -154,26 +154,21 @@ impl CudaDevice {
         eps: f32,
     ) -> Result<()> {
         const OP: &str = "layernorm_forward";
+        RowsDesc::new(OP, n, c)?.validate_layernorm_forward(
+            x,
+            gamma,
+            beta,
+            Some(&*out),
+            mean,
+            rstd,
+        )?;
         let act = x.dtype();
         let sa = float_suffix(OP, act)?;
+        // The kernels take gamma and beta in one dtype, the activations' or f32, and write
+        // `out` in the activations' dtype.
         let sp = wide_suffix(OP, act, "gamma", gamma.dtype())?;
         check_dtype(OP, beta, gamma.dtype())?;
         check_dtype(OP, out, act)?;
-        check_dtype(OP, mean, DType::F32)?;
-        check_dtype(OP, rstd, DType::F32)?;
-        let total = checked_product(OP, &[n, c])?;
-        if c == 0 && n > 0 {
-            return Err(DeviceError::Shape {
-                op: OP,
-                detail: "c must be positive".into(),
-            });
-        }
-        check_len(OP, "x", x, total)?;
-        check_len(OP, "gamma", gamma, c)?;
-        check_len(OP, "beta", beta, c)?;
-        check_len(OP, "out", out, total)?;
-        check_len(OP, "mean", mean, n)?;
-        check_len(OP, "rstd", rstd, n)?;
         if n == 0 {
             return Ok(());
         }
@@ -250,34 +245,27 @@ impl CudaDevice {
             Some(_) => "layernorm_backward_colsum",
             None => "layernorm_backward",
         };
+        RowsDesc::new(op, n, c)?.validate_layernorm_backward(
+            dout,
+            x,
+            gamma,
+            mean,
+            rstd,
+            dx,
+            dgamma,
+            dbeta,
+            dsum.as_deref(),
+        )?;
         let act = dout.dtype();
         let sa = float_suffix(op, act)?;
+        // The kernels take x, dout and dx in one dtype, gamma and the parameter gradients
+        // (dgamma and dbeta in one dtype) in the activations' dtype or f32.
         let sp = wide_suffix(op, act, "gamma", gamma.dtype())?;
         wide_suffix(op, act, "dgamma", dgamma.dtype())?;
         check_dtype(op, dbeta, dgamma.dtype())?;
         same_dtype(op, act, &[x, dx])?;
-        check_dtype(op, mean, DType::F32)?;
-        check_dtype(op, rstd, DType::F32)?;
-        let total = checked_product(op, &[n, c])?;
-        if c == 0 && n > 0 {
-            return Err(DeviceError::Shape {
-                op,
-                detail: "c must be positive".into(),
-            });
-        }
-        check_len(op, "dout", dout, total)?;
-        check_len(op, "x", x, total)?;
-        check_len(op, "gamma", gamma, c)?;
-        check_len(op, "dx", dx, total)?;
-        check_len(op, "dgamma", dgamma, c)?;
-        check_len(op, "dbeta", dbeta, c)?;
-        check_len(op, "mean", mean, n)?;
-        check_len(op, "rstd", rstd, n)?;
         let ss = match &dsum {
-            Some(ds) => {
-                check_len(op, "dsum", &**ds, c)?;
-                Some(float_suffix(op, ds.dtype())?)
-            }
+            Some(ds) => Some(float_suffix(op, ds.dtype())?),
             None => None,
         };
         if n == 0 {

@@ -15,22 +15,16 @@ impl CudaDevice {
         grad_scale: f32,
     ) -> Result<()> {
         const OP: &str = "cross_entropy";
+        RowsDesc::new(OP, n, v)?.validate_cross_entropy(
+            logits,
+            targets,
+            losses,
+            dlogits.as_deref(),
+        )?;
         let s = float_suffix(OP, logits.dtype())?;
-        let total = checked_product(OP, &[n, v])?;
-        if v == 0 && n > 0 {
-            return Err(DeviceError::Shape {
-                op: OP,
-                detail: "v must be positive".into(),
-            });
-        }
-        check_len(OP, "logits", logits, total)?;
-        check_dtype(OP, targets, DType::I32)?;
-        check_len(OP, "targets", targets, n)?;
-        check_dtype(OP, losses, DType::F32)?;
-        check_len(OP, "losses", losses, n)?;
         if let Some(d) = &dlogits {
+            // The kernels write dlogits in the logits' dtype.
             check_dtype(OP, *d, logits.dtype())?;
-            check_len(OP, "dlogits", *d, total)?;
         }
         if n == 0 {
             return Ok(());

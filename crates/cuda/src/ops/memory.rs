@@ -25,18 +25,7 @@ impl CudaDevice {
     ) -> Result<()> {
         self.not_while_capturing("uploading")?;
         const OP: &str = "upload_bytes";
-        let size = dst.dtype().size_bytes();
-        if !src.len().is_multiple_of(size) {
-            return Err(DeviceError::Shape {
-                op: OP,
-                detail: format!(
-                    "{} bytes is not a whole number of {} elements",
-                    src.len(),
-                    dst.dtype()
-                ),
-            });
-        }
-        check_range(OP, offset, src.len() / size, dst.len())?;
+        args::validate_upload(dst, src.len(), offset)?;
         if src.is_empty() {
             return Ok(());
         }
@@ -58,7 +47,7 @@ impl CudaDevice {
         len: usize,
     ) -> Result<Vec<u8>> {
         self.not_while_capturing("downloading")?;
-        check_range("download_bytes", offset, len, src.len())?;
+        args::validate_download(src, offset, len)?;
         let mut out = vec![0u8; len * src.dtype().size_bytes()];
         if !out.is_empty() {
             self.bind()?;
@@ -90,16 +79,7 @@ impl CudaDevice {
         dst_offset: usize,
         len: usize,
     ) -> Result<()> {
-        const OP: &str = "copy";
-        if src.dtype() != dst.dtype() {
-            return Err(DeviceError::DTypeMismatch {
-                op: OP,
-                expected: dst.dtype(),
-                got: src.dtype(),
-            });
-        }
-        check_range(OP, src_offset, len, src.len())?;
-        check_range(OP, dst_offset, len, dst.len())?;
+        args::validate_copy(src, src_offset, dst, dst_offset, len)?;
         if len == 0 {
             return Ok(());
         }

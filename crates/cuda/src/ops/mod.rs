@@ -28,8 +28,8 @@ mod prelude {
     pub(super) use crate::kernels::{Arg, KernelModule, checked_product, dim, grid_dim, too_large};
     pub(super) use crate::memory::{CudaBuffer, align_up};
     pub(super) use duet_device::{
-        Buffer, DType, Device, DeviceError, Result, check_dtype, check_len, check_min_len,
-        check_range,
+        Buffer, DType, Device, DeviceError, HeadsDesc, Result, RowsDesc, SoftmaxDesc, TokensDesc,
+        args, check_dtype,
     };
 }
 

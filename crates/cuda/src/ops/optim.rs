@@ -68,11 +68,11 @@ impl CudaDevice {
         slot: usize,
     ) -> Result<()> {
         const OP: &str = "sum_squares_many";
-        check_dtype(OP, out, DType::F32)?;
-        check_range(OP, slot, 1, out.len())?;
+        args::validate_sum_squares_many(xs, out, slot)?;
         let mut table = Vec::new();
         let mut count = 0usize;
         for x in xs {
+            // The kernel reads f32, f16 and bf16 (no FP8).
             let dt = float_code(OP, x.dtype())?;
             for (offset, len) in chunks(x.len()) {
                 table.extend_from_slice(&x.ptr().to_le_bytes());
@@ -113,24 +113,16 @@ impl CudaDevice {
         scalars: &CudaBuffer,
     ) -> Result<()> {
         const OP: &str = "adamw_clipped";
-        check_dtype(OP, scalars, DType::F32)?;
-        check_range(OP, 0, duet_device::ADAMW_SCALARS, scalars.len())?;
+        args::validate_adamw_clipped(tensors, scalars)?;
         let mut table = Vec::new();
         let mut count = 0usize;
         let mut fp8_copies = Vec::new();
         for (i, t) in tensors.iter().enumerate() {
             let n = t.param.len();
-            check_dtype(OP, &*t.param, DType::F32)?;
-            check_dtype(OP, &*t.m, DType::F32)?;
-            check_dtype(OP, &*t.v, DType::F32)?;
-            check_len(OP, "grad", t.grad, n)?;
-            check_len(OP, "m", &*t.m, n)?;
-            check_len(OP, "v", &*t.v, n)?;
             let gdt = float_code(OP, t.grad.dtype())?;
             let (copy, cdt) = match t.copy.as_deref() {
                 None => (0u64, 0i32),
                 Some(c) => {
-                    check_len(OP, "param_copy", c, n)?;
                     if c.dtype().is_fp8() {
                         // Written by a cast after the update.
                         fp8_copies.push(i);
@@ -198,30 +190,13 @@ impl CudaDevice {
         param_copy: Option<&mut CudaBuffer>,
     ) -> Result<()> {
         const OP: &str = "adamw";
-        let n = param.len();
-        check_dtype(OP, param, DType::F32)?;
-        check_dtype(OP, m, DType::F32)?;
-        check_dtype(OP, v, DType::F32)?;
+        let n = args::validate_adamw(param, grad, m, v, param_copy.as_deref())?;
         let sg = float_suffix(OP, grad.dtype())?;
-        check_len(OP, "grad", grad, n)?;
-        check_len(OP, "m", m, n)?;
-        check_len(OP, "v", v, n)?;
         // The fused kernel writes f32/f16/bf16 copies; an fp8 copy is a cast afterwards.
         let (fused_copy, cast_copy) = match param_copy {
             None => (None, None),
-            Some(pc) => {
-                check_len(OP, "param_copy", pc, n)?;
-                match pc.dtype() {
-                    DType::F32 | DType::F16 | DType::BF16 => (Some(pc), None),
-                    d if d.is_fp8() => (None, Some(pc)),
-                    dtype => {
-                        return Err(DeviceError::Unsupported {
-                            op: "adamw param_copy".into(),
-                            dtype,
-                        });
-                    }
-                }
-            }
+            Some(pc) if pc.dtype().is_fp8() => (None, Some(pc)),
+            Some(pc) => (Some(pc), None),
         };
         if n == 0 {
             return Ok(());
@@ -268,10 +243,9 @@ impl CudaDevice {
         slot: usize,
     ) -> Result<()> {
         const OP: &str = "sum_squares";
+        let n = args::validate_sum_squares(x, out, slot)?;
+        // The kernels read f32, f16 and bf16 (no FP8).
         let s = float_suffix(OP, x.dtype())?;
-        check_dtype(OP, out, DType::F32)?;
-        check_range(OP, slot, 1, out.len())?;
-        let n = x.len();
         if n == 0 {
             return Ok(());
         }

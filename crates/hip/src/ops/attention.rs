@@ -17,13 +17,11 @@ impl HipDevice {
         hs: usize,
     ) -> Result<()> {
         const OP: &str = "split_heads";
+        let h = HeadsDesc::new(OP, b, t, nh, hs)?;
+        h.validate_split(("qkv", qkv), [("q", &*q), ("k", &*k), ("v", &*v)])?;
+        let len = h.n;
+        // The kernels move f32, f16 and bf16 elements.
         let n = float_suffix(OP, qkv.dtype())?;
-        let len = checked_product(OP, &[b, t, nh, hs])?;
-        check_len(OP, "qkv", qkv, checked_product(OP, &[len, 3])?)?;
-        for (what, x) in [("q", &*q), ("k", &*k), ("v", &*v)] {
-            same_dtype(OP, qkv.dtype(), &[x])?;
-            check_len(OP, what, x, len)?;
-        }
         // SAFETY: split_heads_T(const T* qkv, T* q, T* k, T* v, int b, int t, int nh, int hs):
         // qkv holds 3·b·t·nh·hs elements, q/k/v b·t·nh·hs each (checked); grid-stride loop.
         unsafe {
@@ -54,13 +52,11 @@ impl HipDevice {
         hs: usize,
     ) -> Result<()> {
         const OP: &str = "split_heads_backward";
+        let h = HeadsDesc::new(OP, b, t, nh, hs)?;
+        h.validate_split(("dqkv", &*dqkv), [("dq", dq), ("dk", dk), ("dv", dv)])?;
+        let len = h.n;
+        // The kernels move f32, f16 and bf16 elements.
         let n = float_suffix(OP, dqkv.dtype())?;
-        let len = checked_product(OP, &[b, t, nh, hs])?;
-        check_len(OP, "dqkv", dqkv, checked_product(OP, &[len, 3])?)?;
-        for (what, x) in [("dq", dq), ("dk", dk), ("dv", dv)] {
-            same_dtype(OP, dqkv.dtype(), &[x])?;
-            check_len(OP, what, x, len)?;
-        }
         // SAFETY: split_heads_backward_T(const T* dq, const T* dk, const T* dv, T* dqkv, int b,
         // int t, int nh, int hs): sizes as in split_heads (checked); grid-stride loop.
         unsafe {
@@ -90,11 +86,11 @@ impl HipDevice {
         backward: bool,
     ) -> Result<()> {
         const OP: &str = "merge_heads";
+        let h = HeadsDesc::new(OP, b, t, nh, hs)?;
+        h.validate_merge(y, out)?;
+        let len = h.n;
+        // The kernels move f32, f16 and bf16 elements.
         let n = float_suffix(OP, y.dtype())?;
-        same_dtype(OP, y.dtype(), &[out])?;
-        let len = checked_product(OP, &[b, t, nh, hs])?;
-        check_len(OP, "y", y, len)?;
-        check_len(OP, "out", out, len)?;
         let name = if backward {
             format!("merge_heads_backward_{n}")
         } else {
@@ -124,11 +120,10 @@ impl HipDevice {
         scale: f32,
     ) -> Result<()> {
         const OP: &str = "softmax_causal_forward";
+        SoftmaxDesc::new(OP, rows, t)?.validate(&[("scores", scores), ("probs", &*probs)])?;
         let n = float_suffix(OP, scores.dtype())?;
+        // The kernels write probs in the scores' dtype.
         same_dtype(OP, scores.dtype(), &[probs])?;
-        let total = checked_product(OP, &[rows, t, t])?;
-        check_len(OP, "scores", scores, total)?;
-        check_len(OP, "probs", probs, total)?;
         if rows * t == 0 {
             return Ok(());
         }
@@ -157,13 +152,14 @@ impl HipDevice {
         scale: f32,
     ) -> Result<()> {
         const OP: &str = "softmax_causal_backward";
+        SoftmaxDesc::new(OP, rows, t)?.validate(&[
+            ("probs", probs),
+            ("dprobs", dprobs),
+            ("dscores", &*dscores),
+        ])?;
         let n = float_suffix(OP, probs.dtype())?;
-        same_dtype(OP, probs.dtype(), &[dprobs])?;
-        same_dtype(OP, probs.dtype(), &[dscores])?;
-        let total = checked_product(OP, &[rows, t, t])?;
-        for (what, x) in [("probs", probs), ("dprobs", dprobs), ("dscores", &*dscores)] {
-            check_len(OP, what, x, total)?;
-        }
+        // The kernels take all three in one dtype.
+        same_dtype(OP, probs.dtype(), &[dprobs, dscores])?;
         if rows * t == 0 {
             return Ok(());
         }

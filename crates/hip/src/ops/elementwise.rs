@@ -6,10 +6,9 @@ use super::prelude::*;
 impl HipDevice {
     pub(crate) fn cast_impl(&self, src: &HipBuffer, dst: &mut HipBuffer, scale: f32) -> Result<()> {
         const OP: &str = "cast";
-        check_len(OP, "dst", dst, src.len())?;
+        let n = args::validate_cast(src, dst)?;
         let s = kernel_suffix(src.dtype()).ok_or_else(|| unsupported(OP, src.dtype()))?;
         let d = kernel_suffix(dst.dtype()).ok_or_else(|| unsupported(OP, dst.dtype()))?;
-        let n = src.len();
         // SAFETY: cast_S_D(const S* src, D* dst, u64 n, float scale): both hold n elements.
         unsafe {
             self.kernel(&format!("cast_{s}_{d}"))?
@@ -38,11 +37,8 @@ impl HipDevice {
 
     pub(crate) fn add_impl(&self, a: &HipBuffer, b: &HipBuffer, out: &mut HipBuffer) -> Result<()> {
         const OP: &str = "add";
+        let n = args::validate_add(a, b, out)?;
         let s = float_suffix(OP, a.dtype())?;
-        same_dtype(OP, a.dtype(), &[b, out])?;
-        check_len(OP, "b", b, a.len())?;
-        check_len(OP, "out", out, a.len())?;
-        let n = a.len();
         // SAFETY: add_T(const T* a, const T* b, T* out, u64 n): all three hold n elements.
         unsafe {
             self.kernel(&format!("add_{s}"))?
@@ -57,10 +53,10 @@ impl HipDevice {
 
     pub(crate) fn add_assign_impl(&self, dst: &mut HipBuffer, src: &HipBuffer) -> Result<()> {
         const OP: &str = "add_assign";
+        let n = args::validate_add_assign(dst, src)?;
         let s = float_suffix(OP, dst.dtype())?;
+        // The kernels take src in dst's dtype.
         same_dtype(OP, dst.dtype(), &[src])?;
-        check_len(OP, "src", src, dst.len())?;
-        let n = dst.len();
         // SAFETY: add_assign_T(T* dst, const T* src, u64 n): both hold n elements.
         unsafe {
             self.kernel(&format!("add_assign_{s}"))?
@@ -80,11 +76,12 @@ impl HipDevice {
         c: usize,
     ) -> Result<()> {
         const OP: &str = "bias_add";
+        let desc = RowsDesc::new(OP, rows, c)?;
+        desc.validate_bias_add(x, bias)?;
+        let total = desc.total;
         let sa = float_suffix(OP, x.dtype())?;
+        // The kernels take the bias in the activations' dtype or in f32.
         let sp = wide_suffix(OP, x.dtype(), "bias", bias.dtype())?;
-        let total = checked_product(OP, &[rows, c])?;
-        check_len(OP, "x", x, total)?;
-        check_len(OP, "bias", bias, c)?;
         // SAFETY: bias_add_A_P(A* x, const P* bias, u64 rows, u64 c): x holds rows·c elements,
         // bias c.
         unsafe {
@@ -106,10 +103,7 @@ impl HipDevice {
         c: usize,
     ) -> Result<()> {
         const OP: &str = "bias_backward";
-        float_suffix(OP, dout.dtype())?;
-        float_suffix(OP, dbias.dtype())?;
-        check_len(OP, "dout", dout, checked_product(OP, &[rows, c])?)?;
-        check_len(OP, "dbias", dbias, c)?;
+        RowsDesc::new(OP, rows, c)?.validate_bias_backward(dout, dbias)?;
         if c == 0 {
             return Ok(());
         }
@@ -118,10 +112,10 @@ impl HipDevice {
 
     pub(crate) fn gelu_forward_impl(&self, x: &HipBuffer, out: &mut HipBuffer) -> Result<()> {
         const OP: &str = "gelu_forward";
+        let n = args::validate_gelu_forward(x, out)?;
         let s = float_suffix(OP, x.dtype())?;
+        // The kernels write `out` in `x`'s dtype.
         same_dtype(OP, x.dtype(), &[out])?;
-        check_len(OP, "out", out, x.len())?;
-        let n = x.len();
         // SAFETY: gelu_forward_T(const T* x, T* out, u64 n): both hold n elements.
         unsafe {
             self.kernel(&format!("gelu_forward_{s}"))?
@@ -140,11 +134,10 @@ impl HipDevice {
         dx: &mut HipBuffer,
     ) -> Result<()> {
         const OP: &str = "gelu_backward";
+        let n = args::validate_gelu_backward(x, dout, dx)?;
         let s = float_suffix(OP, x.dtype())?;
+        // The kernels take all three in one dtype.
         same_dtype(OP, x.dtype(), &[dout, dx])?;
-        check_len(OP, "dout", dout, x.len())?;
-        check_len(OP, "dx", dx, x.len())?;
-        let n = x.len();
         // SAFETY: gelu_backward_T(const T* x, const T* dout, T* dx, u64 n): all hold n elements.
         unsafe {
             self.kernel(&format!("gelu_backward_{s}"))?

@@ -6,38 +6,6 @@
 
 use super::prelude::*;
 
-/// The shape checks of both passes (the CPU's and CUDA's rules and wording): `c` positive, the
-/// token table a positive multiple of `c` rows, the position table at least `t·c`.
-fn check_tables(
-    op: &'static str,
-    table: &HipBuffer,
-    pos_table: &HipBuffer,
-    t: usize,
-    c: usize,
-) -> Result<()> {
-    if c == 0 {
-        return Err(DeviceError::Shape {
-            op,
-            detail: "c must be positive".into(),
-        });
-    }
-    if table.is_empty() || !table.len().is_multiple_of(c) {
-        return Err(DeviceError::Shape {
-            op,
-            detail: format!(
-                "token table has {} elements, not a positive multiple of c = {c}",
-                table.len()
-            ),
-        });
-    }
-    check_min_len(
-        op,
-        "position table",
-        pos_table,
-        checked_product(op, &[t, c])?,
-    )
-}
-
 impl HipDevice {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn embedding_forward_impl(
@@ -51,18 +19,15 @@ impl HipDevice {
         c: usize,
     ) -> Result<()> {
         const OP: &str = "embedding_forward";
-        check_dtype(OP, tokens, DType::I32)?;
+        let vocab = TokensDesc::new(OP, b, t, c)?.validate(tokens, wte, wpe, out)?;
+        // The kernels take the tables in one dtype, the activations' or f32.
         check_dtype(OP, wpe, wte.dtype())?;
         let sa = float_suffix(OP, out.dtype())?;
         let sp = wide_suffix(OP, out.dtype(), "wte", wte.dtype())?;
-        let bt = checked_product(OP, &[b, t])?;
-        check_len(OP, "tokens", tokens, bt)?;
-        check_len(OP, "out", out, checked_product(OP, &[bt, c])?)?;
-        check_tables(OP, wte, wpe, t, c)?;
+        let bt = b * t;
         if bt == 0 {
             return Ok(());
         }
-        let vocab = wte.len() / c;
         self.queue_id_check(OP, tokens, vocab, false)?;
         // SAFETY: embedding_forward_A_P(const int* tokens, const P* wte, const P* wpe, A* out,
         // int t, int c, int vocab): one block per position < b·t; tokens hold b·t ids, each
@@ -94,18 +59,14 @@ impl HipDevice {
         c: usize,
     ) -> Result<()> {
         const OP: &str = "embedding_backward";
-        check_dtype(OP, tokens, DType::I32)?;
+        let vocab = TokensDesc::new(OP, b, t, c)?.validate(tokens, dwte, dwpe, dout)?;
         let sa = float_suffix(OP, dout.dtype())?;
+        // The kernels take dwte in the activations' dtype or f32.
         let sg = wide_suffix(OP, dout.dtype(), "dwte", dwte.dtype())?;
-        float_suffix(OP, dwpe.dtype())?;
-        let bt = checked_product(OP, &[b, t])?;
-        check_len(OP, "tokens", tokens, bt)?;
-        check_len(OP, "dout", dout, checked_product(OP, &[bt, c])?)?;
-        check_tables(OP, dwte, dwpe, t, c)?;
+        let bt = b * t;
         if bt == 0 {
             return Ok(());
         }
-        let vocab = dwte.len() / c;
         self.queue_id_check(OP, tokens, vocab, false)?;
         // SAFETY: embedding_backward_wte_A_G(const int* tokens, const A* dout, G* dwte, int n,
         // int c, int vocab): one block per position p < n = b·t; tokens hold n ids, dout n·c

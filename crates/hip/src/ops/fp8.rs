@@ -18,22 +18,11 @@ impl HipDevice {
         slot: usize,
     ) -> Result<()> {
         const OP: &str = "quantize_fp8";
+        let desc = RowsDesc::new(OP, rows, cols)?;
+        desc.validate_quantize_fp8(Some(src), dst, dst_t.as_deref(), scale, amax, slot)?;
+        let n = desc.total;
         let s = float_suffix(OP, src.dtype())?;
-        if !dst.dtype().is_fp8() {
-            return Err(unsupported(OP, dst.dtype()));
-        }
         let d = kernel_suffix(dst.dtype()).expect("an fp8 dtype");
-        let n = checked_product(OP, &[rows, cols])?;
-        check_len(OP, "src", src, n)?;
-        check_len(OP, "dst", dst, n)?;
-        if let Some(t) = &dst_t {
-            check_dtype(OP, *t, dst.dtype())?;
-            check_len(OP, "dst_t", *t, n)?;
-        }
-        check_dtype(OP, scale, DType::F32)?;
-        check_dtype(OP, amax, DType::F32)?;
-        check_range(OP, slot, 1, scale.len())?;
-        check_range(OP, slot, 1, amax.len())?;
         if n == 0 {
             return Ok(());
         }
@@ -65,16 +54,7 @@ impl HipDevice {
         a_slot: usize,
         b_slot: usize,
     ) -> Result<()> {
-        const OP: &str = "gemm_fp8";
-        for x in [a, b] {
-            if !x.dtype().is_fp8() {
-                return Err(unsupported(OP, x.dtype()));
-            }
-        }
-        check_dtype(OP, scale_inv, DType::F32)?;
-        check_range(OP, a_slot, 1, scale_inv.len())?;
-        check_range(OP, b_slot, 1, scale_inv.len())?;
-        desc.validate(a.len(), b.len(), c.len())?;
+        args::validate_gemm_fp8(desc, a, b, c, scale_inv, a_slot, b_slot)?;
         if desc.batch == 0 || desc.m == 0 || desc.n == 0 {
             return Ok(());
         }

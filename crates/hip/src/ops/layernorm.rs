@@ -21,19 +21,20 @@ impl HipDevice {
         eps: f32,
     ) -> Result<()> {
         const OP: &str = "layernorm_forward";
+        RowsDesc::new(OP, n, c)?.validate_layernorm_forward(
+            x,
+            gamma,
+            beta,
+            Some(&*out),
+            mean,
+            rstd,
+        )?;
         let sa = float_suffix(OP, x.dtype())?;
+        // The kernels take gamma and beta in one dtype, the activations' or f32, and write
+        // `out` in the activations' dtype.
         let sp = wide_suffix(OP, x.dtype(), "gamma", gamma.dtype())?;
         same_dtype(OP, gamma.dtype(), &[beta])?;
         same_dtype(OP, x.dtype(), &[out])?;
-        check_dtype(OP, mean, DType::F32)?;
-        check_dtype(OP, rstd, DType::F32)?;
-        let total = checked_product(OP, &[n, c])?;
-        check_len(OP, "x", x, total)?;
-        check_len(OP, "out", out, total)?;
-        check_len(OP, "gamma", gamma, c)?;
-        check_len(OP, "beta", beta, c)?;
-        check_len(OP, "mean", mean, n)?;
-        check_len(OP, "rstd", rstd, n)?;
         if n == 0 {
             return Ok(());
         }
@@ -71,26 +72,12 @@ impl HipDevice {
         c: usize,
     ) -> Result<()> {
         const OP: &str = "layernorm_backward";
+        RowsDesc::new(OP, n, c)?
+            .validate_layernorm_backward(dout, x, gamma, mean, rstd, dx, dgamma, dbeta, None)?;
         let sa = float_suffix(OP, x.dtype())?;
+        // The kernels take x, dout and dx in one dtype and gamma in theirs or f32.
         let sp = wide_suffix(OP, x.dtype(), "gamma", gamma.dtype())?;
         same_dtype(OP, x.dtype(), &[dout, dx])?;
-        float_suffix(OP, dgamma.dtype())?;
-        float_suffix(OP, dbeta.dtype())?;
-        check_dtype(OP, mean, DType::F32)?;
-        check_dtype(OP, rstd, DType::F32)?;
-        let total = checked_product(OP, &[n, c])?;
-        for (what, buf, len) in [
-            ("dout", dout, total),
-            ("x", x, total),
-            ("dx", &*dx, total),
-            ("gamma", gamma, c),
-            ("dgamma", &*dgamma, c),
-            ("dbeta", &*dbeta, c),
-            ("mean", mean, n),
-            ("rstd", rstd, n),
-        ] {
-            check_len(OP, what, buf, len)?;
-        }
         if n == 0 {
             return Ok(());
         }

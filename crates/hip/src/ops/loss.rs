@@ -15,17 +15,17 @@ impl HipDevice {
         grad_scale: f32,
     ) -> Result<()> {
         const OP: &str = "cross_entropy";
+        RowsDesc::new(OP, n, v)?.validate_cross_entropy(
+            logits,
+            targets,
+            losses,
+            dlogits.as_deref(),
+        )?;
         let s = float_suffix(OP, logits.dtype())?;
-        check_dtype(OP, targets, DType::I32)?;
-        check_dtype(OP, losses, DType::F32)?;
-        let total = checked_product(OP, &[n, v])?;
-        check_len(OP, "logits", logits, total)?;
-        check_len(OP, "targets", targets, n)?;
-        check_len(OP, "losses", losses, n)?;
         let dl = match dlogits {
             Some(d) => {
+                // The kernels write dlogits in the logits' dtype.
                 same_dtype(OP, logits.dtype(), &[d])?;
-                check_len(OP, "dlogits", d, total)?;
                 d.ptr()
             }
             None => std::ptr::null_mut(),

@@ -32,15 +32,7 @@ impl HipDevice {
         dst: &mut HipBuffer,
         offset: usize,
     ) -> Result<()> {
-        let es = dst.dtype().size_bytes();
-        if !src.len().is_multiple_of(es) {
-            return Err(DeviceError::InvalidArgument(format!(
-                "upload: {} bytes is not a whole number of {} elements",
-                src.len(),
-                dst.dtype()
-            )));
-        }
-        check_range("upload", offset, src.len() / es, dst.len())?;
+        args::validate_upload(dst, src.len(), offset)?;
         if src.is_empty() {
             return Ok(());
         }
@@ -65,7 +57,7 @@ impl HipDevice {
         offset: usize,
         len: usize,
     ) -> Result<Vec<u8>> {
-        check_range("download", offset, len, src.len())?;
+        args::validate_download(src, offset, len)?;
         let mut out = vec![0u8; len * src.dtype().size_bytes()];
         if !out.is_empty() {
             // SAFETY: the source range was checked; `out` has room and lives past the synchronize.
@@ -91,9 +83,7 @@ impl HipDevice {
         dst_offset: usize,
         len: usize,
     ) -> Result<()> {
-        check_dtype("copy", dst, src.dtype())?;
-        check_range("copy", src_offset, len, src.len())?;
-        check_range("copy", dst_offset, len, dst.len())?;
+        args::validate_copy(src, src_offset, dst, dst_offset, len)?;
         if len == 0 {
             return Ok(());
         }

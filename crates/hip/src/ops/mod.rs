@@ -17,10 +17,10 @@ mod optim;
 mod prelude {
     pub(super) use crate::conv::{self, float_suffix, kernel_suffix, wide_suffix};
     pub(super) use crate::device::{HipDevice, rows_grid, same_dtype, unsupported};
-    pub(super) use crate::kernels::{checked_product, dim, grid_dim};
+    pub(super) use crate::kernels::{dim, grid_dim};
     pub(super) use crate::memory::HipBuffer;
     pub(super) use duet_device::{
-        Buffer, DType, Device, DeviceError, Result, check_dtype, check_len, check_min_len,
-        check_range,
+        Buffer, DType, Device, DeviceError, HeadsDesc, Result, RowsDesc, SoftmaxDesc, TokensDesc,
+        args, check_dtype,
     };
 }

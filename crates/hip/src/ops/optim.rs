@@ -18,22 +18,10 @@ impl HipDevice {
         param_copy: Option<&mut HipBuffer>,
     ) -> Result<()> {
         const OP: &str = "adamw";
-        let n = param.len();
-        check_dtype(OP, param, DType::F32)?;
-        check_dtype(OP, m, DType::F32)?;
-        check_dtype(OP, v, DType::F32)?;
+        let n = args::validate_adamw(param, grad, m, v, param_copy.as_deref())?;
         let g = float_suffix(OP, grad.dtype())?;
-        check_len(OP, "grad", grad, n)?;
-        check_len(OP, "m", m, n)?;
-        check_len(OP, "v", v, n)?;
         let (copy, cdt) = match param_copy {
-            Some(c) => {
-                check_len(OP, "param_copy", c, n)?;
-                if !c.dtype().is_float() {
-                    return Err(unsupported("adamw param_copy", c.dtype()));
-                }
-                (c.ptr(), c.dtype())
-            }
+            Some(c) => (c.ptr(), c.dtype()),
             None => (std::ptr::null_mut(), DType::F32),
         };
         let sc = kernel_suffix(cdt).expect("a float dtype");
@@ -69,9 +57,8 @@ impl HipDevice {
         slot: usize,
     ) -> Result<()> {
         const OP: &str = "sum_squares";
+        args::validate_sum_squares(x, out, slot)?;
         let s = kernel_suffix(x.dtype()).ok_or_else(|| unsupported(OP, x.dtype()))?;
-        check_dtype(OP, out, DType::F32)?;
-        check_range(OP, slot, 1, out.len())?;
         // The partition depends on n only (never on the GPU), so results are reproducible.
         let blocks = self.grid_1d(x.len()).0.min(SUMSQ_BLOCKS);
         let part = self.scratch(blocks as usize)?;

@@ -136,6 +136,14 @@ pub struct Tensor {
 }
 
 impl Tensor {
+    /// The tensor `values` give once stored as `dtype` (encoded on the host).
+    pub fn encoded(name: &str, dtype: DType, values: &[f32]) -> Tensor {
+        Tensor {
+            name: name.to_string(),
+            dtype,
+            bytes: encode(dtype, values),
+        }
+    }
     /// The values as f32 (i32 converted, FP8 decoded).
     pub fn f32(&self) -> Vec<f32> {
         match self.dtype {
@@ -317,11 +325,7 @@ impl<D: Fused> Harness<D> {
                         compare_bits(
                             &format!("{case} {} vs the f64 reference", g.name),
                             g,
-                            &Tensor {
-                                name: w.name.clone(),
-                                dtype: w.dtype,
-                                bytes: encode(w.dtype, &w32),
-                            },
+                            &Tensor::encoded(&w.name, w.dtype, &w32),
                         )
                     }
                     // The exact value rounded once to the output's storage dtype, as an op
@@ -342,6 +346,13 @@ impl<D: Fused> Harness<D> {
                 compare(&what, g, w, t);
             }
         }
+    }
+
+    /// [`Harness::same`] for one output of each side, read back from the device under test.
+    #[track_caller]
+    pub fn same_buf(&self, case: &str, name: &str, fused: &D::Buffer, plain: &D::Buffer, tol: Tol) {
+        let d = &self.dev;
+        self.same(case, &[get(d, name, fused)], &[get(d, name, plain)], &[tol]);
     }
 
     /// Checks a fused path against its plain composition on the same device.
@@ -391,19 +402,15 @@ fn compare_bits(what: &str, got: &Tensor, want: &Tensor) {
     assert_eq!(got.bytes.len(), want.bytes.len(), "{what}: lengths differ");
     if got.bytes != want.bytes {
         let es = got.dtype.size_bytes();
-        let i = got
+        let differ: Vec<usize> = got
             .bytes
             .chunks(es)
             .zip(want.bytes.chunks(es))
-            .position(|(a, b)| a != b)
-            .unwrap();
+            .enumerate()
+            .filter_map(|(i, (a, b))| (a != b).then_some(i))
+            .collect();
+        let (i, bad) = (differ[0], differ.len());
         let (g, w) = (got.f32(), want.f32());
-        let bad = got
-            .bytes
-            .chunks(es)
-            .zip(want.bytes.chunks(es))
-            .filter(|(a, b)| a != b)
-            .count();
         panic!(
             "{what}: {bad} of {} elements differ in their bits; first at {i}: {:?} ({}) vs {:?} ({}) (seed {})",
             got.len(),
@@ -454,6 +461,16 @@ pub const FLOATS: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
 pub const HALVES: [DType; 2] = [DType::F16, DType::BF16];
 /// The FP8 dtypes of both families (OCP on sm_89+/gfx950, FNUZ on gfx942).
 pub const FP8S: [DType; 4] = [
+    DType::F8E4M3,
+    DType::F8E5M2,
+    DType::F8E4M3Fnuz,
+    DType::F8E5M2Fnuz,
+];
+/// Every float dtype: the activation dtypes and the FP8 ones (what `cast` converts between).
+pub const FLOATS_AND_FP8: [DType; 7] = [
+    DType::F32,
+    DType::F16,
+    DType::BF16,
     DType::F8E4M3,
     DType::F8E5M2,
     DType::F8E4M3Fnuz,

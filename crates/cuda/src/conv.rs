@@ -20,34 +20,9 @@ pub(crate) fn kernel_suffix(dtype: DType) -> Option<&'static str> {
     }
 }
 
-/// The f32/f16/bf16 suffix of an activation-type buffer, or `Unsupported`.
-pub(crate) fn float_suffix(op: &'static str, d: DType) -> Result<&'static str> {
-    match d {
-        DType::F32 | DType::F16 | DType::BF16 => Ok(kernel_suffix(d).expect("float")),
-        dtype => Err(DeviceError::Unsupported {
-            op: op.into(),
-            dtype,
-        }),
-    }
-}
-
-/// Suffix of a parameter or gradient buffer (`what`) that must be either the activation dtype
-/// `act` or f32.
-pub(crate) fn wide_suffix(
-    op: &'static str,
-    act: DType,
-    what: &str,
-    d: DType,
-) -> Result<&'static str> {
-    if d == act || d == DType::F32 {
-        float_suffix(op, d)
-    } else {
-        Err(DeviceError::Unsupported {
-            op: format!("{op} ({what} must be {act} or f32 with {act} activations)"),
-            dtype: d,
-        })
-    }
-}
+/// The f32/f16/bf16 suffix of an activation-type buffer, and that of a parameter or gradient
+/// buffer of the activations' dtype or f32 (shared with the HIP backend).
+pub(crate) use duet_device::args::{float_suffix, wide_suffix};
 
 /// The run-time dtype code of the kernels' `load_dt` / `store_dt` (common.cuh) and of the
 /// multi-tensor chunk tables (`grad_dt`, `copy_dt`): 0 f32, 1 bf16, 2 f16.
@@ -71,11 +46,8 @@ pub(crate) fn fill_pattern(d: DType, value: f32) -> Result<(u32, usize)> {
         DType::F32 => (value.to_bits(), 4),
         DType::F16 => (half::f16::from_f32(value).to_bits() as u32, 2),
         DType::BF16 => (half::bf16::from_f32(value).to_bits() as u32, 2),
-        DType::I32 => (
-            integral(value, i32::MIN as f64, i32::MAX as f64, "i32")? as i32 as u32,
-            4,
-        ),
-        DType::U8 => (integral(value, 0.0, 255.0, "u8")? as u8 as u32, 1),
+        DType::I32 => (duet_device::args::fill_i32(value)? as u32, 4),
+        DType::U8 => (duet_device::args::fill_u8(value)? as u32, 1),
         fp8 => (
             duet_device::Fp8Format::of(fp8)
                 .expect("fp8 dtype")
@@ -83,17 +55,6 @@ pub(crate) fn fill_pattern(d: DType, value: f32) -> Result<(u32, usize)> {
             1,
         ),
     })
-}
-
-fn integral(value: f32, min: f64, max: f64, what: &str) -> Result<f64> {
-    let v = value as f64;
-    if v.fract() == 0.0 && v >= min && v <= max {
-        Ok(v)
-    } else {
-        Err(DeviceError::InvalidArgument(format!(
-            "fill: {value} is not representable as {what}"
-        )))
-    }
 }
 
 /// cuBLAS data type of a GEMM operand.

@@ -17,7 +17,7 @@ use crate::graph::CudaStepGraph;
 use crate::kernels::{KernelModule, Kernels, Launch, grid_dim};
 use crate::loader::{self, CudaLib};
 use crate::memory::{CudaBuffer, DeviceMemory, MemTracker, Scratch, Staging};
-use crate::ops::{FP8_COUNTERS, Tables};
+use crate::ops::{FP8_COUNTERS, QuantOf, Tables};
 use cudarc::driver::sys::{self as cu, CUdevice_attribute};
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream};
 use duet_device::{
@@ -815,7 +815,7 @@ impl Device for CudaDevice {
         amax: &mut CudaBuffer,
         slot: usize,
     ) -> Result<()> {
-        self.quantize_fp8_impl(src, dst, dst_t, rows, cols, scale, amax, slot)
+        self.quantize_fp8_impl(QuantOf::Src, src, dst, dst_t, rows, cols, scale, amax, slot)
     }
 
     fn gemm_fp8(
@@ -990,7 +990,17 @@ impl Fused for CudaDevice {
         amax: &mut CudaBuffer,
         slot: usize,
     ) -> Result<()> {
-        self.quantize_fp8_gelu_impl(pre, dst, dst_t, rows, cols, scale, amax, slot)
+        self.quantize_fp8_impl(
+            QuantOf::Gelu,
+            pre,
+            dst,
+            dst_t,
+            rows,
+            cols,
+            scale,
+            amax,
+            slot,
+        )
     }
 
     fn layernorm_forward_fp8(

@@ -526,22 +526,17 @@ impl<'a> Launch<'a> {
 
 /// An argument a kernel cannot take (e.g. a dimension beyond 32 bits).
 pub(crate) fn too_large(op: &'static str, what: &str, v: usize) -> DeviceError {
-    DeviceError::InvalidArgument(format!(
-        "{op}: {what} = {v} is beyond what the CUDA kernels index"
-    ))
+    duet_device::args::kernel_too_large("CUDA", op, what, v)
 }
 
 /// Converts a dimension to the `int` a kernel takes, or [`too_large`].
 pub(crate) fn dim(op: &'static str, what: &str, v: usize) -> Result<i32> {
-    i32::try_from(v).map_err(|_| too_large(op, what, v))
+    duet_device::args::kernel_int("CUDA", op, what, v)
 }
 
 /// A grid dimension of `blocks` blocks (at most `i32::MAX`), or [`too_large`].
 pub(crate) fn grid_dim(op: &'static str, blocks: usize) -> Result<u32> {
-    u32::try_from(blocks)
-        .ok()
-        .filter(|&b| b <= i32::MAX as u32)
-        .ok_or_else(|| too_large(op, "grid", blocks))
+    duet_device::args::kernel_grid_dim("CUDA", op, blocks)
 }
 
 /// The product of `dims` (an element count), or [`DeviceError::Shape`] when it overflows.

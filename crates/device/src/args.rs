@@ -102,6 +102,28 @@ pub fn validate_copy<B: Buffer>(
     check_range(OP, dst_offset, len, dst.len())
 }
 
+/// `fill` of an i32 buffer: `value` as an i32, refusing a non-integral or out-of-range value
+/// rather than silently truncating it.
+pub fn fill_i32(value: f32) -> Result<i32> {
+    Ok(fill_integer(value, i32::MIN as f64, i32::MAX as f64, "i32")? as i32)
+}
+
+/// `fill` of a u8 buffer: `value` as a u8, refused as [`fill_i32`] refuses.
+pub fn fill_u8(value: f32) -> Result<u8> {
+    Ok(fill_integer(value, 0.0, 255.0, "u8")? as u8)
+}
+
+fn fill_integer(value: f32, min: f64, max: f64, what: &str) -> Result<f64> {
+    let v = value as f64;
+    if v.fract() == 0.0 && v >= min && v <= max {
+        Ok(v)
+    } else {
+        Err(DeviceError::InvalidArgument(format!(
+            "fill: {value} is not representable as {what}"
+        )))
+    }
+}
+
 // ---------------------------------------------------------------------- element-wise
 
 /// `cast`: `src` and `dst` of any float dtype (FP8 included) and one length.
@@ -126,20 +148,20 @@ pub fn validate_add<B: Buffer>(a: &B, b: &B, out: &B) -> Result<usize> {
 
 /// `add_assign`: float `dst` and `src` of one length (their dtypes may differ).
 pub fn validate_add_assign<B: Buffer>(dst: &B, src: &B) -> Result<usize> {
-    const OP: &str = "add_assign";
-    check_float(OP, dst)?;
-    check_float(OP, src)?;
-    check_len(OP, "src", src, dst.len())?;
-    Ok(dst.len())
+    float_pair("add_assign", dst, ("src", src))
 }
 
 /// `gelu_forward`: float `x` and `out` of one length.
 pub fn validate_gelu_forward<B: Buffer>(x: &B, out: &B) -> Result<usize> {
-    const OP: &str = "gelu_forward";
-    check_float(OP, x)?;
-    check_float(OP, out)?;
-    check_len(OP, "out", out, x.len())?;
-    Ok(x.len())
+    float_pair("gelu_forward", x, ("out", out))
+}
+
+/// Float `a` and `b` (dtypes may differ) with `b` as long as `a`; the length.
+fn float_pair<B: Buffer>(op: &'static str, a: &B, (what, b): (&str, &B)) -> Result<usize> {
+    check_float(op, a)?;
+    check_float(op, b)?;
+    check_len(op, what, b, a.len())?;
+    Ok(a.len())
 }
 
 /// `gelu_backward`: float `x`, `dout`, `dx` of one length.
@@ -226,6 +248,55 @@ pub fn validate_sum_squares_many<B: Buffer>(xs: &[&B], out: &B, slot: usize) -> 
         any_float(OP, *x)?;
     }
     Ok(())
+}
+
+// ---------------------------------------------------------------------- kernel arguments
+
+/// The f32/f16/bf16 suffix of an activation-type buffer in a GPU kernel's name (`add_bf16`; the
+/// kernels' `DUET_FOR_ACT`), or [`DeviceError::Unsupported`].
+pub fn float_suffix(op: &'static str, d: DType) -> Result<&'static str> {
+    match d {
+        DType::F32 | DType::F16 | DType::BF16 => Ok(d.name()),
+        dtype => Err(DeviceError::Unsupported {
+            op: op.into(),
+            dtype,
+        }),
+    }
+}
+
+/// The kernel-name suffix of a parameter or gradient buffer (`what`) that must be either the
+/// activation dtype `act` or f32 (the `<act>_<param>` kernels, `DUET_FOR_ACT_AND_WIDE`).
+pub fn wide_suffix(op: &'static str, act: DType, what: &str, d: DType) -> Result<&'static str> {
+    if d == act || d == DType::F32 {
+        float_suffix(op, d)
+    } else {
+        Err(DeviceError::Unsupported {
+            op: format!("{op} ({what} must be {act} or f32 with {act} activations)"),
+            dtype: d,
+        })
+    }
+}
+
+/// A value the GPU kernels of `backend` ("CUDA", "HIP") cannot take (e.g. a dimension beyond 32
+/// bits): [`DeviceError::InvalidArgument`].
+pub fn kernel_too_large(backend: &str, op: &'static str, what: &str, v: usize) -> DeviceError {
+    DeviceError::InvalidArgument(format!(
+        "{op}: {what} = {v} is beyond what the {backend} kernels index"
+    ))
+}
+
+/// A dimension as the `int` a kernel of `backend` takes, or [`kernel_too_large`].
+pub fn kernel_int(backend: &str, op: &'static str, what: &str, v: usize) -> Result<i32> {
+    i32::try_from(v).map_err(|_| kernel_too_large(backend, op, what, v))
+}
+
+/// A grid dimension of `blocks` blocks (at most `i32::MAX`) for a kernel of `backend`, or
+/// [`kernel_too_large`].
+pub fn kernel_grid_dim(backend: &str, op: &'static str, blocks: usize) -> Result<u32> {
+    u32::try_from(blocks)
+        .ok()
+        .filter(|&b| b <= i32::MAX as u32)
+        .ok_or_else(|| kernel_too_large(backend, op, "grid", blocks))
 }
 
 // ---------------------------------------------------------------------- FP8 GEMM

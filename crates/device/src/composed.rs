@@ -283,16 +283,7 @@ pub fn quantize_fp8_many<D: Fused>(
 ) -> Result<()> {
     check_fp8_quant_jobs("quantize_fp8_many", jobs, scale, amax)?;
     for j in jobs.iter_mut() {
-        d.quantize_fp8(
-            j.src,
-            j.dst,
-            j.dst_t.as_deref_mut(),
-            j.rows,
-            j.cols,
-            scale,
-            amax,
-            j.slot,
-        )?;
+        j.quantize(d, scale, amax)?;
     }
     Ok(())
 }

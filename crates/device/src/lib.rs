@@ -229,6 +229,27 @@ pub struct Fp8QuantJob<'a, B> {
     pub slot: usize,
 }
 
+impl<B: Buffer> Fp8QuantJob<'_, B> {
+    /// Runs this job as one [`Device::quantize_fp8`] call on `d`.
+    pub fn quantize<D: Device<Buffer = B>>(
+        &mut self,
+        d: &D,
+        scale: &B,
+        amax: &mut B,
+    ) -> Result<()> {
+        d.quantize_fp8(
+            self.src,
+            self.dst,
+            self.dst_t.as_deref_mut(),
+            self.rows,
+            self.cols,
+            scale,
+            amax,
+            self.slot,
+        )
+    }
+}
+
 /// The run-wide values of [`Fused::adamw_clipped`]. The per-step values (learning rate, bias
 /// corrections) live in a device buffer, see [`ADAMW_SCALARS`], and the gradient factor is
 /// derived on the device from the global gradient norm (clipping and loss-scale unscaling), so

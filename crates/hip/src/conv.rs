@@ -91,30 +91,10 @@ pub fn kernel_suffix(d: DType) -> Option<&'static str> {
     d.is_float().then(|| d.name())
 }
 
-/// The f32/f16/bf16 suffix of an activation-type buffer (the kernels' `DUET_FOR_ACT`), or
-/// `Unsupported`.
-pub fn float_suffix(op: &'static str, d: DType) -> Result<&'static str> {
-    match d {
-        DType::F32 | DType::F16 | DType::BF16 => Ok(d.name()),
-        dtype => Err(DeviceError::Unsupported {
-            op: op.into(),
-            dtype,
-        }),
-    }
-}
-
-/// Suffix of a parameter or gradient buffer (`what`) that must be either the activation dtype
-/// `act` or f32 (the `<act>_<param>` kernels, `DUET_FOR_ACT_AND_WIDE`).
-pub fn wide_suffix(op: &'static str, act: DType, what: &str, d: DType) -> Result<&'static str> {
-    if d == act || d == DType::F32 {
-        float_suffix(op, d)
-    } else {
-        Err(DeviceError::Unsupported {
-            op: format!("{op} ({what} must be {act} or f32 with {act} activations)"),
-            dtype: d,
-        })
-    }
-}
+/// The f32/f16/bf16 suffix of an activation-type buffer (the kernels' `DUET_FOR_ACT`), and that
+/// of a parameter or gradient buffer of the activations' dtype or f32 (`DUET_FOR_ACT_AND_WIDE`),
+/// shared with the CUDA backend.
+pub use duet_device::args::{float_suffix, wide_suffix};
 
 #[cfg(test)]
 mod tests {

@@ -138,14 +138,21 @@ fn run_softmax<E: Fused>(
     vec![get(e, "probs", &p), get(e, "dscores", &ds)]
 }
 
-/// The causal scaled softmax (0 above the diagonal) and its backward.
+/// The causal scaled softmax (0 above the diagonal, whatever the scores there: NaN) and its
+/// backward.
 pub fn softmax_causal_forward_backward<D: Fused>(h: &Harness<D>) {
     let case = "softmax_causal_forward_backward";
     let mut r = h.rng(case);
     let scale = 1.0 / 8.0f32;
     for dt in FLOATS {
         for &(rows, t) in &[(1usize, 1usize), (3, 5), (24, 64), (4, 256), (2, 1030)] {
-            let s = r.vec(rows * t * t, -8.0, 8.0);
+            // NaN above the diagonal: the op reads only the scores j ≤ i.
+            let s: Vec<f32> = r
+                .vec(rows * t * t, -8.0, 8.0)
+                .iter()
+                .enumerate()
+                .map(|(i, &x)| if i % t > (i / t) % t { f32::NAN } else { x })
+                .collect();
             let dp = r.vec(rows * t * t, -1.0, 1.0);
             let got = run_softmax(&h.dev, dt, &s, &dp, rows, t, scale);
             // The backward reads the probabilities the device stored: the reference does too.
@@ -171,6 +178,21 @@ pub fn softmax_causal_forward_backward<D: Fused>(h: &Harness<D>) {
     }
 }
 
+/// A batched GEMM (`trans_a`, `trans_b`, m, n, k, batch) of dense operands into a fresh
+/// NaN-filled C.
+fn batched_gemm<E: Fused>(
+    e: &E,
+    dt: DType,
+    (ta, tb, m, n, k, batch): (bool, bool, usize, usize, usize, usize),
+    a: &E::Buffer,
+    b: &E::Buffer,
+) -> E::Buffer {
+    let mut c = nan(e, dt, batch * m * n);
+    e.gemm(&GemmDesc::batched(ta, tb, m, n, k, batch), a, b, &mut c)
+        .expect("gemm");
+    c
+}
+
 /// Attention through the unfused ops, as the engine composes it without flash attention:
 /// returns (out, lse, dqkv).
 #[allow(clippy::too_many_arguments)]
@@ -187,24 +209,10 @@ fn composed_attention<E: Fused>(
     let (mut q, mut k, mut v) = (nan(e, dt, n), nan(e, dt, n), nan(e, dt, n));
     e.split_heads(qkv, &mut q, &mut k, &mut v, b, t, nh, hs)
         .unwrap();
-    let mut s = nan(e, dt, bh * t * t);
-    e.gemm(
-        &GemmDesc::batched(false, true, t, t, hs, bh),
-        &q,
-        &k,
-        &mut s,
-    )
-    .unwrap();
+    let s = batched_gemm(e, dt, (false, true, t, t, hs, bh), &q, &k);
     let mut p = nan(e, dt, bh * t * t);
     e.softmax_causal_forward(&s, &mut p, bh, t, scale).unwrap();
-    let mut y = nan(e, dt, n);
-    e.gemm(
-        &GemmDesc::batched(false, false, t, hs, t, bh),
-        &p,
-        &v,
-        &mut y,
-    )
-    .unwrap();
+    let y = batched_gemm(e, dt, (false, false, t, hs, t, bh), &p, &v);
     let mut out = nan(e, dt, n);
     e.merge_heads(&y, &mut out, b, t, nh, hs, false).unwrap();
     // lse of each query row's scaled scores over keys j ≤ i, on the host from the scores.
@@ -226,49 +234,17 @@ fn composed_attention<E: Fused>(
     // Backward.
     let mut dy = nan(e, dt, n);
     e.merge_heads(dout, &mut dy, b, t, nh, hs, true).unwrap();
-    let mut dp = nan(e, dt, bh * t * t);
-    e.gemm(
-        &GemmDesc::batched(false, true, t, t, hs, bh),
-        &dy,
-        &v,
-        &mut dp,
-    )
-    .unwrap();
-    let mut dv = nan(e, dt, n);
-    e.gemm(
-        &GemmDesc::batched(true, false, t, hs, t, bh),
-        &p,
-        &dy,
-        &mut dv,
-    )
-    .unwrap();
+    let dp = batched_gemm(e, dt, (false, true, t, t, hs, bh), &dy, &v);
+    let dv = batched_gemm(e, dt, (true, false, t, hs, t, bh), &p, &dy);
     let mut ds = nan(e, dt, bh * t * t);
     e.softmax_causal_backward(&p, &dp, &mut ds, bh, t, scale)
         .unwrap();
-    let mut dq = nan(e, dt, n);
-    e.gemm(
-        &GemmDesc::batched(false, false, t, hs, t, bh),
-        &ds,
-        &k,
-        &mut dq,
-    )
-    .unwrap();
-    let mut dk = nan(e, dt, n);
-    e.gemm(
-        &GemmDesc::batched(true, false, t, hs, t, bh),
-        &ds,
-        &q,
-        &mut dk,
-    )
-    .unwrap();
+    let dq = batched_gemm(e, dt, (false, false, t, hs, t, bh), &ds, &k);
+    let dk = batched_gemm(e, dt, (true, false, t, hs, t, bh), &ds, &q);
     let mut dqkv = nan(e, dt, 3 * n);
     e.split_heads_backward(&dq, &dk, &dv, &mut dqkv, b, t, nh, hs)
         .unwrap();
-    let lse_t = Tensor {
-        name: "lse".into(),
-        dtype: DType::F32,
-        bytes: encode(DType::F32, &lse),
-    };
+    let lse_t = Tensor::encoded("lse", DType::F32, &lse);
     vec![get(e, "out", &out), lse_t, get(e, "dqkv", &dqkv)]
 }
 

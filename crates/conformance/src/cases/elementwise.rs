@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::reference;
-use duet_device::{DType, DeviceError, Fused};
+use duet_device::{Buffer, DType, DeviceError, Fp8Format, Fused};
 
 /// Values that exercise every corner of the FP8 and 16-bit codecs: saturation, subnormals,
 /// ties, signs, infinities, the largest finite values.
@@ -48,36 +48,25 @@ pub fn codec_corners(r: &mut Rng, n: usize) -> Vec<f32> {
     v
 }
 
-const CAST_DTYPES: [DType; 7] = [
-    DType::F32,
-    DType::F16,
-    DType::BF16,
-    DType::F8E4M3,
-    DType::F8E5M2,
-    DType::F8E4M3Fnuz,
-    DType::F8E5M2Fnuz,
-];
-
-/// `cast` between every pair of float dtypes with and without a scale, bit for bit: the host
-/// model decodes the source, multiplies by the scale in f32 and encodes (saturating FP8).
+/// `cast` between every pair of float dtypes with and without a scale (a negative one too), bit
+/// for bit: the host model decodes the source, multiplies by the scale in f32 and encodes
+/// (saturating FP8); every FP8 code decodes to its value (NaN codes to NaN) and survives a
+/// round trip through bf16 (the finite ones); values past an FP8 maximum and ±∞ saturate to
+/// ±max; NaN stays NaN in every dtype.
 pub fn cast_every_pair_bit_exact<D: Fused>(h: &Harness<D>) {
     let case = "cast_every_pair_bit_exact";
     let d = &h.dev;
     let mut r = h.rng(case);
     let data = codec_corners(&mut r, 4099);
-    for src in CAST_DTYPES {
+    for src in FLOATS_AND_FP8 {
         let s = put(d, src, &data);
         let decoded = rounded(src, &data);
-        for dst in CAST_DTYPES {
-            for scale in [1.0f32, 0.37] {
+        for dst in FLOATS_AND_FP8 {
+            for scale in [1.0f32, 0.37, -2.0] {
                 let mut o = nan(d, dst, data.len());
                 d.cast(&s, &mut o, scale).expect("cast");
                 let host: Vec<f32> = decoded.iter().map(|&x| x * scale).collect();
-                let want = Tensor {
-                    name: "dst".into(),
-                    dtype: dst,
-                    bytes: encode(dst, &host),
-                };
+                let want = Tensor::encoded("dst", dst, &host);
                 compare(
                     &format!("{case} {src}->{dst} scale {scale} ({})", h.backend()),
                     &get(d, "dst", &o),
@@ -96,6 +85,64 @@ pub fn cast_every_pair_bit_exact<D: Fused>(h: &Harness<D>) {
         ),
         "{case}: casting i32 is Unsupported"
     );
+    fp8_codes_saturation_nan(h);
+}
+
+/// The FP8 and NaN parts of [`cast_every_pair_bit_exact`].
+fn fp8_codes_saturation_nan<D: Fused>(h: &Harness<D>) {
+    let case = "cast_every_pair_bit_exact";
+    let d = &h.dev;
+    let cast = |src: &D::Buffer, dst: DType| {
+        let mut o = nan(d, dst, src.len());
+        d.cast(src, &mut o, 1.0).expect("cast");
+        o
+    };
+    let codes: Vec<u8> = (0..=255).collect();
+    for fp8 in FP8S {
+        let f = Fp8Format::of(fp8).expect("fp8");
+        let mut b = d.alloc(fp8, 256).unwrap();
+        d.upload_bytes(&codes, &mut b, 0).unwrap();
+        let decoded: Vec<f32> = codes.iter().map(|&c| f.decode(c)).collect();
+        compare(
+            &format!("{case}: every {fp8} code to f32 ({})", h.backend()),
+            &get(d, "f32", &cast(&b, DType::F32)),
+            &Tensor::encoded("f32", DType::F32, &decoded),
+            Tol::rel(0.0),
+        );
+        // bf16 holds every FP8 value exactly: FP8 → bf16 → FP8 keeps every finite code.
+        let back = get(d, "codes", &cast(&cast(&b, DType::BF16), fp8)).bytes;
+        for c in codes.iter().filter(|&&c| f.decode(c).is_finite()) {
+            assert_eq!(
+                back[*c as usize],
+                *c,
+                "{case}: {fp8} code {c:#04x} through bf16 ({})",
+                h.backend()
+            );
+        }
+        let max = fp8.max_finite().expect("fp8 max");
+        let big = put(
+            d,
+            DType::F32,
+            &[1e6, -1e6, f32::INFINITY, f32::NEG_INFINITY],
+        );
+        assert_eq!(
+            get(d, "saturated", &cast(&big, fp8)).f32(),
+            vec![max, -max, max, -max],
+            "{case}: {fp8} saturates ({})",
+            h.backend()
+        );
+    }
+    let nans = put(d, DType::F32, &[f32::NAN, -f32::NAN]);
+    for dst in FLOATS_AND_FP8 {
+        assert!(
+            get(d, "nan", &cast(&nans, dst))
+                .f32()
+                .iter()
+                .all(|x| x.is_nan()),
+            "{case}: NaN cast to {dst} ({})",
+            h.backend()
+        );
+    }
 }
 
 fn run_elementwise<E: Fused>(e: &E, dt: DType, src_dt: DType, a: &[f32], b: &[f32]) -> Vec<Tensor> {

@@ -6,35 +6,43 @@ use super::*;
 use crate::reference;
 use duet_device::{DType, DeviceError, Fused};
 
-#[allow(clippy::too_many_arguments)]
-fn run_embedding<E: Fused>(
-    e: &E,
+/// The inputs of one forward + backward run: tokens, tables, output gradient and the gradients'
+/// starts, for activations of `act` and parameters of `pdt`.
+struct EmbInputs {
     act: DType,
     pdt: DType,
-    toks: &[i32],
-    wte: &[f32],
-    wpe: &[f32],
-    dout: &[f32],
-    (dw0, dp0): (&[f32], &[f32]),
-    (b, t, c): (usize, usize, usize),
-) -> Vec<Tensor> {
-    let bt = put_i32(e, toks);
-    let bwte = put(e, pdt, wte);
-    let bwpe = put(e, pdt, wpe);
-    let mut out = nan(e, act, b * t * c);
-    e.embedding_forward(&bt, &bwte, &bwpe, &mut out, b, t, c)
-        .expect("embedding_forward");
-    let bd = put(e, act, dout);
-    let mut dw = put(e, pdt, dw0);
-    let mut dp = put(e, pdt, dp0);
-    e.embedding_backward(&bt, &bd, &mut dw, &mut dp, b, t, c)
-        .expect("embedding_backward");
-    e.synchronize().expect("no deferred error");
-    vec![
-        get(e, "out", &out),
-        get(e, "dwte", &dw),
-        get(e, "dwpe", &dp),
-    ]
+    toks: Vec<i32>,
+    wte: Vec<f32>,
+    wpe: Vec<f32>,
+    dout: Vec<f32>,
+    dw0: Vec<f32>,
+    dp0: Vec<f32>,
+    shape: (usize, usize, usize),
+}
+
+impl EmbInputs {
+    /// `embedding_forward`, then `embedding_backward` accumulating into the starts: (out, dwte,
+    /// dwpe).
+    fn run<E: Fused>(&self, e: &E) -> Vec<Tensor> {
+        let (b, t, c) = self.shape;
+        let bt = put_i32(e, &self.toks);
+        let bwte = put(e, self.pdt, &self.wte);
+        let bwpe = put(e, self.pdt, &self.wpe);
+        let mut out = nan(e, self.act, b * t * c);
+        e.embedding_forward(&bt, &bwte, &bwpe, &mut out, b, t, c)
+            .expect("embedding_forward");
+        let mut res = vec![get(e, "out", &out)];
+        res.extend(run_backward(
+            e,
+            self.act,
+            self.pdt,
+            &self.toks,
+            &self.dout,
+            (&self.dw0, &self.dp0),
+            self.shape,
+        ));
+        res
+    }
 }
 
 /// Forward (gather + add) and backward (scatter-add into dwte by token, sum over the batch into
@@ -55,53 +63,37 @@ pub fn embedding_forward_backward<D: Fused>(h: &Harness<D>) {
                 let toks: Vec<i32> = (0..b * t)
                     .map(|_| r.below(distinct) as i32 * (vocab / distinct) as i32)
                     .collect();
-                let wte = r.vec(vocab * c, -1.0, 1.0);
-                let wpe = r.vec(max_t * c, -1.0, 1.0);
-                let dout = r.vec(b * t * c, -1.0, 1.0);
-                let dw0 = r.vec(vocab * c, -0.1, 0.1);
-                let dp0 = r.vec(max_t * c, -0.1, 0.1);
-                let got = run_embedding(
-                    &h.dev,
+                let inp = EmbInputs {
                     act,
                     pdt,
-                    &toks,
-                    &wte,
-                    &wpe,
-                    &dout,
-                    (&dw0, &dp0),
-                    (b, t, c),
-                );
+                    toks,
+                    wte: r.vec(vocab * c, -1.0, 1.0),
+                    wpe: r.vec(max_t * c, -1.0, 1.0),
+                    dout: r.vec(b * t * c, -1.0, 1.0),
+                    dw0: r.vec(vocab * c, -0.1, 0.1),
+                    dp0: r.vec(max_t * c, -0.1, 0.1),
+                    shape: (b, t, c),
+                };
+                let got = inp.run(&h.dev);
                 h.verify(
                     &format!("{case} {act}/{pdt} b{b} t{t} c{c} v{vocab}"),
                     &got,
-                    |cpu| {
-                        run_embedding(
-                            cpu,
-                            act,
-                            pdt,
-                            &toks,
-                            &wte,
-                            &wpe,
-                            &dout,
-                            (&dw0, &dp0),
-                            (b, t, c),
-                        )
-                    },
+                    |cpu| inp.run(cpu),
                     || {
                         let out = reference::embedding(
-                            &toks,
-                            &rounded64(pdt, &wte),
-                            &rounded64(pdt, &wpe),
+                            &inp.toks,
+                            &rounded64(pdt, &inp.wte),
+                            &rounded64(pdt, &inp.wpe),
                             b,
                             t,
                             c,
                         );
-                        let d64 = rounded64(act, &dout);
-                        let mut dw = rounded64(pdt, &dw0);
-                        let mut dp = rounded64(pdt, &dp0);
+                        let d64 = rounded64(act, &inp.dout);
+                        let mut dw = rounded64(pdt, &inp.dw0);
+                        let mut dp = rounded64(pdt, &inp.dp0);
                         for bi in 0..b {
                             for ti in 0..t {
-                                let tok = toks[bi * t + ti] as usize;
+                                let tok = inp.toks[bi * t + ti] as usize;
                                 for j in 0..c {
                                     let g = d64[(bi * t + ti) * c + j];
                                     dw[tok * c + j] += g;
@@ -117,17 +109,7 @@ pub fn embedding_forward_backward<D: Fused>(h: &Harness<D>) {
                     },
                     &[Tol::ELEMENTWISE, Tol::REDUCTION, Tol::REDUCTION],
                 );
-                let again = run_embedding(
-                    &h.dev,
-                    act,
-                    pdt,
-                    &toks,
-                    &wte,
-                    &wpe,
-                    &dout,
-                    (&dw0, &dp0),
-                    (b, t, c),
-                );
+                let again = inp.run(&h.dev);
                 assert_eq!(
                     got, again,
                     "{case}: {act}/{pdt} b{b} t{t} c{c} not deterministic"
@@ -462,11 +444,7 @@ pub fn embedding_backward_bad_tokens_contribute_nothing<D: Fused>(h: &Harness<D>
                 .map(|&x| x as f32)
                 .collect()
         };
-        let want_t = Tensor {
-            name: "dwte".into(),
-            dtype: DType::F32,
-            bytes: encode(DType::F32, &want_w),
-        };
+        let want_t = Tensor::encoded("dwte", DType::F32, &want_w);
         compare(
             &format!(
                 "{what} dwte ({} {})",
@@ -485,11 +463,7 @@ pub fn embedding_backward_bad_tokens_contribute_nothing<D: Fused>(h: &Harness<D>
             compare(
                 &format!("{what} dwpe (refused: as it was)"),
                 &get(&d, "dwpe", &dp),
-                &Tensor {
-                    name: "dwpe".into(),
-                    dtype: DType::F32,
-                    bytes: encode(DType::F32, &dp0),
-                },
+                &Tensor::encoded("dwpe", DType::F32, &dp0),
                 Tol::Bits,
             );
         }

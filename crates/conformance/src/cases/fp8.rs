@@ -148,6 +148,71 @@ fn mixed(r: &mut Rng, n: usize, finite: bool) -> Vec<f32> {
         .collect()
 }
 
+/// One point of the quantisation grids of [`for_each_quant_point`].
+#[derive(Clone, Copy)]
+struct QuantPoint<'a> {
+    rows: usize,
+    cols: usize,
+    finite: bool,
+    /// The input ([`mixed`] values) and the values it takes stored as `src`.
+    x: &'a [f32],
+    stored: &'a [f32],
+    src: DType,
+    fmt: DType,
+    transposed: bool,
+    scale: f32,
+}
+
+impl QuantPoint<'_> {
+    fn what(&self, case: &str) -> String {
+        let QuantPoint {
+            rows,
+            cols,
+            finite,
+            src,
+            fmt,
+            transposed,
+            scale,
+            ..
+        } = *self;
+        format!(
+            "{case}: {rows}x{cols} {src} -> {fmt} finite {finite} scale {scale} transposed \
+             {transposed}"
+        )
+    }
+}
+
+/// Runs `f` over every shape of `shapes` × finite or not ([`mixed`] inputs, one draw each) ×
+/// every source dtype × every FP8 dtype × with and without the transposed copy × scales 1 and
+/// 37.25.
+fn for_each_quant_point(r: &mut Rng, shapes: &[(usize, usize)], mut f: impl FnMut(&QuantPoint)) {
+    for &(rows, cols) in shapes {
+        for finite in [true, false] {
+            let x = mixed(r, rows * cols, finite);
+            for src in FLOATS {
+                let stored = rounded(src, &x);
+                for fmt in FP8S {
+                    for transposed in [false, true] {
+                        for scale in [1.0f32, 37.25] {
+                            f(&QuantPoint {
+                                rows,
+                                cols,
+                                finite,
+                                x: &x,
+                                stored: &stored,
+                                src,
+                                fmt,
+                                transposed,
+                                scale,
+                            });
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// The scale buffer of the quantisation cases (the case's scale in slot 1) and the amax buffer
 /// it starts from (slot 1 holds a prior maximum; the others must stay untouched).
 fn scales(scale: f32) -> [f32; 3] {
@@ -191,19 +256,57 @@ fn quantize_tols(transposed: bool, codes: Tol, amax: Tol) -> Vec<Tol> {
     t
 }
 
-/// Downloads the codes (and transposed codes) and the amax.
-fn quantize_outs<E: Fused>(
-    e: &E,
-    d: &E::Buffer,
-    dt: &Option<E::Buffer>,
-    amax: &E::Buffer,
-) -> Vec<Tensor> {
-    let mut out = vec![get(e, "codes", d)];
-    if let Some(t) = dt {
-        out.push(get(e, "codes_t", t));
+/// The outputs of a quantisation into slot 1: codes, transposed codes (when wanted), the scale
+/// buffer of [`scales`] and the amax.
+struct QuantBufs<B> {
+    dst: B,
+    dt: Option<B>,
+    scale: B,
+    amax: B,
+}
+
+impl<B> QuantBufs<B> {
+    /// NaN-filled codes of `fmt` for `n` elements, the scale `scale` in slot 1, amax `amax0`.
+    fn new<E: Fused<Buffer = B>>(
+        e: &E,
+        fmt: DType,
+        n: usize,
+        transposed: bool,
+        scale: f32,
+        amax0: &[f32],
+    ) -> Self {
+        QuantBufs {
+            dst: nan(e, fmt, n),
+            dt: transposed.then(|| nan(e, fmt, n)),
+            scale: put(e, DType::F32, &scales(scale)),
+            amax: put(e, DType::F32, amax0),
+        }
     }
-    out.push(get(e, "amax", amax));
-    out
+
+    /// `quantize_fp8` of the `rows × cols` `src` into these outputs.
+    fn quantize<E: Fused<Buffer = B>>(&mut self, e: &E, src: &B, rows: usize, cols: usize) {
+        e.quantize_fp8(
+            src,
+            &mut self.dst,
+            self.dt.as_mut(),
+            rows,
+            cols,
+            &self.scale,
+            &mut self.amax,
+            1,
+        )
+        .expect("quantize_fp8");
+    }
+
+    /// Downloads the codes (and transposed codes) and the amax.
+    fn outs<E: Fused<Buffer = B>>(&self, e: &E) -> Vec<Tensor> {
+        let mut out = vec![get(e, "codes", &self.dst)];
+        if let Some(t) = &self.dt {
+            out.push(get(e, "codes_t", t));
+        }
+        out.push(get(e, "amax", &self.amax));
+        out
+    }
 }
 
 /// One `quantize_fp8` of `x` (stored as `src`) into slot 1.
@@ -218,15 +321,9 @@ fn quantize_on<E: Fused>(
     transposed: bool,
     scale: f32,
 ) -> Vec<Tensor> {
-    let n = rows * cols;
-    let xb = put(e, src, x);
-    let s = put(e, DType::F32, &scales(scale));
-    let mut amax = put(e, DType::F32, &AMAX0);
-    let mut d = nan(e, dst, n);
-    let mut dt = transposed.then(|| nan(e, dst, n));
-    e.quantize_fp8(&xb, &mut d, dt.as_mut(), rows, cols, &s, &mut amax, 1)
-        .expect("quantize_fp8");
-    quantize_outs(e, &d, &dt, &amax)
+    let mut q = QuantBufs::new(e, dst, rows * cols, transposed, scale, &AMAX0);
+    q.quantize(e, &put(e, src, x), rows, cols);
+    q.outs(e)
 }
 
 /// `quantize_fp8` from every source dtype into every FP8 dtype, with and without the transposed
@@ -251,33 +348,27 @@ pub fn quantize_fp8_codes_amax_transpose<D: Fused>(h: &Harness<D>) {
         (1, 1),
         (64, 64),
     ];
-    for &(rows, cols) in &shapes {
-        for finite in [true, false] {
-            let x = mixed(&mut r, rows * cols, finite);
-            for src in FLOATS {
-                let xs = rounded(src, &x);
-                for dst in FP8S {
-                    for transposed in [false, true] {
-                        for scale in [1.0f32, 37.25] {
-                            let what = format!(
-                                "{CASE}: {rows}x{cols} {src} -> {dst} finite {finite} scale \
-                                 {scale} transposed {transposed}"
-                            );
-                            let got =
-                                quantize_on(&h.dev, &x, src, dst, rows, cols, transposed, scale);
-                            h.verify(
-                                &what,
-                                &got,
-                                |c| quantize_on(c, &x, src, dst, rows, cols, transposed, scale),
-                                || quantize_wants(&xs, dst, rows, cols, transposed, scale, &AMAX0),
-                                &quantize_tols(transposed, Tol::Bits, Tol::Bits),
-                            );
-                        }
-                    }
-                }
-            }
-        }
-    }
+    for_each_quant_point(&mut r, &shapes, |p| {
+        let QuantPoint {
+            rows,
+            cols,
+            x,
+            src,
+            fmt,
+            transposed,
+            scale,
+            ..
+        } = *p;
+        let what = p.what(CASE);
+        let got = quantize_on(&h.dev, x, src, fmt, rows, cols, transposed, scale);
+        h.verify(
+            &what,
+            &got,
+            |c| quantize_on(c, x, src, fmt, rows, cols, transposed, scale),
+            || quantize_wants(p.stored, fmt, rows, cols, transposed, scale, &AMAX0),
+            &quantize_tols(transposed, Tol::Bits, Tol::Bits),
+        );
+    });
     known_codes(h);
 }
 
@@ -490,25 +581,83 @@ fn find_amax(ts: &[Tensor]) -> Vec<f32> {
         .f32()
 }
 
-/// A bad second job (a short source, a float destination, a slot past the end) refuses the
-/// whole call with `quantize_fp8`'s error before the first job runs.
+/// A bad second job refuses the whole call with `quantize_fp8`'s error before the first job
+/// runs: a short source (`Shape`), an integer source or a float destination (`Unsupported`),
+/// transposed codes of the wrong length (`Shape`) or of another FP8 dtype (`DTypeMismatch`), a
+/// slot past the end (`Shape`); so do a short scale (`Shape`) and a bf16 one (`DTypeMismatch`).
+/// No jobs at all is a no-op.
 fn many_checks_every_job_first<D: Fused>(h: &Harness<D>) {
     const CASE: &str = "quantize_fp8_many_matches_composition";
     let e = &h.dev;
     let (rows, cols) = (64usize, 64usize);
     let n = rows * cols;
+    let (e4, e5) = (DType::F8E4M3, DType::F8E5M2);
     let src = put(e, DType::BF16, &vec![1.5; n]);
     let short = e.alloc(DType::BF16, n - 1).expect("alloc");
+    let ints = put_i32(e, &vec![1; n]);
     let scale = put(e, DType::F32, &[1.0, 1.0]);
+    let short_scale = put(e, DType::F32, &[1.0]);
+    let bf16_scale = put(e, DType::BF16, &[1.0, 1.0]);
     let mut amax = put(e, DType::F32, &[0.0, 0.0]);
-    let mut first = e.alloc(DType::F8E4M3, n).expect("alloc");
+    let mut first = e.alloc(e4, n).expect("alloc");
     e.fill(&mut first, 0.0).expect("fill");
-    for (src2, dst2, slot2, shape) in [
-        (&short, DType::F8E4M3, 1, true),
-        (&src, DType::BF16, 1, false),
-        (&src, DType::F8E4M3, 2, true),
-    ] {
+    let shape = |e: &DeviceError| matches!(e, DeviceError::Shape { .. });
+    let unsupported = |e: &DeviceError| matches!(e, DeviceError::Unsupported { .. });
+    let mismatch = |e: &DeviceError| matches!(e, DeviceError::DTypeMismatch { .. });
+    #[allow(clippy::type_complexity)]
+    let bad: [(
+        &str,
+        &D::Buffer,
+        DType,
+        Option<(DType, usize)>,
+        usize,
+        &D::Buffer,
+        &dyn Fn(&DeviceError) -> bool,
+    ); 8] = [
+        ("a short source", &short, e4, None, 1, &scale, &shape),
+        ("an i32 source", &ints, e4, None, 1, &scale, &unsupported),
+        (
+            "a bf16 destination",
+            &src,
+            DType::BF16,
+            None,
+            1,
+            &scale,
+            &unsupported,
+        ),
+        (
+            "long transposed codes",
+            &src,
+            e4,
+            Some((e4, n + 8)),
+            1,
+            &scale,
+            &shape,
+        ),
+        (
+            "E5M2 transposed codes",
+            &src,
+            e4,
+            Some((e5, n)),
+            1,
+            &scale,
+            &mismatch,
+        ),
+        ("slot 2 of 2", &src, e4, None, 2, &scale, &shape),
+        (
+            "a scale of 1 for slot 1",
+            &src,
+            e4,
+            None,
+            1,
+            &short_scale,
+            &shape,
+        ),
+        ("a bf16 scale", &src, e4, None, 0, &bf16_scale, &mismatch),
+    ];
+    for (what, src2, dst2, dt2, slot2, scale, kind) in bad {
         let mut dst = e.alloc(dst2, n).expect("alloc");
+        let mut dt = dt2.map(|(t, len)| e.alloc(t, len).expect("alloc"));
         let mut jobs = [
             Fp8QuantJob {
                 src: &src,
@@ -521,37 +670,34 @@ fn many_checks_every_job_first<D: Fused>(h: &Harness<D>) {
             Fp8QuantJob {
                 src: src2,
                 dst: &mut dst,
-                dst_t: None,
+                dst_t: dt.as_mut(),
                 rows,
                 cols,
                 slot: slot2,
             },
         ];
         let err = e
-            .quantize_fp8_many(&mut jobs, &scale, &mut amax)
+            .quantize_fp8_many(&mut jobs, scale, &mut amax)
             .expect_err("a bad job is refused");
-        if shape {
-            assert!(
-                matches!(err, DeviceError::Shape { .. }),
-                "{CASE}: bad job gives {err}"
-            );
-        } else {
-            assert!(
-                matches!(err, DeviceError::Unsupported { .. }),
-                "{CASE}: bad job gives {err}"
-            );
-        }
+        assert!(kind(&err), "{CASE}: {what} gives {err}");
         let codes = e.download_bytes(&first, 0, n).expect("download");
         assert!(
             codes.iter().all(|&b| b == 0),
-            "{CASE}: the first job ran before the error: {err}"
+            "{CASE}: {what}: the first job ran before the error: {err}"
         );
         assert_eq!(
             get(e, "amax", &amax).f32(),
             vec![0.0, 0.0],
-            "{CASE}: amax changed before the error: {err}"
+            "{CASE}: {what}: amax changed before the error: {err}"
         );
     }
+    e.quantize_fp8_many(&mut [], &scale, &mut amax)
+        .expect("no jobs");
+    assert_eq!(
+        get(e, "amax", &amax).f32(),
+        vec![0.0, 0.0],
+        "{CASE}: no jobs changed amax"
+    );
 }
 
 /// `quantize_fp8_grad` (or, with `composed`, gelu_backward + bias_backward + quantize_fp8) of
@@ -573,11 +719,8 @@ fn grad_on<E: Fused>(
     let n = rows * cols;
     let d = put(e, act, dout);
     let p = pre.map(|p| put(e, act, p));
-    let mut dst = nan(e, fmt, n);
-    let mut dt = transposed.then(|| nan(e, fmt, n));
+    let mut q = QuantBufs::new(e, fmt, n, transposed, 37.25, &AMAX0);
     let mut dbias = put(e, DType::F32, dbias0);
-    let scale = put(e, DType::F32, &scales(37.25));
-    let mut amax = put(e, DType::F32, &AMAX0);
     if composed {
         let tmp;
         let g = match &p {
@@ -591,24 +734,23 @@ fn grad_on<E: Fused>(
         };
         e.bias_backward(g, &mut dbias, rows, cols)
             .expect("bias_backward");
-        e.quantize_fp8(g, &mut dst, dt.as_mut(), rows, cols, &scale, &mut amax, 1)
-            .expect("quantize_fp8");
+        q.quantize(e, g, rows, cols);
     } else {
         e.quantize_fp8_grad(
             &d,
             p.as_ref(),
-            &mut dst,
-            dt.as_mut(),
+            &mut q.dst,
+            q.dt.as_mut(),
             &mut dbias,
             rows,
             cols,
-            &scale,
-            &mut amax,
+            &q.scale,
+            &mut q.amax,
             1,
         )
         .expect("quantize_fp8_grad");
     }
-    let mut out = quantize_outs(e, &dst, &dt, &amax);
+    let mut out = q.outs(e);
     out.push(get(e, "dbias", &dbias));
     out
 }
@@ -735,20 +877,22 @@ fn gelu_on<E: Fused>(
 ) -> Vec<Tensor> {
     let n = rows * cols;
     let p = put(e, act, pre);
-    let mut dst = nan(e, fmt, n);
-    let mut dt = transposed.then(|| nan(e, fmt, n));
-    let s = put(e, DType::F32, &scales(scale));
-    let mut amax = put(e, DType::F32, &AMAX0);
+    let mut q = QuantBufs::new(e, fmt, n, transposed, scale, &AMAX0);
     if composed {
         let mut g = nan(e, act, n);
         e.gelu_forward(&p, &mut g).expect("gelu_forward");
-        e.quantize_fp8(&g, &mut dst, dt.as_mut(), rows, cols, &s, &mut amax, 1)
-            .expect("quantize_fp8");
+        q.quantize(e, &g, rows, cols);
     } else {
-        e.quantize_fp8_gelu(&p, &mut dst, dt.as_mut(), rows, cols, &s, &mut amax, 1)
+        let QuantBufs {
+            dst,
+            dt,
+            scale,
+            amax,
+        } = &mut q;
+        e.quantize_fp8_gelu(&p, dst, dt.as_mut(), rows, cols, scale, amax, 1)
             .expect("quantize_fp8_gelu");
     }
-    quantize_outs(e, &dst, &dt, &amax)
+    q.outs(e)
 }
 
 /// `quantize_fp8_gelu` from every activation dtype into every FP8 format, with and without the
@@ -772,51 +916,42 @@ pub fn quantize_fp8_gelu_matches_composition<D: Fused>(h: &Harness<D>) {
         (8, 1),
         (1, 1),
     ];
-    for &(rows, cols) in &shapes {
-        let n = rows * cols;
-        for finite in [true, false] {
-            let pre = mixed(&mut r, n, finite);
-            for act in FLOATS {
-                let ps = rounded(act, &pre);
-                for fmt in FP8S {
-                    for transposed in [false, true] {
-                        for scale in [1.0f32, 37.25] {
-                            let what = format!(
-                                "{CASE}: {rows}x{cols} {act} -> {fmt} finite {finite} scale \
-                                 {scale} transposed {transposed}"
-                            );
-                            let run = |composed| {
-                                gelu_on(
-                                    &h.dev, &pre, act, fmt, rows, cols, transposed, scale, composed,
-                                )
-                            };
-                            let got = run(false);
-                            let plain = run(true);
-                            let bits = quantize_tols(transposed, Tol::Bits, Tol::Bits);
-                            h.same(&what, &got, &plain, &bits);
-                            let wants = {
-                                let x64: Vec<f64> = ps.iter().map(|&x| x as f64).collect();
-                                let g32: Vec<f32> =
-                                    reference::gelu(&x64).iter().map(|&x| x as f32).collect();
-                                let g = rounded(act, &g32);
-                                quantize_wants(&g, fmt, rows, cols, transposed, scale, &AMAX0)
-                            };
-                            h.verify(
-                                &what,
-                                &got,
-                                |c| {
-                                    gelu_on(c, &pre, act, fmt, rows, cols, transposed, scale, false)
-                                },
-                                || wants.clone(),
-                                &quantize_tols(transposed, step_tol(fmt), Tol::rel(1e-2)),
-                            );
-                            codes_mostly_exact(h, &what, &got, &wants);
-                        }
-                    }
-                }
-            }
-        }
-    }
+    for_each_quant_point(&mut r, &shapes, |p| {
+        let QuantPoint {
+            rows,
+            cols,
+            x: pre,
+            src: act,
+            fmt,
+            transposed,
+            scale,
+            ..
+        } = *p;
+        let what = p.what(CASE);
+        let run = |composed| {
+            gelu_on(
+                &h.dev, pre, act, fmt, rows, cols, transposed, scale, composed,
+            )
+        };
+        let got = run(false);
+        let plain = run(true);
+        let bits = quantize_tols(transposed, Tol::Bits, Tol::Bits);
+        h.same(&what, &got, &plain, &bits);
+        let wants = {
+            let x64: Vec<f64> = p.stored.iter().map(|&x| x as f64).collect();
+            let g32: Vec<f32> = reference::gelu(&x64).iter().map(|&x| x as f32).collect();
+            let g = rounded(act, &g32);
+            quantize_wants(&g, fmt, rows, cols, transposed, scale, &AMAX0)
+        };
+        h.verify(
+            &what,
+            &got,
+            |c| gelu_on(c, pre, act, fmt, rows, cols, transposed, scale, false),
+            || wants.clone(),
+            &quantize_tols(transposed, step_tol(fmt), Tol::rel(1e-2)),
+        );
+        codes_mostly_exact(h, &what, &got, &wants);
+    });
 }
 
 /// LayerNorm inputs: rows with different offsets and spreads, some exact zeros; with `specials`
@@ -901,16 +1036,12 @@ fn ln_fp8_on<E: Fused>(
     let bb = put(e, param, beta);
     let mut mean = nan(e, DType::F32, n);
     let mut rstd = nan(e, DType::F32, n);
-    let mut dst = nan(e, fmt, len);
-    let mut dt = transposed.then(|| nan(e, fmt, len));
-    let s = put(e, DType::F32, &scales(scale));
-    let mut amax = put(e, DType::F32, &LN_AMAX0);
+    let mut q = QuantBufs::new(e, fmt, len, transposed, scale, &LN_AMAX0);
     if composed {
         let mut out = nan(e, act, len);
         e.layernorm_forward(&xb, &gb, &bb, &mut out, &mut mean, &mut rstd, n, c, LN_EPS)
             .expect("layernorm_forward");
-        e.quantize_fp8(&out, &mut dst, dt.as_mut(), n, c, &s, &mut amax, 1)
-            .expect("quantize_fp8");
+        q.quantize(e, &out, n, c);
     } else {
         e.layernorm_forward_fp8(
             &xb,
@@ -918,19 +1049,19 @@ fn ln_fp8_on<E: Fused>(
             &bb,
             &mut mean,
             &mut rstd,
-            &mut dst,
-            dt.as_mut(),
+            &mut q.dst,
+            q.dt.as_mut(),
             n,
             c,
             LN_EPS,
-            &s,
-            &mut amax,
+            &q.scale,
+            &mut q.amax,
             1,
         )
         .expect("layernorm_forward_fp8");
     }
     let mut out = vec![get(e, "mean", &mean), get(e, "rstd", &rstd)];
-    out.extend(quantize_outs(e, &dst, &dt, &amax));
+    out.extend(q.outs(e));
     out
 }
 const LN_AMAX0: [f32; 3] = [0.0, 0.5, 0.0];
@@ -940,7 +1071,7 @@ const LN_AMAX0: [f32; 3] = [0.0, 0.5, 0.0];
 /// every FP8 format, two scales, special rows (zero variance, NaN, ∞, cancellation): mean, rstd,
 /// codes, transposed codes and amax bit for bit layernorm_forward + quantize_fp8 on the same
 /// device; against the oracle (statistics within a reduction's rounding, codes within a code
-/// step).
+/// step); the separate ops' argument errors.
 pub fn layernorm_forward_fp8_matches_composition<D: Fused>(h: &Harness<D>) {
     const CASE: &str = "layernorm_forward_fp8_matches_composition";
     if !fp8_or_skip(h, CASE) {
@@ -1038,6 +1169,41 @@ pub fn layernorm_forward_fp8_matches_composition<D: Fused>(h: &Harness<D>) {
             }
         }
     }
+    ln_fp8_refuses(h);
+}
+
+/// `layernorm_forward_fp8` gives the separate ops' errors: a short β (`Shape`), a float
+/// destination (`Unsupported`), a slot past the scale and amax (`Shape`); a valid call runs.
+fn ln_fp8_refuses<D: Fused>(h: &Harness<D>) {
+    const CASE: &str = "layernorm_forward_fp8_matches_composition";
+    let d = &h.dev;
+    let (n, c) = (4usize, 16usize);
+    let x = put(d, DType::BF16, &vec![0.5; n * c]);
+    let gamma = put(d, DType::BF16, &vec![1.0; c]);
+    let short = put(d, DType::BF16, &vec![0.0; c - 1]);
+    let scale = put(d, DType::F32, &[1.0]);
+    let mut amax = put(d, DType::F32, &[0.0]);
+    let mut mean = nan(d, DType::F32, n);
+    let mut rstd = nan(d, DType::F32, n);
+    let mut run = |beta: &D::Buffer, fmt: DType, slot: usize| {
+        let mut dst = nan(d, fmt, n * c);
+        d.layernorm_forward_fp8(
+            &x, &gamma, beta, &mut mean, &mut rstd, &mut dst, None, n, c, LN_EPS, &scale,
+            &mut amax, slot,
+        )
+    };
+    for (what, beta, fmt, slot, kind) in [
+        ("a short beta", &short, DType::F8E4M3, 0, "Shape"),
+        ("a bf16 destination", &gamma, DType::BF16, 0, "Unsupported"),
+        ("slot 1 of 1", &gamma, DType::F8E4M3, 1, "Shape"),
+    ] {
+        match run(beta, fmt, slot) {
+            Err(DeviceError::Shape { .. }) if kind == "Shape" => {}
+            Err(DeviceError::Unsupported { .. }) if kind == "Unsupported" => {}
+            other => panic!("{CASE}: {what}: expected {kind}, got {other:?}"),
+        }
+    }
+    run(&gamma, DType::F8E4M3, 0).expect("a valid layernorm_forward_fp8");
 }
 
 /// Values for FP8 GEMM operands (in code space: the inverse scales bring them back): mostly
@@ -1286,12 +1452,7 @@ pub fn gemm_fp8_epilogue_matches_composition<D: Fused>(h: &Harness<D>) {
         g.bias_add(&mut plain, &bias, n, m).expect("bias_add");
         let mut got = nan(g, dt, n * m);
         fused(&mut got, Epilogue::Bias(&bias)).expect("gemm_fp8_epilogue Bias");
-        h.same(
-            &format!("{what} bias"),
-            &[get(g, "c", &got)],
-            &[get(g, "c", &plain)],
-            &[Tol::GEMM16],
-        );
+        h.same_buf(&format!("{what} bias"), "c", &got, &plain, Tol::GEMM16);
         // Bias + residual (C is only written).
         let mut tmp = nan(g, dt, n * m);
         gemm(&mut tmp);
@@ -1307,11 +1468,12 @@ pub fn gemm_fp8_epilogue_matches_composition<D: Fused>(h: &Harness<D>) {
             },
         )
         .expect("gemm_fp8_epilogue BiasResidual");
-        h.same(
+        h.same_buf(
             &format!("{what} bias + residual"),
-            &[get(g, "c", &got)],
-            &[get(g, "c", &plain)],
-            &[Tol::GEMM16],
+            "c",
+            &got,
+            &plain,
+            Tol::GEMM16,
         );
         // Bias + GELU with the pre-activation.
         let mut plain_pre = nan(g, dt, n * m);
@@ -1412,7 +1574,8 @@ fn scaling_on<E: Fused>(
 /// computation (`fp8_history_step`, `fp8_scale_inv`): history roll, max with a NaN entry, amaxes
 /// of 0, ∞ and NaN that keep the scale, saturation at f32::MAX, margins of both signs,
 /// most-recent mode, four steps; inverse scales packed, 3 apart and at the backend's stride (the
-/// elements in between untouched); the amaxes cleared.
+/// elements in between untouched); the amaxes cleared; a zero stride or a short `scale_inv`
+/// refused before anything is written.
 pub fn fp8_scaling_update_matches_host<D: Fused>(h: &Harness<D>) {
     const CASE: &str = "fp8_scaling_update_matches_host";
     let mut r = h.rng(CASE);
@@ -1491,5 +1654,46 @@ pub fn fp8_scaling_update_matches_host<D: Fused>(h: &Harness<D>) {
             },
             &vec![Tol::Bits; got.len()],
         );
+    }
+    scaling_refuses(h);
+}
+
+/// `fp8_scaling_update` with an inverse-scale stride of 0 (`InvalidArgument`) or a `scale_inv`
+/// shorter than `ops · inv_stride` (`Shape`) is refused before anything is written.
+fn scaling_refuses<D: Fused>(h: &Harness<D>) {
+    const CASE: &str = "fp8_scaling_update_matches_host";
+    let d = &h.dev;
+    let (ops, len) = (5usize, 3usize);
+    let mut amax = put(d, DType::F32, &[2.0, 0.0, 448.0, f32::NAN, 0.5]);
+    let mut hist = put(d, DType::F32, &vec![1.0; ops * len]);
+    let mut scale = put(d, DType::F32, &[1.0; 5]);
+    let maxes = put(d, DType::F32, &[448.0, 448.0, 57344.0, 448.0, 240.0]);
+    let mut inv = put(d, DType::F32, &vec![7.0; ops * 2]);
+    for (stride, what) in [(0usize, "inv_stride 0"), (3, "a scale_inv of 10 for 5 × 3")] {
+        let err = d
+            .fp8_scaling_update(
+                &mut amax, &mut hist, &mut scale, &mut inv, stride, &maxes, len, false, 0,
+            )
+            .expect_err("refused");
+        assert!(
+            matches!(
+                (stride, &err),
+                (0, DeviceError::InvalidArgument(_)) | (3, DeviceError::Shape { .. })
+            ),
+            "{CASE}: {what} gives {err}"
+        );
+        for (name, b, want) in [
+            ("scale_inv", &inv, vec![7.0; ops * 2]),
+            ("amax", &amax, vec![2.0, 0.0, 448.0, f32::NAN, 0.5]),
+            ("history", &hist, vec![1.0; ops * len]),
+            ("scale", &scale, vec![1.0; ops]),
+        ] {
+            compare(
+                &format!("{CASE}: {what}: {name} untouched"),
+                &get(d, name, b),
+                &Tensor::encoded(name, DType::F32, &want),
+                Tol::Bits,
+            );
+        }
     }
 }

@@ -22,8 +22,8 @@ fn run_gemm<E: Fused>(
 
 /// All four transpose combinations × (f32, f16, bf16 operands; C of their dtype or f32) × odd
 /// and aligned shapes × batched GEMMs with padded leading dimensions, strides and offsets
-/// (what lies between the matrices must stay as it was) × alpha and beta. beta = 0 ignores C
-/// (NaN-prefilled there).
+/// (what lies between the matrices must stay as it was) × alpha and beta (negative, alpha 0,
+/// beta above 1 among them). beta = 0 ignores C (NaN-prefilled there).
 pub fn gemm_transposes_dtypes_strides<D: Fused>(h: &Harness<D>) {
     let case = "gemm_transposes_dtypes_strides";
     let mut r = h.rng(case);
@@ -36,16 +36,22 @@ pub fn gemm_transposes_dtypes_strides<D: Fused>(h: &Harness<D>) {
     ];
     for (ab, cdt, tol) in combos {
         for (ta, tb) in [(false, false), (false, true), (true, false), (true, true)] {
-            for &(m, n, k, batch, padded) in &[
-                (33usize, 17usize, 29usize, 1usize, false),
-                (64, 96, 128, 1, false),
-                (1, 1, 1, 1, false),
-                (7, 5, 3, 3, true),
-                (40, 24, 64, 4, true),
+            for &(m, n, k, batch, padded, alpha_beta) in &[
+                (33usize, 17usize, 29usize, 1usize, false, None),
+                (64, 96, 128, 1, false, None),
+                (130, 96, 70, 1, false, None),
+                (1, 1, 1, 1, false, None),
+                (7, 5, 3, 3, true, None),
+                (40, 24, 64, 4, true, None),
+                (9, 11, 6, 1, false, Some((-2.0f32, 0.25f32))),
+                (9, 11, 6, 1, false, Some((0.0, 3.0))),
+                (9, 11, 6, 2, false, Some((1.5, -1.0))),
             ] {
+                let (alpha, beta) =
+                    alpha_beta.unwrap_or((r.uniform(0.5, 1.5), if padded { 0.5 } else { 0.0 }));
                 let mut desc = GemmDesc::batched(ta, tb, m, n, k, batch)
-                    .alpha(r.uniform(0.5, 1.5))
-                    .beta(if padded { 0.5 } else { 0.0 });
+                    .alpha(alpha)
+                    .beta(beta);
                 if padded {
                     desc.lda += 3;
                     desc.ldb += 1;
@@ -67,7 +73,7 @@ pub fn gemm_transposes_dtypes_strides<D: Fused>(h: &Harness<D>) {
                     r.vec(desc.c_offset + batch * desc.stride_c, -1.0, 1.0)
                 };
                 let what = format!(
-                    "{case} {ab}->{cdt} ta={ta} tb={tb} {m}x{n}x{k} batch {batch} padded {padded}"
+                    "{case} {ab}->{cdt} ta={ta} tb={tb} {m}x{n}x{k} batch {batch} padded {padded} alpha {alpha} beta {beta}"
                 );
                 let got = run_gemm(&h.dev, &desc, ab, cdt, &a, &b, &c0);
                 h.verify(
@@ -153,11 +159,12 @@ pub fn gemm_epilogue_matches_composition<D: Fused>(h: &Harness<D>) {
                 let mut fused = put(d, dt, &init);
                 d.gemm_epilogue(&desc, &x, &w, &mut fused, Epilogue::Bias(&bias))
                     .unwrap();
-                h.same(
+                h.same_buf(
                     &format!("{what} bias beta {beta}"),
-                    &[get(d, "c", &fused)],
-                    &[get(d, "c", &plain)],
-                    &[tol],
+                    "c",
+                    &fused,
+                    &plain,
+                    tol,
                 );
             }
             if bias_dt == dt {
@@ -181,12 +188,7 @@ pub fn gemm_epilogue_matches_composition<D: Fused>(h: &Harness<D>) {
                     },
                 )
                 .unwrap();
-                h.same(
-                    &format!("{what} bias + residual"),
-                    &[get(d, "c", &fused)],
-                    &[get(d, "c", &sum)],
-                    &[tol],
-                );
+                h.same_buf(&format!("{what} bias + residual"), "c", &fused, &sum, tol);
                 assert_eq!(
                     get(d, "residual", &residual).bytes,
                     encode(dt, &res),
@@ -230,12 +232,7 @@ pub fn gemm_epilogue_matches_composition<D: Fused>(h: &Harness<D>) {
         let mut fdx = nan(d, dt, n * k);
         d.gemm_epilogue(&desc, &dy, &w, &mut fdx, Epilogue::DGelu { pre: &pre })
             .unwrap();
-        h.same(
-            &format!("{case} {dt} dgelu"),
-            &[get(d, "dx", &fdx)],
-            &[get(d, "dx", &pdx)],
-            &[tol],
-        );
+        h.same_buf(&format!("{case} {dt} dgelu"), "dx", &fdx, &pdx, tol);
         // Weight gradient accumulated into f32 with the bias gradient (overwritten).
         let dw0 = r.vec(m * k, -1.0, 1.0);
         let wdesc = GemmDesc::new(true, false, m, k, n).beta(1.0);

@@ -163,6 +163,32 @@ impl LnCase {
     }
 }
 
+/// Gradients against the oracle: f32 after two row reductions, 16-bit one rounding.
+const LN_GRAD: Tol = Tol::Rel {
+    f32: 2e-4,
+    f16: 5e-3,
+    bf16: 1e-2,
+    fp8: 0.13,
+};
+
+/// The tolerances of [`LnCase::run`]'s outputs against the oracle: out, mean, rstd, dx, dgamma,
+/// dbeta.
+const LN_TOLS: [Tol; 6] = [
+    Tol::REDUCTION,
+    Tol::rel(1e-5),
+    Tol::REDUCTION,
+    LN_GRAD,
+    LN_GRAD,
+    Tol::REDUCTION,
+];
+
+/// `tols` of the six outputs, then dsum's.
+fn with_dsum_tol(tols: [Tol; 6], dsum: Tol) -> [Tol; 7] {
+    let mut t = [dsum; 7];
+    t[..6].copy_from_slice(&tols);
+    t
+}
+
 const LN_SHAPES: [(usize, usize); 5] = [(1, 1), (5, 3), (67, 768), (1024, 96), (300, 1000)];
 
 /// LayerNorm forward (out, mean, rstd) and backward (accumulating dx, dgamma, dbeta) for every
@@ -175,25 +201,12 @@ pub fn layernorm_forward_backward<D: Fused>(h: &Harness<D>) {
             for (n, c) in LN_SHAPES {
                 let lc = LnCase::new(&mut r, act, pdt, n, c);
                 let got = lc.run(&h.dev, None);
-                let grad = Tol::Rel {
-                    f32: 2e-4,
-                    f16: 5e-3,
-                    bf16: 1e-2,
-                    fp8: 0.13,
-                };
                 h.verify(
                     &format!("{case} {act}/{pdt} {n}x{c}"),
                     &got,
                     |cpu| lc.run(cpu, None),
                     || lc.reference(),
-                    &[
-                        Tol::REDUCTION,
-                        Tol::rel(1e-5),
-                        Tol::REDUCTION,
-                        grad,
-                        grad,
-                        Tol::REDUCTION,
-                    ],
+                    &LN_TOLS,
                 );
                 assert_eq!(
                     got,
@@ -220,15 +233,7 @@ pub fn layernorm_backward_colsum_matches_composition<D: Fused>(h: &Harness<D>) {
                     &format!("{case} {act}/{pdt} {n}x{c}"),
                     &fused,
                     &plain,
-                    &[
-                        Tol::Bits,
-                        Tol::Bits,
-                        Tol::Bits,
-                        Tol::Bits,
-                        Tol::Bits,
-                        Tol::Bits,
-                        Tol::REDUCTION,
-                    ],
+                    &with_dsum_tol([Tol::Bits; 6], Tol::REDUCTION),
                 );
             }
         }
@@ -275,20 +280,6 @@ const LN_PATH_SHAPES: [(usize, usize); 17] = [
 pub fn layernorm_every_row_path_accumulates<D: Fused>(h: &Harness<D>) {
     let case = "layernorm_every_row_path_accumulates";
     let mut r = h.rng(case);
-    let grad = Tol::Rel {
-        f32: 2e-4,
-        f16: 5e-3,
-        bf16: 1e-2,
-        fp8: 0.13,
-    };
-    let tols = [
-        Tol::REDUCTION,
-        Tol::rel(1e-5),
-        Tol::REDUCTION,
-        grad,
-        grad,
-        Tol::REDUCTION,
-    ];
     for (act, pdt) in LN_DTYPES {
         for (n, c) in LN_PATH_SHAPES {
             let lc = LnCase::new(&mut r, act, pdt, n, c);
@@ -300,7 +291,7 @@ pub fn layernorm_every_row_path_accumulates<D: Fused>(h: &Harness<D>) {
                     &got,
                     |cpu| lc.run_times(cpu, None, times),
                     || lc.reference_times(times),
-                    &tols,
+                    &LN_TOLS,
                 );
                 if times == 2 {
                     assert!(
@@ -359,15 +350,7 @@ pub fn layernorm_backward_colsum_every_path_and_dsum_dtype<D: Fused>(h: &Harness
                 &what,
                 &fused,
                 &plain,
-                &[
-                    Tol::Bits,
-                    Tol::Bits,
-                    Tol::Bits,
-                    Tol::Bits,
-                    Tol::Bits,
-                    Tol::Bits,
-                    Tol::rel(rel(sdt)),
-                ],
+                &with_dsum_tol([Tol::Bits; 6], Tol::rel(rel(sdt))),
             );
             assert!(
                 fused == lc.run(&h.dev, Some(true)),
@@ -389,12 +372,6 @@ pub fn layernorm_backward_colsum_every_path_and_dsum_dtype<D: Fused>(h: &Harness
             );
             // Against the oracle: the dx behind dsum rounds differently there (the CPU's own
             // statistics, or none at all in f64), in the last bit of the activation dtype.
-            let grad = Tol::Rel {
-                f32: 2e-4,
-                f16: 5e-3,
-                bf16: 1e-2,
-                fp8: 0.13,
-            };
             h.verify(
                 &what,
                 &fused,
@@ -409,22 +386,15 @@ pub fn layernorm_backward_colsum_every_path_and_dsum_dtype<D: Fused>(h: &Harness
                     w.push(want("dsum", sdt, ds));
                     w
                 },
-                &[
-                    Tol::REDUCTION,
-                    Tol::rel(1e-5),
-                    Tol::REDUCTION,
-                    grad,
-                    grad,
-                    Tol::REDUCTION,
-                    Tol::rel(rel(sdt).max(rel(act)).max(1e-4)),
-                ],
+                &with_dsum_tol(LN_TOLS, Tol::rel(rel(sdt).max(rel(act)).max(1e-4))),
             );
         }
     }
 }
 
 /// LayerNorm refuses what does not fit: c = 0 with rows, gamma of the wrong length, a dsum of
-/// the wrong length or an integer dsum (typed errors); n = 0 is a no-op.
+/// the wrong length or an integer dsum (typed errors, the gradients left as they were); n = 0 is
+/// a no-op.
 pub fn layernorm_rejects_bad_shapes<D: Fused>(h: &Harness<D>) {
     let case = "layernorm_rejects_bad_shapes";
     let d = &h.dev;
@@ -480,5 +450,16 @@ pub fn layernorm_rejects_bad_shapes<D: Fused>(h: &Harness<D>) {
         ),
         "backward_colsum with an i32 dsum",
     );
+    for (name, b, dt, len) in [
+        ("dx", &dx, DType::BF16, 16),
+        ("dgamma", &dg, DType::F32, 8),
+        ("dbeta", &db, DType::F32, 8),
+    ] {
+        assert_eq!(
+            get(d, name, b).bytes,
+            encode(dt, &vec![0.5; len]),
+            "{case}: a refused backward_colsum wrote {name}"
+        );
+    }
     d.synchronize().expect("no deferred error");
 }

@@ -31,7 +31,7 @@ fn run_ce<E: Fused>(
 }
 
 /// Per-row losses, with and without the gradient `(softmax − onehot)·grad_scale`; ignored
-/// (negative) targets give loss 0 and a zero gradient row; GPT-2's vocabulary among the shapes.
+/// (negative: −1, −100) targets give loss 0 and a zero gradient row; GPT-2's vocabulary among the shapes.
 pub fn cross_entropy_losses_and_gradients<D: Fused>(h: &Harness<D>) {
     let case = "cross_entropy_losses_and_gradients";
     let mut r = h.rng(case);
@@ -39,7 +39,11 @@ pub fn cross_entropy_losses_and_gradients<D: Fused>(h: &Harness<D>) {
         for &(n, v) in &[(1usize, 1usize), (7, 96), (512, 96), (33, 1000), (4, 50257)] {
             let logits = r.vec(n * v, -6.0, 6.0);
             let targets: Vec<i32> = (0..n)
-                .map(|i| if i % 5 == 3 { -1 } else { r.below(v) as i32 })
+                .map(|i| match i % 10 {
+                    3 => -1,
+                    8 => -100,
+                    _ => r.below(v) as i32,
+                })
                 .collect();
             for with_grad in [false, true] {
                 let gs = r.uniform(0.1, 2.0);

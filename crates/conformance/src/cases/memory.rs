@@ -1,18 +1,12 @@
 //! Memory: uploads, downloads, copies, fills, zeroing.
 
 use super::*;
-use duet_device::{DType, Fused};
+use duet_device::{DType, DeviceExt, Fused};
 
-const ALL_DTYPES: [DType; 8] = [
-    DType::F32,
-    DType::F16,
-    DType::BF16,
-    DType::F8E4M3,
-    DType::F8E5M2,
-    DType::F8E4M3Fnuz,
-    DType::F8E5M2Fnuz,
-    DType::I32,
-];
+/// Every dtype a buffer holds data in: the floats, FP8 included, and i32.
+fn all_dtypes() -> impl Iterator<Item = DType> {
+    FLOATS_AND_FP8.into_iter().chain([DType::I32])
+}
 
 /// Every dtype goes up and comes back bit for bit; `copy` moves exactly the range asked for
 /// (offsets on both sides) and nothing else; `fill` writes every element as the host encodes
@@ -21,7 +15,7 @@ pub fn upload_download_copy_fill<D: Fused>(h: &Harness<D>) {
     let case = "upload_download_copy_fill";
     let d = &h.dev;
     let mut r = h.rng(case);
-    for dt in ALL_DTYPES {
+    for dt in all_dtypes() {
         let fresh = d.alloc(dt, 4099).unwrap();
         assert!(
             d.download_bytes(&fresh, 0, 4099)
@@ -71,14 +65,17 @@ pub fn upload_download_copy_fill<D: Fused>(h: &Harness<D>) {
                 want,
                 "{case}: {dt} n={n} copy"
             );
-            // fill
-            if dt != DType::I32 {
-                for v in [0.0f32, -1.5, 300.0, f32::NAN] {
-                    let mut f = put(d, dt, &init);
-                    d.fill(&mut f, v).unwrap();
-                    let got = d.download_bytes(&f, 0, n).unwrap();
-                    assert_eq!(got, encode(dt, &vec![v; n]), "{case}: {dt} n={n} fill {v}");
-                }
+            // fill (an i32 buffer with whole numbers)
+            let values: &[f32] = if dt == DType::I32 {
+                &[0.0, -7.0, 123_456.0]
+            } else {
+                &[0.0, -1.5, 300.0, f32::NAN]
+            };
+            for &v in values {
+                let mut f = put(d, dt, &init);
+                d.fill(&mut f, v).unwrap();
+                let got = d.download_bytes(&f, 0, n).unwrap();
+                assert_eq!(got, encode(dt, &vec![v; n]), "{case}: {dt} n={n} fill {v}");
             }
         }
         // Out-of-range copies and downloads are errors.
@@ -93,6 +90,41 @@ pub fn upload_download_copy_fill<D: Fused>(h: &Harness<D>) {
             "{case}: {dt} download past the end"
         );
     }
+    typed_host_copies(h);
+}
+
+/// The typed helpers of `DeviceExt` over the byte copies: an f32 upload at an offset and a
+/// ranged download, raw FP8 codes up and down as u8 (decoding to the format's values), i32
+/// round trips, and a host type that does not match the buffer refused.
+fn typed_host_copies<D: Fused>(h: &Harness<D>) {
+    let case = "upload_download_copy_fill";
+    let d = &h.dev;
+    let mut dst = d.upload_new(&[0.0f32; 6]).unwrap();
+    d.upload(&[9.0f32, 8.0], &mut dst, 4).unwrap();
+    assert_eq!(
+        d.download_range::<f32>(&dst, 3, 3).unwrap(),
+        vec![0.0, 9.0, 8.0],
+        "{case}: typed upload at an offset"
+    );
+    let codes = [0x38u8, 0x40, 0xb8, 0x7e];
+    let mut f8 = d.alloc(DType::F8E4M3, 4).unwrap();
+    d.upload(&codes, &mut f8, 0).unwrap();
+    assert_eq!(
+        d.download::<u8>(&f8).unwrap(),
+        codes,
+        "{case}: FP8 codes as u8"
+    );
+    assert_eq!(
+        d.download_f32(&f8).unwrap(),
+        vec![1.0, 2.0, -1.0, 448.0],
+        "{case}: E4M3 codes decode"
+    );
+    let ints = d.upload_new(&[-7i32, 0, i32::MAX]).unwrap();
+    assert_eq!(d.download::<i32>(&ints).unwrap(), vec![-7, 0, i32::MAX]);
+    assert!(
+        d.upload(&[1i32; 2], &mut dst, 0).is_err() && d.download::<i32>(&dst).is_err(),
+        "{case}: i32 host data for an f32 buffer"
+    );
 }
 
 /// `zero_many` clears buffers of every size and dtype completely, as `fill(0)` per buffer does.
@@ -100,9 +132,8 @@ pub fn zero_many_matches_composition<D: Fused>(h: &Harness<D>) {
     let case = "zero_many_matches_composition";
     let d = &h.dev;
     let mut r = h.rng(case);
-    let shapes: Vec<(DType, usize)> = ALL_DTYPES
-        .iter()
-        .flat_map(|&dt| [1usize, 3, 4099, 70_001].map(move |n| (dt, n)))
+    let shapes: Vec<(DType, usize)> = all_dtypes()
+        .flat_map(|dt| [1usize, 3, 4099, 70_001].map(move |n| (dt, n)))
         .collect();
     let mut fused: Vec<D::Buffer> = shapes
         .iter()

@@ -28,8 +28,8 @@ pub use optim::*;
 
 #[allow(unused_imports)]
 pub(crate) use crate::harness::{
-    FLOATS, FP8S, HALVES, Harness, Rng, Tensor, Tol, Want, compare, encode, get, nan, put, put_i32,
-    rounded, rounded64, skip, want,
+    FLOATS, FLOATS_AND_FP8, FP8S, HALVES, Harness, Rng, Tensor, Tol, Want, compare, encode, get,
+    nan, put, put_i32, rounded, rounded64, skip, want,
 };
 
 /// Every case, by name (checked against the instantiation macro's list by each suite).

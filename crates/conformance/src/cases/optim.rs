@@ -34,11 +34,7 @@ fn copies_are_rounded_params(what: &str, got: &[Tensor], pairs: &[(String, Strin
     for (param, copy) in pairs {
         let p = find(got, param);
         let c = find(got, copy);
-        let want = Tensor {
-            name: c.name.clone(),
-            dtype: c.dtype,
-            bytes: encode(c.dtype, &p.f32()),
-        };
+        let want = Tensor::encoded(&c.name, c.dtype, &p.f32());
         compare(
             &format!("{what} {copy} is {param} rounded"),
             c,
@@ -72,6 +68,20 @@ impl Init {
             m,
             v: r.vec(n, 0.0, 0.001),
         }
+    }
+}
+
+/// An AdamW step with the suite's β1 = 0.9, β2 = 0.95, ε = 1e-8.
+fn adamw_step(lr: f32, weight_decay: f32, (bc1, bc2): (f32, f32), grad_scale: f32) -> AdamWStep {
+    AdamWStep {
+        lr,
+        beta1: 0.9,
+        beta2: 0.95,
+        eps: 1e-8,
+        weight_decay,
+        bias_correction1: bc1,
+        bias_correction2: bc2,
+        grad_scale,
     }
 }
 
@@ -128,6 +138,14 @@ struct State {
 }
 
 impl State {
+    /// The states of tensors with these starts and gradient dtypes.
+    fn all(inits: &[Init], grads: impl Iterator<Item = DType>) -> Vec<Self> {
+        inits
+            .iter()
+            .zip(grads)
+            .map(|(i, g)| State::new(i, g))
+            .collect()
+    }
     fn new(init: &Init, gdt: DType) -> Self {
         State {
             p: rounded64(DType::F32, &init.p),
@@ -218,19 +236,7 @@ pub fn adamw_all_grad_and_copy_dtypes<D: Fused>(h: &Harness<D>) {
                 let what = format!("{CASE}: grad {gdt} copy {copy:?} n {n} wd {wd}");
                 let init = Init::draw(&mut r, n, 0.1);
                 let steps: Vec<AdamWStep> = (1..=3u64)
-                    .map(|t| {
-                        let (bc1, bc2) = AdamWStep::bias_corrections(0.9, 0.95, t);
-                        AdamWStep {
-                            lr: 3e-4,
-                            beta1: 0.9,
-                            beta2: 0.95,
-                            eps: 1e-8,
-                            weight_decay: wd,
-                            bias_correction1: bc1,
-                            bias_correction2: bc2,
-                            grad_scale: 0.5,
-                        }
-                    })
+                    .map(|t| adamw_step(3e-4, wd, AdamWStep::bias_corrections(0.9, 0.95, t), 0.5))
                     .collect();
                 let got = adamw_on(&h.dev, &init, gdt, copy, &steps);
                 let mut tols = Vec::new();
@@ -273,17 +279,7 @@ pub fn adamw_all_grad_and_copy_dtypes<D: Fused>(h: &Harness<D>) {
     let gr = d.alloc(DType::F32, 4).expect("alloc");
     let mut m = d.alloc(DType::F32, 4).expect("alloc");
     let mut v = d.alloc(DType::F32, 4).expect("alloc");
-    let (bc1, bc2) = AdamWStep::bias_corrections(0.9, 0.95, 1);
-    let step = AdamWStep {
-        lr: 1e-3,
-        beta1: 0.9,
-        beta2: 0.95,
-        eps: 1e-8,
-        weight_decay: 0.0,
-        bias_correction1: bc1,
-        bias_correction2: bc2,
-        grad_scale: 1.0,
-    };
+    let step = adamw_step(1e-3, 0.0, AdamWStep::bias_corrections(0.9, 0.95, 1), 1.0);
     let err = d.adamw(&mut p16, &gr, &mut m, &mut v, &step, None);
     assert!(
         matches!(err, Err(DeviceError::DTypeMismatch { .. })),
@@ -604,29 +600,13 @@ pub fn adamw_clipped_matches_composition<D: Fused>(h: &Harness<D>) {
             &got,
             |c| clipped_on(c, &specs, &inits, &clip, &steps, false),
             || {
-                let mut st: Vec<State> = specs
-                    .iter()
-                    .zip(&inits)
-                    .map(|(s, i)| State::new(i, s.grad))
-                    .collect();
+                let mut st = State::all(&inits, specs.iter().map(|s| s.grad));
                 let ns: f64 = st.iter().map(|s| reference::sum_squares(&s.g)).sum();
                 let gs = reference::clip_grad_scale(ns, max_norm as f64, loss_scale as f64);
                 let mut w = vec![want("norm_sq", DType::F32, vec![ns, 0.0, 0.0, 0.0])];
                 for (t, sc) in steps.iter().enumerate() {
-                    // The scalars as the device holds them after the upload (checked once:
-                    // the first output is the buffer before any step).
-                    let _ = sc;
                     for (i, (s, spec)) in st.iter_mut().zip(&specs).enumerate() {
-                        s.step(&AdamWStep {
-                            lr: sc[0],
-                            beta1: 0.9,
-                            beta2: 0.95,
-                            eps: 1e-8,
-                            weight_decay: spec.wd,
-                            bias_correction1: sc[1],
-                            bias_correction2: sc[2],
-                            grad_scale: gs as f32,
-                        });
+                        s.step(&adamw_step(sc[0], spec.wd, (sc[1], sc[2]), gs as f32));
                         s.push(&mut w, spec.copy, i, t + 1);
                     }
                 }
@@ -878,27 +858,15 @@ pub fn adamw_clipped_fp8_matches_composition<D: Fused>(h: &Harness<D>) {
         &got,
         |c| clipped_fp8_on(c, &cases, &inits, &scale, &amax0, &steps, false),
         || {
-            let mut st: Vec<State> = cases
-                .iter()
-                .zip(&inits)
-                .map(|(c, i)| State::new(i, c.grad))
-                .collect();
+            let mut st = State::all(&inits, cases.iter().map(|c| c.grad));
             let gs = reference::clip_grad_scale(FP8_NORM_SQ as f64, 1.0, 1.0);
             let mut amax = amax0.clone();
             let mut w = Vec::new();
             for (k, sc) in steps.iter().enumerate() {
                 let t = k + 1;
                 for (i, s) in st.iter_mut().enumerate() {
-                    s.step(&AdamWStep {
-                        lr: sc[0],
-                        beta1: 0.9,
-                        beta2: 0.95,
-                        eps: 1e-8,
-                        weight_decay: if i % 2 == 0 { 0.1 } else { 0.0 },
-                        bias_correction1: sc[1],
-                        bias_correction2: sc[2],
-                        grad_scale: gs as f32,
-                    });
+                    let wd = if i % 2 == 0 { 0.1 } else { 0.0 };
+                    s.step(&adamw_step(sc[0], wd, (sc[1], sc[2]), gs as f32));
                     s.push(&mut w, cases[i].copy.then_some(DType::BF16), i, t);
                 }
                 for (i, c) in cases.iter().enumerate() {
@@ -971,11 +939,7 @@ pub fn adamw_clipped_fp8_matches_composition<D: Fused>(h: &Harness<D>) {
             amax[slot] = reference::fp8_amax(amax[slot], &wv);
         }
         let name = format!("amax step {t}");
-        let wa = Tensor {
-            name: name.clone(),
-            dtype: DType::F32,
-            bytes: encode(DType::F32, &amax),
-        };
+        let wa = Tensor::encoded(&name, DType::F32, &amax);
         compare(
             &format!("{CASE}: step {t} amax of the device's weights"),
             find(&got, &name),

@@ -2,7 +2,7 @@
 
 use super::ELEM_CHUNK;
 use crate::buffer::{CpuBuffer, Storage};
-use duet_device::{Buffer, DeviceError, Fp8Format, Result};
+use duet_device::{Buffer, Fp8Format, Result};
 use half::{bf16, f16};
 use rayon::prelude::*;
 
@@ -41,19 +41,6 @@ pub(crate) fn copy(
     Ok(())
 }
 
-/// Converts `value` to an integer for integer buffers, refusing non-integral or out-of-range
-/// values rather than silently truncating them.
-fn integral(value: f32, min: f64, max: f64, what: &str) -> Result<f64> {
-    let v = value as f64;
-    if v.fract() == 0.0 && v >= min && v <= max {
-        Ok(v)
-    } else {
-        Err(DeviceError::InvalidArgument(format!(
-            "fill: {value} is not representable as {what}"
-        )))
-    }
-}
-
 fn par_fill<T: Copy + Send + Sync>(v: &mut [T], x: T) {
     v.par_chunks_mut(ELEM_CHUNK).for_each(|c| c.fill(x));
 }
@@ -64,14 +51,11 @@ pub(crate) fn fill(dst: &mut CpuBuffer, value: f32) -> Result<()> {
         Storage::F32(v) => par_fill(v, value),
         Storage::F16(v) => par_fill(v, f16::from_f32(value)),
         Storage::BF16(v) => par_fill(v, bf16::from_f32(value)),
-        Storage::I32(v) => {
-            let x = integral(value, i32::MIN as f64, i32::MAX as f64, "i32")?;
-            par_fill(v, x as i32)
-        }
+        Storage::I32(v) => par_fill(v, duet_device::args::fill_i32(value)?),
         Storage::Bytes(v) => {
             let code = match Fp8Format::of(dtype) {
                 Some(f) => f.encode(value),
-                None => integral(value, 0.0, 255.0, "u8")? as u8,
+                None => duet_device::args::fill_u8(value)?,
             };
             par_fill(v, code)
         }

@@ -525,29 +525,9 @@ impl CudaDevice {
         const OP: &str = "split_heads";
         let h = HeadsDesc::new(OP, b, t, nh, hs)?;
         h.validate_split(("qkv", qkv), [("q", &*q), ("k", &*k), ("v", &*v)])?;
-        let n = h.n;
-        // The kernels move f32, f16 and bf16 elements.
-        let s = float_suffix(OP, qkv.dtype())?;
-        if n == 0 {
-            return Ok(());
-        }
-        let (f, grid) = self.permute_launch(OP, &format!("split_heads_{s}"), qkv.dtype(), n, hs)?;
         // SAFETY: split_heads(const T*, T*, T*, T*, int b, int t, int nh, int hs): qkv holds
-        // 3·b·t·nh·hs elements, q/k/v b·t·nh·hs each; gridDim.y = 3 selects the output.
-        unsafe {
-            self.launcher(&f)
-                .grid((grid, 3, 1))
-                .block((EW_BLOCK, 1, 1))
-                .arg_buf(qkv)
-                .arg_buf(q)
-                .arg_buf(k)
-                .arg_buf(v)
-                .arg_i32(dim(OP, "b", b)?)
-                .arg_i32(dim(OP, "t", t)?)
-                .arg_i32(dim(OP, "nh", nh)?)
-                .arg_i32(dim(OP, "hs", hs)?)
-                .launch()
-        }
+        // 3·b·t·nh·hs elements, q/k/v b·t·nh·hs each (checked); gridDim.y = 3 selects the output.
+        unsafe { self.permute_heads(OP, "split_heads", qkv.dtype(), &h, 3, &[qkv, q, k, v]) }
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -565,35 +545,10 @@ impl CudaDevice {
         const OP: &str = "split_heads_backward";
         let h = HeadsDesc::new(OP, b, t, nh, hs)?;
         h.validate_split(("dqkv", &*dqkv), [("dq", dq), ("dk", dk), ("dv", dv)])?;
-        let n = h.n;
-        // The kernels move f32, f16 and bf16 elements.
-        let s = float_suffix(OP, dqkv.dtype())?;
-        if n == 0 {
-            return Ok(());
-        }
-        let (f, grid) = self.permute_launch(
-            OP,
-            &format!("split_heads_backward_{s}"),
-            dqkv.dtype(),
-            n,
-            hs,
-        )?;
+        let bufs = [dq, dk, dv, &*dqkv];
         // SAFETY: split_heads_backward(const T*, const T*, const T*, T*, int b, int t, int nh,
-        // int hs): sizes as in split_heads.
-        unsafe {
-            self.launcher(&f)
-                .grid((grid, 3, 1))
-                .block((EW_BLOCK, 1, 1))
-                .arg_buf(dq)
-                .arg_buf(dk)
-                .arg_buf(dv)
-                .arg_buf(dqkv)
-                .arg_i32(dim(OP, "b", b)?)
-                .arg_i32(dim(OP, "t", t)?)
-                .arg_i32(dim(OP, "nh", nh)?)
-                .arg_i32(dim(OP, "hs", hs)?)
-                .launch()
-        }
+        // int hs): sizes as in split_heads (checked).
+        unsafe { self.permute_heads(OP, "split_heads_backward", dqkv.dtype(), &h, 3, &bufs) }
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -610,32 +565,14 @@ impl CudaDevice {
         const OP: &str = "merge_heads";
         let h = HeadsDesc::new(OP, b, t, nh, hs)?;
         h.validate_merge(y, out)?;
-        let n = h.n;
-        // The kernels move f32, f16 and bf16 elements.
-        let s = float_suffix(OP, y.dtype())?;
-        if n == 0 {
-            return Ok(());
-        }
-        let name = if backward {
-            format!("merge_heads_backward_{s}")
+        let kernel = if backward {
+            "merge_heads_backward"
         } else {
-            format!("merge_heads_{s}")
+            "merge_heads"
         };
-        let (f, grid) = self.permute_launch(OP, &name, y.dtype(), n, hs)?;
         // SAFETY: merge_heads[_backward](const T*, T*, int b, int t, int nh, int hs): both hold
-        // b·t·nh·hs elements.
-        unsafe {
-            self.launcher(&f)
-                .grid((grid, 1, 1))
-                .block((EW_BLOCK, 1, 1))
-                .arg_buf(y)
-                .arg_buf(out)
-                .arg_i32(dim(OP, "b", b)?)
-                .arg_i32(dim(OP, "t", t)?)
-                .arg_i32(dim(OP, "nh", nh)?)
-                .arg_i32(dim(OP, "hs", hs)?)
-                .launch()
-        }
+        // b·t·nh·hs elements (checked).
+        unsafe { self.permute_heads(OP, kernel, y.dtype(), &h, 1, &[y, out]) }
     }
 
     pub(crate) fn softmax_causal_forward_impl(
@@ -656,23 +593,9 @@ impl CudaDevice {
         if total == 0 {
             return Ok(());
         }
-        let lines = rows * t;
         // SAFETY: softmax_causal_forward(const T*, T*, u64 rows·t, int t, float): one warp per
-        // line < rows·t, each touching t elements of buffers holding rows·t·t.
-        unsafe {
-            self.kernel(
-                KernelModule::Softmax,
-                &format!("softmax_causal_forward_{s}"),
-            )?
-            .grid(rows_grid(OP, lines)?)
-            .block((ROW_BLOCK, 1, 1))
-            .arg_buf(scores)
-            .arg_buf(probs)
-            .arg_u64(lines as u64)
-            .arg_i32(dim(OP, "t", t)?)
-            .arg_f32(scale)
-            .launch()
-        }
+        // line < rows·t, each touching t elements of buffers holding rows·t·t (checked).
+        unsafe { self.softmax_rows(OP, s, rows, t, scale, &[scores, probs]) }
     }
 
     pub(crate) fn softmax_causal_backward_impl(
@@ -694,39 +617,86 @@ impl CudaDevice {
         if total == 0 {
             return Ok(());
         }
-        let lines = rows * t;
-        let f = self.func(
-            KernelModule::Softmax,
-            &format!("softmax_causal_backward_{s}"),
-        )?;
         // SAFETY: softmax_causal_backward(const T*, const T*, T*, u64, int, float): as forward.
+        unsafe { self.softmax_rows(OP, s, rows, t, scale, &[probs, dprobs, dscores]) }
+    }
+
+    /// Launches the head permutation `<kernel>_<T>` (attention.cu) of `dtype` elements, `h.n`
+    /// per head tensor, in a grid-stride loop (16-byte packs where `hs` is whole packs, else
+    /// single elements) with `ys` blocks along y: the pointer parameters `bufs`, then
+    /// `int b, int t, int nh, int hs` of `h`. Nothing for `h.n == 0`.
+    ///
+    /// # Safety
+    /// `bufs` must be the kernel's pointer parameters in order, each holding every element the
+    /// kernel touches for `h` and `ys`.
+    unsafe fn permute_heads(
+        &self,
+        op: &'static str,
+        kernel: &str,
+        dtype: DType,
+        h: &HeadsDesc,
+        ys: u32,
+        bufs: &[&CudaBuffer],
+    ) -> Result<()> {
+        // The kernels move f32, f16 and bf16 elements.
+        let s = float_suffix(op, dtype)?;
+        if h.n == 0 {
+            return Ok(());
+        }
+        let pack = 16 / dtype.size_bytes();
+        let units = if h.hs.is_multiple_of(pack) {
+            h.n / pack
+        } else {
+            h.n
+        };
+        let f = self.func(KernelModule::Attention, &format!("{kernel}_{s}"))?;
+        let launch = self
+            .launcher(&f)
+            .grid((self.grid_1d(units).0, ys, 1))
+            .block((EW_BLOCK, 1, 1));
+        let launch = bufs.iter().fold(launch, |l, b| l.arg_buf(b));
+        // SAFETY: the pointer parameters are the caller's (see `# Safety`); the four ints
+        // follow in the kernel's order.
         unsafe {
-            self.launcher(&f)
-                .grid(rows_grid(OP, lines)?)
-                .block((ROW_BLOCK, 1, 1))
-                .arg_buf(probs)
-                .arg_buf(dprobs)
-                .arg_buf(dscores)
-                .arg_u64(lines as u64)
-                .arg_i32(dim(OP, "t", t)?)
-                .arg_f32(scale)
+            launch
+                .arg_i32(dim(op, "b", h.b)?)
+                .arg_i32(dim(op, "t", h.t)?)
+                .arg_i32(dim(op, "nh", h.nh)?)
+                .arg_i32(dim(op, "hs", h.hs)?)
                 .launch()
         }
     }
 
-    /// The function and grid size of a head permutation over `n` elements.
-    fn permute_launch(
+    /// Launches the causal softmax kernel `<op>_<s>` (softmax.cu) over `rows · t` lines of `t`
+    /// elements, one warp per line: the pointer parameters `bufs`, then
+    /// `u64 rows·t, int t, float scale`.
+    ///
+    /// # Safety
+    /// `bufs` must be the kernel's pointer parameters in order, each holding `rows · t · t`
+    /// elements of the kernel's dtype.
+    unsafe fn softmax_rows(
         &self,
         op: &'static str,
-        name: &str,
-        dtype: DType,
-        n: usize,
-        hs: usize,
-    ) -> Result<(CudaFunction, u32)> {
-        let pack = 16 / dtype.size_bytes();
-        let units = if hs.is_multiple_of(pack) { n / pack } else { n };
-        let f = self.func(KernelModule::Attention, name)?;
-        let _ = op;
-        Ok((f, self.grid_1d(units).0))
+        s: &str,
+        rows: usize,
+        t: usize,
+        scale: f32,
+        bufs: &[&CudaBuffer],
+    ) -> Result<()> {
+        let lines = rows * t;
+        let launch = self
+            .kernel(KernelModule::Softmax, &format!("{op}_{s}"))?
+            .grid(rows_grid(op, lines)?)
+            .block((ROW_BLOCK, 1, 1));
+        let launch = bufs.iter().fold(launch, |l, b| l.arg_buf(b));
+        // SAFETY: the pointer parameters are the caller's (see `# Safety`); the line count, t
+        // and the scale follow in the kernel's order.
+        unsafe {
+            launch
+                .arg_u64(lines as u64)
+                .arg_i32(dim(op, "t", t)?)
+                .arg_f32(scale)
+                .launch()
+        }
     }
 }

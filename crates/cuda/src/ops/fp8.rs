@@ -51,7 +51,7 @@ use duet_device::{
     AdamWClipStep, AdamWFp8Out, AdamWTensor, Fp8QuantJob, check_adamw_fp8_outs,
     check_fp8_quant_jobs,
 };
-use duet_device::{Epilogue, GemmDesc, epilogue_shape};
+use duet_device::{Epilogue, GemmDesc, composed, epilogue_shape};
 
 /// Tile edge of the vectorised kernels (`QT` in fp8.cu).
 const QT: usize = 64;
@@ -100,6 +100,14 @@ fn use_ln_split(c: usize) -> bool {
 /// [`CudaDevice::tile_grid`] allows at most 65535.
 pub(crate) const FP8_COUNTERS: usize = 65536;
 
+/// What [`CudaDevice::quantize_fp8_impl`] quantises: the source as is (`quantize_*` kernels) or
+/// its GELU, computed on load (`quantize_gelu_*`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum QuantOf {
+    Src,
+    Gelu,
+}
+
 /// Whether every address is 16-byte aligned (always true for allocations; checked anyway, since
 /// the vector kernels would fault otherwise).
 fn aligned16(ptrs: &[u64]) -> bool {
@@ -132,10 +140,13 @@ impl CudaDevice {
         ))
     }
 
-    /// FP8 quantisation (see [`Device::quantize_fp8`]).
+    /// FP8 quantisation of `src` or of `gelu(src)` (see [`Device::quantize_fp8`] and
+    /// [`Fused::quantize_fp8_gelu`]): the three paths of the module docs, of the kernel family
+    /// `quantize` or `quantize_gelu`.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn quantize_fp8_impl(
         &self,
+        of: QuantOf,
         src: &CudaBuffer,
         dst: &mut CudaBuffer,
         dst_t: Option<&mut CudaBuffer>,
@@ -145,64 +156,10 @@ impl CudaDevice {
         amax: &mut CudaBuffer,
         slot: usize,
     ) -> Result<()> {
-        self.quantize_paths(
-            "quantize_fp8",
-            "quantize",
-            src,
-            dst,
-            dst_t,
-            rows,
-            cols,
-            scale,
-            amax,
-            slot,
-        )
-    }
-
-    /// FP8 quantisation of `gelu(pre)` (see [`Fused::quantize_fp8_gelu`]): the kernels of
-    /// [`Self::quantize_fp8_impl`] with GELU applied on load.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn quantize_fp8_gelu_impl(
-        &self,
-        pre: &CudaBuffer,
-        dst: &mut CudaBuffer,
-        dst_t: Option<&mut CudaBuffer>,
-        rows: usize,
-        cols: usize,
-        scale: &CudaBuffer,
-        amax: &mut CudaBuffer,
-        slot: usize,
-    ) -> Result<()> {
-        self.quantize_paths(
-            "quantize_fp8_gelu",
-            "quantize_gelu",
-            pre,
-            dst,
-            dst_t,
-            rows,
-            cols,
-            scale,
-            amax,
-            slot,
-        )
-    }
-
-    /// The three quantisation paths (see the module docs) of the kernel family `prefix`
-    /// (`quantize`: the source as is; `quantize_gelu`: gelu of the source).
-    #[allow(clippy::too_many_arguments)]
-    fn quantize_paths(
-        &self,
-        op: &'static str,
-        prefix: &str,
-        src: &CudaBuffer,
-        dst: &mut CudaBuffer,
-        dst_t: Option<&mut CudaBuffer>,
-        rows: usize,
-        cols: usize,
-        scale: &CudaBuffer,
-        amax: &mut CudaBuffer,
-        slot: usize,
-    ) -> Result<()> {
+        let (op, prefix) = match of {
+            QuantOf::Src => ("quantize_fp8", "quantize"),
+            QuantOf::Gelu => ("quantize_fp8_gelu", "quantize_gelu"),
+        };
         let desc = RowsDesc::new(op, rows, cols)?;
         desc.validate_quantize_fp8(Some(src), dst, dst_t.as_deref(), scale, amax, slot)?;
         let n = desc.total;
@@ -366,17 +323,7 @@ impl CudaDevice {
             }
         }
         for i in single {
-            let j = &mut jobs[i];
-            self.quantize_fp8_impl(
-                j.src,
-                j.dst,
-                j.dst_t.as_deref_mut(),
-                j.rows,
-                j.cols,
-                scale,
-                amax,
-                j.slot,
-            )?;
+            jobs[i].quantize(self, scale, amax)?;
         }
         Ok(())
     }
@@ -423,18 +370,9 @@ impl CudaDevice {
             && aligned16(&ptrs);
         if !fused {
             // The trait's default: the separate ops (g in a temporary with gelu_pre).
-            let tmp;
-            let g = match gelu_pre {
-                Some(pre) => {
-                    let mut t = self.alloc(dout.dtype(), n)?;
-                    self.gelu_backward(pre, dout, &mut t)?;
-                    tmp = t;
-                    &tmp
-                }
-                None => dout,
-            };
-            self.bias_backward(g, dbias, rows, cols)?;
-            return self.quantize_fp8_impl(g, dst, dst_t, rows, cols, scale, amax, slot);
+            return composed::quantize_fp8_grad(
+                self, dout, gelu_pre, dst, dst_t, dbias, rows, cols, scale, amax, slot,
+            );
         }
         if n == 0 {
             return Ok(());
@@ -588,9 +526,9 @@ impl CudaDevice {
         // The one-pass kernel holds at most 24 elements per thread (two rows in flight).
         let Some(p) = plan.filter(|p| fused && p.elements(act) <= LNQ_MAX_ELEMENTS) else {
             // The trait's default: layernorm_forward into a temporary, then quantize_fp8.
-            let mut out = self.alloc(act, x.len())?;
-            self.layernorm_forward_impl(x, gamma, beta, &mut out, mean, rstd, n, c, eps)?;
-            return self.quantize_fp8_impl(&out, dst, dst_t, n, c, scale, amax, slot);
+            return composed::layernorm_forward_fp8(
+                self, x, gamma, beta, mean, rstd, dst, dst_t, n, c, eps, scale, amax, slot,
+            );
         };
         let v = if p.vec { 'v' } else { 's' };
         let f = self.func(

@@ -33,5 +33,5 @@ mod prelude {
     };
 }
 
-pub(crate) use fp8::FP8_COUNTERS;
+pub(crate) use fp8::{FP8_COUNTERS, QuantOf};
 pub(crate) use optim::Tables;

@@ -75,7 +75,8 @@ for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
 done
 export LD_LIBRARY_PATH="${dirs#:}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
-export DUET_CUDA_CACHE_DIR="$(mktemp -d)/duet-cuda-cache"   # start cold: NVRTC compiles everything
+# Start cold (NVRTC compiles everything) in a fresh folder, unless the caller names one.
+export DUET_CUDA_CACHE_DIR="${DUET_CUDA_CACHE_DIR:-$(mktemp -d)/duet-cuda-cache}"
 export RUST_BACKTRACE=1
 
 status=0

@@ -1,4 +1,4 @@
-//! Times the fused causal attention (kernel versions 3, 2 and 1, see crates/cuda/src/device/flash.rs)
+//! Times the fused causal attention (kernel versions 3, 2 and 1, see crates/cuda/src/ops/attention.rs)
 //! against the unfused CUDA composition (split heads, batched GEMMs, causal softmax, merge
 //! heads) at the seed (b=32, t=256, nh=12, hs=64) and large (b=32, t=256, nh=16, hs=128)
 //! shapes: `cargo run -p duet-cuda --release --example flash_bench [bf16|f16]`. Each variant is

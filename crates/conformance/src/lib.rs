@@ -2,7 +2,7 @@
 //! backend runs.
 //!
 //! - **Oracles.** A GPU backend is compared with the CPU backend on the same inputs; the CPU
-//!   backend itself is compared with the plain f64 loops of [`reference`], so the suite can fail
+//!   backend itself is compared with the plain f64 loops of [`mod@reference`], so the suite can fail
 //!   in CI, where only the CPU runs. Fused paths are also compared with their plain composition
 //!   on the device under test.
 //! - **Inputs** come from one seeded RNG ([`harness::Rng`]): the seed is printed once per run

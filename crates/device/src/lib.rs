@@ -6,7 +6,7 @@
 //!   f16/bf16/fp8 are storage formats. An op given a dtype it cannot handle returns
 //!   [`DeviceError::Unsupported`], never a wrong answer.
 //! - Ops are enqueued on the device's stream in call order; [`Device::synchronize`] waits for them.
-//!   Host reads ([`Device::download`]) synchronise implicitly.
+//!   Host reads ([`DeviceExt::download`]) synchronise implicitly.
 //! - "accumulate" in an op's doc means the result is added to the output (`+=`); everything else
 //!   overwrites its output.
 #![forbid(unsafe_code)]

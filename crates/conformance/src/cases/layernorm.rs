@@ -274,7 +274,7 @@ const LN_PATH_SHAPES: [(usize, usize); 17] = [
     (3, 16392),
 ];
 
-/// LayerNorm forward and backward over every row path (see [`LN_PATH_SHAPES`]) for the
+/// LayerNorm forward and backward over every row path (see `LN_PATH_SHAPES`) for the
 /// recipes' dtype pairs: one backward call, then two (the second adds again: the starting
 /// gradients plus twice the increment, bit-identical when run again).
 pub fn layernorm_every_row_path_accumulates<D: Fused>(h: &Harness<D>) {

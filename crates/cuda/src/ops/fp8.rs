@@ -577,7 +577,7 @@ impl CudaDevice {
         }
     }
 
-    /// Selects the [`Fused::layernorm_forward_fp8`] kernels for the calls made on the calling
+    /// Selects the [`Fused::layernorm_forward_fp8`](duet_device::Fused::layernorm_forward_fp8) kernels for the calls made on the calling
     /// thread: `Some(true)` the split kernels (statistics, then the tile kernel) wherever they
     /// apply, `Some(false)` the one-pass kernel, `None` by row width. For A/B tests and
     /// benchmarks; both give the same bits.
@@ -596,7 +596,7 @@ impl CudaDevice {
         optin.saturating_sub(SMEM_STATIC_RESERVE).max(SMEM_DEFAULT)
     }
 
-    /// How many weight matrices [`Fused::adamw_clipped_fp8`] has updated and quantised in its
+    /// How many weight matrices [`Fused::adamw_clipped_fp8`](duet_device::Fused::adamw_clipped_fp8) has updated and quantised in its
     /// fused kernel on this device (each call adds the matrices it took), so that a test or a
     /// benchmark can tell that the fused path ran.
     pub fn adamw_fp8_fused_count(&self) -> u64 {
@@ -604,7 +604,7 @@ impl CudaDevice {
             .load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// Turns [`Fused::adamw_clipped_fp8`]'s fused kernel off (or back on) for calls from the
+    /// Turns [`Fused::adamw_clipped_fp8`](duet_device::Fused::adamw_clipped_fp8)'s fused kernel off (or back on) for calls from the
     /// current thread, so that tests and benchmarks can compare it with the separate ops in one
     /// process; both give the same bits.
     pub fn adamw_fp8_fused_on_this_thread(fused: bool) {

@@ -51,6 +51,7 @@ pub fn gemm_epilogue<D: Fused>(
                     "gemm_epilogue: BiasGradA needs a dense A stored k × m (trans_a)".into(),
                 ));
             }
+            check_dtype("gemm_epilogue", dbias, DType::F32)?;
             check_len("gemm_epilogue", "dbias", dbias, m)?;
             d.gemm(desc, a, b, c)?;
             d.fill(dbias, 0.0)?;

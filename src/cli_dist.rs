@@ -4,8 +4,7 @@
 //! collective library's unique id over TCP (`MASTER_ADDR:MASTER_PORT`).
 
 use crate::CliResult;
-use crate::cli_train::{TrainOutcome, TrainTask};
-use duet_device::BackendKind;
+use duet_device::{BackendKind, Collective, Fused};
 use duet_engine::dist::rendezvous::{LaunchEnv, tag_of};
 use std::process::{Child, Command};
 use std::time::Duration;
@@ -17,8 +16,28 @@ const NVLS_ENV: &str = "NCCL_NVLS_ENABLE";
 const CPU_REFUSED: &str = "data parallelism (--gpus, RANK/WORLD_SIZE) needs a GPU backend: --backend cuda or hip \
      (the CPU backend's collective is in-process, for tests)";
 
-/// Starts `n` ranks of this command line on this machine and waits for them.
-pub fn spawn_ranks(n: usize, global_batch: usize, kind: BackendKind) -> CliResult<TrainOutcome> {
+/// The work each rank of a data-parallel run does (`duet train`'s task): [`run_rank`] opens
+/// the rank's GPU and joins the group, then hands both over.
+pub trait RankTask {
+    type Output;
+
+    /// What every rank of a run must agree on (the rendezvous refuses ranks that differ).
+    fn fingerprint(&self) -> String;
+
+    /// Runs on `dev` as one rank of the group that `comm` connects (called for the GPU
+    /// backends only: unused in a build without them).
+    #[cfg_attr(not(any(feature = "cuda", feature = "hip")), allow(dead_code))]
+    fn run_in_group<D: Fused>(
+        self,
+        dev: std::sync::Arc<D>,
+        comm: std::sync::Arc<dyn Collective<D>>,
+    ) -> CliResult<Self::Output>;
+}
+
+/// Starts `n` ranks of this command line on this machine and waits for them: `Ok(true)` when
+/// a rank stopped on Ctrl-C (exit status 130; it saved a checkpoint), `Ok(false)` when every
+/// rank finished.
+pub fn spawn_ranks(n: usize, global_batch: usize, kind: BackendKind) -> CliResult<bool> {
     if kind == BackendKind::Cpu {
         return Err(CPU_REFUSED.into());
     }
@@ -80,11 +99,7 @@ pub fn spawn_ranks(n: usize, global_batch: usize, kind: BackendKind) -> CliResul
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    Ok(if codes.contains(&Some(130)) {
-        TrainOutcome::Interrupted
-    } else {
-        TrainOutcome::Finished
-    })
+    Ok(codes.contains(&Some(130)))
 }
 
 /// Kills the ranks still running (the processes this launcher started) and reaps them.
@@ -99,7 +114,7 @@ fn stop(children: &mut [Child]) {
 
 /// Runs this process as rank `env.rank`: opens GPU `LOCAL_RANK`, joins the NCCL/RCCL group
 /// and trains.
-pub fn run_rank(kind: BackendKind, env: &LaunchEnv, task: TrainTask) -> CliResult<TrainOutcome> {
+pub fn run_rank<T: RankTask>(kind: BackendKind, env: &LaunchEnv, task: T) -> CliResult<T::Output> {
     let tag = tag_of(task.fingerprint().as_bytes());
     let r = match kind {
         BackendKind::Cpu => Err(CPU_REFUSED.into()),
@@ -128,31 +143,31 @@ fn cuda_present() -> bool {
 }
 
 #[cfg(feature = "cuda")]
-fn run_cuda(env: &LaunchEnv, tag: u64, task: TrainTask) -> CliResult<TrainOutcome> {
+fn run_cuda<T: RankTask>(env: &LaunchEnv, tag: u64, task: T) -> CliResult<T::Output> {
     use std::sync::Arc;
     let dev = Arc::new(crate::backends::quiet_cudarc_panics(|| {
         duet_cuda::CudaDevice::new(env.local_rank)
     })?);
     let id = env.share(tag, || Ok(duet_cuda::NcclComm::unique_id()?))?;
     let comm = duet_cuda::NcclComm::new(dev.clone(), env.rank, env.world_size, &id)?;
-    task.run_with(dev, Some(Arc::new(comm)))
+    task.run_in_group(dev, Arc::new(comm))
 }
 
 #[cfg(not(feature = "cuda"))]
-fn run_cuda(_: &LaunchEnv, _: u64, _: TrainTask) -> CliResult<TrainOutcome> {
+fn run_cuda<T: RankTask>(_: &LaunchEnv, _: u64, _: T) -> CliResult<T::Output> {
     Err(duet_device::DeviceError::NotCompiled("cuda").into())
 }
 
 #[cfg(feature = "hip")]
-fn run_hip(env: &LaunchEnv, tag: u64, task: TrainTask) -> CliResult<TrainOutcome> {
+fn run_hip<T: RankTask>(env: &LaunchEnv, tag: u64, task: T) -> CliResult<T::Output> {
     use std::sync::Arc;
     let dev = Arc::new(duet_hip::HipDevice::new(env.local_rank)?);
     let id = env.share(tag, || Ok(duet_hip::RcclComm::unique_id()?))?;
     let comm = duet_hip::RcclComm::new(dev.clone(), env.rank, env.world_size, &id)?;
-    task.run_with(dev, Some(Arc::new(comm)))
+    task.run_in_group(dev, Arc::new(comm))
 }
 
 #[cfg(not(feature = "hip"))]
-fn run_hip(_: &LaunchEnv, _: u64, _: TrainTask) -> CliResult<TrainOutcome> {
+fn run_hip<T: RankTask>(_: &LaunchEnv, _: u64, _: T) -> CliResult<T::Output> {
     Err(duet_device::DeviceError::NotCompiled("hip").into())
 }

@@ -2,6 +2,7 @@
 #![forbid(unsafe_code)]
 
 mod backends;
+mod cli_bench;
 mod cli_dist;
 mod cli_generate;
 mod cli_train;
@@ -272,7 +273,7 @@ fn main() -> ExitCode {
             }
         }
         Command::Generate(a) => cli_generate::run(&a),
-        Command::Bench(a) => cli_train::bench(&a.model, a.warmup_steps, a.iters, a.json.as_deref()),
+        Command::Bench(a) => cli_bench::bench(&a.model, a.warmup_steps, a.iters, a.json.as_deref()),
         Command::Info => backends::info(),
         Command::Parity { a, b } => return parity::run(&a, &b),
     };

@@ -369,16 +369,11 @@ impl<D: Fused> Harness<D> {
 
 /// `values` as an op stores them in `dtype`: f32 and wider kept, 16-bit and FP8 rounded once.
 fn stored(dtype: DType, values: &[f64]) -> Vec<f64> {
-    match dtype {
-        DType::F16 | DType::BF16 => {
-            let v32: Vec<f32> = values.iter().map(|&x| x as f32).collect();
-            rounded64(dtype, &v32)
-        }
-        d if d.is_fp8() => {
-            let v32: Vec<f32> = values.iter().map(|&x| x as f32).collect();
-            rounded64(dtype, &v32)
-        }
-        _ => values.to_vec(),
+    if matches!(dtype, DType::F16 | DType::BF16) || dtype.is_fp8() {
+        let v32: Vec<f32> = values.iter().map(|&x| x as f32).collect();
+        rounded64(dtype, &v32)
+    } else {
+        values.to_vec()
     }
 }
 

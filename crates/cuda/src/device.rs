@@ -317,11 +317,7 @@ impl CudaDevice {
             if self.info.supports_fp8 {
                 c.fp8_gemm_epilogue = halves.to_vec();
             }
-            c.flash_attention = [DType::BF16, DType::F16, DType::F32]
-                .into_iter()
-                .flat_map(|d| (1..=256usize).map(move |hs| (d, hs)))
-                .filter(|&(d, hs)| self.flash_supported(d, hs))
-                .collect();
+            c.flash_attention = self.flash_pairs();
         }
         c
     }

@@ -53,49 +53,6 @@ impl Capabilities {
     pub fn flash_attention(&self, dtype: DType, hs: usize) -> bool {
         self.flash_attention.contains(&(dtype, hs))
     }
-
-    /// One line for `duet info`: the native paths, or "none (composed from the core ops)".
-    pub fn summary(&self) -> String {
-        let mut parts = Vec::new();
-        let names = |v: &[DType]| v.iter().map(|d| d.name()).collect::<Vec<_>>().join("/");
-        if !self.gemm_epilogue.is_empty() {
-            parts.push(format!("GEMM epilogues ({})", names(&self.gemm_epilogue)));
-        }
-        if !self.fp8_gemm_epilogue.is_empty() {
-            parts.push(format!(
-                "FP8 GEMM epilogues ({})",
-                names(&self.fp8_gemm_epilogue)
-            ));
-        }
-        if !self.flash_attention.is_empty() {
-            let mut hs: Vec<usize> = self.flash_attention.iter().map(|p| p.1).collect();
-            hs.sort_unstable();
-            hs.dedup();
-            let mut dts: Vec<DType> = Vec::new();
-            for (d, _) in &self.flash_attention {
-                if !dts.contains(d) {
-                    dts.push(*d);
-                }
-            }
-            let hs: Vec<String> = hs.iter().map(|h| h.to_string()).collect();
-            parts.push(format!(
-                "flash attention ({}, head sizes {})",
-                names(&dts),
-                hs.join("/")
-            ));
-        }
-        if self.graphs {
-            parts.push("graphs".into());
-        }
-        if self.gemm_autotune {
-            parts.push("GEMM autotuning".into());
-        }
-        if parts.is_empty() {
-            "none (every fused op composed from the core ops)".into()
-        } else {
-            parts.join(", ")
-        }
-    }
 }
 
 #[cfg(test)]
@@ -103,11 +60,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn queries_and_summary() {
+    fn queries() {
         let c = Capabilities::composed();
         assert!(!c.gemm_epilogue(DType::BF16));
         assert_eq!(c.fp8_scale_inv_stride, 1);
-        assert!(c.summary().starts_with("none"));
         let g = Capabilities {
             gemm_epilogue: vec![DType::BF16, DType::F16],
             fp8_gemm_epilogue: vec![DType::BF16],
@@ -118,10 +74,5 @@ mod tests {
         };
         assert!(g.gemm_epilogue(DType::F16) && !g.gemm_epilogue(DType::F32));
         assert!(g.flash_attention(DType::F16, 64) && !g.flash_attention(DType::F16, 128));
-        assert_eq!(
-            g.summary(),
-            "GEMM epilogues (bf16/f16), FP8 GEMM epilogues (bf16), flash attention (bf16/f16, \
-             head sizes 64/128), graphs, GEMM autotuning"
-        );
     }
 }

@@ -135,6 +135,15 @@ impl CudaDevice {
         V3_ON_THREAD.with(|c| c.set(v3));
     }
 
+    /// Every (dtype, head size) pair a flash kernel variant runs on this GPU.
+    pub(crate) fn flash_pairs(&self) -> Vec<(DType, usize)> {
+        [DType::BF16, DType::F16]
+            .into_iter()
+            .flat_map(|d| VARIANTS.iter().map(move |v| (d, v.hs)))
+            .filter(|&(d, hs)| self.flash_supported(d, hs))
+            .collect()
+    }
+
     pub(crate) fn flash_supported(&self, dtype: DType, hs: usize) -> bool {
         self.flash_variant(dtype, hs).is_ok()
     }

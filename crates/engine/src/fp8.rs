@@ -339,6 +339,15 @@ struct HostView {
 }
 
 impl<D: Fused> Fp8State<D> {
+    /// The lengths (f32 elements) of the metadata buffers [`Fp8State::new`] allocates for
+    /// `linears` linear layers: scale, scale_inv (`inv_stride` per operand, see
+    /// [`duet_device::Capabilities::fp8_scale_inv_stride`]), amax, amax history and fp8_max.
+    /// The model's buffer table plans with the same function.
+    pub fn buffer_lens(cfg: &DelayedScaling, linears: usize, inv_stride: usize) -> [usize; 5] {
+        let n = linears * Operand::ALL.len();
+        [n, n * inv_stride.max(1), n, n * cfg.amax_history_len, n]
+    }
+
     /// Metadata for `names.len()` linear layers (3 operands each, slot `3·i + operand`).
     pub fn new(
         dev: &D,
@@ -359,17 +368,19 @@ impl<D: Fused> Fp8State<D> {
                 ops.push(OperandScaling::new(d.max_finite().expect("fp8 dtype")));
             }
         }
-        let n = ops.len();
-        let mut scale = dev.alloc(DType::F32, n)?;
         let inv_stride = dev.capabilities().fp8_scale_inv_stride.max(1);
-        let mut scale_inv = dev.alloc(DType::F32, n * inv_stride)?;
+        let [n_scale, n_inv, n_amax, n_hist, n_max] =
+            Self::buffer_lens(&cfg, linears.len(), inv_stride);
+        let mut scale = dev.alloc(DType::F32, n_scale)?;
+        let mut scale_inv = dev.alloc(DType::F32, n_inv)?;
         dev.fill(&mut scale, 1.0)?;
         dev.fill(&mut scale_inv, 1.0)?;
-        let mut amax = dev.alloc(DType::F32, n)?;
+        let mut amax = dev.alloc(DType::F32, n_amax)?;
         dev.fill(&mut amax, 0.0)?;
-        let mut history = dev.alloc(DType::F32, n * cfg.amax_history_len)?;
+        let mut history = dev.alloc(DType::F32, n_hist)?;
         dev.fill(&mut history, 0.0)?;
         let maxes: Vec<f32> = ops.iter().map(|o| o.fp8_max).collect();
+        debug_assert_eq!(maxes.len(), n_max);
         let fp8_max = dev.upload_new(&maxes)?;
         Ok(Self {
             cfg,

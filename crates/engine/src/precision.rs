@@ -14,14 +14,11 @@
 //! LayerNorm statistics, biases and LayerNorm parameters, the logits, the softmax/cross-entropy,
 //! the losses and the other parameters' gradients stay f32 in every mode.
 
-use crate::config::Config;
-use crate::model::{Gpt, PrecisionPlan};
-use crate::optim::{AdamW, AdamWConfig};
+use crate::fp8::{DelayedScaling, Fp8Family};
 use crate::{EngineError, Result};
 use duet_device::{DType, DeviceInfo, Fused};
 use serde::{Deserialize, Serialize};
 use std::fmt;
-use std::sync::Arc;
 
 /// Storage of the linear layers' weight gradients (`train.weight_grad_dtype`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -244,6 +241,37 @@ fn probe_fp8<D: Fused>(dev: &D, info: &DeviceInfo) -> Result<std::result::Result
     }
 }
 
+/// How a model stores its weights and activations (see [`crate::precision`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct PrecisionPlan {
+    pub precision: Precision,
+    /// Delayed-scaling settings (fp8 only).
+    pub fp8: DelayedScaling,
+    /// FP8 encodings; `None` picks the device's ([`Fp8Family::of_device`]).
+    pub fp8_family: Option<Fp8Family>,
+    /// Store the linear layers' weight gradients in the activation dtype instead of f32 (see
+    /// [`crate::precision::WeightGradDtype`]); ignored when the activations are f32.
+    pub low_precision_weight_grads: bool,
+    /// Keep the MLP's GELU output for the backward pass (n × ffn per block more memory) instead
+    /// of recomputing it there; FP8 never writes it, so this changes nothing in FP8.
+    pub keep_gelu_output: bool,
+    /// Activation checkpointing: keep only the input of every segment of this many blocks and
+    /// recompute the segment in the backward pass (0 = off).
+    pub checkpoint_every: usize,
+    /// Ranks the optimizer state is split over (ZeRO-1); 0 or 1 = not split. Only the memory
+    /// estimate uses it: the sharded optimizer lives outside the model.
+    pub optimizer_shards: usize,
+}
+
+impl PrecisionPlan {
+    pub fn new(precision: Precision) -> Self {
+        Self {
+            precision,
+            ..Self::default()
+        }
+    }
+}
+
 /// FP16 loss scaling after PyTorch's `GradScaler`: a static factor, or a dynamic one that halves
 /// (and skips the step) whenever a gradient is inf/NaN and doubles after `growth_interval`
 /// consecutive finite steps.
@@ -335,79 +363,6 @@ impl LossScaler {
         }
         false
     }
-}
-
-/// The model, optimizer and loss scaler of a run in `cfg.train.precision` (already resolved
-/// against the device, see [`resolve_precision`]). FP32 gives exactly [`Gpt::new`] and
-/// [`AdamW::new`]; other precisions hold FP32 masters in the optimizer.
-#[allow(clippy::type_complexity)]
-pub fn build<D: Fused>(
-    dev: Arc<D>,
-    cfg: &Config,
-    weights: &[Vec<f32>],
-) -> Result<(Gpt<D>, AdamW<D>, Option<LossScaler>)> {
-    let model = build_model(dev.clone(), cfg, weights, false, 1)?;
-    let opt = build_optimizer(&*dev, cfg, &model, weights)?;
-    Ok((model, opt, build_scaler(cfg)))
-}
-
-/// The model alone, for one rank of a data-parallel run if `data_parallel`, planned with the
-/// optimizer state split over `optimizer_shards` ranks (ZeRO-1; 1 otherwise).
-pub fn build_model<D: Fused>(
-    dev: Arc<D>,
-    cfg: &Config,
-    weights: &[Vec<f32>],
-    data_parallel: bool,
-    optimizer_shards: usize,
-) -> Result<Gpt<D>> {
-    let t = &cfg.train;
-    let plan = PrecisionPlan {
-        precision: t.precision,
-        low_precision_weight_grads: t
-            .weight_grad_dtype
-            .low_precision(t.precision, data_parallel),
-        keep_gelu_output: !t.recompute_gelu,
-        fp8: t.delayed_scaling(),
-        fp8_family: None,
-        checkpoint_every: t.checkpoint_every,
-        optimizer_shards,
-    };
-    Gpt::with_precision(dev, &cfg.model, t.batch, t.seq, weights, plan)
-}
-
-/// AdamW's hyper-parameters from the config.
-pub fn adamw_config(cfg: &Config) -> AdamWConfig {
-    let t = &cfg.train;
-    AdamWConfig {
-        beta1: t.beta1,
-        beta2: t.beta2,
-        eps: t.eps,
-        weight_decay: t.weight_decay,
-        grad_clip: t.grad_clip,
-    }
-}
-
-/// The replicated optimizer for `model`: FP32 moments, and FP32 masters for every weight whose
-/// working copy is not f32.
-pub fn build_optimizer<D: Fused>(
-    dev: &D,
-    cfg: &Config,
-    model: &Gpt<D>,
-    weights: &[Vec<f32>],
-) -> Result<AdamW<D>> {
-    let ocfg = adamw_config(cfg);
-    if cfg.train.precision == Precision::Fp32 {
-        AdamW::new(dev, ocfg, model.specs())
-    } else {
-        AdamW::with_masters(dev, ocfg, model.specs(), model.params(), weights)
-    }
-}
-
-/// The loss scaler: FP16, or any precision given a static `loss_scale`.
-pub fn build_scaler(cfg: &Config) -> Option<LossScaler> {
-    let t = &cfg.train;
-    (t.precision == Precision::Fp16 || t.loss_scale > 0.0)
-        .then(|| LossScaler::for_precision(t.precision, t.loss_scale))
 }
 
 /// Checkpoint support: the scaler's resumable state.

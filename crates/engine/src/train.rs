@@ -7,8 +7,9 @@ use crate::dataset::{Batch, Prefetcher, Source, TokenFile, validation_batches};
 use crate::dist::zero::ShardedAdamW;
 use crate::dist::{Dist, DpOptions, local_batch, plan_buckets, ready_groups};
 use crate::model::{Fp8Codes, Gpt, init_weights};
+use crate::optim::AdamWConfig;
 use crate::optim::{AdamW, StepStats};
-use crate::precision::LossScaler;
+use crate::precision::{LossScaler, Precision, PrecisionPlan};
 use crate::rng::Rng;
 use crate::{EngineError, Result};
 use duet_device::{Buffer, Collective, DType, DeviceExt, Fused, ReduceOp};
@@ -184,13 +185,12 @@ impl<D: Fused> Trainer<D> {
             Some((comm, o)) if o.zero => comm.world_size(),
             _ => 1,
         };
-        let model =
-            crate::precision::build_model(dev.clone(), &local, weights, dp.is_some(), zero_shards)?;
-        let scaler = crate::precision::build_scaler(&local);
+        let model = build_model(dev.clone(), &local, weights, dp.is_some(), zero_shards)?;
+        let scaler = build_scaler(&local);
         let opt = if matches!(&dp, Some((_, o)) if o.zero) {
-            AdamW::new(&*dev, crate::precision::adamw_config(&local), &[])?
+            AdamW::new(&*dev, adamw_config(&local), &[])?
         } else {
-            crate::precision::build_optimizer(&*dev, &local, &model, weights)?
+            build_optimizer(&*dev, &local, &model, weights)?
         };
         let dist = match dp {
             None => None,
@@ -1015,4 +1015,62 @@ pub fn argmax(xs: &[f32]) -> usize {
         }
     }
     best
+}
+/// The model alone, for one rank of a data-parallel run if `data_parallel`, planned with the
+/// optimizer state split over `optimizer_shards` ranks (ZeRO-1; 1 otherwise).
+fn build_model<D: Fused>(
+    dev: Arc<D>,
+    cfg: &Config,
+    weights: &[Vec<f32>],
+    data_parallel: bool,
+    optimizer_shards: usize,
+) -> Result<Gpt<D>> {
+    let t = &cfg.train;
+    let plan = PrecisionPlan {
+        precision: t.precision,
+        low_precision_weight_grads: t
+            .weight_grad_dtype
+            .low_precision(t.precision, data_parallel),
+        keep_gelu_output: !t.recompute_gelu,
+        fp8: t.delayed_scaling(),
+        fp8_family: None,
+        checkpoint_every: t.checkpoint_every,
+        optimizer_shards,
+    };
+    Gpt::with_precision(dev, &cfg.model, t.batch, t.seq, weights, plan)
+}
+
+/// AdamW's hyper-parameters from the config.
+fn adamw_config(cfg: &Config) -> AdamWConfig {
+    let t = &cfg.train;
+    AdamWConfig {
+        beta1: t.beta1,
+        beta2: t.beta2,
+        eps: t.eps,
+        weight_decay: t.weight_decay,
+        grad_clip: t.grad_clip,
+    }
+}
+
+/// The replicated optimizer for `model`: FP32 moments, and FP32 masters for every weight whose
+/// working copy is not f32.
+fn build_optimizer<D: Fused>(
+    dev: &D,
+    cfg: &Config,
+    model: &Gpt<D>,
+    weights: &[Vec<f32>],
+) -> Result<AdamW<D>> {
+    let ocfg = adamw_config(cfg);
+    if cfg.train.precision == Precision::Fp32 {
+        AdamW::new(dev, ocfg, model.specs())
+    } else {
+        AdamW::with_masters(dev, ocfg, model.specs(), model.params(), weights)
+    }
+}
+
+/// The loss scaler: FP16, or any precision given a static `loss_scale`.
+fn build_scaler(cfg: &Config) -> Option<LossScaler> {
+    let t = &cfg.train;
+    (t.precision == Precision::Fp16 || t.loss_scale > 0.0)
+        .then(|| LossScaler::for_precision(t.precision, t.loss_scale))
 }

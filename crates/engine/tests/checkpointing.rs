@@ -125,7 +125,8 @@ fn checkpointing_every_block_saves_the_most() {
 
 #[test]
 fn fp8_recompute_records_no_amax() {
-    use duet_engine::model::{Gpt, PrecisionPlan, init_weights};
+    use duet_engine::model::{Gpt, init_weights};
+    use duet_engine::precision::PrecisionPlan;
     let cfg = config(Precision::Fp8, 2);
     let dev = Arc::new(CpuDevice::new(Some(2)).unwrap());
     let weights = init_weights(&cfg.model, 1);
@@ -158,15 +159,28 @@ fn fp8_recompute_records_no_amax() {
     }
 }
 
+/// The memory estimate is the buffer table the model allocates: what the device's allocator
+/// counts while the model is built equals the estimate's model part to the byte, and building
+/// the optimizer adds exactly its optimizer part, in every precision and plan.
 #[test]
-fn memory_estimate_tracks_the_plan() {
-    use duet_engine::model::{Gpt, PrecisionPlan, estimate_memory, init_weights};
+fn memory_estimate_is_what_is_allocated() {
+    use duet_device::Device;
+    use duet_engine::model::{Gpt, estimate_memory, init_weights};
+    use duet_engine::optim::{AdamW, AdamWConfig};
+    use duet_engine::precision::PrecisionPlan;
     let mut cfg = Config::preset(Preset::Default);
     cfg.train.batch = 4;
     let dev = Arc::new(CpuDevice::new(Some(2)).unwrap());
     let weights = init_weights(&cfg.model, 1);
-    for precision in [Precision::Fp32, Precision::Bf16, Precision::Fp8] {
-        for (every, low_grads, keep_gelu) in [(0, false, false), (1, false, true), (0, true, true)]
+    let ocfg = AdamWConfig {
+        beta1: 0.9,
+        beta2: 0.95,
+        eps: 1e-8,
+        weight_decay: 0.1,
+        grad_clip: 1.0,
+    };
+    for precision in Precision::ALL {
+        for (every, low_grads, keep_gelu) in [(0, false, false), (1, false, true), (3, true, true)]
         {
             let plan = PrecisionPlan {
                 checkpoint_every: every,
@@ -175,12 +189,29 @@ fn memory_estimate_tracks_the_plan() {
                 ..PrecisionPlan::new(precision)
             };
             let (b, t) = (cfg.train.batch, cfg.train.seq);
-            let est = estimate_memory(&cfg.model, b, t, &plan) as f64;
+            let est = estimate_memory(&*dev, &cfg.model, b, t, &plan);
+            let before = dev.memory_stats().current;
             let m = Gpt::with_precision(dev.clone(), &cfg.model, b, t, &weights, plan).unwrap();
-            let actual = m.memory_plan().total() as f64;
-            assert!(
-                (0.9..1.35).contains(&(est / actual)),
-                "{precision:?} every {every}: estimate {est} vs plan {actual}"
+            let model = dev.memory_stats().current - before;
+            assert_eq!(
+                model,
+                est.model_bytes(),
+                "{precision:?} every {every}: allocated vs estimated"
+            );
+            assert_eq!(m.memory_plan(), &est);
+            let opt = if precision == Precision::Fp32 {
+                AdamW::new(&*dev, ocfg, m.specs())
+            } else {
+                AdamW::with_masters(&*dev, ocfg, m.specs(), m.params(), &weights)
+            }
+            .unwrap();
+            let optimizer = dev.memory_stats().current - before - model;
+            assert_eq!(optimizer, est.optimizer, "{precision:?}: optimizer state");
+            drop((m, opt));
+            assert_eq!(
+                dev.memory_stats().current,
+                before,
+                "{precision:?}: all freed"
             );
         }
     }

@@ -4,9 +4,10 @@
 
 use duet_cpu::CpuDevice;
 use duet_device::{DType, DeviceExt};
-use duet_engine::model::{Gpt, PrecisionPlan, init_weights};
+use duet_engine::model::{Gpt, init_weights};
 use duet_engine::optim::{AdamW, AdamWConfig, StepStats};
 use duet_engine::precision::LossScaler;
+use duet_engine::precision::PrecisionPlan;
 use duet_engine::{Config, Precision, Preset, Trainer};
 use std::sync::{Arc, OnceLock};
 

@@ -311,7 +311,8 @@ fn delayed_scaling_follows_the_amaxes_the_device_records() {
 
 #[test]
 fn fp8_models_need_gemm_dimensions_divisible_by_16() {
-    use duet_engine::model::{Gpt, PrecisionPlan, init_weights};
+    use duet_engine::model::{Gpt, init_weights};
+    use duet_engine::precision::PrecisionPlan;
     use duet_engine::{Config, Precision, Preset};
     use std::sync::Arc;
     let dev = Arc::new(CpuDevice::new(Some(1)).unwrap());

@@ -1,0 +1,513 @@
+use super::LN_EPS;
+use super::attention::{attention_backward, attention_forward};
+use super::fp8_codes::Fp8Bufs;
+use super::linear::{
+    GradIo, LinearInput, linear_act_forward, linear_backward, linear_forward, linear_gelu_forward,
+};
+use super::params::{BlockParam, param_index};
+use crate::Result;
+use duet_device::{Buffer, DeviceError, Fused};
+
+buffers! {
+/// Activations one block saves for its backward pass.
+pub(super) struct BlockActs<B> {
+    ln1,
+    ln1_mean,
+    ln1_rstd,
+    /// The attention's input (q, k and v are split from it again in the backward pass, and the
+    /// attention probabilities recomputed: no `t × t` matrix is kept per block).
+    qkv,
+    attc,
+    /// Residual stream after attention.
+    res2,
+    ln2,
+    ln2_mean,
+    ln2_rstd,
+    /// The MLP's hidden pre-activation.
+    fch,
+    /// gelu(fch), where the plan keeps it ([`PrecisionPlan::keep_gelu_output`]); empty when the
+    /// backward pass recomputes it (and always in FP8, which never writes it).
+    gelu,
+    /// Residual stream after the MLP (the block's output).
+    res3,
+    /// Fused (flash) attention only: the log-sum-exp of each attention row (f32,
+    /// `b × nh × t`), what its backward pass needs instead of the probabilities. Empty when
+    /// the unfused ops run.
+    lse,
+}
+}
+
+buffers! {
+/// Scratch buffers the forward and backward passes reuse across blocks. The three score-sized
+/// buffers hold one chunk of `Dims::ab` attention matrices (`ab × t × t`), not all `b·nh`.
+pub(super) struct Scratch<B> {
+    /// Scores, and in the backward pass their gradient.
+    scores,
+    probs,
+    dprobs,
+    /// Heads split from a block's `qkv` (`b × nh × t × hs` each).
+    q,
+    k,
+    v,
+    dresid,
+    d_c,
+    d_c2,
+    dq,
+    dk,
+    dv,
+    dqkv,
+    /// The gradient of the MLP's hidden activation; empty where it shares `d_f2` (see
+    /// [`GradIo::Shared`]).
+    d_f,
+    /// gelu(fch): the MLP's hidden activation (forward), recomputed for the weight gradient
+    /// and then overwritten by its gradient when `d_f` is empty.
+    d_f2,
+}
+}
+
+/// The shapes a block works with.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Dims {
+    pub(super) b: usize,
+    pub(super) t: usize,
+    pub(super) c: usize,
+    pub(super) nh: usize,
+    pub(super) hs: usize,
+    pub(super) f: usize,
+    pub(super) n: usize,
+    /// Attention matrices (of the `b·nh`) handled per chunk; divides `b·nh`.
+    pub(super) ab: usize,
+    /// The backend's fused attention runs (see [`Fused::flash_attention_forward`]).
+    pub(super) flash: bool,
+}
+
+/// One block's forward pass from `x` into its activations `a`.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn block_forward<D: Fused>(
+    dev: &D,
+    p: &[D::Buffer],
+    q8: &mut Option<Fp8Bufs<D>>,
+    record: bool,
+    l: usize,
+    x: &D::Buffer,
+    a: &mut BlockActs<D::Buffer>,
+    s: &mut Scratch<D::Buffer>,
+    d: Dims,
+) -> Result<()> {
+    let Dims {
+        b,
+        t,
+        c,
+        nh,
+        hs,
+        f,
+        n,
+        ..
+    } = d;
+    let scale = 1.0 / (hs as f32).sqrt();
+    let w = |bp: BlockParam| &p[param_index(l, bp)];
+    // Attention. FP8 keeps no LayerNorm output: it exists only inside the quantisation of
+    // the next layer's input.
+    let fp8 = q8.is_some();
+    let ln1 = if fp8 {
+        LinearInput::LayerNormOf {
+            x,
+            gamma: w(BlockParam::Ln1W),
+            beta: w(BlockParam::Ln1B),
+            mean: &mut a.ln1_mean,
+            rstd: &mut a.ln1_rstd,
+        }
+    } else {
+        dev.layernorm_forward(
+            x,
+            w(BlockParam::Ln1W),
+            w(BlockParam::Ln1B),
+            &mut a.ln1,
+            &mut a.ln1_mean,
+            &mut a.ln1_rstd,
+            n,
+            c,
+            LN_EPS,
+        )?;
+        LinearInput::Plain(&a.ln1)
+    };
+    linear_act_forward(
+        dev,
+        q8.as_mut().map(|q| (q, 4 * l)),
+        record,
+        ln1,
+        w(BlockParam::AttnW),
+        w(BlockParam::AttnB),
+        &mut a.qkv,
+        None,
+        None,
+        n,
+        c,
+        3 * c,
+    )?;
+    if d.flash {
+        dev.flash_attention_forward(&a.qkv, &mut a.attc, &mut a.lse, b, t, nh, hs, scale)?;
+    } else {
+        dev.split_heads(&a.qkv, &mut s.q, &mut s.k, &mut s.v, b, t, nh, hs)?;
+        attention_forward(dev, s, d, scale)?;
+        dev.merge_heads(&s.d_c2, &mut a.attc, b, t, nh, hs, false)?;
+    }
+    linear_forward(
+        dev,
+        q8.as_mut().map(|q| (q, 4 * l + 1)),
+        record,
+        &a.attc,
+        w(BlockParam::ProjW),
+        w(BlockParam::ProjB),
+        &mut a.res2,
+        Some(x),
+        n,
+        c,
+        c,
+    )?;
+    // MLP.
+    // gelu(fch) lives in the block's activations where the plan keeps it, else in scratch (the
+    // backward pass recomputes it). FP8 never writes it: the GELU runs inside the quantisation
+    // of the next layer's input.
+    let keep_gelu = !a.gelu.is_empty();
+    if fp8 {
+        let ln2 = LinearInput::LayerNormOf {
+            x: &a.res2,
+            gamma: w(BlockParam::Ln2W),
+            beta: w(BlockParam::Ln2B),
+            mean: &mut a.ln2_mean,
+            rstd: &mut a.ln2_rstd,
+        };
+        linear_act_forward(
+            dev,
+            q8.as_mut().map(|q| (q, 4 * l + 2)),
+            record,
+            ln2,
+            w(BlockParam::FcW),
+            w(BlockParam::FcB),
+            &mut a.fch,
+            None,
+            None,
+            n,
+            c,
+            f,
+        )?;
+    } else {
+        dev.layernorm_forward(
+            &a.res2,
+            w(BlockParam::Ln2W),
+            w(BlockParam::Ln2B),
+            &mut a.ln2,
+            &mut a.ln2_mean,
+            &mut a.ln2_rstd,
+            n,
+            c,
+            LN_EPS,
+        )?;
+        linear_gelu_forward(
+            dev,
+            None,
+            record,
+            &a.ln2,
+            w(BlockParam::FcW),
+            w(BlockParam::FcB),
+            &mut a.fch,
+            if keep_gelu { &mut a.gelu } else { &mut s.d_f2 },
+            n,
+            c,
+            f,
+        )?;
+    }
+    linear_act_forward(
+        dev,
+        q8.as_mut().map(|q| (q, 4 * l + 3)),
+        record,
+        match (fp8, keep_gelu) {
+            (true, _) => LinearInput::GeluOf(&a.fch),
+            (false, true) => LinearInput::Plain(&a.gelu),
+            (false, false) => LinearInput::Plain(&s.d_f2),
+        },
+        w(BlockParam::FcProjW),
+        w(BlockParam::FcProjB),
+        &mut a.res3,
+        Some(&a.res2),
+        None,
+        n,
+        f,
+        c,
+    )?;
+    Ok(())
+}
+
+/// One block's backward pass: consumes `s.dresid` (the gradient of the block's output) and
+/// leaves the gradient of its input there; accumulates the block's parameter gradients.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn block_backward<D: Fused>(
+    dev: &D,
+    p: &[D::Buffer],
+    g: &mut [D::Buffer],
+    s: &mut Scratch<D::Buffer>,
+    q8: &mut Option<Fp8Bufs<D>>,
+    zeros_c: &D::Buffer,
+    l: usize,
+    x: &D::Buffer,
+    a: &BlockActs<D::Buffer>,
+    d: Dims,
+) -> Result<()> {
+    let Dims {
+        b,
+        t,
+        c,
+        nh,
+        hs,
+        f,
+        n,
+        ..
+    } = d;
+    let scale = 1.0 / (hs as f32).sqrt();
+    let w = |bp: BlockParam| &p[param_index(l, bp)];
+    let gi = |bp: BlockParam| param_index(l, bp);
+    // res3 = res2 + gelu(fch) · FcProjWᵀ + FcProjB; dresid passes through unchanged. The weight
+    // gradient needs gelu(fch): kept by the forward pass, or recomputed into d_f2 (bit for bit
+    // what the forward pass used; FP8 keeps its own transposed copy instead).
+    let keep_gelu = !a.gelu.is_empty();
+    let fp8 = q8.is_some();
+    if !fp8 && !keep_gelu {
+        dev.gelu_forward(&a.fch, &mut s.d_f2)?;
+    }
+    let one_buffer = s.d_f.is_empty();
+    let fused_gelu = {
+        let (gw, gb) = two_mut(g, gi(BlockParam::FcProjW), gi(BlockParam::FcProjB));
+        let io = match (keep_gelu, one_buffer) {
+            (true, _) => GradIo::Split {
+                x: &a.gelu,
+                dx: if one_buffer { &mut s.d_f2 } else { &mut s.d_f },
+            },
+            (false, true) => GradIo::Shared(&mut s.d_f2),
+            (false, false) => GradIo::Split {
+                x: &s.d_f2,
+                dx: &mut s.d_f,
+            },
+        };
+        // mlp.c_proj's bias gradient came out of the LayerNorm backward that wrote dresid
+        // (16-bit runs; FP8 sums it in the quantisation of dresid).
+        linear_backward(
+            dev,
+            q8.as_mut().map(|q| (q, 4 * l + 3)),
+            &s.dresid,
+            io,
+            w(BlockParam::FcProjW),
+            gw,
+            fp8.then_some(gb),
+            Some(&a.fch),
+            None,
+            n,
+            f,
+            c,
+        )?
+    };
+    // The gradient of fch: fused into the GEMM above, into FP8's quantisation below, or a
+    // separate pass into d_f2.
+    let gelu_in_quantize = q8.is_some();
+    let unfused = !fused_gelu && !gelu_in_quantize;
+    if unfused && one_buffer {
+        return Err(DeviceError::InvalidArgument(
+            "the backend's fused GEMM epilogues were switched off after the model was built \
+             (its memory plan relies on them): build the model again"
+                .into(),
+        )
+        .into());
+    }
+    if unfused {
+        dev.gelu_backward(&a.fch, &s.d_f, &mut s.d_f2)?;
+    }
+    let d_hidden = if one_buffer || unfused {
+        &s.d_f2
+    } else {
+        &s.d_f
+    };
+    {
+        let (gw, gb) = two_mut(g, gi(BlockParam::FcW), gi(BlockParam::FcB));
+        linear_backward(
+            dev,
+            q8.as_mut().map(|q| (q, 4 * l + 2)),
+            d_hidden,
+            GradIo::Split {
+                x: &a.ln2,
+                dx: &mut s.d_c,
+            },
+            w(BlockParam::FcW),
+            gw,
+            Some(gb),
+            None,
+            gelu_in_quantize.then_some(&a.fch),
+            n,
+            c,
+            f,
+        )?;
+    }
+    {
+        // dresid becomes the gradient of res2: its column sum is attn.c_proj's bias gradient.
+        let sum = (!fp8).then(|| gi(BlockParam::ProjB));
+        let (gw, gb, dsum) = ln_grads(g, gi(BlockParam::Ln2W), gi(BlockParam::Ln2B), sum);
+        layernorm_backward(
+            dev,
+            &s.d_c,
+            &a.res2,
+            w(BlockParam::Ln2W),
+            &a.ln2_mean,
+            &a.ln2_rstd,
+            &mut s.dresid,
+            gw,
+            gb,
+            dsum,
+            n,
+            c,
+        )?;
+    }
+    // res2 = x + attc · ProjWᵀ + ProjB.
+    {
+        let (gw, gb) = two_mut(g, gi(BlockParam::ProjW), gi(BlockParam::ProjB));
+        linear_backward(
+            dev,
+            q8.as_mut().map(|q| (q, 4 * l + 1)),
+            &s.dresid,
+            GradIo::Split {
+                x: &a.attc,
+                dx: &mut s.d_c,
+            },
+            w(BlockParam::ProjW),
+            gw,
+            fp8.then_some(gb),
+            None,
+            None,
+            n,
+            c,
+            c,
+        )?;
+    }
+    if d.flash {
+        dev.flash_attention_backward(
+            &a.qkv,
+            &a.attc,
+            &s.d_c,
+            &a.lse,
+            &mut s.dqkv,
+            b,
+            t,
+            nh,
+            hs,
+            scale,
+        )?;
+    } else {
+        // attc = merge(atty): the gradient goes back through the inverse permutation.
+        dev.merge_heads(&s.d_c, &mut s.d_c2, b, t, nh, hs, true)?;
+        // q, k and v are split from the saved qkv again (the forward pass kept no copy).
+        dev.split_heads(&a.qkv, &mut s.q, &mut s.k, &mut s.v, b, t, nh, hs)?;
+        attention_backward(dev, s, d, scale)?;
+        dev.split_heads_backward(&s.dq, &s.dk, &s.dv, &mut s.dqkv, b, t, nh, hs)?;
+    }
+    {
+        let (gw, gb) = two_mut(g, gi(BlockParam::AttnW), gi(BlockParam::AttnB));
+        linear_backward(
+            dev,
+            q8.as_mut().map(|q| (q, 4 * l)),
+            &s.dqkv,
+            GradIo::Split {
+                x: &a.ln1,
+                dx: &mut s.d_c,
+            },
+            w(BlockParam::AttnW),
+            gw,
+            Some(gb),
+            None,
+            None,
+            n,
+            c,
+            3 * c,
+        )?;
+        // The key bias adds q_i·b to a whole row of scores, which the softmax ignores: its
+        // gradient is exactly zero, and what a GEMM leaves there is rounding noise that Adam
+        // would turn into lr-sized random updates (different on every backend). Make it exactly
+        // zero.
+        dev.copy(zeros_c, 0, gb, c, c)?;
+    }
+    {
+        // dresid becomes the gradient of this block's input, the previous block's res3: its
+        // column sum is that block's mlp.c_proj bias gradient.
+        let sum = (l > 0 && !fp8).then(|| param_index(l - 1, BlockParam::FcProjB));
+        let (gw, gb, dsum) = ln_grads(g, gi(BlockParam::Ln1W), gi(BlockParam::Ln1B), sum);
+        layernorm_backward(
+            dev,
+            &s.d_c,
+            x,
+            w(BlockParam::Ln1W),
+            &a.ln1_mean,
+            &a.ln1_rstd,
+            &mut s.dresid,
+            gw,
+            gb,
+            dsum,
+            n,
+            c,
+        )?;
+    }
+    Ok(())
+}
+
+/// [`Device::layernorm_backward`], with `dsum += Σ_rows dx` (after the update) in the same pass
+/// where given: the bias gradient of the linear layer whose output `dx` is the gradient of.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn layernorm_backward<D: Fused>(
+    dev: &D,
+    dout: &D::Buffer,
+    x: &D::Buffer,
+    gamma: &D::Buffer,
+    mean: &D::Buffer,
+    rstd: &D::Buffer,
+    dx: &mut D::Buffer,
+    dgamma: &mut D::Buffer,
+    dbeta: &mut D::Buffer,
+    dsum: Option<&mut D::Buffer>,
+    n: usize,
+    c: usize,
+) -> Result<()> {
+    match dsum {
+        Some(dsum) => dev
+            .layernorm_backward_colsum(dout, x, gamma, mean, rstd, dx, dgamma, dbeta, dsum, n, c)?,
+        None => dev.layernorm_backward(dout, x, gamma, mean, rstd, dx, dgamma, dbeta, n, c)?,
+    }
+    Ok(())
+}
+
+/// A LayerNorm's weight and bias gradients (`w`, `b`) and, where given, the gradient its
+/// backward pass also sums the residual gradient into (`sum`, a linear layer's bias).
+pub(super) fn ln_grads<B>(
+    g: &mut [B],
+    w: usize,
+    b: usize,
+    sum: Option<usize>,
+) -> (&mut B, &mut B, Option<&mut B>) {
+    match sum {
+        Some(s) => {
+            let [gw, gb, gs] = g.get_disjoint_mut([w, b, s]).expect("distinct parameters");
+            (gw, gb, Some(gs))
+        }
+        None => {
+            let (gw, gb) = two_mut(g, w, b);
+            (gw, gb, None)
+        }
+    }
+}
+
+/// Two distinct mutable elements of a slice.
+pub(super) fn two_mut<T>(v: &mut [T], i: usize, j: usize) -> (&mut T, &mut T) {
+    assert_ne!(i, j, "two_mut needs distinct indices");
+    if i < j {
+        let (lo, hi) = v.split_at_mut(j);
+        (&mut lo[i], &mut hi[0])
+    } else {
+        let (lo, hi) = v.split_at_mut(i);
+        (&mut hi[0], &mut lo[j])
+    }
+}

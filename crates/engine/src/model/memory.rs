@@ -1,0 +1,429 @@
+//! The buffer table: every buffer a model allocates, with its dtype, length and the part of the
+//! memory plan it counts towards, computed once from the shapes and the precision plan (after
+//! llm.c's tensor specs). [`Gpt::with_precision`](super::Gpt::with_precision) allocates exactly
+//! this table and [`estimate_memory`] sums it, so the estimate and the allocation agree to the
+//! byte.
+
+use super::attention::attention_chunk;
+use super::blocks::{BlockActs, Scratch};
+use super::fp8_codes::{LINEARS, is_linear_weight, linear_dims};
+use super::params::param_specs;
+use crate::EngineError;
+use crate::config::ModelConfig;
+use crate::fp8::{Fp8Family, Fp8State};
+use crate::precision::{Precision, PrecisionPlan};
+use duet_device::{DType, Fused};
+
+/// Declares a struct whose fields are all buffers (`B`), with `try_map` (allocate a table of
+/// [`BufSpec`]s field by field) and `each` (visit every buffer). One field list, so a buffer
+/// cannot be planned and not allocated, or the reverse.
+macro_rules! buffers {
+    ($(#[$sm:meta])* $vis:vis struct $name:ident<B> { $($(#[$fm:meta])* $f:ident),* $(,)? }) => {
+        $(#[$sm])*
+        #[derive(Clone)]
+        $vis struct $name<B> { $($(#[$fm])* pub(super) $f: B,)* }
+        impl<B> $name<B> {
+            pub(super) fn try_map<C, E>(
+                self,
+                f: &mut impl FnMut(B) -> std::result::Result<C, E>,
+            ) -> std::result::Result<$name<C>, E> {
+                Ok($name { $($f: f(self.$f)?,)* })
+            }
+            #[allow(dead_code)]
+            pub(super) fn each<'a>(&'a self, f: &mut impl FnMut(&'a B)) {
+                $(f(&self.$f);)*
+            }
+        }
+    };
+}
+
+/// Which part of the [`MemoryPlan`] a buffer counts towards.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Params,
+    Grads,
+    Activations,
+    Scratch,
+}
+
+/// One entry of the buffer table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BufSpec {
+    pub dtype: DType,
+    pub len: usize,
+    pub kind: Kind,
+}
+
+impl BufSpec {
+    pub fn bytes(&self) -> u64 {
+        (self.len * self.dtype.size_bytes()) as u64
+    }
+}
+
+/// FP8 copies of the linear layers' operands (see [`super::fp8_codes::Fp8Bufs`]).
+pub(super) struct Fp8Layout<B> {
+    pub(super) x8: Vec<B>,
+    pub(super) x8t: Vec<B>,
+    pub(super) w8: Vec<B>,
+    pub(super) w8t: Vec<B>,
+    pub(super) dy8: Vec<B>,
+    pub(super) dy8t: Vec<B>,
+    pub(super) amax_discard: B,
+    /// The scaling metadata [`Fp8State::new`] allocates (planned here, allocated there from
+    /// the same [`Fp8State::buffer_lens`]).
+    pub(super) state: Vec<B>,
+}
+
+/// Every buffer of a model, as specs ([`Buffers::plan`]) or allocated.
+pub(super) struct Buffers<B> {
+    pub(super) params: Vec<B>,
+    pub(super) grads: Vec<B>,
+    pub(super) tokens: B,
+    pub(super) targets: B,
+    pub(super) encoded: B,
+    pub(super) blocks: Vec<BlockActs<B>>,
+    pub(super) seg_inputs: Vec<B>,
+    pub(super) lnf: B,
+    pub(super) lnf_mean: B,
+    pub(super) lnf_rstd: B,
+    pub(super) logits: B,
+    pub(super) losses: B,
+    pub(super) dlogits: B,
+    pub(super) dlogits_lp: Option<B>,
+    pub(super) zeros_c: B,
+    pub(super) scratch: Scratch<B>,
+    pub(super) fp8: Option<Fp8Layout<B>>,
+}
+
+fn map_vec<B, C, E>(
+    v: Vec<B>,
+    f: &mut impl FnMut(B) -> std::result::Result<C, E>,
+) -> std::result::Result<Vec<C>, E> {
+    v.into_iter().map(&mut *f).collect()
+}
+
+impl<B> Buffers<B> {
+    /// Allocates (or otherwise maps) every entry, in table order.
+    pub(super) fn try_map<C, E>(
+        self,
+        f: &mut impl FnMut(B) -> std::result::Result<C, E>,
+    ) -> std::result::Result<Buffers<C>, E> {
+        Ok(Buffers {
+            params: map_vec(self.params, f)?,
+            grads: map_vec(self.grads, f)?,
+            tokens: f(self.tokens)?,
+            targets: f(self.targets)?,
+            encoded: f(self.encoded)?,
+            blocks: self
+                .blocks
+                .into_iter()
+                .map(|k| k.try_map(f))
+                .collect::<std::result::Result<_, _>>()?,
+            seg_inputs: map_vec(self.seg_inputs, f)?,
+            lnf: f(self.lnf)?,
+            lnf_mean: f(self.lnf_mean)?,
+            lnf_rstd: f(self.lnf_rstd)?,
+            logits: f(self.logits)?,
+            losses: f(self.losses)?,
+            dlogits: f(self.dlogits)?,
+            dlogits_lp: self.dlogits_lp.map(&mut *f).transpose()?,
+            zeros_c: f(self.zeros_c)?,
+            scratch: self.scratch.try_map(f)?,
+            fp8: match self.fp8 {
+                None => None,
+                Some(q) => Some(Fp8Layout {
+                    x8: map_vec(q.x8, f)?,
+                    x8t: map_vec(q.x8t, f)?,
+                    w8: map_vec(q.w8, f)?,
+                    w8t: map_vec(q.w8t, f)?,
+                    dy8: map_vec(q.dy8, f)?,
+                    dy8t: map_vec(q.dy8t, f)?,
+                    amax_discard: f(q.amax_discard)?,
+                    state: map_vec(q.state, f)?,
+                }),
+            },
+        })
+    }
+}
+
+impl Buffers<BufSpec> {
+    /// The table for batch `b` × sequence `t` on `dev` (whose capabilities decide whether
+    /// attention runs fused and whether the MLP's GELU backward needs its own buffer).
+    pub(super) fn plan<D: Fused>(
+        dev: &D,
+        cfg: &ModelConfig,
+        b: usize,
+        t: usize,
+        plan: &PrecisionPlan,
+    ) -> Self {
+        let f32 = DType::F32;
+        let act = plan.precision.activation_dtype();
+        let is_fp8 = plan.precision == Precision::Fp8;
+        let spec = |dtype: DType, len: usize, kind: Kind| BufSpec { dtype, len, kind };
+        let specs = param_specs(cfg);
+        let mut params = Vec::with_capacity(specs.len());
+        let mut grads = Vec::with_capacity(specs.len());
+        for (i, s) in specs.iter().enumerate() {
+            // FP8: the linear layers' weights reach the GEMMs only as FP8 codes, quantised
+            // from these f32 weights (which the optimizer updates in place: no master copy,
+            // no 16-bit copy).
+            let fp8_weight = is_fp8 && is_linear_weight(cfg, i);
+            let dtype = if s.low_precision() && !fp8_weight {
+                act
+            } else {
+                f32
+            };
+            params.push(spec(dtype, s.numel(), Kind::Params));
+            let low_grad = plan.low_precision_weight_grads && is_linear_weight(cfg, i);
+            grads.push(spec(
+                if low_grad { act } else { f32 },
+                s.numel(),
+                Kind::Grads,
+            ));
+        }
+        let (c, f, nh, v) = (cfg.d_model, cfg.ffn, cfg.heads, cfg.vocab);
+        let n = b * t;
+        // Fused attention where the backend has it for this dtype and head size: then no score
+        // matrix and no split q/k/v exist at all.
+        let caps = dev.capabilities();
+        let flash = caps.flash_attention(act, c / nh.max(1));
+        let att = if flash {
+            0
+        } else {
+            attention_chunk(b * nh, t) * t * t
+        };
+        let a = |len: usize| spec(act, len, Kind::Activations);
+        let a32 = |len: usize| spec(f32, len, Kind::Activations);
+        let s = |len: usize| spec(act, len, Kind::Scratch);
+        // With checkpointing, one segment's worth of block activations is reused by every
+        // segment, and only each segment's input is kept.
+        let ckpt = plan.checkpoint_every;
+        let slots = if ckpt > 0 {
+            ckpt.min(cfg.layers)
+        } else {
+            cfg.layers
+        };
+        let segments = if ckpt > 0 {
+            cfg.layers.div_ceil(ckpt)
+        } else {
+            0
+        };
+        // FP8 keeps the LayerNorm outputs only as FP8 transposes.
+        let ln_len = if is_fp8 { 0 } else { n * c };
+        let block = BlockActs {
+            ln1: a(ln_len),
+            ln1_mean: a32(n),
+            ln1_rstd: a32(n),
+            qkv: a(n * 3 * c),
+            attc: a(n * c),
+            res2: a(n * c),
+            ln2: a(ln_len),
+            ln2_mean: a32(n),
+            ln2_rstd: a32(n),
+            fch: a(n * f),
+            gelu: a(if plan.keep_gelu_output && !is_fp8 {
+                n * f
+            } else {
+                0
+            }),
+            res3: a(n * c),
+            lse: a32(if flash { b * nh * t } else { 0 }),
+        };
+        // The MLP's hidden gradient can overwrite the recomputed GELU output (d_f2) where the
+        // GELU backward needs no separate pass: fused into the GEMM, or into FP8's quantisation.
+        let one_mlp_grad = is_fp8 || caps.gemm_epilogue(act);
+        let h = if flash { 0 } else { n * c };
+        let scratch = Scratch {
+            scores: s(att),
+            probs: s(att),
+            dprobs: s(att),
+            q: s(h),
+            k: s(h),
+            v: s(h),
+            dresid: s(n * c),
+            d_c: s(n * c),
+            d_c2: s(h),
+            dq: s(h),
+            dk: s(h),
+            dv: s(h),
+            dqkv: s(n * 3 * c),
+            d_f: s(if one_mlp_grad { 0 } else { n * f }),
+            d_f2: s(n * f),
+        };
+        let fp8 = is_fp8.then(|| {
+            let family = plan
+                .fp8_family
+                .unwrap_or_else(|| Fp8Family::of_device(&dev.info()));
+            let (fwd, bwd) = family.dtypes(plan.fp8.recipe);
+            let mut q = Fp8Layout {
+                x8: vec![],
+                x8t: vec![],
+                w8: vec![],
+                w8t: vec![],
+                dy8: vec![],
+                dy8t: vec![],
+                amax_discard: spec(f32, 0, Kind::Scratch),
+                state: vec![],
+            };
+            for _ in 0..cfg.layers {
+                for k in 0..LINEARS.len() {
+                    let (fi, fo) = linear_dims(cfg, k);
+                    q.x8t.push(spec(fwd, n * fi, Kind::Activations));
+                    q.w8.push(spec(fwd, fo * fi, Kind::Scratch));
+                    q.w8t.push(spec(fwd, fo * fi, Kind::Scratch));
+                }
+            }
+            for k in 0..LINEARS.len() {
+                let (fi, fo) = linear_dims(cfg, k);
+                q.x8.push(spec(fwd, n * fi, Kind::Scratch));
+                q.dy8.push(spec(bwd, n * fo, Kind::Scratch));
+                q.dy8t.push(spec(bwd, n * fo, Kind::Scratch));
+            }
+            let lens = Fp8State::<D>::buffer_lens(
+                &plan.fp8,
+                cfg.layers * LINEARS.len(),
+                caps.fp8_scale_inv_stride,
+            );
+            q.amax_discard.len = lens[2];
+            q.state = lens
+                .iter()
+                .map(|&len| spec(f32, len, Kind::Scratch))
+                .collect();
+            q
+        });
+        Buffers {
+            params,
+            grads,
+            tokens: spec(DType::I32, n, Kind::Activations),
+            targets: spec(DType::I32, n, Kind::Activations),
+            encoded: a(n * c),
+            blocks: vec![block; slots],
+            seg_inputs: vec![a(n * c); segments],
+            lnf: a(n * c),
+            lnf_mean: a32(n),
+            lnf_rstd: a32(n),
+            logits: a32(n * v),
+            losses: a32(n),
+            dlogits: a32(n * v),
+            dlogits_lp: (act != f32).then(|| s(n * v)),
+            zeros_c: spec(f32, c, Kind::Scratch),
+            scratch,
+            fp8,
+        }
+    }
+
+    /// Bytes per kind, and the optimizer state AdamW allocates for these parameters: two f32
+    /// moments each, an f32 master copy of every parameter whose working copy is not f32, and
+    /// its scalars; split over `optimizer_shards` ranks under ZeRO-1 (there the per-rank shard
+    /// is rounded up, an estimate rather than an exact count).
+    pub(super) fn memory_plan(&self, optimizer_shards: usize) -> MemoryPlan {
+        let mut m = MemoryPlan::default();
+        self.each(&mut |s| {
+            let slot = match s.kind {
+                Kind::Params => &mut m.params,
+                Kind::Grads => &mut m.grads,
+                Kind::Activations => &mut m.activations,
+                Kind::Scratch => &mut m.scratch,
+            };
+            *slot += s.bytes();
+        });
+        let moments: u64 = self.params.iter().map(|p| 8 * p.len as u64).sum();
+        let masters: u64 = self
+            .params
+            .iter()
+            .filter(|p| p.dtype != DType::F32)
+            .map(|p| 4 * p.len as u64)
+            .sum();
+        let scalars = 4 * duet_device::ADAMW_SCALARS as u64;
+        m.optimizer = (moments + masters + scalars).div_ceil(optimizer_shards.max(1) as u64);
+        m
+    }
+
+    /// Visits every spec.
+    fn each(&self, f: &mut impl FnMut(&BufSpec)) {
+        let mut g = |b: &BufSpec| f(b);
+        self.params.iter().chain(&self.grads).for_each(&mut g);
+        [&self.tokens, &self.targets, &self.encoded]
+            .into_iter()
+            .for_each(&mut g);
+        for k in &self.blocks {
+            k.each(&mut g);
+        }
+        self.seg_inputs.iter().for_each(&mut g);
+        [
+            &self.lnf,
+            &self.lnf_mean,
+            &self.lnf_rstd,
+            &self.logits,
+            &self.losses,
+            &self.dlogits,
+            &self.zeros_c,
+        ]
+        .into_iter()
+        .for_each(&mut g);
+        self.dlogits_lp.iter().for_each(&mut g);
+        self.scratch.each(&mut g);
+        if let Some(q) = &self.fp8 {
+            q.x8.iter()
+                .chain(&q.x8t)
+                .chain(&q.w8)
+                .chain(&q.w8t)
+                .chain(&q.dy8)
+                .chain(&q.dy8t)
+                .chain(std::iter::once(&q.amax_discard))
+                .chain(&q.state)
+                .for_each(&mut g);
+        }
+    }
+}
+
+/// Bytes held by each category of buffer (the memory plan), summed from the buffer table.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MemoryPlan {
+    /// The model's (working) weights.
+    pub params: u64,
+    pub grads: u64,
+    /// What AdamW holds for this model: f32 moments, its scalars and, for weights whose
+    /// working copy is not f32, the FP32 master weights (not allocated by the model).
+    pub optimizer: u64,
+    /// What the forward pass keeps for the backward pass (and the batch's tokens).
+    pub activations: u64,
+    /// Buffers reused across blocks, FP8 operand copies and scaling metadata.
+    pub scratch: u64,
+}
+
+impl MemoryPlan {
+    pub fn total(&self) -> u64 {
+        self.params + self.grads + self.optimizer + self.activations + self.scratch
+    }
+
+    /// What the model itself allocates (everything but the optimizer state).
+    pub fn model_bytes(&self) -> u64 {
+        self.total() - self.optimizer
+    }
+}
+
+/// The memory plan of a model for batch `b` × sequence `t` on `dev`, before anything is
+/// allocated: the same table the model allocates.
+pub fn estimate_memory<D: Fused>(
+    dev: &D,
+    cfg: &ModelConfig,
+    b: usize,
+    t: usize,
+    plan: &PrecisionPlan,
+) -> MemoryPlan {
+    Buffers::plan(dev, cfg, b, t, plan).memory_plan(plan.optimizer_shards)
+}
+
+pub(super) fn out_of_memory(needed: u64, free: u64, checkpoint_every: usize) -> EngineError {
+    let hint = if checkpoint_every == 0 {
+        "turn on activation checkpointing (--checkpoint) or use a smaller --batch"
+    } else {
+        "checkpoint more often (--checkpoint-every 1) or use a smaller --batch"
+    };
+    EngineError::OutOfMemory {
+        needed,
+        free,
+        hint: hint.into(),
+    }
+}

@@ -60,12 +60,12 @@ pub fn bench(a: &ModelArgs, warmup: u64, iters: u64, json: Option<&Path>) -> Cli
             .iter()
             .map(|&p| {
                 let mut c = cfg.clone();
-                c.train.precision = p;
+                c.train.recipe.precision = p;
                 c
             })
             .collect()
     };
-    let run_precisions: Vec<Precision> = cfgs.iter().map(|c| c.train.precision).collect();
+    let run_precisions: Vec<Precision> = cfgs.iter().map(|c| c.train.recipe.precision).collect();
     warn_unused_fp8_flags(a, &run_precisions);
     let kind = backend_kind(a)?;
     let mut runs = dispatch(
@@ -144,13 +144,13 @@ impl OnDevice for BenchTask {
             let mut r = match bench_one(&dev, &cfg, self.warmup, self.iters) {
                 Ok(r) => r,
                 Err(e) => {
-                    eprintln!("bench {}: {e}", cfg.train.precision);
+                    eprintln!("bench {}: {e}", cfg.train.recipe.precision);
                     serde_json::json!({
                         "backend": dev.info().backend,
-                        "precision": cfg.train.precision.as_str(),
+                        "precision": cfg.train.recipe.precision.as_str(),
                         "model": cfg.model,
-                        "batch": cfg.train.batch,
-                        "seq": cfg.train.seq,
+                        "batch": cfg.train.data.batch,
+                        "seq": cfg.train.data.seq,
                         "error": e.to_string(),
                         "git_rev": env!("DUET_GIT_REV"),
                     })
@@ -158,7 +158,7 @@ impl OnDevice for BenchTask {
             };
             // MFU against a GEMM ceiling measured here, in the GEMM dtype the precision uses
             // (measured after the trainer is dropped so its memory is free again).
-            let dtype = ceiling_dtype(&*dev, cfg.train.precision, &cfg);
+            let dtype = ceiling_dtype(&*dev, cfg.train.recipe.precision, &cfg);
             let ceiling = match ceilings.iter().find(|(d, _)| *d == dtype) {
                 Some((_, c)) => c.clone(),
                 None => {
@@ -189,7 +189,7 @@ impl OnDevice for BenchTask {
 /// count, so model TFLOP/s compare directly.
 pub fn train_flops(cfg: &Config) -> f64 {
     let m = &cfg.model;
-    let (b, t) = (cfg.train.batch as f64, cfg.train.seq as f64);
+    let (b, t) = (cfg.train.data.batch as f64, cfg.train.data.seq as f64);
     let (c, f, v, l) = (
         m.d_model as f64,
         m.ffn as f64,
@@ -206,7 +206,7 @@ fn ceiling_dtype<D: Fused>(dev: &D, p: Precision, cfg: &Config) -> DType {
     match p {
         Precision::Fp8 => {
             duet_engine::fp8::Fp8Family::of_device(&dev.info())
-                .dtypes(cfg.train.fp8_format)
+                .dtypes(cfg.train.recipe.fp8_format)
                 .0
         }
         other => other.activation_dtype(),
@@ -306,7 +306,7 @@ fn bench_one<D: Fused>(
     let mean_back_to_back = s.elapsed().as_secs_f64() * 1e3 / iters as f64;
     times.sort_by(f64::total_cmp);
     let median = times[times.len() / 2];
-    let tokens = (cfg.train.batch * cfg.train.seq) as f64;
+    let tokens = (cfg.train.data.batch * cfg.train.data.seq) as f64;
     let flops = train_flops(cfg);
     let info = dev.info();
     let mem = dev.memory_stats();
@@ -314,10 +314,10 @@ fn bench_one<D: Fused>(
     Ok(serde_json::json!({
         "backend": info.backend,
         "device": info.name,
-        "precision": cfg.train.precision.as_str(),
+        "precision": cfg.train.recipe.precision.as_str(),
         "model": cfg.model,
-        "batch": cfg.train.batch,
-        "seq": cfg.train.seq,
+        "batch": cfg.train.data.batch,
+        "seq": cfg.train.data.seq,
         "warmup_steps": warmup,
         "iters": iters,
         "ms_per_step_median": median,
@@ -333,11 +333,11 @@ fn bench_one<D: Fused>(
             "{} around each step (a step ends by reading its loss back)",
             dev.timer_kind()
         ),
-        "graphs": cfg.train.graphs,
-        "gemm_autotune": cfg.train.gemm_autotune,
-        "fp8_fast_accum": cfg.train.fp8_fast_accum,
-        "weight_grad_dtype": cfg.train.weight_grad_dtype,
-        "recompute_gelu": cfg.train.recompute_gelu,
+        "graphs": cfg.train.execution.graphs,
+        "gemm_autotune": cfg.train.execution.gemm_autotune,
+        "fp8_fast_accum": cfg.train.recipe.fp8_fast_accum,
+        "weight_grad_dtype": cfg.train.recipe.weight_grad_dtype,
+        "recompute_gelu": cfg.train.execution.recompute_gelu,
         "telemetry": telemetry_summary(&samples),
         "git_rev": env!("DUET_GIT_REV"),
     }))

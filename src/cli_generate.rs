@@ -46,7 +46,7 @@ pub struct GenerateArgs {
 /// Why a model's token ids are not bytes, from the data it was trained on; `None` for a model
 /// trained on a UTF-8 text file, whose tokens are the text's bytes.
 fn not_bytes(cfg: &Config) -> Option<String> {
-    let data = &cfg.train.data;
+    let data = &cfg.train.data.data;
     if data.is_empty() {
         return Some("trained on the synthetic progression task".into());
     }

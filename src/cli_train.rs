@@ -44,11 +44,11 @@ pub(crate) fn resolve_precision<D: Fused>(
     strict: bool,
 ) -> CliResult<()> {
     let (p, warning) =
-        duet_engine::precision::resolve_precision_on(dev, cfg.train.precision, strict)?;
+        duet_engine::precision::resolve_precision_on(dev, cfg.train.recipe.precision, strict)?;
     if let Some(w) = warning {
         eprintln!("{w}");
     }
-    cfg.train.precision = p;
+    cfg.train.recipe.precision = p;
     Ok(())
 }
 
@@ -101,45 +101,45 @@ pub fn build_config(a: &ModelArgs) -> CliResult<Config> {
     set!(m.layers, a.layers);
     set!(m.max_seq, a.max_seq);
     let t = &mut cfg.train;
-    set!(t.batch, a.batch);
-    set!(t.seq, a.seq);
+    set!(t.data.batch, a.batch);
+    set!(t.data.seq, a.seq);
     set!(t.steps, a.steps);
-    set!(t.lr, a.lr);
-    set!(t.warmup, a.warmup);
-    set!(t.min_lr_ratio, a.min_lr_ratio);
-    set!(t.weight_decay, a.weight_decay);
-    set!(t.beta1, a.beta1);
-    set!(t.beta2, a.beta2);
-    set!(t.eps, a.eps);
-    set!(t.grad_clip, a.grad_clip);
-    set!(t.seed, a.seed);
-    set!(t.eval_sequences, a.eval_sequences);
-    set!(t.max_stride, a.max_stride);
+    set!(t.optimizer.lr, a.lr);
+    set!(t.optimizer.warmup, a.warmup);
+    set!(t.optimizer.min_lr_ratio, a.min_lr_ratio);
+    set!(t.optimizer.weight_decay, a.weight_decay);
+    set!(t.optimizer.beta1, a.beta1);
+    set!(t.optimizer.beta2, a.beta2);
+    set!(t.optimizer.eps, a.eps);
+    set!(t.optimizer.grad_clip, a.grad_clip);
+    set!(t.data.seed, a.seed);
+    set!(t.data.eval_sequences, a.eval_sequences);
+    set!(t.data.max_stride, a.max_stride);
     if let Some(p) = &a.precision {
-        t.precision = p.parse()?;
+        t.recipe.precision = p.parse()?;
     }
-    set!(t.loss_scale, a.loss_scale);
+    set!(t.recipe.loss_scale, a.loss_scale);
     if let Some(f) = &a.fp8_format {
-        t.fp8_format = f.parse()?;
+        t.recipe.fp8_format = f.parse()?;
     }
-    set!(t.fp8_amax_history_len, a.fp8_amax_history_len);
+    set!(t.recipe.fp8_amax_history_len, a.fp8_amax_history_len);
     if let Some(algo) = &a.fp8_amax_compute_algo {
-        t.fp8_amax_compute_algo = algo.parse()?;
+        t.recipe.fp8_amax_compute_algo = algo.parse()?;
     }
-    set!(t.fp8_margin, a.fp8_margin);
+    set!(t.recipe.fp8_margin, a.fp8_margin);
     if let Some(f) = &a.fp8_fast_accum {
-        t.fp8_fast_accum = f.parse()?;
+        t.recipe.fp8_fast_accum = f.parse()?;
     }
     if let Some(d) = &a.weight_grad_dtype {
-        t.weight_grad_dtype = d.parse()?;
+        t.recipe.weight_grad_dtype = d.parse()?;
     }
     apply_execution_settings(t, a);
     if let Some(d) = &a.data {
         // Absolute, so that a resumed run reads the same file from any folder.
         let abs = std::fs::canonicalize(d).unwrap_or_else(|_| d.clone());
-        t.data = abs.display().to_string();
+        t.data.data = abs.display().to_string();
         // The model's vocabulary must cover the file's tokens; pick it unless --vocab was given.
-        let file = duet_engine::dataset::TokenFile::open(d, t.seq)?;
+        let file = duet_engine::dataset::TokenFile::open(d, t.data.seq)?;
         if a.vocab.is_none() && cfg.model.vocab < file.vocab_needed {
             eprintln!(
                 "vocab set to {} to cover the tokens of {}",
@@ -149,7 +149,7 @@ pub fn build_config(a: &ModelArgs) -> CliResult<Config> {
             cfg.model.vocab = file.vocab_needed;
         }
         // The generation check belongs to the synthetic task.
-        cfg.train.eval_sequences = 0;
+        cfg.train.data.eval_sequences = 0;
     }
     cfg.validate()?;
     Ok(cfg)
@@ -159,20 +159,20 @@ pub fn build_config(a: &ModelArgs) -> CliResult<Config> {
 /// (`duet_engine::trace::EXECUTION_SETTINGS`): a resumed run may change them too.
 fn apply_execution_settings(t: &mut duet_engine::config::TrainConfig, a: &ModelArgs) {
     if a.no_graphs {
-        t.graphs = false;
+        t.execution.graphs = false;
     }
     if a.gemm_autotune {
-        t.gemm_autotune = true;
+        t.execution.gemm_autotune = true;
     }
     if let Some(n) = a.loss_every {
-        t.loss_every = n;
+        t.execution.loss_every = n;
     }
     if a.keep_gelu {
-        t.recompute_gelu = false;
+        t.execution.recompute_gelu = false;
     }
     match (a.checkpoint, a.checkpoint_every) {
-        (_, Some(n)) => t.checkpoint_every = n,
-        (true, None) => t.checkpoint_every = 4,
+        (_, Some(n)) => t.execution.checkpoint_every = n,
+        (true, None) => t.execution.checkpoint_every = 4,
         (false, None) => {}
     }
 }
@@ -302,8 +302,8 @@ fn check_no_overwrite(
 ) -> CliResult<()> {
     // (what, path, whether it is a checkpoint)
     let mut inputs: Vec<(String, PathBuf, bool)> = Vec::new();
-    if !cfg.train.data.is_empty() {
-        inputs.push(("--data".into(), PathBuf::from(&cfg.train.data), false));
+    if !cfg.train.data.data.is_empty() {
+        inputs.push(("--data".into(), PathBuf::from(&cfg.train.data.data), false));
     }
     if let Some(c) = &opts.model.config {
         inputs.push(("--config".into(), c.clone(), false));
@@ -480,7 +480,7 @@ pub fn train(opts: &TrainOptions) -> CliResult<TrainOutcome> {
         }
         None => {
             let cfg = build_config(&opts.model)?;
-            warn_unused_fp8_flags(&opts.model, &[cfg.train.precision]);
+            warn_unused_fp8_flags(&opts.model, &[cfg.train.recipe.precision]);
             if cfg.train.steps == 0 {
                 return Err("--steps is 0: nothing to train (give at least 1)".into());
             }
@@ -512,7 +512,7 @@ pub fn train(opts: &TrainOptions) -> CliResult<TrainOutcome> {
             );
         }
     }
-    let data = &cfg.train.data;
+    let data = &cfg.train.data.data;
     if !data.is_empty() && Path::new(data).is_relative() {
         eprintln!(
             "warning: the checkpoint's data path {data} is relative (written before duet stored \
@@ -528,7 +528,7 @@ pub fn train(opts: &TrainOptions) -> CliResult<TrainOutcome> {
     if launch.is_none()
         && let Some(n) = opts.gpus
     {
-        let interrupted = spawn_ranks(n, cfg.train.batch, backend_kind(&opts.model)?)?;
+        let interrupted = spawn_ranks(n, cfg.train.data.batch, backend_kind(&opts.model)?)?;
         return Ok(if interrupted {
             TrainOutcome::Interrupted
         } else {
@@ -694,10 +694,10 @@ impl TrainTask {
             info.backend,
             info.name,
             info.arch,
-            if t.precision == Precision::Fp8 {
-                format!("fp8 ({})", t.delayed_scaling())
+            if t.recipe.precision == Precision::Fp8 {
+                format!("fp8 ({})", t.recipe.delayed_scaling())
             } else {
-                t.precision.to_string()
+                t.recipe.precision.to_string()
             },
             m.num_params(),
             m.vocab,
@@ -705,14 +705,14 @@ impl TrainTask {
             m.heads,
             m.ffn,
             m.layers,
-            t.batch,
-            t.seq,
+            t.data.batch,
+            t.data.seq,
             t.steps,
-            t.lr,
-            if t.data.is_empty() {
+            t.optimizer.lr,
+            if t.data.data.is_empty() {
                 String::new()
             } else {
-                format!(" | data {}", t.data)
+                format!(" | data {}", t.data.data)
             }
         );
         let resuming = self.resume.is_some();
@@ -722,9 +722,9 @@ impl TrainTask {
         };
         let mut trainer = match (self.resume.take(), dp) {
             (Some(mut ck), dp) => {
-                ck.config.train.precision = cfg.train.precision;
+                ck.config.train.recipe.precision = cfg.train.recipe.precision;
                 ck.config.train.steps = cfg.train.steps;
-                ck.config.train.loss_every = cfg.train.loss_every;
+                ck.config.train.execution.loss_every = cfg.train.execution.loss_every;
                 say!("resuming from step {}", ck.step);
                 match dp {
                     Some((c, o)) => Trainer::from_checkpoint_data_parallel(dev.clone(), &ck, c, o)?,
@@ -739,8 +739,8 @@ impl TrainTask {
             say!(
                 "data parallel: {w} ranks over {}, global batch {} = {w} × {}, {} gradient buckets reduced {}{}",
                 d.comm().describe(),
-                t.batch,
-                t.batch / w,
+                t.data.batch,
+                t.data.batch / w,
                 d.buckets().len(),
                 if d.overlaps() {
                     "during the backward pass"
@@ -765,10 +765,10 @@ impl TrainTask {
             human_bytes(plan.activations),
             human_bytes(plan.scratch)
         );
-        if t.checkpoint_every > 0 {
+        if t.execution.checkpoint_every > 0 {
             say!(
                 "activation checkpointing: every {} blocks (segments recomputed in the backward pass)",
-                t.checkpoint_every
+                t.execution.checkpoint_every
             );
         }
         if let Some(p) = &self.metrics_path {
@@ -805,8 +805,8 @@ impl TrainTask {
                     git_rev: env!("DUET_GIT_REV").into(),
                     backend: info.backend.clone(),
                     device: info.name.clone(),
-                    precision: t.precision.to_string(),
-                    seed: t.seed,
+                    precision: t.recipe.precision.to_string(),
+                    seed: t.data.seed,
                     config: cfg.clone(),
                 };
                 Some((path, TraceWriter::new(w, &header)?))
@@ -819,7 +819,7 @@ impl TrainTask {
             return Err(format!(
                 "--val-every: the synthetic task's held-out progressions do not fill one batch \
                  of {} (lower --batch, or raise --vocab / --max-stride)",
-                t.batch
+                t.data.batch
             )
             .into());
         }
@@ -827,17 +827,17 @@ impl TrainTask {
             say!(
                 "note: no validation loss at the end: the held-out progressions do not fill one \
                  batch of {}",
-                t.batch
+                t.data.batch
             );
         }
         let min_seq = duet_engine::train::PROMPT_LEN + duet_engine::train::GEN_LEN - 1;
-        if main && t.eval_sequences > 0 && t.data.is_empty() && t.seq < min_seq {
+        if main && t.data.eval_sequences > 0 && t.data.data.is_empty() && t.data.seq < min_seq {
             return Err(format!(
                 "--eval-sequences: the generation check needs seq ≥ {min_seq} (prompt {} + {} \
                  generated), got {} (raise --seq, or --eval-sequences 0)",
                 duet_engine::train::PROMPT_LEN,
                 duet_engine::train::GEN_LEN,
-                t.seq
+                t.data.seq
             )
             .into());
         }
@@ -863,7 +863,7 @@ impl TrainTask {
             let k = if per_step {
                 1
             } else {
-                steps_to_read_back(trainer.step(), last_step, t.loss_every, &events)
+                steps_to_read_back(trainer.step(), last_step, t.execution.loss_every, &events)
             };
             let reports = trainer.train_steps(k as usize)?;
             let read_back = start.elapsed().as_secs_f64();
@@ -987,7 +987,7 @@ impl TrainTask {
             ran,
             trainer.step(),
             train_secs,
-            (ran as usize * t.batch * t.seq) as f64 / train_secs.max(1e-9),
+            (ran as usize * t.data.batch * t.data.seq) as f64 / train_secs.max(1e-9),
             last_loss,
             human_bytes(mem.peak)
         );
@@ -1037,9 +1037,10 @@ impl TrainTask {
             println!("loss curve written to {}", svg.display());
         }
         // Generation uses no collectives: rank 0 alone runs it.
-        if main && t.eval_sequences > 0 && t.data.is_empty() && trainer.step() == t.steps {
+        if main && t.data.eval_sequences > 0 && t.data.data.is_empty() && trainer.step() == t.steps
+        {
             let eval_start = Instant::now();
-            let e = trainer.evaluate_generation(t.eval_sequences)?;
+            let e = trainer.evaluate_generation(t.data.eval_sequences)?;
             println!(
                 "greedy generation on {} held-out progressions (prompt {}, generate {}): {:.1}% exact, {:.2}% of tokens keep the stride ({:.1}s)",
                 e.sequences,

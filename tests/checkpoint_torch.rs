@@ -23,7 +23,7 @@ fn fixture(name: &str) -> PathBuf {
 }
 
 fn batch(cfg: &Config) -> Vec<i32> {
-    let n = cfg.train.batch * cfg.train.seq;
+    let n = cfg.train.data.batch * cfg.train.data.seq;
     (0..n as i32)
         .map(|i| (i * 31 + 7) % cfg.model.vocab as i32)
         .collect()
@@ -32,7 +32,14 @@ fn batch(cfg: &Config) -> Vec<i32> {
 fn logits_of(ck: &Checkpoint, tokens: &[i32]) -> Vec<f32> {
     let dev = Arc::new(CpuDevice::new(None).unwrap());
     let cfg = &ck.config;
-    let mut m = Gpt::new(dev, &cfg.model, cfg.train.batch, cfg.train.seq, &ck.weights).unwrap();
+    let mut m = Gpt::new(
+        dev,
+        &cfg.model,
+        cfg.train.data.batch,
+        cfg.train.data.seq,
+        &ck.weights,
+    )
+    .unwrap();
     m.forward(tokens).unwrap();
     m.logits().unwrap()
 }
@@ -52,11 +59,16 @@ fn committed_checkpoint_reproduces_its_logits() {
         let logits = logits_of(&ck, &tokens);
         let tb: Vec<u8> = tokens.iter().flat_map(|x| x.to_le_bytes()).collect();
         let lb: Vec<u8> = logits.iter().flat_map(|x| x.to_le_bytes()).collect();
-        let n = cfg.train.batch * cfg.train.seq;
+        let n = cfg.train.data.batch * cfg.train.data.seq;
         let views = vec![
             (
                 "input_ids",
-                TensorView::new(Dtype::I32, vec![cfg.train.batch, cfg.train.seq], &tb).unwrap(),
+                TensorView::new(
+                    Dtype::I32,
+                    vec![cfg.train.data.batch, cfg.train.data.seq],
+                    &tb,
+                )
+                .unwrap(),
             ),
             (
                 "logits",

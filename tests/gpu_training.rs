@@ -29,8 +29,8 @@ fn small_config() -> Config {
     let mut cfg = Config::preset(Preset::Default);
     cfg.model.layers = 2;
     cfg.train.steps = 20;
-    cfg.train.batch = 8;
-    cfg.train.seq = 48;
+    cfg.train.data.batch = 8;
+    cfg.train.data.seq = 48;
     cfg
 }
 
@@ -43,7 +43,7 @@ fn run<D: Fused>(dev: Arc<D>, cfg: &Config, steps: u64) -> (Vec<f32>, Trace) {
         backend: info.backend.clone(),
         device: info.name.clone(),
         precision: "fp32".into(),
-        seed: cfg.train.seed,
+        seed: cfg.train.data.seed,
         config: cfg.clone(),
     };
     let mut tr = Trainer::new(dev, cfg.clone()).unwrap();
@@ -112,9 +112,9 @@ fn cuda_checkpointing_keeps_the_gradients() {
         let grads = |every: usize| {
             let mut cfg = Config::preset(Preset::Default);
             cfg.model.layers = 5;
-            cfg.train.batch = 8;
-            cfg.train.precision = precision;
-            cfg.train.checkpoint_every = every;
+            cfg.train.data.batch = 8;
+            cfg.train.recipe.precision = precision;
+            cfg.train.execution.checkpoint_every = every;
             let mut tr = Trainer::new(gpu.clone(), cfg).unwrap();
             tr.train_step().unwrap();
             (

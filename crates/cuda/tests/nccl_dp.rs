@@ -130,11 +130,11 @@ fn nccl_world1_matches_the_plain_run() {
         Precision::Fp8,
     ] {
         let mut cfg = Config::preset(Preset::Seed);
-        cfg.train.batch = 8;
-        cfg.train.precision = precision;
+        cfg.train.data.batch = 8;
+        cfg.train.recipe.precision = precision;
         // Data-parallel runs keep f32 weight gradients (summed over ranks in f32), whatever
         // their world size: so does the plain run they are compared with.
-        cfg.train.weight_grad_dtype = WeightGradDtype::F32;
+        cfg.train.recipe.weight_grad_dtype = WeightGradDtype::F32;
         let (w0, l0, ms0) = match run(&dev, &cfg, None, steps) {
             Ok(r) => r,
             // FP8 GEMM support depends on the GPU and cuBLASLt: when the plain run cannot train

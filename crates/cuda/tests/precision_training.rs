@@ -45,8 +45,8 @@ struct Run {
 fn train<D: Fused>(dev: Arc<D>, p: Precision) -> Run {
     let mut cfg = Config::preset(Preset::Default);
     cfg.train.steps = STEPS;
-    cfg.train.max_stride = 8;
-    cfg.train.precision = p;
+    cfg.train.data.max_stride = 8;
+    cfg.train.recipe.precision = p;
     let mut tr = Trainer::new(dev, cfg).unwrap();
     let mut losses = Vec::new();
     let mut skipped = 0;
@@ -150,8 +150,8 @@ fn fused_ops_train_like_the_separate_ops() {
     }
     let mut cfg = Config::preset(Preset::Default);
     cfg.model.heads = 2;
-    cfg.train.max_stride = 8;
-    cfg.train.precision = Precision::Bf16;
+    cfg.train.data.max_stride = 8;
+    cfg.train.recipe.precision = Precision::Bf16;
     let run = |fused: bool| {
         g.set_fused_ops(fused);
         let mut tr = Trainer::new(g.clone(), cfg.clone()).unwrap();
@@ -194,10 +194,10 @@ fn recorded_steps_are_bit_identical() {
         }
         let mut cfg = Config::preset(Preset::Default);
         cfg.model.heads = 2;
-        cfg.train.precision = p;
+        cfg.train.recipe.precision = p;
         let run = |graphs: bool| {
             let mut c = cfg.clone();
-            c.train.graphs = graphs;
+            c.train.execution.graphs = graphs;
             let mut tr = Trainer::new(g.clone(), c).unwrap();
             let reports: Vec<(u32, u32)> = (0..12)
                 .map(|_| {
@@ -252,8 +252,8 @@ fn queued_steps_are_bit_identical() {
         for graphs in [true, false] {
             let mut cfg = Config::preset(Preset::Default);
             cfg.model.heads = 2;
-            cfg.train.precision = p;
-            cfg.train.graphs = graphs;
+            cfg.train.recipe.precision = p;
+            cfg.train.execution.graphs = graphs;
             let bits = |r: &duet_engine::train::StepReport| {
                 (
                     r.step,
@@ -312,7 +312,7 @@ fn fp8_codes_from_the_optimizer_are_bit_identical() {
     }
     let mut cfg = Config::preset(Preset::Default);
     cfg.model.heads = 2;
-    cfg.train.precision = Precision::Fp8;
+    cfg.train.recipe.precision = Precision::Fp8;
     let layers = cfg.model.layers as u64;
     let run = |from_optimizer: bool| {
         let mut tr = Trainer::new(g.clone(), cfg.clone()).unwrap();

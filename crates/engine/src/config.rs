@@ -143,14 +143,43 @@ impl ModelConfig {
     }
 }
 
-/// Optimisation and run settings.
+/// Optimisation and run settings, in groups. In a config file and a checkpoint they are one flat
+/// `[train]` table (the groups are flattened), as before the groups existed.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct TrainConfig {
+    /// Steps of the whole run (the learning-rate schedule ends there).
+    pub steps: u64,
+    #[serde(flatten)]
+    pub data: DataConfig,
+    #[serde(flatten)]
+    pub optimizer: OptimizerConfig,
+    #[serde(flatten)]
+    pub recipe: PrecisionRecipe,
+    #[serde(flatten)]
+    pub execution: ExecutionConfig,
+}
+
+/// What a run trains on and in which order: the batch shape, the data (a file, or the synthetic
+/// progression task and its evaluation) and the seed of the weights and the data order.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DataConfig {
     pub batch: usize,
     /// Tokens per training sequence (≤ model.max_seq).
     pub seq: usize,
-    pub steps: u64,
+    pub seed: u64,
+    /// Held-out progressions checked by greedy generation at the end of the run.
+    pub eval_sequences: usize,
+    /// Strides of the arithmetic-progression task are drawn from 1..=max_stride.
+    pub max_stride: usize,
+    /// Training data: empty for the synthetic progression task, else a UTF-8 text file (byte
+    /// tokens) or an llm.c `.bin` token shard.
+    #[serde(default)]
+    pub data: String,
+}
+
+/// AdamW and its learning-rate schedule.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct OptimizerConfig {
     pub lr: f32,
     /// Linear warm-up steps, then cosine decay to `lr · min_lr_ratio`.
     pub warmup: u64,
@@ -161,11 +190,12 @@ pub struct TrainConfig {
     pub eps: f32,
     /// Global L2-norm clipping threshold (0 disables clipping).
     pub grad_clip: f32,
-    pub seed: u64,
-    /// Held-out progressions checked by greedy generation at the end of the run.
-    pub eval_sequences: usize,
-    /// Strides of the arithmetic-progression task are drawn from 1..=max_stride.
-    pub max_stride: usize,
+}
+
+/// How the numbers are stored and scaled: the precision, loss scaling, the FP8 delayed-scaling
+/// recipe and the weight gradients' storage.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PrecisionRecipe {
     /// fp32, bf16, fp16 or fp8 (see [`crate::precision`]).
     #[serde(default)]
     pub precision: Precision,
@@ -189,10 +219,17 @@ pub struct TrainConfig {
     /// Transformer Engine's and torchao's recipes) or all.
     #[serde(default)]
     pub fp8_fast_accum: Fp8FastAccum,
-    /// Training data: empty for the synthetic progression task, else a UTF-8 text file (byte
-    /// tokens) or an llm.c `.bin` token shard.
+    /// Storage of the linear layers' weight gradients: `auto` keeps them in bf16 for bf16 and
+    /// fp8 runs on one device (the f32-accumulated GEMM result rounded once, the values PyTorch
+    /// autocast hands its optimizer) and f32 otherwise; `f32` always keeps f32.
     #[serde(default)]
-    pub data: String,
+    pub weight_grad_dtype: WeightGradDtype,
+}
+
+/// How a step runs, not what it computes: every setting here gives the same numbers, so a
+/// resumed run may change them (see [`Config::resumed`]).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ExecutionConfig {
     /// Activation checkpointing: keep the input of every segment of this many blocks and
     /// recompute the segment in the backward pass (0 = off).
     #[serde(default)]
@@ -212,11 +249,6 @@ pub struct TrainConfig {
     /// library heuristic's first choice. Faster; two runs may differ in the last bits.
     #[serde(default)]
     pub gemm_autotune: bool,
-    /// Storage of the linear layers' weight gradients: `auto` keeps them in bf16 for bf16 and
-    /// fp8 runs on one device (the f32-accumulated GEMM result rounded once, the values PyTorch
-    /// autocast hands its optimizer) and f32 otherwise; `f32` always keeps f32.
-    #[serde(default)]
-    pub weight_grad_dtype: WeightGradDtype,
     /// Recompute the MLP's GELU output in the backward pass instead of keeping it (batch × seq
     /// × ffn activations per block less memory; false: a little faster). FP8 never stores it.
     #[serde(default = "default_true")]
@@ -235,7 +267,14 @@ fn default_loss_every() -> u64 {
     10
 }
 
-impl TrainConfig {
+/// `base` with the changes `f` makes (the presets).
+fn with(base: &TrainConfig, f: impl FnOnce(&mut TrainConfig)) -> TrainConfig {
+    let mut t = base.clone();
+    f(&mut t);
+    t
+}
+
+impl PrecisionRecipe {
     /// The delayed-scaling settings of this run.
     pub fn delayed_scaling(&self) -> DelayedScaling {
         DelayedScaling {
@@ -287,34 +326,42 @@ impl std::str::FromStr for Preset {
 impl Config {
     pub fn preset(p: Preset) -> Config {
         let train = TrainConfig {
-            batch: 32,
-            seq: 48,
             steps: 600,
-            lr: 2e-3,
-            warmup: 50,
-            min_lr_ratio: 0.1,
-            weight_decay: 0.01,
-            beta1: 0.9,
-            beta2: 0.95,
-            eps: 1e-8,
-            grad_clip: 1.0,
-            seed: 1337,
-            eval_sequences: 256,
-            max_stride: 8,
-            data: String::new(),
-            checkpoint_every: 0,
-            loss_every: default_loss_every(),
-            graphs: true,
-            gemm_autotune: false,
-            weight_grad_dtype: WeightGradDtype::Auto,
-            recompute_gelu: true,
-            precision: Precision::Fp32,
-            loss_scale: 0.0,
-            fp8_format: Fp8Recipe::Hybrid,
-            fp8_amax_history_len: default_amax_history_len(),
-            fp8_amax_compute_algo: AmaxAlgo::Max,
-            fp8_margin: 0,
-            fp8_fast_accum: Fp8FastAccum::default(),
+            data: DataConfig {
+                batch: 32,
+                seq: 48,
+                seed: 1337,
+                eval_sequences: 256,
+                max_stride: 8,
+                data: String::new(),
+            },
+            optimizer: OptimizerConfig {
+                lr: 2e-3,
+                warmup: 50,
+                min_lr_ratio: 0.1,
+                weight_decay: 0.01,
+                beta1: 0.9,
+                beta2: 0.95,
+                eps: 1e-8,
+                grad_clip: 1.0,
+            },
+            recipe: PrecisionRecipe {
+                precision: Precision::Fp32,
+                loss_scale: 0.0,
+                fp8_format: Fp8Recipe::Hybrid,
+                fp8_amax_history_len: default_amax_history_len(),
+                fp8_amax_compute_algo: AmaxAlgo::Max,
+                fp8_margin: 0,
+                fp8_fast_accum: Fp8FastAccum::default(),
+                weight_grad_dtype: WeightGradDtype::Auto,
+            },
+            execution: ExecutionConfig {
+                checkpoint_every: 0,
+                loss_every: default_loss_every(),
+                graphs: true,
+                gemm_autotune: false,
+                recompute_gelu: true,
+            },
         };
         match p {
             Preset::Default => Config {
@@ -328,11 +375,10 @@ impl Config {
                 },
                 // Strides 1..=48: half of all progressions, learned to 100% greedy accuracy in
                 // well under a minute on two cores.
-                train: TrainConfig {
-                    steps: 1000,
-                    max_stride: 48,
-                    ..train
-                },
+                train: with(&train, |t| {
+                    t.steps = 1000;
+                    t.data.max_stride = 48;
+                }),
             },
             Preset::Seed => Config {
                 model: ModelConfig {
@@ -343,13 +389,12 @@ impl Config {
                     layers: 4,
                     max_seq: 256,
                 },
-                train: TrainConfig {
-                    seq: 256,
-                    steps: 300,
-                    lr: 3e-4,
-                    warmup: 30,
-                    ..train
-                },
+                train: with(&train, |t| {
+                    t.data.seq = 256;
+                    t.steps = 300;
+                    t.optimizer.lr = 3e-4;
+                    t.optimizer.warmup = 30;
+                }),
             },
             Preset::Large => Config {
                 model: ModelConfig {
@@ -360,13 +405,12 @@ impl Config {
                     layers: 12,
                     max_seq: 256,
                 },
-                train: TrainConfig {
-                    seq: 256,
-                    steps: 300,
-                    lr: 3e-4,
-                    warmup: 30,
-                    ..train
-                },
+                train: with(&train, |t| {
+                    t.data.seq = 256;
+                    t.steps = 300;
+                    t.optimizer.lr = 3e-4;
+                    t.optimizer.warmup = 30;
+                }),
             },
             Preset::Tiny => Config {
                 model: ModelConfig {
@@ -377,15 +421,14 @@ impl Config {
                     layers: 2,
                     max_seq: 16,
                 },
-                train: TrainConfig {
-                    batch: 4,
-                    seq: 16,
-                    steps: 20,
-                    lr: 1e-3,
-                    warmup: 2,
-                    eval_sequences: 0,
-                    ..train
-                },
+                train: with(&train, |t| {
+                    t.data.batch = 4;
+                    t.data.seq = 16;
+                    t.steps = 20;
+                    t.optimizer.lr = 1e-3;
+                    t.optimizer.warmup = 2;
+                    t.data.eval_sequences = 0;
+                }),
             },
         }
     }
@@ -491,41 +534,41 @@ impl Config {
     pub fn validate(&self) -> Result<()> {
         self.model.validate()?;
         let t = &self.train;
-        if t.batch == 0 {
+        if t.data.batch == 0 {
             return Err(EngineError::Config("batch must be at least 1".into()));
         }
-        if t.seq == 0 {
+        if t.data.seq == 0 {
             return Err(EngineError::Config("seq must be at least 1".into()));
         }
-        if t.seq > self.model.max_seq {
+        if t.data.seq > self.model.max_seq {
             return Err(EngineError::Config(format!(
                 "seq ({}) exceeds the model's maximum sequence length max_seq ({})",
-                t.seq, self.model.max_seq
+                t.data.seq, self.model.max_seq
             )));
         }
-        if !(t.lr.is_finite() && t.lr > 0.0) {
+        if !(t.optimizer.lr.is_finite() && t.optimizer.lr > 0.0) {
             return Err(EngineError::Config(format!(
                 "lr must be positive, got {}",
-                t.lr
+                t.optimizer.lr
             )));
         }
-        for (name, b) in [("beta1", t.beta1), ("beta2", t.beta2)] {
+        for (name, b) in [("beta1", t.optimizer.beta1), ("beta2", t.optimizer.beta2)] {
             if !(0.0..1.0).contains(&b) {
                 return Err(EngineError::Config(format!(
                     "{name} must be in [0, 1), got {b}"
                 )));
             }
         }
-        if !(t.eps.is_finite() && t.eps > 0.0) {
+        if !(t.optimizer.eps.is_finite() && t.optimizer.eps > 0.0) {
             return Err(EngineError::Config(format!(
                 "eps must be positive, got {}",
-                t.eps
+                t.optimizer.eps
             )));
         }
-        if !(t.weight_decay.is_finite() && t.weight_decay >= 0.0) {
+        if !(t.optimizer.weight_decay.is_finite() && t.optimizer.weight_decay >= 0.0) {
             return Err(EngineError::Config("weight_decay must be ≥ 0".into()));
         }
-        if !(t.grad_clip.is_finite() && t.grad_clip >= 0.0) {
+        if !(t.optimizer.grad_clip.is_finite() && t.optimizer.grad_clip >= 0.0) {
             return Err(EngineError::Config(
                 "grad_clip must be ≥ 0 (0 disables)".into(),
             ));
@@ -533,7 +576,7 @@ impl Config {
         // The largest activations of a step, with checked arithmetic: the logits, the MLP's
         // hidden layer, the attention's q/k/v, and one t × t attention matrix.
         let (v, c, f) = (self.model.vocab, self.model.d_model, self.model.ffn);
-        let (b, s) = (t.batch, t.seq);
+        let (b, s) = (t.data.batch, t.data.seq);
         check_tensor("the logits", &[("batch", b), ("seq", s), ("vocab", v)])?;
         check_tensor(
             "the MLP activation",
@@ -546,8 +589,8 @@ impl Config {
         check_tensor("an attention matrix", &[("seq", s), ("seq", s)])?;
         // The strides belong to the synthetic task only (a data file ignores them): token
         // ids 0..vocab with strides 1..=max_stride need max_stride < vocab.
-        if t.data.is_empty() {
-            if t.max_stride == 0 {
+        if t.data.data.is_empty() {
+            if t.data.max_stride == 0 {
                 return Err(EngineError::Config("max_stride must be at least 1".into()));
             }
             if v < 2 {
@@ -556,41 +599,41 @@ impl Config {
                      tokens"
                 )));
             }
-            if t.max_stride >= v {
+            if t.data.max_stride >= v {
                 return Err(EngineError::Config(format!(
                     "max_stride ({}) must be smaller than the vocabulary size ({v}): lower \
                      max_stride or raise vocab",
-                    t.max_stride
+                    t.data.max_stride
                 )));
             }
         }
-        if !(0.0..=1.0).contains(&t.min_lr_ratio) {
+        if !(0.0..=1.0).contains(&t.optimizer.min_lr_ratio) {
             return Err(EngineError::Config("min_lr_ratio must be in [0, 1]".into()));
         }
-        if !(t.loss_scale.is_finite() && t.loss_scale >= 0.0) {
+        if !(t.recipe.loss_scale.is_finite() && t.recipe.loss_scale >= 0.0) {
             return Err(EngineError::Config(
                 "loss_scale must be ≥ 0 (0: dynamic for fp16)".into(),
             ));
         }
-        if t.loss_every == 0 {
+        if t.execution.loss_every == 0 {
             return Err(EngineError::Config(
                 "loss_every must be at least 1 (1 reads the loss back after every step)".into(),
             ));
         }
-        t.delayed_scaling().validate()?;
+        t.recipe.delayed_scaling().validate()?;
         Ok(())
     }
 
     /// Learning rate at 0-based `step`: linear warm-up, then cosine decay.
     pub fn lr_at(&self, step: u64) -> f32 {
         let t = &self.train;
-        let lr = t.lr as f64;
-        if step < t.warmup {
-            return (lr * (step + 1) as f64 / t.warmup as f64) as f32;
+        let lr = t.optimizer.lr as f64;
+        if step < t.optimizer.warmup {
+            return (lr * (step + 1) as f64 / t.optimizer.warmup as f64) as f32;
         }
-        let decay_steps = t.steps.saturating_sub(t.warmup).max(1);
-        let progress = ((step - t.warmup) as f64 / decay_steps as f64).min(1.0);
-        let min_lr = lr * t.min_lr_ratio as f64;
+        let decay_steps = t.steps.saturating_sub(t.optimizer.warmup).max(1);
+        let progress = ((step - t.optimizer.warmup) as f64 / decay_steps as f64).min(1.0);
+        let min_lr = lr * t.optimizer.min_lr_ratio as f64;
         let coeff = 0.5 * (1.0 + (std::f64::consts::PI * progress).cos());
         (min_lr + coeff * (lr - min_lr)) as f32
     }
@@ -653,7 +696,7 @@ mod tests {
             .unwrap();
         assert_eq!(c.model.layers, 6);
         assert_eq!(c.model.d_model, base.model.d_model);
-        assert_eq!(c.train.lr, 0.01);
+        assert_eq!(c.train.optimizer.lr, 0.01);
         assert!(Config::from_toml_str("[model]\nlayerz = 6\n", base.clone()).is_err());
         assert!(Config::from_toml_str("[modle]\nlayers = 6\n", base.clone()).is_err());
         assert!(Config::from_toml_str("[model]\nlayers = -1\n", base).is_err());
@@ -662,9 +705,9 @@ mod tests {
     #[test]
     fn graphs_default_on_and_toml_can_turn_them_off() {
         let base = Config::preset(Preset::Seed);
-        assert!(base.train.graphs);
+        assert!(base.train.execution.graphs);
         let c = Config::from_toml_str("[train]\ngraphs = false\n", base.clone()).unwrap();
-        assert!(!c.train.graphs);
+        assert!(!c.train.execution.graphs);
         assert!(Config::from_toml_str("[train]\ngraphs = \"no\"\n", base).is_err());
     }
 
@@ -674,7 +717,7 @@ mod tests {
         c.model.heads = 3;
         assert!(c.validate().unwrap_err().to_string().contains("divide"));
         let mut c = Config::preset(Preset::Default);
-        c.train.seq = c.model.max_seq + 1;
+        c.train.data.seq = c.model.max_seq + 1;
         assert!(c.validate().unwrap_err().to_string().contains("max_seq"));
         let mut c = Config::preset(Preset::Default);
         c.model.layers = 0;
@@ -706,7 +749,7 @@ mod tests {
             })
             .contains("the attention weight")
         );
-        assert!(err(&|c| c.train.batch = usize::MAX).contains("the logits"));
+        assert!(err(&|c| c.train.data.batch = usize::MAX).contains("the logits"));
         assert_eq!(
             ModelConfig {
                 layers: usize::MAX,
@@ -725,14 +768,14 @@ mod tests {
             layers: 128,
             max_seq: 8192,
         };
-        big.train.batch = 8;
-        big.train.seq = 8192;
+        big.train.data.batch = 8;
+        big.train.data.seq = 8192;
         big.validate().unwrap();
         assert!(big.model.num_params() > 1_000_000_000_000);
         // A data file does not use the synthetic task's strides.
         let mut c = Config::preset(Preset::Tiny);
         c.model.vocab = 5;
-        c.train.data = "tokens.bin".into();
+        c.train.data.data = "tokens.bin".into();
         c.validate().unwrap();
     }
 
@@ -765,10 +808,10 @@ mod tests {
     #[test]
     fn lr_schedule_warms_up_and_decays() {
         let c = Config::preset(Preset::Default);
-        assert!(c.lr_at(0) < c.lr_at(c.train.warmup - 1));
-        assert!((c.lr_at(c.train.warmup) - c.train.lr).abs() < 1e-6);
+        assert!(c.lr_at(0) < c.lr_at(c.train.optimizer.warmup - 1));
+        assert!((c.lr_at(c.train.optimizer.warmup) - c.train.optimizer.lr).abs() < 1e-6);
         let end = c.lr_at(c.train.steps);
-        assert!((end - c.train.lr * c.train.min_lr_ratio).abs() < 1e-6);
+        assert!((end - c.train.optimizer.lr * c.train.optimizer.min_lr_ratio).abs() < 1e-6);
     }
 
     #[test]
@@ -784,6 +827,9 @@ mod tests {
             ),
             (96, 768, 12, 3072, 4)
         );
-        assert_eq!((c.train.seq, c.train.batch, c.train.lr), (256, 32, 3e-4));
+        assert_eq!(
+            (c.train.data.seq, c.train.data.batch, c.train.optimizer.lr),
+            (256, 32, 3e-4)
+        );
     }
 }

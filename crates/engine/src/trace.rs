@@ -737,7 +737,7 @@ mod tests {
                 backend: "cpu".into(),
                 device: "cpu".into(),
                 precision: "fp16".into(),
-                seed: config.train.seed,
+                seed: config.train.data.seed,
                 config,
             },
             steps,

@@ -138,7 +138,7 @@ impl<D: Fused> Trainer<D> {
     pub fn new(dev: Arc<D>, cfg: Config) -> Result<Self> {
         cfg.validate()?;
         check_host_memory(&cfg.model)?;
-        let weights = init_weights(&cfg.model, cfg.train.seed);
+        let weights = init_weights(&cfg.model, cfg.train.data.seed);
         Self::with_weights(dev, cfg, &weights)
     }
 
@@ -146,7 +146,7 @@ impl<D: Fused> Trainer<D> {
         Self::build(dev, cfg, weights, None)
     }
 
-    /// One rank of a data-parallel run over `comm`'s group: `cfg.train.batch` is the global
+    /// One rank of a data-parallel run over `comm`'s group: `cfg.train.data.batch` is the global
     /// batch, of which this rank trains on its `1/world` slice (see [`crate::dist`]). Every rank
     /// must be created with the same config; the weights start from the config's seed.
     pub fn new_data_parallel(
@@ -157,7 +157,7 @@ impl<D: Fused> Trainer<D> {
     ) -> Result<Self> {
         cfg.validate()?;
         check_host_memory(&cfg.model)?;
-        let weights = init_weights(&cfg.model, cfg.train.seed);
+        let weights = init_weights(&cfg.model, cfg.train.data.seed);
         Self::build(dev, cfg, &weights, Some((comm, opts)))
     }
 
@@ -168,7 +168,7 @@ impl<D: Fused> Trainer<D> {
         dp: Option<(Arc<dyn Collective<D>>, DpOptions)>,
     ) -> Result<Self> {
         cfg.validate()?;
-        if cfg.train.gemm_autotune && !dev.set_gemm_autotune(true) {
+        if cfg.train.execution.gemm_autotune && !dev.set_gemm_autotune(true) {
             eprintln!(
                 "warning: gemm_autotune: the {} backend has no GEMM autotuning; using its defaults",
                 dev.info().backend
@@ -177,7 +177,7 @@ impl<D: Fused> Trainer<D> {
         // The model is planned for this rank's slice of the batch.
         let mut local = cfg.clone();
         if let Some((comm, _)) = &dp {
-            local.train.batch = local_batch(cfg.train.batch, comm.world_size())?;
+            local.train.data.batch = local_batch(cfg.train.data.batch, comm.world_size())?;
         }
         // Under ZeRO-1 the replicated optimizer state is never allocated: each rank holds only
         // its shard, and the model's memory plan counts only that.
@@ -218,16 +218,20 @@ impl<D: Fused> Trainer<D> {
             }
         };
         let t = &cfg.train;
-        let (data, val_tokens) = if t.data.is_empty() {
+        let (data, val_tokens) = if t.data.data.is_empty() {
             (
-                Source::Progressions(Progressions::new(cfg.model.vocab, t.max_stride, t.seed)),
+                Source::Progressions(Progressions::new(
+                    cfg.model.vocab,
+                    t.data.max_stride,
+                    t.data.seed,
+                )),
                 None,
             )
         } else {
-            let file = Arc::new(TokenFile::open(Path::new(&t.data), t.seq)?);
+            let file = Arc::new(TokenFile::open(Path::new(&t.data.data), t.data.seq)?);
             if file.vocab_needed > cfg.model.vocab {
                 return Err(EngineError::Data {
-                    path: t.data.clone(),
+                    path: t.data.data.clone(),
                     message: format!(
                         "holds token ids up to {} but the model's vocab is {} (use --vocab {} or more)",
                         file.vocab_needed - 1,
@@ -238,7 +242,7 @@ impl<D: Fused> Trainer<D> {
             }
             let src = Source::File {
                 data: file.clone(),
-                rng: Rng::derive(t.seed, 3),
+                rng: Rng::derive(t.data.seed, 3),
             };
             (src, Some(file))
         };
@@ -377,7 +381,7 @@ impl<D: Fused> Trainer<D> {
 
     /// The next batch of the run's data, from the prefetcher (started on first use).
     fn next_batch(&mut self) -> Result<Batch> {
-        let (b, t) = (self.cfg.train.batch, self.cfg.train.seq);
+        let (b, t) = (self.cfg.train.data.batch, self.cfg.train.data.seq);
         let data = &self.data;
         self.prefetch
             .get_or_insert_with(|| Prefetcher::start(data.clone(), b, t, 2))
@@ -463,7 +467,12 @@ impl<D: Fused> Trainer<D> {
         let slot = rows + 1;
         if self.readback.as_ref().is_none_or(|r| r.len() < m * slot) {
             // Sized for the configured read-back interval, so a run allocates it once.
-            let every = self.cfg.train.loss_every.min(MAX_QUEUED_STEPS as u64) as usize;
+            let every = self
+                .cfg
+                .train
+                .execution
+                .loss_every
+                .min(MAX_QUEUED_STEPS as u64) as usize;
             let slots = every.max(m);
             self.readback = None;
             self.readback = Some(dev.alloc(DType::F32, slots * slot)?);
@@ -508,8 +517,10 @@ impl<D: Fused> Trainer<D> {
         match (&self.val_tokens, &self.data) {
             (Some(_), _) => true,
             (None, Source::Progressions(p)) => {
-                let b = self.cfg.train.batch;
-                p.held_out_pairs(4 * b, self.cfg.train.seed ^ 0x5a11).len() >= b
+                let b = self.cfg.train.data.batch;
+                p.held_out_pairs(4 * b, self.cfg.train.data.seed ^ 0x5a11)
+                    .len()
+                    >= b
             }
             (None, _) => false,
         }
@@ -518,14 +529,14 @@ impl<D: Fused> Trainer<D> {
     /// Mean loss over the validation set: fixed windows of the file's held-out tail, or the
     /// held-out progressions (teacher-forced) for the synthetic task.
     pub fn validation_loss(&mut self) -> Result<f32> {
-        let (b, t) = (self.cfg.train.batch, self.cfg.train.seq);
+        let (b, t) = (self.cfg.train.data.batch, self.cfg.train.data.seq);
         let batches = match &self.val_tokens {
             Some(f) => validation_batches(&f.val, b, t, 8),
             None => {
                 let Source::Progressions(p) = &self.data else {
                     unreachable!("no file, synthetic data")
                 };
-                let pairs = p.held_out_pairs(4 * b, self.cfg.train.seed ^ 0x5a11);
+                let pairs = p.held_out_pairs(4 * b, self.cfg.train.data.seed ^ 0x5a11);
                 pairs
                     .chunks(b)
                     .filter(|c| c.len() == b)
@@ -731,7 +742,7 @@ impl<D: Fused> Trainer<D> {
         if matches!(self.graph, StepGraph::Off) {
             return false;
         }
-        self.cfg.train.graphs
+        self.cfg.train.execution.graphs
             && self.scaler.is_none()
             && self.dist.is_none()
             && self.model.device().capabilities().graphs
@@ -857,14 +868,14 @@ impl<D: Fused> Trainer<D> {
         let dev = self.model.device().clone();
         let dist = self.dist.as_mut().expect("data-parallel trainer");
         let (rank, world) = (dist.rank(), dist.world_size());
-        let n = self.model.batch_size() * self.cfg.train.seq;
+        let n = self.model.batch_size() * self.cfg.train.data.seq;
         if inputs.len() != n * world || targets.len() != n * world {
             return Err(EngineError::Config(format!(
                 "data-parallel step: got {} tokens and {} targets, the global batch is {} × {}",
                 inputs.len(),
                 targets.len(),
-                self.cfg.train.batch,
-                self.cfg.train.seq
+                self.cfg.train.data.batch,
+                self.cfg.train.data.seq
             )));
         }
         // Every rank sees the global batch, so all take the same decisions here.
@@ -935,7 +946,7 @@ impl<D: Fused> Trainer<D> {
     pub fn evaluate_generation(&mut self, n: usize) -> Result<GenerationEval> {
         let (b, t, v) = (
             self.model.batch_size(),
-            self.cfg.train.seq,
+            self.cfg.train.data.seq,
             self.cfg.model.vocab,
         );
         if t < PROMPT_LEN + GEN_LEN - 1 {
@@ -949,7 +960,7 @@ impl<D: Fused> Trainer<D> {
                 "the generation check needs the synthetic progression task (no --data file)".into(),
             ));
         };
-        let pairs = p.held_out_pairs(n, self.cfg.train.seed);
+        let pairs = p.held_out_pairs(n, self.cfg.train.data.seed);
         let mut exact = 0;
         let mut good_tokens = 0usize;
         for chunk in pairs.chunks(b) {
@@ -1027,28 +1038,29 @@ fn build_model<D: Fused>(
 ) -> Result<Gpt<D>> {
     let t = &cfg.train;
     let plan = PrecisionPlan {
-        precision: t.precision,
+        precision: t.recipe.precision,
         low_precision_weight_grads: t
+            .recipe
             .weight_grad_dtype
-            .low_precision(t.precision, data_parallel),
-        keep_gelu_output: !t.recompute_gelu,
-        fp8: t.delayed_scaling(),
+            .low_precision(t.recipe.precision, data_parallel),
+        keep_gelu_output: !t.execution.recompute_gelu,
+        fp8: t.recipe.delayed_scaling(),
         fp8_family: None,
-        checkpoint_every: t.checkpoint_every,
+        checkpoint_every: t.execution.checkpoint_every,
         optimizer_shards,
     };
-    Gpt::with_precision(dev, &cfg.model, t.batch, t.seq, weights, plan)
+    Gpt::with_precision(dev, &cfg.model, t.data.batch, t.data.seq, weights, plan)
 }
 
 /// AdamW's hyper-parameters from the config.
 fn adamw_config(cfg: &Config) -> AdamWConfig {
     let t = &cfg.train;
     AdamWConfig {
-        beta1: t.beta1,
-        beta2: t.beta2,
-        eps: t.eps,
-        weight_decay: t.weight_decay,
-        grad_clip: t.grad_clip,
+        beta1: t.optimizer.beta1,
+        beta2: t.optimizer.beta2,
+        eps: t.optimizer.eps,
+        weight_decay: t.optimizer.weight_decay,
+        grad_clip: t.optimizer.grad_clip,
     }
 }
 
@@ -1061,7 +1073,7 @@ fn build_optimizer<D: Fused>(
     weights: &[Vec<f32>],
 ) -> Result<AdamW<D>> {
     let ocfg = adamw_config(cfg);
-    if cfg.train.precision == Precision::Fp32 {
+    if cfg.train.recipe.precision == Precision::Fp32 {
         AdamW::new(dev, ocfg, model.specs())
     } else {
         AdamW::with_masters(dev, ocfg, model.specs(), model.params(), weights)
@@ -1071,6 +1083,6 @@ fn build_optimizer<D: Fused>(
 /// The loss scaler: FP16, or any precision given a static `loss_scale`.
 fn build_scaler(cfg: &Config) -> Option<LossScaler> {
     let t = &cfg.train;
-    (t.precision == Precision::Fp16 || t.loss_scale > 0.0)
-        .then(|| LossScaler::for_precision(t.precision, t.loss_scale))
+    (t.recipe.precision == Precision::Fp16 || t.recipe.loss_scale > 0.0)
+        .then(|| LossScaler::for_precision(t.recipe.precision, t.recipe.loss_scale))
 }

@@ -85,7 +85,7 @@ fn fp8_weights_generate_like_f32_in_a_quarter_of_the_memory() {
     use duet_engine::generate::WeightFormat;
     let mut cfg = Config::preset(Preset::Tiny);
     cfg.train.steps = 60;
-    cfg.train.lr = 1e-2;
+    cfg.train.optimizer.lr = 1e-2;
     let dev = Arc::new(CpuDevice::new(Some(2)).unwrap());
     let mut tr = Trainer::new(dev.clone(), cfg.clone()).unwrap();
     for _ in 0..cfg.train.steps {

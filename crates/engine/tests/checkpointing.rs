@@ -10,8 +10,8 @@ use std::sync::Arc;
 fn config(precision: Precision, every: usize) -> Config {
     let mut cfg = Config::preset(Preset::Tiny);
     cfg.model.layers = 5; // not a multiple of 2 or 4: a short last segment
-    cfg.train.precision = precision;
-    cfg.train.checkpoint_every = every;
+    cfg.train.recipe.precision = precision;
+    cfg.train.execution.checkpoint_every = every;
     cfg
 }
 
@@ -91,7 +91,7 @@ fn keeping_the_gelu_output_changes_memory_not_numbers() {
         for every in [0, 2] {
             let recompute = run(precision, every, 2);
             let mut cfg = config(precision, every);
-            cfg.train.recompute_gelu = false;
+            cfg.train.execution.recompute_gelu = false;
             let kept = run_with(cfg, 2);
             let what = format!("{precision:?} every {every}");
             assert_eq!(
@@ -134,7 +134,7 @@ fn fp8_recompute_records_no_amax() {
         checkpoint_every: 2,
         ..PrecisionPlan::new(Precision::Fp8)
     };
-    let (b, t) = (cfg.train.batch, cfg.train.seq);
+    let (b, t) = (cfg.train.data.batch, cfg.train.data.seq);
     let mut m = Gpt::with_precision(dev, &cfg.model, b, t, &weights, plan).unwrap();
     let tokens: Vec<i32> = (0..(b * t) as i32).map(|i| (i * 5 + 1) % 96).collect();
     m.forward(&tokens).unwrap();
@@ -169,7 +169,7 @@ fn memory_estimate_is_what_is_allocated() {
     use duet_engine::optim::{AdamW, AdamWConfig};
     use duet_engine::precision::PrecisionPlan;
     let mut cfg = Config::preset(Preset::Default);
-    cfg.train.batch = 4;
+    cfg.train.data.batch = 4;
     let dev = Arc::new(CpuDevice::new(Some(2)).unwrap());
     let weights = init_weights(&cfg.model, 1);
     let ocfg = AdamWConfig {
@@ -188,7 +188,7 @@ fn memory_estimate_is_what_is_allocated() {
                 keep_gelu_output: keep_gelu,
                 ..PrecisionPlan::new(precision)
             };
-            let (b, t) = (cfg.train.batch, cfg.train.seq);
+            let (b, t) = (cfg.train.data.batch, cfg.train.data.seq);
             let est = estimate_memory(&*dev, &cfg.model, b, t, &plan);
             let before = dev.memory_stats().current;
             let m = Gpt::with_precision(dev.clone(), &cfg.model, b, t, &weights, plan).unwrap();

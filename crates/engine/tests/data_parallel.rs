@@ -12,13 +12,13 @@ const STEPS: usize = 5;
 
 fn cfg(precision: Precision) -> Config {
     let mut c = Config::preset(Preset::Tiny);
-    c.train.batch = 16;
-    c.train.precision = precision;
+    c.train.data.batch = 16;
+    c.train.recipe.precision = precision;
     // Clipping engages, so the agreed global norm matters.
-    c.train.grad_clip = 0.5;
+    c.train.optimizer.grad_clip = 0.5;
     // Data-parallel runs keep f32 weight gradients (summed over ranks in f32): so does the
     // single-device run they are compared with.
-    c.train.weight_grad_dtype = WeightGradDtype::F32;
+    c.train.recipe.weight_grad_dtype = WeightGradDtype::F32;
     c
 }
 
@@ -109,7 +109,7 @@ fn check(precision: Precision, zero: bool, tol: f32) {
 
 fn check_world(precision: Precision, zero: bool, tol: f32, world: usize, batch: usize) {
     let mut c = cfg(precision);
-    c.train.batch = batch;
+    c.train.data.batch = batch;
     let (w1, l1, n1, s1) = single(&c);
     // Small buckets: several per step, shards that cut across parameters.
     let opts = DpOptions {
@@ -133,7 +133,7 @@ fn check_world(precision: Precision, zero: bool, tol: f32, world: usize, batch: 
         batch / world
     );
     // The weights moved (lr 1e-3, five steps): the comparison is not trivially met.
-    let init = duet_engine::model::init_weights(&c.model, c.train.seed);
+    let init = duet_engine::model::init_weights(&c.model, c.train.data.seed);
     assert!(max_diff(&init, &r.weights) > 1e-3);
     for (a, b) in l1.iter().zip(&r.losses) {
         assert!(
@@ -229,7 +229,7 @@ fn zero1_checkpoint_resumes_exactly_and_on_any_world_size() {
 #[test]
 fn an_uneven_batch_is_refused() {
     let mut c = cfg(Precision::Fp32);
-    c.train.batch = 15;
+    c.train.data.batch = 15;
     let r = parallel_err(&c, 2);
     assert!(r.contains("multiple of 2"), "{r}");
 }
@@ -282,9 +282,9 @@ fn three_ranks_match_one_rank_fp32_zero1() {
 #[test]
 fn zero1_ranks_plan_only_their_shard() {
     let mut c = Config::preset(Preset::Default);
-    c.train.batch = 4;
-    c.train.seq = 16;
-    c.train.precision = Precision::Bf16;
+    c.train.data.batch = 4;
+    c.train.data.seq = 16;
+    c.train.recipe.precision = Precision::Bf16;
     let optimizer_bytes = |zero: bool| -> u64 {
         let c = c.clone();
         on_ranks(2, move |dev, comm| {
@@ -308,7 +308,7 @@ fn zero1_ranks_plan_only_their_shard() {
 fn one_rank_with_auto_weight_grads_keeps_them_f32() {
     for precision in [Precision::Bf16, Precision::Fp8] {
         let mut c = cfg(precision);
-        c.train.weight_grad_dtype = WeightGradDtype::Auto;
+        c.train.recipe.weight_grad_dtype = WeightGradDtype::Auto;
         let r = parallel(&c, 1, DpOptions::default());
         let (w, losses, norms, scales) = single(&cfg(precision));
         assert_eq!(max_diff(&r[0].weights, &w), 0.0, "{precision}: weights");

@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 fn config(precision: Precision) -> Config {
     let mut cfg = Config::preset(Preset::Tiny);
-    cfg.train.precision = precision;
+    cfg.train.recipe.precision = precision;
     cfg
 }
 
@@ -115,7 +115,7 @@ fn calls_longer_than_the_ring_read_back_in_pieces() {
 #[test]
 fn zero_steps_do_nothing_and_the_ring_is_allocated_once() {
     let mut cfg = config(Precision::Fp32);
-    cfg.train.loss_every = 4;
+    cfg.train.execution.loss_every = 4;
     let dev = Arc::new(CpuDevice::new(Some(2)).unwrap());
     let mut tr = Trainer::new(dev.clone(), cfg).unwrap();
     assert!(tr.train_steps(0).unwrap().is_empty());
@@ -137,9 +137,9 @@ fn zero_steps_do_nothing_and_the_ring_is_allocated_once() {
 /// enormous update makes the next logits infinite.
 fn diverging() -> Config {
     let mut cfg = config(Precision::Fp32);
-    cfg.train.lr = 1e38;
-    cfg.train.warmup = 0;
-    cfg.train.grad_clip = 0.0;
+    cfg.train.optimizer.lr = 1e38;
+    cfg.train.optimizer.warmup = 0;
+    cfg.train.optimizer.grad_clip = 0.0;
     cfg
 }
 
@@ -184,16 +184,16 @@ fn a_divergence_inside_a_group_keeps_the_steps_before_it() {
 #[test]
 fn loss_every_is_validated_and_defaults_to_ten() {
     let base = Config::preset(Preset::Default);
-    assert_eq!(base.train.loss_every, 10);
+    assert_eq!(base.train.execution.loss_every, 10);
     let mut c = base.clone();
-    c.train.loss_every = 0;
+    c.train.execution.loss_every = 0;
     let err = c.validate().unwrap_err().to_string();
     assert!(err.contains("loss_every must be at least 1"), "{err}");
     let dev = Arc::new(CpuDevice::new(Some(1)).unwrap());
     let err = Trainer::new(dev, c).err().expect("refused").to_string();
     assert!(err.contains("loss_every"), "{err}");
     let c = Config::from_toml_str("[train]\nloss_every = 1\n", base.clone()).unwrap();
-    assert_eq!(c.train.loss_every, 1);
+    assert_eq!(c.train.execution.loss_every, 1);
     c.validate().unwrap();
     let c = Config::from_toml_str("[train]\nloss_every = 0\n", base.clone()).unwrap();
     assert!(c.validate().is_err());
@@ -202,5 +202,5 @@ fn loss_every_is_validated_and_defaults_to_ten() {
     let mut old: toml::Table = toml::from_str(&base.to_toml()).unwrap();
     old["train"].as_table_mut().unwrap().remove("loss_every");
     let c: Config = toml::Value::Table(old).try_into().unwrap();
-    assert_eq!(c.train.loss_every, 10);
+    assert_eq!(c.train.execution.loss_every, 10);
 }

@@ -18,7 +18,7 @@ fn traced_run_in(
     perturb: Option<(u64, usize, f32)>,
 ) -> Trace {
     let mut cfg = Config::preset(Preset::Tiny);
-    cfg.train.precision = precision;
+    cfg.train.recipe.precision = precision;
     let dev = Arc::new(CpuDevice::new(Some(threads)).unwrap());
     let mut tr = Trainer::new(dev, cfg.clone()).unwrap();
     let header = TraceHeader {
@@ -28,7 +28,7 @@ fn traced_run_in(
         backend: "cpu".into(),
         device: format!("cpu x{threads}"),
         precision: precision.as_str().into(),
-        seed: cfg.train.seed,
+        seed: cfg.train.data.seed,
         config: cfg,
     };
     let mut buf = Vec::new();
@@ -88,7 +88,7 @@ fn perturbed_weight_is_found_at_the_right_step_and_tensor() {
 fn different_configs_are_not_comparable() {
     let a = traced_run(1, 2, None);
     let mut b = a.clone();
-    b.header.config.train.lr *= 2.0;
+    b.header.config.train.optimizer.lr *= 2.0;
     let err = compare(&a, &b).unwrap_err().to_string();
     assert!(err.contains("config.train.lr"), "{err}");
     let mut c = a.clone();

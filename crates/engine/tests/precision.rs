@@ -14,11 +14,11 @@ use std::sync::{Arc, OnceLock};
 fn opt_cfg(c: &Config) -> AdamWConfig {
     let t = &c.train;
     AdamWConfig {
-        beta1: t.beta1,
-        beta2: t.beta2,
-        eps: t.eps,
-        weight_decay: t.weight_decay,
-        grad_clip: t.grad_clip,
+        beta1: t.optimizer.beta1,
+        beta2: t.optimizer.beta2,
+        eps: t.optimizer.eps,
+        weight_decay: t.optimizer.weight_decay,
+        grad_clip: t.optimizer.grad_clip,
     }
 }
 
@@ -27,7 +27,7 @@ fn working_copies_are_low_precision_and_masters_fp32() {
     let cfg = Config::preset(Preset::Tiny);
     let dev = Arc::new(CpuDevice::new(Some(1)).unwrap());
     let w = init_weights(&cfg.model, 1);
-    let (b, t) = (cfg.train.batch, cfg.train.seq);
+    let (b, t) = (cfg.train.data.batch, cfg.train.data.seq);
     let model = Gpt::with_precision(
         dev.clone(),
         &cfg.model,
@@ -67,7 +67,7 @@ fn fp8_linear_weights_are_f32_without_masters() {
     let cfg = Config::preset(Preset::Tiny);
     let dev = Arc::new(CpuDevice::new(Some(1)).unwrap());
     let w = init_weights(&cfg.model, 1);
-    let (b, t) = (cfg.train.batch, cfg.train.seq);
+    let (b, t) = (cfg.train.data.batch, cfg.train.data.seq);
     let model = |p: Precision| {
         Gpt::with_precision(dev.clone(), &cfg.model, b, t, &w, PrecisionPlan::new(p)).unwrap()
     };
@@ -104,7 +104,7 @@ fn fp16_step(scaler: &mut LossScaler) -> StepOutcome {
     let cfg = Config::preset(Preset::Tiny);
     let dev = Arc::new(CpuDevice::new(Some(1)).unwrap());
     let w = init_weights(&cfg.model, 3);
-    let (b, t) = (cfg.train.batch, cfg.train.seq);
+    let (b, t) = (cfg.train.data.batch, cfg.train.data.seq);
     let mut model = Gpt::with_precision(
         dev.clone(),
         &cfg.model,
@@ -171,8 +171,8 @@ fn fp16_overflow_skips_the_step_and_halves_the_scale() {
 fn accuracy(p: Precision) -> (f64, f32, u64) {
     let mut cfg = Config::preset(Preset::Default);
     cfg.train.steps = 300;
-    cfg.train.max_stride = 8;
-    cfg.train.precision = p;
+    cfg.train.data.max_stride = 8;
+    cfg.train.recipe.precision = p;
     let dev = Arc::new(CpuDevice::new(None).unwrap());
     let mut tr = Trainer::new(dev, cfg.clone()).unwrap();
     let mut last = f32::NAN;
@@ -230,7 +230,7 @@ fn fp8_reaches_fp32_accuracy() {
 fn resume_is_exact(p: Precision) {
     let mut cfg = Config::preset(Preset::Tiny);
     cfg.train.steps = 12;
-    cfg.train.precision = p;
+    cfg.train.recipe.precision = p;
     let dev = Arc::new(CpuDevice::new(Some(2)).unwrap());
     let mut full = Trainer::new(dev.clone(), cfg.clone()).unwrap();
     let all: Vec<f32> = (0..12).map(|_| full.train_step().unwrap().loss).collect();
@@ -260,7 +260,7 @@ fn fp16_resume_after_skipped_steps_is_exact() {
     // count (which trails the run's steps by the skipped ones).
     let mut cfg = Config::preset(Preset::Tiny);
     cfg.train.steps = 40;
-    cfg.train.precision = Precision::Fp16;
+    cfg.train.recipe.precision = Precision::Fp16;
     let dev = Arc::new(CpuDevice::new(Some(2)).unwrap());
     let start = || Some(LossScaler::dynamic_with(2f32.powi(40), 7));
     let mut full = Trainer::new(dev.clone(), cfg.clone()).unwrap();
@@ -307,7 +307,7 @@ fn bf16_grads(low_grads: bool) -> (Vec<DType>, Vec<Vec<f32>>) {
     let cfg = Config::preset(Preset::Tiny);
     let dev = Arc::new(CpuDevice::new(Some(1)).unwrap());
     let w = init_weights(&cfg.model, 5);
-    let (b, t) = (cfg.train.batch, cfg.train.seq);
+    let (b, t) = (cfg.train.data.batch, cfg.train.data.seq);
     let plan = PrecisionPlan {
         low_precision_weight_grads: low_grads,
         ..PrecisionPlan::new(Precision::Bf16)
@@ -375,7 +375,7 @@ fn bf16_weight_gradients_are_the_rounded_f32_ones() {
 #[test]
 fn fp8_codes_from_the_optimizer_change_no_bit() {
     let mut cfg = Config::preset(Preset::Tiny);
-    cfg.train.precision = Precision::Fp8;
+    cfg.train.recipe.precision = Precision::Fp8;
     let dev = Arc::new(CpuDevice::new(Some(2)).unwrap());
     let run = |from_optimizer: bool| {
         let mut tr = Trainer::new(dev.clone(), cfg.clone()).unwrap();

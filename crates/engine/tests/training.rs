@@ -43,7 +43,7 @@ fn same_seed_same_losses_and_thread_count_does_not_matter() {
         assert!(((x - y) / x).abs() < 1e-5, "1 vs 2 threads: {a:?} vs {b:?}");
     }
     let mut other = tiny();
-    other.train.seed += 1;
+    other.train.data.seed += 1;
     let dev = Arc::new(CpuDevice::new(Some(2)).unwrap());
     let mut tr = Trainer::new(dev, other).unwrap();
     assert_ne!(
@@ -57,7 +57,7 @@ fn same_seed_same_losses_and_thread_count_does_not_matter() {
 fn loss_falls() {
     let mut cfg = tiny();
     cfg.train.steps = 40;
-    cfg.train.lr = 1e-2;
+    cfg.train.optimizer.lr = 1e-2;
     let dev = Arc::new(CpuDevice::new(None).unwrap());
     let mut tr = Trainer::new(dev, cfg).unwrap();
     let first = tr.train_step().unwrap();

@@ -14,6 +14,7 @@ pub fn bench(a: &ModelArgs, warmup: u64, iters: u64, json: Option<&Path>) -> Cli
     // `--precision fp32,bf16,fp16,fp8` (or `all`) benchmarks each in one run on one device.
     let list = a
         .precision
+        .precision
         .as_deref()
         .filter(|p| p.contains(',') || *p == "all");
     let precisions: Vec<Precision> = match list {
@@ -27,10 +28,9 @@ pub fn bench(a: &ModelArgs, warmup: u64, iters: u64, json: Option<&Path>) -> Cli
     let cfg = if precisions.is_empty() {
         build_config(a)?
     } else {
-        build_config(&ModelArgs {
-            precision: None,
-            ..a.clone()
-        })?
+        let mut one = a.clone();
+        one.precision.precision = None;
+        build_config(&one)?
     };
     if iters == 0 {
         return Err("--iters must be at least 1".into());
@@ -70,12 +70,12 @@ pub fn bench(a: &ModelArgs, warmup: u64, iters: u64, json: Option<&Path>) -> Cli
     let kind = backend_kind(a)?;
     let mut runs = dispatch(
         kind,
-        a.threads,
+        a.device.threads,
         BenchTask {
             cfgs,
             warmup,
             iters,
-            strict: a.strict,
+            strict: a.device.strict,
         },
     )?;
     if let Some(e) = runs

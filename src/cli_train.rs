@@ -2,9 +2,10 @@
 
 use crate::backends::{OnDevice, dispatch};
 use crate::cli_dist::{RankTask, run_rank, spawn_ranks};
-use crate::{CliResult, ModelArgs};
+use crate::{CliResult, ExecutionFlags, ModelArgs};
 use duet_device::{BackendKind, Fused, human_bytes};
 use duet_engine::checkpoint::Checkpoint;
+use duet_engine::config::ExecutionConfig;
 use duet_engine::trace::{TraceHeader, TraceWriter};
 use duet_engine::{Config, Precision, Preset, Trainer};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -34,6 +35,8 @@ pub struct TrainOptions {
     pub bucket_mb: f64,
     /// Reduce buckets during the backward pass (`--no-overlap` turns it off).
     pub overlap: bool,
+    /// The flags given that a resumed run may not take ([`fixed_on_resume`]).
+    pub fixed_flags: Vec<String>,
 }
 
 /// Resolves the configured precision against the device (fallback with a warning, or an error
@@ -81,9 +84,9 @@ const FP8_REPORT_ENTRIES: usize = 4;
 
 /// Preset, then config file, then flags; validated.
 pub fn build_config(a: &ModelArgs) -> CliResult<Config> {
-    let preset: Preset = a.preset.parse()?;
+    let preset: Preset = a.base.preset.parse()?;
     let mut cfg = Config::preset(preset);
-    if let Some(path) = &a.config {
+    if let Some(path) = &a.base.config {
         cfg = Config::from_toml_file(path, cfg)?;
     }
     let m = &mut cfg.model;
@@ -94,53 +97,56 @@ pub fn build_config(a: &ModelArgs) -> CliResult<Config> {
             }
         };
     }
-    set!(m.vocab, a.vocab);
-    set!(m.d_model, a.d_model);
-    set!(m.heads, a.heads);
-    set!(m.ffn, a.ffn);
-    set!(m.layers, a.layers);
-    set!(m.max_seq, a.max_seq);
+    set!(m.vocab, a.arch.vocab);
+    set!(m.d_model, a.arch.d_model);
+    set!(m.heads, a.arch.heads);
+    set!(m.ffn, a.arch.ffn);
+    set!(m.layers, a.arch.layers);
+    set!(m.max_seq, a.arch.max_seq);
     let t = &mut cfg.train;
-    set!(t.data.batch, a.batch);
-    set!(t.data.seq, a.seq);
+    set!(t.data.batch, a.data.batch);
+    set!(t.data.seq, a.data.seq);
     set!(t.steps, a.steps);
-    set!(t.optimizer.lr, a.lr);
-    set!(t.optimizer.warmup, a.warmup);
-    set!(t.optimizer.min_lr_ratio, a.min_lr_ratio);
-    set!(t.optimizer.weight_decay, a.weight_decay);
-    set!(t.optimizer.beta1, a.beta1);
-    set!(t.optimizer.beta2, a.beta2);
-    set!(t.optimizer.eps, a.eps);
-    set!(t.optimizer.grad_clip, a.grad_clip);
-    set!(t.data.seed, a.seed);
-    set!(t.data.eval_sequences, a.eval_sequences);
-    set!(t.data.max_stride, a.max_stride);
-    if let Some(p) = &a.precision {
+    set!(t.optimizer.lr, a.optimizer.lr);
+    set!(t.optimizer.warmup, a.optimizer.warmup);
+    set!(t.optimizer.min_lr_ratio, a.optimizer.min_lr_ratio);
+    set!(t.optimizer.weight_decay, a.optimizer.weight_decay);
+    set!(t.optimizer.beta1, a.optimizer.beta1);
+    set!(t.optimizer.beta2, a.optimizer.beta2);
+    set!(t.optimizer.eps, a.optimizer.eps);
+    set!(t.optimizer.grad_clip, a.optimizer.grad_clip);
+    set!(t.data.seed, a.data.seed);
+    set!(t.data.eval_sequences, a.data.eval_sequences);
+    set!(t.data.max_stride, a.data.max_stride);
+    if let Some(p) = &a.precision.precision {
         t.recipe.precision = p.parse()?;
     }
-    set!(t.recipe.loss_scale, a.loss_scale);
-    if let Some(f) = &a.fp8_format {
+    set!(t.recipe.loss_scale, a.precision.loss_scale);
+    if let Some(f) = &a.precision.fp8_format {
         t.recipe.fp8_format = f.parse()?;
     }
-    set!(t.recipe.fp8_amax_history_len, a.fp8_amax_history_len);
-    if let Some(algo) = &a.fp8_amax_compute_algo {
+    set!(
+        t.recipe.fp8_amax_history_len,
+        a.precision.fp8_amax_history_len
+    );
+    if let Some(algo) = &a.precision.fp8_amax_compute_algo {
         t.recipe.fp8_amax_compute_algo = algo.parse()?;
     }
-    set!(t.recipe.fp8_margin, a.fp8_margin);
-    if let Some(f) = &a.fp8_fast_accum {
+    set!(t.recipe.fp8_margin, a.precision.fp8_margin);
+    if let Some(f) = &a.precision.fp8_fast_accum {
         t.recipe.fp8_fast_accum = f.parse()?;
     }
-    if let Some(d) = &a.weight_grad_dtype {
+    if let Some(d) = &a.precision.weight_grad_dtype {
         t.recipe.weight_grad_dtype = d.parse()?;
     }
-    apply_execution_settings(t, a);
-    if let Some(d) = &a.data {
+    apply_execution_settings(&mut t.execution, &a.execution);
+    if let Some(d) = &a.data.data {
         // Absolute, so that a resumed run reads the same file from any folder.
         let abs = std::fs::canonicalize(d).unwrap_or_else(|_| d.clone());
         t.data.data = abs.display().to_string();
         // The model's vocabulary must cover the file's tokens; pick it unless --vocab was given.
         let file = duet_engine::dataset::TokenFile::open(d, t.data.seq)?;
-        if a.vocab.is_none() && cfg.model.vocab < file.vocab_needed {
+        if a.arch.vocab.is_none() && cfg.model.vocab < file.vocab_needed {
             eprintln!(
                 "vocab set to {} to cover the tokens of {}",
                 file.vocab_needed,
@@ -156,23 +162,23 @@ pub fn build_config(a: &ModelArgs) -> CliResult<Config> {
 }
 
 /// The flags of the settings that change how a step runs, not what it computes
-/// (`duet_engine::trace::EXECUTION_SETTINGS`): a resumed run may change them too.
-fn apply_execution_settings(t: &mut duet_engine::config::TrainConfig, a: &ModelArgs) {
+/// (the execution group, [`ExecutionConfig`]): a resumed run may change them too.
+fn apply_execution_settings(t: &mut ExecutionConfig, a: &ExecutionFlags) {
     if a.no_graphs {
-        t.execution.graphs = false;
+        t.graphs = false;
     }
     if a.gemm_autotune {
-        t.execution.gemm_autotune = true;
+        t.gemm_autotune = true;
     }
     if let Some(n) = a.loss_every {
-        t.execution.loss_every = n;
+        t.loss_every = n;
     }
     if a.keep_gelu {
-        t.execution.recompute_gelu = false;
+        t.recompute_gelu = false;
     }
     match (a.checkpoint, a.checkpoint_every) {
-        (_, Some(n)) => t.execution.checkpoint_every = n,
-        (true, None) => t.execution.checkpoint_every = 4,
+        (_, Some(n)) => t.checkpoint_every = n,
+        (true, None) => t.checkpoint_every = 4,
         (false, None) => {}
     }
 }
@@ -193,11 +199,17 @@ pub(crate) fn warn_unused_fp8_flags(a: &ModelArgs, precisions: &[Precision]) {
 /// The FP8 recipe flags given on the command line.
 fn fp8_flags_given(a: &ModelArgs) -> Vec<&'static str> {
     [
-        (a.fp8_format.is_some(), "--fp8-format"),
-        (a.fp8_amax_history_len.is_some(), "--fp8-amax-history-len"),
-        (a.fp8_amax_compute_algo.is_some(), "--fp8-amax-compute-algo"),
-        (a.fp8_margin.is_some(), "--fp8-margin"),
-        (a.fp8_fast_accum.is_some(), "--fp8-fast-accum"),
+        (a.precision.fp8_format.is_some(), "--fp8-format"),
+        (
+            a.precision.fp8_amax_history_len.is_some(),
+            "--fp8-amax-history-len",
+        ),
+        (
+            a.precision.fp8_amax_compute_algo.is_some(),
+            "--fp8-amax-compute-algo",
+        ),
+        (a.precision.fp8_margin.is_some(), "--fp8-margin"),
+        (a.precision.fp8_fast_accum.is_some(), "--fp8-fast-accum"),
     ]
     .into_iter()
     .filter_map(|(given, name)| given.then_some(name))
@@ -205,7 +217,7 @@ fn fp8_flags_given(a: &ModelArgs) -> Vec<&'static str> {
 }
 
 pub(crate) fn backend_kind(a: &ModelArgs) -> CliResult<BackendKind> {
-    Ok(a.backend.parse()?)
+    Ok(a.device.backend.parse()?)
 }
 
 /// How a training run ended.
@@ -232,43 +244,27 @@ pub static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 
 const CHECKPOINT_FILE: &str = "checkpoint.safetensors";
 
-/// Flags that change the model, the optimisation, the precision recipe or the evaluation, which
-/// a resumed run may not change (it trains on with the checkpoint's config; only `--steps` and
-/// the execution settings, [`apply_execution_settings`], may differ).
-fn changed_on_resume(a: &ModelArgs) -> Vec<&'static str> {
-    let mut v = Vec::new();
-    let mut check = |given: bool, name: &'static str| {
-        if given {
-            v.push(name);
+/// The flags given on the command line (`m`: the `train` subcommand's matches) that a resumed run
+/// may not take: every flag of the configuration, model, data, optimizer and precision-recipe
+/// groups. The group a flag is declared in ([`ModelArgs`]) decides, so a new flag follows its
+/// group's rule; `--steps` and the device and execution groups may change.
+pub fn fixed_on_resume(m: &clap::ArgMatches) -> Vec<String> {
+    use crate::{ArchFlags, BaseFlags, DataFlags, OptimizerFlags, PrecisionFlags};
+    fn given<T: clap::Args>(m: &clap::ArgMatches, v: &mut Vec<String>) {
+        let group = T::augment_args(clap::Command::new("group"));
+        for arg in group.get_arguments() {
+            let id = arg.get_id().as_str();
+            if m.value_source(id) == Some(clap::parser::ValueSource::CommandLine) {
+                v.push(format!("--{}", arg.get_long().unwrap_or(id)));
+            }
         }
-    };
-    check(a.preset != "default", "--preset");
-    check(a.config.is_some(), "--config");
-    check(a.batch.is_some(), "--batch");
-    check(a.seq.is_some(), "--seq");
-    check(a.layers.is_some(), "--layers");
-    check(a.d_model.is_some(), "--d-model");
-    check(a.heads.is_some(), "--heads");
-    check(a.ffn.is_some(), "--ffn");
-    check(a.vocab.is_some(), "--vocab");
-    check(a.max_seq.is_some(), "--max-seq");
-    check(a.lr.is_some(), "--lr");
-    check(a.warmup.is_some(), "--warmup");
-    check(a.min_lr_ratio.is_some(), "--min-lr-ratio");
-    check(a.weight_decay.is_some(), "--weight-decay");
-    check(
-        a.beta1.is_some() || a.beta2.is_some() || a.eps.is_some(),
-        "--beta1/--beta2/--eps",
-    );
-    check(a.grad_clip.is_some(), "--grad-clip");
-    check(a.seed.is_some(), "--seed");
-    check(a.max_stride.is_some(), "--max-stride");
-    check(a.precision.is_some(), "--precision");
-    check(a.weight_grad_dtype.is_some(), "--weight-grad-dtype");
-    check(a.loss_scale.is_some(), "--loss-scale");
-    check(a.eval_sequences.is_some(), "--eval-sequences");
-    check(a.data.is_some(), "--data");
-    v.extend(fp8_flags_given(a));
+    }
+    let mut v = Vec::new();
+    given::<BaseFlags>(m, &mut v);
+    given::<ArchFlags>(m, &mut v);
+    given::<DataFlags>(m, &mut v);
+    given::<OptimizerFlags>(m, &mut v);
+    given::<PrecisionFlags>(m, &mut v);
     v
 }
 
@@ -305,7 +301,7 @@ fn check_no_overwrite(
     if !cfg.train.data.data.is_empty() {
         inputs.push(("--data".into(), PathBuf::from(&cfg.train.data.data), false));
     }
-    if let Some(c) = &opts.model.config {
+    if let Some(c) = &opts.model.base.config {
         inputs.push(("--config".into(), c.clone(), false));
     }
     if let Some(r) = &opts.resume {
@@ -446,13 +442,13 @@ fn open_log(path: &Path, append: bool, what: &str) -> CliResult<BufWriter<File>>
 pub fn train(opts: &TrainOptions) -> CliResult<TrainOutcome> {
     let resume = match &opts.resume {
         Some(p) => {
-            let changed = changed_on_resume(&opts.model);
-            if !changed.is_empty() {
+            if !opts.fixed_flags.is_empty() {
                 return Err(format!(
                     "cannot change {} when resuming: the checkpoint's config is used (only --steps \
-                     and the execution settings --loss-every, --no-graphs, --gemm-autotune, \
-                     --checkpoint/--checkpoint-every and --keep-gelu may change)",
-                    changed.join(", ")
+                     and the device and execution flags may be given: --backend, --threads, \
+                     --strict, --loss-every, --no-graphs, --gemm-autotune, \
+                     --checkpoint/--checkpoint-every, --keep-gelu)",
+                    opts.fixed_flags.join(", ")
                 )
                 .into());
             }
@@ -467,7 +463,7 @@ pub fn train(opts: &TrainOptions) -> CliResult<TrainOutcome> {
                 cfg.train.steps = steps;
             }
             // How a step runs changes no number: a resumed run may change it.
-            apply_execution_settings(&mut cfg.train, &opts.model);
+            apply_execution_settings(&mut cfg.train.execution, &opts.model.execution);
             cfg.validate()?;
             if cfg.train.steps <= ck.step {
                 return Err(format!(
@@ -594,14 +590,14 @@ pub fn train(opts: &TrainOptions) -> CliResult<TrainOutcome> {
         stop_after: opts.stop_after,
         val_every: opts.val_every,
         log_every: opts.log_every,
-        strict: opts.model.strict,
+        strict: opts.model.device.strict,
         fp8_report: opts.fp8_report,
         dp,
         is_main,
     };
     match &launch {
         Some(env) => run_rank(kind, env, task),
-        None => dispatch(kind, opts.model.threads, task),
+        None => dispatch(kind, opts.model.device.threads, task),
     }
 }
 
@@ -1074,5 +1070,83 @@ mod tests {
         assert_eq!(steps_to_read_back(0, 100, 1, &[50, 0, 0]), 1);
         // Every group is at least one step.
         assert_eq!(steps_to_read_back(100, 100, 10, &[]), 1);
+    }
+}
+
+#[cfg(test)]
+mod resume_rule_tests {
+    use super::fixed_on_resume;
+    use clap::CommandFactory;
+
+    fn fixed(args: &[&str]) -> Vec<String> {
+        let m = crate::Cli::command().get_matches_from(args);
+        fixed_on_resume(m.subcommand_matches("train").expect("train"))
+    }
+
+    /// The group a flag is declared in decides: every flag of the configuration, model, data,
+    /// optimizer and precision groups is refused on resume, none of --steps, the device or the
+    /// execution group (defaults and the environment do not count as given).
+    #[test]
+    fn the_flag_groups_decide_what_a_resume_may_change() {
+        let allowed = [
+            "duet",
+            "train",
+            "--resume",
+            "x",
+            "--steps",
+            "9",
+            "--backend",
+            "cpu",
+            "--threads",
+            "2",
+            "--strict",
+            "--loss-every",
+            "3",
+            "--no-graphs",
+            "--gemm-autotune",
+            "--checkpoint-every",
+            "1",
+            "--keep-gelu",
+            "--log-every",
+            "1",
+        ];
+        assert!(fixed(&allowed).is_empty(), "{:?}", fixed(&allowed));
+        let refused = [
+            "duet",
+            "train",
+            "--resume",
+            "x",
+            "--preset",
+            "tiny",
+            "--layers",
+            "3",
+            "--batch",
+            "2",
+            "--data",
+            "f",
+            "--lr",
+            "0.1",
+            "--beta2",
+            "0.9",
+            "--precision",
+            "bf16",
+            "--fp8-margin",
+            "-1",
+            "--steps",
+            "4",
+        ];
+        assert_eq!(
+            fixed(&refused),
+            [
+                "--preset",
+                "--layers",
+                "--batch",
+                "--data",
+                "--lr",
+                "--beta2",
+                "--precision",
+                "--fp8-margin"
+            ]
+        );
     }
 }

@@ -9,7 +9,7 @@ mod cli_train;
 mod parity;
 mod plot;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -40,106 +40,141 @@ enum Command {
     Parity { a: PathBuf, b: PathBuf },
 }
 
-/// Model and run settings shared by `train` and `bench`; each flag overrides the preset and the
-/// config file.
+/// Model and run settings shared by `train` and `bench`, in the groups `--help` shows; each flag
+/// overrides the preset and the config file. A resumed run may change `--steps` and the device
+/// and execution groups; a flag of any other group is refused (the group decides, see
+/// [`cli_train::fixed_on_resume`]).
 #[derive(Args, Clone, Debug)]
 pub struct ModelArgs {
+    #[command(flatten, next_help_heading = "Configuration")]
+    pub base: BaseFlags,
+    #[command(flatten, next_help_heading = "Device")]
+    pub device: DeviceFlags,
+    /// Steps of the whole run (a resumed run may raise it).
+    #[arg(long, help_heading = "Run length")]
+    pub steps: Option<u64>,
+    #[command(flatten, next_help_heading = "Model")]
+    pub arch: ArchFlags,
+    #[command(flatten, next_help_heading = "Data")]
+    pub data: DataFlags,
+    #[command(flatten, next_help_heading = "Optimizer")]
+    pub optimizer: OptimizerFlags,
+    #[command(flatten, next_help_heading = "Precision recipe")]
+    pub precision: PrecisionFlags,
+    #[command(flatten, next_help_heading = "Execution")]
+    pub execution: ExecutionFlags,
+}
+
+/// What a run starts from: a preset, then a config file; the flags of the other groups override
+/// both.
+#[derive(Args, Clone, Debug)]
+pub struct BaseFlags {
     /// Starting configuration: default, seed (the benchmark model), large, tiny.
     #[arg(long, default_value = "default")]
     pub preset: String,
     /// A TOML file with [model] and [train] tables overriding the preset.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
+}
+
+/// Where a run executes.
+#[derive(Args, Clone, Debug)]
+pub struct DeviceFlags {
     /// cpu, cuda, hip or auto.
     #[arg(long, env = "DUET_BACKEND", default_value = "cpu")]
     pub backend: String,
     /// CPU worker threads (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// Fail instead of falling back when the hardware lacks the requested precision.
     #[arg(long)]
-    pub steps: Option<u64>,
-    #[arg(long)]
-    pub batch: Option<usize>,
-    #[arg(long)]
-    pub seq: Option<usize>,
+    pub strict: bool,
+}
+
+/// The model's shape.
+#[derive(Args, Clone, Debug)]
+pub struct ArchFlags {
+    /// Transformer blocks.
     #[arg(long)]
     pub layers: Option<usize>,
+    /// Width of the residual stream.
     #[arg(long)]
     pub d_model: Option<usize>,
+    /// Attention heads (must divide --d-model).
     #[arg(long)]
     pub heads: Option<usize>,
+    /// Width of the MLP's hidden layer.
     #[arg(long)]
     pub ffn: Option<usize>,
+    /// Vocabulary size (a data file raises it to cover its tokens).
     #[arg(long)]
     pub vocab: Option<usize>,
+    /// Longest sequence the model takes (position embeddings).
     #[arg(long)]
     pub max_seq: Option<usize>,
+}
+
+/// What a run trains on, in which order, and how it is evaluated.
+#[derive(Args, Clone, Debug)]
+pub struct DataFlags {
+    /// Sequences per step.
     #[arg(long)]
-    pub lr: Option<f32>,
+    pub batch: Option<usize>,
+    /// Tokens per training sequence (at most --max-seq).
     #[arg(long)]
-    pub warmup: Option<u64>,
-    #[arg(long)]
-    pub min_lr_ratio: Option<f32>,
-    #[arg(long)]
-    pub weight_decay: Option<f32>,
-    #[arg(long)]
-    pub beta1: Option<f32>,
-    #[arg(long)]
-    pub beta2: Option<f32>,
-    #[arg(long)]
-    pub eps: Option<f32>,
-    /// Global gradient-norm clipping threshold (0 disables).
-    #[arg(long)]
-    pub grad_clip: Option<f32>,
+    pub seq: Option<usize>,
+    /// Seed of the initial weights and the data order.
     #[arg(long)]
     pub seed: Option<u64>,
+    /// Train on a file: UTF-8 text (byte tokens) or an llm.c `.bin` token shard; its last 10% is
+    /// the validation set.
+    #[arg(long, value_name = "FILE")]
+    pub data: Option<PathBuf>,
     /// Held-out progressions checked by greedy generation at the end (0 skips the check).
     #[arg(long)]
     pub eval_sequences: Option<usize>,
     /// Strides of the arithmetic task are drawn from 1..=N (up to vocab − 1).
     #[arg(long, value_name = "N")]
     pub max_stride: Option<usize>,
-    /// Activation checkpointing with the default interval (every 4 blocks).
+}
+
+/// AdamW and its learning-rate schedule.
+#[derive(Args, Clone, Debug)]
+pub struct OptimizerFlags {
+    /// Peak learning rate.
     #[arg(long)]
-    pub checkpoint: bool,
-    /// Activation checkpointing: keep only the input of every segment of N blocks and recompute
-    /// each segment in the backward pass (about a third more compute, far less memory).
-    #[arg(long, value_name = "N")]
-    pub checkpoint_every: Option<usize>,
-    /// Run every step unrecorded (by default a GPU records the step once as a CUDA graph and
-    /// replays it, where nothing in the step needs the host: no fp16 loss scaler, one GPU).
+    pub lr: Option<f32>,
+    /// Linear warm-up steps before the cosine decay.
     #[arg(long)]
-    pub no_graphs: bool,
-    /// Time the GEMM algorithms once per shape and keep the fastest (CUDA; like PyTorch's
-    /// max-autotune). Faster, but two runs may then differ in the last bits.
+    pub warmup: Option<u64>,
+    /// The cosine decay ends at lr × this.
     #[arg(long)]
-    pub gemm_autotune: bool,
-    /// Read the loss back every N steps (default 10; 1: after every step): the steps in between
-    /// are queued without waiting for the device, their losses reported together, the same
-    /// numbers. Log lines, validation and checkpoints still see their own step.
-    #[arg(long, value_name = "N")]
-    pub loss_every: Option<u64>,
-    /// Storage of the linear layers' weight gradients: auto (bf16 in bf16/fp8 runs on one
-    /// device: the f32-accumulated GEMM result rounded once, as PyTorch autocast does; f32
-    /// otherwise) or f32.
-    #[arg(long, value_name = "auto|f32")]
-    pub weight_grad_dtype: Option<String>,
-    /// Keep the MLP's GELU output for the backward pass instead of recomputing it (batch ×
-    /// seq × ffn activations per block more memory, a little faster; no effect in fp8).
+    pub min_lr_ratio: Option<f32>,
+    /// AdamW weight decay (matrices and embeddings only).
     #[arg(long)]
-    pub keep_gelu: bool,
-    /// Train on a file: UTF-8 text (byte tokens) or an llm.c `.bin` token shard; its last 10% is
-    /// the validation set.
-    #[arg(long, value_name = "FILE")]
-    pub data: Option<PathBuf>,
+    pub weight_decay: Option<f32>,
+    /// AdamW β1.
+    #[arg(long)]
+    pub beta1: Option<f32>,
+    /// AdamW β2.
+    #[arg(long)]
+    pub beta2: Option<f32>,
+    /// AdamW ε.
+    #[arg(long)]
+    pub eps: Option<f32>,
+    /// Global gradient-norm clipping threshold (0 disables).
+    #[arg(long)]
+    pub grad_clip: Option<f32>,
+}
+
+/// How the numbers are stored and scaled.
+#[derive(Args, Clone, Debug)]
+pub struct PrecisionFlags {
     /// fp32, bf16, fp16 or fp8 (FP32 master weights in every mode). Unsupported by the
     /// hardware: falls back (fp8 → bf16 → fp16 → fp32) with a warning, or fails with --strict.
     /// `bench` also takes a comma list or `all` and measures each in one run.
     #[arg(long)]
     pub precision: Option<String>,
-    /// Fail instead of falling back when the hardware lacks the requested precision.
-    #[arg(long)]
-    pub strict: bool,
     /// Static loss scale (e.g. 1024); 0 = dynamic (the fp16 default: 2^16, halve and skip on
     /// inf/NaN, double after 2000 clean steps).
     #[arg(long, value_name = "SCALE")]
@@ -160,6 +195,40 @@ pub struct ModelArgs {
     /// Engine and torchao do) or all (CUDA; other backends always accumulate exactly).
     #[arg(long, value_name = "WHICH")]
     pub fp8_fast_accum: Option<String>,
+    /// Storage of the linear layers' weight gradients: auto (bf16 in bf16/fp8 runs on one
+    /// device: the f32-accumulated GEMM result rounded once, as PyTorch autocast does; f32
+    /// otherwise) or f32.
+    #[arg(long, value_name = "auto|f32")]
+    pub weight_grad_dtype: Option<String>,
+}
+
+/// How a step runs; none of these changes a number.
+#[derive(Args, Clone, Debug)]
+pub struct ExecutionFlags {
+    /// Activation checkpointing with the default interval (every 4 blocks).
+    #[arg(long)]
+    pub checkpoint: bool,
+    /// Activation checkpointing: keep only the input of every segment of N blocks and recompute
+    /// each segment in the backward pass (about a third more compute, far less memory).
+    #[arg(long, value_name = "N")]
+    pub checkpoint_every: Option<usize>,
+    /// Run every step unrecorded (by default a GPU records the step once as a CUDA graph and
+    /// replays it, where nothing in the step needs the host: no fp16 loss scaler, one GPU).
+    #[arg(long)]
+    pub no_graphs: bool,
+    /// Time the GEMM algorithms once per shape and keep the fastest (CUDA; like PyTorch's
+    /// max-autotune). Faster, but two runs may then differ in the last bits.
+    #[arg(long)]
+    pub gemm_autotune: bool,
+    /// Read the loss back every N steps (default 10; 1: after every step): the steps in between
+    /// are queued without waiting for the device, their losses reported together, the same
+    /// numbers. Log lines, validation and checkpoints still see their own step.
+    #[arg(long, value_name = "N")]
+    pub loss_every: Option<u64>,
+    /// Keep the MLP's GELU output for the backward pass instead of recomputing it (batch ×
+    /// seq × ffn activations per block more memory, a little faster; no effect in fp8).
+    #[arg(long)]
+    pub keep_gelu: bool,
 }
 
 #[derive(Args)]
@@ -167,52 +236,73 @@ struct TrainArgs {
     #[command(flatten)]
     model: ModelArgs,
     /// Write one JSON object per step (step, loss, lr, grad_norm, tokens_per_s, elapsed_s).
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", help_heading = "Logs and checkpoints")]
     metrics: Option<PathBuf>,
     /// No progress bar; print a line every N steps instead (0: only the summary).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", help_heading = "Logs and checkpoints")]
     log_every: Option<u64>,
     /// Gather the run in this folder: config.toml, metrics.jsonl, checkpoint.safetensors and
     /// loss.svg.
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", help_heading = "Logs and checkpoints")]
     out: Option<PathBuf>,
     /// Save a checkpoint into --out every N steps (0: only at the end).
-    #[arg(long, value_name = "N", default_value_t = 0)]
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 0,
+        help_heading = "Logs and checkpoints"
+    )]
     save_every: u64,
-    /// Continue a run from a checkpoint (the file, or the --out folder holding it). Only --steps
-    /// may change; the next losses are those the run would have had.
-    #[arg(long, value_name = "PATH")]
+    /// Continue a run from a checkpoint (the file, or the --out folder holding it): the next
+    /// losses are those the run would have had. Only --steps and the Device and Execution flags
+    /// may be given with it; the checkpoint's configuration is used.
+    #[arg(long, value_name = "PATH", help_heading = "Logs and checkpoints")]
     resume: Option<PathBuf>,
     /// Stop after N steps of this invocation (saving a checkpoint into --out).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", help_heading = "Logs and checkpoints")]
     stop_after: Option<u64>,
     /// Compute the validation loss every N steps (0: only at the end).
-    #[arg(long, value_name = "N", default_value_t = 0)]
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 0,
+        help_heading = "Logs and checkpoints"
+    )]
     val_every: u64,
     /// Write a deterministic per-step trace (loss, grad norm, lr, per-tensor norms and samples)
     /// for `duet parity`.
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", help_heading = "Logs and checkpoints")]
     trace: Option<PathBuf>,
     /// FP8: print, per layer and operand, the scale and the first amax-history entries at the
     /// end (and every --log-every steps); the metrics log carries them at every step.
-    #[arg(long)]
+    #[arg(long, help_heading = "Logs and checkpoints")]
     fp8_report: bool,
     /// Data parallelism on N GPUs of this machine: one process per GPU, --batch is the global
     /// batch (split evenly). Multi-node runs are started by a launcher that sets RANK,
     /// WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT (as torchrun does) instead.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..), help_heading = "Data parallelism")]
     gpus: Option<u16>,
     /// ZeRO stage: 1 shards the optimizer state (FP32 master weights, AdamW moments) over the
     /// ranks of a data-parallel run; 0 replicates it.
-    #[arg(long, value_name = "STAGE", default_value_t = 0)]
+    #[arg(
+        long,
+        value_name = "STAGE",
+        default_value_t = 0,
+        help_heading = "Data parallelism"
+    )]
     zero: u8,
     /// Gradient bucket size in MiB for data parallelism (buckets are reduced while the backward
     /// pass continues).
-    #[arg(long, value_name = "MIB", default_value_t = 25.0)]
+    #[arg(
+        long,
+        value_name = "MIB",
+        default_value_t = 25.0,
+        help_heading = "Data parallelism"
+    )]
     bucket_mb: f64,
     /// Data parallelism: start the gradient reductions only after the backward pass (same
     /// results; for measuring what the overlap hides).
-    #[arg(long)]
+    #[arg(long, help_heading = "Data parallelism")]
     no_overlap: bool,
 }
 
@@ -232,7 +322,8 @@ struct BenchArgs {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     // A malformed DUET_* variable fails every command at once, naming it (duet_device::knobs).
     if let Err(e) = duet_device::knobs::knobs() {
         eprintln!("error: {e}");
@@ -266,6 +357,10 @@ fn main() -> ExitCode {
                 zero: a.zero,
                 bucket_mb: a.bucket_mb,
                 overlap: !a.no_overlap,
+                fixed_flags: matches
+                    .subcommand_matches("train")
+                    .map(cli_train::fixed_on_resume)
+                    .unwrap_or_default(),
             }) {
                 Ok(cli_train::TrainOutcome::Interrupted) => return ExitCode::from(130),
                 Ok(cli_train::TrainOutcome::Finished) => Ok(()),

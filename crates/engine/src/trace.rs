@@ -483,35 +483,36 @@ fn widen(x: f32) -> f64 {
 #[error("traces are not comparable: {0}")]
 pub struct Incompatible(pub String);
 
-/// `train` settings that change how a step executes, not what it computes: CUDA graphs, the
-/// loss read-back interval, GEMM autotuning, activation checkpointing and the GELU recompute
-/// (each documented to give the same bits, autotuning the same values up to the last bits).
-/// Traces that differ only in these are comparable; comparing them is how those claims are
-/// checked.
-pub const EXECUTION_SETTINGS: [&str; 5] = [
-    "graphs",
-    "loss_every",
-    "gemm_autotune",
-    "checkpoint_every",
-    "recompute_gelu",
-];
+/// The `train` keys of the execution group ([`crate::config::ExecutionConfig`]): settings that
+/// change how a step executes, not what it computes (CUDA graphs, the loss read-back interval,
+/// GEMM autotuning, activation checkpointing and the GELU recompute; each documented to give
+/// the same bits, autotuning the same values up to the last bits). Traces that differ only in
+/// these are comparable; comparing them is how those claims are checked. Taken from the type,
+/// so a new execution setting is one automatically.
+pub fn execution_settings() -> Vec<String> {
+    let v = serde_json::to_value(&Config::preset(crate::config::Preset::Tiny).train.execution)
+        .expect("execution settings serialise");
+    v.as_object()
+        .map(|o| o.keys().cloned().collect())
+        .unwrap_or_default()
+}
 
-/// The header's config as JSON, without the [`EXECUTION_SETTINGS`].
+/// The header's config as JSON, without the [`execution_settings`].
 fn run_config(t: &Trace) -> serde_json::Value {
     let mut v = serde_json::to_value(&t.header.config).expect("config");
     if let Some(train) = v.get_mut("train").and_then(|t| t.as_object_mut()) {
-        for k in EXECUTION_SETTINGS {
-            train.remove(k);
+        for k in execution_settings() {
+            train.remove(&k);
         }
     }
     v
 }
 
-/// The [`EXECUTION_SETTINGS`] in which two traces differ, as `train.name: a vs b`.
+/// The [`execution_settings`] in which two traces differ, as `train.name: a vs b`.
 pub fn execution_differences(a: &Trace, b: &Trace) -> Vec<String> {
     let ca = serde_json::to_value(&a.header.config).expect("config");
     let cb = serde_json::to_value(&b.header.config).expect("config");
-    EXECUTION_SETTINGS
+    execution_settings()
         .iter()
         .filter_map(|k| {
             let (x, y) = (&ca["train"][k], &cb["train"][k]);
@@ -521,7 +522,7 @@ pub fn execution_differences(a: &Trace, b: &Trace) -> Vec<String> {
 }
 
 /// Compares two traces step by step. `precision` picks the tolerance; when the traces' precisions
-/// differ, the looser one applies. Configs must agree except in the [`EXECUTION_SETTINGS`].
+/// differ, the looser one applies. Configs must agree except in the [`execution_settings`].
 pub fn compare(a: &Trace, b: &Trace) -> std::result::Result<ParityOutcome, Incompatible> {
     if a.header.seed != b.header.seed {
         return Err(Incompatible(format!(

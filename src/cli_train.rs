@@ -4,16 +4,19 @@ use crate::backends::{OnDevice, dispatch};
 use crate::cli_dist::{RankTask, run_rank, spawn_ranks};
 use crate::{CliResult, ExecutionFlags, ModelArgs};
 use duet_device::{BackendKind, Fused, human_bytes};
-use duet_engine::checkpoint::Checkpoint;
+use duet_engine::checkpoint::{Checkpoint, files};
 use duet_engine::config::ExecutionConfig;
+use duet_engine::run::{
+    FP8_REPORT_ENTRIES, MetricsLog, RunPlan, RunSummary, StepLog, save_checkpoint,
+};
 use duet_engine::trace::{TraceHeader, TraceWriter};
 use duet_engine::{Config, Precision, Preset, Trainer};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::fs::File;
-use std::io::{BufWriter, Write};
+use std::io::BufWriter;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
 pub struct TrainOptions {
@@ -78,9 +81,6 @@ fn print_fp8_report<D: Fused>(trainer: &Trainer<D>) {
         }
     }
 }
-
-/// Amax-history entries shown per operand.
-const FP8_REPORT_ENTRIES: usize = 4;
 
 /// Preset, then config file, then flags; validated.
 pub fn build_config(a: &ModelArgs) -> CliResult<Config> {
@@ -227,22 +227,9 @@ pub enum TrainOutcome {
     Interrupted,
 }
 
-/// How many steps the training loop queues before reading their losses back: `loss_every`,
-/// cut short at the run's last step and at the next multiple of each nonzero interval in
-/// `events` (log lines, validations, checkpoint saves: those need the trainer at their step).
-fn steps_to_read_back(step: u64, last_step: u64, loss_every: u64, events: &[u64]) -> u64 {
-    let mut k = loss_every.max(1).min(last_step.saturating_sub(step)).max(1);
-    for &every in events.iter().filter(|&&e| e > 0) {
-        k = k.min(every - step % every);
-    }
-    k
-}
-
 /// Set by the Ctrl-C handler; the training loop checks it after every read-back of losses
 /// (every `loss_every` steps at most).
 pub static INTERRUPTED: AtomicBool = AtomicBool::new(false);
-
-const CHECKPOINT_FILE: &str = "checkpoint.safetensors";
 
 /// The flags given on the command line (`m`: the `train` subcommand's matches) that a resumed run
 /// may not take: every flag of the configuration, model, data, optimizer and precision-recipe
@@ -319,8 +306,8 @@ fn check_no_overwrite(
         outputs.push(("the trace".into(), t.to_path_buf(), false));
     }
     if let Some(dir) = &opts.out {
-        for f in [CHECKPOINT_FILE, "config.toml", "loss.svg"] {
-            outputs.push((format!("--out's {f}"), dir.join(f), f == CHECKPOINT_FILE));
+        for f in [files::CHECKPOINT, files::CONFIG, files::LOSS_PLOT] {
+            outputs.push((format!("--out's {f}"), dir.join(f), f == files::CHECKPOINT));
         }
     }
     for (i, (what, p, p_ck)) in outputs.iter().enumerate() {
@@ -374,44 +361,10 @@ fn interrupted_path() -> PathBuf {
         .expect("an unused name")
 }
 
-/// Before a resumed run appends to its metrics file: keeps the complete lines up to the
-/// checkpoint's step and drops the rest (a torn last line, or steps logged after the checkpoint
-/// by a run that was killed; the resumed run logs those steps again, with the same values).
-fn trim_metrics(path: &Path, step: u64) -> CliResult<()> {
-    let Ok(text) = std::fs::read_to_string(path) else {
-        return Ok(()); // missing or unreadable: open_log reports what matters
-    };
-    let mut kept = String::with_capacity(text.len());
-    let mut dropped = 0usize;
-    for line in text.split_inclusive('\n') {
-        let keep = serde_json::from_str::<serde_json::Value>(line)
-            .is_ok_and(|v| v["step"].as_u64().is_none_or(|s| s <= step));
-        if keep {
-            kept.push_str(line.trim_end_matches('\n'));
-            kept.push('\n');
-        } else if !line.trim().is_empty() {
-            dropped += 1;
-        }
-    }
-    if kept == text {
-        return Ok(());
-    }
-    duet_engine::checkpoint::write_atomic(path, kept.as_bytes())
-        .map_err(|e| format!("cannot rewrite {}: {e}", path.display()))?;
-    if dropped > 0 {
-        eprintln!(
-            "{}: dropped {dropped} line(s) past the checkpoint's step {step} (or cut off by a \
-             kill)",
-            path.display()
-        );
-    }
-    Ok(())
-}
-
 /// A checkpoint path given as the file or the `--out` folder holding it.
 pub(crate) fn checkpoint_path(p: &Path) -> PathBuf {
     if p.is_dir() {
-        p.join(CHECKPOINT_FILE)
+        p.join(files::CHECKPOINT)
     } else {
         p.to_path_buf()
     }
@@ -541,7 +494,7 @@ pub fn train(opts: &TrainOptions) -> CliResult<TrainOutcome> {
     let metrics_path = opts
         .metrics
         .clone()
-        .or_else(|| opts.out.as_ref().map(|d| d.join("metrics.jsonl")))
+        .or_else(|| opts.out.as_ref().map(|d| d.join(files::METRICS)))
         .filter(|_| is_main);
     let trace = opts.trace.clone().filter(|_| is_main);
     // Before anything is written.
@@ -554,7 +507,7 @@ pub fn train(opts: &TrainOptions) -> CliResult<TrainOutcome> {
             .map_err(|e| format!("cannot create output folder {}: {e}", dir.display()))?;
         // One run at a time per folder (released when this process exits, however it ends).
         _out_lock = Some(lock_out(dir)?);
-        let ck = dir.join(CHECKPOINT_FILE);
+        let ck = dir.join(files::CHECKPOINT);
         let resuming_here = opts
             .resume
             .as_deref()
@@ -568,8 +521,8 @@ pub fn train(opts: &TrainOptions) -> CliResult<TrainOutcome> {
             )
             .into());
         }
-        std::fs::write(dir.join("config.toml"), cfg.to_toml())
-            .map_err(|e| format!("cannot write {}: {e}", dir.join("config.toml").display()))?;
+        std::fs::write(dir.join(files::CONFIG), cfg.to_toml())
+            .map_err(|e| format!("cannot write {}: {e}", dir.join(files::CONFIG).display()))?;
     }
     // Open the logs before any work so a bad path fails fast. Resumed runs append.
     if let Some(p) = &metrics_path {
@@ -605,7 +558,7 @@ struct TrainTask {
     cfg: Config,
     resume: Option<Checkpoint>,
     /// Opened (truncated, or appended to when resuming) once the model is built.
-    metrics: Option<BufWriter<File>>,
+    metrics: Option<MetricsLog>,
     metrics_path: Option<PathBuf>,
     trace: Option<PathBuf>,
     out: Option<PathBuf>,
@@ -619,21 +572,6 @@ struct TrainTask {
     dp: Option<duet_engine::dist::DpOptions>,
     /// Rank 0 (or a single-process run): the one that logs and writes files.
     is_main: bool,
-}
-
-impl TrainTask {
-    /// Writes a checkpoint from rank 0. Under ZeRO every rank takes part in gathering the
-    /// optimizer state, so every rank must call this.
-    fn save<D: Fused>(&self, trainer: &Trainer<D>, path: &Path) -> CliResult<()> {
-        let zero = trainer.dist().is_some_and(|d| d.zero());
-        if self.is_main || zero {
-            let ck = trainer.checkpoint()?;
-            if self.is_main {
-                ck.save(path)?;
-            }
-        }
-        Ok(())
-    }
 }
 
 impl RankTask for TrainTask {
@@ -768,10 +706,16 @@ impl TrainTask {
             );
         }
         if let Some(p) = &self.metrics_path {
-            if resuming && main {
-                trim_metrics(p, trainer.step())?;
+            let (log, dropped) = MetricsLog::open(p, resuming.then(|| trainer.step()))?;
+            if dropped > 0 {
+                say!(
+                    "{}: dropped {dropped} line(s) past the checkpoint's step {} (or cut off by a \
+                     kill)",
+                    p.display(),
+                    trainer.step()
+                );
             }
-            self.metrics = Some(open_log(p, resuming, "metrics")?);
+            self.metrics = Some(log);
         }
         let first_step = trainer.step();
         let last_step = match self.stop_after {
@@ -837,138 +781,71 @@ impl TrainTask {
             )
             .into());
         }
-        let start = Instant::now();
-        let mut last_loss = f32::NAN;
-        let (mut skipped, mut last_scale) = (0u64, None);
-        let mut interrupted = false;
-        // Steps are queued `loss_every` at a time and their losses read back together, except
-        // where a step's own device state is needed right after it: the trace records the model
-        // after every step, and the metrics log carries every step's FP8 scaling state. Ranks
-        // of a data-parallel run (which synchronise every step anyway) go one step at a time,
-        // so that all of them check for an interrupt after the same step.
-        let per_step = tracer.is_some()
-            || (self.metrics.is_some() && trainer.model().fp8_enabled())
-            || trainer.dist().is_some();
-        let save_every = if self.out.is_some() {
-            self.save_every
-        } else {
-            0
+        let plan = RunPlan {
+            last_step,
+            val_every: self.val_every,
+            save_every: self.save_every,
+            checkpoint: self.out.as_ref().map(|d| d.join(files::CHECKPOINT)),
+            log_every: self.log_every.unwrap_or(0),
+            is_main: main,
         };
-        let events = [self.val_every, save_every, self.log_every.unwrap_or(0)];
-        while trainer.step() < last_step {
-            let k = if per_step {
-                1
-            } else {
-                steps_to_read_back(trainer.step(), last_step, t.execution.loss_every, &events)
-            };
-            let reports = trainer.train_steps(k as usize)?;
-            let read_back = start.elapsed().as_secs_f64();
-            let queued = reports.len();
-            for (i, r) in reports.into_iter().enumerate() {
-                skipped += r.skipped as u64;
-                last_scale = r.loss_scale;
-                if let Some((_, tw)) = tracer.as_mut() {
-                    tw.record(
-                        trainer.model(),
-                        r.step,
-                        r.loss,
-                        r.grad_norm,
-                        r.lr,
-                        r.loss_scale,
-                    )?;
+        let (fp8_report, log_every, steps) = (self.fp8_report, self.log_every, t.steps);
+        let mut on_step = |trainer: &Trainer<D>, s: &StepLog| -> duet_engine::Result<()> {
+            let r = &s.report;
+            let val = s
+                .val_loss
+                .map(|v| format!(" | val {v:.4}"))
+                .unwrap_or_default();
+            let msg = format!("loss {:.4}{val} | {:.0} tok/s", r.loss, s.tokens_per_s);
+            match (&bar, log_every) {
+                (Some(bar), _) => {
+                    bar.set_message(msg);
+                    bar.inc(1);
                 }
-                last_loss = r.loss;
-                let val_loss = if self.val_every > 0 && r.step % self.val_every == 0 {
-                    Some(trainer.validation_loss()?)
-                } else {
-                    None
-                };
-                // The earlier steps of a read-back group ended before it (each took `seconds`).
-                let elapsed = match queued - 1 - i {
-                    0 => start.elapsed().as_secs_f64(),
-                    later => (read_back - later as f64 * r.seconds).max(0.0),
-                };
-                let tps = r.tokens as f64 / r.seconds.max(1e-9);
-                if let Some(w) = self.metrics.as_mut() {
-                    let mut line = serde_json::json!({
-                        "step": r.step, "loss": r.loss, "lr": r.lr, "grad_norm": r.grad_norm,
-                        "tokens_per_s": tps, "elapsed_s": elapsed,
-                        "memory_bytes": dev.memory_stats().current,
-                    });
-                    if let Some(v) = val_loss {
-                        line["val_loss"] = v.into();
+                (None, Some(n)) if main && ((n > 0 && r.step % n == 0) || s.val_loss.is_some()) => {
+                    let scale = match r.loss_scale {
+                        Some(ls) => format!(
+                            " | loss scale {ls}{}",
+                            if r.skipped { " (step skipped)" } else { "" }
+                        ),
+                        None => String::new(),
+                    };
+                    eprintln!(
+                        "step {}/{steps} | {msg} | lr {:.2e} | grad norm {:.3}{scale}",
+                        r.step, r.lr, r.grad_norm
+                    );
+                    if fp8_report {
+                        print_fp8_report(trainer);
                     }
-                    if let Some(ls) = r.loss_scale {
-                        line["loss_scale"] = ls.into();
-                        line["skipped"] = r.skipped.into();
-                    }
-                    if let Some(ops) = trainer.model().fp8_report(FP8_REPORT_ENTRIES)? {
-                        line["fp8"] = serde_json::to_value(ops)?;
-                    }
-                    writeln!(w, "{line}")?;
                 }
-                let val = val_loss
-                    .map(|v| format!(" | val {v:.4}"))
-                    .unwrap_or_default();
-                let msg = format!("loss {:.4}{val} | {:.0} tok/s", r.loss, tps);
-                match (&bar, self.log_every) {
-                    (Some(bar), _) => {
-                        bar.set_message(msg);
-                        bar.inc(1);
-                    }
-                    (None, Some(n))
-                        if main && ((n > 0 && r.step % n == 0) || val_loss.is_some()) =>
-                    {
-                        let scale = match r.loss_scale {
-                            Some(ls) => format!(
-                                " | loss scale {ls}{}",
-                                if r.skipped { " (step skipped)" } else { "" }
-                            ),
-                            None => String::new(),
-                        };
-                        eprintln!(
-                            "step {}/{} | {msg} | lr {:.2e} | grad norm {:.3}{scale}",
-                            r.step, t.steps, r.lr, r.grad_norm
-                        );
-                        if self.fp8_report {
-                            print_fp8_report(&trainer);
-                        }
-                    }
-                    _ => {}
-                }
-                if let Some(dir) = &self.out
-                    && self.save_every > 0
-                    && r.step % self.save_every == 0
-                    && r.step < last_step
-                {
-                    // A read-back group ends at every save step, so the trainer is at this step.
-                    debug_assert_eq!(trainer.step(), r.step);
-                    // The metrics reach at least the checkpoint's step on disk (a kill after
-                    // this leaves nothing missing; a resume trims what runs ahead).
-                    if let Some(w) = self.metrics.as_mut() {
-                        w.flush()?;
-                    }
-                    self.save(&trainer, &dir.join(CHECKPOINT_FILE))?;
-                }
+                _ => {}
             }
-            // Every rank stops after the same step.
-            if trainer.any_rank(INTERRUPTED.load(Ordering::SeqCst))? {
-                interrupted = true;
-                break;
-            }
-        }
+            Ok(())
+        };
+        let summary = duet_engine::run::run(
+            &mut trainer,
+            &plan,
+            self.metrics.as_mut(),
+            tracer.as_mut().map(|(_, tw)| tw),
+            &INTERRUPTED,
+            &mut on_step,
+        )?;
+        let RunSummary {
+            ran,
+            last_loss,
+            skipped,
+            last_scale,
+            interrupted,
+            seconds: train_secs,
+        } = summary;
         if let Some(bar) = &bar {
             bar.finish();
         }
-        if let Some(mut w) = self.metrics.take() {
-            w.flush()?;
-        }
+        self.metrics = None;
         if let Some((path, mut tw)) = tracer.take() {
             tw.flush()?;
             eprintln!("trace written to {}", path.display());
         }
-        let ran = trainer.step() - first_step;
-        let train_secs = start.elapsed().as_secs_f64();
         let mem = dev.memory_stats();
         // Rank 0 reports; every rank still takes part in the collectives below.
         macro_rules! report {
@@ -994,12 +871,12 @@ impl TrainTask {
             print_fp8_report(&trainer);
         }
         let ck_path = match &self.out {
-            Some(dir) => Some(dir.join(CHECKPOINT_FILE)),
+            Some(dir) => Some(dir.join(files::CHECKPOINT)),
             None if interrupted => Some(interrupted_path()),
             None => None,
         };
         if let Some(p) = &ck_path {
-            self.save(&trainer, p)?;
+            save_checkpoint(&trainer, p, main)?;
             report!(
                 "checkpoint at step {} saved to {}",
                 trainer.step(),
@@ -1028,7 +905,7 @@ impl TrainTask {
             }
         }
         if let (Some(dir), Some(mp)) = (&self.out, &self.metrics_path) {
-            let svg = dir.join("loss.svg");
+            let svg = dir.join(files::LOSS_PLOT);
             crate::plot::write_loss_plot(mp, &svg)?;
             println!("loss curve written to {}", svg.display());
         }
@@ -1048,28 +925,6 @@ impl TrainTask {
             );
         }
         Ok(TrainOutcome::Finished)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::steps_to_read_back;
-
-    #[test]
-    fn read_back_groups_end_at_every_event_and_the_last_step() {
-        // No events: loss_every at a time, cut at the end.
-        assert_eq!(steps_to_read_back(0, 100, 10, &[0, 0, 0]), 10);
-        assert_eq!(steps_to_read_back(95, 100, 10, &[0, 0, 0]), 5);
-        // The next log line (every 4), validation (every 7) or save (every 3).
-        assert_eq!(steps_to_read_back(0, 100, 10, &[0, 0, 4]), 4);
-        assert_eq!(steps_to_read_back(5, 100, 10, &[7, 0, 0]), 2);
-        assert_eq!(steps_to_read_back(4, 100, 10, &[7, 3, 0]), 2);
-        // At an event step, the group runs to the next one.
-        assert_eq!(steps_to_read_back(8, 100, 10, &[0, 0, 4]), 4);
-        // loss_every 1 is one step at a time.
-        assert_eq!(steps_to_read_back(0, 100, 1, &[50, 0, 0]), 1);
-        // Every group is at least one step.
-        assert_eq!(steps_to_read_back(100, 100, 10, &[]), 1);
     }
 }
 

@@ -21,6 +21,42 @@ use std::path::Path;
 pub const FORMAT: &str = "duet-checkpoint";
 pub const VERSION: &str = "1";
 
+/// The files a run gathers in its `--out` folder.
+pub mod files {
+    /// The latest checkpoint (what `--resume DIR` loads).
+    pub const CHECKPOINT: &str = "checkpoint.safetensors";
+    /// The run's configuration as TOML (what `--config` reads).
+    pub const CONFIG: &str = "config.toml";
+    /// One JSON object per step (see [`crate::run::MetricsLog`]).
+    pub const METRICS: &str = "metrics.jsonl";
+    /// The loss curve, drawn from the metrics at the end.
+    pub const LOSS_PLOT: &str = "loss.svg";
+}
+
+/// The safetensors metadata keys of a checkpoint.
+pub mod keys {
+    pub const FORMAT: &str = "format";
+    pub const VERSION: &str = "version";
+    /// The config, as TOML.
+    pub const CONFIG: &str = "config";
+    pub const STEP: &str = "step";
+    pub const DATA_STATE: &str = "data_state";
+    pub const LOSS_SCALE: &str = "loss_scale";
+    pub const LOSS_SCALE_CLEAN_STEPS: &str = "loss_scale_clean_steps";
+    pub const DUET_VERSION: &str = "duet_version";
+    /// Every key, in the order they are written.
+    pub const ALL: [&str; 8] = [
+        FORMAT,
+        VERSION,
+        CONFIG,
+        STEP,
+        DATA_STATE,
+        LOSS_SCALE,
+        LOSS_SCALE_CLEAN_STEPS,
+        DUET_VERSION,
+    ];
+}
+
 /// Everything needed to continue a run exactly.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Checkpoint {
@@ -114,16 +150,16 @@ impl Checkpoint {
             })
             .collect();
         let mut meta = self.extra.clone();
-        meta.insert("format".into(), FORMAT.into());
-        meta.insert("version".into(), VERSION.into());
-        meta.insert("config".into(), self.config.to_toml());
-        meta.insert("step".into(), self.step.to_string());
-        meta.insert("data_state".into(), self.data_state.to_string());
+        meta.insert(keys::FORMAT.into(), FORMAT.into());
+        meta.insert(keys::VERSION.into(), VERSION.into());
+        meta.insert(keys::CONFIG.into(), self.config.to_toml());
+        meta.insert(keys::STEP.into(), self.step.to_string());
+        meta.insert(keys::DATA_STATE.into(), self.data_state.to_string());
         if let Some((scale, clean)) = self.loss_scaler {
-            meta.insert("loss_scale".into(), scale.to_string());
-            meta.insert("loss_scale_clean_steps".into(), clean.to_string());
+            meta.insert(keys::LOSS_SCALE.into(), scale.to_string());
+            meta.insert(keys::LOSS_SCALE_CLEAN_STEPS.into(), clean.to_string());
         }
-        meta.insert("duet_version".into(), env!("CARGO_PKG_VERSION").into());
+        meta.insert(keys::DUET_VERSION.into(), env!("CARGO_PKG_VERSION").into());
         safetensors::serialize(views, Some(meta))
             .map_err(|e| EngineError::Config(format!("cannot serialise checkpoint: {e}")))
     }
@@ -152,30 +188,33 @@ impl Checkpoint {
             meta.get(k)
                 .ok_or_else(|| format!("missing metadata '{k}' (not a duet checkpoint?)"))
         };
-        if get("format")? != FORMAT {
+        if get(keys::FORMAT)? != FORMAT {
             return Err(format!(
                 "metadata format is '{}', expected '{FORMAT}'",
-                get("format")?
+                get(keys::FORMAT)?
             ));
         }
-        if get("version")? != VERSION {
+        if get(keys::VERSION)? != VERSION {
             return Err(format!(
                 "checkpoint version {} is not supported (expected {VERSION})",
-                get("version")?
+                get(keys::VERSION)?
             ));
         }
-        let config: Config =
-            toml::from_str(get("config")?).map_err(|e| format!("bad config in checkpoint: {e}"))?;
+        let config: Config = toml::from_str(get(keys::CONFIG)?)
+            .map_err(|e| format!("bad config in checkpoint: {e}"))?;
         config
             .validate()
             .map_err(|e| format!("bad config in checkpoint: {e}"))?;
-        let step: u64 = get("step")?
+        let step: u64 = get(keys::STEP)?
             .parse()
             .map_err(|_| "bad step in checkpoint".to_string())?;
-        let data_state: u64 = get("data_state")?
+        let data_state: u64 = get(keys::DATA_STATE)?
             .parse()
             .map_err(|_| "bad data_state".to_string())?;
-        let loss_scaler = match (meta.get("loss_scale"), meta.get("loss_scale_clean_steps")) {
+        let loss_scaler = match (
+            meta.get(keys::LOSS_SCALE),
+            meta.get(keys::LOSS_SCALE_CLEAN_STEPS),
+        ) {
             (Some(s), Some(c)) => Some((
                 s.parse().map_err(|_| "bad loss_scale".to_string())?,
                 c.parse()
@@ -215,16 +254,7 @@ impl Checkpoint {
             adam_m.push(read(&format!("optim.m.{}", s.name), &s.shape)?);
             adam_v.push(read(&format!("optim.v.{}", s.name), &s.shape)?);
         }
-        let reserved = [
-            "format",
-            "version",
-            "config",
-            "step",
-            "data_state",
-            "loss_scale",
-            "loss_scale_clean_steps",
-            "duet_version",
-        ];
+        let reserved = keys::ALL;
         let extra = meta
             .into_iter()
             .filter(|(k, _)| !reserved.contains(&k.as_str()))

@@ -13,6 +13,7 @@ pub mod model;
 pub mod optim;
 pub mod precision;
 pub mod rng;
+pub mod run;
 pub mod trace;
 pub mod train;
 

@@ -1,0 +1,301 @@
+//! The loop of a training run: steps queued `loss_every` at a time and read back together,
+//! the validation cadence, the metrics log, checkpoint saves and interrupts. The command line
+//! (`duet train`) decides what to show; everything that makes a run resumable with the same
+//! numbers happens here.
+
+use crate::checkpoint::write_atomic;
+use crate::trace::TraceWriter;
+use crate::train::{StepReport, Trainer};
+use crate::{EngineError, Result};
+use duet_device::Fused;
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+/// Amax-history entries the metrics log carries per FP8 operand.
+pub const FP8_REPORT_ENTRIES: usize = 4;
+
+/// What a run does between its steps.
+#[derive(Clone, Debug, Default)]
+pub struct RunPlan {
+    /// The run stops after this step (`--steps`, or earlier with `--stop-after`).
+    pub last_step: u64,
+    /// Compute the validation loss every N steps (0: never inside the loop).
+    pub val_every: u64,
+    /// Save a checkpoint to `checkpoint` every N steps before the last (0: never inside the
+    /// loop; the caller saves at the end).
+    pub save_every: u64,
+    pub checkpoint: Option<PathBuf>,
+    /// Steps at which the caller logs a line (0: none): a read-back group ends there, so the
+    /// line sees its own step.
+    pub log_every: u64,
+    /// Rank 0, or a single-process run: the one that writes files.
+    pub is_main: bool,
+}
+
+/// One step as the loop reports it.
+#[derive(Clone, Debug)]
+pub struct StepLog {
+    pub report: StepReport,
+    /// At the validation cadence.
+    pub val_loss: Option<f32>,
+    /// Seconds since the loop started, at the end of this step.
+    pub elapsed_s: f64,
+    pub tokens_per_s: f64,
+}
+
+/// How the loop ended.
+#[derive(Clone, Debug, Default)]
+pub struct RunSummary {
+    /// Steps this loop ran.
+    pub ran: u64,
+    pub last_loss: f32,
+    /// Steps skipped for inf/NaN gradients, and the last loss scale (loss scaling only).
+    pub skipped: u64,
+    pub last_scale: Option<f32>,
+    /// Stopped by the interrupt flag (after a step every rank finished).
+    pub interrupted: bool,
+    pub seconds: f64,
+}
+
+/// How many steps to queue before reading their losses back: `loss_every`, cut short at the
+/// run's last step and at the next multiple of each nonzero interval in `events` (log lines,
+/// validations, checkpoint saves: those need the trainer at their step).
+pub fn steps_to_read_back(step: u64, last_step: u64, loss_every: u64, events: &[u64]) -> u64 {
+    let mut k = loss_every.max(1).min(last_step.saturating_sub(step)).max(1);
+    for &every in events.iter().filter(|&&e| e > 0) {
+        k = k.min(every - step % every);
+    }
+    k
+}
+
+/// Writes a checkpoint from rank 0. Under ZeRO every rank takes part in gathering the
+/// optimizer state, so every rank must call this.
+pub fn save_checkpoint<D: Fused>(trainer: &Trainer<D>, path: &Path, is_main: bool) -> Result<()> {
+    let zero = trainer.dist().is_some_and(|d| d.zero());
+    if is_main || zero {
+        let ck = trainer.checkpoint()?;
+        if is_main {
+            ck.save(path)?;
+        }
+    }
+    Ok(())
+}
+
+fn io_error(path: &Path, e: impl std::fmt::Display) -> EngineError {
+    EngineError::Io {
+        path: path.display().to_string(),
+        message: e.to_string(),
+    }
+}
+
+/// The metrics log: one JSON object per step (`step`, `loss`, `lr`, `grad_norm`,
+/// `tokens_per_s`, `elapsed_s`, `memory_bytes`, and `val_loss`, `loss_scale`/`skipped`, `fp8`
+/// where they apply).
+pub struct MetricsLog {
+    path: PathBuf,
+    w: BufWriter<File>,
+}
+
+impl MetricsLog {
+    /// Opens `path`: truncated for a new run; for a run resumed at `resume_step`, first cut to
+    /// the complete lines up to that step (a killed run may have logged further, or half a
+    /// line; the resumed run logs those steps again, with the same values), then appended to.
+    /// Returns the log and the number of lines dropped.
+    pub fn open(path: &Path, resume_step: Option<u64>) -> Result<(Self, usize)> {
+        let dropped = match resume_step {
+            Some(step) => Self::trim(path, step)?,
+            None => 0,
+        };
+        let append = resume_step.is_some();
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .write(true)
+            .append(append)
+            .truncate(!append)
+            .open(path)
+            .map_err(|e| io_error(path, format!("cannot create the metrics file: {e}")))?;
+        let log = Self {
+            path: path.to_path_buf(),
+            w: BufWriter::new(f),
+        };
+        Ok((log, dropped))
+    }
+
+    fn trim(path: &Path, step: u64) -> Result<usize> {
+        let Ok(text) = std::fs::read_to_string(path) else {
+            return Ok(0); // missing or unreadable: opening it reports what matters
+        };
+        let mut kept = String::with_capacity(text.len());
+        let mut dropped = 0usize;
+        for line in text.split_inclusive('\n') {
+            let keep = serde_json::from_str::<serde_json::Value>(line)
+                .is_ok_and(|v| v["step"].as_u64().is_none_or(|s| s <= step));
+            if keep {
+                kept.push_str(line.trim_end_matches('\n'));
+                kept.push('\n');
+            } else if !line.trim().is_empty() {
+                dropped += 1;
+            }
+        }
+        if kept != text {
+            write_atomic(path, kept.as_bytes())
+                .map_err(|e| io_error(path, format!("cannot rewrite: {e}")))?;
+        }
+        Ok(dropped)
+    }
+
+    fn write<D: Fused>(&mut self, trainer: &Trainer<D>, s: &StepLog) -> Result<()> {
+        let r = &s.report;
+        let mut line = serde_json::json!({
+            "step": r.step, "loss": r.loss, "lr": r.lr, "grad_norm": r.grad_norm,
+            "tokens_per_s": s.tokens_per_s, "elapsed_s": s.elapsed_s,
+            "memory_bytes": trainer.model().device().memory_stats().current,
+        });
+        if let Some(v) = s.val_loss {
+            line["val_loss"] = v.into();
+        }
+        if let Some(ls) = r.loss_scale {
+            line["loss_scale"] = ls.into();
+            line["skipped"] = r.skipped.into();
+        }
+        if let Some(ops) = trainer.model().fp8_report(FP8_REPORT_ENTRIES)? {
+            line["fp8"] = serde_json::to_value(ops).map_err(|e| io_error(&self.path, e))?;
+        }
+        writeln!(self.w, "{line}").map_err(|e| io_error(&self.path, e))
+    }
+
+    pub fn flush(&mut self) -> Result<()> {
+        self.w.flush().map_err(|e| io_error(&self.path, e))
+    }
+}
+
+/// Runs `trainer` to `plan.last_step`: queues steps and reads them back together, writes the
+/// trace and the metrics of every step, validates and saves at their cadence, calls `on_step`
+/// for each step (the caller's progress display), and stops early, after a step every rank
+/// finished, once `interrupt` is set.
+pub fn run<D: Fused, W: Write>(
+    trainer: &mut Trainer<D>,
+    plan: &RunPlan,
+    mut metrics: Option<&mut MetricsLog>,
+    mut trace: Option<&mut TraceWriter<W>>,
+    interrupt: &AtomicBool,
+    on_step: &mut dyn FnMut(&Trainer<D>, &StepLog) -> Result<()>,
+) -> Result<RunSummary> {
+    let start = Instant::now();
+    let first_step = trainer.step();
+    let mut sum = RunSummary {
+        last_loss: f32::NAN,
+        ..RunSummary::default()
+    };
+    // Steps are queued `loss_every` at a time and their losses read back together, except
+    // where a step's own device state is needed right after it: the trace records the model
+    // after every step, and the metrics log carries every step's FP8 scaling state. Ranks
+    // of a data-parallel run (which synchronise every step anyway) go one step at a time,
+    // so that all of them check for an interrupt after the same step.
+    let per_step = trace.is_some()
+        || (metrics.is_some() && trainer.model().fp8_enabled())
+        || trainer.dist().is_some();
+    let save_every = if plan.checkpoint.is_some() {
+        plan.save_every
+    } else {
+        0
+    };
+    let events = [plan.val_every, save_every, plan.log_every];
+    let loss_every = trainer.config().train.execution.loss_every;
+    while trainer.step() < plan.last_step {
+        let k = if per_step {
+            1
+        } else {
+            steps_to_read_back(trainer.step(), plan.last_step, loss_every, &events)
+        };
+        let reports = trainer.train_steps(k as usize)?;
+        let read_back = start.elapsed().as_secs_f64();
+        let queued = reports.len();
+        for (i, r) in reports.into_iter().enumerate() {
+            sum.skipped += r.skipped as u64;
+            sum.last_scale = r.loss_scale;
+            if let Some(tw) = trace.as_deref_mut() {
+                tw.record(
+                    trainer.model(),
+                    r.step,
+                    r.loss,
+                    r.grad_norm,
+                    r.lr,
+                    r.loss_scale,
+                )?;
+            }
+            sum.last_loss = r.loss;
+            let val_loss = if plan.val_every > 0 && r.step % plan.val_every == 0 {
+                Some(trainer.validation_loss()?)
+            } else {
+                None
+            };
+            // The earlier steps of a read-back group ended before it (each took `seconds`).
+            let elapsed_s = match queued - 1 - i {
+                0 => start.elapsed().as_secs_f64(),
+                later => (read_back - later as f64 * r.seconds).max(0.0),
+            };
+            let log = StepLog {
+                tokens_per_s: r.tokens as f64 / r.seconds.max(1e-9),
+                report: r,
+                val_loss,
+                elapsed_s,
+            };
+            if let Some(m) = metrics.as_deref_mut() {
+                m.write(trainer, &log)?;
+            }
+            on_step(trainer, &log)?;
+            let step = log.report.step;
+            if let Some(path) = &plan.checkpoint
+                && save_every > 0
+                && step % save_every == 0
+                && step < plan.last_step
+            {
+                // A read-back group ends at every save step, so the trainer is at this step.
+                debug_assert_eq!(trainer.step(), step);
+                // The metrics reach at least the checkpoint's step on disk (a kill after
+                // this leaves nothing missing; a resume trims what runs ahead).
+                if let Some(m) = metrics.as_deref_mut() {
+                    m.flush()?;
+                }
+                save_checkpoint(trainer, path, plan.is_main)?;
+            }
+        }
+        // Every rank stops after the same step.
+        if trainer.any_rank(interrupt.load(Ordering::SeqCst))? {
+            sum.interrupted = true;
+            break;
+        }
+    }
+    if let Some(m) = metrics {
+        m.flush()?;
+    }
+    sum.ran = trainer.step() - first_step;
+    sum.seconds = start.elapsed().as_secs_f64();
+    Ok(sum)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::steps_to_read_back;
+
+    #[test]
+    fn read_back_groups_end_at_every_event_and_the_last_step() {
+        // No events: loss_every at a time, cut at the end.
+        assert_eq!(steps_to_read_back(0, 100, 10, &[0, 0, 0]), 10);
+        assert_eq!(steps_to_read_back(95, 100, 10, &[0, 0, 0]), 5);
+        // The next log line (every 4), validation (every 7) or save (every 3).
+        assert_eq!(steps_to_read_back(0, 100, 10, &[0, 0, 4]), 4);
+        assert_eq!(steps_to_read_back(5, 100, 10, &[7, 0, 0]), 2);
+        assert_eq!(steps_to_read_back(4, 100, 10, &[7, 3, 0]), 2);
+        // At an event step, the group runs to the next one.
+        assert_eq!(steps_to_read_back(8, 100, 10, &[0, 0, 4]), 4);
+        // loss_every 1 is one step at a time.
+        assert_eq!(steps_to_read_back(0, 100, 1, &[50, 0, 0]), 1);
+        // Every group is at least one step.
+        assert_eq!(steps_to_read_back(100, 100, 10, &[]), 1);
+    }
+}

@@ -802,7 +802,9 @@ impl TrainTask {
                     bar.set_message(msg);
                     bar.inc(1);
                 }
-                (None, Some(n)) if main && ((n > 0 && r.step % n == 0) || s.val_loss.is_some()) => {
+                (None, Some(n))
+                    if main && ((n > 0 && r.step.is_multiple_of(n)) || s.val_loss.is_some()) =>
+                {
                     let scale = match r.loss_scale {
                         Some(ls) => format!(
                             " | loss scale {ls}{}",

@@ -251,7 +251,7 @@ pub fn run<D: Fused, W: Write>(
             let step = log.report.step;
             if let Some(path) = &plan.checkpoint
                 && save_every > 0
-                && step % save_every == 0
+                && step.is_multiple_of(save_every)
                 && step < plan.last_step
             {
                 // A read-back group ends at every save step, so the trainer is at this step.

@@ -1,19 +1,6 @@
-use super::blocks::{Dims, Scratch};
+use super::memory::{Dims, Scratch};
 use crate::Result;
 use duet_device::{Fused, GemmDesc};
-
-/// Score-matrix elements the attention works on at once: 16 Mi (32 MiB in bf16), so the
-/// scratch does not grow with `b·nh·t²` (the seed model runs in 2 chunks of 192 heads: 3 × 24
-/// MiB of bf16 scratch instead of 3 × 48 MiB, and no block keeps its 48 MiB of probabilities),
-/// while the number of launches stays small (each chunk is 3 launches forward, 8 backward).
-pub(super) const ATTENTION_CHUNK_ELEMS: usize = 1 << 24;
-
-/// The number of attention matrices per chunk: the largest divisor of `bh` (= batch × heads)
-/// whose `t × t` score matrices fit in [`ATTENTION_CHUNK_ELEMS`] (at least 1).
-pub(super) fn attention_chunk(bh: usize, t: usize) -> usize {
-    let fit = (ATTENTION_CHUNK_ELEMS / (t * t).max(1)).clamp(1, bh.max(1));
-    (1..=fit).rev().find(|d| bh.is_multiple_of(*d)).unwrap_or(1)
-}
 
 /// Causal attention `y = softmax(scale · q·kᵀ) · v` over the `b·nh` heads in `s.q`, `s.k`,
 /// `s.v`, `d.ab` heads at a time (no `t × t` matrix beyond one chunk is ever written); `y`
@@ -88,7 +75,7 @@ mod tests {
     use super::*;
     use crate::config::{Config, Preset};
 
-    use super::super::memory::Buffers;
+    use super::super::memory::{ATTENTION_CHUNK_ELEMS, Buffers, attention_chunk};
     use crate::config::ModelConfig;
     use crate::precision::PrecisionPlan;
     use crate::rng::Rng;

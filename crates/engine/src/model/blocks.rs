@@ -4,82 +4,10 @@ use super::fp8_codes::Fp8Bufs;
 use super::linear::{
     GradIo, LinearInput, linear_act_forward, linear_backward, linear_forward, linear_gelu_forward,
 };
+use super::memory::{BlockActs, Dims, Scratch};
 use super::params::{BlockParam, param_index};
 use crate::Result;
 use duet_device::{Buffer, DeviceError, Fused};
-
-buffers! {
-/// Activations one block saves for its backward pass.
-pub(super) struct BlockActs<B> {
-    ln1,
-    ln1_mean,
-    ln1_rstd,
-    /// The attention's input (q, k and v are split from it again in the backward pass, and the
-    /// attention probabilities recomputed: no `t × t` matrix is kept per block).
-    qkv,
-    attc,
-    /// Residual stream after attention.
-    res2,
-    ln2,
-    ln2_mean,
-    ln2_rstd,
-    /// The MLP's hidden pre-activation.
-    fch,
-    /// gelu(fch), where the plan keeps it ([`PrecisionPlan::keep_gelu_output`]); empty when the
-    /// backward pass recomputes it (and always in FP8, which never writes it).
-    gelu,
-    /// Residual stream after the MLP (the block's output).
-    res3,
-    /// Fused (flash) attention only: the log-sum-exp of each attention row (f32,
-    /// `b × nh × t`), what its backward pass needs instead of the probabilities. Empty when
-    /// the unfused ops run.
-    lse,
-}
-}
-
-buffers! {
-/// Scratch buffers the forward and backward passes reuse across blocks. The three score-sized
-/// buffers hold one chunk of `Dims::ab` attention matrices (`ab × t × t`), not all `b·nh`.
-pub(super) struct Scratch<B> {
-    /// Scores, and in the backward pass their gradient.
-    scores,
-    probs,
-    dprobs,
-    /// Heads split from a block's `qkv` (`b × nh × t × hs` each).
-    q,
-    k,
-    v,
-    dresid,
-    d_c,
-    d_c2,
-    dq,
-    dk,
-    dv,
-    dqkv,
-    /// The gradient of the MLP's hidden activation; empty where it shares `d_f2` (see
-    /// [`GradIo::Shared`]).
-    d_f,
-    /// gelu(fch): the MLP's hidden activation (forward), recomputed for the weight gradient
-    /// and then overwritten by its gradient when `d_f` is empty.
-    d_f2,
-}
-}
-
-/// The shapes a block works with.
-#[derive(Clone, Copy, Debug)]
-pub(super) struct Dims {
-    pub(super) b: usize,
-    pub(super) t: usize,
-    pub(super) c: usize,
-    pub(super) nh: usize,
-    pub(super) hs: usize,
-    pub(super) f: usize,
-    pub(super) n: usize,
-    /// Attention matrices (of the `b·nh`) handled per chunk; divides `b·nh`.
-    pub(super) ab: usize,
-    /// The backend's fused attention runs (see [`Fused::flash_attention_forward`]).
-    pub(super) flash: bool,
-}
 
 /// One block's forward pass from `x` into its activations `a`.
 #[allow(clippy::too_many_arguments)]

@@ -4,8 +4,6 @@
 //! this table and [`estimate_memory`] sums it, so the estimate and the allocation agree to the
 //! byte.
 
-use super::attention::attention_chunk;
-use super::blocks::{BlockActs, Scratch};
 use super::fp8_codes::{LINEARS, is_linear_weight, linear_dims};
 use super::params::param_specs;
 use crate::EngineError;
@@ -35,6 +33,92 @@ macro_rules! buffers {
             }
         }
     };
+}
+
+buffers! {
+/// Activations one block saves for its backward pass.
+pub(super) struct BlockActs<B> {
+    ln1,
+    ln1_mean,
+    ln1_rstd,
+    /// The attention's input (q, k and v are split from it again in the backward pass, and the
+    /// attention probabilities recomputed: no `t × t` matrix is kept per block).
+    qkv,
+    attc,
+    /// Residual stream after attention.
+    res2,
+    ln2,
+    ln2_mean,
+    ln2_rstd,
+    /// The MLP's hidden pre-activation.
+    fch,
+    /// gelu(fch), where the plan keeps it ([`PrecisionPlan::keep_gelu_output`]); empty when the
+    /// backward pass recomputes it (and always in FP8, which never writes it).
+    gelu,
+    /// Residual stream after the MLP (the block's output).
+    res3,
+    /// Fused (flash) attention only: the log-sum-exp of each attention row (f32,
+    /// `b × nh × t`), what its backward pass needs instead of the probabilities. Empty when
+    /// the unfused ops run.
+    lse,
+}
+}
+
+buffers! {
+/// Scratch buffers the forward and backward passes reuse across blocks. The three score-sized
+/// buffers hold one chunk of `Dims::ab` attention matrices (`ab × t × t`), not all `b·nh`.
+pub(super) struct Scratch<B> {
+    /// Scores, and in the backward pass their gradient.
+    scores,
+    probs,
+    dprobs,
+    /// Heads split from a block's `qkv` (`b × nh × t × hs` each).
+    q,
+    k,
+    v,
+    dresid,
+    d_c,
+    d_c2,
+    dq,
+    dk,
+    dv,
+    dqkv,
+    /// The gradient of the MLP's hidden activation; empty where it shares `d_f2` (see
+    /// [`GradIo::Shared`]).
+    d_f,
+    /// gelu(fch): the MLP's hidden activation (forward), recomputed for the weight gradient
+    /// and then overwritten by its gradient when `d_f` is empty.
+    d_f2,
+}
+}
+
+/// The shapes a block works with.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Dims {
+    pub(super) b: usize,
+    pub(super) t: usize,
+    pub(super) c: usize,
+    pub(super) nh: usize,
+    pub(super) hs: usize,
+    pub(super) f: usize,
+    pub(super) n: usize,
+    /// Attention matrices (of the `b·nh`) handled per chunk; divides `b·nh`.
+    pub(super) ab: usize,
+    /// The backend's fused attention runs (see [`Fused::flash_attention_forward`]).
+    pub(super) flash: bool,
+}
+
+/// Score-matrix elements the attention works on at once: 16 Mi (32 MiB in bf16), so the
+/// scratch does not grow with `b·nh·t²` (the seed model runs in 2 chunks of 192 heads: 3 × 24
+/// MiB of bf16 scratch instead of 3 × 48 MiB, and no block keeps its 48 MiB of probabilities),
+/// while the number of launches stays small (each chunk is 3 launches forward, 8 backward).
+pub(super) const ATTENTION_CHUNK_ELEMS: usize = 1 << 24;
+
+/// The number of attention matrices per chunk: the largest divisor of `bh` (= batch × heads)
+/// whose `t × t` score matrices fit in [`ATTENTION_CHUNK_ELEMS`] (at least 1).
+pub(super) fn attention_chunk(bh: usize, t: usize) -> usize {
+    let fit = (ATTENTION_CHUNK_ELEMS / (t * t).max(1)).clamp(1, bh.max(1));
+    (1..=fit).rev().find(|d| bh.is_multiple_of(*d)).unwrap_or(1)
 }
 
 /// Which part of the [`MemoryPlan`] a buffer counts towards.

@@ -22,14 +22,12 @@ mod fp8_codes;
 mod linear;
 pub mod params;
 
-use attention::attention_chunk;
-use blocks::{
-    BlockActs, Dims, Scratch, block_backward, block_forward, layernorm_backward, ln_grads, two_mut,
-};
+use blocks::{block_backward, block_forward, layernorm_backward, ln_grads, two_mut};
 pub(crate) use fp8_codes::Fp8Codes;
 pub use fp8_codes::Fp8WeightCodes;
 use fp8_codes::{Fp8Bufs, LINEARS, is_linear_weight};
-use memory::{BufSpec, Buffers, out_of_memory};
+use memory::attention_chunk;
+use memory::{BlockActs, BufSpec, Buffers, Dims, Scratch, out_of_memory};
 pub use memory::{MemoryPlan, estimate_memory};
 use params::upload_f32_as;
 pub use params::{

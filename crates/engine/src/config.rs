@@ -54,8 +54,9 @@ fn check_tensor(what: &str, dims: &[(&str, usize)]) -> Result<()> {
 }
 
 impl ModelConfig {
+    /// `d_model / heads` (0 heads counts as 1, so that an unvalidated config does not divide by 0).
     pub fn head_size(&self) -> usize {
-        self.d_model / self.heads
+        self.d_model / self.heads.max(1)
     }
 
     /// Number of trainable parameters (the LM head is tied to the token embedding); `None`

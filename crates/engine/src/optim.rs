@@ -203,11 +203,6 @@ impl<D: Fused> AdamW<D> {
         &self.cfg
     }
 
-    /// Whether weight decay applies to each parameter.
-    pub fn decay_flags(&self) -> &[bool] {
-        &self.decay
-    }
-
     /// Global L2 norm of `grads` (one host read).
     pub fn grad_norm(&mut self, dev: &D, grads: &[D::Buffer]) -> Result<f32> {
         self.grad_norm_reduced(dev, grads, None)

@@ -270,7 +270,7 @@ impl Buffers<BufSpec> {
         // Fused attention where the backend has it for this dtype and head size: then no score
         // matrix and no split q/k/v exist at all.
         let caps = dev.capabilities();
-        let flash = caps.flash_attention(act, c / nh.max(1));
+        let flash = caps.flash_attention(act, cfg.head_size());
         let att = if flash {
             0
         } else {

@@ -160,9 +160,7 @@ impl<D: Fused> Gpt<D> {
                  (got {c}, {f} and {b} × {t} = {n})"
             )));
         }
-        let flash = dev
-            .capabilities()
-            .flash_attention(act, cfg.d_model / cfg.heads.max(1));
+        let flash = dev.capabilities().flash_attention(act, cfg.head_size());
         let bufs = table.try_map(&mut |s: BufSpec| dev.alloc(s.dtype, s.len))?;
         let fp8 = match bufs.fp8 {
             None => None,
@@ -252,10 +250,6 @@ impl<D: Fused> Gpt<D> {
 
     pub fn batch_size(&self) -> usize {
         self.b
-    }
-
-    pub fn seq_len(&self) -> usize {
-        self.t
     }
 
     pub fn device(&self) -> &Arc<D> {
@@ -364,7 +358,7 @@ impl<D: Fused> Gpt<D> {
             t: self.t,
             c,
             nh,
-            hs: c / nh,
+            hs: self.cfg.head_size(),
             f: self.cfg.ffn,
             n: self.b * self.t,
             ab: attention_chunk(self.b * nh, self.t),

@@ -2,7 +2,7 @@
 //! precision or several in one run.
 
 use crate::backends::{OnDevice, dispatch};
-use crate::cli_train::{backend_kind, build_config, resolve_precision, warn_unused_fp8_flags};
+use crate::settings::{backend_kind, build_config, resolve_precision, warn_unused_fp8_flags};
 use crate::{CliResult, ModelArgs};
 use duet_device::{DType, DeviceError, DeviceExt, Fused, GemmDesc, Telemetry, human_bytes};
 use duet_engine::{Config, Precision, Trainer};

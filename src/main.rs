@@ -8,6 +8,7 @@ mod cli_generate;
 mod cli_train;
 mod parity;
 mod plot;
+mod settings;
 
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use std::path::PathBuf;
@@ -43,7 +44,7 @@ enum Command {
 /// Model and run settings shared by `train` and `bench`, in the groups `--help` shows; each flag
 /// overrides the preset and the config file. A resumed run may change `--steps` and the device
 /// and execution groups; a flag of any other group is refused (the group decides, see
-/// [`cli_train::fixed_on_resume`]).
+/// [`settings::fixed_on_resume`]).
 #[derive(Args, Clone, Debug)]
 pub struct ModelArgs {
     #[command(flatten, next_help_heading = "Configuration")]
@@ -359,7 +360,7 @@ fn main() -> ExitCode {
                 overlap: !a.no_overlap,
                 fixed_flags: matches
                     .subcommand_matches("train")
-                    .map(cli_train::fixed_on_resume)
+                    .map(settings::fixed_on_resume)
                     .unwrap_or_default(),
             }) {
                 Ok(cli_train::TrainOutcome::Interrupted) => return ExitCode::from(130),

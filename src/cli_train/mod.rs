@@ -1,0 +1,213 @@
+//! `duet train`: the options, their checks, and the run (see [`task`]).
+
+mod outputs;
+mod task;
+
+use crate::backends::dispatch;
+use crate::cli_dist::{run_rank, spawn_ranks};
+use crate::settings::{
+    apply_execution_settings, backend_kind, build_config, warn_unused_fp8_flags,
+};
+use crate::{CliResult, ModelArgs};
+use duet_engine::checkpoint::{Checkpoint, files};
+pub(crate) use outputs::checkpoint_path;
+use outputs::{check_no_overwrite, check_writable, lock_out, same_file};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use task::TrainTask;
+
+pub struct TrainOptions {
+    pub model: ModelArgs,
+    pub metrics: Option<PathBuf>,
+    pub log_every: Option<u64>,
+    pub trace: Option<PathBuf>,
+    pub fp8_report: bool,
+    pub out: Option<PathBuf>,
+    pub save_every: u64,
+    pub resume: Option<PathBuf>,
+    pub stop_after: Option<u64>,
+    pub val_every: u64,
+    /// `--gpus N`: one process per GPU (data parallelism).
+    pub gpus: Option<usize>,
+    /// `--zero 1`: ZeRO-1 optimizer sharding.
+    pub zero: u8,
+    /// `--bucket-mb`: gradient bucket size.
+    pub bucket_mb: f64,
+    /// Reduce buckets during the backward pass (`--no-overlap` turns it off).
+    pub overlap: bool,
+    /// The flags given that a resumed run may not take ([`fixed_on_resume`]).
+    pub fixed_flags: Vec<String>,
+}
+
+/// How a training run ended.
+pub enum TrainOutcome {
+    Finished,
+    /// Ctrl-C: a checkpoint was saved and the run stopped.
+    Interrupted,
+}
+
+/// Set by the Ctrl-C handler; the training loop checks it after every read-back of losses
+/// (every `loss_every` steps at most).
+pub static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+pub fn train(opts: &TrainOptions) -> CliResult<TrainOutcome> {
+    let resume = match &opts.resume {
+        Some(p) => {
+            if !opts.fixed_flags.is_empty() {
+                return Err(format!(
+                    "cannot change {} when resuming: the checkpoint's config is used (only --steps \
+                     and the device and execution flags may be given: --backend, --threads, \
+                     --strict, --loss-every, --no-graphs, --gemm-autotune, \
+                     --checkpoint/--checkpoint-every, --keep-gelu)",
+                    opts.fixed_flags.join(", ")
+                )
+                .into());
+            }
+            Some(Checkpoint::load(&checkpoint_path(p))?)
+        }
+        None => None,
+    };
+    let cfg = match &resume {
+        Some(ck) => {
+            let mut cfg = ck.config.clone();
+            if let Some(steps) = opts.model.steps {
+                cfg.train.steps = steps;
+            }
+            // How a step runs changes no number: a resumed run may change it.
+            apply_execution_settings(&mut cfg.train.execution, &opts.model.execution);
+            cfg.validate()?;
+            if cfg.train.steps <= ck.step {
+                return Err(format!(
+                    "the checkpoint is at step {} and the run has {} steps: nothing to do (raise --steps)",
+                    ck.step, cfg.train.steps
+                )
+                .into());
+            }
+            cfg
+        }
+        None => {
+            let cfg = build_config(&opts.model)?;
+            warn_unused_fp8_flags(&opts.model, &[cfg.train.recipe.precision]);
+            if cfg.train.steps == 0 {
+                return Err("--steps is 0: nothing to train (give at least 1)".into());
+            }
+            cfg
+        }
+    };
+    // Data parallelism: `--gpus N` starts one process per GPU running this same command line;
+    // each of those (and each process of a torchrun-style multi-node launch) is one rank.
+    let launch = duet_engine::dist::rendezvous::LaunchEnv::from_env()?;
+    if opts.zero > 1 {
+        return Err("--zero takes 0 or 1 (optimizer-state sharding)".into());
+    }
+    if opts.stop_after == Some(0) {
+        return Err("--stop-after 0: nothing to train (give at least 1)".into());
+    }
+    if opts.out.is_none() {
+        if opts.stop_after.is_some() {
+            return Err(
+                "--stop-after saves a checkpoint into --out to resume from: give --out".into(),
+            );
+        }
+        if opts.save_every > 0 {
+            return Err("--save-every saves checkpoints into --out: give --out".into());
+        }
+        if opts.resume.is_some() {
+            eprintln!(
+                "warning: no --out: this resumed run saves no checkpoint and no metrics (give \
+                 --out, e.g. the folder it resumes from)"
+            );
+        }
+    }
+    let data = &cfg.train.data.data;
+    if !data.is_empty() && Path::new(data).is_relative() {
+        eprintln!(
+            "warning: the checkpoint's data path {data} is relative (written before duet stored \
+             it absolute): it is read from the current folder"
+        );
+    }
+    if opts.zero == 1 && launch.is_none() && opts.gpus.is_none() {
+        eprintln!(
+            "warning: --zero 1 shards the optimizer state across data-parallel ranks; this run \
+             has one (add --gpus N)"
+        );
+    }
+    if launch.is_none()
+        && let Some(n) = opts.gpus
+    {
+        let interrupted = spawn_ranks(n, cfg.train.data.batch, backend_kind(&opts.model)?)?;
+        return Ok(if interrupted {
+            TrainOutcome::Interrupted
+        } else {
+            TrainOutcome::Finished
+        });
+    }
+    let dp = launch.as_ref().map(|_| duet_engine::dist::DpOptions {
+        zero: opts.zero == 1,
+        bucket_bytes: (opts.bucket_mb * 1048576.0).max(1.0) as usize,
+        overlap: opts.overlap,
+    });
+    // Only rank 0 writes files and logs.
+    let is_main = launch.as_ref().is_none_or(|l| l.rank == 0);
+    let metrics_path = opts
+        .metrics
+        .clone()
+        .or_else(|| opts.out.as_ref().map(|d| d.join(files::METRICS)))
+        .filter(|_| is_main);
+    let trace = opts.trace.clone().filter(|_| is_main);
+    // Before anything is written.
+    if is_main {
+        check_no_overwrite(opts, &cfg, metrics_path.as_deref(), trace.as_deref())?;
+    }
+    let mut _out_lock = None;
+    if let Some(dir) = opts.out.as_ref().filter(|_| is_main) {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| format!("cannot create output folder {}: {e}", dir.display()))?;
+        // One run at a time per folder (released when this process exits, however it ends).
+        _out_lock = Some(lock_out(dir)?);
+        let ck = dir.join(files::CHECKPOINT);
+        let resuming_here = opts
+            .resume
+            .as_deref()
+            .map(checkpoint_path)
+            .is_some_and(|p| same_file(&p, &ck));
+        if ck.exists() && !resuming_here {
+            return Err(format!(
+                "{} already holds a checkpoint; resume it with --resume {} or choose another --out",
+                dir.display(),
+                dir.display()
+            )
+            .into());
+        }
+        std::fs::write(dir.join(files::CONFIG), cfg.to_toml())
+            .map_err(|e| format!("cannot write {}: {e}", dir.join(files::CONFIG).display()))?;
+    }
+    // Open the logs before any work so a bad path fails fast. Resumed runs append.
+    if let Some(p) = &metrics_path {
+        check_writable(p, "metrics")?;
+    }
+    if let Some(p) = &trace {
+        check_writable(p, "trace")?;
+    }
+    let kind = backend_kind(&opts.model)?;
+    let task = TrainTask {
+        cfg,
+        resume,
+        metrics: None,
+        metrics_path,
+        trace,
+        out: opts.out.clone(),
+        save_every: opts.save_every,
+        stop_after: opts.stop_after,
+        val_every: opts.val_every,
+        log_every: opts.log_every,
+        strict: opts.model.device.strict,
+        fp8_report: opts.fp8_report,
+        dp,
+        is_main,
+    };
+    match &launch {
+        Some(env) => run_rank(kind, env, task),
+        None => dispatch(kind, opts.model.device.threads, task),
+    }
+}

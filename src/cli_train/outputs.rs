@@ -1,0 +1,147 @@
+//! The files a training run reads and writes: overwrite checks, the `--out` lock, checkpoint
+//! paths.
+
+use super::TrainOptions;
+use crate::CliResult;
+use duet_engine::Config;
+use duet_engine::checkpoint::files;
+use std::fs::File;
+use std::io::BufWriter;
+use std::path::{Path, PathBuf};
+
+/// Whether two paths name the same file, the second of which need not exist yet (its folder is
+/// resolved instead): compared after resolving `.`, `..` and links, not by spelling.
+pub(super) fn same_file(a: &Path, b: &Path) -> bool {
+    let resolve = |p: &Path| -> Option<PathBuf> {
+        if let Ok(c) = std::fs::canonicalize(p) {
+            return Some(c);
+        }
+        let parent = match p.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        Some(std::fs::canonicalize(parent).ok()?.join(p.file_name()?))
+    };
+    match (resolve(a), resolve(b)) {
+        (Some(x), Some(y)) => x == y,
+        _ => a == b,
+    }
+}
+
+/// Refuses a run whose output files (metrics, trace, and in `--out` the checkpoint, config and
+/// loss plot) would overwrite one of its inputs (data, config, the checkpoint it resumes
+/// from) or one another: it would destroy the input, or interleave two logs into one file.
+pub(super) fn check_no_overwrite(
+    opts: &TrainOptions,
+    cfg: &Config,
+    metrics: Option<&Path>,
+    trace: Option<&Path>,
+) -> CliResult<()> {
+    // (what, path, whether it is a checkpoint)
+    let mut inputs: Vec<(String, PathBuf, bool)> = Vec::new();
+    if !cfg.train.data.data.is_empty() {
+        inputs.push(("--data".into(), PathBuf::from(&cfg.train.data.data), false));
+    }
+    if let Some(c) = &opts.model.base.config {
+        inputs.push(("--config".into(), c.clone(), false));
+    }
+    if let Some(r) = &opts.resume {
+        inputs.push((
+            "the checkpoint resumed from".into(),
+            checkpoint_path(r),
+            true,
+        ));
+    }
+    let mut outputs: Vec<(String, PathBuf, bool)> = Vec::new();
+    if let Some(m) = metrics {
+        outputs.push(("the metrics file".into(), m.to_path_buf(), false));
+    }
+    if let Some(t) = trace {
+        outputs.push(("the trace".into(), t.to_path_buf(), false));
+    }
+    if let Some(dir) = &opts.out {
+        for f in [files::CHECKPOINT, files::CONFIG, files::LOSS_PLOT] {
+            outputs.push((format!("--out's {f}"), dir.join(f), f == files::CHECKPOINT));
+        }
+    }
+    for (i, (what, p, p_ck)) in outputs.iter().enumerate() {
+        for (other, q, q_ck) in inputs.iter().chain(&outputs[..i]) {
+            // Resuming in place rewrites the checkpoint it started from, as intended.
+            if same_file(p, q) && !(*p_ck && *q_ck) {
+                return Err(format!(
+                    "{what} ({}) is the same file as {other}: choose another path",
+                    p.display()
+                )
+                .into());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Takes the `--out` folder's lock file, so that two runs never write into one folder.
+pub(super) fn lock_out(dir: &Path) -> CliResult<File> {
+    let path = dir.join(".duet.lock");
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+    match f.try_lock() {
+        Ok(()) => Ok(f),
+        Err(std::fs::TryLockError::WouldBlock) => Err(format!(
+            "another duet run is writing into {} (it holds {})",
+            dir.display(),
+            path.display()
+        )
+        .into()),
+        Err(std::fs::TryLockError::Error(e)) => {
+            Err(format!("cannot lock {}: {e}", path.display()).into())
+        }
+    }
+}
+
+/// Where a run without `--out` saves its checkpoint when interrupted: duet-interrupted.safetensors,
+/// or the first of duet-interrupted-2.safetensors, -3, ... that does not exist (another run's
+/// checkpoint is never overwritten).
+pub(super) fn interrupted_path() -> PathBuf {
+    (1..)
+        .map(|i| match i {
+            1 => PathBuf::from("duet-interrupted.safetensors"),
+            i => PathBuf::from(format!("duet-interrupted-{i}.safetensors")),
+        })
+        .find(|p| !p.exists())
+        .expect("an unused name")
+}
+
+/// A checkpoint path given as the file or the `--out` folder holding it.
+pub(crate) fn checkpoint_path(p: &Path) -> PathBuf {
+    if p.is_dir() {
+        p.join(files::CHECKPOINT)
+    } else {
+        p.to_path_buf()
+    }
+}
+
+/// Checks that a log file can be written without touching an existing one (a run that fails
+/// before training must not destroy the previous run's logs).
+pub(super) fn check_writable(path: &Path, what: &str) -> CliResult<()> {
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map(drop)
+        .map_err(|e| format!("cannot create {what} file {}: {e}", path.display()).into())
+}
+
+pub(super) fn open_log(path: &Path, append: bool, what: &str) -> CliResult<BufWriter<File>> {
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .write(true)
+        .append(append)
+        .truncate(!append)
+        .open(path)
+        .map_err(|e| format!("cannot create {what} file {}: {e}", path.display()))?;
+    Ok(BufWriter::new(f))
+}

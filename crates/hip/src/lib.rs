@@ -46,6 +46,38 @@ mod roctx;
 pub use roctx::ROCTX_LIB_ENV;
 pub mod rccl;
 pub mod rocblas;
+pub mod toolchain;
+
+#[cfg(test)]
+mod test_support {
+    use std::path::PathBuf;
+    use std::process::Command;
+
+    /// Builds a shared library from C `body` plus a no-op `int f(void)` for every name of
+    /// `stubs` that `body` does not define; `None` without a C compiler.
+    pub(crate) fn fake_library(tag: &str, body: &str, stubs: &[&str]) -> Option<PathBuf> {
+        let dir = std::env::temp_dir().join(format!("duet-hip-unit-{}-{tag}", std::process::id()));
+        std::fs::create_dir_all(&dir).ok()?;
+        let mut src = String::from("#include <stddef.h>\n");
+        src.push_str(body);
+        for n in stubs {
+            if !body.contains(&format!(" {n}(")) {
+                src.push_str(&format!("int {n}(void) {{ return 0; }}\n"));
+            }
+        }
+        let path = dir.join("fake.c");
+        std::fs::write(&path, src).ok()?;
+        let lib = dir.join(format!("libfake{tag}.so"));
+        let ok = Command::new("cc")
+            .args(["-shared", "-fPIC", "-o"])
+            .arg(&lib)
+            .arg(&path)
+            .status()
+            .ok()?
+            .success();
+        ok.then_some(lib)
+    }
+}
 
 pub use device::HipDevice;
 pub use memory::HipBuffer;

@@ -123,3 +123,128 @@ impl Drop for HipBuffer {
         }
     }
 }
+
+// ---------------------------------------------------------------------- pinned staging
+
+/// Bytes per staging chunk, and the number of chunks in the ring (the CUDA backend's sizes: a
+/// training step uploads three small buffers, tokens, targets and step scalars; eight chunks
+/// let the host queue the next two steps while the device still runs this one).
+pub(crate) const STAGE_BYTES: usize = 4 << 20;
+pub(crate) const STAGES: usize = 8;
+
+/// Page-locked host memory plus the event that marks the end of the last copy out of it.
+struct PinnedChunk {
+    api: Arc<crate::hip::result::HipApi>,
+    ptr: *mut u8,
+    event: crate::hip::result::HipEvent,
+    in_flight: bool,
+}
+
+// SAFETY: the chunk exclusively owns its page-locked allocation and its event; both are only
+// used through `&mut self` (behind the device's staging mutex), and HIP handles may be used
+// from any thread.
+unsafe impl Send for PinnedChunk {}
+
+impl PinnedChunk {
+    /// Blocks until no queued copy reads the chunk any more.
+    fn wait(&mut self) -> Result<(), crate::error::HipError> {
+        if self.in_flight {
+            // SAFETY: the event is live (owned) and was recorded after the chunk's last copy.
+            unsafe { self.api.event_synchronize(self.event) }?;
+            self.in_flight = false;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for PinnedChunk {
+    fn drop(&mut self) {
+        // Never free memory a queued copy may still read: when the wait fails the memory is
+        // leaked rather than freed under the DMA engine.
+        if self.wait().is_err() {
+            return;
+        }
+        // SAFETY: the event is live and owned; `ptr` came from hipHostMalloc, is freed exactly
+        // once here, and no copy reads it any more (waited above).
+        unsafe {
+            let _ = self.api.event_destroy(self.event);
+            let _ = self.api.host_free(self.ptr);
+        }
+    }
+}
+
+/// A ring of pinned (`hipHostMalloc`) buffers for asynchronous host→device uploads, as in the
+/// CUDA backend. An upload copies the host bytes into the next chunk (after waiting, through
+/// the chunk's event, for its previous copy to finish), queues `hipMemcpyAsync` from it and
+/// records the event: `upload_bytes` returns while the DMA runs, overlapping the queued
+/// kernels, and the caller's slice is free to reuse at once. A pageable source would make the
+/// runtime stage (and synchronise) the copy itself.
+pub(crate) struct Staging {
+    chunks: Vec<PinnedChunk>,
+    next: usize,
+}
+
+impl Staging {
+    pub(crate) fn new(
+        api: &Arc<crate::hip::result::HipApi>,
+    ) -> Result<Self, crate::error::HipError> {
+        let mut chunks = Vec::with_capacity(STAGES);
+        for _ in 0..STAGES {
+            let ptr = api.host_malloc(STAGE_BYTES)?;
+            let event = match api.event_create() {
+                Ok(e) => e,
+                Err(e) => {
+                    // SAFETY: freeing the allocation made just above, which nothing uses.
+                    let _ = unsafe { api.host_free(ptr) };
+                    return Err(e);
+                }
+            };
+            chunks.push(PinnedChunk {
+                api: api.clone(),
+                ptr,
+                event,
+                in_flight: false,
+            });
+        }
+        Ok(Self { chunks, next: 0 })
+    }
+
+    /// Queues the copy of `src` to the device address `dst` on `stream`.
+    ///
+    /// # Safety
+    /// `dst` must be device memory with room for `src.len()` bytes, live until the stream has
+    /// run the copy (stream-ordered frees guarantee that for device buffers), and `stream` a
+    /// live stream.
+    pub(crate) unsafe fn upload(
+        &mut self,
+        stream: crate::hip::sys::hipStream_t,
+        src: &[u8],
+        dst: *mut c_void,
+    ) -> Result<(), crate::error::HipError> {
+        let mut done = 0usize;
+        for piece in src.chunks(STAGE_BYTES) {
+            let idx = self.next;
+            self.next = (idx + 1) % self.chunks.len();
+            let chunk = &mut self.chunks[idx];
+            chunk.wait()?;
+            // SAFETY: the chunk holds STAGE_BYTES ≥ piece.len() bytes, no copy reads it any
+            // more (waited above), and `piece` is a separate host slice.
+            unsafe { std::ptr::copy_nonoverlapping(piece.as_ptr(), chunk.ptr, piece.len()) };
+            // SAFETY: `dst + done .. + piece.len()` lies inside the destination (the caller);
+            // the pinned source stays untouched until the event recorded next completes.
+            unsafe {
+                chunk.api.memcpy_async(
+                    dst.cast::<u8>().add(done).cast(),
+                    chunk.ptr.cast(),
+                    piece.len(),
+                    crate::hip::sys::hipMemcpyKind::hipMemcpyHostToDevice,
+                    stream,
+                )?;
+                chunk.api.event_record(chunk.event, stream)?;
+            }
+            chunk.in_flight = true;
+            done += piece.len();
+        }
+        Ok(())
+    }
+}

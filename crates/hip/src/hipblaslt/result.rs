@@ -7,6 +7,8 @@ use crate::loader;
 pub struct LtApi {
     pub lib: HipblasLtLib,
     pub name: String,
+    /// The file the library was mapped from, when known (its name carries the full version).
+    pub file: Option<std::path::PathBuf>,
 }
 
 /// Turns a `hipblasStatus_t` into a `Result`.
@@ -25,10 +27,22 @@ impl LtApi {
             crate::error::unavailable("hipBLASLt (libhipblaslt) not found", tried)
         })?;
         // SAFETY: the declarations in `sys` match hipBLASLt 0.x/1.x (see its module docs).
-        let lib = unsafe { HipblasLtLib::load(opened.lib, &opened.name) }?;
+        Ok(unsafe { Self::from_library(opened.lib, &opened.name) }?)
+    }
+
+    /// The API over an opened library (`name` for messages), failing with the names of any
+    /// missing symbols.
+    ///
+    /// # Safety
+    /// `lib` must export each symbol of [`HipblasLtLib`] with the signature declared there.
+    pub unsafe fn from_library(lib: libloading::Library, name: &str) -> Result<Self, HipError> {
+        let file = crate::toolchain::library_file(&lib, c"hipblasLtCreate");
+        // SAFETY: guaranteed by the caller.
+        let lib = unsafe { HipblasLtLib::load(lib, name) }?;
         Ok(Self {
             lib,
-            name: opened.name,
+            name: name.to_string(),
+            file,
         })
     }
 }

@@ -38,6 +38,8 @@ pub const HIPBLASLT_MATMUL_DESC_TRANSA: u32 = 0;
 pub const HIPBLASLT_MATMUL_DESC_TRANSB: u32 = 1;
 pub const HIPBLASLT_MATMUL_DESC_A_SCALE_POINTER: u32 = 5;
 pub const HIPBLASLT_MATMUL_DESC_B_SCALE_POINTER: u32 = 6;
+/// `hipblasLtMatmulMatrixScale_t` (7.x): one f32 scalar per matrix, the only mode 6.x has.
+pub const HIPBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F: u32 = 0;
 // hipblasLtMatrixLayoutAttribute_t
 pub const HIPBLASLT_MATRIX_LAYOUT_BATCH_COUNT: u32 = 0;
 pub const HIPBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET: u32 = 1;
@@ -68,6 +70,7 @@ dyn_api! {
     pub struct HipblasLtLib {
         pub fn hipblasLtCreate(handle: *mut hipblasLtHandle_t) -> hipblasStatus_t;
         pub fn hipblasLtDestroy(handle: hipblasLtHandle_t) -> hipblasStatus_t;
+        pub fn hipblasLtGetVersion(handle: hipblasLtHandle_t, version: *mut i32) -> hipblasStatus_t;
         pub fn hipblasLtMatrixLayoutCreate(
             layout: *mut hipblasLtMatrixLayout_t,
             ty: hipDataType,

@@ -7,6 +7,8 @@ use crate::loader;
 pub struct RocblasApi {
     pub lib: RocblasLib,
     pub name: String,
+    /// The file the library was mapped from, when known.
+    pub file: Option<std::path::PathBuf>,
 }
 
 fn check(call: &'static str, status: sys::rocblas_status) -> Result<(), HipError> {
@@ -49,11 +51,13 @@ impl RocblasApi {
     /// # Safety
     /// `lib` must export each symbol of [`RocblasLib`] with the signature declared there.
     pub unsafe fn from_library(lib: libloading::Library, name: &str) -> Result<Self, HipError> {
+        let file = crate::toolchain::library_file(&lib, c"rocblas_create_handle");
         // SAFETY: guaranteed by the caller.
         let lib = unsafe { RocblasLib::load(lib, name) }?;
         Ok(Self {
             lib,
             name: name.to_string(),
+            file,
         })
     }
 

@@ -448,7 +448,7 @@ unsigned hipblasLtMatmul(void) { matmuls++; return 0; }
             "1.4.1"
         );
         let mut cache = PlanCache::default();
-        let one = 1usize as *const c_void;
+        let one = std::ptr::dangling::<c_void>();
         let ptrs = Fp8Ptrs {
             a: one,
             b: one,

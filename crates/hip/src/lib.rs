@@ -48,6 +48,21 @@ pub mod rccl;
 pub mod rocblas;
 pub mod toolchain;
 
+
+pub use device::HipDevice;
+pub use memory::HipBuffer;
+pub use rccl::RcclComm;
+
+/// Whether a ROCm 6/7 HIP runtime can be loaded on this machine (it may still have no GPU).
+pub fn is_available() -> bool {
+    hip::result::HipApi::load().is_ok()
+}
+
+/// Opens GPU 0 and drops it: `Ok` when the backend is usable, else the reason.
+pub fn probe() -> duet_device::Result<()> {
+    HipDevice::new(0).map(|_| ())
+}
+
 #[cfg(test)]
 mod test_support {
     use std::path::PathBuf;
@@ -77,18 +92,4 @@ mod test_support {
             .success();
         ok.then_some(lib)
     }
-}
-
-pub use device::HipDevice;
-pub use memory::HipBuffer;
-pub use rccl::RcclComm;
-
-/// Whether a ROCm 6/7 HIP runtime can be loaded on this machine (it may still have no GPU).
-pub fn is_available() -> bool {
-    hip::result::HipApi::load().is_ok()
-}
-
-/// Opens GPU 0 and drops it: `Ok` when the backend is usable, else the reason.
-pub fn probe() -> duet_device::Result<()> {
-    HipDevice::new(0).map(|_| ())
 }

@@ -238,6 +238,20 @@ mod tests {
         assert_eq!(file_identity(&dir.join("missing")), None);
     }
 
+    /// Debian 12's comgr (ROCm 5.2, `libamd-comgr2`) answers its interface version, when it is
+    /// installed; a machine without it gets `None`, never a panic.
+    #[test]
+    fn comgr_reports_its_version_when_installed() {
+        match Comgr::load() {
+            Some(c) => {
+                assert!(c.version.0 >= 2, "{c:?}");
+                assert!(c.file.contains("libamd_comgr"), "{c:?}");
+                eprintln!("comgr {}.{} at {}", c.version.0, c.version.1, c.file);
+            }
+            None => eprintln!("skipped: no libamd_comgr.so.2/.3 on this machine"),
+        }
+    }
+
     #[test]
     fn library_file_finds_the_mapped_object() {
         // libc is mapped in every test process and exports `malloc`.

@@ -101,3 +101,21 @@ unsigned rocblas_get_atomics_mode(void* h, unsigned* m) { (void)h; *m = 1; retur
     let e = unsafe { api.forbid_atomics(std::ptr::null_mut()) }.expect_err("mode did not stick");
     assert!(e.to_string().contains("atomics_allowed"), "{e}");
 }
+
+/// The hand-declared runtime functions of the upload staging (`HOST_SYMBOLS`) exist in a real
+/// HIP runtime: Debian 12's ROCm 5.2 one, when installed (the names are unchanged in 6.x/7.x).
+#[test]
+fn the_hand_declared_runtime_symbols_exist_in_a_real_runtime() {
+    let path = "/usr/lib/x86_64-linux-gnu/libamdhip64.so.5";
+    if !std::path::Path::new(path).exists() {
+        eprintln!("skipped: {path} not installed (apt-get install libamdhip64-5)");
+        return;
+    }
+    let lib = duet_hip::loader::open_pinned(path).expect("open the ROCm 5.2 runtime");
+    let missing =
+        duet_hip::loader::missing_symbols(&lib, &duet_hip::hip::result::HOST_SYMBOLS);
+    assert!(missing.is_empty(), "missing from {path}: {missing:?}");
+    let file = duet_hip::toolchain::library_file(&lib, c"hipInit").expect("dladdr");
+    let ident = duet_hip::toolchain::file_identity(&file).expect("identity");
+    assert!(ident.contains("libamdhip64.so.5.2"), "{ident}");
+}

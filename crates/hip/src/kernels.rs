@@ -492,6 +492,7 @@ mod tests {
                 comgr: Some(crate::toolchain::Comgr {
                     version: comgr,
                     file: "/opt/rocm-6.4.3/lib/libamd_comgr.so.2.9:2000:1".into(),
+                    path: "/opt/rocm-6.4.3/lib/libamd_comgr.so.2.9".into(),
                 }),
             }
             .fingerprint()

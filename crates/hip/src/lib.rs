@@ -48,7 +48,6 @@ pub mod rccl;
 pub mod rocblas;
 pub mod toolchain;
 
-
 pub use device::HipDevice;
 pub use memory::HipBuffer;
 pub use rccl::RcclComm;
@@ -56,6 +55,68 @@ pub use rccl::RcclComm;
 /// Whether a ROCm 6/7 HIP runtime can be loaded on this machine (it may still have no GPU).
 pub fn is_available() -> bool {
     hip::result::HipApi::load().is_ok()
+}
+
+/// The ROCm libraries this machine has, as the backend would load them, with their versions
+/// and files, for `duet info` (useful when no device opens: none of it needs a GPU or
+/// `hipInit`). One `(library, description)` per library; a missing one says why.
+pub fn libraries() -> Vec<(String, String)> {
+    let file_or = |file: &Option<std::path::PathBuf>, name: &str| {
+        file.as_ref()
+            .map_or(name.to_string(), |f| f.display().to_string())
+    };
+    // The reason alone: the full `Unavailable` lists every path tried, once per library.
+    let short = |e: duet_device::DeviceError| match e {
+        duet_device::DeviceError::Unavailable { reason, .. } => reason,
+        e => e.to_string(),
+    };
+    let mut out = Vec::new();
+    out.push((
+        "runtime".to_string(),
+        match hip::result::HipApi::load() {
+            Ok(api) => match api.runtime_version() {
+                Ok(v) => format!(
+                    "{} ({})",
+                    hip::result::version_string(v),
+                    file_or(&api.file, &api.name)
+                ),
+                Err(e) => format!("{} ({e})", file_or(&api.file, &api.name)),
+            },
+            Err(e) => short(e),
+        },
+    ));
+    out.push((
+        "hiprtc".into(),
+        match hiprtc::result::RtcApi::load() {
+            Ok(rtc) => file_or(&rtc.file, &rtc.name),
+            Err(e) => short(e),
+        },
+    ));
+    out.push((
+        "comgr".into(),
+        toolchain::Comgr::load().map_or("not found".into(), |c| {
+            format!("{}.{} ({})", c.version.0, c.version.1, c.path)
+        }),
+    ));
+    out.push((
+        "rocblas".into(),
+        match rocblas::result::RocblasApi::load() {
+            Ok(r) => format!(
+                "{} ({})",
+                r.version().unwrap_or_else(|e| e.to_string()),
+                file_or(&r.file, &r.name)
+            ),
+            Err(e) => short(e),
+        },
+    ));
+    out.push((
+        "hipblaslt".into(),
+        match hipblaslt::result::LtApi::load() {
+            Ok(l) => file_or(&l.file, &l.name),
+            Err(e) => short(e),
+        },
+    ));
+    out
 }
 
 /// Opens GPU 0 and drops it: `Ok` when the backend is usable, else the reason.

@@ -89,6 +89,8 @@ pub struct Comgr {
     pub version: (usize, usize),
     /// [`file_identity`] of the library, or its name when the file cannot be found.
     pub file: String,
+    /// The library's file (or name), for messages.
+    pub path: String,
 }
 
 impl Comgr {
@@ -117,12 +119,16 @@ impl Comgr {
             let (mut major, mut minor) = (0usize, 0usize);
             // SAFETY: writes two size_t.
             unsafe { f(&mut major, &mut minor) };
-            let file = library_file(&lib, c"amd_comgr_get_version")
-                .and_then(|p| file_identity(&p))
-                .unwrap_or(name);
+            let found = library_file(&lib, c"amd_comgr_get_version");
+            let path = found
+                .as_ref()
+                .and_then(|p| std::fs::canonicalize(p).ok())
+                .map_or(name.clone(), |p| p.display().to_string());
+            let file = found.and_then(|p| file_identity(&p)).unwrap_or(name);
             Some(Self {
                 version: (major, minor),
                 file,
+                path,
             })
         })
     }
@@ -157,7 +163,7 @@ impl Toolchain {
     pub fn comgr_summary(&self) -> String {
         self.comgr.as_ref().map_or_else(
             || "not found (kernel cache keyed on the runtime and hiprtc files)".into(),
-            |c| format!("{}.{} ({})", c.version.0, c.version.1, c.file),
+            |c| format!("{}.{} ({})", c.version.0, c.version.1, c.path),
         )
     }
 }
@@ -173,6 +179,7 @@ mod tests {
             comgr: comgr.map(|(a, b, f)| Comgr {
                 version: (a, b),
                 file: f.into(),
+                path: f.into(),
             }),
         }
     }
@@ -246,6 +253,7 @@ mod tests {
             Some(c) => {
                 assert!(c.version.0 >= 2, "{c:?}");
                 assert!(c.file.contains("libamd_comgr"), "{c:?}");
+                assert!(c.file.starts_with(&c.path), "{c:?}");
                 eprintln!("comgr {}.{} at {}", c.version.0, c.version.1, c.file);
             }
             None => eprintln!("skipped: no libamd_comgr.so.2/.3 on this machine"),

@@ -112,8 +112,7 @@ fn the_hand_declared_runtime_symbols_exist_in_a_real_runtime() {
         return;
     }
     let lib = duet_hip::loader::open_pinned(path).expect("open the ROCm 5.2 runtime");
-    let missing =
-        duet_hip::loader::missing_symbols(&lib, &duet_hip::hip::result::HOST_SYMBOLS);
+    let missing = duet_hip::loader::missing_symbols(&lib, &duet_hip::hip::result::HOST_SYMBOLS);
     assert!(missing.is_empty(), "missing from {path}: {missing:?}");
     let file = duet_hip::toolchain::library_file(&lib, c"hipInit").expect("dladdr");
     let ident = duet_hip::toolchain::file_identity(&file).expect("identity");

@@ -17,10 +17,11 @@ use std::sync::{Arc, Mutex};
 /// plans (descriptors and algorithm) built so far, one per [`PlanKey`] (`None`: hipBLASLt has
 /// no algorithm for it, asked once too).
 pub struct Lt {
+    /// First field: the plans' descriptors are destroyed before the handle.
+    pub plans: PlanCache,
     pub handle: LtHandle,
     pub ones: HipBuffer,
     pub workspace: HipBuffer,
-    pub plans: PlanCache,
 }
 
 pub const LT_WORKSPACE: usize = 32 << 20;

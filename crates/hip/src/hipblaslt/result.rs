@@ -9,6 +9,8 @@ pub struct LtApi {
     pub name: String,
     /// The file the library was mapped from, when known (its name carries the full version).
     pub file: Option<std::path::PathBuf>,
+    /// `hipblasLtGetVersion`, when exported (optional: only `duet info` needs it).
+    pub get_version: Option<sys::GetVersionFn>,
 }
 
 /// Turns a `hipblasStatus_t` into a `Result`.
@@ -37,12 +39,18 @@ impl LtApi {
     /// `lib` must export each symbol of [`HipblasLtLib`] with the signature declared there.
     pub unsafe fn from_library(lib: libloading::Library, name: &str) -> Result<Self, HipError> {
         let file = crate::toolchain::library_file(&lib, c"hipblasLtCreate");
+        // SAFETY: the declared type is hipblasLtGetVersion's signature (hipblaslt.h); the
+        // library is pinned for the process, so the pointer stays valid.
+        let get_version = unsafe { lib.get::<sys::GetVersionFn>(b"hipblasLtGetVersion\0") }
+            .ok()
+            .map(|f| *f);
         // SAFETY: guaranteed by the caller.
         let lib = unsafe { HipblasLtLib::load(lib, name) }?;
         Ok(Self {
             lib,
             name: name.to_string(),
             file,
+            get_version,
         })
     }
 }

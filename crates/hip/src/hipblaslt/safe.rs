@@ -66,11 +66,16 @@ impl LtHandle {
 
     /// `hipblasLtGetVersion`: major·100000 + minor·100 + patch (e.g. 100401 for 1.4.1).
     pub fn version(&self) -> Result<i32, HipError> {
+        let f = self
+            .api
+            .get_version
+            .ok_or_else(|| HipError::MissingSymbols {
+                library: self.api.name.clone(),
+                missing: vec!["hipblasLtGetVersion".into()],
+            })?;
         let mut v = 0;
         // SAFETY: live handle; writes one int.
-        check("hipblasLtGetVersion", unsafe {
-            (self.api.lib.hipblasLtGetVersion)(self.raw, &mut v)
-        })?;
+        check("hipblasLtGetVersion", unsafe { f(self.raw, &mut v) })?;
         Ok(v)
     }
 }

@@ -65,12 +65,15 @@ pub struct hipblasLtMatmulHeuristicResult_t {
     pub reserved: [i32; 4],
 }
 
+/// `hipblasStatus_t hipblasLtGetVersion(hipblasLtHandle_t, int*)`: resolved optionally (only
+/// `duet info` uses it), outside the required table.
+pub type GetVersionFn = unsafe extern "C" fn(hipblasLtHandle_t, *mut i32) -> hipblasStatus_t;
+
 dyn_api! {
     /// The hipBLASLt functions the backend calls.
     pub struct HipblasLtLib {
         pub fn hipblasLtCreate(handle: *mut hipblasLtHandle_t) -> hipblasStatus_t;
         pub fn hipblasLtDestroy(handle: hipblasLtHandle_t) -> hipblasStatus_t;
-        pub fn hipblasLtGetVersion(handle: hipblasLtHandle_t, version: *mut i32) -> hipblasStatus_t;
         pub fn hipblasLtMatrixLayoutCreate(
             layout: *mut hipblasLtMatrixLayout_t,
             ty: hipDataType,

@@ -248,3 +248,83 @@ impl Staging {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hip::result::{HipApi, required_symbols};
+
+    /// A fake HIP runtime whose copies really are asynchronous: `hipMemcpyAsync` only queues
+    /// (dst, src, n) and reads the source when the queue runs, at `hipEventSynchronize` of a
+    /// later-recorded event or at `fake_flush`. A staging chunk reused before its copy ran
+    /// would therefore corrupt the data.
+    const FAKE_HIP: &str = r#"
+#include <stdlib.h>
+#include <string.h>
+typedef struct { void* dst; const void* src; size_t n; } Copy;
+static Copy queue[4096]; static size_t queued = 0, ran = 0;
+static size_t marks[64]; static int events = 0, syncs = 0, frees = 0;
+static void run_to(size_t upto) { for (; ran < upto; ran++) memcpy(queue[ran].dst, queue[ran].src, queue[ran].n); }
+unsigned hipMemcpyAsync(void* d, const void* s, size_t n, unsigned k, void* st) {
+    (void)k; (void)st; queue[queued].dst = d; queue[queued].src = s; queue[queued].n = n; queued++; return 0;
+}
+unsigned hipHostMalloc(void** p, size_t n, unsigned f) { (void)f; *p = malloc(n); return *p ? 0 : 2; }
+unsigned hipHostFree(void* p) { free(p); frees++; return 0; }
+unsigned hipEventCreateWithFlags(void** e, unsigned f) { (void)f; *e = (void*)(size_t)(++events); return 0; }
+unsigned hipEventRecord(void* e, void* s) { (void)s; marks[(size_t)e] = queued; return 0; }
+unsigned hipEventSynchronize(void* e) { syncs++; run_to(marks[(size_t)e]); return 0; }
+unsigned hipEventDestroy(void* e) { (void)e; return 0; }
+int fake_pending(void) { return (int)(queued - ran); }
+int fake_syncs(void) { return syncs; }
+int fake_frees(void) { return frees; }
+void fake_flush(void) { run_to(queued); }
+"#;
+
+    #[test]
+    fn staged_uploads_never_reuse_a_chunk_before_its_copy_ran() {
+        let mut names = required_symbols();
+        names.extend(crate::hip::result::HOST_SYMBOLS);
+        let path = crate::test_support::fake_library("staging", FAKE_HIP, &names).expect("cc");
+        let name = path.to_string_lossy().into_owned();
+        let lib = crate::loader::open_pinned(&name).unwrap();
+        let api = Arc::new(HipApi::from_library(lib, &name).unwrap());
+        let call = |sym: &[u8]| {
+            let lib = crate::loader::open_pinned(&name).unwrap();
+            // SAFETY: `int f(void)` functions of the fake.
+            unsafe { (*lib.get::<unsafe extern "C" fn() -> i32>(sym).unwrap())() }
+        };
+        let mut staging = Staging::new(&api).unwrap();
+        // Two and a half trips round the ring.
+        let len = STAGES * STAGE_BYTES * 2 + STAGE_BYTES / 2 + 12_345;
+        let src: Vec<u8> = (0..len).map(|i| (i * 31 % 251) as u8).collect();
+        let mut dst = vec![0u8; len];
+        // SAFETY: `dst` has room for `src` and outlives the flush below; the fake ignores the
+        // stream.
+        unsafe { staging.upload(std::ptr::null_mut(), &src, dst.as_mut_ptr().cast()) }.unwrap();
+        assert!(
+            call(b"fake_pending\0") > 0,
+            "the upload returned before its copies ran"
+        );
+        assert!(
+            call(b"fake_syncs\0") > 0,
+            "the ring wrapped, so it waited on chunks"
+        );
+        // SAFETY: `void fake_flush(void)`.
+        unsafe {
+            let lib = crate::loader::open_pinned(&name).unwrap();
+            (*lib.get::<unsafe extern "C" fn()>(b"fake_flush\0").unwrap())();
+        }
+        assert!(
+            dst == src,
+            "a staging chunk was overwritten before its copy ran"
+        );
+        // A second upload reuses the ring; dropping it waits for in-flight chunks, then frees.
+        let small = vec![7u8; 1000];
+        let mut out = vec![0u8; 1000];
+        // SAFETY: as above.
+        unsafe { staging.upload(std::ptr::null_mut(), &small, out.as_mut_ptr().cast()) }.unwrap();
+        drop(staging);
+        assert_eq!(out, small, "drop waited for the copy");
+        assert_eq!(call(b"fake_frees\0"), STAGES as i32);
+    }
+}

@@ -284,6 +284,25 @@ pub fn fp8_plan_key(desc: &GemmDesc, a: DType, b: DType, c: DType) -> Result<Pla
     })
 }
 
+/// What an FP8 GEMM needs before hipBLASLt is involved (checked before its handle is created,
+/// so a GPU without FP8 GEMMs, gfx90a, never creates one): this GPU's FP8 format for A, and a
+/// float C.
+pub fn fp8_check(arch_base: &str, a: DType, c: DType) -> Result<()> {
+    if !conv::fp8_supported(arch_base, a) {
+        return Err(DeviceError::Unsupported {
+            op: format!("gemm with {a} operands on {arch_base}"),
+            dtype: a,
+        });
+    }
+    if !matches!(c, DType::F32 | DType::F16 | DType::BF16) {
+        return Err(DeviceError::Unsupported {
+            op: "fp8 gemm output (C must be f32, f16 or bf16)".into(),
+            dtype: c,
+        });
+    }
+    Ok(())
+}
+
 /// Runs an FP8 `desc` on hipBLASLt. `Unsupported` when the GPU lacks this FP8 format or
 /// hipBLASLt has no kernel for the combination. `scales` are device pointers to the f32 factors
 /// of A and B (`scale_inv` of delayed scaling); `None` uses ones. The descriptors and the
@@ -301,18 +320,7 @@ pub fn gemm_fp8(
     scales: Option<(*mut c_void, *mut c_void)>,
 ) -> Result<()> {
     let unsupported = |what: String, dtype| DeviceError::Unsupported { op: what, dtype };
-    if !conv::fp8_supported(arch_base, a.dtype()) {
-        return Err(unsupported(
-            format!("gemm with {} operands on {arch_base}", a.dtype()),
-            a.dtype(),
-        ));
-    }
-    if !matches!(c.dtype(), DType::F32 | DType::F16 | DType::BF16) {
-        return Err(unsupported(
-            "fp8 gemm output (C must be f32, f16 or bf16)".into(),
-            c.dtype(),
-        ));
-    }
+    fp8_check(arch_base, a.dtype(), c.dtype())?;
     let key = fp8_plan_key(desc, a.dtype(), b.dtype(), c.dtype())?;
     let ptrs = Fp8Ptrs {
         a: b.ptr_at(desc.b_offset),

@@ -58,6 +58,7 @@ impl HipDevice {
         if desc.batch == 0 || desc.m == 0 || desc.n == 0 {
             return Ok(());
         }
+        blas::fp8_check(&self.arch_base, a.dtype(), c.dtype())?;
         let scales = (scale_inv.ptr_at(a_slot), scale_inv.ptr_at(b_slot));
         self.with_lt("gemm_fp8", a.dtype(), |lt| {
             blas::gemm_fp8(

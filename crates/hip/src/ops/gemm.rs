@@ -18,6 +18,7 @@ impl HipDevice {
             return Ok(());
         }
         if a.dtype().is_fp8() {
+            blas::fp8_check(&self.arch_base, a.dtype(), c.dtype())?;
             return self.with_lt("gemm (fp8)", a.dtype(), |lt| {
                 blas::gemm_fp8(lt, &self.arch_base, self.stream.raw(), desc, a, b, c, None)
             });

@@ -135,6 +135,38 @@ pub fn info() -> CliResult<()> {
     };
     report("cpu", open_cpu(None).map(|d| d.info()));
     report("cuda", open_cuda().map(|d| d.info()));
-    report("hip", open_hip().map(|d| d.info()));
+    let hip = open_hip().map(|d| d.info());
+    let hip_failed = hip.is_err();
+    report("hip", hip);
+    if hip_failed {
+        print_hip_libraries();
+    }
     Ok(())
+}
+
+/// What ROCm libraries were found when the hip backend did not open (their versions need no
+/// GPU), so `duet info` still says which runtime, hiprtc, comgr, rocBLAS and hipBLASLt a
+/// ROCm machine has.
+#[cfg(feature = "hip")]
+fn print_hip_libraries() {
+    for (name, what) in duet_hip::libraries() {
+        println!("    {name}: {what}");
+    }
+}
+
+#[cfg(not(feature = "hip"))]
+fn print_hip_libraries() {}
+
+#[cfg(test)]
+mod info_tests {
+    /// `duet info`'s library lines never panic without ROCm and name every library.
+    #[cfg(feature = "hip")]
+    #[test]
+    fn hip_library_lines_name_every_library() {
+        let names: Vec<String> = duet_hip::libraries().into_iter().map(|(n, _)| n).collect();
+        assert_eq!(
+            names,
+            ["runtime", "hiprtc", "comgr", "rocblas", "hipblaslt"]
+        );
+    }
 }

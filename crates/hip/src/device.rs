@@ -2,17 +2,18 @@
 //! same rules as the CPU reference where the kernels have the variant, else a typed
 //! `Unsupported`), then enqueues its kernels on the device's stream.
 
-use crate::blas::Lt;
+use crate::blas::{LazyLt, Lt};
 use crate::conv;
 use crate::error::{HipError, unavailable};
 use crate::hip::result::{HipApi, version_string};
 use crate::hip::safe::Stream;
 use crate::hip::sys;
-use crate::hipblaslt::{result::LtApi, safe::LtHandle};
+use crate::hipblaslt::result::LtApi;
 use crate::hiprtc::result::RtcApi;
 use crate::kernels::{BLOCK, Kernels, Launch, dim, grid_dim};
 use crate::memory::{HipBuffer, MemShared};
 use crate::rocblas::{result::RocblasApi, safe::RocblasHandle};
+use crate::toolchain::{Comgr, Toolchain};
 use duet_device::{
     AdamWStep, Buffer, Capabilities, DType, Device, DeviceError, DeviceInfo, Fused, GemmDesc,
     MemoryStats, Result, check_dtype,
@@ -66,7 +67,10 @@ pub struct HipDevice {
     pub(crate) arch_base: String,
     pub(crate) kernels: Kernels,
     pub(crate) blas: Mutex<RocblasHandle>,
-    pub(crate) lt: Option<Mutex<Lt>>,
+    /// hipBLASLt, created on the first FP8 GEMM ([`LazyLt`]).
+    pub(crate) lt: LazyLt,
+    /// Pinned host buffers for uploads ([`crate::memory::Staging`]), made on the first upload.
+    pub(crate) staging: Mutex<Option<crate::memory::Staging>>,
     pub(crate) scratch: Mutex<Option<HipBuffer>>,
     pub(crate) mem: Arc<MemShared>,
     pub(crate) stream: Arc<Stream>,
@@ -120,25 +124,40 @@ impl HipDevice {
         let (_, total) = api.mem_info()?;
         let rtc = RtcApi::load()?;
         let rocblas = Arc::new(RocblasApi::load()?);
-        let lt_api = LtApi::load().ok().map(Arc::new);
+        let lt_api = LtApi::load().map(Arc::new).map_err(|e| e.to_string());
+        let runtime = api.runtime_version()?;
+        let toolchain = Toolchain {
+            runtime,
+            hiprtc: rtc
+                .file
+                .as_deref()
+                .and_then(crate::toolchain::file_identity)
+                .unwrap_or_else(|| rtc.name.clone()),
+            comgr: Comgr::load(),
+        };
 
         let stream = Arc::new(Stream::new(api.clone())?);
         let mem = Arc::new(MemShared::new(stream.clone(), pools));
-        let kernels = Kernels::load(&api, &rtc, &arch, warp)?;
+        let kernels = Kernels::load(&api, &rtc, &toolchain, &arch, warp)?;
         let blas = RocblasHandle::new(rocblas.clone(), stream.clone())?;
-        let lt = match &lt_api {
-            Some(l) => Some(Mutex::new(Lt::new(LtHandle::new(l.clone())?, &mem)?)),
-            None => None,
-        };
-        let fp8 = lt.is_some() && matches!(arch_base.as_str(), "gfx942" | "gfx950");
+        let lt = LazyLt::new(lt_api);
+        let fp8 = lt.api.is_some() && matches!(arch_base.as_str(), "gfx942" | "gfx950");
         let rtc_v = rtc
             .version()
             .map(|(a, b)| format!("{a}.{b}"))
             .unwrap_or_default();
+        let file_or = |file: &Option<std::path::PathBuf>, name: &str| {
+            file.as_ref()
+                .map_or(name.to_string(), |f| f.display().to_string())
+        };
         let details = vec![
             (
                 "runtime".to_string(),
-                format!("{} ({})", version_string(api.runtime_version()?), api.name),
+                format!(
+                    "{} ({})",
+                    version_string(runtime),
+                    file_or(&api.file, &api.name)
+                ),
             ),
             (
                 "driver".into(),
@@ -148,13 +167,23 @@ impl HipDevice {
             ("wavefront".into(), warp.to_string()),
             ("compute_units".into(), cus.to_string()),
             ("lds_per_block".into(), lds.to_string()),
-            ("hiprtc".into(), format!("{rtc_v} ({})", rtc.name)),
-            ("rocblas".into(), rocblas.name.clone()),
             (
-                "hipblaslt".into(),
-                lt_api
-                    .as_ref()
-                    .map_or("not found".into(), |l| l.name.clone()),
+                "hiprtc".into(),
+                format!(
+                    "{rtc_v} (hard-coded by ROCm; {})",
+                    file_or(&rtc.file, &rtc.name)
+                ),
+            ),
+            ("comgr".into(), toolchain.comgr_summary()),
+            (
+                "rocblas".into(),
+                format!(
+                    "{} ({}; atomics not allowed)",
+                    rocblas
+                        .version()
+                        .unwrap_or_else(|e| format!("version unknown: {e}")),
+                    file_or(&rocblas.file, &rocblas.name)
+                ),
             ),
             ("stream_ordered_alloc".into(), pools.to_string()),
         ];
@@ -174,6 +203,7 @@ impl HipDevice {
             kernels,
             blas: Mutex::new(blas),
             lt,
+            staging: Mutex::new(None),
             scratch: Mutex::new(None),
             mem,
             stream,
@@ -273,6 +303,22 @@ impl HipDevice {
         }
     }
 
+    /// Runs `f` on hipBLASLt, creating its handle on first use ([`LazyLt::with`]); when it is
+    /// unavailable, `Unsupported` for `op` on `dtype` naming the cause.
+    pub(crate) fn with_lt<R>(
+        &self,
+        op: &str,
+        dtype: DType,
+        f: impl FnOnce(&mut Lt) -> Result<R>,
+    ) -> Result<R> {
+        self.lt.with(
+            op,
+            dtype,
+            |api| Lt::create(api, &self.api, &self.mem, self.ordinal),
+            f,
+        )
+    }
+
     pub fn ordinal(&self) -> usize {
         self.ordinal as usize
     }
@@ -297,7 +343,13 @@ impl Device for HipDevice {
     }
 
     fn info(&self) -> DeviceInfo {
-        self.info.clone()
+        let mut info = self.info.clone();
+        // hipBLASLt is created lazily, so its line says what it is now.
+        info.details.insert(
+            info.details.len() - 1,
+            ("hipblaslt".into(), self.lt.describe()),
+        );
+        info
     }
 
     fn alloc(&self, dtype: DType, len: usize) -> Result<HipBuffer> {

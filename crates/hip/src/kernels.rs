@@ -3,18 +3,23 @@
 //!
 //! Cache: `$DUET_HIP_CACHE`, else `$XDG_CACHE_HOME/duet/hip`, else `~/.cache/duet/hip`; one
 //! code object per module, keyed by a hash of the module source, the shared header, the compile
-//! options (which hold the target ID and wavefront size) and the hiprtc version. A failed cache
-//! write only costs a recompile next time.
+//! options (which hold the target ID and wavefront size) and the compiler's identity
+//! ([`crate::toolchain::Toolchain`]: HIP runtime version, hiprtc and comgr library files, comgr
+//! version; not `hiprtcVersion`, which ROCm hard-codes). A failed cache write only costs a
+//! recompile next time; a cached code object that `hipModuleLoadData` refuses is deleted and
+//! rebuilt once ([`load_module`]).
 
+use crate::error::HipError;
 use crate::hip::result::HipApi;
 use crate::hip::safe::{Function, Module, Stream};
 use crate::hiprtc::result::RtcApi;
 use crate::hiprtc::safe::{CompileFailure, compile};
 use crate::memory::HipBuffer;
+use crate::toolchain::Toolchain;
 use duet_device::{DeviceError, Result};
 use std::collections::HashMap;
 use std::ffi::{CString, c_void};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 /// The shared device header every module includes as `"duet_hip.h"`.
@@ -120,21 +125,16 @@ pub fn fnv1a(parts: &[&[u8]]) -> u64 {
     h
 }
 
-/// The cache file name of a module's code object.
-pub fn cache_name(
-    module: KernelModule,
-    arch: &str,
-    rtc_version: (i32, i32),
-    opts: &[String],
-) -> String {
-    let v = format!("{}.{}", rtc_version.0, rtc_version.1);
+/// The cache file name of a module's code object. `toolchain` is
+/// [`crate::toolchain::Toolchain::fingerprint`].
+pub fn cache_name(module: KernelModule, arch: &str, toolchain: &str, opts: &[String]) -> String {
     let o = opts.join(" ");
     let key = fnv1a(&[
         module.source().as_bytes(),
         HEADER.as_bytes(),
         o.as_bytes(),
         arch.as_bytes(),
-        v.as_bytes(),
+        toolchain.as_bytes(),
     ]);
     let safe_arch: String = arch
         .chars()
@@ -159,24 +159,14 @@ pub fn cache_dir() -> Result<Option<PathBuf>> {
     Ok(std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/duet/hip")))
 }
 
-/// Compiles one module with hiprtc (or reads it from the cache).
-pub fn code_object(rtc: &RtcApi, module: KernelModule, arch: &str, warp: i32) -> Result<Vec<u8>> {
-    let opts = options(arch, warp);
-    let version = rtc.version().map_err(DeviceError::from)?;
-    let path = cache_dir()?.map(|d| d.join(cache_name(module, arch, version, &opts)));
-    if let Some(bytes) = path
-        .as_ref()
-        .and_then(|p| std::fs::read(p).ok())
-        .filter(|b| !b.is_empty())
-    {
-        return Ok(bytes);
-    }
-    let code = compile(
+/// Compiles one module with hiprtc (never from the cache).
+pub fn compile_module(rtc: &RtcApi, module: KernelModule, opts: &[String]) -> Result<Vec<u8>> {
+    compile(
         rtc,
         module.file(),
         module.source(),
         &[("duet_hip.h", HEADER)],
-        &opts,
+        opts,
     )
     .map_err(|e| match e {
         CompileFailure::Source(log) => DeviceError::Compile {
@@ -185,14 +175,63 @@ pub fn code_object(rtc: &RtcApi, module: KernelModule, arch: &str, warp: i32) ->
             log: format!("options: {}\n{log}", opts.join(" ")),
         },
         CompileFailure::Api(e) => e.into(),
-    })?;
-    if let Some(p) = path {
-        let tmp = p.with_extension(format!("tmp{}", std::process::id()));
-        let _ = std::fs::create_dir_all(p.parent().unwrap_or(&p))
-            .and_then(|_| std::fs::write(&tmp, &code))
-            .and_then(|_| std::fs::rename(&tmp, &p));
+    })
+}
+
+/// Writes `code` to `path` through a temporary file and a rename (a reader never sees half a
+/// file); a failure only costs a recompile next time.
+fn write_cache(path: &Path, code: &[u8]) {
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    let ok = std::fs::create_dir_all(path.parent().unwrap_or(path))
+        .and_then(|_| std::fs::write(&tmp, code))
+        .and_then(|_| std::fs::rename(&tmp, path));
+    if ok.is_err() {
+        let _ = std::fs::remove_file(&tmp);
     }
-    Ok(code)
+}
+
+/// Loads one module: from the cache file `cache` when it exists, else compiled (`compile`)
+/// and written there. When the runtime refuses a cached code object (`load` fails: a stale
+/// or corrupt file, or one from a compiler the key could not tell apart), the file is
+/// deleted, the module recompiled and loaded once more; a freshly compiled object that fails
+/// to load is an error naming the module and the target.
+pub fn load_module<T>(
+    module: KernelModule,
+    arch: &str,
+    cache: Option<&Path>,
+    compile: &mut dyn FnMut() -> Result<Vec<u8>>,
+    load: &mut dyn FnMut(&[u8]) -> std::result::Result<T, HipError>,
+) -> Result<T> {
+    let mut stale = None;
+    if let Some(path) = cache
+        && let Some(bytes) = std::fs::read(path).ok().filter(|b| !b.is_empty())
+    {
+        match load(&bytes) {
+            Ok(m) => return Ok(m),
+            Err(e) => {
+                // Never offer the refused file again, whatever happens next.
+                let _ = std::fs::remove_file(path);
+                stale = Some(e);
+            }
+        }
+    }
+    let code = compile()?;
+    if let Some(path) = cache {
+        write_cache(path, &code);
+    }
+    load(&code).map_err(|e| {
+        let before = stale.map_or(String::new(), |s| {
+            format!(" (the cached code object, now deleted, had failed too: {s})")
+        });
+        DeviceError::Driver {
+            backend: "hip",
+            call: "hipModuleLoadData".into(),
+            message: format!(
+                "kernel module {} freshly compiled for {arch} does not load: {e}{before}",
+                module.file()
+            ),
+        }
+    })
 }
 
 /// Loaded modules and a cache of looked-up kernels.
@@ -202,15 +241,30 @@ pub struct Kernels {
 }
 
 impl Kernels {
-    /// Compiles (or loads from the cache) and loads every module.
-    pub fn load(api: &Arc<HipApi>, rtc: &RtcApi, arch: &str, warp: i32) -> Result<Self> {
+    /// Compiles (or loads from the cache) and loads every module ([`load_module`]).
+    pub fn load(
+        api: &Arc<HipApi>,
+        rtc: &RtcApi,
+        toolchain: &Toolchain,
+        arch: &str,
+        warp: i32,
+    ) -> Result<Self> {
+        let opts = options(arch, warp);
+        let dir = cache_dir()?;
+        let fingerprint = toolchain.fingerprint();
         let mut modules = HashMap::new();
         for m in KernelModule::ALL {
-            let code = code_object(rtc, m, arch, warp)?;
-            modules.insert(
+            let path = dir
+                .as_ref()
+                .map(|d| d.join(cache_name(m, arch, &fingerprint, &opts)));
+            let module = load_module(
                 m,
-                Module::load(api.clone(), &code).map_err(DeviceError::from)?,
-            );
+                arch,
+                path.as_deref(),
+                &mut || compile_module(rtc, m, &opts),
+                &mut |code| Module::load(api.clone(), code),
+            )?;
+            modules.insert(m, module);
         }
         Ok(Self {
             funcs: Mutex::new(HashMap::new()),
@@ -427,29 +481,175 @@ mod tests {
     }
 
     #[test]
-    fn cache_key_depends_on_arch_options_and_version() {
+    fn cache_key_depends_on_arch_options_and_toolchain() {
         let o = options("gfx942:sramecc+:xnack-", 64);
         assert!(o.contains(&"--offload-arch=gfx942:sramecc+:xnack-".to_string()));
         assert!(o.contains(&"-DDUET_WARP=64".to_string()));
-        let a = cache_name(KernelModule::Reduce, "gfx942:sramecc+:xnack-", (7, 0), &o);
+        let tc = |runtime: i32, comgr: (usize, usize)| {
+            Toolchain {
+                runtime,
+                hiprtc: "/opt/rocm-6.4.3/lib/libhiprtc.so.6.4.43483:1000:1".into(),
+                comgr: Some(crate::toolchain::Comgr {
+                    version: comgr,
+                    file: "/opt/rocm-6.4.3/lib/libamd_comgr.so.2.9:2000:1".into(),
+                    path: "/opt/rocm-6.4.3/lib/libamd_comgr.so.2.9".into(),
+                }),
+            }
+            .fingerprint()
+        };
+        let arch = "gfx942:sramecc+:xnack-";
+        let a = cache_name(KernelModule::Reduce, arch, &tc(60_443_483, (2, 9)), &o);
         assert!(a.starts_with("reduce-gfx942-sramecc--xnack--"), "{a}");
+        let gfx90a = options("gfx90a", 64);
         assert_ne!(
             a,
             cache_name(
                 KernelModule::Reduce,
                 "gfx90a",
-                (7, 0),
-                &options("gfx90a", 64)
+                &tc(60_443_483, (2, 9)),
+                &gfx90a
             )
+        );
+        // ROCm 6.4.3 and 7.2.4 both answer hiprtcVersion 9.0; their runtime versions differ.
+        assert_ne!(
+            a,
+            cache_name(KernelModule::Reduce, arch, &tc(70_224_004, (2, 9)), &o)
+        );
+        // The same runtime with another comgr.
+        assert_ne!(
+            a,
+            cache_name(KernelModule::Reduce, arch, &tc(60_443_483, (3, 0)), &o)
         );
         assert_ne!(
             a,
-            cache_name(KernelModule::Reduce, "gfx942:sramecc+:xnack-", (6, 2), &o)
+            cache_name(
+                KernelModule::Reduce,
+                arch,
+                &tc(60_443_483, (2, 9)),
+                &options(arch, 32)
+            )
         );
         assert_eq!(
             a,
-            cache_name(KernelModule::Reduce, "gfx942:sramecc+:xnack-", (7, 0), &o)
+            cache_name(KernelModule::Reduce, arch, &tc(60_443_483, (2, 9)), &o)
         );
+    }
+
+    fn temp_cache(tag: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("duet-hip-cache-{}-{tag}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir.join("reduce-gfx942-0123456789abcdef.co")
+    }
+
+    fn refused(call: &'static str) -> HipError {
+        HipError::Runtime {
+            call,
+            code: 200,
+            message: "hipErrorInvalidImage: invalid kernel image".into(),
+        }
+    }
+
+    #[test]
+    fn a_refused_cached_code_object_is_deleted_and_rebuilt_once() {
+        let path = temp_cache("stale");
+        std::fs::write(&path, b"stale code object").unwrap();
+        let (mut compiles, mut loads) = (0, Vec::new());
+        let got = load_module(
+            KernelModule::Reduce,
+            "gfx942",
+            Some(&path),
+            &mut || {
+                compiles += 1;
+                Ok(b"fresh".to_vec())
+            },
+            &mut |code: &[u8]| {
+                loads.push(code.to_vec());
+                if code == b"fresh" {
+                    Ok(7)
+                } else {
+                    Err(refused("hipModuleLoadData"))
+                }
+            },
+        )
+        .unwrap();
+        assert_eq!(got, 7);
+        assert_eq!(compiles, 1);
+        assert_eq!(
+            loads,
+            vec![b"stale code object".to_vec(), b"fresh".to_vec()]
+        );
+        // The fresh object replaced the stale one in the cache.
+        assert_eq!(std::fs::read(&path).unwrap(), b"fresh");
+        // Next time it comes from the cache, with no compile.
+        let mut compiles = 0;
+        let got = load_module(
+            KernelModule::Reduce,
+            "gfx942",
+            Some(&path),
+            &mut || {
+                compiles += 1;
+                Ok(b"fresh".to_vec())
+            },
+            &mut |code: &[u8]| Ok(code.len()),
+        )
+        .unwrap();
+        assert_eq!((got, compiles), (5, 0));
+    }
+
+    #[test]
+    fn a_fresh_code_object_that_does_not_load_is_an_error_naming_the_module() {
+        let path = temp_cache("broken");
+        std::fs::write(&path, b"stale").unwrap();
+        let mut loads = 0;
+        let e = load_module::<()>(
+            KernelModule::Reduce,
+            "gfx942:sramecc+:xnack-",
+            Some(&path),
+            &mut || Ok(b"fresh".to_vec()),
+            &mut |_: &[u8]| {
+                loads += 1;
+                Err(refused("hipModuleLoadData"))
+            },
+        )
+        .unwrap_err();
+        assert_eq!(loads, 2, "one retry, no more");
+        let msg = e.to_string();
+        assert!(
+            msg.contains("reduce.hip") && msg.contains("gfx942:sramecc+:xnack-"),
+            "{msg}"
+        );
+        assert!(msg.contains("cached code object"), "{msg}");
+        // Without a cache: one compile, one load, the same kind of error.
+        let mut loads = 0;
+        let e = load_module::<()>(
+            KernelModule::Fp8,
+            "gfx950",
+            None,
+            &mut || Ok(b"fresh".to_vec()),
+            &mut |_: &[u8]| {
+                loads += 1;
+                Err(refused("hipModuleLoadData"))
+            },
+        )
+        .unwrap_err();
+        assert_eq!(loads, 1);
+        assert!(e.to_string().contains("fp8.hip"), "{e}");
+        // A compile error is passed through untouched.
+        let e = load_module::<()>(
+            KernelModule::Fp8,
+            "gfx950",
+            None,
+            &mut || {
+                Err(DeviceError::Compile {
+                    backend: "hip",
+                    module: "fp8.hip".into(),
+                    log: "boom".into(),
+                })
+            },
+            &mut |_: &[u8]| Ok(()),
+        )
+        .unwrap_err();
+        assert!(matches!(e, DeviceError::Compile { .. }), "{e}");
     }
 
     #[test]

@@ -9,6 +9,7 @@
 
 use libloading::Library;
 use std::path::PathBuf;
+use std::sync::Mutex;
 
 /// One ROCm library: its file stem and the soname versions this backend accepts.
 #[derive(Clone, Copy, Debug)]
@@ -68,6 +69,47 @@ pub fn candidates(spec: &LibSpec) -> Vec<String> {
     out
 }
 
+/// Libraries this process has opened, each held by one extra handle that is never dropped, so
+/// no ROCm library is ever unloaded (`dlclose`d to a reference count of zero) once opened.
+///
+/// Why: after a failed `hipInit` (no GPU, no driver) the ROCm 6.4 runtime, once unloaded, leaves
+/// thread-local destructors registered that point into the unmapped library; a later
+/// dlopen/dlclose elsewhere in the process then crashes at exit in `__call_tls_dtors` (SIGSEGV).
+/// ROCm 7.2 does not, but the backend must not depend on the version. Keeping the libraries
+/// mapped costs only their address space. A `static` is never dropped, so the handles in it are
+/// never closed; the handles given to callers may be dropped freely (`dlclose` then only lowers
+/// the count back to this one).
+static PINNED: Mutex<Vec<(String, Library)>> = Mutex::new(Vec::new());
+
+/// Opens `name` (a path or a soname for the dynamic loader) and pins it for the rest of the
+/// process ([`PINNED`]): the returned handle may be dropped, the library stays loaded. Every
+/// ROCm library the backend loads goes through here.
+pub fn open_pinned(name: &str) -> Result<Library, libloading::Error> {
+    // SAFETY: loading a ROCm library runs its initialisers, which have no preconditions on our
+    // side; symbols taken from the handle are used only while it (or the pinned one) lives,
+    // and the pinned one lives for the whole process.
+    let lib = unsafe { Library::new(name) }?;
+    let mut pinned = PINNED.lock().unwrap_or_else(|p| p.into_inner());
+    if !pinned.iter().any(|(n, _)| n == name) {
+        // SAFETY: as above; a second dlopen of an already loaded object only raises its
+        // reference count (the same object, no initialisers run again).
+        if let Ok(extra) = unsafe { Library::new(name) } {
+            pinned.push((name.to_string(), extra));
+        }
+    }
+    Ok(lib)
+}
+
+/// The names of every library pinned so far (in the order they were first opened).
+pub fn pinned_libraries() -> Vec<String> {
+    PINNED
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .map(|(n, _)| n.clone())
+        .collect()
+}
+
 /// A library that was opened, with the name it was opened by.
 pub struct Opened {
     pub lib: Library,
@@ -83,9 +125,7 @@ pub fn open(spec: &LibSpec) -> Result<Opened, Vec<String>> {
             tried.push(format!("{name} (not found)"));
             continue;
         }
-        // SAFETY: loading a ROCm library runs its initialisers, which have no preconditions on
-        // our side; the handle is kept alive for as long as any symbol from it is used.
-        match unsafe { Library::new(&name) } {
+        match open_pinned(&name) {
             Ok(lib) => return Ok(Opened { lib, name }),
             Err(e) => tried.push(format!("{name} ({e})")),
         }

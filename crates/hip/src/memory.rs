@@ -123,3 +123,208 @@ impl Drop for HipBuffer {
         }
     }
 }
+
+// ---------------------------------------------------------------------- pinned staging
+
+/// Bytes per staging chunk, and the number of chunks in the ring (the CUDA backend's sizes: a
+/// training step uploads three small buffers, tokens, targets and step scalars; eight chunks
+/// let the host queue the next two steps while the device still runs this one).
+pub(crate) const STAGE_BYTES: usize = 4 << 20;
+pub(crate) const STAGES: usize = 8;
+
+/// Page-locked host memory plus the event that marks the end of the last copy out of it.
+struct PinnedChunk {
+    api: Arc<crate::hip::result::HipApi>,
+    ptr: *mut u8,
+    event: crate::hip::result::HipEvent,
+    in_flight: bool,
+}
+
+// SAFETY: the chunk exclusively owns its page-locked allocation and its event; both are only
+// used through `&mut self` (behind the device's staging mutex), and HIP handles may be used
+// from any thread.
+unsafe impl Send for PinnedChunk {}
+
+impl PinnedChunk {
+    /// Blocks until no queued copy reads the chunk any more.
+    fn wait(&mut self) -> Result<(), crate::error::HipError> {
+        if self.in_flight {
+            // SAFETY: the event is live (owned) and was recorded after the chunk's last copy.
+            unsafe { self.api.event_synchronize(self.event) }?;
+            self.in_flight = false;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for PinnedChunk {
+    fn drop(&mut self) {
+        // Never free memory a queued copy may still read: when the wait fails the memory is
+        // leaked rather than freed under the DMA engine.
+        if self.wait().is_err() {
+            return;
+        }
+        // SAFETY: the event is live and owned; `ptr` came from hipHostMalloc, is freed exactly
+        // once here, and no copy reads it any more (waited above).
+        unsafe {
+            let _ = self.api.event_destroy(self.event);
+            let _ = self.api.host_free(self.ptr);
+        }
+    }
+}
+
+/// A ring of pinned (`hipHostMalloc`) buffers for asynchronous host→device uploads, as in the
+/// CUDA backend. An upload copies the host bytes into the next chunk (after waiting, through
+/// the chunk's event, for its previous copy to finish), queues `hipMemcpyAsync` from it and
+/// records the event: `upload_bytes` returns while the DMA runs, overlapping the queued
+/// kernels, and the caller's slice is free to reuse at once. A pageable source would make the
+/// runtime stage (and synchronise) the copy itself.
+pub(crate) struct Staging {
+    chunks: Vec<PinnedChunk>,
+    next: usize,
+}
+
+impl Staging {
+    pub(crate) fn new(
+        api: &Arc<crate::hip::result::HipApi>,
+    ) -> Result<Self, crate::error::HipError> {
+        let mut chunks = Vec::with_capacity(STAGES);
+        for _ in 0..STAGES {
+            let ptr = api.host_malloc(STAGE_BYTES)?;
+            let event = match api.event_create() {
+                Ok(e) => e,
+                Err(e) => {
+                    // SAFETY: freeing the allocation made just above, which nothing uses.
+                    let _ = unsafe { api.host_free(ptr) };
+                    return Err(e);
+                }
+            };
+            chunks.push(PinnedChunk {
+                api: api.clone(),
+                ptr,
+                event,
+                in_flight: false,
+            });
+        }
+        Ok(Self { chunks, next: 0 })
+    }
+
+    /// Queues the copy of `src` to the device address `dst` on `stream`.
+    ///
+    /// # Safety
+    /// `dst` must be device memory with room for `src.len()` bytes, live until the stream has
+    /// run the copy (stream-ordered frees guarantee that for device buffers), and `stream` a
+    /// live stream.
+    pub(crate) unsafe fn upload(
+        &mut self,
+        stream: crate::hip::sys::hipStream_t,
+        src: &[u8],
+        dst: *mut c_void,
+    ) -> Result<(), crate::error::HipError> {
+        let mut done = 0usize;
+        for piece in src.chunks(STAGE_BYTES) {
+            let idx = self.next;
+            self.next = (idx + 1) % self.chunks.len();
+            let chunk = &mut self.chunks[idx];
+            chunk.wait()?;
+            // SAFETY: the chunk holds STAGE_BYTES ≥ piece.len() bytes, no copy reads it any
+            // more (waited above), and `piece` is a separate host slice.
+            unsafe { std::ptr::copy_nonoverlapping(piece.as_ptr(), chunk.ptr, piece.len()) };
+            // SAFETY: `dst + done .. + piece.len()` lies inside the destination (the caller);
+            // the pinned source stays untouched until the event recorded next completes.
+            unsafe {
+                chunk.api.memcpy_async(
+                    dst.cast::<u8>().add(done).cast(),
+                    chunk.ptr.cast(),
+                    piece.len(),
+                    crate::hip::sys::hipMemcpyKind::hipMemcpyHostToDevice,
+                    stream,
+                )?;
+                chunk.api.event_record(chunk.event, stream)?;
+            }
+            chunk.in_flight = true;
+            done += piece.len();
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hip::result::{HipApi, required_symbols};
+
+    /// A fake HIP runtime whose copies really are asynchronous: `hipMemcpyAsync` only queues
+    /// (dst, src, n) and reads the source when the queue runs, at `hipEventSynchronize` of a
+    /// later-recorded event or at `fake_flush`. A staging chunk reused before its copy ran
+    /// would therefore corrupt the data.
+    const FAKE_HIP: &str = r#"
+#include <stdlib.h>
+#include <string.h>
+typedef struct { void* dst; const void* src; size_t n; } Copy;
+static Copy queue[4096]; static size_t queued = 0, ran = 0;
+static size_t marks[64]; static int events = 0, syncs = 0, frees = 0;
+static void run_to(size_t upto) { for (; ran < upto; ran++) memcpy(queue[ran].dst, queue[ran].src, queue[ran].n); }
+unsigned hipMemcpyAsync(void* d, const void* s, size_t n, unsigned k, void* st) {
+    (void)k; (void)st; queue[queued].dst = d; queue[queued].src = s; queue[queued].n = n; queued++; return 0;
+}
+unsigned hipHostMalloc(void** p, size_t n, unsigned f) { (void)f; *p = malloc(n); return *p ? 0 : 2; }
+unsigned hipHostFree(void* p) { free(p); frees++; return 0; }
+unsigned hipEventCreateWithFlags(void** e, unsigned f) { (void)f; *e = (void*)(size_t)(++events); return 0; }
+unsigned hipEventRecord(void* e, void* s) { (void)s; marks[(size_t)e] = queued; return 0; }
+unsigned hipEventSynchronize(void* e) { syncs++; run_to(marks[(size_t)e]); return 0; }
+unsigned hipEventDestroy(void* e) { (void)e; return 0; }
+int fake_pending(void) { return (int)(queued - ran); }
+int fake_syncs(void) { return syncs; }
+int fake_frees(void) { return frees; }
+void fake_flush(void) { run_to(queued); }
+"#;
+
+    #[test]
+    fn staged_uploads_never_reuse_a_chunk_before_its_copy_ran() {
+        let mut names = required_symbols();
+        names.extend(crate::hip::result::HOST_SYMBOLS);
+        let path = crate::test_support::fake_library("staging", FAKE_HIP, &names).expect("cc");
+        let name = path.to_string_lossy().into_owned();
+        let lib = crate::loader::open_pinned(&name).unwrap();
+        let api = Arc::new(HipApi::from_library(lib, &name).unwrap());
+        let call = |sym: &[u8]| {
+            let lib = crate::loader::open_pinned(&name).unwrap();
+            // SAFETY: `int f(void)` functions of the fake.
+            unsafe { (*lib.get::<unsafe extern "C" fn() -> i32>(sym).unwrap())() }
+        };
+        let mut staging = Staging::new(&api).unwrap();
+        // Two and a half trips round the ring.
+        let len = STAGES * STAGE_BYTES * 2 + STAGE_BYTES / 2 + 12_345;
+        let src: Vec<u8> = (0..len).map(|i| (i * 31 % 251) as u8).collect();
+        let mut dst = vec![0u8; len];
+        // SAFETY: `dst` has room for `src` and outlives the flush below; the fake ignores the
+        // stream.
+        unsafe { staging.upload(std::ptr::null_mut(), &src, dst.as_mut_ptr().cast()) }.unwrap();
+        assert!(
+            call(b"fake_pending\0") > 0,
+            "the upload returned before its copies ran"
+        );
+        assert!(
+            call(b"fake_syncs\0") > 0,
+            "the ring wrapped, so it waited on chunks"
+        );
+        // SAFETY: `void fake_flush(void)`.
+        unsafe {
+            let lib = crate::loader::open_pinned(&name).unwrap();
+            (*lib.get::<unsafe extern "C" fn()>(b"fake_flush\0").unwrap())();
+        }
+        assert!(
+            dst == src,
+            "a staging chunk was overwritten before its copy ran"
+        );
+        // A second upload reuses the ring; dropping it waits for in-flight chunks, then frees.
+        let small = vec![7u8; 1000];
+        let mut out = vec![0u8; 1000];
+        // SAFETY: as above.
+        unsafe { staging.upload(std::ptr::null_mut(), &small, out.as_mut_ptr().cast()) }.unwrap();
+        drop(staging);
+        assert_eq!(out, small, "drop waited for the copy");
+        assert_eq!(call(b"fake_frees\0"), STAGES as i32);
+    }
+}

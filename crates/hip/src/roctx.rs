@@ -40,9 +40,8 @@ impl Roctx {
             .map(String::from),
         );
         names.into_iter().find_map(|n| {
-            // SAFETY: loading a shared library runs its initialisers; roctx's only register
-            // its tracing hooks.
-            let lib = unsafe { libloading::Library::new(&n) }.ok()?;
+            // Pinned like every ROCm library (never unloaded, see `loader::open_pinned`).
+            let lib = crate::loader::open_pinned(&n).ok()?;
             // SAFETY: roctx.h: int roctxRangePushA(const char*), int roctxRangePop(void).
             let (push, pop) = unsafe {
                 (

@@ -21,13 +21,67 @@ const PROPS_BUF: usize = 4096;
 const ARCH_OFFSET_R0600: usize = 1160;
 const ARCH_OFFSET_R0000: usize = 396;
 
+/// Runtime functions declared by hand (not in the bindgen allowlist, which the CI owns): the
+/// pinned host memory and the events of the upload staging ring ([`crate::memory::Staging`]).
+/// Signatures from HIP `hip_runtime_api.h`, unchanged 5.2 → 6.x → 7.x; `hipEvent_t` is an
+/// opaque pointer, `hipHostMallocDefault` = 0, `hipEventDisableTiming` = 2.
+#[derive(Clone, Copy)]
+pub struct HostFns {
+    host_malloc: unsafe extern "C" fn(*mut *mut c_void, usize, u32) -> sys::hipError_t,
+    host_free: unsafe extern "C" fn(*mut c_void) -> sys::hipError_t,
+    event_create: unsafe extern "C" fn(*mut HipEvent, u32) -> sys::hipError_t,
+    event_record: unsafe extern "C" fn(HipEvent, sys::hipStream_t) -> sys::hipError_t,
+    event_synchronize: unsafe extern "C" fn(HipEvent) -> sys::hipError_t,
+    event_destroy: unsafe extern "C" fn(HipEvent) -> sys::hipError_t,
+}
+
+/// `hipEvent_t`.
+pub type HipEvent = *mut c_void;
+
+/// The hand-declared runtime symbols ([`HostFns`]), for the loader's check and the CI's list.
+pub const HOST_SYMBOLS: [&str; 6] = [
+    "hipHostMalloc",
+    "hipHostFree",
+    "hipEventCreateWithFlags",
+    "hipEventRecord",
+    "hipEventSynchronize",
+    "hipEventDestroy",
+];
+
+impl HostFns {
+    /// Resolves every [`HOST_SYMBOLS`] function from `lib`, or `None` when one is missing.
+    fn resolve(lib: &libloading::Library) -> Option<Self> {
+        macro_rules! get {
+            ($name:literal) => {
+                // SAFETY: the declared type is the function's signature in hip_runtime_api.h;
+                // the pointer is only called while the library is loaded (it is pinned for
+                // the process, `loader::open_pinned`, and also held by `HipLib`).
+                unsafe { *lib.get(concat!($name, "\0").as_bytes()).ok()? }
+            };
+        }
+        Some(Self {
+            host_malloc: get!("hipHostMalloc"),
+            host_free: get!("hipHostFree"),
+            event_create: get!("hipEventCreateWithFlags"),
+            event_record: get!("hipEventRecord"),
+            event_synchronize: get!("hipEventSynchronize"),
+            event_destroy: get!("hipEventDestroy"),
+        })
+    }
+}
+
 /// The loaded runtime.
 pub struct HipApi {
     lib: sys::HipLib,
     props_r0600: Option<PropsFn>,
     props_r0000: Option<PropsFn>,
+    /// `None` when the library lacks one of [`HOST_SYMBOLS`] (only a library opened through
+    /// [`HipApi::from_library`] can; [`HipApi::load`] refuses it).
+    host: Option<HostFns>,
     /// The name the library was opened by.
     pub name: String,
+    /// The file the library was mapped from (through `dladdr`), when known.
+    pub file: Option<std::path::PathBuf>,
 }
 
 impl HipApi {
@@ -41,6 +95,13 @@ impl HipApi {
             )
         })?;
         let api = Self::from_library(opened.lib, &opened.name)?;
+        if api.host.is_none() {
+            // Resolve again only to name what is missing.
+            let lib = loader::open_pinned(&opened.name).map_err(|e| {
+                crate::error::unavailable(format!("{}: {e}", opened.name), Vec::new())
+            })?;
+            loader::check_symbols(&lib, &opened.name, &HOST_SYMBOLS)?;
+        }
         let v = api.runtime_version()?;
         if v < 60_000_000 {
             return Err(crate::error::unavailable(
@@ -64,6 +125,8 @@ impl HipApi {
             // (moved into `HipLib` below, same mapping) is alive.
             unsafe { lib.get::<PropsFn>(sym) }.ok().map(|s| *s)
         };
+        let file = crate::toolchain::library_file(&lib, c"hipInit");
+        let host = HostFns::resolve(&lib);
         let props_r0600 = get(b"hipGetDevicePropertiesR0600\0");
         let props_r0000 = get(b"hipGetDeviceProperties\0");
         // SAFETY: every symbol of the generated table was checked above, so no field is an error
@@ -77,7 +140,9 @@ impl HipApi {
             lib,
             props_r0600,
             props_r0000,
+            host,
             name: name.to_string(),
+            file,
         })
     }
 
@@ -358,6 +423,68 @@ impl HipApi {
     pub unsafe fn module_unload(&self, m: sys::hipModule_t) -> Result<(), HipError> {
         // SAFETY: guaranteed by the caller.
         self.check("hipModuleUnload", unsafe { self.lib.hipModuleUnload(m) })
+    }
+
+    fn host_fns(&self, call: &'static str) -> Result<HostFns, HipError> {
+        self.host.ok_or_else(|| HipError::MissingSymbols {
+            library: self.name.clone(),
+            missing: vec![call.to_string()],
+        })
+    }
+
+    /// `bytes` of page-locked host memory (`hipHostMalloc`, default flags).
+    pub fn host_malloc(&self, bytes: usize) -> Result<*mut u8, HipError> {
+        let f = self.host_fns("hipHostMalloc")?;
+        let mut p = std::ptr::null_mut();
+        // SAFETY: writes one pointer; flags 0 = hipHostMallocDefault.
+        self.check("hipHostMalloc", unsafe {
+            (f.host_malloc)(&mut p, bytes, 0)
+        })?;
+        Ok(p.cast())
+    }
+
+    /// # Safety
+    /// `p` must come from [`Self::host_malloc`], not be freed twice, and no queued copy may
+    /// still read it.
+    pub unsafe fn host_free(&self, p: *mut u8) -> Result<(), HipError> {
+        let f = self.host_fns("hipHostFree")?;
+        // SAFETY: guaranteed by the caller.
+        self.check("hipHostFree", unsafe { (f.host_free)(p.cast()) })
+    }
+
+    /// An event without timing (`hipEventCreateWithFlags(hipEventDisableTiming)`).
+    pub fn event_create(&self) -> Result<HipEvent, HipError> {
+        let f = self.host_fns("hipEventCreateWithFlags")?;
+        let mut e = std::ptr::null_mut();
+        // SAFETY: writes one handle; 2 = hipEventDisableTiming.
+        self.check("hipEventCreateWithFlags", unsafe {
+            (f.event_create)(&mut e, sys::hipEventDisableTiming)
+        })?;
+        Ok(e)
+    }
+
+    /// # Safety
+    /// `e` and `s` must be live.
+    pub unsafe fn event_record(&self, e: HipEvent, s: sys::hipStream_t) -> Result<(), HipError> {
+        let f = self.host_fns("hipEventRecord")?;
+        // SAFETY: guaranteed by the caller.
+        self.check("hipEventRecord", unsafe { (f.event_record)(e, s) })
+    }
+
+    /// # Safety
+    /// `e` must be live.
+    pub unsafe fn event_synchronize(&self, e: HipEvent) -> Result<(), HipError> {
+        let f = self.host_fns("hipEventSynchronize")?;
+        // SAFETY: guaranteed by the caller.
+        self.check("hipEventSynchronize", unsafe { (f.event_synchronize)(e) })
+    }
+
+    /// # Safety
+    /// `e` must be live and not used afterwards.
+    pub unsafe fn event_destroy(&self, e: HipEvent) -> Result<(), HipError> {
+        let f = self.host_fns("hipEventDestroy")?;
+        // SAFETY: guaranteed by the caller.
+        self.check("hipEventDestroy", unsafe { (f.event_destroy)(e) })
     }
 
     /// # Safety

@@ -7,6 +7,10 @@ use crate::loader;
 pub struct LtApi {
     pub lib: HipblasLtLib,
     pub name: String,
+    /// The file the library was mapped from, when known (its name carries the full version).
+    pub file: Option<std::path::PathBuf>,
+    /// `hipblasLtGetVersion`, when exported (optional: only `duet info` needs it).
+    pub get_version: Option<sys::GetVersionFn>,
 }
 
 /// Turns a `hipblasStatus_t` into a `Result`.
@@ -25,10 +29,28 @@ impl LtApi {
             crate::error::unavailable("hipBLASLt (libhipblaslt) not found", tried)
         })?;
         // SAFETY: the declarations in `sys` match hipBLASLt 0.x/1.x (see its module docs).
-        let lib = unsafe { HipblasLtLib::load(opened.lib, &opened.name) }?;
+        Ok(unsafe { Self::from_library(opened.lib, &opened.name) }?)
+    }
+
+    /// The API over an opened library (`name` for messages), failing with the names of any
+    /// missing symbols.
+    ///
+    /// # Safety
+    /// `lib` must export each symbol of [`HipblasLtLib`] with the signature declared there.
+    pub unsafe fn from_library(lib: libloading::Library, name: &str) -> Result<Self, HipError> {
+        let file = crate::toolchain::library_file(&lib, c"hipblasLtCreate");
+        // SAFETY: the declared type is hipblasLtGetVersion's signature (hipblaslt.h); the
+        // library is pinned for the process, so the pointer stays valid.
+        let get_version = unsafe { lib.get::<sys::GetVersionFn>(b"hipblasLtGetVersion\0") }
+            .ok()
+            .map(|f| *f);
+        // SAFETY: guaranteed by the caller.
+        let lib = unsafe { HipblasLtLib::load(lib, name) }?;
         Ok(Self {
             lib,
-            name: opened.name,
+            name: name.to_string(),
+            file,
+            get_version,
         })
     }
 }

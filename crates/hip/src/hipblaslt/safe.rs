@@ -8,16 +8,21 @@ use std::sync::Arc;
 
 macro_rules! owned {
     ($name:ident, $raw:ty, $destroy:ident, $call:literal) => {
-        pub struct $name<'a> {
-            api: &'a LtApi,
+        /// Destroyed in `Drop`; holds the API so it can outlive the call that made it (the
+        /// FP8 plans keep their descriptors across calls).
+        pub struct $name {
+            api: Arc<LtApi>,
             pub raw: $raw,
         }
-        impl Drop for $name<'_> {
+        impl Drop for $name {
             fn drop(&mut self) {
                 // SAFETY: the object is live and owned by this guard.
                 let _ = check($call, unsafe { (self.api.lib.$destroy)(self.raw) });
             }
         }
+        // SAFETY: a descriptor is plain host data inside hipBLASLt; it is used only under the
+        // device's hipBLASLt mutex, one call at a time.
+        unsafe impl Send for $name {}
     };
 }
 owned!(
@@ -58,6 +63,26 @@ impl LtHandle {
         })?;
         Ok(Self { api, raw })
     }
+
+    /// `hipblasLtGetVersion`: major·100000 + minor·100 + patch (e.g. 100401 for 1.4.1).
+    pub fn version(&self) -> Result<i32, HipError> {
+        let f = self
+            .api
+            .get_version
+            .ok_or_else(|| HipError::MissingSymbols {
+                library: self.api.name.clone(),
+                missing: vec!["hipblasLtGetVersion".into()],
+            })?;
+        let mut v = 0;
+        // SAFETY: live handle; writes one int.
+        check("hipblasLtGetVersion", unsafe { f(self.raw, &mut v) })?;
+        Ok(v)
+    }
+}
+
+/// `major.minor.patch` of a [`LtHandle::version`] value.
+pub fn version_string(v: i32) -> String {
+    format!("{}.{}.{}", v / 100_000, (v / 100) % 1000, v % 100)
 }
 
 impl Drop for LtHandle {
@@ -68,13 +93,44 @@ impl Drop for LtHandle {
 }
 
 /// One column-major matrix operand: type, rows, cols, leading dimension, batch stride.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Operand {
     pub ty: sys::hipDataType,
     pub rows: u64,
     pub cols: u64,
     pub ld: i64,
     pub stride: i64,
+}
+
+/// Everything the descriptors and the algorithm of an FP8 matmul depend on: the operands'
+/// types and layouts, the transposes, the batch, whether C is read (beta ≠ 0) and how A and B
+/// are scaled. One [`Plan`] is built per key; the pointers (data, scales, workspace) change
+/// from call to call and are not part of it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PlanKey {
+    pub trans_a: bool,
+    pub trans_b: bool,
+    pub a: Operand,
+    pub b: Operand,
+    pub c: Operand,
+    pub batch: i32,
+    /// beta ≠ 0 (the heuristic may pick other kernels when C is read).
+    pub accumulate: bool,
+    /// `hipblasLtMatmulMatrixScale_t` of A and B: always one f32 scalar per matrix through a
+    /// device pointer ([`sys::HIPBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F`]) today.
+    pub scale_mode: u32,
+}
+
+/// The descriptors and the algorithm of one [`PlanKey`], built once ([`LtHandle::plan`]) and
+/// reused by every matmul of that shape ([`LtHandle::run`]).
+pub struct Plan {
+    desc: Desc,
+    a: Layout,
+    b: Layout,
+    c: Layout,
+    pub algo: sys::hipblasLtMatmulAlgo_t,
+    /// Workspace the algorithm needs (at most the workspace the plan was made for).
+    pub workspace_size: usize,
 }
 
 /// Device pointers of one FP8 matmul.
@@ -90,14 +146,14 @@ pub struct Fp8Ptrs {
 }
 
 impl LtHandle {
-    fn layout(&self, o: &Operand, batch: i32) -> Result<Layout<'_>, HipError> {
+    fn layout(&self, o: &Operand, batch: i32) -> Result<Layout, HipError> {
         let mut raw = std::ptr::null_mut();
         // SAFETY: writes one handle.
         check("hipblasLtMatrixLayoutCreate", unsafe {
             (self.api.lib.hipblasLtMatrixLayoutCreate)(&mut raw, o.ty, o.rows, o.cols, o.ld)
         })?;
         let l = Layout {
-            api: &self.api,
+            api: self.api.clone(),
             raw,
         };
         if batch > 1 {
@@ -126,26 +182,30 @@ impl LtHandle {
         Ok(l)
     }
 
-    /// `C = alpha · scaleA·scaleB · op(A) op(B) + beta C` (column-major), f32 compute. Returns
-    /// `Ok(false)` when hipBLASLt has no algorithm for the combination.
-    ///
-    /// # Safety
-    /// The pointers must be device memory covering every operand and batch described, the scales
-    /// one f32 each, the workspace `workspace_size` bytes, all valid until the stream gets there.
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn matmul(
+    fn set_desc(
         &self,
-        trans_a: bool,
-        trans_b: bool,
-        a: &Operand,
-        b: &Operand,
-        c: &Operand,
-        batch: i32,
-        alpha: f32,
-        beta: f32,
-        p: &Fp8Ptrs,
-        stream: crate::hip::sys::hipStream_t,
-    ) -> Result<bool, HipError> {
+        desc: &Desc,
+        attr: u32,
+        ptr: *const c_void,
+        size: usize,
+    ) -> Result<(), HipError> {
+        // SAFETY: live descriptor; every caller passes `ptr` to `size` bytes of the attribute's
+        // type.
+        check("hipblasLtMatmulDescSetAttribute", unsafe {
+            (self.api.lib.hipblasLtMatmulDescSetAttribute)(desc.raw, attr, ptr, size)
+        })
+    }
+
+    /// Builds the descriptors of `key` (f32 compute and scale type) and asks the heuristic for
+    /// one algorithm that fits in `workspace` bytes. `scales` are the device scale pointers of
+    /// A and B (non-null; only their presence matters here). `Ok(None)` when hipBLASLt has no
+    /// algorithm.
+    pub fn plan(
+        &self,
+        key: &PlanKey,
+        workspace: usize,
+        scales: (*const c_void, *const c_void),
+    ) -> Result<Option<Plan>, HipError> {
         let lib = &self.api.lib;
         let mut raw = std::ptr::null_mut();
         // SAFETY: writes one handle.
@@ -153,7 +213,7 @@ impl LtHandle {
             (lib.hipblasLtMatmulDescCreate)(&mut raw, sys::HIPBLAS_COMPUTE_32F, sys::HIP_R_32F)
         })?;
         let desc = Desc {
-            api: &self.api,
+            api: self.api.clone(),
             raw,
         };
         let op = |t: bool| {
@@ -163,37 +223,37 @@ impl LtHandle {
                 sys::HIPBLAS_OP_N
             }
         };
-        let (ta, tb) = (op(trans_a), op(trans_b));
-        let set = |attr: u32, ptr: *const c_void, size: usize| {
-            // SAFETY: live descriptor; `ptr` points to `size` bytes of the attribute's type.
-            check("hipblasLtMatmulDescSetAttribute", unsafe {
-                (lib.hipblasLtMatmulDescSetAttribute)(desc.raw, attr, ptr, size)
-            })
-        };
-        set(
+        let (ta, tb) = (op(key.trans_a), op(key.trans_b));
+        self.set_desc(
+            &desc,
             sys::HIPBLASLT_MATMUL_DESC_TRANSA,
             (&ta as *const i32).cast(),
             4,
         )?;
-        set(
+        self.set_desc(
+            &desc,
             sys::HIPBLASLT_MATMUL_DESC_TRANSB,
             (&tb as *const i32).cast(),
             4,
         )?;
-        set(
-            sys::HIPBLASLT_MATMUL_DESC_A_SCALE_POINTER,
-            (&p.a_scale as *const *const c_void).cast(),
-            size_of::<*const c_void>(),
-        )?;
-        set(
-            sys::HIPBLASLT_MATMUL_DESC_B_SCALE_POINTER,
-            (&p.b_scale as *const *const c_void).cast(),
-            size_of::<*const c_void>(),
-        )?;
+        // The heuristic must see that A and B are scaled (hipBLASLt picks kernels with scale
+        // support only for non-null scale pointers): this call's pointers, which it does not
+        // read; every `run` sets its own.
+        for (attr, ptr) in [
+            (sys::HIPBLASLT_MATMUL_DESC_A_SCALE_POINTER, scales.0),
+            (sys::HIPBLASLT_MATMUL_DESC_B_SCALE_POINTER, scales.1),
+        ] {
+            self.set_desc(
+                &desc,
+                attr,
+                (&ptr as *const *const c_void).cast(),
+                size_of::<*const c_void>(),
+            )?;
+        }
         let (la, lb, lc) = (
-            self.layout(a, batch)?,
-            self.layout(b, batch)?,
-            self.layout(c, batch)?,
+            self.layout(&key.a, key.batch)?,
+            self.layout(&key.b, key.batch)?,
+            self.layout(&key.c, key.batch)?,
         );
         let mut raw = std::ptr::null_mut();
         // SAFETY: writes one handle.
@@ -201,10 +261,10 @@ impl LtHandle {
             (lib.hipblasLtMatmulPreferenceCreate)(&mut raw)
         })?;
         let pref = Pref {
-            api: &self.api,
+            api: self.api.clone(),
             raw,
         };
-        let ws = p.workspace_size as u64;
+        let ws = workspace as u64;
         // SAFETY: live preference; uint64 attribute.
         check("hipblasLtMatmulPreferenceSetAttribute", unsafe {
             (lib.hipblasLtMatmulPreferenceSetAttribute)(
@@ -231,30 +291,67 @@ impl LtHandle {
                 &mut count,
             )
         })?;
-        if count < 1 || result.workspace_size > p.workspace_size {
-            return Ok(false);
+        if count < 1 || result.workspace_size > workspace {
+            return Ok(None);
         }
+        Ok(Some(Plan {
+            desc,
+            a: la,
+            b: lb,
+            c: lc,
+            algo: result.algo,
+            workspace_size: result.workspace_size,
+        }))
+    }
+
+    /// `C = alpha · scaleA·scaleB · op(A) op(B) + beta C` (column-major) with a plan made by
+    /// [`Self::plan`] on this handle: sets this call's scale pointers on the plan's descriptor
+    /// and enqueues the matmul.
+    ///
+    /// # Safety
+    /// The plan must describe the operands `p` points to; the pointers must be device memory
+    /// covering every operand and batch described, the scales one f32 each, the workspace
+    /// `workspace_size` bytes (at least the plan's), all valid until the stream gets there.
+    pub unsafe fn run(
+        &self,
+        plan: &Plan,
+        alpha: f32,
+        beta: f32,
+        p: &Fp8Ptrs,
+        stream: crate::hip::sys::hipStream_t,
+    ) -> Result<(), HipError> {
+        self.set_desc(
+            &plan.desc,
+            sys::HIPBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+            (&p.a_scale as *const *const c_void).cast(),
+            size_of::<*const c_void>(),
+        )?;
+        self.set_desc(
+            &plan.desc,
+            sys::HIPBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+            (&p.b_scale as *const *const c_void).cast(),
+            size_of::<*const c_void>(),
+        )?;
         // SAFETY: guaranteed by the caller; alpha/beta are host f32 (default pointer mode).
         check("hipblasLtMatmul", unsafe {
-            (lib.hipblasLtMatmul)(
+            (self.api.lib.hipblasLtMatmul)(
                 self.raw,
-                desc.raw,
+                plan.desc.raw,
                 (&alpha as *const f32).cast(),
                 p.a,
-                la.raw,
+                plan.a.raw,
                 p.b,
-                lb.raw,
+                plan.b.raw,
                 (&beta as *const f32).cast(),
                 p.c,
-                lc.raw,
+                plan.c.raw,
                 p.c,
-                lc.raw,
-                &result.algo,
+                plan.c.raw,
+                &plan.algo,
                 p.workspace,
                 p.workspace_size,
                 stream,
             )
-        })?;
-        Ok(true)
+        })
     }
 }

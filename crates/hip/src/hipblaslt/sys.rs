@@ -38,6 +38,8 @@ pub const HIPBLASLT_MATMUL_DESC_TRANSA: u32 = 0;
 pub const HIPBLASLT_MATMUL_DESC_TRANSB: u32 = 1;
 pub const HIPBLASLT_MATMUL_DESC_A_SCALE_POINTER: u32 = 5;
 pub const HIPBLASLT_MATMUL_DESC_B_SCALE_POINTER: u32 = 6;
+/// `hipblasLtMatmulMatrixScale_t` (7.x): one f32 scalar per matrix, the only mode 6.x has.
+pub const HIPBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F: u32 = 0;
 // hipblasLtMatrixLayoutAttribute_t
 pub const HIPBLASLT_MATRIX_LAYOUT_BATCH_COUNT: u32 = 0;
 pub const HIPBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET: u32 = 1;
@@ -62,6 +64,10 @@ pub struct hipblasLtMatmulHeuristicResult_t {
     pub waves_count: f32,
     pub reserved: [i32; 4],
 }
+
+/// `hipblasStatus_t hipblasLtGetVersion(hipblasLtHandle_t, int*)`: resolved optionally (only
+/// `duet info` uses it), outside the required table.
+pub type GetVersionFn = unsafe extern "C" fn(hipblasLtHandle_t, *mut i32) -> hipblasStatus_t;
 
 dyn_api! {
     /// The hipBLASLt functions the backend calls.

@@ -13,6 +13,9 @@ pub fn required_symbols() -> Vec<&'static str> {
 pub struct RtcApi {
     lib: sys::HiprtcLib,
     pub name: String,
+    /// The file the library was mapped from (through `dladdr`), when known: part of the
+    /// kernel cache key ([`crate::toolchain`]).
+    pub file: Option<std::path::PathBuf>,
 }
 
 impl RtcApi {
@@ -26,6 +29,7 @@ impl RtcApi {
 
     pub fn from_library(lib: libloading::Library, name: &str) -> Result<Self, HipError> {
         loader::check_symbols(&lib, name, &required_symbols())?;
+        let file = crate::toolchain::library_file(&lib, c"hiprtcCompileProgram");
         // SAFETY: every symbol was checked above, so no generated method can hit its `expect`.
         let lib =
             unsafe { sys::HiprtcLib::from_library(lib) }.map_err(|e| HipError::MissingSymbols {
@@ -35,6 +39,7 @@ impl RtcApi {
         Ok(Self {
             lib,
             name: name.to_string(),
+            file,
         })
     }
 

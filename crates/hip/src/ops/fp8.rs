@@ -58,22 +58,19 @@ impl HipDevice {
         if desc.batch == 0 || desc.m == 0 || desc.n == 0 {
             return Ok(());
         }
-        let lt = self.lt.as_ref().ok_or_else(|| {
-            unsupported("gemm_fp8 (needs hipBLASLt, which was not found)", a.dtype())
-        })?;
-        let lt = lt
-            .lock()
-            .map_err(|_| DeviceError::InvalidArgument("hipBLASLt lock poisoned".into()))?;
+        blas::fp8_check(&self.arch_base, a.dtype(), c.dtype())?;
         let scales = (scale_inv.ptr_at(a_slot), scale_inv.ptr_at(b_slot));
-        blas::gemm_fp8(
-            &lt,
-            &self.arch_base,
-            self.stream.raw(),
-            desc,
-            a,
-            b,
-            c,
-            Some(scales),
-        )
+        self.with_lt("gemm_fp8", a.dtype(), |lt| {
+            blas::gemm_fp8(
+                lt,
+                &self.arch_base,
+                self.stream.raw(),
+                desc,
+                a,
+                b,
+                c,
+                Some(scales),
+            )
+        })
     }
 }

@@ -18,13 +18,10 @@ impl HipDevice {
             return Ok(());
         }
         if a.dtype().is_fp8() {
-            let lt = self.lt.as_ref().ok_or_else(|| {
-                unsupported("gemm (fp8 needs hipBLASLt, which was not found)", a.dtype())
-            })?;
-            let lt = lt
-                .lock()
-                .map_err(|_| DeviceError::InvalidArgument("hipBLASLt lock poisoned".into()))?;
-            return blas::gemm_fp8(&lt, &self.arch_base, self.stream.raw(), desc, a, b, c, None);
+            blas::fp8_check(&self.arch_base, a.dtype(), c.dtype())?;
+            return self.with_lt("gemm (fp8)", a.dtype(), |lt| {
+                blas::gemm_fp8(lt, &self.arch_base, self.stream.raw(), desc, a, b, c, None)
+            });
         }
         let h = self
             .blas

@@ -36,18 +36,17 @@ impl HipDevice {
         if src.is_empty() {
             return Ok(());
         }
-        // SAFETY: the destination range was checked; the host slice stays borrowed until the
-        // stream synchronize below, so the pageable source is not freed mid-copy.
-        unsafe {
-            self.api.memcpy_async(
-                dst.ptr_at(offset),
-                src.as_ptr().cast(),
-                src.len(),
-                sys::hipMemcpyKind::hipMemcpyHostToDevice,
-                self.stream.raw(),
-            )?;
+        let mut staging = self
+            .staging
+            .lock()
+            .map_err(|_| DeviceError::InvalidArgument("staging lock poisoned".into()))?;
+        if staging.is_none() {
+            *staging = Some(crate::memory::Staging::new(&self.api)?);
         }
-        self.stream.synchronize()?;
+        let staging = staging.as_mut().expect("initialised above");
+        // SAFETY: the destination range was checked (validate_upload) and the buffer's free is
+        // stream-ordered after the copy; the stream is the device's own.
+        unsafe { staging.upload(self.stream.raw(), src, dst.ptr_at(offset)) }?;
         Ok(())
     }
 

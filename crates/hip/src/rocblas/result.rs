@@ -7,6 +7,8 @@ use crate::loader;
 pub struct RocblasApi {
     pub lib: RocblasLib,
     pub name: String,
+    /// The file the library was mapped from, when known.
+    pub file: Option<std::path::PathBuf>,
 }
 
 fn check(call: &'static str, status: sys::rocblas_status) -> Result<(), HipError> {
@@ -40,10 +42,22 @@ impl RocblasApi {
             crate::error::unavailable("rocBLAS (librocblas, ROCm 6/7) not found", tried)
         })?;
         // SAFETY: the declarations in `sys` match rocBLAS 4.x/5.x (see its module docs).
-        let lib = unsafe { RocblasLib::load(opened.lib, &opened.name) }?;
+        Ok(unsafe { Self::from_library(opened.lib, &opened.name) }?)
+    }
+
+    /// The API over an opened library (`name` for messages), failing with the names of any
+    /// missing symbols.
+    ///
+    /// # Safety
+    /// `lib` must export each symbol of [`RocblasLib`] with the signature declared there.
+    pub unsafe fn from_library(lib: libloading::Library, name: &str) -> Result<Self, HipError> {
+        let file = crate::toolchain::library_file(&lib, c"rocblas_create_handle");
+        // SAFETY: guaranteed by the caller.
+        let lib = unsafe { RocblasLib::load(lib, name) }?;
         Ok(Self {
             lib,
-            name: opened.name,
+            name: name.to_string(),
+            file,
         })
     }
 
@@ -63,6 +77,49 @@ impl RocblasApi {
         check("rocblas_destroy_handle", unsafe {
             (self.lib.rocblas_destroy_handle)(h)
         })
+    }
+
+    /// Forbids atomics on `h` (`rocblas_set_atomics_mode(h, rocblas_atomics_not_allowed)`) and
+    /// reads the mode back: without this, rocBLAS 4.x (ROCm 6) may pick split-K GEMM kernels
+    /// that accumulate with atomics, so two runs of a weight-gradient GEMM differ in the last
+    /// bits. An error (rather than a silently non-reproducible backend) when either call fails
+    /// or the mode did not stick.
+    ///
+    /// # Safety
+    /// `h` must be live.
+    pub unsafe fn forbid_atomics(&self, h: sys::rocblas_handle) -> Result<(), HipError> {
+        // SAFETY: guaranteed by the caller; the mode is a plain enum value.
+        check("rocblas_set_atomics_mode", unsafe {
+            (self.lib.rocblas_set_atomics_mode)(h, sys::rocblas_atomics_not_allowed)
+        })?;
+        let mut mode = sys::rocblas_atomics_allowed;
+        // SAFETY: guaranteed by the caller; writes one enum value.
+        check("rocblas_get_atomics_mode", unsafe {
+            (self.lib.rocblas_get_atomics_mode)(h, &mut mode)
+        })?;
+        if mode != sys::rocblas_atomics_not_allowed {
+            return Err(HipError::Rocblas {
+                call: "rocblas_set_atomics_mode (mode read back is still atomics_allowed)",
+                status: sys::rocblas_status_invalid_value,
+            });
+        }
+        Ok(())
+    }
+
+    /// rocBLAS's version string (`rocblas_get_version_string`, e.g. `4.4.0.f9b6d1a4`).
+    pub fn version(&self) -> Result<String, HipError> {
+        let mut len = 0usize;
+        // SAFETY: writes one size_t.
+        check("rocblas_get_version_string_size", unsafe {
+            (self.lib.rocblas_get_version_string_size)(&mut len)
+        })?;
+        let mut buf = vec![0u8; len.clamp(1, 4096)];
+        // SAFETY: the buffer holds `buf.len()` bytes, which rocBLAS writes at most (NUL included).
+        check("rocblas_get_version_string", unsafe {
+            (self.lib.rocblas_get_version_string)(buf.as_mut_ptr().cast(), buf.len())
+        })?;
+        let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+        Ok(String::from_utf8_lossy(&buf[..end]).into_owned())
     }
 
     /// # Safety

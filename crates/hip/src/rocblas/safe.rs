@@ -1,4 +1,5 @@
-//! A rocBLAS handle bound to the device's stream, destroyed in `Drop`.
+//! A rocBLAS handle bound to the device's stream, with atomics forbidden (reproducible GEMMs),
+//! destroyed in `Drop`.
 
 use super::result::RocblasApi;
 use super::sys;
@@ -27,6 +28,9 @@ impl RocblasHandle {
         };
         // SAFETY: both handles are live.
         unsafe { h.api.set_stream(h.raw, stream.raw()) }?;
+        // Bit-wise reproducible GEMMs on every ROCm version (see `forbid_atomics`).
+        // SAFETY: the handle is live.
+        unsafe { h.api.forbid_atomics(h.raw) }?;
         Ok(h)
     }
 }

@@ -18,6 +18,7 @@ pub type rocblas_int = i32;
 pub type rocblas_stride = i64;
 
 pub const rocblas_status_success: rocblas_status = 0;
+pub const rocblas_status_invalid_value: rocblas_status = 11;
 pub const rocblas_operation_none: rocblas_operation = 111;
 pub const rocblas_operation_transpose: rocblas_operation = 112;
 pub const rocblas_datatype_f16_r: rocblas_datatype = 150;
@@ -26,6 +27,13 @@ pub const rocblas_datatype_bf16_r: rocblas_datatype = 168;
 pub const rocblas_gemm_algo_standard: rocblas_gemm_algo = 0;
 /// `rocblas_gemm_flags_none`.
 pub const rocblas_gemm_flags_none: u32 = 0;
+/// `rocblas_atomics_mode` (`rocblas-types.h`): `rocblas_atomics_not_allowed = 0`,
+/// `rocblas_atomics_allowed = 1`. rocBLAS 4.x (ROCm 6) defaults to allowed, which lets Tensile
+/// pick split-K kernels that accumulate with atomics (not bit-wise reproducible); rocBLAS 5.x
+/// (ROCm 7) defaults to not allowed. duet sets it explicitly on every handle.
+pub type rocblas_atomics_mode = u32;
+pub const rocblas_atomics_not_allowed: rocblas_atomics_mode = 0;
+pub const rocblas_atomics_allowed: rocblas_atomics_mode = 1;
 
 dyn_api! {
     /// The rocBLAS functions the backend calls.
@@ -33,6 +41,16 @@ dyn_api! {
         pub fn rocblas_create_handle(handle: *mut rocblas_handle) -> rocblas_status;
         pub fn rocblas_destroy_handle(handle: rocblas_handle) -> rocblas_status;
         pub fn rocblas_set_stream(handle: rocblas_handle, stream: hipStream_t) -> rocblas_status;
+        pub fn rocblas_set_atomics_mode(
+            handle: rocblas_handle,
+            mode: rocblas_atomics_mode,
+        ) -> rocblas_status;
+        pub fn rocblas_get_atomics_mode(
+            handle: rocblas_handle,
+            mode: *mut rocblas_atomics_mode,
+        ) -> rocblas_status;
+        pub fn rocblas_get_version_string_size(len: *mut usize) -> rocblas_status;
+        pub fn rocblas_get_version_string(buf: *mut std::ffi::c_char, len: usize) -> rocblas_status;
         pub fn rocblas_gemm_strided_batched_ex(
             handle: rocblas_handle,
             trans_a: rocblas_operation,

@@ -99,3 +99,39 @@ fn a_pre_change_bf16_checkpoint_resumes_exactly() {
 fn a_pre_change_fp8_checkpoint_resumes_exactly() {
     resumes_exactly("fp8");
 }
+
+/// A `config.toml` written before the configuration groups existed (the flat `[train]` table)
+/// still configures a new run: the run's trace header holds the same configuration as the
+/// uninterrupted pre-change run's (apart from the step count given here).
+#[test]
+fn a_pre_change_config_toml_still_configures_a_run() {
+    for precision in ["bf16", "fp8"] {
+        let src = fixtures().join(precision);
+        let trace = tmp(&format!("pre-split-config-{precision}.jsonl"));
+        assert_success(&duet(&[
+            "train",
+            "--config",
+            src.join("config.toml").to_str().unwrap(),
+            "--steps",
+            "1",
+            "--threads",
+            "2",
+            "--log-every",
+            "0",
+            "--trace",
+            trace.to_str().unwrap(),
+        ]));
+        let header = |p: &Path| -> serde_json::Value {
+            let text = std::fs::read_to_string(p).unwrap();
+            let mut v: serde_json::Value =
+                serde_json::from_str(text.lines().next().unwrap()).unwrap();
+            v["config"]["train"]["steps"] = serde_json::Value::Null;
+            v["config"].take()
+        };
+        assert_eq!(
+            header(&trace),
+            header(&src.join("expected.jsonl")),
+            "{precision}: the configuration read from the pre-change config.toml"
+        );
+    }
+}

@@ -177,6 +177,7 @@ check_version() {
   $SUDO mount -t proc proc "$root/proc" && mounted+=("$root/proc")
   $SUDO cp "$TD/release/examples/rocm_check" "$TD/release/duet" "$root/opt/duet/"
 
+  local ts=$SECONDS
   # 1. kernels: one process per target (ROCm 6.4's hiprtc aborts on a target it does not know).
   local arch out rc
   for arch in $ARCHS; do
@@ -192,11 +193,12 @@ check_version() {
     fi
   done
 
+  echo "[$v] time: kernels $((SECONDS - ts)) s"; ts=$SECONDS
   # 2a. symbols, through duet's loader and tables.
   out=$(in_root /opt/duet/rocm_check symbols 2>&1); rc=$?
   echo "$out" | sed "s/^/[$v] /"
   [ $rc -eq 0 ] || fail "ROCm $v: symbols (exit $rc)"
-  grep -q '^SKIP' <<<"$out" && skip "ROCm $v: $(grep '^SKIP' <<<"$out" | cut -d: -f1 | tr '\n' ' ')"
+  grep -q '^SKIP' <<<"$out" && skip "ROCm $v: symbols not checked: $(grep '^SKIP' <<<"$out" | cut -d: -f1 | sed 's/^SKIP //' | tr '\n' ' ')"
   # 2b. constants and layouts against the headers.
   in_root /opt/duet/rocm_check layout >"$CACHE/layout-$v.txt"
   if python3 scripts/rocm/probe.py --include "$hdr/usr/include" --layout "$CACHE/layout-$v.txt" \
@@ -204,6 +206,7 @@ check_version() {
     fail "ROCm $v: constants/layouts differ from the headers"
   fi
 
+  echo "[$v] time: symbols + constants $((SECONDS - ts)) s"; ts=$SECONDS
   # 3. bindings from this version's headers.
   local bdiff="$CACHE/bindgen-$v.diff"
   ROCM_PATH="$hdr/usr" bash scripts/hip/bindgen.sh --check >"$bdiff" 2>&1
@@ -217,6 +220,7 @@ check_version() {
     grep -E '^[-+][^-+]' "$bdiff" | sed "s/^/[$v]   /" | head -60
   fi
 
+  echo "[$v] time: bindgen $((SECONDS - ts)) s"; ts=$SECONDS
   # 4. the duet binary with the root's libraries and no GPU.
   local o
   o=$(in_root /opt/duet/duet info 2>&1); rc=$?
@@ -231,6 +235,7 @@ check_version() {
       || ! grep -qi 'hip' <<<"$o"; then
     fail "ROCm $v: duet train --backend hip did not end with a clean error (exit $rc)"
   fi
+  echo "[$v] time: duet info/train $((SECONDS - ts)) s"
   $SUDO umount -l "$root/proc"
 }
 

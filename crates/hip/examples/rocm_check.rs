@@ -248,7 +248,9 @@ fn unbundle(code: &[u8]) -> Result<&[u8], String> {
         let id = code.get(p + 24..p + 24 + idlen).ok_or("truncated bundle")?;
         p += 24 + idlen;
         if id.windows(6).any(|w| w == b"amdgcn") && size > 0 {
-            return code.get(off..off + size).ok_or("truncated bundle entry".into());
+            return code
+                .get(off..off + size)
+                .ok_or("truncated bundle entry".into());
         }
     }
     Err("no amdgcn entry in the offload bundle".into())
@@ -324,7 +326,8 @@ fn msgpack(b: &[u8], p: usize) -> Result<(Mp, usize), String> {
         Ok(s.iter().fold(0u64, |v, &x| (v << 8) | x as u64))
     };
     let bytes = |off: usize, n: usize| -> Result<&[u8], String> {
-        b.get(off..off + n).ok_or_else(|| "truncated msgpack".to_string())
+        b.get(off..off + n)
+            .ok_or_else(|| "truncated msgpack".to_string())
     };
     let str_at = |off: usize, n: usize| -> Result<(Mp, usize), String> {
         Ok((
@@ -408,18 +411,43 @@ fn cmd_symbols() -> Result<bool, String> {
     let rtc = duet_hip::hiprtc::result::required_symbols();
     // (library, the table's name, its symbols, required)
     let tables: Vec<(&loader::LibSpec, &str, Vec<&str>, bool)> = vec![
-        (&loader::AMDHIP64, "hip runtime (hip_functions.txt)", hip_rt, true),
+        (
+            &loader::AMDHIP64,
+            "hip runtime (hip_functions.txt)",
+            hip_rt,
+            true,
+        ),
         (
             &loader::AMDHIP64,
             "device properties (optional entry points)",
             vec!["hipGetDevicePropertiesR0600", "hipGetDeviceProperties"],
             false,
         ),
-        (&loader::AMDHIP64, "rccl's HipSyncLib", HipSyncLib::SYMBOLS.to_vec(), true),
+        (
+            &loader::AMDHIP64,
+            "rccl's HipSyncLib",
+            HipSyncLib::SYMBOLS.to_vec(),
+            true,
+        ),
         (&loader::HIPRTC, "hiprtc (hiprtc_functions.txt)", rtc, true),
-        (&loader::ROCBLAS, "RocblasLib", RocblasLib::SYMBOLS.to_vec(), true),
-        (&loader::HIPBLASLT, "HipblasLtLib", HipblasLtLib::SYMBOLS.to_vec(), true),
-        (&duet_hip::rccl::RCCL, "RcclLib", RcclLib::SYMBOLS.to_vec(), true),
+        (
+            &loader::ROCBLAS,
+            "RocblasLib",
+            RocblasLib::SYMBOLS.to_vec(),
+            true,
+        ),
+        (
+            &loader::HIPBLASLT,
+            "HipblasLtLib",
+            HipblasLtLib::SYMBOLS.to_vec(),
+            true,
+        ),
+        (
+            &duet_hip::rccl::RCCL,
+            "RcclLib",
+            RcclLib::SYMBOLS.to_vec(),
+            true,
+        ),
     ];
     let mut ok = true;
     for (spec, table, names, required) in tables {
@@ -438,7 +466,11 @@ fn cmd_symbols() -> Result<bool, String> {
         let path = opened.name.clone();
         let missing = loader::missing_symbols(&opened.lib, &names);
         if missing.is_empty() {
-            println!("ok {} [{table}]: {} symbols resolve in {path}", spec.stem, names.len());
+            println!(
+                "ok {} [{table}]: {} symbols resolve in {path}",
+                spec.stem,
+                names.len()
+            );
         } else if required {
             println!(
                 "MISSING {} [{table}] in {path}: {}",
@@ -469,7 +501,10 @@ fn cmd_layout() -> Result<bool, String> {
     use std::mem::{offset_of, size_of};
     type H = hipblasLtMatmulHeuristicResult_t;
     let rows: [(&str, usize); 8] = [
-        ("sizeof(hipblasLtMatmulAlgo_t)", size_of::<hipblasLtMatmulAlgo_t>()),
+        (
+            "sizeof(hipblasLtMatmulAlgo_t)",
+            size_of::<hipblasLtMatmulAlgo_t>(),
+        ),
         (
             "offsetof(hipblasLtMatmulAlgo_t,max_workspace_bytes)",
             offset_of!(hipblasLtMatmulAlgo_t, max_workspace_bytes),
@@ -479,12 +514,18 @@ fn cmd_layout() -> Result<bool, String> {
             "offsetof(hipblasLtMatmulHeuristicResult_t,workspaceSize)",
             offset_of!(H, workspace_size),
         ),
-        ("offsetof(hipblasLtMatmulHeuristicResult_t,state)", offset_of!(H, state)),
+        (
+            "offsetof(hipblasLtMatmulHeuristicResult_t,state)",
+            offset_of!(H, state),
+        ),
         (
             "offsetof(hipblasLtMatmulHeuristicResult_t,wavesCount)",
             offset_of!(H, waves_count),
         ),
-        ("offsetof(hipblasLtMatmulHeuristicResult_t,reserved)", offset_of!(H, reserved)),
+        (
+            "offsetof(hipblasLtMatmulHeuristicResult_t,reserved)",
+            offset_of!(H, reserved),
+        ),
         ("sizeof(ncclUniqueId)", size_of::<NcclUniqueId>()),
     ];
     for (n, v) in rows {

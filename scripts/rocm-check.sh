@@ -81,7 +81,7 @@ skip() { echo "SKIP: $*"; SKIPS+=("$*"); }
 need=()
 command -v debootstrap >/dev/null || need+=(debootstrap)
 command -v g++ >/dev/null || need+=(g++)
-[ -e /usr/lib/llvm-14/lib/libclang.so ] || ls /usr/lib/x86_64-linux-gnu/libclang*.so* >/dev/null 2>&1 || need+=(libclang-dev)
+dpkg -s libclang-dev >/dev/null 2>&1 || need+=(libclang-dev)  # bindgen: libclang + its headers
 if [ ${#need[@]} -gt 0 ]; then
   $SUDO apt-get update -qq && $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi

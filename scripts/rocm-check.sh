@@ -181,7 +181,8 @@ check_version() {
   # 1. kernels: one process per target (ROCm 6.4's hiprtc aborts on a target it does not know).
   local arch out rc
   for arch in $ARCHS; do
-    out=$(in_root /opt/duet/rocm_check compile "$arch" 2>&1)
+    # AMD_COMGR_CACHE=0: comgr (ROCm 6.4+/7) keeps its own cache of compiles under ~/.cache.
+    out=$(in_root env AMD_COMGR_CACHE=0 /opt/duet/rocm_check compile "$arch" 2>&1)
     rc=$?
     echo "$out" | sed "s/^/[$v] /"
     if [ $rc -eq 0 ]; then

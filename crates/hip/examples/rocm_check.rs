@@ -8,7 +8,7 @@
 //! ```
 //!
 //! - `compile`: every `kernels-hip` module through duet's own hiprtc path
-//!   ([`duet_hip::kernels::code_object`], libhiprtc found by [`duet_hip::loader`], so
+//!   ([`duet_hip::kernels::compile_module`] with [`duet_hip::kernels::options`], libhiprtc found by [`duet_hip::loader`], so
 //!   `ROCM_PATH` or the dynamic loader's path), for each target ID given, with the kernel cache
 //!   pointed at an empty folder. Prints one line per kernel with the registers and memory its code
 //!   object's AMDGPU metadata note records (`amdhsa.kernels`: `.vgpr_count`, `.agpr_count`,
@@ -29,7 +29,7 @@
 
 use duet_hip::hiprtc::result::RtcApi;
 use duet_hip::hiprtc::safe::{CompileFailure, compile};
-use duet_hip::kernels::{KernelModule, code_object};
+use duet_hip::kernels::{KernelModule, compile_module, options};
 use duet_hip::loader;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -113,7 +113,7 @@ fn cmd_compile(args: &[String]) -> Result<bool, String> {
         println!("probe-ok {arch}");
         for m in KernelModule::ALL {
             let t0 = std::time::Instant::now();
-            let code = match code_object(&rtc, m, arch, 64) {
+            let code = match compile_module(&rtc, m, &options(arch, 64)) {
                 Ok(c) => c,
                 Err(e) => {
                     println!("FAIL {arch} {}: {e}", m.file());

@@ -587,11 +587,19 @@ int main(int argc, char** argv) {
     const std::string dir = argc > 1 ? argv[1] : "kernels-cuda";
     CHECK(hipSetDevice(0));
     CHECK(hipFree(nullptr));  // the primary context, shared with the driver API below
-    hipDeviceProp_t prop;
-    CHECK(hipGetDeviceProperties(&prop, 0));
-    const int cc = prop.major * 10 + prop.minor;
-    printf("device %s (sm_%d); HIP kernels: DUET_WARP=%d, nvcc; CUDA kernels: NVRTC --std=c++17 sm_%d\n",
-           prop.name, cc, DUET_WARP, cc);
+    // The CUDA runtime and driver directly (HIP's property wrappers may be pruned for CUDA 13).
+    int major = 9, minor = 0;
+    char dev_name[256] = "?";
+#if defined(__HIP_PLATFORM_NVIDIA__)
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0);
+    CUdevice dev;
+    CU(cuDeviceGet(&dev, 0));
+    CU(cuDeviceGetName(dev_name, sizeof dev_name, dev));
+#endif
+    const int cc = major * 10 + minor;
+    printf("device %s (sm_%d); HIP kernels: DUET_WARP=%d, nvcc --fmad=false; CUDA kernels: NVRTC --std=c++17 sm_%d\n",
+           dev_name, cc, DUET_WARP, cc);
     load_cuda_modules(dir, cc);
     build_cases();
     int identical = 0, differs = 0;

@@ -37,7 +37,11 @@ pub(crate) fn rows_grid(op: &'static str, rows: usize) -> Result<(u32, u32, u32)
 /// of [`BLOCK`] threads (softmax, LayerNorm; CUDA's one warp per row), or
 /// [`crate::kernels::too_large`].
 pub(crate) fn group_rows_grid(op: &'static str, rows: usize) -> Result<(u32, u32, u32)> {
-    Ok((grid_dim(op, rows.div_ceil(BLOCK as usize / 32).max(1))?, 1, 1))
+    Ok((
+        grid_dim(op, rows.div_ceil(BLOCK as usize / 32).max(1))?,
+        1,
+        1,
+    ))
 }
 
 pub(crate) fn unsupported(op: &str, dtype: DType) -> DeviceError {

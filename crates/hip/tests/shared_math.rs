@@ -35,12 +35,27 @@ fn the_two_copies_are_identical() {
     }
     // Every primitive the block uses is defined on both sides.
     for p in [
-        "duet_fadd", "duet_fsub", "duet_fmul", "duet_fdiv", "duet_fma", "duet_fsqrt", "duet_dadd",
-        "duet_dsub", "duet_dmul", "duet_ddiv", "duet_d2u", "duet_u2d", "duet_f2u", "duet_u2f",
+        "duet_fadd",
+        "duet_fsub",
+        "duet_fmul",
+        "duet_fdiv",
+        "duet_fma",
+        "duet_fsqrt",
+        "duet_dadd",
+        "duet_dsub",
+        "duet_dmul",
+        "duet_ddiv",
+        "duet_d2u",
+        "duet_u2d",
+        "duet_f2u",
+        "duet_u2f",
     ] {
         for (side, src) in [("common.cuh", CUDA), ("duet_hip.h", HIP)] {
             let before = &src[..src.find(BEGIN).unwrap()];
-            assert!(before.contains(&format!(" {p}(")), "{p} is not defined before the block in {side}");
+            assert!(
+                before.contains(&format!(" {p}(")),
+                "{p} is not defined before the block in {side}"
+            );
         }
     }
 }
@@ -55,7 +70,15 @@ fn code(src: &str) -> String {
 
 #[test]
 fn no_vendor_math_where_the_vendors_differ() {
-    let banned = ["expf(", "logf(", "tanhf(", "__expf(", "__logf(", "__fdividef(", "__fsqrt_rn("];
+    let banned = [
+        "expf(",
+        "logf(",
+        "tanhf(",
+        "__expf(",
+        "__logf(",
+        "__fdividef(",
+        "__fsqrt_rn(",
+    ];
     let hip: Vec<(&str, &str)> = duet_hip::kernels::KernelModule::ALL
         .iter()
         .map(|m| (m.file(), m.source()))
@@ -69,10 +92,22 @@ fn no_vendor_math_where_the_vendors_differ() {
     }
     // The CUDA kernels that have HIP counterparts.
     for (name, src) in [
-        ("softmax.cu", include_str!("../../../kernels-cuda/softmax.cu")),
-        ("cross_entropy.cu", include_str!("../../../kernels-cuda/cross_entropy.cu")),
-        ("elementwise.cu", include_str!("../../../kernels-cuda/elementwise.cu")),
-        ("layernorm.cu", include_str!("../../../kernels-cuda/layernorm.cu")),
+        (
+            "softmax.cu",
+            include_str!("../../../kernels-cuda/softmax.cu"),
+        ),
+        (
+            "cross_entropy.cu",
+            include_str!("../../../kernels-cuda/cross_entropy.cu"),
+        ),
+        (
+            "elementwise.cu",
+            include_str!("../../../kernels-cuda/elementwise.cu"),
+        ),
+        (
+            "layernorm.cu",
+            include_str!("../../../kernels-cuda/layernorm.cu"),
+        ),
         ("common.cuh", CUDA),
     ] {
         let c = code(src);
@@ -115,7 +150,9 @@ fn cpu_exp_f32(x: f32) -> f32 {
 #[test]
 fn the_copied_exp_is_still_the_cpu_one() {
     let cpu = include_str!("../../cpu/src/ops/math.rs");
-    let start = cpu.find("pub(crate) fn exp_f32").expect("exp_f32 in the CPU backend");
+    let start = cpu
+        .find("pub(crate) fn exp_f32")
+        .expect("exp_f32 in the CPU backend");
     let body = &cpu[start..start + cpu[start..].find("\n}\n").unwrap()];
     let ours = include_str!("shared_math.rs");
     let ours = &ours[ours.find("fn cpu_exp_f32").unwrap()..];
@@ -169,12 +206,15 @@ fn run_host(main_body: &str, tag: &str) -> Option<String> {
     assert!(ok, "{cxx} failed on the shared math block");
     let out = std::process::Command::new(&exe).output().ok()?;
     let _ = std::fs::remove_dir_all(&dir);
-    Some(String::from_utf8(out.stdout).ok()?)
+    String::from_utf8(out.stdout).ok()
 }
 
 /// A C++ loop running `stmt` with `x` (the bits of an f32) over `xs`.
 fn over(xs: &[f32], stmt: &str) -> String {
-    let list: Vec<String> = xs.iter().map(|x| format!("0x{:08x}u", x.to_bits())).collect();
+    let list: Vec<String> = xs
+        .iter()
+        .map(|x| format!("0x{:08x}u", x.to_bits()))
+        .collect();
     format!(
         "static const unsigned xs[] = {{{}}};\nfor (unsigned x : xs) {{ {stmt} }}",
         list.join(",")
@@ -182,7 +222,9 @@ fn over(xs: &[f32], stmt: &str) -> String {
 }
 
 fn sweep() -> Vec<f32> {
-    let mut xs = vec![0.0, -0.0, 1.0, -1.0, 88.0, 88.5, 88.72, 88.73, -87.0, -87.33, -87.34, 100.0, -100.0];
+    let mut xs = vec![
+        0.0, -0.0, 1.0, -1.0, 88.0, 88.5, 88.72, 88.73, -87.0, -87.33, -87.34, 100.0, -100.0,
+    ];
     let mut x = -90.0f32;
     while x < 90.0 {
         xs.push(x);
@@ -195,7 +237,10 @@ fn sweep() -> Vec<f32> {
 #[test]
 fn shared_exp_is_the_cpu_exp_bit_for_bit() {
     let xs = sweep();
-    let lines = over(&xs, "printf(\"%08x\\n\", duet_f2u(duet_exp_f32(duet_u2f(x))));");
+    let lines = over(
+        &xs,
+        "printf(\"%08x\\n\", duet_f2u(duet_exp_f32(duet_u2f(x))));",
+    );
     let Some(out) = run_host(&lines, "exp") else {
         eprintln!("no C++ compiler: skipped");
         return;
@@ -213,7 +258,16 @@ fn shared_exp_is_the_cpu_exp_bit_for_bit() {
 
 #[test]
 fn shared_log_is_within_one_ulp_and_follows_logf_at_the_edges() {
-    let mut xs: Vec<f32> = vec![1.0, 2.0, 0.5, 1e-45, 1e-40, 1.17549435e-38, 3.4e38, f32::MAX];
+    let mut xs: Vec<f32> = vec![
+        1.0,
+        2.0,
+        0.5,
+        1e-45,
+        1e-40,
+        f32::MIN_POSITIVE,
+        3.4e38,
+        f32::MAX,
+    ];
     let mut x = 1e-6f32;
     while x < 1e7 {
         xs.push(x);
@@ -221,7 +275,10 @@ fn shared_log_is_within_one_ulp_and_follows_logf_at_the_edges() {
     }
     let specials = [0.0f32, -0.0, -1.0, f32::INFINITY, f32::NAN];
     xs.extend(specials);
-    let lines = over(&xs, "printf(\"%08x\\n\", duet_f2u(duet_log_f32(duet_u2f(x))));");
+    let lines = over(
+        &xs,
+        "printf(\"%08x\\n\", duet_f2u(duet_log_f32(duet_u2f(x))));",
+    );
     let Some(out) = run_host(&lines, "log") else {
         eprintln!("no C++ compiler: skipped");
         return;
@@ -233,7 +290,10 @@ fn shared_log_is_within_one_ulp_and_follows_logf_at_the_edges() {
         let want = (*x as f64).ln();
         if !x.is_finite() || *x <= 0.0 {
             let w = x.ln();
-            assert!(got == w || (got.is_nan() && w.is_nan()), "ln({x}) = {got}, want {w}");
+            assert!(
+                got == w || (got.is_nan() && w.is_nan()),
+                "ln({x}) = {got}, want {w}"
+            );
             continue;
         }
         total += 1;
@@ -242,9 +302,15 @@ fn shared_log_is_within_one_ulp_and_follows_logf_at_the_edges() {
             exact += 1;
         }
         let ulp = (w32.abs().max(f32::MIN_POSITIVE) as f64) * f32::EPSILON as f64;
-        assert!((got as f64 - want).abs() <= ulp, "ln({x}) = {got}, want {want}");
+        assert!(
+            (got as f64 - want).abs() <= ulp,
+            "ln({x}) = {got}, want {want}"
+        );
     }
-    assert!(exact * 1000 >= total * 999, "{exact} of {total} correctly rounded");
+    assert!(
+        exact * 1000 >= total * 999,
+        "{exact} of {total} correctly rounded"
+    );
 }
 
 #[test]
@@ -261,13 +327,21 @@ fn shared_gelu_is_close_to_the_cpu_formula() {
     };
     let sigmoid = |x: f32| 1.0 / (1.0 + cpu_exp_f32(-x));
     for (x, l) in xs.iter().zip(out.lines()) {
-        let mut it = l.split(' ').map(|w| f32::from_bits(u32::from_str_radix(w, 16).unwrap()));
+        let mut it = l
+            .split(' ')
+            .map(|w| f32::from_bits(u32::from_str_radix(w, 16).unwrap()));
         let (g, d) = (it.next().unwrap(), it.next().unwrap());
         let u = 0.797_884_6f32 * (x + 0.044_715 * x * x * x);
         let s = sigmoid(2.0 * u);
         let want_g = x * s;
         let want_d = s + 2.0 * x * s * (1.0 - s) * 0.797_884_6 * (1.0 + 3.0 * 0.044_715 * x * x);
-        assert!((g - want_g).abs() <= 1e-6 + 1e-5 * want_g.abs(), "gelu({x}) = {g}, cpu {want_g}");
-        assert!((d - want_d).abs() <= 1e-5 + 1e-4 * want_d.abs(), "gelu'({x}) = {d}, cpu {want_d}");
+        assert!(
+            (g - want_g).abs() <= 1e-6 + 1e-5 * want_g.abs(),
+            "gelu({x}) = {g}, cpu {want_g}"
+        );
+        assert!(
+            (d - want_d).abs() <= 1e-5 + 1e-4 * want_d.abs(),
+            "gelu'({x}) = {d}, cpu {want_d}"
+        );
     }
 }

@@ -44,7 +44,13 @@ fn block_sum_groups<T: Copy + Add<Output = T> + Default>(v: &[T], wave: usize) -
     let ng = v.len() / 32;
     let sh: Vec<T> = (0..ng).map(|k| g[k * 32]).collect();
     let second: Vec<T> = (0..v.len())
-        .map(|i| if i % 32 < ng { sh[i % 32] } else { T::default() })
+        .map(|i| {
+            if i % 32 < ng {
+                sh[i % 32]
+            } else {
+                T::default()
+            }
+        })
         .collect();
     butterfly(second, 32, wave)
 }
@@ -55,7 +61,13 @@ fn cuda_block_sum<T: Copy + Add<Output = T> + Default>(v: &[T]) -> Vec<T> {
     let nw = v.len() / 32;
     let sh: Vec<T> = (0..nw).map(|k| w[k * 32]).collect();
     let second: Vec<T> = (0..v.len())
-        .map(|i| if i % 32 < nw { sh[i % 32] } else { T::default() })
+        .map(|i| {
+            if i % 32 < nw {
+                sh[i % 32]
+            } else {
+                T::default()
+            }
+        })
         .collect();
     butterfly(second, 32, 32)
 }
@@ -72,7 +84,9 @@ fn inputs(seed: u64, n: usize) -> Vec<f32> {
     let mut s = seed;
     (0..n)
         .map(|_| {
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             let m = ((s >> 40) as f32 / (1u64 << 24) as f32) - 0.5;
             let e = ((s >> 20) % 24) as i32 - 12;
             m * 2f32.powi(e)
@@ -101,8 +115,14 @@ fn group_order_is_the_same_on_wave32_and_wave64_and_equals_cuda() {
     // The same in f64 (sum_squares): the emulation is generic over the element type.
     for seed in 0..50u64 {
         let v: Vec<f64> = inputs(seed, 256).iter().map(|&x| x as f64 * 1e-3).collect();
-        let a: Vec<u64> = block_sum_groups(&v, 32).iter().map(|x| x.to_bits()).collect();
-        let b: Vec<u64> = block_sum_groups(&v, 64).iter().map(|x| x.to_bits()).collect();
+        let a: Vec<u64> = block_sum_groups(&v, 32)
+            .iter()
+            .map(|x| x.to_bits())
+            .collect();
+        let b: Vec<u64> = block_sum_groups(&v, 64)
+            .iter()
+            .map(|x| x.to_bits())
+            .collect();
         let c: Vec<u64> = cuda_block_sum(&v).iter().map(|x| x.to_bits()).collect();
         assert_eq!(a, b);
         assert_eq!(a, c);
@@ -128,18 +148,35 @@ fn the_kernels_reduce_in_32_lane_groups() {
     // combine the group sums through the same butterfly, whatever DUET_WARP is.
     let h = include_str!("../../../kernels-hip/duet_hip.h");
     assert!(h.contains("#define DUET_GROUP 32"));
-    for f in ["duet_warp_sum(float", "duet_warp_max(float", "duet_warp_sum_f64(double"] {
+    for f in [
+        "duet_warp_sum(float",
+        "duet_warp_max(float",
+        "duet_warp_sum_f64(double",
+    ] {
         let body = &h[h.find(f).unwrap_or_else(|| panic!("{f} missing"))..];
         let body = &body[..body.find('}').unwrap()];
-        assert!(body.contains("for (int o = 16; o > 0; o >>= 1)"), "{f}: {body}");
+        assert!(
+            body.contains("for (int o = 16; o > 0; o >>= 1)"),
+            "{f}: {body}"
+        );
         assert!(body.contains("__shfl_xor(v, o, DUET_GROUP)"), "{f}: {body}");
     }
-    for f in ["duet_block_sum(float", "duet_block_max(float", "duet_block_sum_f64(double"] {
+    for f in [
+        "duet_block_sum(float",
+        "duet_block_max(float",
+        "duet_block_sum_f64(double",
+    ] {
         let body = &h[h.find(f).unwrap_or_else(|| panic!("{f} missing"))..];
         let body = &body[..body.find("\n}").unwrap()];
-        assert!(body.contains("threadIdx.x & 31, g = threadIdx.x >> 5, ng = blockDim.x >> 5"), "{f}");
+        assert!(
+            body.contains("threadIdx.x & 31, g = threadIdx.x >> 5, ng = blockDim.x >> 5"),
+            "{f}"
+        );
         assert!(body.contains("lane < ng ? sh[lane] :"), "{f}");
-        assert!(!body.contains("DUET_WARP"), "{f} depends on the wavefront size");
+        assert!(
+            !body.contains("DUET_WARP"),
+            "{f} depends on the wavefront size"
+        );
     }
     // No kernel reduces over a wavefront-sized butterfly any more.
     for (name, src) in duet_hip::kernels::KernelModule::ALL
@@ -147,7 +184,10 @@ fn the_kernels_reduce_in_32_lane_groups() {
         .map(|m| (m.file(), m.source()))
         .chain([("duet_hip.h", h)])
     {
-        let code: String = src.lines().filter(|l| !l.trim_start().starts_with("//")).collect();
+        let code: String = src
+            .lines()
+            .filter(|l| !l.trim_start().starts_with("//"))
+            .collect();
         assert!(!code.contains("DUET_WARP / 2"), "{name}");
         assert!(!code.contains("% DUET_WARP"), "{name}");
     }

@@ -24,8 +24,9 @@
 // Fallback (rows too wide for the fast path): the row kernels right below use one warp per row
 // (8 rows per 256-thread block) reading global memory for every pass; dgamma/dbeta are computed
 // in two passes (layernorm_dparams_partial here, colsum_finish in reduce.cu) with a partition
-// fixed by the shape. Their roundings are explicit (the contractions NVRTC's fmad made of the
-// plain expressions), so kernels-hip/layernorm.hip, written the same way, gives the same bits.
+// fixed by the shape. Their roundings are explicit (the operations NVRTC's PTX had for the plain
+// expressions, FMAs where it contracted), so kernels-hip/layernorm.hip, written the same way,
+// gives the same bits.
 #include "common.cuh"
 
 template <typename A, typename P>
@@ -94,7 +95,7 @@ __device__ __forceinline__ void layernorm_backward_dx_body(const A* __restrict__
     for (int j = lane; j < c; j += 32) {
         const float xh = __fmul_rn(__fsub_rn(to_f32(x[base + j]), mu), rs);
         const float dn = __fmul_rn(to_f32(dout[base + j]), to_f32(gamma[j]));
-        const float t = __fmaf_rn(-xh, m2, __fsub_rn(dn, m1));
+        const float t = __fsub_rn(__fsub_rn(dn, m1), __fmul_rn(xh, m2));
         dx[base + j] = from_f32<A>(__fmaf_rn(t, rs, to_f32(dx[base + j])));
     }
 }

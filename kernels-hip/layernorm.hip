@@ -60,7 +60,7 @@ DUET_FOR_ACT_AND_WIDE(DUET_LN_FWD)
         for (int j = lane; j < c; j += 32) {                                                      \
             const float xh = duet_fmul(duet_fsub(duet_ld(x, base + j), mu), rs);                  \
             const float dn = duet_fmul(duet_ld(dout, base + j), duet_ld(gamma, j));               \
-            const float t = duet_fma(-xh, m2, duet_fsub(dn, m1));                                 \
+            const float t = duet_fsub(duet_fsub(dn, m1), duet_fmul(xh, m2));                                 \
             duet_st(dx, base + j, duet_fma(t, rs, duet_ld(dx, base + j)));                        \
         }                                                                                         \
     }

@@ -395,57 +395,130 @@ __device__ __forceinline__ void store_dt(u64 base, u64 i, int dt, float x) {
         ((f16_t*)base)[i] = from_f32<f16_t>(x);
 }
 
-// ------------------------------------------------------------------ GELU (tanh approximation)
-// gelu(x) = 0.5·x·(1 + tanh(u)) = x·σ(2u), u = √(2/π)·(x + 0.044715·x³): the sigmoid form with
-// the hardware exponential and reciprocal (__expf, __fdividef; relative error about 2⁻²¹, far
-// below bf16/f16 rounding) instead of tanhf, which made the GELU kernels compute-bound. Every
-// step is an explicit intrinsic, so each kernel that inlines these (gelu_forward/backward, the
-// fused FP8 quantisations) computes the same bits. The CPU reference computes the same formula
-// with its own e^x: the backends agree to rounding, not bit for bit.
+// ------------------------------------------------------------------ shared math
+// The explicitly rounded operations the block below is written with (kernels-hip/duet_hip.h
+// defines the same names for AMD): CUDA's _rn intrinsics, which the compiler never contracts.
+#define DUET_SFN __device__ __forceinline__
+DUET_SFN float duet_fadd(float a, float b) { return __fadd_rn(a, b); }
+DUET_SFN float duet_fsub(float a, float b) { return __fsub_rn(a, b); }
+DUET_SFN float duet_fmul(float a, float b) { return __fmul_rn(a, b); }
+DUET_SFN float duet_fdiv(float a, float b) { return __fdiv_rn(a, b); }
+DUET_SFN float duet_fma(float a, float b, float c) { return __fmaf_rn(a, b, c); }
+DUET_SFN float duet_fsqrt(float a) { return __fsqrt_rn(a); }
+DUET_SFN double duet_dadd(double a, double b) { return __dadd_rn(a, b); }
+DUET_SFN double duet_dsub(double a, double b) { return __dsub_rn(a, b); }
+DUET_SFN double duet_dmul(double a, double b) { return __dmul_rn(a, b); }
+DUET_SFN double duet_ddiv(double a, double b) { return __ddiv_rn(a, b); }
+DUET_SFN double duet_dfma(double a, double b, double c) { return __fma_rn(a, b, c); }
+DUET_SFN unsigned duet_f2u(float x) { return __float_as_uint(x); }
+DUET_SFN float duet_u2f(unsigned x) { return __uint_as_float(x); }
+DUET_SFN unsigned long long duet_d2u(double x) { return (unsigned long long)__double_as_longlong(x); }
+DUET_SFN double duet_u2d(unsigned long long x) { return __longlong_as_double((long long)x); }
+
+// >>> duet shared math >>>
+// This block is text-identical in kernels-cuda/common.cuh and kernels-hip/duet_hip.h
+// (crates/hip/tests/shared_math.rs checks it), so both vendors compute these functions with the
+// same operations in the same order. Every rounding is explicit (duet_fadd, duet_fmul, duet_fma,
+// ... are the _rn intrinsics on CUDA and plain IEEE operations compiled without contraction on
+// AMD), no vendor math library is called, so the results are bit-identical on both.
+
+// e^x in f32: the CPU reference's exp_f32 (crates/cpu/src/ops/math.rs, Cephes expf polynomial)
+// operation for operation, so it also gives the CPU's bits (Rust does not contract a·b + c).
+DUET_SFN float duet_exp_f32(float x) {
+    const float xc = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+    const float t = duet_fadd(duet_fmul(xc, 1.44269502f), 12582912.0f);
+    const float n = duet_fsub(t, 12582912.0f);
+    const unsigned n_int = duet_f2u(t) - duet_f2u(12582912.0f);
+    const float r = duet_fsub(duet_fsub(xc, duet_fmul(n, 0.693359375f)), duet_fmul(n, -2.12194440e-4f));
+    float p = 1.9875691e-4f;
+    p = duet_fadd(duet_fmul(p, r), 1.3981999e-3f);
+    p = duet_fadd(duet_fmul(p, r), 8.333452e-3f);
+    p = duet_fadd(duet_fmul(p, r), 4.1665796e-2f);
+    p = duet_fadd(duet_fmul(p, r), 1.6666665e-1f);
+    p = duet_fadd(duet_fmul(p, r), 0.5f);
+    const float y = duet_fadd(duet_fadd(duet_fmul(duet_fmul(p, r), r), r), 1.0f);
+    const float v = duet_fmul(y, duet_u2f((n_int + 127u) << 23));
+    return x > 88.72f ? duet_u2f(0x7f800000u) : (x < -87.33f ? 0.0f : v);
+}
+
+// ln(x) in f32 for the cross-entropy loss: x = m·2^e with m in [√½, √2), ln m = 2·atanh(s),
+// s = (m − 1)/(m + 1), |s| < 0.172, by its series to s^25 in f64 (truncation below 2^-60), then
+// + e·ln 2 and one rounding to f32. Correctly rounded for all but a few inputs. x <= 0, inf and
+// NaN follow logf: -inf for ±0, NaN below 0 and for NaN, +inf for +inf.
+DUET_SFN float duet_log_f32(float x) {
+    const unsigned u = duet_f2u(x);
+    if (x != x || x < 0.0f) return duet_u2f(0x7fc00000u);
+    if (x == 0.0f) return -duet_u2f(0x7f800000u);
+    if (u == 0x7f800000u) return x;
+    double m = (double)x;
+    int e = 0;
+    if (u < 0x00800000u) {  // subnormal: scale by 2^64 (exact)
+        m = duet_dmul(m, 18446744073709551616.0);
+        e = -64;
+    }
+    const unsigned long long b = duet_d2u(m);
+    e += (int)((b >> 52) & 0x7ff) - 1023;
+    m = duet_u2d((b & 0x000fffffffffffffull) | 0x3ff0000000000000ull);  // [1, 2)
+    if (m > 1.4142135623730951) {
+        m = duet_dmul(m, 0.5);
+        e += 1;
+    }
+    const double s = duet_ddiv(duet_dsub(m, 1.0), duet_dadd(m, 1.0));
+    const double s2 = duet_dmul(s, s);
+    double p = 1.0 / 25.0;
+    for (int k = 23; k >= 1; k -= 2) p = duet_dadd(duet_dmul(p, s2), duet_ddiv(1.0, (double)k));
+    const double lnm = duet_dmul(duet_dmul(2.0, s), p);
+    return (float)duet_dadd(lnm, duet_dmul((double)e, 0.69314718055994531));
+}
+
+// GELU, tanh approximation: gelu(x) = 0.5·x·(1 + tanh(u)) = x·σ(2u), u = √(2/π)·(x + 0.044715·x³)
+// (the sigmoid form avoids tanhf, which made the GELU kernels compute-bound). Shared by every
+// kernel that applies GELU (gelu_forward/backward, the fused FP8 quantisations), so they compute
+// the same bits. The CPU reference evaluates the same formula with the same e^x but its own
+// order of operations: the backends agree to rounding, not bit for bit.
 #define GELU_K 0.7978846f
 #define GELU_C 0.044715f
 
 // σ(2u(x)).
-__device__ __forceinline__ float gelu_sigma(float x) {
-    const float x2 = __fmul_rn(x, x);
-    const float u = __fmul_rn(GELU_K, __fmaf_rn(__fmul_rn(GELU_C, x2), x, x));
-    return __fdividef(1.0f, __fadd_rn(1.0f, __expf(__fmul_rn(-2.0f, u))));
+DUET_SFN float gelu_sigma(float x) {
+    const float x2 = duet_fmul(x, x);
+    const float u = duet_fmul(GELU_K, duet_fma(duet_fmul(GELU_C, x2), x, x));
+    return duet_fdiv(1.0f, duet_fadd(1.0f, duet_exp_f32(duet_fmul(-2.0f, u))));
 }
 
-__device__ __forceinline__ float gelu_f(float x) { return __fmul_rn(x, gelu_sigma(x)); }
+DUET_SFN float gelu_f(float x) { return duet_fmul(x, gelu_sigma(x)); }
 
 // d/dx [x·σ(2u)] = σ + 2x·σ(1 − σ)·√(2/π)·(1 + 3·0.044715·x²).
-__device__ __forceinline__ float gelu_grad_f(float x) {
+DUET_SFN float gelu_grad_f(float x) {
     const float s = gelu_sigma(x);
-    const float a = __fmul_rn(__fmul_rn(__fmul_rn(2.0f * GELU_K, x), s), __fsub_rn(1.0f, s));
-    const float b = __fmaf_rn(__fmul_rn(3.0f * GELU_C, x), x, 1.0f);
-    return __fmaf_rn(a, b, s);
+    const float a = duet_fmul(duet_fmul(duet_fmul(2.0f * GELU_K, x), s), duet_fsub(1.0f, s));
+    const float b = duet_fma(duet_fmul(3.0f * GELU_C, x), x, 1.0f);
+    return duet_fma(a, b, s);
 }
 
-// ------------------------------------------------------------------ AdamW (one element)
-// The update of one element, used by adamw.cu's kernels and fp8.cu's adamw_fp8_<D>. The
-// roundings are spelled out with the _rn intrinsics (never contracted), exactly as the compiler
-// contracted the plain expressions
+// AdamW, one element:
 //   g = grad · s;  m = β1 m + (1 − β1) g;  v = β2 v + (1 − β2) g g
 //   p −= lr · ((m / bc1) / (√(v / bc2) + ε) + wd · p)
-// before (the m and v updates, the decay term and the final step are FMAs; everything else is
-// rounded on its own), so the results do not depend on how code around it is scheduled.
+// with the m and v updates, the decay term and the final step as FMAs and everything else
+// rounded on its own (how NVRTC had contracted the plain expressions), so the results do not
+// depend on how code around it is scheduled. Used by adamw.cu, fp8.cu's adamw_fp8_<D> and
+// adamw.hip.
 struct AdamWConsts {
     float beta1, beta2, eps, lr, bc1, bc2, grad_scale, weight_decay;
 };
 
-__device__ __forceinline__ float adamw_update(float graw, float& m, float& v, float p,
-                                              const AdamWConsts& k) {
-    const float g = __fmul_rn(graw, k.grad_scale);
-    const float mi = __fmaf_rn(k.beta1, m, __fmul_rn(1.0f - k.beta1, g));
-    const float vi = __fmaf_rn(k.beta2, v, __fmul_rn(__fmul_rn(1.0f - k.beta2, g), g));
+DUET_SFN float adamw_update(float graw, float& m, float& v, float p, const AdamWConsts& k) {
+    const float g = duet_fmul(graw, k.grad_scale);
+    const float mi = duet_fma(k.beta1, m, duet_fmul(1.0f - k.beta1, g));
+    const float vi = duet_fma(k.beta2, v, duet_fmul(duet_fmul(1.0f - k.beta2, g), g));
     m = mi;
     v = vi;
-    const float mhat = __fdiv_rn(mi, k.bc1);
-    const float vhat = __fdiv_rn(vi, k.bc2);
-    const float step = __fdiv_rn(mhat, __fadd_rn(__fsqrt_rn(vhat), k.eps));
-    return __fmaf_rn(-k.lr, __fmaf_rn(k.weight_decay, p, step), p);
+    const float mhat = duet_fdiv(mi, k.bc1);
+    const float vhat = duet_fdiv(vi, k.bc2);
+    const float step = duet_fdiv(mhat, duet_fadd(duet_fsqrt(vhat), k.eps));
+    return duet_fma(-k.lr, duet_fma(k.weight_decay, p, step), p);
 }
+// <<< duet shared math <<<
 
 // The gradient factor of a clipped step from the global sum of squares, exactly as
 // duet_device::clip_grad_scale does on the host (f32 square root, f64 unscaling, one rounding).

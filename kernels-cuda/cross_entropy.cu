@@ -4,7 +4,8 @@
 // up to 1024 threads for large vocabularies). Max and sum are block reductions in f32.
 // A negative target is ignored (loss 0, gradient 0). A target ≥ v is invalid: its loss is NaN,
 // its gradient row is 0, and it sets bit 2 of the device's error word, which the host reports at
-// the next synchronize.
+// the next synchronize. Every rounding is explicit and e^x, ln x are duet_exp_f32, duet_log_f32
+// (common.cuh's shared math), so kernels-hip/cross_entropy.hip computes the same bits.
 #include "common.cuh"
 
 template <typename T>
@@ -20,13 +21,14 @@ __device__ __forceinline__ void cross_entropy_body(const T* __restrict__ logits,
     for (int j = threadIdx.x; j < v; j += blockDim.x) mx = fmaxf(mx, to_f32(x[j]));
     mx = block_max(mx, sh);
     float sum = 0.0f;
-    for (int j = threadIdx.x; j < v; j += blockDim.x) sum += expf(to_f32(x[j]) - mx);
+    for (int j = threadIdx.x; j < v; j += blockDim.x)
+        sum = __fadd_rn(sum, duet_exp_f32(__fsub_rn(to_f32(x[j]), mx)));
     sum = block_sum(sum, sh);
     const int tgt = targets[row];
     const bool valid = tgt >= 0 && tgt < v;
     if (threadIdx.x == 0) {
         float loss = 0.0f;
-        if (valid) loss = logf(sum) + mx - to_f32(x[tgt]);
+        if (valid) loss = __fsub_rn(__fadd_rn(duet_log_f32(sum), mx), to_f32(x[tgt]));
         else if (tgt >= v) {
             loss = __int_as_float(0x7fc00000);
             atomicOr(err, 2u);
@@ -37,7 +39,10 @@ __device__ __forceinline__ void cross_entropy_body(const T* __restrict__ logits,
         T* d = dlogits + row * v;
         for (int j = threadIdx.x; j < v; j += blockDim.x) {
             float g = 0.0f;
-            if (valid) g = (expf(to_f32(x[j]) - mx) / sum - (j == tgt ? 1.0f : 0.0f)) * grad_scale;
+            if (valid) {
+                const float p = __fdiv_rn(duet_exp_f32(__fsub_rn(to_f32(x[j]), mx)), sum);
+                g = __fmul_rn(__fsub_rn(p, j == tgt ? 1.0f : 0.0f), grad_scale);
+            }
             d[j] = from_f32<T>(g);
         }
     }

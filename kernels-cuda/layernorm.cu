@@ -24,7 +24,9 @@
 // Fallback (rows too wide for the fast path): the row kernels right below use one warp per row
 // (8 rows per 256-thread block) reading global memory for every pass; dgamma/dbeta are computed
 // in two passes (layernorm_dparams_partial here, colsum_finish in reduce.cu) with a partition
-// fixed by the shape.
+// fixed by the shape. Their roundings are explicit (the operations NVRTC's PTX had for the plain
+// expressions, FMAs where it contracted), so kernels-hip/layernorm.hip, written the same way,
+// gives the same bits.
 #include "common.cuh"
 
 template <typename A, typename P>
@@ -40,18 +42,19 @@ __device__ __forceinline__ void layernorm_forward_body(const A* __restrict__ x,
     if (row >= n) return;
     const A* xr = x + (u64)row * c;
     float s = 0.0f;
-    for (int j = lane; j < c; j += 32) s += to_f32(xr[j]);
-    const float mu = warp_sum(s) / (float)c;
+    for (int j = lane; j < c; j += 32) s = __fadd_rn(s, to_f32(xr[j]));
+    const float mu = __fdiv_rn(warp_sum(s), (float)c);
     float v = 0.0f;
     for (int j = lane; j < c; j += 32) {
-        const float d = to_f32(xr[j]) - mu;
-        v += d * d;
+        const float d = __fsub_rn(to_f32(xr[j]), mu);
+        v = __fmaf_rn(d, d, v);
     }
-    const float var = warp_sum(v) / (float)c;
-    const float rs = 1.0f / sqrtf(var + eps);
+    const float var = __fdiv_rn(warp_sum(v), (float)c);
+    const float rs = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(var, eps)));
     A* o = out + (u64)row * c;
     for (int j = lane; j < c; j += 32)
-        o[j] = from_f32<A>((to_f32(xr[j]) - mu) * rs * to_f32(gamma[j]) + to_f32(beta[j]));
+        o[j] = from_f32<A>(__fmaf_rn(__fmul_rn(__fsub_rn(to_f32(xr[j]), mu), rs), to_f32(gamma[j]),
+                                     to_f32(beta[j])));
     if (lane == 0) {
         mean[row] = mu;
         rstd[row] = rs;
@@ -82,17 +85,18 @@ __device__ __forceinline__ void layernorm_backward_dx_body(const A* __restrict__
     const float mu = mean[row], rs = rstd[row];
     float s1 = 0.0f, s2 = 0.0f;
     for (int j = lane; j < c; j += 32) {
-        const float xh = (to_f32(x[base + j]) - mu) * rs;
-        const float dn = to_f32(dout[base + j]) * to_f32(gamma[j]);
-        s1 += dn;
-        s2 += dn * xh;
+        const float xh = __fmul_rn(__fsub_rn(to_f32(x[base + j]), mu), rs);
+        const float dn = __fmul_rn(to_f32(dout[base + j]), to_f32(gamma[j]));
+        s1 = __fadd_rn(s1, dn);
+        s2 = __fmaf_rn(dn, xh, s2);
     }
-    const float m1 = warp_sum(s1) / (float)c;
-    const float m2 = warp_sum(s2) / (float)c;
+    const float m1 = __fdiv_rn(warp_sum(s1), (float)c);
+    const float m2 = __fdiv_rn(warp_sum(s2), (float)c);
     for (int j = lane; j < c; j += 32) {
-        const float xh = (to_f32(x[base + j]) - mu) * rs;
-        const float dn = to_f32(dout[base + j]) * to_f32(gamma[j]);
-        dx[base + j] = from_f32<A>(to_f32(dx[base + j]) + (dn - m1 - xh * m2) * rs);
+        const float xh = __fmul_rn(__fsub_rn(to_f32(x[base + j]), mu), rs);
+        const float dn = __fmul_rn(to_f32(dout[base + j]), to_f32(gamma[j]));
+        const float t = __fsub_rn(__fsub_rn(dn, m1), __fmul_rn(xh, m2));
+        dx[base + j] = from_f32<A>(__fmaf_rn(t, rs, to_f32(dx[base + j])));
     }
 }
 
@@ -122,8 +126,8 @@ __device__ __forceinline__ void layernorm_dparams_partial_body(
         for (int r = r0 + threadIdx.y; r < r1; r += 8) {
             const u64 idx = (u64)r * c + col;
             const float d = to_f32(dout[idx]);
-            g += d * (to_f32(x[idx]) - mean[r]) * rstd[r];
-            b += d;
+            g = __fmaf_rn(__fmul_rn(d, __fsub_rn(to_f32(x[idx]), mean[r])), rstd[r], g);
+            b = __fadd_rn(b, d);
         }
     }
     sg[threadIdx.y][threadIdx.x] = g;
@@ -133,8 +137,8 @@ __device__ __forceinline__ void layernorm_dparams_partial_body(
         float tg = 0.0f, tb = 0.0f;
 #pragma unroll
         for (int k = 0; k < 8; ++k) {
-            tg += sg[k][threadIdx.x];
-            tb += sb[k][threadIdx.x];
+            tg = __fadd_rn(tg, sg[k][threadIdx.x]);
+            tb = __fadd_rn(tb, sb[k][threadIdx.x]);
         }
         pg[(u64)blockIdx.y * c + col] = tg;
         pb[(u64)blockIdx.y * c + col] = tb;

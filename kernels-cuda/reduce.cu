@@ -72,12 +72,12 @@ __device__ __forceinline__ void sum_squares_partial_body(const T* __restrict__ x
 #pragma unroll
         for (int j = 0; j < N; ++j) {
             const double v = (double)to_f32(p.v[j]);
-            acc += v * v;
+            acc = __fma_rn(v, v, acc);  // what NVRTC contracted `acc += v * v` to
         }
     }
     for (u64 i = packs * N + first; i < n; i += stride) {
         const double v = (double)to_f32(x[i]);
-        acc += v * v;
+        acc = __fma_rn(v, v, acc);  // what NVRTC contracted `acc += v * v` to
     }
     acc = block_sum_f64(acc, sh);
     if (threadIdx.x == 0) partial[blockIdx.x] = acc;
@@ -163,7 +163,7 @@ __device__ __forceinline__ double sum_squares_chunk(const T* __restrict__ x, u64
 #pragma unroll
             for (int s = 0; s < SUMSQ_TILE / SUMSQ_THREADS; ++s) {
                 const double v = (double)tile[s * SUMSQ_THREADS + t];
-                acc += v * v;
+                acc = __fma_rn(v, v, acc);  // what NVRTC contracted `acc += v * v` to
             }
             __syncthreads();
         }
@@ -171,7 +171,7 @@ __device__ __forceinline__ double sum_squares_chunk(const T* __restrict__ x, u64
     }
     for (u64 j = done + t; j < len; j += blockDim.x) {
         const double v = (double)to_f32(x[j]);
-        acc += v * v;
+        acc = __fma_rn(v, v, acc);  // what NVRTC contracted `acc += v * v` to
     }
     return acc;
 }

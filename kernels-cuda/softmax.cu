@@ -1,7 +1,9 @@
 // Causal scaled softmax over `rows` independent t × t score matrices, forward and backward.
 //
 // One warp per query row i (8 rows per 256-thread block); only columns j ≤ i are read, columns
-// above the diagonal are written as 0. Max and sum are warp-shuffle reductions in f32.
+// above the diagonal are written as 0. Max and sum are warp-shuffle reductions in f32. Every
+// rounding is explicit and e^x is duet_exp_f32 (common.cuh's shared math), so kernels-hip's
+// softmax, written the same way, computes the same bits on AMD.
 #include "common.cuh"
 
 template <typename T>
@@ -15,13 +17,16 @@ __device__ __forceinline__ void softmax_causal_forward_body(const T* __restrict_
     const T* s = scores + row * t;
     T* p = probs + row * t;
     float mx = NEG_INF;
-    for (int j = lane; j <= i; j += 32) mx = fmaxf(mx, scale * to_f32(s[j]));
+    for (int j = lane; j <= i; j += 32) mx = fmaxf(mx, __fmul_rn(scale, to_f32(s[j])));
     mx = warp_max(mx);
     float sum = 0.0f;
-    for (int j = lane; j <= i; j += 32) sum += expf(scale * to_f32(s[j]) - mx);
+    for (int j = lane; j <= i; j += 32)
+        sum = __fadd_rn(sum, duet_exp_f32(__fsub_rn(__fmul_rn(scale, to_f32(s[j])), mx)));
     sum = warp_sum(sum);
     for (int j = lane; j < t; j += 32)
-        p[j] = from_f32<T>(j <= i ? expf(scale * to_f32(s[j]) - mx) / sum : 0.0f);
+        p[j] = from_f32<T>(
+            j <= i ? __fdiv_rn(duet_exp_f32(__fsub_rn(__fmul_rn(scale, to_f32(s[j])), mx)), sum)
+                   : 0.0f);
 }
 
 // dscores[i, j] = scale · P[i, j] · (dP[i, j] − Σ_k P[i, k] · dP[i, k]) for j ≤ i, else 0.
@@ -38,10 +43,11 @@ __device__ __forceinline__ void softmax_causal_backward_body(const T* __restrict
     const T* dp = dprobs + row * t;
     T* ds = dscores + row * t;
     float dot = 0.0f;
-    for (int j = lane; j <= i; j += 32) dot += to_f32(p[j]) * to_f32(dp[j]);
+    for (int j = lane; j <= i; j += 32) dot = __fmaf_rn(to_f32(p[j]), to_f32(dp[j]), dot);
     dot = warp_sum(dot);
     for (int j = lane; j < t; j += 32)
-        ds[j] = from_f32<T>(j <= i ? scale * to_f32(p[j]) * (to_f32(dp[j]) - dot) : 0.0f);
+        ds[j] = from_f32<T>(
+            j <= i ? __fmul_rn(__fmul_rn(scale, to_f32(p[j])), __fsub_rn(to_f32(dp[j]), dot)) : 0.0f);
 }
 
 #define SOFTMAX(T, S)                                                                         \

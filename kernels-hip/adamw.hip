@@ -4,6 +4,7 @@
 
 // g = grad * grad_scale; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
 // param -= lr * (m / bc1 / (sqrt(v / bc2) + eps) + wd * param); copy (if not null) = param.
+// The update is adamw_update (duet_hip.h's shared math block): CUDA's roundings, pinned.
 // Entry adamw_<grad dtype>_<copy dtype>.
 #define DUET_ADAMW(GN, GT, CN, CT)                                                            \
     DUET_KERNEL adamw_##GN##_##CN(float* __restrict__ param, const GT* __restrict__ grad,      \
@@ -11,14 +12,20 @@
                                   CT* __restrict__ copy, duet_u64 n, float lr, float beta1,    \
                                   float beta2, float eps, float weight_decay, float bc1,       \
                                   float bc2, float grad_scale) {                               \
+        AdamWConsts k;                                                                         \
+        k.beta1 = beta1;                                                                       \
+        k.beta2 = beta2;                                                                       \
+        k.eps = eps;                                                                           \
+        k.lr = lr;                                                                             \
+        k.bc1 = bc1;                                                                           \
+        k.bc2 = bc2;                                                                           \
+        k.grad_scale = grad_scale;                                                             \
+        k.weight_decay = weight_decay;                                                         \
         DUET_GRID_STRIDE(i, n) {                                                               \
-            const float g = duet_ld(grad, i) * grad_scale;                                     \
-            const float mi = beta1 * m[i] + (1.0f - beta1) * g;                                \
-            const float vi = beta2 * v[i] + (1.0f - beta2) * g * g;                            \
+            float mi = m[i], vi = v[i];                                                        \
+            const float np = adamw_update(duet_ld(grad, i), mi, vi, param[i], k);              \
             m[i] = mi;                                                                         \
             v[i] = vi;                                                                         \
-            const float p = param[i];                                                          \
-            const float np = p - lr * ((mi / bc1) / (sqrtf(vi / bc2) + eps) + weight_decay * p); \
             param[i] = np;                                                                     \
             if (copy) duet_st(copy, i, np);                                                    \
         }                                                                                      \

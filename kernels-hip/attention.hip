@@ -61,49 +61,53 @@ DUET_DEV duet_u64 duet_merged_index(duet_u64 i, int t, int nh, int hs) {
 DUET_FOR_ACT(DUET_MERGE)
 
 // probs[r, i, j] = softmax_j(scale * scores[r, i, j]) over j <= i, 0 above the diagonal, for
-// total_rows = rows * t rows of length t. One block per row: grid (total_rows), block DUET_BLOCK.
+// total_rows = rows * t rows of length t. As kernels-cuda/softmax.cu: one 32-lane group per row,
+// 8 rows per block (grid ceil(total_rows / 8), block DUET_BLOCK), the same explicit roundings
+// and duet_exp_f32, so the same bits.
 #define DUET_SOFTMAX_FWD(N, T)                                                                  \
     DUET_KERNEL softmax_causal_forward_##N(const T* __restrict__ scores, T* __restrict__ probs,   \
                                            duet_u64 total_rows, int t, float scale) {             \
-        __shared__ float sh[DUET_MAX_WAVES];                                                      \
-        const duet_u64 row = blockIdx.x;                                                          \
-        if (row >= total_rows) return;                                                    \
-        const int i = (int)(row % t);                                                             \
+        const int lane = threadIdx.x & 31;                                                        \
+        const duet_u64 row = (duet_u64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);       \
+        if (row >= total_rows) return;                                                            \
+        const int i = (int)(row % (duet_u64)t);                                                   \
         const duet_u64 base = row * t;                                                            \
         float mx = -duet_u2f(0x7f800000u);                                                        \
-        for (int j = threadIdx.x; j <= i; j += blockDim.x)                                        \
-            mx = fmaxf(mx, scale * duet_ld(scores, base + j));                                    \
-        mx = duet_block_max(mx, sh);                                                              \
+        for (int j = lane; j <= i; j += 32)                                                       \
+            mx = fmaxf(mx, duet_fmul(scale, duet_ld(scores, base + j)));                          \
+        mx = duet_warp_max(mx);                                                                   \
         float s = 0.0f;                                                                           \
-        for (int j = threadIdx.x; j <= i; j += blockDim.x)                                        \
-            s += expf(scale * duet_ld(scores, base + j) - mx);                                    \
-        s = duet_block_sum(s, sh);                                                                \
-        const float inv = 1.0f / s;                                                               \
-        for (int j = threadIdx.x; j < t; j += blockDim.x)                                         \
+        for (int j = lane; j <= i; j += 32)                                                       \
+            s = duet_fadd(s, duet_exp_f32(duet_fsub(duet_fmul(scale, duet_ld(scores, base + j)), mx))); \
+        s = duet_warp_sum(s);                                                                     \
+        for (int j = lane; j < t; j += 32)                                                        \
             duet_st(probs, base + j,                                                              \
-                    j <= i ? expf(scale * duet_ld(scores, base + j) - mx) * inv : 0.0f);          \
+                    j <= i ? duet_fdiv(duet_exp_f32(duet_fsub(                                    \
+                                           duet_fmul(scale, duet_ld(scores, base + j)), mx)),     \
+                                       s)                                                         \
+                           : 0.0f);                                                               \
     }
 DUET_FOR_ACT(DUET_SOFTMAX_FWD)
 
-// dscores = scale * P * (dP - sum_{j<=i} P dP), 0 above the diagonal (overwrites).
-// One block per row: grid (total_rows), block DUET_BLOCK.
+// dscores = scale * P * (dP - sum_{j<=i} P dP), 0 above the diagonal (overwrites). Launch as
+// the forward.
 #define DUET_SOFTMAX_BWD(N, T)                                                                  \
     DUET_KERNEL softmax_causal_backward_##N(const T* __restrict__ probs,                          \
                                             const T* __restrict__ dprobs,                         \
                                             T* __restrict__ dscores, duet_u64 total_rows,        \
                                             int t, float scale) {                                 \
-        __shared__ float sh[DUET_MAX_WAVES];                                                      \
-        const duet_u64 row = blockIdx.x;                                                          \
-        if (row >= total_rows) return;                                                    \
-        const int i = (int)(row % t);                                                             \
+        const int lane = threadIdx.x & 31;                                                        \
+        const duet_u64 row = (duet_u64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);       \
+        if (row >= total_rows) return;                                                            \
+        const int i = (int)(row % (duet_u64)t);                                                   \
         const duet_u64 base = row * t;                                                            \
         float s = 0.0f;                                                                           \
-        for (int j = threadIdx.x; j <= i; j += blockDim.x)                                        \
-            s += duet_ld(probs, base + j) * duet_ld(dprobs, base + j);                            \
-        s = duet_block_sum(s, sh);                                                                \
-        for (int j = threadIdx.x; j < t; j += blockDim.x) {                                       \
-            const float g = j <= i ? scale * duet_ld(probs, base + j) *                           \
-                                         (duet_ld(dprobs, base + j) - s)                          \
+        for (int j = lane; j <= i; j += 32)                                                       \
+            s = duet_fma(duet_ld(probs, base + j), duet_ld(dprobs, base + j), s);                 \
+        s = duet_warp_sum(s);                                                                     \
+        for (int j = lane; j < t; j += 32) {                                                      \
+            const float g = j <= i ? duet_fmul(duet_fmul(scale, duet_ld(probs, base + j)),        \
+                                               duet_fsub(duet_ld(dprobs, base + j), s))           \
                                    : 0.0f;                                                        \
             duet_st(dscores, base + j, g);                                                        \
         }                                                                                         \

@@ -6,9 +6,10 @@
 //  - hipcc ahead of time (scripts/check-hip-kernels.sh, gfx90a / gfx940),
 //  - nvcc through HIP's NVIDIA platform headers (scripts/hip-on-nvidia.sh).
 //
-// Everything is written for a wavefront of DUET_WARP lanes. The backend passes -DDUET_WARP=<the
-// device's hipDeviceAttributeWarpSize> (64 on CDNA); otherwise the compiler's own wavefront-size
-// macro is used, and 32 on NVIDIA. Nothing assumes 32.
+// The backend passes -DDUET_WARP=<the device's hipDeviceAttributeWarpSize> (64 on CDNA; part of
+// the cache key); otherwise the compiler's own wavefront-size macro is used, and 32 on NVIDIA.
+// No result depends on it: reductions run in fixed 32-lane groups (see "reductions" below), so
+// the kernels compute the CUDA kernels' bits on wave32 and wave64 alike.
 //
 // Storage formats: f32 is `float`; f16, bf16 and the four FP8 formats are one-member structs holding
 // the raw bits, converted with the same rounding as the CPU reference (round to nearest even; FP8
@@ -38,8 +39,9 @@
 
 /// Threads per block of every kernel (a multiple of the wavefront size, 32 or 64).
 #define DUET_BLOCK 256
-#define DUET_MAX_WAVES (DUET_BLOCK / 32)
 #define DUET_KERNEL extern "C" __global__ void __launch_bounds__(DUET_BLOCK)
+/// A kernel launched with up to 1024 threads (cross_entropy: the block size follows the vocabulary).
+#define DUET_KERNEL_1024 extern "C" __global__ void __launch_bounds__(1024)
 #define DUET_DEV static __device__ __forceinline__
 
 typedef unsigned long long duet_u64;
@@ -162,40 +164,200 @@ DUET_DEV void duet_st(duet_e5m2fnuz* p, duet_u64 i, float v) { p[i].bits = DuetE
     M(f32, float, f32, float) M(f16, duet_f16, f16, duet_f16) M(f16, duet_f16, f32, float)    \
         M(bf16, duet_bf16, bf16, duet_bf16) M(bf16, duet_bf16, f32, float)
 
+// ------------------------------------------------------------------------------------ roundings
+// Explicitly rounded operations, for arithmetic that must give the CUDA kernels' bits. On NVIDIA
+// (scripts/hip-on-nvidia.sh, hip-vs-cuda.sh) they are CUDA's _rn intrinsics, which are never
+// contracted; on AMD they are plain IEEE operations, and the backend compiles with
+// -ffp-contract=off (kernels.rs `options`), so a·b + c is only fused where duet_fma says so.
+// (HIP's own __fsqrt_rn is __ocml_native_sqrt_f32, an approximation: not used.)
+#if defined(__HIP_PLATFORM_NVIDIA__) || defined(__CUDACC__)
+DUET_DEV float duet_fadd(float a, float b) { return __fadd_rn(a, b); }
+DUET_DEV float duet_fsub(float a, float b) { return __fsub_rn(a, b); }
+DUET_DEV float duet_fmul(float a, float b) { return __fmul_rn(a, b); }
+DUET_DEV float duet_fdiv(float a, float b) { return __fdiv_rn(a, b); }
+DUET_DEV float duet_fma(float a, float b, float c) { return __fmaf_rn(a, b, c); }
+DUET_DEV float duet_fsqrt(float a) { return __fsqrt_rn(a); }
+DUET_DEV double duet_dadd(double a, double b) { return __dadd_rn(a, b); }
+DUET_DEV double duet_dsub(double a, double b) { return __dsub_rn(a, b); }
+DUET_DEV double duet_dmul(double a, double b) { return __dmul_rn(a, b); }
+DUET_DEV double duet_ddiv(double a, double b) { return __ddiv_rn(a, b); }
+DUET_DEV double duet_dfma(double a, double b, double c) { return __fma_rn(a, b, c); }
+DUET_DEV unsigned long long duet_d2u(double x) { return (unsigned long long)__double_as_longlong(x); }
+DUET_DEV double duet_u2d(unsigned long long x) { return __longlong_as_double((long long)x); }
+#else
+DUET_DEV float duet_fadd(float a, float b) { return a + b; }
+DUET_DEV float duet_fsub(float a, float b) { return a - b; }
+DUET_DEV float duet_fmul(float a, float b) { return a * b; }
+DUET_DEV float duet_fdiv(float a, float b) { return a / b; }  // correctly rounded (hipcc default)
+DUET_DEV float duet_fma(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
+DUET_DEV float duet_fsqrt(float a) { return __builtin_sqrtf(a); }  // correctly rounded
+DUET_DEV double duet_dadd(double a, double b) { return a + b; }
+DUET_DEV double duet_dsub(double a, double b) { return a - b; }
+DUET_DEV double duet_dmul(double a, double b) { return a * b; }
+DUET_DEV double duet_ddiv(double a, double b) { return a / b; }
+DUET_DEV double duet_dfma(double a, double b, double c) { return __builtin_fma(a, b, c); }
+DUET_DEV unsigned long long duet_d2u(double x) { return __builtin_bit_cast(unsigned long long, x); }
+DUET_DEV double duet_u2d(unsigned long long x) { return __builtin_bit_cast(double, x); }
+#endif
+
+#define DUET_SFN DUET_DEV
+// >>> duet shared math >>>
+// This block is text-identical in kernels-cuda/common.cuh and kernels-hip/duet_hip.h
+// (crates/hip/tests/shared_math.rs checks it), so both vendors compute these functions with the
+// same operations in the same order. Every rounding is explicit (duet_fadd, duet_fmul, duet_fma,
+// ... are the _rn intrinsics on CUDA and plain IEEE operations compiled without contraction on
+// AMD), no vendor math library is called, so the results are bit-identical on both.
+
+// e^x in f32: the CPU reference's exp_f32 (crates/cpu/src/ops/math.rs, Cephes expf polynomial)
+// operation for operation, so it also gives the CPU's bits (Rust does not contract a·b + c).
+DUET_SFN float duet_exp_f32(float x) {
+    const float xc = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+    const float t = duet_fadd(duet_fmul(xc, 1.44269502f), 12582912.0f);
+    const float n = duet_fsub(t, 12582912.0f);
+    const unsigned n_int = duet_f2u(t) - duet_f2u(12582912.0f);
+    const float r = duet_fsub(duet_fsub(xc, duet_fmul(n, 0.693359375f)), duet_fmul(n, -2.12194440e-4f));
+    float p = 1.9875691e-4f;
+    p = duet_fadd(duet_fmul(p, r), 1.3981999e-3f);
+    p = duet_fadd(duet_fmul(p, r), 8.333452e-3f);
+    p = duet_fadd(duet_fmul(p, r), 4.1665796e-2f);
+    p = duet_fadd(duet_fmul(p, r), 1.6666665e-1f);
+    p = duet_fadd(duet_fmul(p, r), 0.5f);
+    const float y = duet_fadd(duet_fadd(duet_fmul(duet_fmul(p, r), r), r), 1.0f);
+    const float v = duet_fmul(y, duet_u2f((n_int + 127u) << 23));
+    return x > 88.72f ? duet_u2f(0x7f800000u) : (x < -87.33f ? 0.0f : v);
+}
+
+// ln(x) in f32 for the cross-entropy loss: x = m·2^e with m in [√½, √2), ln m = 2·atanh(s),
+// s = (m − 1)/(m + 1), |s| < 0.172, by its series to s^25 in f64 (truncation below 2^-60), then
+// + e·ln 2 and one rounding to f32. Correctly rounded for all but a few inputs. x <= 0, inf and
+// NaN follow logf: -inf for ±0, NaN below 0 and for NaN, +inf for +inf.
+DUET_SFN float duet_log_f32(float x) {
+    const unsigned u = duet_f2u(x);
+    if (x != x || x < 0.0f) return duet_u2f(0x7fc00000u);
+    if (x == 0.0f) return -duet_u2f(0x7f800000u);
+    if (u == 0x7f800000u) return x;
+    double m = (double)x;
+    int e = 0;
+    if (u < 0x00800000u) {  // subnormal: scale by 2^64 (exact)
+        m = duet_dmul(m, 18446744073709551616.0);
+        e = -64;
+    }
+    const unsigned long long b = duet_d2u(m);
+    e += (int)((b >> 52) & 0x7ff) - 1023;
+    m = duet_u2d((b & 0x000fffffffffffffull) | 0x3ff0000000000000ull);  // [1, 2)
+    if (m > 1.4142135623730951) {
+        m = duet_dmul(m, 0.5);
+        e += 1;
+    }
+    const double s = duet_ddiv(duet_dsub(m, 1.0), duet_dadd(m, 1.0));
+    const double s2 = duet_dmul(s, s);
+    double p = 1.0 / 25.0;
+    for (int k = 23; k >= 1; k -= 2) p = duet_dadd(duet_dmul(p, s2), duet_ddiv(1.0, (double)k));
+    const double lnm = duet_dmul(duet_dmul(2.0, s), p);
+    return (float)duet_dadd(lnm, duet_dmul((double)e, 0.69314718055994531));
+}
+
+// GELU, tanh approximation: gelu(x) = 0.5·x·(1 + tanh(u)) = x·σ(2u), u = √(2/π)·(x + 0.044715·x³)
+// (the sigmoid form avoids tanhf, which made the GELU kernels compute-bound). Shared by every
+// kernel that applies GELU (gelu_forward/backward, the fused FP8 quantisations), so they compute
+// the same bits. The CPU reference evaluates the same formula with the same e^x but its own
+// order of operations: the backends agree to rounding, not bit for bit.
+#define GELU_K 0.7978846f
+#define GELU_C 0.044715f
+
+// σ(2u(x)).
+DUET_SFN float gelu_sigma(float x) {
+    const float x2 = duet_fmul(x, x);
+    const float u = duet_fmul(GELU_K, duet_fma(duet_fmul(GELU_C, x2), x, x));
+    return duet_fdiv(1.0f, duet_fadd(1.0f, duet_exp_f32(duet_fmul(-2.0f, u))));
+}
+
+DUET_SFN float gelu_f(float x) { return duet_fmul(x, gelu_sigma(x)); }
+
+// d/dx [x·σ(2u)] = σ + 2x·σ(1 − σ)·√(2/π)·(1 + 3·0.044715·x²).
+DUET_SFN float gelu_grad_f(float x) {
+    const float s = gelu_sigma(x);
+    const float a = duet_fmul(duet_fmul(duet_fmul(2.0f * GELU_K, x), s), duet_fsub(1.0f, s));
+    const float b = duet_fma(duet_fmul(3.0f * GELU_C, x), x, 1.0f);
+    return duet_fma(a, b, s);
+}
+
+// AdamW, one element:
+//   g = grad · s;  m = β1 m + (1 − β1) g;  v = β2 v + (1 − β2) g g
+//   p −= lr · ((m / bc1) / (√(v / bc2) + ε) + wd · p)
+// with the m and v updates, the decay term and the final step as FMAs and everything else
+// rounded on its own (how NVRTC had contracted the plain expressions), so the results do not
+// depend on how code around it is scheduled. Used by adamw.cu, fp8.cu's adamw_fp8_<D> and
+// adamw.hip.
+struct AdamWConsts {
+    float beta1, beta2, eps, lr, bc1, bc2, grad_scale, weight_decay;
+};
+
+DUET_SFN float adamw_update(float graw, float& m, float& v, float p, const AdamWConsts& k) {
+    const float g = duet_fmul(graw, k.grad_scale);
+    const float mi = duet_fma(k.beta1, m, duet_fmul(1.0f - k.beta1, g));
+    const float vi = duet_fma(k.beta2, v, duet_fmul(duet_fmul(1.0f - k.beta2, g), g));
+    m = mi;
+    v = vi;
+    const float mhat = duet_fdiv(mi, k.bc1);
+    const float vhat = duet_fdiv(vi, k.bc2);
+    const float step = duet_fdiv(mhat, duet_fadd(duet_fsqrt(vhat), k.eps));
+    return duet_fma(-k.lr, duet_fma(k.weight_decay, p, step), p);
+}
+// <<< duet shared math <<<
+
 // ------------------------------------------------------------------------------------ reductions
-DUET_DEV float duet_wave_sum(float v) {
-    for (int o = DUET_WARP / 2; o > 0; o /= 2) v += __shfl_xor(v, o);
+// Every cross-lane reduction works in fixed groups of 32 lanes, whatever the wavefront size (a
+// wave64 is two groups; __shfl_xor with width 32 stays inside one), and combines the groups
+// exactly as kernels-cuda/common.cuh's warp_sum/block_sum combine warps: a xor butterfly with
+// offsets 16, 8, 4, 2, 1, then the group sums of a block, padded with zeros to 32, through the
+// same butterfly. So wave32 and wave64 devices, and the CUDA kernels, add in the same order
+// (crates/hip/tests/wave_order.rs emulates both). Blocks are whole groups (multiples of 32).
+#define DUET_GROUP 32
+/// Most 32-lane groups in a block (1024 threads), the size of the block reductions' scratch.
+#define DUET_MAX_GROUPS 32
+
+DUET_DEV float duet_warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = duet_fadd(v, __shfl_xor(v, o, DUET_GROUP));
     return v;
 }
-DUET_DEV float duet_wave_max(float v) {
-    for (int o = DUET_WARP / 2; o > 0; o /= 2) v = fmaxf(v, __shfl_xor(v, o));
+DUET_DEV float duet_warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor(v, o, DUET_GROUP));
+    return v;
+}
+DUET_DEV double duet_warp_sum_f64(double v) {
+    for (int o = 16; o > 0; o >>= 1) v = duet_dadd(v, __shfl_xor(v, o, DUET_GROUP));
     return v;
 }
 
-/// Sum over the block, returned to every thread. `sh` holds DUET_MAX_WAVES floats. The order of
-/// additions is fixed by the block shape, so results are deterministic.
+/// Sum over the block (CUDA's block_sum), returned to every thread. `sh` holds
+/// DUET_MAX_GROUPS floats; safe to call repeatedly with the same `sh`.
 DUET_DEV float duet_block_sum(float v, float* sh) {
-    const int lane = threadIdx.x % DUET_WARP, wave = threadIdx.x / DUET_WARP;
-    const int waves = (blockDim.x + DUET_WARP - 1) / DUET_WARP;
-    v = duet_wave_sum(v);
+    const int lane = threadIdx.x & 31, g = threadIdx.x >> 5, ng = blockDim.x >> 5;
+    v = duet_warp_sum(v);
     __syncthreads();  // sh may still be read by a previous call
-    if (lane == 0) sh[wave] = v;
+    if (lane == 0) sh[g] = v;
     __syncthreads();
-    float t = 0.0f;
-    for (int w = 0; w < waves; ++w) t += sh[w];
-    return t;
+    v = lane < ng ? sh[lane] : 0.0f;
+    return duet_warp_sum(v);
 }
-
 DUET_DEV float duet_block_max(float v, float* sh) {
-    const int lane = threadIdx.x % DUET_WARP, wave = threadIdx.x / DUET_WARP;
-    const int waves = (blockDim.x + DUET_WARP - 1) / DUET_WARP;
-    v = duet_wave_max(v);
+    const int lane = threadIdx.x & 31, g = threadIdx.x >> 5, ng = blockDim.x >> 5;
+    v = duet_warp_max(v);
     __syncthreads();
-    if (lane == 0) sh[wave] = v;
+    if (lane == 0) sh[g] = v;
     __syncthreads();
-    float t = sh[0];
-    for (int w = 1; w < waves; ++w) t = fmaxf(t, sh[w]);
-    return t;
+    v = lane < ng ? sh[lane] : -duet_u2f(0x7f800000u);
+    return duet_warp_max(v);
+}
+DUET_DEV double duet_block_sum_f64(double v, double* sh) {
+    const int lane = threadIdx.x & 31, g = threadIdx.x >> 5, ng = blockDim.x >> 5;
+    v = duet_warp_sum_f64(v);
+    __syncthreads();
+    if (lane == 0) sh[g] = v;
+    __syncthreads();
+    v = lane < ng ? sh[lane] : 0.0;
+    return duet_warp_sum_f64(v);
 }
 
 #define DUET_GRID_STRIDE(i, n)                                                    \

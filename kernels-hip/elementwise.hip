@@ -26,28 +26,16 @@ DUET_FOR_FLOAT(DUET_CAST_FROM)
     }
 DUET_FOR_FLOAT(DUET_ELEMENTWISE)
 
-// GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
-#define DUET_GELU_K 0.7978845608028654f /* sqrt(2/pi) */
-#define DUET_GELU_C 0.044715f
-DUET_DEV float duet_gelu(float v) {
-    const float u = DUET_GELU_K * (v + DUET_GELU_C * v * v * v);
-    return 0.5f * v * (1.0f + tanhf(u));
-}
-DUET_DEV float duet_gelu_grad(float v) {
-    const float u = DUET_GELU_K * (v + DUET_GELU_C * v * v * v);
-    const float th = tanhf(u);
-    const float sech2 = 1.0f - th * th;
-    return 0.5f * (1.0f + th) + 0.5f * v * sech2 * DUET_GELU_K * (1.0f + 3.0f * DUET_GELU_C * v * v);
-}
+// GELU: gelu_f / gelu_grad_f (duet_hip.h's shared math block, the CUDA kernels' code).
 
 // out = gelu(x); dx = gelu'(x) * dout (overwrites dx).
 #define DUET_GELU(N, T)                                                                        \
     DUET_KERNEL gelu_forward_##N(const T* __restrict__ x, T* __restrict__ out, duet_u64 n) {    \
-        DUET_GRID_STRIDE(i, n) { duet_st(out, i, duet_gelu(duet_ld(x, i))); }                   \
+        DUET_GRID_STRIDE(i, n) { duet_st(out, i, gelu_f(duet_ld(x, i))); }                   \
     }                                                                                           \
     DUET_KERNEL gelu_backward_##N(const T* __restrict__ x, const T* __restrict__ dout,          \
                                   T* __restrict__ dx, duet_u64 n) {                             \
-        DUET_GRID_STRIDE(i, n) { duet_st(dx, i, duet_gelu_grad(duet_ld(x, i)) * duet_ld(dout, i)); } \
+        DUET_GRID_STRIDE(i, n) { duet_st(dx, i, duet_fmul(gelu_grad_f(duet_ld(x, i)), duet_ld(dout, i))); } \
     }
 DUET_FOR_ACT(DUET_GELU)
 

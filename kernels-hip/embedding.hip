@@ -3,8 +3,8 @@
 #include "duet_hip.h"
 
 // out[p, :] = wte[tokens[p], :] + wpe[p % t, :]. One block per position p: grid (b*t).
-// A token outside [0, vocab) yields a NaN row (the host cannot check without a sync; the CPU
-// reference rejects such tokens with InvalidArgument).
+// A token outside [0, vocab) reads as a zero row, as on CUDA (the host checks the tokens on the
+// stream and reports them; the CPU reference rejects such tokens with InvalidArgument).
 #define DUET_EMB_FWD(AN, AT, PN, PT)                                                           \
     DUET_KERNEL embedding_forward_##AN##_##PN(const int* __restrict__ tokens,                    \
                                               const PT* __restrict__ wte,                        \
@@ -15,7 +15,7 @@
         const bool valid = tok >= 0 && tok < vocab;                                              \
         const duet_u64 w = (duet_u64)(valid ? tok : 0) * c, q = (p % t) * c;                     \
         for (int j = threadIdx.x; j < c; j += blockDim.x) {                                      \
-            const float e = valid ? duet_ld(wte, w + j) : duet_u2f(0x7fc00000u);                 \
+            const float e = valid ? duet_ld(wte, w + j) : 0.0f;                 \
             duet_st(out, p * c + j, e + duet_ld(wpe, q + j));                                    \
         }                                                                                        \
     }

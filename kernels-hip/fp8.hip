@@ -13,7 +13,7 @@
                                      D* __restrict__ dst_t, duet_u64 rows, duet_u64 cols,      \
                                      const float* __restrict__ scale,                          \
                                      float* __restrict__ amax) {                               \
-        __shared__ float sh[DUET_MAX_WAVES];                                                   \
+        __shared__ float sh[DUET_MAX_GROUPS];                                                   \
         const float s = scale[0];                                                              \
         const duet_u64 n = rows * cols;                                                        \
         float m = 0.0f;                                                                        \

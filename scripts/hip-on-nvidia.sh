@@ -41,7 +41,8 @@ run)
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || true
   arch=${DUET_NV_ARCH:-native}
   python3 scripts/hip/prune_nvidia_headers.py "$work/include" -arch="$arch"
-  nvcc -x cu -std=c++17 -O2 -arch="$arch" -D__HIP_PLATFORM_NVIDIA__ -I"$work/include" -Ikernels-hip \
+  # --fmad=false: built as on AMD, where the backend passes -ffp-contract=off.
+  nvcc -x cu -std=c++17 -O2 -arch="$arch" --fmad=false -D__HIP_PLATFORM_NVIDIA__ -I"$work/include" -Ikernels-hip \
     -diag-suppress 2810,940 -Xcompiler -w \
     scripts/hip/harness.cpp -o "$work/harness"
   log=${OUT:-$work}/hip-on-nvidia.log

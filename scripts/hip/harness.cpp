@@ -3,8 +3,9 @@
 //
 // Written against the HIP runtime API only, so the same file builds with hipcc on an AMD GPU and
 // with nvcc through HIP's NVIDIA platform headers (scripts/hip-on-nvidia.sh). The launch shapes
-// mirror crates/hip/src/kernels.rs (grid-stride loops, one block per row, 32-row chunks for the
-// two-pass column sums).
+// mirror crates/hip/src/ops (grid-stride loops; one block per row for cross-entropy, with the
+// CUDA backend's block size; one 32-lane group per row, 8 rows per block, for softmax and
+// LayerNorm; rows_per_chunk rows per chunk for the two-pass column sums, 64 columns per block).
 //
 // usage: harness FIXTURE_FILE   -> one line per case, then "N passed, M failed"; exit 1 on a failure
 #include "duet_hip.h"
@@ -96,7 +97,12 @@ static unsigned blocks_for(uint64_t n) {
     uint64_t b = (n + BLOCK - 1) / BLOCK;
     return (unsigned)(b < 1 ? 1 : (b > 65535 ? 65535 : b));
 }
-static const uint64_t CHUNK_ROWS = 32;
+// Rows per chunk of the column sums (device.rs rows_per_chunk, the CUDA backend's).
+static uint64_t rows_per_chunk(uint64_t rows) {
+    const uint64_t c = (rows + 65534) / 65535;
+    return c > 64 ? c : 64;
+}
+static unsigned rows8(uint64_t rows) { return (unsigned)((rows + 7) / 8 > 0 ? (rows + 7) / 8 : 1); }
 
 // ------------------------------------------------------------------ host-side decoding
 static float bf16_to_f32(uint16_t b) {
@@ -361,19 +367,21 @@ static Result run(const Case& c) {
         if (op == "softmax_causal_forward") {
             Dev s = in("scores"), p = out("probs");
             a << s.p << p.p << rows << t << c.floats[0];
-            launch(op + "_" + v, (unsigned)rows, BLOCK, a);
+            launch(op + "_" + v, rows8(rows), BLOCK, a);
             check(p, "probs");
         } else {
             Dev p = in("probs"), dp = in("dprobs"), ds = out("dscores");
             a << p.p << dp.p << ds.p << rows << t << c.floats[0];
-            launch(op + "_" + v, (unsigned)rows, BLOCK, a);
+            launch(op + "_" + v, rows8(rows), BLOCK, a);
             check(ds, "dscores");
         }
     } else if (op == "cross_entropy") {
         int n = c.ints[0], vocab = c.ints[1];
         Dev l = in("logits"), tg = in("targets"), losses = out("losses"), dl = out("dlogits");
         a << l.p << tg.p << losses.p << dl.p << vocab << c.floats[0];
-        launch("cross_entropy_" + v, n, BLOCK, a);
+        int block = ((vocab + 3) / 4 + 31) / 32 * 32;
+        block = block < 32 ? 32 : (block > 1024 ? 1024 : block);
+        launch("cross_entropy_" + v, n, block, a);
         check(losses, "losses");
         check(dl, "dlogits");
     } else if (op == "adamw") {
@@ -392,9 +400,9 @@ static Result run(const Case& c) {
     } else if (op == "sum_squares") {
         Dev x = in("x"), o = in("out");
         uint64_t n = c.ints[0], slot = c.ints[1];
-        unsigned g = blocks_for(n);
-        if (g > 1024) g = 1024;
-        Dev part = alloc_f32(g);
+        uint64_t g64 = (n + 4095) / 4096;
+        const unsigned g = (unsigned)(g64 < 1 ? 1 : (g64 > 1024 ? 1024 : g64));
+        Dev part = alloc_f32(2 * g);  // g doubles
         owned.push_back(part);
         a << x.p << n << part.p;
         launch("sum_squares_partial_" + v, g, BLOCK, a);
@@ -410,39 +418,40 @@ static Result run(const Case& c) {
         check(x, "x", true);
     } else if (op == "bias_backward") {
         Dev d = in("dout"), db = in("dbias");
-        uint64_t rows = c.ints[0], cc = c.ints[1], chunks = (rows + CHUNK_ROWS - 1) / CHUNK_ROWS;
+        uint64_t rows = c.ints[0], cc = c.ints[1], rpc = rows_per_chunk(rows);
+        uint64_t chunks = (rows + rpc - 1) / rpc;
         Dev part = alloc_f32(chunks * cc);
         owned.push_back(part);
-        a << d.p << part.p << rows << cc << CHUNK_ROWS;
-        launch("colsum_partial_" + split2(v, 0), dim3(blocks_for(cc), chunks), BLOCK, a);
+        a << d.p << part.p << rows << cc << rpc;
+        launch("colsum_partial_" + split2(v, 0), dim3((cc + 63) / 64, chunks), BLOCK, a);
         Args b2;
         b2 << part.p << db.p << chunks << cc;
-        launch("colsum_finish_" + split2(v, 1), blocks_for(cc), BLOCK, b2);
+        launch("colsum_finish_" + split2(v, 1), (cc + 31) / 32, BLOCK, b2);
         check(db, "dbias");
     } else if (op == "layernorm_forward") {
         int n = c.ints[0], cc = c.ints[1];
         Dev x = in("x"), g = in("gamma"), b = in("beta"), o = out("out"), mu = out("mean"), rs = out("rstd");
         a << x.p << g.p << b.p << o.p << mu.p << rs.p << n << cc << c.floats[0];
-        launch("layernorm_forward_" + v, n, BLOCK, a);
+        launch("layernorm_forward_" + v, rows8(n), BLOCK, a);
         check(o, "out"); check(mu, "mean"); check(rs, "rstd");
     } else if (op == "layernorm_backward") {
         int n = c.ints[0], cc = c.ints[1];
         Dev d = in("dout"), x = in("x"), g = in("gamma"), mu = in("mean"), rs = in("rstd");
         Dev dx = in("dx"), dg = in("dgamma"), db = in("dbeta");
         a << d.p << x.p << g.p << mu.p << rs.p << dx.p << n << cc;
-        launch("layernorm_backward_dx_" + v, n, BLOCK, a);
-        const uint64_t chunks = (n + CHUNK_ROWS - 1) / CHUNK_ROWS;
+        launch("layernorm_backward_dx_" + v, rows8(n), BLOCK, a);
+        const uint64_t rpc = rows_per_chunk(n), chunks = (n + rpc - 1) / rpc;
         Dev pg = alloc_f32(chunks * cc), pb = alloc_f32(chunks * cc);
         owned.push_back(pg);
         owned.push_back(pb);
         Args b2;
-        b2 << d.p << x.p << mu.p << rs.p << pg.p << pb.p << n << cc << (int)CHUNK_ROWS;
-        launch("layernorm_dparams_partial_" + split2(v, 0), dim3(blocks_for(cc), chunks), BLOCK, b2);
+        b2 << d.p << x.p << mu.p << rs.p << pg.p << pb.p << n << cc << (int)rpc;
+        launch("layernorm_dparams_partial_" + split2(v, 0), dim3((cc + 31) / 32, chunks), BLOCK, b2);
         Args b3, b4;
         b3 << pg.p << dg.p << chunks << (uint64_t)cc;
-        launch("colsum_finish_" + split2(v, 1), blocks_for(cc), BLOCK, b3);
+        launch("colsum_finish_" + split2(v, 1), (cc + 31) / 32, BLOCK, b3);
         b4 << pb.p << db.p << chunks << (uint64_t)cc;
-        launch("colsum_finish_" + split2(v, 1), blocks_for(cc), BLOCK, b4);
+        launch("colsum_finish_" + split2(v, 1), (cc + 31) / 32, BLOCK, b4);
         check(dx, "dx"); check(dg, "dgamma"); check(db, "dbeta");
     } else if (op == "embedding_forward") {
         int b = c.ints[0], t = c.ints[1], cc = c.ints[2], vocab = c.ints[3];
@@ -455,14 +464,15 @@ static Result run(const Case& c) {
         Dev tk = in("tokens"), d = in("dout"), dwte = in("dwte"), dwpe = in("dwpe");
         a << tk.p << d.p << dwte.p << b * t << cc << vocab;
         launch("embedding_backward_wte_" + v, b * t, BLOCK, a);
-        const uint64_t rows = b, cols = (uint64_t)t * cc, chunks = (rows + CHUNK_ROWS - 1) / CHUNK_ROWS;
+        const uint64_t rows = b, cols = (uint64_t)t * cc, rpc = rows_per_chunk(rows);
+        const uint64_t chunks = (rows + rpc - 1) / rpc;
         Dev part = alloc_f32(chunks * cols);
         owned.push_back(part);
         Args b2, b3;
-        b2 << d.p << part.p << rows << cols << CHUNK_ROWS;
-        launch("colsum_partial_" + split2(v, 0), dim3(blocks_for(cols), chunks), BLOCK, b2);
+        b2 << d.p << part.p << rows << cols << rpc;
+        launch("colsum_partial_" + split2(v, 0), dim3((cols + 63) / 64, chunks), BLOCK, b2);
         b3 << part.p << dwpe.p << chunks << cols;
-        launch("colsum_finish_" + split2(v, 1), blocks_for(cols), BLOCK, b3);
+        launch("colsum_finish_" + split2(v, 1), (cols + 31) / 32, BLOCK, b3);
         check(dwte, "dwte"); check(dwpe, "dwpe");
     } else {
         r.ok = false;

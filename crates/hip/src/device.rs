@@ -21,13 +21,28 @@ use duet_device::{
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
 
-/// Rows per chunk of the two-pass column sums (the CPU reference's block size).
-pub(crate) const CHUNK_ROWS: usize = 32;
+/// Rows per chunk of the two-pass column sums: 64, or more where that would need more than
+/// 65535 chunks (the CUDA backend's `rows_per_chunk`, so the partition, and with it every bit of
+/// the sums, is CUDA's). A function of the shape only.
+pub(crate) fn rows_per_chunk(rows: usize) -> usize {
+    64usize.max(rows.div_ceil(65_535))
+}
 
 /// The grid of a row kernel that gives each of `rows` rows one block ([`BLOCK`] threads), or
 /// [`crate::kernels::too_large`].
 pub(crate) fn rows_grid(op: &'static str, rows: usize) -> Result<(u32, u32, u32)> {
     Ok((grid_dim(op, rows.max(1))?, 1, 1))
+}
+
+/// The grid of a row kernel that gives each of `rows` rows one 32-lane group, 8 rows per block
+/// of [`BLOCK`] threads (softmax, LayerNorm; CUDA's one warp per row), or
+/// [`crate::kernels::too_large`].
+pub(crate) fn group_rows_grid(op: &'static str, rows: usize) -> Result<(u32, u32, u32)> {
+    Ok((
+        grid_dim(op, rows.div_ceil(BLOCK as usize / 32).max(1))?,
+        1,
+        1,
+    ))
 }
 
 pub(crate) fn unsupported(op: &str, dtype: DType) -> DeviceError {
@@ -246,13 +261,14 @@ impl HipDevice {
         cols: usize,
         out: &HipBuffer,
     ) -> Result<()> {
-        let chunks = rows.div_ceil(CHUNK_ROWS).max(1);
+        let rpc = rows_per_chunk(rows);
+        let chunks = rows.div_ceil(rpc).max(1);
         let part = self.scratch(chunks * cols)?;
-        let gx = grid_dim(op, cols.div_ceil(BLOCK as usize))?;
+        let gx = grid_dim(op, cols.div_ceil(64))?;
         let sx = conv::float_suffix(op, x.dtype())?;
         // SAFETY: colsum_partial_T(const T* x, float* partial, u64 rows, u64 cols,
         // u64 rows_per_chunk): the caller checked x to hold rows × cols elements; `part` holds
-        // chunks × cols f32 (just sized); one thread per column, one grid row per chunk.
+        // chunks × cols f32 (just sized); 64 columns per block, one grid row per chunk.
         unsafe {
             self.kernel(&format!("colsum_partial_{sx}"))?
                 .grid((gx.max(1), grid_dim(op, chunks)?, 1))
@@ -260,15 +276,16 @@ impl HipDevice {
                 .arg_ptr(part)
                 .arg_u64(rows as u64)
                 .arg_u64(cols as u64)
-                .arg_u64(CHUNK_ROWS as u64)
+                .arg_u64(rpc as u64)
                 .launch()?;
         }
         let so = conv::float_suffix(op, out.dtype())?;
         // SAFETY: colsum_finish_T(const float* partial, T* out, u64 chunks, u64 cols): the
-        // chunks × cols partials written above; the caller checked `out` to hold cols elements.
+        // chunks × cols partials written above; the caller checked `out` to hold cols elements;
+        // 32 columns per block.
         unsafe {
             self.kernel(&format!("colsum_finish_{so}"))?
-                .grid(self.grid_1d(cols))
+                .grid((grid_dim(op, cols.div_ceil(32))?, 1, 1))
                 .arg_ptr(part)
                 .arg_buf(out)
                 .arg_u64(chunks as u64)
@@ -277,10 +294,11 @@ impl HipDevice {
         }
     }
 
-    /// `out[slot] += Σ partial[0..count)` in a fixed order (sum_squares_finish in reduce.hip).
+    /// `out[slot] += Σ partial[0..count)` in f64, in a fixed order (sum_squares_finish in
+    /// reduce.hip).
     ///
     /// # Safety
-    /// `partial` must hold `count` f32 partial sums written by earlier queued work, and `slot`
+    /// `partial` must hold `count` f64 partial sums written by earlier queued work, and `slot`
     /// must lie inside `out` (f32).
     pub(crate) unsafe fn sum_squares_finish(
         &self,
@@ -291,7 +309,7 @@ impl HipDevice {
         slot: usize,
     ) -> Result<()> {
         let count = dim(op, "partials", count)?;
-        // SAFETY: sum_squares_finish(const float* partial, int count, float* out, u64 slot),
+        // SAFETY: sum_squares_finish(const double* partial, int count, float* out, u64 slot),
         // one block; sizes from the caller.
         unsafe {
             self.kernel("sum_squares_finish")?

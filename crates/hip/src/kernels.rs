@@ -103,12 +103,16 @@ impl KernelModule {
     }
 }
 
-/// hiprtc options for a target: `--offload-arch=<gcnArchName>` and the wavefront size.
+/// hiprtc options for a target: `--offload-arch=<gcnArchName>`, the wavefront size, and
+/// `-ffp-contract=off`: clang's HIP default (`fast`) fuses any a·b + c into an FMA, so results
+/// would depend on the optimiser; with contraction off every FMA is an explicit `duet_fma`
+/// (kernels-hip/duet_hip.h), placed where the CUDA kernels round the same way.
 pub fn options(arch: &str, warp: i32) -> Vec<String> {
     vec![
         format!("--offload-arch={arch}"),
         "-O3".into(),
         "-std=c++17".into(),
+        "-ffp-contract=off".into(),
         format!("-DDUET_WARP={warp}"),
     ]
 }
@@ -358,11 +362,8 @@ impl<'a> Launch<'a> {
         self
     }
 
-    /// Threads per block (x, y, z).
-    #[allow(
-        dead_code,
-        reason = "the CUDA builder's shape; every kernels-hip kernel runs the default BLOCK"
-    )]
+    /// Threads per block (x, y, z): only cross_entropy (DUET_KERNEL_1024) runs another size than
+    /// the default [`BLOCK`].
     pub(crate) fn block(mut self, block: (u32, u32, u32)) -> Self {
         self.block = block;
         self
@@ -497,6 +498,7 @@ mod tests {
             }
             .fingerprint()
         };
+        assert!(o.contains(&"-ffp-contract=off".to_string()));
         let arch = "gfx942:sramecc+:xnack-";
         let a = cache_name(KernelModule::Reduce, arch, &tc(60_443_483, (2, 9)), &o);
         assert!(a.starts_with("reduce-gfx942-sramecc--xnack--"), "{a}");

@@ -2,6 +2,7 @@
 //! has no fused flash attention (its capabilities list none: the trait's composed default runs).
 
 use super::prelude::*;
+use crate::device::group_rows_grid;
 
 impl HipDevice {
     #[allow(clippy::too_many_arguments)]
@@ -168,7 +169,7 @@ impl HipDevice {
     ) -> Result<()> {
         let launch = self
             .kernel(&format!("{op}_{n}"))?
-            .grid(rows_grid(op, rows * t)?);
+            .grid(group_rows_grid(op, rows * t)?);
         let launch = bufs.iter().fold(launch, |l, b| l.arg_buf(b));
         // SAFETY: the pointer parameters are the caller's (see `# Safety`); the line count, t
         // and the scale follow in the kernel's order.

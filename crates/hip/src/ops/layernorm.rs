@@ -2,8 +2,7 @@
 //! parameter gradients in two deterministic passes.
 
 use super::prelude::*;
-use crate::device::CHUNK_ROWS;
-use crate::kernels::BLOCK;
+use crate::device::{group_rows_grid, rows_per_chunk};
 use std::ffi::c_void;
 
 impl HipDevice {
@@ -43,7 +42,7 @@ impl HipDevice {
         // n·c, gamma/beta c, mean/rstd n elements (checked).
         unsafe {
             self.kernel(&format!("{OP}_{sa}_{sp}"))?
-                .grid(rows_grid(OP, n)?)
+                .grid(group_rows_grid(OP, n)?)
                 .arg_buf(x)
                 .arg_buf(gamma)
                 .arg_buf(beta)
@@ -87,7 +86,7 @@ impl HipDevice {
         // dout/x/dx hold n·c, gamma c, mean/rstd n elements (checked).
         unsafe {
             self.kernel(&format!("layernorm_backward_dx_{sa}_{sp}"))?
-                .grid(rows_grid(OP, n)?)
+                .grid(group_rows_grid(OP, n)?)
                 .arg_buf(dout)
                 .arg_buf(x)
                 .arg_buf(gamma)
@@ -98,15 +97,16 @@ impl HipDevice {
                 .arg_i32(ci)
                 .launch()?;
         };
-        let chunks = n.div_ceil(CHUNK_ROWS);
+        let rpc = rows_per_chunk(n);
+        let chunks = n.div_ceil(rpc);
         let pg = self.scratch(2 * chunks * c)?;
         // SAFETY: the scratch holds 2·chunks·c f32; pb is its second half.
         let pb = unsafe { pg.cast::<f32>().add(chunks * c) }.cast::<c_void>();
-        let gx = grid_dim(OP, c.div_ceil(BLOCK as usize))?;
+        let gx = grid_dim(OP, c.div_ceil(32))?;
         // SAFETY: layernorm_dparams_partial_A(const A* dout, const A* x, const float* mean,
         // const float* rstd, float* pg, float* pb, int n, int c, int rows_per_chunk): reads
         // n·c / n elements (checked), writes chunks·c f32 to each half of the scratch (sized
-        // above); one thread per column, one grid row per chunk.
+        // above); 32 columns per block, one grid row per chunk.
         unsafe {
             self.kernel(&format!("layernorm_dparams_partial_{sa}"))?
                 .grid((gx.max(1), grid_dim(OP, chunks)?, 1))
@@ -118,7 +118,7 @@ impl HipDevice {
                 .arg_ptr(pb)
                 .arg_i32(ni)
                 .arg_i32(ci)
-                .arg_i32(CHUNK_ROWS as i32)
+                .arg_i32(dim(OP, "rows per chunk", rpc)?)
                 .launch()?;
         };
         for (part, out) in [(pg, &*dgamma), (pb, &*dbeta)] {
@@ -127,7 +127,7 @@ impl HipDevice {
             // chunks·c partials written above; out holds c elements (checked).
             unsafe {
                 self.kernel(&format!("colsum_finish_{so}"))?
-                    .grid(self.grid_1d(c))
+                    .grid((grid_dim(OP, c.div_ceil(32))?, 1, 1))
                     .arg_ptr(part)
                     .arg_buf(out)
                     .arg_u64(chunks as u64)

@@ -34,13 +34,17 @@ impl HipDevice {
             return Ok(());
         }
         self.queue_id_check(OP, targets, v, true)?;
+        // The CUDA backend's block size for v, so the partition of every row (and its bits) is
+        // CUDA's: ceil(v / 4) rounded up to whole 32-lane groups, 32 to 1024 threads.
+        let block = (v.div_ceil(4).div_ceil(32) * 32).clamp(32, 1024) as u32;
         // SAFETY: cross_entropy_T(const T* logits, const int* targets, float* losses,
         // T* dlogits (nullable), int v, float grad_scale): one block per row < n over logits and
         // dlogits (n·v), targets and losses (n), checked; a row reads logits[row·v + tgt] only
-        // for 0 ≤ tgt < v (the kernel checks).
+        // for 0 ≤ tgt < v (the kernel checks); the kernel is built for blocks up to 1024.
         unsafe {
             self.kernel(&format!("{OP}_{s}"))?
                 .grid(rows_grid(OP, n)?)
+                .block((block, 1, 1))
                 .arg_buf(logits)
                 .arg_buf(targets)
                 .arg_buf(losses)

@@ -5,7 +5,10 @@ use super::prelude::*;
 use duet_device::AdamWStep;
 
 /// Most blocks of a `sum_squares` partial pass (fixed by n alone, so results are deterministic).
-const SUMSQ_BLOCKS: u32 = 1024;
+const SUMSQ_BLOCKS: usize = 1024;
+/// Elements per block of a `sum_squares` partial pass before the cap: the CUDA backend's grid
+/// (`n.div_ceil(256 * 16).clamp(1, 1024)`), so the partition and the f64 sums are its bits.
+const SUMSQ_PER_BLOCK: usize = 256 * 16;
 
 impl HipDevice {
     pub(crate) fn adamw_impl(
@@ -60,19 +63,20 @@ impl HipDevice {
         args::validate_sum_squares(x, out, slot)?;
         let s = kernel_suffix(x.dtype()).ok_or_else(|| unsupported(OP, x.dtype()))?;
         // The partition depends on n only (never on the GPU), so results are reproducible.
-        let blocks = self.grid_1d(x.len()).0.min(SUMSQ_BLOCKS);
-        let part = self.scratch(blocks as usize)?;
-        // SAFETY: sum_squares_partial_T(const T* x, u64 n, float* partial): x holds n elements,
-        // the scratch `blocks` f32 (one per block).
+        let blocks = x.len().div_ceil(SUMSQ_PER_BLOCK).clamp(1, SUMSQ_BLOCKS);
+        // One f64 per block: two f32 slots each (the scratch is 256-byte aligned).
+        let part = self.scratch(2 * blocks)?;
+        // SAFETY: sum_squares_partial_T(const T* x, u64 n, double* partial): x holds n
+        // elements, the scratch `blocks` f64 (one per block).
         unsafe {
             self.kernel(&format!("sum_squares_partial_{s}"))?
-                .grid((blocks, 1, 1))
+                .grid((blocks as u32, 1, 1))
                 .arg_buf(x)
                 .arg_u64(x.len() as u64)
                 .arg_ptr(part)
                 .launch()?;
         };
         // SAFETY: `blocks` partials just written; slot < out.len() (checked).
-        unsafe { self.sum_squares_finish(OP, part, blocks as usize, out, slot) }
+        unsafe { self.sum_squares_finish(OP, part, blocks, out, slot) }
     }
 }

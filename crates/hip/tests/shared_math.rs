@@ -1,0 +1,347 @@
+//! The math both vendors' kernels share (e^x, ln x, GELU, the AdamW update) is one block of
+//! source kept text-identical in kernels-cuda/common.cuh and kernels-hip/duet_hip.h (each
+//! backend embeds only its own header: NVRTC gets common.cuh spliced in, hiprtc gets
+//! duet_hip.h), so this test is what keeps the two copies one implementation. It also checks
+//! that the kernels call no vendor math library where the results would differ, and, where a
+//! C++ compiler is installed, that the block's e^x is the CPU reference's exp_f32 bit for bit.
+
+const CUDA: &str = include_str!("../../../kernels-cuda/common.cuh");
+const HIP: &str = include_str!("../../../kernels-hip/duet_hip.h");
+const BEGIN: &str = "// >>> duet shared math >>>";
+const END: &str = "// <<< duet shared math <<<";
+
+fn block(src: &str) -> &str {
+    let a = src.find(BEGIN).expect("shared math block start");
+    let b = src.find(END).expect("shared math block end");
+    assert_eq!(src.matches(BEGIN).count(), 1);
+    &src[a..b + END.len()]
+}
+
+#[test]
+fn the_two_copies_are_identical() {
+    let (c, h) = (block(CUDA), block(HIP));
+    if c != h {
+        let first = c
+            .lines()
+            .zip(h.lines())
+            .position(|(a, b)| a != b)
+            .unwrap_or(c.lines().count().min(h.lines().count()));
+        panic!(
+            "the shared math blocks differ from line {} of the block:\n cuda: {:?}\n hip:  {:?}",
+            first + 1,
+            c.lines().nth(first),
+            h.lines().nth(first)
+        );
+    }
+    // Every primitive the block uses is defined on both sides.
+    for p in [
+        "duet_fadd",
+        "duet_fsub",
+        "duet_fmul",
+        "duet_fdiv",
+        "duet_fma",
+        "duet_fsqrt",
+        "duet_dadd",
+        "duet_dsub",
+        "duet_dmul",
+        "duet_ddiv",
+        "duet_d2u",
+        "duet_u2d",
+        "duet_f2u",
+        "duet_u2f",
+    ] {
+        for (side, src) in [("common.cuh", CUDA), ("duet_hip.h", HIP)] {
+            let before = &src[..src.find(BEGIN).unwrap()];
+            assert!(
+                before.contains(&format!(" {p}(")),
+                "{p} is not defined before the block in {side}"
+            );
+        }
+    }
+}
+
+/// Code with `//` comments removed.
+fn code(src: &str) -> String {
+    src.lines()
+        .map(|l| l.split("//").next().unwrap_or(""))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+fn no_vendor_math_where_the_vendors_differ() {
+    let banned = [
+        "expf(",
+        "logf(",
+        "tanhf(",
+        "__expf(",
+        "__logf(",
+        "__fdividef(",
+        "__fsqrt_rn(",
+    ];
+    let hip: Vec<(&str, &str)> = duet_hip::kernels::KernelModule::ALL
+        .iter()
+        .map(|m| (m.file(), m.source()))
+        .collect();
+    for (name, src) in hip {
+        let c = code(src);
+        for b in banned {
+            let hits = c.matches(b).count() - c.matches(&format!("_{b}")).count();
+            assert_eq!(hits, 0, "{name} calls {b}");
+        }
+    }
+    // The CUDA kernels that have HIP counterparts.
+    for (name, src) in [
+        (
+            "softmax.cu",
+            include_str!("../../../kernels-cuda/softmax.cu"),
+        ),
+        (
+            "cross_entropy.cu",
+            include_str!("../../../kernels-cuda/cross_entropy.cu"),
+        ),
+        (
+            "elementwise.cu",
+            include_str!("../../../kernels-cuda/elementwise.cu"),
+        ),
+        (
+            "layernorm.cu",
+            include_str!("../../../kernels-cuda/layernorm.cu"),
+        ),
+        ("common.cuh", CUDA),
+    ] {
+        let c = code(src);
+        for b in ["expf(", "logf(", "tanhf(", "__expf(", "__fdividef("] {
+            let hits = c.matches(b).count() - c.matches(&format!("_{b}")).count();
+            assert_eq!(hits, 0, "{name} calls {b}");
+        }
+    }
+}
+
+/// The CPU reference's exp_f32 (crates/cpu/src/ops/math.rs), copied: duet-cpu keeps it private.
+fn cpu_exp_f32(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    const ROUND: f32 = 12_582_912.0;
+    let xc = x.clamp(-87.0, 88.0);
+    let t = xc * LOG2E + ROUND;
+    let n = t - ROUND;
+    let n_int = t.to_bits().wrapping_sub(ROUND.to_bits());
+    let r = (xc - n * LN2_HI) - n * LN2_LO;
+    let mut p = 1.987_569_1e-4f32;
+    p = p * r + 1.398_199_9e-3;
+    p = p * r + 8.333_452e-3;
+    p = p * r + 4.166_579_6e-2;
+    p = p * r + 1.666_666_5e-1;
+    p = p * r + 0.5;
+    let y = p * r * r + r + 1.0;
+    let scale = f32::from_bits(n_int.wrapping_add(127).wrapping_shl(23));
+    let v = y * scale;
+    if x > 88.72 {
+        f32::INFINITY
+    } else if x < -87.33 {
+        0.0
+    } else {
+        v
+    }
+}
+
+#[test]
+fn the_copied_exp_is_still_the_cpu_one() {
+    let cpu = include_str!("../../cpu/src/ops/math.rs");
+    let start = cpu
+        .find("pub(crate) fn exp_f32")
+        .expect("exp_f32 in the CPU backend");
+    let body = &cpu[start..start + cpu[start..].find("\n}\n").unwrap()];
+    let ours = include_str!("shared_math.rs");
+    let ours = &ours[ours.find("fn cpu_exp_f32").unwrap()..];
+    // Compare the statements (comments and the signature line aside).
+    let stmts = |s: &str| -> Vec<String> {
+        s.lines()
+            .skip(1)
+            .map(|l| l.trim().to_string())
+            .filter(|l| !l.is_empty() && !l.starts_with("//"))
+            .take_while(|l| l != "}")
+            .collect()
+    };
+    assert_eq!(stmts(body)[..], stmts(ours)[..stmts(body).len()]);
+}
+
+/// Builds the shared block for the host with the system C++ compiler (contraction off, as the
+/// AMD build) and runs `main_body`; None when no compiler is installed.
+fn run_host(main_body: &str, tag: &str) -> Option<String> {
+    let dir = std::env::temp_dir().join(format!("duet-shared-math-{}-{tag}", std::process::id()));
+    std::fs::create_dir_all(&dir).ok()?;
+    let src = format!(
+        "#include <cstdio>\n#include <cstring>\n#define DUET_SFN static inline\n\
+         static unsigned duet_f2u(float x) {{ unsigned u; memcpy(&u, &x, 4); return u; }}\n\
+         static float duet_u2f(unsigned u) {{ float x; memcpy(&x, &u, 4); return x; }}\n\
+         static unsigned long long duet_d2u(double x) {{ unsigned long long u; memcpy(&u, &x, 8); return u; }}\n\
+         static double duet_u2d(unsigned long long u) {{ double x; memcpy(&x, &u, 8); return x; }}\n\
+         static float duet_fadd(float a, float b) {{ return a + b; }}\n\
+         static float duet_fsub(float a, float b) {{ return a - b; }}\n\
+         static float duet_fmul(float a, float b) {{ return a * b; }}\n\
+         static float duet_fdiv(float a, float b) {{ return a / b; }}\n\
+         static float duet_fma(float a, float b, float c) {{ return __builtin_fmaf(a, b, c); }}\n\
+         static float duet_fsqrt(float a) {{ return __builtin_sqrtf(a); }}\n\
+         static double duet_dadd(double a, double b) {{ return a + b; }}\n\
+         static double duet_dsub(double a, double b) {{ return a - b; }}\n\
+         static double duet_dmul(double a, double b) {{ return a * b; }}\n\
+         static double duet_ddiv(double a, double b) {{ return a / b; }}\n\
+         {}\nint main() {{\n{main_body}\nreturn 0;\n}}\n",
+        block(HIP)
+    );
+    let cpp = dir.join("m.cpp");
+    let exe = dir.join("m");
+    std::fs::write(&cpp, src).ok()?;
+    let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
+    let ok = std::process::Command::new(&cxx)
+        .args(["-O2", "-ffp-contract=off", "-std=c++17", "-o"])
+        .arg(&exe)
+        .arg(&cpp)
+        .status()
+        .ok()?
+        .success();
+    assert!(ok, "{cxx} failed on the shared math block");
+    let out = std::process::Command::new(&exe).output().ok()?;
+    let _ = std::fs::remove_dir_all(&dir);
+    String::from_utf8(out.stdout).ok()
+}
+
+/// A C++ loop running `stmt` with `x` (the bits of an f32) over `xs`.
+fn over(xs: &[f32], stmt: &str) -> String {
+    let list: Vec<String> = xs
+        .iter()
+        .map(|x| format!("0x{:08x}u", x.to_bits()))
+        .collect();
+    format!(
+        "static const unsigned xs[] = {{{}}};\nfor (unsigned x : xs) {{ {stmt} }}",
+        list.join(",")
+    )
+}
+
+fn sweep() -> Vec<f32> {
+    let mut xs = vec![
+        0.0, -0.0, 1.0, -1.0, 88.0, 88.5, 88.72, 88.73, -87.0, -87.33, -87.34, 100.0, -100.0,
+    ];
+    let mut x = -90.0f32;
+    while x < 90.0 {
+        xs.push(x);
+        x += 0.00731;
+    }
+    xs.extend([f32::INFINITY, f32::NEG_INFINITY, f32::NAN]);
+    xs
+}
+
+#[test]
+fn shared_exp_is_the_cpu_exp_bit_for_bit() {
+    let xs = sweep();
+    let lines = over(
+        &xs,
+        "printf(\"%08x\\n\", duet_f2u(duet_exp_f32(duet_u2f(x))));",
+    );
+    let Some(out) = run_host(&lines, "exp") else {
+        eprintln!("no C++ compiler: skipped");
+        return;
+    };
+    for (x, l) in xs.iter().zip(out.lines()) {
+        let got = u32::from_str_radix(l, 16).unwrap();
+        let want = cpu_exp_f32(*x);
+        assert!(
+            got == want.to_bits() || (want.is_nan() && f32::from_bits(got).is_nan()),
+            "exp({x}): shared {:e} cpu {want:e}",
+            f32::from_bits(got)
+        );
+    }
+}
+
+#[test]
+fn shared_log_is_within_one_ulp_and_follows_logf_at_the_edges() {
+    let mut xs: Vec<f32> = vec![
+        1.0,
+        2.0,
+        0.5,
+        1e-45,
+        1e-40,
+        f32::MIN_POSITIVE,
+        3.4e38,
+        f32::MAX,
+    ];
+    let mut x = 1e-6f32;
+    while x < 1e7 {
+        xs.push(x);
+        x *= 1.0137;
+    }
+    let specials = [0.0f32, -0.0, -1.0, f32::INFINITY, f32::NAN];
+    xs.extend(specials);
+    let lines = over(
+        &xs,
+        "printf(\"%08x\\n\", duet_f2u(duet_log_f32(duet_u2f(x))));",
+    );
+    let Some(out) = run_host(&lines, "log") else {
+        eprintln!("no C++ compiler: skipped");
+        return;
+    };
+    let mut exact = 0usize;
+    let mut total = 0usize;
+    for (x, l) in xs.iter().zip(out.lines()) {
+        let got = f32::from_bits(u32::from_str_radix(l, 16).unwrap());
+        let want = (*x as f64).ln();
+        if !x.is_finite() || *x <= 0.0 {
+            let w = x.ln();
+            assert!(
+                got == w || (got.is_nan() && w.is_nan()),
+                "ln({x}) = {got}, want {w}"
+            );
+            continue;
+        }
+        total += 1;
+        let w32 = want as f32;
+        if got == w32 {
+            exact += 1;
+        }
+        let ulp = (w32.abs().max(f32::MIN_POSITIVE) as f64) * f32::EPSILON as f64;
+        assert!(
+            (got as f64 - want).abs() <= ulp,
+            "ln({x}) = {got}, want {want}"
+        );
+    }
+    assert!(
+        exact * 1000 >= total * 999,
+        "{exact} of {total} correctly rounded"
+    );
+}
+
+#[test]
+fn shared_gelu_is_close_to_the_cpu_formula() {
+    // The CPU evaluates x·σ(2u) with the same e^x in its own order: agreement to a few ulp.
+    let xs: Vec<f32> = (-2000..=2000).map(|i| i as f32 * 0.005).collect();
+    let lines = over(
+        &xs,
+        "printf(\"%08x %08x\\n\", duet_f2u(gelu_f(duet_u2f(x))), duet_f2u(gelu_grad_f(duet_u2f(x))));",
+    );
+    let Some(out) = run_host(&lines, "gelu") else {
+        eprintln!("no C++ compiler: skipped");
+        return;
+    };
+    let sigmoid = |x: f32| 1.0 / (1.0 + cpu_exp_f32(-x));
+    for (x, l) in xs.iter().zip(out.lines()) {
+        let mut it = l
+            .split(' ')
+            .map(|w| f32::from_bits(u32::from_str_radix(w, 16).unwrap()));
+        let (g, d) = (it.next().unwrap(), it.next().unwrap());
+        let u = 0.797_884_6f32 * (x + 0.044_715 * x * x * x);
+        let s = sigmoid(2.0 * u);
+        let want_g = x * s;
+        let want_d = s + 2.0 * x * s * (1.0 - s) * 0.797_884_6 * (1.0 + 3.0 * 0.044_715 * x * x);
+        assert!(
+            (g - want_g).abs() <= 1e-6 + 1e-5 * want_g.abs(),
+            "gelu({x}) = {g}, cpu {want_g}"
+        );
+        assert!(
+            (d - want_d).abs() <= 1e-5 + 1e-4 * want_d.abs(),
+            "gelu'({x}) = {d}, cpu {want_d}"
+        );
+    }
+}

@@ -15,6 +15,7 @@
 #include "cross_entropy.hip"
 #include "elementwise.hip"
 #include "embedding.hip"
+#include "fp8.hip"
 #include "layernorm.hip"
 #include "reduce.hip"
 

@@ -345,3 +345,30 @@ fn shared_gelu_is_close_to_the_cpu_formula() {
         );
     }
 }
+
+/// GELU's σ(−z) = 1/(1 + e^z) (FMA e^z, Newton reciprocal) against f64 over z from −100 to
+/// 100: within 4 ulp wherever the result is a normal f32, and never NaN.
+#[test]
+fn shared_gelu_sigmoid_is_within_4_ulp_of_f64() {
+    let zs: Vec<f32> = (-20000..=20000).map(|i| i as f32 * 0.005).collect();
+    let lines = over(
+        &zs,
+        "printf(\"%08x\\n\", duet_f2u(duet_sigmoid_neg(duet_u2f(x))));",
+    );
+    let Some(out) = run_host(&lines, "sigmoid") else {
+        eprintln!("no C++ compiler: skipped");
+        return;
+    };
+    for (z, l) in zs.iter().zip(out.lines()) {
+        let got = f32::from_bits(u32::from_str_radix(l.trim(), 16).unwrap());
+        assert!(!got.is_nan(), "sigma(-{z}) is NaN");
+        let want = 1.0 / (1.0 + (*z as f64).min(80.0).exp());
+        if want >= f32::MIN_POSITIVE as f64 {
+            let ulp = want * f32::EPSILON as f64;
+            assert!(
+                (got as f64 - want).abs() <= 4.0 * ulp,
+                "sigma(-{z}) = {got:e}, f64 {want:e}"
+            );
+        }
+    }
+}

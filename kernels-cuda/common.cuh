@@ -472,7 +472,7 @@ DUET_SFN float duet_log_f32(float x) {
 }
 
 // σ(−z) = 1/(1 + e^z) for GELU, the hot path of the GELU kernels: e^z as in duet_exp_f32 but
-// with FMAs (z clamped to [−87, 80]), then the reciprocal by three Newton steps from an integer
+// with FMAs (z clamped to [−87, 80]; 0 above 80), then the reciprocal by three Newton steps from an integer
 // first guess (relative error below 2^-24 after the third), all FMAs: about 25 operations, so
 // the GELU kernels stay memory-bound (the IEEE division and the unfused e^x made them
 // compute-bound: +3.6 % on the seed bf16 step). Deterministic on both vendors: only IEEE FMAs,
@@ -496,7 +496,9 @@ DUET_SFN float duet_sigmoid_neg(float z) {
     q = duet_fma(q, duet_fma(-d, q, 1.0f), q);
     q = duet_fma(q, duet_fma(-d, q, 1.0f), q);
     q = duet_fma(q, duet_fma(-d, q, 1.0f), q);
-    return q;
+    // Past 80 the clamped e^z would make σ too large; the true σ is below 2^-115 there: 0, so
+    // that gelu(−∞) is NaN as x·σ was with the vendor exponential.
+    return z > 80.0f ? 0.0f : q;
 }
 
 // GELU, tanh approximation: gelu(x) = 0.5·x·(1 + tanh(u)) = x·σ(2u), u = √(2/π)·(x + 0.044715·x³)
@@ -547,6 +549,24 @@ DUET_SFN float adamw_update(float graw, float& m, float& v, float p, const AdamW
     return duet_fma(-k.lr, duet_fma(k.weight_decay, p, step), p);
 }
 // <<< duet shared math <<<
+
+// GELU with the hardware exponential and reciprocal (__expf, __fdividef: relative error about
+// 2^-21), for CUDA's fused FP8 kernels only (quantize_gelu_*, quantize_grad_t_* with GELU). Those
+// kernels have no HIP counterpart (HIP composes gelu_forward and the quantisation, whose GELU is
+// the shared one above), and there the shared form's extra arithmetic showed in the step (+3 %
+// on the seed fp8 step). Their codes agree with the composition to FP8 rounding, not bit for bit.
+DUET_SFN float gelu_sigma_hw(float x) {
+    const float x2 = __fmul_rn(x, x);
+    const float u = __fmul_rn(GELU_K, __fmaf_rn(__fmul_rn(GELU_C, x2), x, x));
+    return __fdividef(1.0f, __fadd_rn(1.0f, __expf(__fmul_rn(-2.0f, u))));
+}
+DUET_SFN float gelu_f_hw(float x) { return __fmul_rn(x, gelu_sigma_hw(x)); }
+DUET_SFN float gelu_grad_f_hw(float x) {
+    const float s = gelu_sigma_hw(x);
+    const float a = __fmul_rn(__fmul_rn(__fmul_rn(2.0f * GELU_K, x), s), __fsub_rn(1.0f, s));
+    const float b = __fmaf_rn(__fmul_rn(3.0f * GELU_C, x), x, 1.0f);
+    return __fmaf_rn(a, b, s);
+}
 
 // The gradient factor of a clipped step from the global sum of squares, exactly as
 // duet_device::clip_grad_scale does on the host (f32 square root, f64 unscaling, one rounding).

@@ -38,7 +38,7 @@
 // the counters are zero between launches (a CUDA graph can replay the kernel).
 #include "common.cuh"
 
-// gelu_f / gelu_grad_f: common.cuh.
+// gelu_f_hw / gelu_grad_f_hw: common.cuh (the hardware-approximation GELU; see there).
 
 __device__ __forceinline__ void record_amax(float m, float* amax) {
     atomicMax(reinterpret_cast<unsigned int*>(amax), __float_as_uint(m));
@@ -158,11 +158,11 @@ template <> __device__ __forceinline__ float round_to<bf16_t>(float x) {
 #endif
 }
 
-// The value quantised for source element x: x itself, or with GELU gelu(x) rounded to S as
-// gelu_forward stores it.
+// The value quantised for source element x: x itself, or with GELU gelu(x) rounded to S (with
+// the hardware-approximation GELU: agrees with gelu_forward's to rounding).
 template <typename S, bool GELU> __device__ __forceinline__ float src_value(float x) {
     if constexpr (GELU)
-        return round_to<S>(gelu_f(x));
+        return round_to<S>(gelu_f_hw(x));
     else
         return x;
 }
@@ -450,7 +450,7 @@ __device__ __forceinline__ void quantize_tile_body(
 #pragma unroll
                 for (int j = 0; j < 8; ++j) {
                     if constexpr (MODE == 2)
-                        v[j] = round_to<S>(gelu_grad_f(ps[p].get(j)) * xs[p].get(j));
+                        v[j] = round_to<S>(gelu_grad_f_hw(ps[p].get(j)) * xs[p].get(j));
                     else if constexpr (MODE == 4)
                         v[j] = round_to<S>(
                             ln_affine(xs[p].get(j), lmu[p], lrs[p], lg.get(j), lb.get(j)));

@@ -258,7 +258,7 @@ DUET_SFN float duet_log_f32(float x) {
 }
 
 // σ(−z) = 1/(1 + e^z) for GELU, the hot path of the GELU kernels: e^z as in duet_exp_f32 but
-// with FMAs (z clamped to [−87, 80]), then the reciprocal by three Newton steps from an integer
+// with FMAs (z clamped to [−87, 80]; 0 above 80), then the reciprocal by three Newton steps from an integer
 // first guess (relative error below 2^-24 after the third), all FMAs: about 25 operations, so
 // the GELU kernels stay memory-bound (the IEEE division and the unfused e^x made them
 // compute-bound: +3.6 % on the seed bf16 step). Deterministic on both vendors: only IEEE FMAs,
@@ -282,7 +282,9 @@ DUET_SFN float duet_sigmoid_neg(float z) {
     q = duet_fma(q, duet_fma(-d, q, 1.0f), q);
     q = duet_fma(q, duet_fma(-d, q, 1.0f), q);
     q = duet_fma(q, duet_fma(-d, q, 1.0f), q);
-    return q;
+    // Past 80 the clamped e^z would make σ too large; the true σ is below 2^-115 there: 0, so
+    // that gelu(−∞) is NaN as x·σ was with the vendor exponential.
+    return z > 80.0f ? 0.0f : q;
 }
 
 // GELU, tanh approximation: gelu(x) = 0.5·x·(1 + tanh(u)) = x·σ(2u), u = √(2/π)·(x + 0.044715·x³)

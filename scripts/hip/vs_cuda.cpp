@@ -569,7 +569,7 @@ static const char* EXCEPTIONS[][2] = {
      "kernels through the trait defaults; the grad norm's partition differs from CUDA's"},
     {"flash_attention_* (CUDA)", "CUDA-only (mma.sync tensor cores); HIP composes attention from GEMMs and softmax"},
     {"quantize_t_* / quantize_gelu_* / quantize_grad_t_* / layernorm_fp8_* / adamw_fp8_* (CUDA)",
-     "CUDA-only fused FP8 kernels; HIP composes them (quantize_S_D, compared above)"},
+     "CUDA-only fused FP8 kernels (their GELU is the hardware-approximation one, common.cuh gelu_f_hw); HIP composes them (gelu_forward + quantize_S_D, compared above)"},
 };
 
 // ------------------------------------------------------------------ comparison

@@ -312,13 +312,13 @@ struct BenchArgs {
     #[command(flatten)]
     model: ModelArgs,
     /// Untimed warm-up steps.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 3, help_heading = "Benchmark")]
     warmup_steps: u64,
     /// Timed steps.
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = 10, help_heading = "Benchmark")]
     iters: u64,
     /// Also write the result as JSON.
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", help_heading = "Benchmark")]
     json: Option<PathBuf>,
 }
 

@@ -91,6 +91,15 @@ fn stop_and_resume_gives_the_same_losses() {
         "--no-graphs",
     ]);
     assert_success(&out);
+    // ... and the resumed run runs with them: its checkpoint carries the new execution group.
+    let ck =
+        duet_engine::checkpoint::Checkpoint::load(&part.join("checkpoint.safetensors")).unwrap();
+    let e = &ck.config.train.execution;
+    assert_eq!(
+        (e.checkpoint_every, e.recompute_gelu, e.loss_every, e.graphs),
+        (1, false, 3, false),
+        "the resumed run's execution settings"
+    );
     let a = losses(&full.join("metrics.jsonl"));
     let b = losses(&part.join("metrics.jsonl"));
     assert_eq!(a.len(), 20);

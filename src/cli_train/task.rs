@@ -145,9 +145,12 @@ impl TrainTask {
         };
         let mut trainer = match (self.resume.take(), dp) {
             (Some(mut ck), dp) => {
+                // What a resume may change (settings::fixed_on_resume): the step count and the
+                // whole execution group; the precision is the checkpoint's, resolved against
+                // this device.
                 ck.config.train.recipe.precision = cfg.train.recipe.precision;
                 ck.config.train.steps = cfg.train.steps;
-                ck.config.train.execution.loss_every = cfg.train.execution.loss_every;
+                ck.config.train.execution = cfg.train.execution.clone();
                 say!("resuming from step {}", ck.step);
                 match dp {
                     Some((c, o)) => Trainer::from_checkpoint_data_parallel(dev.clone(), &ck, c, o)?,

@@ -200,7 +200,7 @@ impl Checkpoint {
                 get(keys::VERSION)?
             ));
         }
-        let config: Config = toml::from_str(get(keys::CONFIG)?)
+        let config = Config::from_toml_exact(get(keys::CONFIG)?)
             .map_err(|e| format!("bad config in checkpoint: {e}"))?;
         config
             .validate()

@@ -227,8 +227,9 @@ pub struct PrecisionRecipe {
     pub weight_grad_dtype: WeightGradDtype,
 }
 
-/// How a step runs, not what it computes: every setting here gives the same numbers, so a
-/// resumed run may change them (see [`Config::resumed`]).
+/// How a step runs, not what it computes: every setting here gives the same numbers (GEMM
+/// autotuning the same values up to the last bits), so a resumed run may change them (the
+/// `duet train` flags of its Execution group).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ExecutionConfig {
     /// Activation checkpointing: keep the input of every segment of this many blocks and
@@ -532,6 +533,28 @@ impl Config {
         toml::to_string(self).expect("config serialises")
     }
 
+    /// A whole configuration as `to_toml` writes it (a checkpoint's), refusing keys it does not
+    /// know: the groups are flattened into `[train]`, which serde cannot check by itself, so every
+    /// key read must come back when the parsed config is written again. Keys a missing field's
+    /// default fills (files from before that field existed) are fine.
+    pub fn from_toml_exact(text: &str) -> std::result::Result<Config, String> {
+        let cfg: Config = toml::from_str(text).map_err(|e| one_line(&e.to_string()))?;
+        let read: toml::Table = toml::from_str(text).map_err(|e| one_line(&e.to_string()))?;
+        let known = toml::Table::try_from(&cfg).map_err(|e| e.to_string())?;
+        for (section, v) in &read {
+            let Some(keys) = v.as_table() else {
+                continue;
+            };
+            let Some(have) = known.get(section).and_then(|s| s.as_table()) else {
+                return Err(format!("unknown section [{section}]"));
+            };
+            if let Some(k) = keys.keys().find(|k| !have.contains_key(*k)) {
+                return Err(format!("unknown field {section}.{k}"));
+            }
+        }
+        Ok(cfg)
+    }
+
     pub fn validate(&self) -> Result<()> {
         self.model.validate()?;
         let t = &self.train;
@@ -689,6 +712,30 @@ fn one_line(msg: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A checkpoint's config must name only known keys, though the groups are flattened.
+    #[test]
+    fn exact_toml_refuses_unknown_keys_and_accepts_defaulted_ones() {
+        let cfg = Config::preset(Preset::Tiny);
+        let text = cfg.to_toml();
+        assert_eq!(Config::from_toml_exact(&text).unwrap(), cfg);
+        let extra = text.replace("[train]\n", "[train]\nlabel_smoothing = 0.1\n");
+        assert_eq!(
+            Config::from_toml_exact(&extra).unwrap_err(),
+            "unknown field train.label_smoothing"
+        );
+        let extra = text.replace("[model]\n", "[model]\nrotary = true\n");
+        let e = Config::from_toml_exact(&extra).unwrap_err();
+        assert!(e.contains("unknown field") && e.contains("rotary"), "{e}");
+        // A field added later with a default: older files without it still load.
+        let older: String = text
+            .lines()
+            .filter(|l| !l.starts_with("recompute_gelu"))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        assert_ne!(older, text);
+        assert_eq!(Config::from_toml_exact(&older).unwrap(), cfg);
+    }
 
     #[test]
     fn toml_overrides_fields() {

@@ -27,7 +27,7 @@ for line in sys.stdin:
 ')
 if [ -z "$out_dir" ]; then
   echo "bindgen did not run (are the HIP headers and libclang installed?)" >&2
-  exit 1
+  exit 2
 fi
 status=0
 for lib in hip hiprtc; do

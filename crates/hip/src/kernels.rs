@@ -113,6 +113,10 @@ pub fn options(arch: &str, warp: i32) -> Vec<String> {
         "-O3".into(),
         "-std=c++17".into(),
         "-ffp-contract=off".into(),
+        // What CUDA's __fdiv_rn/__fsqrt_rn/IEEE f32 give (clang's HIP defaults today; pinned
+        // so the compiler's defaults cannot change the bits, and part of the cache key).
+        "-fhip-fp32-correctly-rounded-divide-sqrt".into(),
+        "-fno-gpu-flush-denormals-to-zero".into(),
         format!("-DDUET_WARP={warp}"),
     ]
 }

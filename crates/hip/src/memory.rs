@@ -240,7 +240,12 @@ impl Staging {
                     crate::hip::sys::hipMemcpyKind::hipMemcpyHostToDevice,
                     stream,
                 )?;
-                chunk.api.event_record(chunk.event, stream)?;
+                if let Err(e) = chunk.api.event_record(chunk.event, stream) {
+                    // The copy is queued but nothing marks its end: wait for the stream so the
+                    // chunk is not reused (or freed) while the copy may still read it.
+                    chunk.api.stream_synchronize(stream)?;
+                    return Err(e);
+                }
             }
             chunk.in_flight = true;
             done += piece.len();

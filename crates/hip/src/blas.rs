@@ -61,9 +61,13 @@ impl Lt {
         hip: &HipApi,
         mem: &Arc<MemShared>,
         ordinal: i32,
-    ) -> std::result::Result<Self, String> {
-        hip.set_device(ordinal).map_err(|e| e.to_string())?;
-        let ones = HipBuffer::new(mem, DType::F32, 2).map_err(|e| e.to_string())?;
+    ) -> std::result::Result<Self, LtCreateError> {
+        let before = |e: String| LtCreateError {
+            why: e,
+            retry: true,
+        };
+        hip.set_device(ordinal).map_err(|e| before(e.to_string()))?;
+        let ones = HipBuffer::new(mem, DType::F32, 2).map_err(|e| before(e.to_string()))?;
         let (bits, width) = conv::fill_pattern(DType::F32, 1.0);
         // SAFETY: `ones` holds 2 f32 on this device.
         unsafe {
@@ -71,13 +75,17 @@ impl Lt {
                 .api()
                 .memset_async(ones.ptr(), bits, width, 2, mem.stream.raw())
         }
-        .map_err(|e| e.to_string())?;
-        let workspace = HipBuffer::new(mem, DType::U8, LT_WORKSPACE).map_err(|e| e.to_string())?;
-        let (free, _) = hip.mem_info().map_err(|e| e.to_string())?;
+        .map_err(|e| before(e.to_string()))?;
+        let workspace =
+            HipBuffer::new(mem, DType::U8, LT_WORKSPACE).map_err(|e| before(e.to_string()))?;
+        let (free, _) = hip.mem_info().map_err(|e| before(e.to_string()))?;
         if let Some(why) = lt_memory_check(free) {
-            return Err(why);
+            return Err(before(why));
         }
-        let handle = LtHandle::new(api.clone()).map_err(|e| e.to_string())?;
+        let handle = LtHandle::new(api.clone()).map_err(|e| LtCreateError {
+            why: e.to_string(),
+            retry: false,
+        })?;
         Ok(Self {
             handle,
             ones,
@@ -113,11 +121,21 @@ impl PlanCache {
     }
 }
 
+/// Why the hipBLASLt state was not created.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LtCreateError {
+    pub why: String,
+    /// Nothing inside hipBLASLt ran (our own allocations, the free-memory guard): the next FP8
+    /// GEMM may try again, when memory has been freed. A failure inside `hipblasLtCreate` is
+    /// final (the library's failure modes include `exit`).
+    pub retry: bool,
+}
+
 enum LtState {
     NotCreated,
     Ready(Box<Lt>),
-    /// Creation failed; the reason, reported by every FP8 GEMM (never retried: the library's
-    /// failure modes include `exit`).
+    /// `hipblasLtCreate` failed; the reason, reported by every FP8 GEMM (never retried: the
+    /// library's failure modes include `exit`).
     Failed(String),
 }
 
@@ -151,7 +169,7 @@ impl LazyLt {
         &self,
         op: &str,
         dtype: DType,
-        create: impl FnOnce(&Arc<LtApi>) -> std::result::Result<Lt, String>,
+        create: impl FnOnce(&Arc<LtApi>) -> std::result::Result<Lt, LtCreateError>,
         f: impl FnOnce(&mut Lt) -> Result<R>,
     ) -> Result<R> {
         let unavailable = |why: &str| DeviceError::Unsupported {
@@ -168,7 +186,13 @@ impl LazyLt {
         if matches!(*state, LtState::NotCreated) {
             *state = match create(api) {
                 Ok(lt) => LtState::Ready(Box::new(lt)),
-                Err(why) => LtState::Failed(format!("hipBLASLt handle not created: {why}")),
+                Err(e) if e.retry => {
+                    return Err(unavailable(&format!(
+                        "hipBLASLt handle not created yet: {} (tried again on the next FP8 GEMM)",
+                        e.why
+                    )));
+                }
+                Err(e) => LtState::Failed(format!("hipBLASLt handle not created: {}", e.why)),
             };
         }
         match &mut *state {
@@ -543,6 +567,7 @@ unsigned hipblasLtMatmul(void) { matmuls++; return 0; }
             "{}",
             lazy.describe()
         );
+        // Too little free memory: nothing inside hipBLASLt ran, so the next GEMM tries again.
         let mut tries = 0;
         for _ in 0..2 {
             let e = lazy
@@ -551,14 +576,42 @@ unsigned hipblasLtMatmul(void) { matmuls++; return 0; }
                     DType::F8E4M3Fnuz,
                     |_| {
                         tries += 1;
-                        Err(lt_memory_check(1 << 20).unwrap())
+                        Err(LtCreateError {
+                            why: lt_memory_check(1 << 20).unwrap(),
+                            retry: true,
+                        })
                     },
                     |_| Ok(()),
                 )
                 .unwrap_err();
             let msg = e.to_string();
             assert!(
-                msg.contains("gemm_fp8") && msg.contains("MiB free"),
+                msg.contains("gemm_fp8") && msg.contains("MiB free") && msg.contains("again"),
+                "{msg}"
+            );
+        }
+        assert_eq!(tries, 2);
+        assert!(lazy.describe().contains("first FP8 GEMM"));
+        // hipblasLtCreate itself failing: tried once, its cause in every later error.
+        let mut tries = 0;
+        for _ in 0..2 {
+            let e = lazy
+                .with::<()>(
+                    "gemm_fp8",
+                    DType::F8E4M3Fnuz,
+                    |_| {
+                        tries += 1;
+                        Err(LtCreateError {
+                            why: "hipblasLtCreate: HIPBLAS_STATUS_NOT_INITIALIZED".into(),
+                            retry: false,
+                        })
+                    },
+                    |_| Ok(()),
+                )
+                .unwrap_err();
+            let msg = e.to_string();
+            assert!(
+                msg.contains("gemm_fp8") && msg.contains("NOT_INITIALIZED"),
                 "{msg}"
             );
         }

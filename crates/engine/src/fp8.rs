@@ -19,7 +19,7 @@
 //! and scales, brought up to date when asked for (checkpoints, reports).
 
 use crate::{EngineError, Result};
-use duet_device::{DType, DeviceExt, DeviceInfo, Fused};
+use duet_device::{Buffer, DType, DeviceExt, DeviceInfo, Fused};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::sync::{Mutex, MutexGuard};
@@ -339,21 +339,37 @@ struct HostView {
 }
 
 impl<D: Fused> Fp8State<D> {
-    /// The lengths (f32 elements) of the metadata buffers [`Fp8State::new`] allocates for
+    /// The lengths (f32 elements) of the metadata buffers [`Fp8State::new`] takes for
     /// `linears` linear layers: scale, scale_inv (`inv_stride` per operand, see
     /// [`duet_device::Capabilities::fp8_scale_inv_stride`]), amax, amax history and fp8_max.
-    /// The model's buffer table plans with the same function.
+    /// The model's buffer table plans and allocates them.
     pub fn buffer_lens(cfg: &DelayedScaling, linears: usize, inv_stride: usize) -> [usize; 5] {
         let n = linears * Operand::ALL.len();
         [n, n * inv_stride.max(1), n, n * cfg.amax_history_len, n]
     }
 
-    /// Metadata for `names.len()` linear layers (3 operands each, slot `3·i + operand`).
+    /// [`Fp8State::new`] in buffers of its own (a model uses its buffer table's instead).
+    pub fn allocate(
+        dev: &D,
+        cfg: DelayedScaling,
+        family: Fp8Family,
+        linears: &[String],
+    ) -> Result<Self> {
+        let stride = dev.capabilities().fp8_scale_inv_stride;
+        let lens = Self::buffer_lens(&cfg, linears.len(), stride);
+        let [a, b, c, d, e] = lens.map(|len| dev.alloc(DType::F32, len));
+        Self::new(dev, cfg, family, linears, [a?, b?, c?, d?, e?])
+    }
+
+    /// Metadata for `names.len()` linear layers (3 operands each, slot `3·i + operand`), in
+    /// `bufs`: f32 buffers of the [`Fp8State::buffer_lens`] (scale, scale_inv, amax, amax
+    /// history, fp8_max; the model's buffer table allocates them), initialised here.
     pub fn new(
         dev: &D,
         cfg: DelayedScaling,
         family: Fp8Family,
         linears: &[String],
+        bufs: [D::Buffer; 5],
     ) -> Result<Self> {
         cfg.validate()?;
         let (fwd, bwd) = family.dtypes(cfg.recipe);
@@ -369,19 +385,23 @@ impl<D: Fused> Fp8State<D> {
             }
         }
         let inv_stride = dev.capabilities().fp8_scale_inv_stride.max(1);
-        let [n_scale, n_inv, n_amax, n_hist, n_max] =
-            Self::buffer_lens(&cfg, linears.len(), inv_stride);
-        let mut scale = dev.alloc(DType::F32, n_scale)?;
-        let mut scale_inv = dev.alloc(DType::F32, n_inv)?;
+        let lens = Self::buffer_lens(&cfg, linears.len(), inv_stride);
+        for (b, len) in bufs.iter().zip(lens) {
+            if b.dtype() != DType::F32 || b.len() != len {
+                return Err(EngineError::Config(format!(
+                    "fp8 scaling metadata: a {} buffer of {} elements where f32 × {len} is planned",
+                    b.dtype(),
+                    b.len()
+                )));
+            }
+        }
+        let [mut scale, mut scale_inv, mut amax, mut history, mut fp8_max] = bufs;
         dev.fill(&mut scale, 1.0)?;
         dev.fill(&mut scale_inv, 1.0)?;
-        let mut amax = dev.alloc(DType::F32, n_amax)?;
         dev.fill(&mut amax, 0.0)?;
-        let mut history = dev.alloc(DType::F32, n_hist)?;
         dev.fill(&mut history, 0.0)?;
         let maxes: Vec<f32> = ops.iter().map(|o| o.fp8_max).collect();
-        debug_assert_eq!(maxes.len(), n_max);
-        let fp8_max = dev.upload_new(&maxes)?;
+        dev.upload(&maxes, &mut fp8_max, 0)?;
         Ok(Self {
             cfg,
             fwd,
@@ -701,7 +721,7 @@ mod tests {
         let dev = duet_cpu::CpuDevice::new(Some(1)).unwrap();
         let c = cfg(4, AmaxAlgo::Max, 0);
         let layers = ["l0".to_string()];
-        let state = || Fp8State::new(&dev, c, Fp8Family::Ocp, &layers).unwrap();
+        let state = || Fp8State::allocate(&dev, c, Fp8Family::Ocp, &layers).unwrap();
         let (mut queued, mut noted, mut unnoted) = (state(), state(), state());
         // The device-side update alone, as a replayed graph runs it.
         let device_update = |st: &mut Fp8State<duet_cpu::CpuDevice>| {

@@ -258,7 +258,7 @@ fn delayed_scaling_follows_the_amaxes_the_device_records() {
         ..DelayedScaling::default()
     };
     let mut st: Fp8State<CpuDevice> =
-        Fp8State::new(&dev, cfg, Fp8Family::Ocp, &["lin".to_string()]).unwrap();
+        Fp8State::allocate(&dev, cfg, Fp8Family::Ocp, &["lin".to_string()]).unwrap();
     assert_eq!((st.fwd, st.bwd), (DType::F8E4M3, DType::F8E5M2));
     let slot = Fp8State::<CpuDevice>::slot(0, duet_engine::fp8::Operand::GradOutput);
     assert_eq!(slot, 2);
@@ -291,7 +291,7 @@ fn delayed_scaling_follows_the_amaxes_the_device_records() {
     assert_eq!(rep[2].dtype, "f8e5m2");
     // Export and import (checkpoints): a fresh state continues exactly where this one is.
     let mut fresh: Fp8State<CpuDevice> =
-        Fp8State::new(&dev, cfg, Fp8Family::Ocp, &["lin".to_string()]).unwrap();
+        Fp8State::allocate(&dev, cfg, Fp8Family::Ocp, &["lin".to_string()]).unwrap();
     fresh.import(&dev, &st.export(&dev).unwrap()).unwrap();
     assert_eq!(
         fresh.report(&dev, 16).unwrap(),
@@ -302,7 +302,7 @@ fn delayed_scaling_follows_the_amaxes_the_device_records() {
         dev.download::<f32>(&st.scale_inv).unwrap()
     );
     let mut fnuz: Fp8State<CpuDevice> =
-        Fp8State::new(&dev, cfg, Fp8Family::Fnuz, &["lin".to_string()]).unwrap();
+        Fp8State::allocate(&dev, cfg, Fp8Family::Fnuz, &["lin".to_string()]).unwrap();
     assert!(
         fnuz.import(&dev, &st.export(&dev).unwrap()).is_err(),
         "OCP state into an FNUZ model"

@@ -153,9 +153,10 @@ pub(super) struct Fp8Layout<B> {
     pub(super) dy8: Vec<B>,
     pub(super) dy8t: Vec<B>,
     pub(super) amax_discard: B,
-    /// The scaling metadata [`Fp8State::new`] allocates (planned here, allocated there from
-    /// the same [`Fp8State::buffer_lens`]).
+    /// The scaling metadata [`Fp8State::new`] takes ([`Fp8State::buffer_lens`]).
     pub(super) state: Vec<B>,
+    /// The FP8 encodings the codes use.
+    pub(super) family: Fp8Family,
 }
 
 /// Every buffer of a model, as specs ([`Buffers::plan`]) or allocated.
@@ -177,6 +178,9 @@ pub(super) struct Buffers<B> {
     pub(super) zeros_c: B,
     pub(super) scratch: Scratch<B>,
     pub(super) fp8: Option<Fp8Layout<B>>,
+    /// Attention runs fused (see [`duet_device::Fused::flash_attention_forward`]): no score
+    /// matrices, no split heads.
+    pub(super) flash: bool,
 }
 
 fn map_vec<B, C, E>(
@@ -224,8 +228,10 @@ impl<B> Buffers<B> {
                     dy8t: map_vec(q.dy8t, f)?,
                     amax_discard: f(q.amax_discard)?,
                     state: map_vec(q.state, f)?,
+                    family: q.family,
                 }),
             },
+            flash: self.flash,
         })
     }
 }
@@ -348,6 +354,7 @@ impl Buffers<BufSpec> {
                 dy8t: vec![],
                 amax_discard: spec(f32, 0, Kind::Scratch),
                 state: vec![],
+                family,
             };
             for _ in 0..cfg.layers {
                 for k in 0..LINEARS.len() {
@@ -393,6 +400,7 @@ impl Buffers<BufSpec> {
             zeros_c: spec(f32, c, Kind::Scratch),
             scratch,
             fp8,
+            flash,
         }
     }
 

@@ -35,7 +35,7 @@ pub use params::{
 };
 
 use crate::config::ModelConfig;
-use crate::fp8::{Fp8Family, Fp8State};
+use crate::fp8::Fp8State;
 use crate::precision::{Precision, PrecisionPlan};
 use crate::{EngineError, Result};
 use duet_device::{DType, DeviceError, DeviceExt, Fused, GemmDesc};
@@ -160,24 +160,20 @@ impl<D: Fused> Gpt<D> {
                  (got {c}, {f} and {b} × {t} = {n})"
             )));
         }
-        let flash = dev.capabilities().flash_attention(act, cfg.head_size());
         let bufs = table.try_map(&mut |s: BufSpec| dev.alloc(s.dtype, s.len))?;
         let fp8 = match bufs.fp8 {
             None => None,
             Some(q) => {
-                let family = plan
-                    .fp8_family
-                    .unwrap_or_else(|| Fp8Family::of_device(&dev.info()));
                 let mut names = Vec::new();
                 for l in 0..cfg.layers {
                     for (_, name) in LINEARS {
                         names.push(format!("h.{l}.{name}"));
                     }
                 }
-                // The planned metadata buffers stand for what Fp8State allocates itself (the
-                // same lengths, Fp8State::buffer_lens): hand them back before it does.
-                drop(q.state);
-                let state = Fp8State::new(&*dev, plan.fp8, family, &names)?;
+                let state: [D::Buffer; 5] = q.state.try_into().map_err(|v: Vec<_>| {
+                    EngineError::Config(format!("fp8 state: {} buffers planned, not 5", v.len()))
+                })?;
+                let state = Fp8State::new(&*dev, plan.fp8, q.family, &names, state)?;
                 Some(Fp8Bufs {
                     state,
                     codes: Fp8Codes::default(),
@@ -216,7 +212,7 @@ impl<D: Fused> Gpt<D> {
             last_count: 0,
             precision: plan.precision,
             act,
-            flash,
+            flash: bufs.flash,
             dlogits_lp: bufs.dlogits_lp,
             loss_scale: 1.0,
             fp8,

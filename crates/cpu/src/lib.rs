@@ -56,6 +56,10 @@ mod collective;
 mod info;
 mod ops;
 
+/// The CPU reference's e^x, public so that other backends' shared math can be checked against it
+/// bit for bit (duet-hip's `tests/shared_math.rs`).
+pub use ops::math::exp_f32;
+
 pub use buffer::CpuBuffer;
 pub use collective::{CpuComm, CpuGroup};
 

@@ -134,55 +134,7 @@ fn no_vendor_math_where_the_vendors_differ() {
     }
 }
 
-/// The CPU reference's exp_f32 (crates/cpu/src/ops/math.rs), copied: duet-cpu keeps it private.
-fn cpu_exp_f32(x: f32) -> f32 {
-    const LOG2E: f32 = std::f32::consts::LOG2_E;
-    const LN2_HI: f32 = 0.693_359_4;
-    const LN2_LO: f32 = -2.121_944_4e-4;
-    const ROUND: f32 = 12_582_912.0;
-    let xc = x.clamp(-87.0, 88.0);
-    let t = xc * LOG2E + ROUND;
-    let n = t - ROUND;
-    let n_int = t.to_bits().wrapping_sub(ROUND.to_bits());
-    let r = (xc - n * LN2_HI) - n * LN2_LO;
-    let mut p = 1.987_569_1e-4f32;
-    p = p * r + 1.398_199_9e-3;
-    p = p * r + 8.333_452e-3;
-    p = p * r + 4.166_579_6e-2;
-    p = p * r + 1.666_666_5e-1;
-    p = p * r + 0.5;
-    let y = p * r * r + r + 1.0;
-    let scale = f32::from_bits(n_int.wrapping_add(127).wrapping_shl(23));
-    let v = y * scale;
-    if x > 88.72 {
-        f32::INFINITY
-    } else if x < -87.33 {
-        0.0
-    } else {
-        v
-    }
-}
-
-#[test]
-fn the_copied_exp_is_still_the_cpu_one() {
-    let cpu = include_str!("../../cpu/src/ops/math.rs");
-    let start = cpu
-        .find("pub(crate) fn exp_f32")
-        .expect("exp_f32 in the CPU backend");
-    let body = &cpu[start..start + cpu[start..].find("\n}\n").unwrap()];
-    let ours = include_str!("shared_math.rs");
-    let ours = &ours[ours.find("fn cpu_exp_f32").unwrap()..];
-    // Compare the statements (comments and the signature line aside).
-    let stmts = |s: &str| -> Vec<String> {
-        s.lines()
-            .skip(1)
-            .map(|l| l.trim().to_string())
-            .filter(|l| !l.is_empty() && !l.starts_with("//"))
-            .take_while(|l| l != "}")
-            .collect()
-    };
-    assert_eq!(stmts(body)[..], stmts(ours)[..stmts(body).len()]);
-}
+use duet_cpu::exp_f32 as cpu_exp_f32;
 
 /// Builds the shared block for the host with the system C++ compiler (contraction off, as the
 /// AMD build) and runs `main_body`; None when no compiler is installed.

@@ -6,7 +6,7 @@
 /// `e^r` is a degree-7 polynomial and `2^n` is built from the exponent bits. Results below
 /// f32's normal range flush to 0, above it are +∞; NaN propagates.
 #[inline(always)]
-pub(crate) fn exp_f32(x: f32) -> f32 {
+pub fn exp_f32(x: f32) -> f32 {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     const LN2_HI: f32 = 0.693_359_4;
     const LN2_LO: f32 = -2.121_944_4e-4;

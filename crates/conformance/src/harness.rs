@@ -342,6 +342,7 @@ impl<D: Fused> Harness<D> {
             let wants = on_cpu(Self::cpu());
             assert_eq!(wants.len(), got.len(), "{case}: CPU outputs");
             for ((g, w), &t) in got.iter().zip(&wants).zip(tols) {
+                record_digest(&self.backend, case, g, w);
                 let what = format!("{case} {} ({} vs cpu)", g.name, self.backend);
                 compare(&what, g, w, t);
             }
@@ -364,6 +365,61 @@ impl<D: Fused> Harness<D> {
             let what = format!("{case} {} (fused vs composed, {})", f.name, self.backend);
             compare(&what, f, p, t);
         }
+    }
+}
+
+/// FNV-1a 64 of `bytes`.
+fn fnv64(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+        (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+    })
+}
+
+/// With `DUET_CONFORMANCE_DIGESTS=FILE`, appends one line per output a GPU backend's case checks
+/// against the CPU: `case, output, CPU digest, occurrence, backend, dtype, length, device digest,
+/// bits equal to the CPU's`, tab-separated. Two backends run with the same `DUET_TEST_SEED` see
+/// the same inputs, so the same CPU digest: `scripts/hip/compare_digests.py` joins two such files
+/// on (case, output, CPU digest, occurrence) and tells which outputs are bit-identical between
+/// the backends (a sub-case one backend skips has no partner and is listed as such).
+fn record_digest(backend: &str, case: &str, got: &Tensor, cpu: &Tensor) {
+    if let Some(path) = std::env::var_os("DUET_CONFORMANCE_DIGESTS").filter(|p| !p.is_empty()) {
+        append_digest(std::path::Path::new(&path), backend, case, got, cpu);
+    }
+}
+
+fn append_digest(path: &std::path::Path, backend: &str, case: &str, got: &Tensor, cpu: &Tensor) {
+    use std::collections::HashMap;
+    use std::io::Write;
+    use std::sync::Mutex;
+    static SEEN: OnceLock<Mutex<HashMap<(String, String, u64), u32>>> = OnceLock::new();
+    let cpu_digest = fnv64(&cpu.bytes);
+    let occurrence = {
+        let mut seen = SEEN
+            .get_or_init(Default::default)
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let n = seen
+            .entry((case.to_string(), got.name.clone(), cpu_digest))
+            .or_insert(0);
+        *n += 1;
+        *n
+    };
+    let line = format!(
+        "{case}\t{}\t{cpu_digest:016x}\t{occurrence}\t{backend}\t{}\t{}\t{:016x}\t{}\n",
+        got.name,
+        got.dtype,
+        got.bytes.len(),
+        fnv64(&got.bytes),
+        got.bytes == cpu.bytes
+    );
+    // One write per line on an O_APPEND file: lines of cases running in parallel do not mix.
+    let written = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .and_then(|mut f| f.write_all(line.as_bytes()));
+    if let Err(e) = written {
+        panic!("DUET_CONFORMANCE_DIGESTS={}: {e}", path.display());
     }
 }
 
@@ -471,3 +527,30 @@ pub const FLOATS_AND_FP8: [DType; 7] = [
     DType::F8E4M3Fnuz,
     DType::F8E5M2Fnuz,
 ];
+
+#[cfg(test)]
+mod digest_tests {
+    use super::*;
+
+    #[test]
+    fn digests_key_outputs_by_the_cpu_result_and_count_repeats() {
+        let path = std::env::temp_dir().join(format!("duet-digests-{}.tsv", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let t = |b: &[u8]| Tensor {
+            name: "y".into(),
+            dtype: DType::F32,
+            bytes: b.to_vec(),
+        };
+        append_digest(&path, "hip", "case_a", &t(&[1, 2, 3, 4]), &t(&[1, 2, 3, 4]));
+        append_digest(&path, "hip", "case_a", &t(&[1, 2, 3, 5]), &t(&[1, 2, 3, 4]));
+        let text = std::fs::read_to_string(&path).unwrap();
+        let _ = std::fs::remove_file(&path);
+        let rows: Vec<Vec<&str>> = text.lines().map(|l| l.split('\t').collect()).collect();
+        assert_eq!(rows.len(), 2, "{text}");
+        let cpu = format!("{:016x}", fnv64(&[1, 2, 3, 4]));
+        assert_eq!(rows[0][..4], ["case_a", "y", cpu.as_str(), "1"]);
+        assert_eq!(rows[1][3], "2", "the second output with the same CPU result counts on");
+        assert_eq!((rows[0][8], rows[1][8]), ("true", "false"));
+        assert_ne!(rows[0][7], rows[1][7]);
+    }
+}

@@ -41,7 +41,8 @@ fn main() -> ExitCode {
         Some("compile") => cmd_compile(&args[1..]),
         Some("symbols") => cmd_symbols(),
         Some("layout") => cmd_layout(),
-        _ => Err("usage: rocm_check compile [--out DIR] ARCH... | symbols | layout".into()),
+        Some("symbol-list") => cmd_symbol_list(),
+        _ => Err("usage: rocm_check compile [--out DIR] ARCH... | symbols | symbol-list | layout".into()),
     };
     match r {
         Ok(true) => ExitCode::SUCCESS,
@@ -402,6 +403,29 @@ fn msgpack(b: &[u8], p: usize) -> Result<(Mp, usize), String> {
 }
 
 // ---------------------------------------------------------------- symbols
+
+/// Every symbol duet loads from any ROCm library (the tables `symbols` checks, the optional entry
+/// points included), one per line: what the hip-on-cuda stand-ins must export, and no more.
+fn cmd_symbol_list() -> Result<bool, String> {
+    use duet_hip::hipblaslt::sys::HipblasLtLib;
+    use duet_hip::rccl::{HipSyncLib, RcclLib};
+    use duet_hip::rocblas::sys::RocblasLib;
+    let mut all: Vec<&str> = duet_hip::hip::result::required_symbols();
+    all.extend(duet_hip::hip::result::HOST_SYMBOLS);
+    all.extend(["hipGetDevicePropertiesR0600", "hipGetDeviceProperties"]);
+    all.extend(HipSyncLib::SYMBOLS);
+    all.extend(duet_hip::hiprtc::result::required_symbols());
+    all.extend(RocblasLib::SYMBOLS);
+    all.extend(HipblasLtLib::SYMBOLS);
+    all.push("hipblasLtGetVersion");
+    all.extend(RcclLib::SYMBOLS);
+    all.sort_unstable();
+    all.dedup();
+    for s in all {
+        println!("{s}");
+    }
+    Ok(true)
+}
 
 fn cmd_symbols() -> Result<bool, String> {
     use duet_hip::hipblaslt::sys::HipblasLtLib;

@@ -1,0 +1,608 @@
+// hip-on-cuda: libhipblaslt's FP8 matmul, emulated over cuBLAS. A TEST DOUBLE (../README.md).
+//
+// duet uses hipBLASLt for FP8 GEMMs only: A and B FP8 codes (FNUZ on gfx942, OCP on gfx950), one
+// f32 scale per operand through A/B_SCALE_POINTER, f32 compute, and C = D in f32/f16/bf16.
+// cuBLASLt has no FNUZ formats (and takes FP8 only transposed-normal), so every FP8 matmul is
+// emulated the same way, for both families and every layout:
+//   1. the codes of A and B are decoded exactly to bf16 (every value of the four FP8 formats is
+//      a bf16 value; NaN stays NaN, E5M2's infinities stay infinite), by a kernel of this file
+//      compiled with NVRTC;
+//   2. cuBLAS multiplies the bf16 copies with f32 accumulation into an f32 buffer
+//      (cublasGemmStridedBatchedEx, CUBLAS_COMPUTE_32F);
+//   3. an epilogue kernel writes D = (alpha * scaleA * scaleB) * acc + beta * C, rounded to D's
+//      type (nearest even), C read only when beta != 0.
+// The family must be the one the reported architecture has (FNUZ for gfx942, OCP for gfx950),
+// as on the hardware; anything else duet's calls do not use is refused with a line naming it.
+#include <hip/hip_runtime_api.h>
+#include <hip/library_types.h>
+#include <hipblaslt/hipblaslt-version.h>
+#include <hipblaslt/hipblaslt.h>
+#include <nvrtc.h>
+
+#include "common.h"
+#include "cublas_side.h"
+
+#include <dlfcn.h>
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <vector>
+
+using hoc::fail;
+
+namespace {
+
+// ---------------------------------------------------------------- the emulation kernels
+
+const char* const kKernels = R"(
+__device__ __forceinline__ float pow2(int e) { return __int_as_float((e + 127) << 23); }
+
+// fmt: 0 OCP E4M3, 1 OCP E5M2, 2 E4M3 FNUZ, 3 E5M2 FNUZ. Exact: every FP8 value is a bf16 value.
+extern "C" __global__ void hoc_decode_fp8(const unsigned char* in, unsigned short* out,
+                                          unsigned long long n, int fmt) {
+    const int mbits = (fmt == 0 || fmt == 2) ? 3 : 2;
+    const int bias = fmt == 0 ? 7 : fmt == 1 ? 15 : fmt == 2 ? 8 : 16;
+    unsigned long long step = (unsigned long long)gridDim.x * blockDim.x;
+    for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += step) {
+        unsigned int c = in[i];
+        unsigned int s = c >> 7;
+        unsigned int e = (c & 0x7fu) >> mbits;
+        unsigned int m = c & ((1u << mbits) - 1u);
+        bool nan = fmt >= 2 ? c == 0x80u : fmt == 0 ? (c & 0x7fu) == 0x7fu : (e == 31u && m != 0u);
+        bool inf = fmt == 1 && e == 31u && m == 0u;
+        unsigned short bits;
+        if (nan) {
+            bits = 0x7fc0;
+        } else if (inf) {
+            bits = (unsigned short)((s << 15) | 0x7f80u);
+        } else {
+            float v = e == 0u ? (float)m * pow2(1 - bias - mbits)
+                              : (float)(m + (1u << mbits)) * pow2((int)e - bias - mbits);
+            bits = (unsigned short)((__float_as_uint(v) >> 16) | (s << 15));
+        }
+        out[i] = bits;
+    }
+}
+
+__device__ __forceinline__ float load(const void* p, long long i, int ty) {
+    if (ty == 0) return ((const float*)p)[i];
+    unsigned short h = ((const unsigned short*)p)[i];
+    if (ty == 2) return __uint_as_float((unsigned int)h << 16);
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+__device__ __forceinline__ void store(void* p, long long i, int ty, float v) {
+    if (ty == 0) {
+        ((float*)p)[i] = v;
+        return;
+    }
+    unsigned short h;
+    if (ty == 2)
+        asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(v));
+    else
+        asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
+    ((unsigned short*)p)[i] = h;
+}
+
+// ty: 0 f32, 1 f16, 2 bf16. acc is m x n x batch, packed column-major.
+extern "C" __global__ void hoc_epilogue(const float* acc, const void* c, void* d, int ty, int m,
+                                        int n, int batch, long long ld, long long stride,
+                                        float alpha, float beta, const float* sa,
+                                        const float* sb) {
+    const float s = __fmul_rn(alpha, __fmul_rn(sa ? *sa : 1.0f, sb ? *sb : 1.0f));
+    long long mn = (long long)m * n;
+    long long total = mn * batch;
+    long long step = (long long)gridDim.x * blockDim.x;
+    for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < total; idx += step) {
+        long long b = idx / mn, r = idx % mn;
+        long long j = r / m, i = r % m;
+        long long at = b * stride + j * ld + i;
+        float v = __fmul_rn(s, acc[idx]);
+        if (beta != 0.0f) v = __fadd_rn(v, __fmul_rn(beta, load(c, at, ty)));
+        store(d, at, ty, v);
+    }
+}
+)";
+
+#define HOC_NVRTC_FUNCS(X)                                                                      \
+    X(nvrtcCreateProgram) X(nvrtcCompileProgram) X(nvrtcGetCUBINSize) X(nvrtcGetCUBIN)         \
+    X(nvrtcGetProgramLogSize) X(nvrtcGetProgramLog) X(nvrtcDestroyProgram) X(nvrtcGetErrorString)
+
+struct Nvrtc {
+#define HOC_MEMBER(f) decltype(&::f) f;
+    HOC_NVRTC_FUNCS(HOC_MEMBER)
+#undef HOC_MEMBER
+};
+
+// The kernels' cubin for `arch` (compiled once per process), or empty with `why`.
+std::vector<char> kernels_cubin(const std::string& arch, std::string* why) {
+    static std::mutex mu;
+    static std::string built_for;
+    static std::vector<char> cubin;
+    std::lock_guard<std::mutex> lock(mu);
+    if (!cubin.empty() && built_for == arch) return cubin;
+    void* h = nullptr;
+    for (const char* n : {"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"}) {
+        h = dlopen(n, RTLD_NOW | RTLD_LOCAL);
+        if (h) break;
+    }
+    if (!h) {
+        *why = "NVRTC (libnvrtc.so.13/.12) could not be opened";
+        return {};
+    }
+    Nvrtc r;
+#define HOC_LOAD(f)                                                         \
+    r.f = reinterpret_cast<decltype(&::f)>(dlsym(h, HOC_XSTR(f)));          \
+    if (!r.f) {                                                             \
+        *why = std::string("libnvrtc does not export ") + HOC_XSTR(f);      \
+        return {};                                                          \
+    }
+    HOC_NVRTC_FUNCS(HOC_LOAD)
+#undef HOC_LOAD
+    nvrtcProgram p = nullptr;
+    if (r.nvrtcCreateProgram(&p, kKernels, "hip_on_cuda_fp8.cu", 0, nullptr, nullptr) != NVRTC_SUCCESS) {
+        *why = "nvrtcCreateProgram failed";
+        return {};
+    }
+    std::string opt = "-arch=" + arch;
+    const char* opts[] = {opt.c_str(), "--fmad=false"};
+    nvrtcResult res = r.nvrtcCompileProgram(p, 2, opts);
+    if (res != NVRTC_SUCCESS) {
+        size_t n = 0;
+        r.nvrtcGetProgramLogSize(p, &n);
+        std::string log(n, '\0');
+        r.nvrtcGetProgramLog(p, log.data());
+        *why = std::string("NVRTC could not compile the emulation kernels: ") +
+               r.nvrtcGetErrorString(res) + "\n" + log;
+        r.nvrtcDestroyProgram(&p);
+        return {};
+    }
+    size_t n = 0;
+    r.nvrtcGetCUBINSize(p, &n);
+    cubin.assign(n, 0);
+    r.nvrtcGetCUBIN(p, cubin.data());
+    r.nvrtcDestroyProgram(&p);
+    built_for = arch;
+    return cubin;
+}
+
+// ---------------------------------------------------------------- the objects
+
+struct Handle {
+    void* cublas = nullptr;
+    CUmodule module = nullptr;
+    CUfunction decode = nullptr;
+    CUfunction epilogue = nullptr;
+};
+
+struct Layout {
+    hipDataType type;
+    uint64_t rows, cols;
+    int64_t ld;
+    int32_t batch = 1;
+    int64_t stride = 0;
+};
+
+struct Desc {
+    hipblasComputeType_t compute;
+    hipDataType scale_type;
+    int32_t trans_a = HIPBLAS_OP_N, trans_b = HIPBLAS_OP_N;
+    const void* a_scale = nullptr;
+    const void* b_scale = nullptr;
+};
+
+struct Pref {
+    uint64_t max_workspace = 0;
+};
+
+Handle* H(hipblasLtHandle_t h) { return static_cast<Handle*>(h); }
+Layout* L(hipblasLtMatrixLayout_t l) { return reinterpret_cast<Layout*>(l); }
+Desc* D(hipblasLtMatmulDesc_t d) { return reinterpret_cast<Desc*>(d); }
+Pref* P(hipblasLtMatmulPreference_t p) { return reinterpret_cast<Pref*>(p); }
+
+// FP8 format number of the kernels, or -1.
+int fp8_format(hipDataType t) {
+    switch (t) {
+        case HIP_R_8F_E4M3: return 0;
+        case HIP_R_8F_E5M2: return 1;
+        case HIP_R_8F_E4M3_FNUZ: return 2;
+        case HIP_R_8F_E5M2_FNUZ: return 3;
+        default: return -1;
+    }
+}
+
+// Output type number of the epilogue, or -1.
+int out_type(hipDataType t) {
+    switch (t) {
+        case HIP_R_32F: return 0;
+        case HIP_R_16F: return 1;
+        case HIP_R_16BF: return 2;
+        default: return -1;
+    }
+}
+
+struct Problem {
+    int m, n, k, batch;
+    int fa, fb, ty;
+};
+
+// Checks a matmul against what the emulation implements; false with `why` otherwise.
+bool check(const Desc* d, const Layout* a, const Layout* b, const Layout* c, const Layout* dd,
+           Problem* p, std::string* why) {
+    if (d->compute != HIPBLAS_COMPUTE_32F || d->scale_type != HIP_R_32F) {
+        *why = "compute/scale types other than HIPBLAS_COMPUTE_32F/HIP_R_32F";
+        return false;
+    }
+    p->fa = fp8_format(a->type);
+    p->fb = fp8_format(b->type);
+    if (p->fa < 0 || p->fb < 0) {
+        *why = "A/B types " + std::to_string(a->type) + "/" + std::to_string(b->type) +
+               " (the stand-in implements FP8 operands only)";
+        return false;
+    }
+    const bool fnuz = p->fa >= 2;
+    if ((p->fb >= 2) != fnuz) {
+        *why = "A and B of different FP8 families";
+        return false;
+    }
+    const std::string arch = hoc::arch_base();
+    const bool arch_fnuz = arch == "gfx942";
+    const bool arch_ocp = arch == "gfx950" || arch.rfind("gfx12", 0) == 0;
+    if ((fnuz && !arch_fnuz) || (!fnuz && !arch_ocp)) {
+        *why = std::string(fnuz ? "FNUZ" : "OCP") + " FP8 operands on " + arch +
+               " (gfx942 has FNUZ, gfx950 OCP)";
+        return false;
+    }
+    p->ty = out_type(c->type);
+    if (p->ty < 0 || c->type != dd->type) {
+        *why = "C/D types " + std::to_string(c->type) + "/" + std::to_string(dd->type) +
+               " (C = D in f32, f16 or bf16)";
+        return false;
+    }
+    if (c->rows != dd->rows || c->cols != dd->cols || c->ld != dd->ld || c->batch != dd->batch ||
+        c->stride != dd->stride) {
+        *why = "C and D layouts that differ";
+        return false;
+    }
+    const bool ta = d->trans_a == HIPBLAS_OP_T, tb = d->trans_b == HIPBLAS_OP_T;
+    const uint64_t m = dd->rows, n = dd->cols;
+    const uint64_t am = ta ? a->cols : a->rows, ak = ta ? a->rows : a->cols;
+    const uint64_t bk = tb ? b->cols : b->rows, bn = tb ? b->rows : b->cols;
+    if (am != m || bn != n || ak != bk) {
+        *why = "shapes that do not chain (op(A) " + std::to_string(am) + "x" + std::to_string(ak) +
+               ", op(B) " + std::to_string(bk) + "x" + std::to_string(bn) + ", D " +
+               std::to_string(m) + "x" + std::to_string(n) + ")";
+        return false;
+    }
+    if (a->batch != dd->batch || b->batch != dd->batch) {
+        *why = "batch counts that differ between A, B and D";
+        return false;
+    }
+    for (const Layout* l : {a, b, dd}) {
+        if (l->ld < static_cast<int64_t>(l->rows) || l->ld < 1) {
+            *why = "a leading dimension below the rows";
+            return false;
+        }
+    }
+    if (m > INT32_MAX || n > INT32_MAX || ak > INT32_MAX || a->ld > INT32_MAX || b->ld > INT32_MAX ||
+        dd->ld > INT32_MAX) {
+        *why = "dimensions above 2^31";
+        return false;
+    }
+    p->m = static_cast<int>(m);
+    p->n = static_cast<int>(n);
+    p->k = static_cast<int>(ak);
+    p->batch = dd->batch;
+    return true;
+}
+
+// Elements from the first to the last one a layout addresses.
+uint64_t span(const Layout* l) {
+    if (l->rows == 0 || l->cols == 0 || l->batch == 0) return 0;
+    return static_cast<uint64_t>(l->batch - 1) * static_cast<uint64_t>(l->stride) +
+           (l->cols - 1) * static_cast<uint64_t>(l->ld) + l->rows;
+}
+
+hipblasStatus_t cu_status(const char* fn, const char* call, CUresult r) {
+    if (hoc::cu_check(fn, call, r) == CUDA_SUCCESS) return HIPBLAS_STATUS_SUCCESS;
+    return r == CUDA_ERROR_OUT_OF_MEMORY ? HIPBLAS_STATUS_ALLOC_FAILED : HIPBLAS_STATUS_EXECUTION_FAILED;
+}
+
+unsigned grid_for(uint64_t n) {
+    uint64_t g = (n + 255) / 256;
+    if (g > 8192) g = 8192;
+    return g == 0 ? 1 : static_cast<unsigned>(g);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- handle
+
+HOC_API hipblasStatus_t hipblasLtCreate(hipblasLtHandle_t* handle) {
+    const char* fn = "hipblasLtCreate";
+    if (!handle) return HIPBLAS_STATUS_INVALID_VALUE;
+    std::string why;
+    const hoc::Driver* d = hoc::driver(&why);
+    if (!d) return HIPBLAS_STATUS_NOT_INITIALIZED;
+    CUdevice dev;
+    if (hoc::current_device(fn, &dev) != CUDA_SUCCESS) return HIPBLAS_STATUS_NOT_INITIALIZED;
+    int major = 0, minor = 0;
+    d->cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev);
+    d->cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev);
+    std::vector<char> cubin =
+        kernels_cubin("sm_" + std::to_string(major) + std::to_string(minor), &why);
+    if (cubin.empty()) {
+        fail(fn, "%s", why.c_str());
+        return HIPBLAS_STATUS_NOT_INITIALIZED;
+    }
+    if (!hoc::blas::available(&why)) {
+        fail(fn, "%s", why.c_str());
+        return HIPBLAS_STATUS_NOT_INITIALIZED;
+    }
+    auto* h = new Handle;
+    if (hoc::cu_check(fn, "cuModuleLoadData", d->cuModuleLoadData(&h->module, cubin.data())) ||
+        hoc::cu_check(fn, "cuModuleGetFunction", d->cuModuleGetFunction(&h->decode, h->module, "hoc_decode_fp8")) ||
+        hoc::cu_check(fn, "cuModuleGetFunction", d->cuModuleGetFunction(&h->epilogue, h->module, "hoc_epilogue"))) {
+        if (h->module) d->cuModuleUnload(h->module);
+        delete h;
+        return HIPBLAS_STATUS_NOT_INITIALIZED;
+    }
+    if (int s = hoc::blas::create(&h->cublas); s != 0) {
+        fail(fn, "cublasCreate: %s", hoc::blas::status_name(s));
+        d->cuModuleUnload(h->module);
+        delete h;
+        return HIPBLAS_STATUS_NOT_INITIALIZED;
+    }
+    hoc::blas::set_atomics(h->cublas, false);
+    *handle = h;
+    return HIPBLAS_STATUS_SUCCESS;
+}
+
+HOC_API hipblasStatus_t hipblasLtDestroy(const hipblasLtHandle_t handle) {
+    if (!handle) return HIPBLAS_STATUS_NOT_INITIALIZED;
+    Handle* h = H(handle);
+    if (h->cublas) hoc::blas::destroy(h->cublas);
+    if (const hoc::Driver* d = hoc::driver(); d && h->module) d->cuModuleUnload(h->module);
+    delete h;
+    return HIPBLAS_STATUS_SUCCESS;
+}
+
+HOC_API hipblasStatus_t hipblasLtGetVersion(hipblasLtHandle_t handle, int* version) {
+    if (!handle) return HIPBLAS_STATUS_NOT_INITIALIZED;
+    if (!version) return HIPBLAS_STATUS_INVALID_VALUE;
+    *version = HIPBLASLT_VERSION_MAJOR * 100000 + HIPBLASLT_VERSION_MINOR * 100 + HIPBLASLT_VERSION_PATCH;
+    return HIPBLAS_STATUS_SUCCESS;
+}
+
+// ---------------------------------------------------------------- layouts
+
+HOC_API hipblasStatus_t hipblasLtMatrixLayoutCreate(hipblasLtMatrixLayout_t* layout, hipDataType type,
+                                                    uint64_t rows, uint64_t cols, int64_t ld) {
+    if (!layout) return HIPBLAS_STATUS_INVALID_VALUE;
+    auto* l = new Layout{type, rows, cols, ld};
+    *layout = reinterpret_cast<hipblasLtMatrixLayout_t>(l);
+    return HIPBLAS_STATUS_SUCCESS;
+}
+
+HOC_API hipblasStatus_t hipblasLtMatrixLayoutDestroy(const hipblasLtMatrixLayout_t layout) {
+    if (!layout) return HIPBLAS_STATUS_INVALID_VALUE;
+    delete L(layout);
+    return HIPBLAS_STATUS_SUCCESS;
+}
+
+HOC_API hipblasStatus_t hipblasLtMatrixLayoutSetAttribute(hipblasLtMatrixLayout_t layout,
+                                                          hipblasLtMatrixLayoutAttribute_t attr,
+                                                          const void* buf, size_t size) {
+    const char* fn = "hipblasLtMatrixLayoutSetAttribute";
+    if (!layout || !buf) return HIPBLAS_STATUS_INVALID_VALUE;
+    Layout* l = L(layout);
+    switch (attr) {
+        case HIPBLASLT_MATRIX_LAYOUT_BATCH_COUNT:
+            if (size != sizeof(int32_t)) return HIPBLAS_STATUS_INVALID_VALUE;
+            std::memcpy(&l->batch, buf, size);
+            return HIPBLAS_STATUS_SUCCESS;
+        case HIPBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET:
+            if (size != sizeof(int64_t)) return HIPBLAS_STATUS_INVALID_VALUE;
+            std::memcpy(&l->stride, buf, size);
+            return HIPBLAS_STATUS_SUCCESS;
+        default:
+            fail(fn, "attribute %d is not implemented by the stand-in", static_cast<int>(attr));
+            return HIPBLAS_STATUS_NOT_SUPPORTED;
+    }
+}
+
+// ---------------------------------------------------------------- matmul descriptors
+
+HOC_API hipblasStatus_t hipblasLtMatmulDescCreate(hipblasLtMatmulDesc_t* desc,
+                                                  hipblasComputeType_t compute, hipDataType scale) {
+    if (!desc) return HIPBLAS_STATUS_INVALID_VALUE;
+    auto* d = new Desc{compute, scale};
+    *desc = reinterpret_cast<hipblasLtMatmulDesc_t>(d);
+    return HIPBLAS_STATUS_SUCCESS;
+}
+
+HOC_API hipblasStatus_t hipblasLtMatmulDescDestroy(const hipblasLtMatmulDesc_t desc) {
+    if (!desc) return HIPBLAS_STATUS_INVALID_VALUE;
+    delete D(desc);
+    return HIPBLAS_STATUS_SUCCESS;
+}
+
+HOC_API hipblasStatus_t hipblasLtMatmulDescSetAttribute(hipblasLtMatmulDesc_t desc,
+                                                        hipblasLtMatmulDescAttributes_t attr,
+                                                        const void* buf, size_t size) {
+    const char* fn = "hipblasLtMatmulDescSetAttribute";
+    if (!desc || !buf) return HIPBLAS_STATUS_INVALID_VALUE;
+    Desc* d = D(desc);
+    switch (attr) {
+        case HIPBLASLT_MATMUL_DESC_TRANSA:
+        case HIPBLASLT_MATMUL_DESC_TRANSB: {
+            if (size != sizeof(int32_t)) return HIPBLAS_STATUS_INVALID_VALUE;
+            int32_t v;
+            std::memcpy(&v, buf, size);
+            if (v != HIPBLAS_OP_N && v != HIPBLAS_OP_T) {
+                fail(fn, "operation %d (only N and T are implemented)", v);
+                return HIPBLAS_STATUS_NOT_SUPPORTED;
+            }
+            (attr == HIPBLASLT_MATMUL_DESC_TRANSA ? d->trans_a : d->trans_b) = v;
+            return HIPBLAS_STATUS_SUCCESS;
+        }
+        case HIPBLASLT_MATMUL_DESC_A_SCALE_POINTER:
+        case HIPBLASLT_MATMUL_DESC_B_SCALE_POINTER:
+            if (size != sizeof(void*)) return HIPBLAS_STATUS_INVALID_VALUE;
+            std::memcpy(attr == HIPBLASLT_MATMUL_DESC_A_SCALE_POINTER ? &d->a_scale : &d->b_scale, buf,
+                        size);
+            return HIPBLAS_STATUS_SUCCESS;
+        case HIPBLASLT_MATMUL_DESC_A_SCALE_MODE:
+        case HIPBLASLT_MATMUL_DESC_B_SCALE_MODE: {
+            uint32_t v = 0;
+            if (size != sizeof v) return HIPBLAS_STATUS_INVALID_VALUE;
+            std::memcpy(&v, buf, size);
+            if (v != HIPBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F) {
+                fail(fn, "scale mode %u (only one f32 scalar per matrix is implemented)", v);
+                return HIPBLAS_STATUS_NOT_SUPPORTED;
+            }
+            return HIPBLAS_STATUS_SUCCESS;
+        }
+        default:
+            fail(fn, "attribute %d is not implemented by the stand-in", static_cast<int>(attr));
+            return HIPBLAS_STATUS_NOT_SUPPORTED;
+    }
+}
+
+// ---------------------------------------------------------------- preferences and heuristics
+
+HOC_API hipblasStatus_t hipblasLtMatmulPreferenceCreate(hipblasLtMatmulPreference_t* pref) {
+    if (!pref) return HIPBLAS_STATUS_INVALID_VALUE;
+    *pref = reinterpret_cast<hipblasLtMatmulPreference_t>(new Pref);
+    return HIPBLAS_STATUS_SUCCESS;
+}
+
+HOC_API hipblasStatus_t hipblasLtMatmulPreferenceDestroy(const hipblasLtMatmulPreference_t pref) {
+    if (!pref) return HIPBLAS_STATUS_INVALID_VALUE;
+    delete P(pref);
+    return HIPBLAS_STATUS_SUCCESS;
+}
+
+HOC_API hipblasStatus_t hipblasLtMatmulPreferenceSetAttribute(hipblasLtMatmulPreference_t pref,
+                                                              hipblasLtMatmulPreferenceAttributes_t attr,
+                                                              const void* buf, size_t size) {
+    if (!pref || !buf) return HIPBLAS_STATUS_INVALID_VALUE;
+    if (attr == HIPBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES && size == sizeof(uint64_t)) {
+        std::memcpy(&P(pref)->max_workspace, buf, size);
+        return HIPBLAS_STATUS_SUCCESS;
+    }
+    fail("hipblasLtMatmulPreferenceSetAttribute", "attribute %d (size %zu) is not implemented",
+         static_cast<int>(attr), size);
+    return HIPBLAS_STATUS_NOT_SUPPORTED;
+}
+
+HOC_API hipblasStatus_t hipblasLtMatmulAlgoGetHeuristic(
+    hipblasLtHandle_t handle, hipblasLtMatmulDesc_t desc, hipblasLtMatrixLayout_t a,
+    hipblasLtMatrixLayout_t b, hipblasLtMatrixLayout_t c, hipblasLtMatrixLayout_t d,
+    hipblasLtMatmulPreference_t pref, int requested, hipblasLtMatmulHeuristicResult_t results[],
+    int* returned) {
+    if (!handle) return HIPBLAS_STATUS_NOT_INITIALIZED;
+    if (!desc || !a || !b || !c || !d || !pref || !results || !returned || requested <= 0)
+        return HIPBLAS_STATUS_INVALID_VALUE;
+    Problem p;
+    std::string why;
+    *returned = 0;
+    if (!check(D(desc), L(a), L(b), L(c), L(d), &p, &why)) {
+        // As hipBLASLt does for a problem it has no kernel for: no algorithm.
+        fail("hipblasLtMatmulAlgoGetHeuristic", "no algorithm: %s", why.c_str());
+        return HIPBLAS_STATUS_SUCCESS;
+    }
+    results[0] = hipblasLtMatmulHeuristicResult_t{};
+    results[0].workspaceSize = 0;  // the emulation allocates its own temporaries
+    results[0].state = HIPBLAS_STATUS_SUCCESS;
+    results[0].wavesCount = 1.0f;
+    *returned = 1;
+    return HIPBLAS_STATUS_SUCCESS;
+}
+
+// ---------------------------------------------------------------- matmul
+
+HOC_API hipblasStatus_t hipblasLtMatmul(hipblasLtHandle_t handle, hipblasLtMatmulDesc_t desc,
+                                        const void* alpha, const void* A, hipblasLtMatrixLayout_t a,
+                                        const void* B, hipblasLtMatrixLayout_t b, const void* beta,
+                                        const void* C, hipblasLtMatrixLayout_t c, void* Dp,
+                                        hipblasLtMatrixLayout_t d, const hipblasLtMatmulAlgo_t* algo,
+                                        void* workspace, size_t workspace_size, hipStream_t stream) {
+    const char* fn = "hipblasLtMatmul";
+    (void)algo;
+    (void)workspace;
+    (void)workspace_size;
+    if (!handle) return HIPBLAS_STATUS_NOT_INITIALIZED;
+    if (!desc || !alpha || !beta || !a || !b || !c || !d) return HIPBLAS_STATUS_INVALID_VALUE;
+    Problem p;
+    std::string why;
+    if (!check(D(desc), L(a), L(b), L(c), L(d), &p, &why)) {
+        fail(fn, "%s", why.c_str());
+        return HIPBLAS_STATUS_NOT_SUPPORTED;
+    }
+    const float alpha_v = *static_cast<const float*>(alpha);
+    const float beta_v = *static_cast<const float*>(beta);
+    if (p.m == 0 || p.n == 0 || p.batch == 0) return HIPBLAS_STATUS_SUCCESS;
+    if (!Dp || (p.k > 0 && (!A || !B)) || (beta_v != 0.0f && !C)) return HIPBLAS_STATUS_INVALID_VALUE;
+    const hoc::Driver* drv = hoc::driver();
+    if (!drv) return HIPBLAS_STATUS_NOT_INITIALIZED;
+    Handle* h = H(handle);
+    CUstream s = reinterpret_cast<CUstream>(stream);
+    const uint64_t na = span(L(a)), nb = span(L(b));
+    const uint64_t nacc = static_cast<uint64_t>(p.m) * p.n * p.batch;
+    CUdeviceptr a16 = 0, b16 = 0, acc = 0;
+    hipblasStatus_t st = HIPBLAS_STATUS_SUCCESS;
+    auto alloc = [&](CUdeviceptr* ptr, uint64_t bytes) {
+        if (st != HIPBLAS_STATUS_SUCCESS) return;
+        st = cu_status(fn, "cuMemAllocAsync", drv->cuMemAllocAsync(ptr, bytes ? bytes : 16, s));
+    };
+    alloc(&a16, na * 2);
+    alloc(&b16, nb * 2);
+    alloc(&acc, nacc * 4);
+    auto decode = [&](const void* src, CUdeviceptr dst, uint64_t n, int fmt) {
+        if (st != HIPBLAS_STATUS_SUCCESS || n == 0) return;
+        unsigned long long nn = n;
+        void* args[] = {&src, &dst, &nn, &fmt};
+        st = cu_status(fn, "cuLaunchKernel(decode)",
+                       drv->cuLaunchKernel(h->decode, grid_for(n), 1, 1, 256, 1, 1, 0, s, args, nullptr));
+    };
+    decode(A, a16, na, p.fa);
+    decode(B, b16, nb, p.fb);
+    if (st == HIPBLAS_STATUS_SUCCESS) {
+        const float one = 1.0f, zero = 0.0f;
+        if (hoc::blas::set_stream(h->cublas, s) != 0) st = HIPBLAS_STATUS_EXECUTION_FAILED;
+        Desc* dd = D(desc);
+        int bs = st == HIPBLAS_STATUS_SUCCESS
+                     ? hoc::blas::gemm(h->cublas, dd->trans_a == HIPBLAS_OP_T, dd->trans_b == HIPBLAS_OP_T,
+                                       p.m, p.n, p.k, &one, reinterpret_cast<void*>(a16),
+                                       hoc::blas::Ty::BF16, static_cast<int>(L(a)->ld), L(a)->stride,
+                                       reinterpret_cast<void*>(b16), hoc::blas::Ty::BF16,
+                                       static_cast<int>(L(b)->ld), L(b)->stride, &zero,
+                                       reinterpret_cast<void*>(acc), hoc::blas::Ty::F32, p.m,
+                                       static_cast<long long>(p.m) * p.n, p.batch)
+                     : 0;
+        if (bs != 0) {
+            fail(fn, "cublasGemmStridedBatchedEx: %s", hoc::blas::status_name(bs));
+            st = HIPBLAS_STATUS_EXECUTION_FAILED;
+        }
+    }
+    if (st == HIPBLAS_STATUS_SUCCESS) {
+        Desc* dd = D(desc);
+        const void* accp = reinterpret_cast<void*>(acc);
+        int ty = p.ty, m = p.m, n = p.n, batch = p.batch;
+        long long ld = L(d)->ld, stride = L(d)->stride;
+        float al = alpha_v, be = beta_v;
+        const void* sa = dd->a_scale;
+        const void* sb = dd->b_scale;
+        void* args[] = {&accp, &C, &Dp, &ty, &m, &n, &batch, &ld, &stride, &al, &be, &sa, &sb};
+        st = cu_status(fn, "cuLaunchKernel(epilogue)",
+                       drv->cuLaunchKernel(h->epilogue, grid_for(nacc), 1, 1, 256, 1, 1, 0, s, args, nullptr));
+    }
+    for (CUdeviceptr ptr : {a16, b16, acc})
+        if (ptr) drv->cuMemFreeAsync(ptr, s);
+    return st;
+}

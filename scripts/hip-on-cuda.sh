@@ -1,0 +1,283 @@
+#!/usr/bin/env bash
+# The whole HIP backend on an NVIDIA GPU, through the hip-on-cuda stand-in libraries
+# (crates/hip/testing/hip-on-cuda: a TEST DOUBLE of libamdhip64/hiprtc/rocBLAS/hipBLASLt/RCCL
+# over CUDA, cuBLAS, NVRTC/nvcc and NCCL; read its README for what it can and cannot show).
+#
+#   scripts/hip-on-cuda.sh headers   # here: CUDA 13.0 headers from NVIDIA's PyPI wheels into
+#                                    #   /var/cache/duet-cuda-headers (what `check` builds with)
+#   scripts/hip-on-cuda.sh check     # here and in CI (no GPU): builds both stand-in roots (ROCm
+#                                    #   6.4 and 7.2 ABIs), checks each library exports exactly
+#                                    #   the symbols duet loads, and that duet without a GPU
+#                                    #   refuses the backend with a clear message and exit 1
+#   scripts/hip-on-cuda.sh pack      # here: builds duet, every duet-hip test binary and the CUDA
+#                                    #   conformance binary, the two roots, a copy of HIP's
+#                                    #   NVIDIA-platform headers and a CPU trace, into
+#                                    #   .carry/hip-on-cuda/ (git-ignored)
+#   scripts/hip-on-cuda.sh run A|B   # on the GPU machine, after `pack`:
+#       A: the stand-in roots set up, kernel caches warmed, duet info, every duet-hip test binary
+#          (the conformance suite among them) on gfx942 (ROCm 6.4 root) and on gfx950 (ROCm 7.2
+#          root), the CUDA conformance suite, and which checked outputs are bit-identical
+#          between CUDA and HIP (scripts/hip/compare_digests.py)
+#       B: duet parity HIP-on-CUDA vs CUDA (seed preset: fp32 and bf16 100 steps, fp8 50 steps on
+#          gfx942/FNUZ and gfx950/OCP), HIP vs the CPU (default preset), HIP twice byte for byte,
+#          and duet train --out / --stop-after / --resume, generate and bench on HIP
+#     Logs go to $OUT (the device tool brings them back). Exit status non-zero if a step failed.
+#
+# With the device tool (one call per phase, back to back so the machine stays warm):
+#   run(command="bash scripts/hip-on-cuda.sh run A", carry=[".carry/hip-on-cuda"])
+#   run(command="bash scripts/hip-on-cuda.sh run B", carry=[".carry/hip-on-cuda"])
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+PLATFORM=crates/hip/testing/hip-on-cuda
+PACK=.carry/hip-on-cuda
+HEADERS_DIR=${HOC_CUDA_HEADERS_CACHE:-/var/cache/duet-cuda-headers}
+
+fetch_headers() {
+  if [ -f "$HEADERS_DIR/include/cublas_v2.h" ] && [ -f "$HEADERS_DIR/include/crt/host_defines.h" ]; then
+    echo "hip-on-cuda: CUDA headers cached in $HEADERS_DIR/include"
+    return
+  fi
+  local tmp
+  tmp=$(mktemp -d)
+  # Only the headers are kept (about 22 MB); the wheels (about 520 MB) are deleted.
+  python3 -m pip download --quiet --no-deps --dest "$tmp" \
+    "nvidia-cuda-runtime==13.0.*" "nvidia-cublas==13.0.*" "nvidia-cuda-nvrtc==13.0.*" \
+    "nvidia-cuda-crt==13.0.*" "nvidia-cuda-cccl==13.0.*"
+  mkdir -p "$tmp/x" "$HEADERS_DIR"
+  for w in "$tmp"/*.whl; do
+    python3 -c 'import sys, zipfile
+z = zipfile.ZipFile(sys.argv[1])
+for n in z.namelist():
+    if n.startswith("nvidia/cu13/include/"):
+        z.extract(n, sys.argv[2])' "$w" "$tmp/x"
+  done
+  rm -rf "$HEADERS_DIR/include"
+  cp -r "$tmp/x/nvidia/cu13/include" "$HEADERS_DIR/include"
+  rm -rf "$tmp"
+  echo "hip-on-cuda: CUDA 13.0 headers in $HEADERS_DIR/include"
+}
+
+build_roots() { # DEST
+  local dest=$1
+  HOC_CUDA_INCLUDE=${HOC_CUDA_INCLUDE:-$HEADERS_DIR/include} "$PLATFORM/build.sh" "$dest/root-6.4" 6.4
+  HOC_CUDA_INCLUDE=${HOC_CUDA_INCLUDE:-$HEADERS_DIR/include} "$PLATFORM/build.sh" "$dest/root-7.2" 7.2
+}
+
+# The symbols each stand-in must export: exactly what duet loads (from rocm_check's tables).
+check_exports() { # ROOT VERSION
+  local root=$1 ver=$2 out
+  out=$(ROCM_PATH="$root" target/release/examples/rocm_check symbols 2>/dev/null)
+  echo "$out" | sed 's/^/  /'
+  if echo "$out" | grep -q '^MISSING\|^SKIP'; then
+    echo "hip-on-cuda check: a library of the $ver root is missing or lacks a symbol duet loads" >&2
+    return 1
+  fi
+  # Nothing beyond what duet loads: a call duet starts making must be added on purpose.
+  local expected actual extra
+  expected=$(ROCM_PATH="$root" target/release/examples/rocm_check symbol-list | sort -u)
+  actual=$(for f in "$root"/lib/*; do nm -D --defined-only "$f" | awk '$2 == "T" {print $3}'; done | sort -u)
+  extra=$(comm -13 <(echo "$expected") <(echo "$actual"))
+  if [ -n "$extra" ]; then
+    echo "hip-on-cuda check: the $ver root exports symbols duet does not load: $extra" >&2
+    return 1
+  fi
+  echo "  exports of the $ver root: exactly the $(echo "$expected" | wc -l) symbols duet loads"
+}
+
+case "${1:-}" in
+headers)
+  fetch_headers
+  ;;
+check)
+  fetch_headers
+  cargo build --release -q -p duet-hip --example rocm_check
+  cargo build --release -q --bin duet
+  dest=target/hip-on-cuda
+  rm -rf "$dest"
+  build_roots "$dest"
+  check_exports "$dest/root-6.4" 6.4
+  check_exports "$dest/root-7.2" 7.2
+  # No GPU here: the backend must be refused with the stand-in's reason, exit status 1.
+  for ver in 6.4 7.2; do
+    set +e
+    msg=$(ROCM_PATH="$dest/root-$ver" target/release/duet train --backend hip --preset tiny --steps 1 2>&1)
+    st=$?
+    set -e
+    echo "  duet train --backend hip on the $ver root without a GPU: exit $st"
+    echo "$msg" | sed 's/^/    /' | tail -3
+    if [ $st -ne 1 ] || ! echo "$msg" | grep -q "hipErrorNoDevice" || ! echo "$msg" | grep -q "hip-on-cuda: cuda:"; then
+      echo "hip-on-cuda check: expected exit 1 naming hipErrorNoDevice and the missing CUDA driver" >&2
+      exit 1
+    fi
+  done
+  echo "hip-on-cuda check: ok"
+  ;;
+pack)
+  fetch_headers
+  hip_inc=${HIP_INCLUDE:-/usr/include}
+  if [ ! -f "$hip_inc/hip/nvidia_detail/nvidia_hip_runtime_api.h" ]; then
+    echo "error: HIP headers with nvidia_detail not found in $hip_inc (apt-get install libamdhip64-dev)" >&2
+    exit 2
+  fi
+  rm -rf "$PACK"
+  mkdir -p "$PACK/bin/hip-tests"
+  build_roots "$PACK"
+  cp -r "$hip_inc/hip" "$PACK/hip-include"
+  cargo build --release -q --bin duet
+  cp target/release/duet "$PACK/bin/duet"
+  bins() { # cargo test args -> executables
+    cargo test --release --no-run --message-format=json "$@" 2>/dev/null | python3 -c '
+import json, sys
+for line in sys.stdin:
+    try:
+        m = json.loads(line)
+    except ValueError:
+        continue
+    if m.get("reason") == "compiler-artifact" and m.get("profile", {}).get("test") and m.get("executable"):
+        print(m["executable"])'
+  }
+  while read -r b; do
+    name=$(basename "$b" | sed -E 's/-[0-9a-f]{16}$//')
+    cp "$b" "$PACK/bin/hip-tests/$name"
+  done < <(bins -p duet-hip)
+  cuda_conf=$(bins -p duet-cuda --test conformance)
+  cp "$cuda_conf" "$PACK/bin/cuda-conformance"
+  strip "$PACK"/bin/duet "$PACK"/bin/cuda-conformance "$PACK"/bin/hip-tests/* 2>/dev/null || true
+  # The CPU side of HIP vs CPU (default preset), made here.
+  target/release/duet train --backend cpu --steps 20 --eval-sequences 0 --log-every 0 \
+    --trace "$PACK/cpu-default.jsonl" >/dev/null
+  git rev-parse --short HEAD >"$PACK/COMMIT"
+  du -sh "$PACK"
+  ls "$PACK/bin/hip-tests"
+  ;;
+run)
+  phase=${2:?usage: $0 run A|B}
+  [ -x "$PACK/bin/duet" ] || { echo "error: run '$0 pack' first (and carry $PACK)" >&2; exit 2; }
+  OUT=${OUT:-$(mktemp -d)}
+  W=/tmp/hip-on-cuda-work
+  mkdir -p "$W"
+  exec > >(tee -a "$OUT/hip-on-cuda-$phase.log") 2>&1
+  echo "== hip-on-cuda phase $phase at $(cat "$PACK/COMMIT"); $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
+  dirs=""
+  for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
+           /opt/*/.venv/lib/python3*/site-packages/nvidia/*/lib \
+           /usr/local/lib/python3*/dist-packages/nvidia/*/lib /usr/lib/python3*/dist-packages/nvidia/*/lib; do
+    [ -d "$d" ] && dirs="$dirs:$d"
+  done
+  export LD_LIBRARY_PATH="${dirs#:}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export PATH="/usr/local/cuda/bin:$PATH" RUST_BACKTRACE=1
+  export DUET_HIP_CACHE="$W/hip-cache" DUET_CUDA_CACHE_DIR="$W/cuda-cache"
+  D="$ROOT/$PACK/bin/duet"
+  summary=()
+  status=0
+  step() { # name, command...
+    local name=$1; shift
+    echo; echo "== $name: $*"
+    local t0=$SECONDS
+    if "$@"; then summary+=("ok   $name ($((SECONDS - t0)) s)")
+    else summary+=("FAIL $name (exit $?, $((SECONDS - t0)) s)"); status=1; fi
+  }
+  on() { # ver arch command...: the command on the stand-in root of ROCm `ver`, reporting `arch`
+    local ver=$1 arch=$2; shift 2
+    ROCM_PATH="$W/root-$ver" HIP_ON_CUDA_ARCH="$arch" "$@"
+  }
+  if [ ! -f "$W/ready" ]; then
+    # The roots with HIP's NVIDIA-platform headers, pruned for this CUDA (hiprtc's include/).
+    rm -rf "$W/root-6.4" "$W/root-7.2" "$W/hip-include"
+    cp -r "$PACK/root-6.4" "$PACK/root-7.2" "$W/"
+    mkdir -p "$W/hip-include"
+    cp -r "$PACK/hip-include" "$W/hip-include/hip"
+    python3 scripts/hip/prune_nvidia_headers.py "$W/hip-include" -arch=native >"$W/prune.log" 2>&1 ||
+      { cat "$W/prune.log"; echo "error: header pruning failed"; exit 1; }
+    tail -2 "$W/prune.log"
+    for v in 6.4 7.2; do cp -r "$W/hip-include/." "$W/root-$v/include/"; done
+    touch "$W/ready"
+  fi
+  case "$phase" in
+  A)
+    # Both kernel caches at once (nvcc compiles every module for each target/toolchain).
+    t0=$SECONDS
+    on 6.4 gfx942 "$D" info >"$W/info-6.4.txt" 2>&1 &
+    p1=$!
+    on 7.2 gfx950 "$D" info >"$W/info-7.2.txt" 2>&1 &
+    p2=$!
+    wait $p1; s1=$?; wait $p2; s2=$?
+    echo "== duet info on both roots (cold kernel caches): $((SECONDS - t0)) s"
+    sed -n '/^hip:/,$p' "$W/info-6.4.txt"; sed -n '/^hip:/,$p' "$W/info-7.2.txt"
+    [ $s1 -eq 0 ] && grep -q '^hip: available' "$W/info-6.4.txt" && summary+=("ok   duet info gfx942 (ROCm 6.4 root)") || { summary+=("FAIL duet info gfx942"); status=1; }
+    [ $s2 -eq 0 ] && grep -q '^hip: available' "$W/info-7.2.txt" && summary+=("ok   duet info gfx950 (ROCm 7.2 root)") || { summary+=("FAIL duet info gfx950"); status=1; }
+    export DUET_TEST_SEED=${DUET_TEST_SEED:-20261202}
+    rm -f "$OUT"/digests-*.tsv
+    DUET_CONFORMANCE_DIGESTS="$OUT/digests-cuda.tsv" step "cuda conformance" "$PACK/bin/cuda-conformance"
+    for b in "$PACK"/bin/hip-tests/*; do
+      n=$(basename "$b")
+      extra=()
+      [ "$n" = conformance ] && extra=(env DUET_CONFORMANCE_DIGESTS="$OUT/digests-hip-gfx942.tsv")
+      step "hip $n gfx942 (6.4)" on 6.4 gfx942 "${extra[@]}" "$b"
+    done
+    DUET_CONFORMANCE_DIGESTS="$OUT/digests-hip-gfx950.tsv" step "hip conformance gfx950 (7.2)" on 7.2 gfx950 "$PACK/bin/hip-tests/conformance"
+    echo; echo "== bit-identical outputs: CUDA vs HIP-on-CUDA gfx942"
+    python3 scripts/hip/compare_digests.py "$OUT/digests-cuda.tsv" "$OUT/digests-hip-gfx942.tsv" | tee "$OUT/identical-gfx942.txt"
+    echo; echo "== bit-identical outputs: CUDA vs HIP-on-CUDA gfx950"
+    python3 scripts/hip/compare_digests.py "$OUT/digests-cuda.tsv" "$OUT/digests-hip-gfx950.tsv" | tee "$OUT/identical-gfx950.txt"
+    ;;
+  B)
+    T="$OUT/traces"
+    mkdir -p "$T"
+    common=(--eval-sequences 0 --log-every 0)
+    par() { # name a b
+      local name=$1 a=$2 b=$3
+      echo; echo "== parity $name"
+      "$D" parity "$a" "$b" | tee "$T/parity-$name.txt"
+      local st=${PIPESTATUS[0]}
+      if [ "$st" -eq 0 ]; then summary+=("ok   parity $name"); else summary+=("FAIL parity $name (exit $st)"); status=1; fi
+    }
+    trace_run() { # name backend ver arch args...
+      local name=$1 be=$2 ver=$3 arch=$4; shift 4
+      step "trace $name" on "$ver" "$arch" "$D" train --backend "$be" "${common[@]}" --trace "$T/$name.jsonl" "$@"
+    }
+    trace_run cuda-seed-fp32 cuda 6.4 gfx942 --preset seed --steps 100 --precision fp32
+    trace_run hip-seed-fp32 hip 6.4 gfx942 --preset seed --steps 100 --precision fp32
+    trace_run hip-seed-fp32-again hip 6.4 gfx942 --preset seed --steps 100 --precision fp32
+    trace_run cuda-seed-bf16 cuda 6.4 gfx942 --preset seed --steps 100 --precision bf16
+    trace_run hip-seed-bf16 hip 6.4 gfx942 --preset seed --steps 100 --precision bf16
+    trace_run cuda-seed-fp8 cuda 6.4 gfx942 --preset seed --steps 50 --precision fp8 --fp8-fast-accum none --strict
+    trace_run hip-seed-fp8-gfx942 hip 6.4 gfx942 --preset seed --steps 50 --precision fp8 --strict
+    trace_run hip-seed-fp8-gfx950 hip 7.2 gfx950 --preset seed --steps 50 --precision fp8 --strict
+    trace_run hip-default hip 6.4 gfx942 --steps 20
+    par seed-fp32-cuda-vs-hip "$T/cuda-seed-fp32.jsonl" "$T/hip-seed-fp32.jsonl"
+    par seed-bf16-cuda-vs-hip "$T/cuda-seed-bf16.jsonl" "$T/hip-seed-bf16.jsonl"
+    par seed-fp8-cuda-vs-hip-gfx942 "$T/cuda-seed-fp8.jsonl" "$T/hip-seed-fp8-gfx942.jsonl"
+    par seed-fp8-cuda-vs-hip-gfx950 "$T/cuda-seed-fp8.jsonl" "$T/hip-seed-fp8-gfx950.jsonl"
+    par default-cpu-vs-hip "$PACK/cpu-default.jsonl" "$T/hip-default.jsonl"
+    par seed-fp32-hip-twice "$T/hip-seed-fp32.jsonl" "$T/hip-seed-fp32-again.jsonl"
+    if cmp <(tail -n +2 "$T/hip-seed-fp32.jsonl") <(tail -n +2 "$T/hip-seed-fp32-again.jsonl"); then
+      summary+=("ok   hip run twice: step records byte-identical")
+    else summary+=("FAIL hip run twice: step records differ"); status=1; fi
+    # A user's session on the backend: train into --out, stop, resume, generate, bench.
+    R="$W/run-hip"
+    rm -rf "$R" "$W/run-hip-straight"
+    step "train --out --stop-after 6" on 6.4 gfx942 "$D" train --backend hip --preset tiny --steps 12 --out "$R" --stop-after 6 --trace "$T/resume-a.jsonl"
+    step "train --resume" on 6.4 gfx942 "$D" train --backend hip --resume "$R" --trace "$T/resume-b.jsonl"
+    step "train straight 12 steps" on 6.4 gfx942 "$D" train --backend hip --preset tiny --steps 12 --out "$W/run-hip-straight" --trace "$T/straight.jsonl"
+    if cmp <(tail -n +2 "$T/straight.jsonl" | tail -n 6) <(tail -n +2 "$T/resume-b.jsonl" | tail -n 6); then
+      summary+=("ok   resumed steps 7-12 byte-identical to the uninterrupted run")
+    else summary+=("FAIL resumed steps differ from the uninterrupted run"); status=1; fi
+    step "generate" on 6.4 gfx942 "$D" generate --backend hip --checkpoint "$R" --tokens 1,2,3 --max-new 16
+    step "generate --fp8 (gfx950)" on 7.2 gfx950 "$D" generate --backend hip --checkpoint "$R" --tokens 1,2,3 --max-new 16 --fp8
+    step "bench seed fp32,bf16" on 6.4 gfx942 "$D" bench --backend hip --preset seed --precision fp32,bf16 --json "$OUT/bench-hip-seed.json"
+    step "bench seed fp8 gfx950" on 7.2 gfx950 "$D" bench --backend hip --preset seed --precision fp8 --json "$OUT/bench-hip-seed-fp8.json"
+    ;;
+  *) echo "usage: $0 run A|B" >&2; exit 2 ;;
+  esac
+  echo; echo "== summary (phase $phase)"
+  printf '%s\n' "${summary[@]}"
+  [ $status -eq 0 ] && echo "== PHASE $phase PASSED" || echo "== PHASE $phase: SOME STEPS FAILED"
+  exit $status
+  ;;
+*)
+  sed -n '2,30p' "$0" >&2
+  exit 2
+  ;;
+esac

@@ -12,7 +12,7 @@
 #define DUET_CAST_FROM(SN, ST) DUET_FOR_FLOAT_X(DUET_CAST, SN, ST)
 DUET_FOR_FLOAT(DUET_CAST_FROM)
 
-// x *= alpha; out = a + b; dst += src.
+// x *= alpha; out = a + b.
 #define DUET_ELEMENTWISE(N, T)                                                                 \
     DUET_KERNEL scale_##N(T* x, float alpha, duet_u64 n) {                                     \
         DUET_GRID_STRIDE(i, n) { duet_st(x, i, duet_ld(x, i) * alpha); }                       \
@@ -20,11 +20,17 @@ DUET_FOR_FLOAT(DUET_CAST_FROM)
     DUET_KERNEL add_##N(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ out,  \
                         duet_u64 n) {                                                          \
         DUET_GRID_STRIDE(i, n) { duet_st(out, i, duet_ld(a, i) + duet_ld(b, i)); }             \
-    }                                                                                          \
-    DUET_KERNEL add_assign_##N(T* dst, const T* __restrict__ src, duet_u64 n) {                \
-        DUET_GRID_STRIDE(i, n) { duet_st(dst, i, duet_ld(dst, i) + duet_ld(src, i)); }         \
     }
 DUET_FOR_FLOAT(DUET_ELEMENTWISE)
+
+// dst += src (gradient accumulation); dst and src may differ in dtype (e.g. f32 += bf16), as in
+// kernels-cuda: add_assign_<dst>_<src>.
+#define DUET_ADD_ASSIGN(SN, ST, DN, DT)                                                        \
+    DUET_KERNEL add_assign_##DN##_##SN(DT* dst, const ST* __restrict__ src, duet_u64 n) {       \
+        DUET_GRID_STRIDE(i, n) { duet_st(dst, i, duet_ld(dst, i) + duet_ld(src, i)); }         \
+    }
+#define DUET_ADD_ASSIGN_FROM(SN, ST) DUET_FOR_FLOAT_X(DUET_ADD_ASSIGN, SN, ST)
+DUET_FOR_FLOAT(DUET_ADD_ASSIGN_FROM)
 
 // GELU: gelu_f / gelu_grad_f (duet_hip.h's shared math block, the CUDA kernels' code).
 

@@ -51,7 +51,10 @@ struct Reg {
 #define R_CAST(SN, ST, DN, DT) R2(cast, SN, DN)
 #define R_CAST_FROM(SN, ST) DUET_FOR_FLOAT_X(R_CAST, SN, ST)
 DUET_FOR_FLOAT(R_CAST_FROM)
-#define R_FLOAT(N, T) R1(scale, N) R1(add, N) R1(add_assign, N) R1(sum_squares_partial, N)
+#define R_ADD_ASSIGN(SN, ST, DN, DT) R2(add_assign, DN, SN)
+#define R_ADD_ASSIGN_FROM(SN, ST) DUET_FOR_FLOAT_X(R_ADD_ASSIGN, SN, ST)
+DUET_FOR_FLOAT(R_ADD_ASSIGN_FROM)
+#define R_FLOAT(N, T) R1(scale, N) R1(add, N) R1(sum_squares_partial, N)
 DUET_FOR_FLOAT(R_FLOAT)
 #define R_ACT(N, T)                                                                            \
     R1(gelu_forward, N) R1(gelu_backward, N) R1(split_heads, N) R1(split_heads_backward, N)    \
@@ -328,7 +331,7 @@ static Result run(const Case& c) {
         Dev d = in("dst"), s = in("src");
         uint64_t n = c.ints[0];
         a << d.p << s.p << n;
-        launch("add_assign_" + v, blocks_for(n), BLOCK, a);
+        launch("add_assign_" + v + "_" + v, blocks_for(n), BLOCK, a);
         check(d, "dst", true);
     } else if (op == "gelu_forward") {
         Dev x = in("x"), o = out("out");

@@ -67,7 +67,10 @@ struct Reg {
 #define R_CAST(SN, ST, DN, DT) R2(cast, SN, DN)
 #define R_CAST_FROM(SN, ST) DUET_FOR_FLOAT_X(R_CAST, SN, ST)
 DUET_FOR_FLOAT(R_CAST_FROM)
-#define R_FLOAT(N, T) R1(scale, N) R1(add, N) R1(add_assign, N) R1(sum_squares_partial, N)
+#define R_ADD_ASSIGN(SN, ST, DN, DT) R2(add_assign, DN, SN)
+#define R_ADD_ASSIGN_FROM(SN, ST) DUET_FOR_FLOAT_X(R_ADD_ASSIGN, SN, ST)
+DUET_FOR_FLOAT(R_ADD_ASSIGN_FROM)
+#define R_FLOAT(N, T) R1(scale, N) R1(add, N) R1(sum_squares_partial, N)
 DUET_FOR_FLOAT(R_FLOAT)
 #define R_ACT(N, T)                                                                            \
     R1(gelu_forward, N) R1(gelu_backward, N) R1(split_heads, N) R1(split_heads_backward, N)    \
@@ -306,7 +309,7 @@ static void build_cases() {
             Buf x = rand_buf(dt, N, -4, 4), y = rand_buf(dt, N, -4, 4);
             Args a;
             a << x.p << y.p << N;
-            launch(side, side == HIP ? "add_assign_" + T : "add_assign_" + T + "_" + T, blocks_for(N), 256, a);
+            launch(side, "add_assign_" + T + "_" + T, blocks_for(N), 256, a);
             Outs o;
             get(o, "dst", x);
             return o;

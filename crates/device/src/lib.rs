@@ -90,6 +90,14 @@ pub struct DeviceInfo {
     pub details: Vec<(String, String)>,
 }
 
+impl DeviceInfo {
+    /// Whether the device's FP8 hardware uses the FNUZ encodings (AMD gfx940/gfx942, MI300)
+    /// rather than OCP's (NVIDIA sm_89+, AMD gfx950; the CPU emulates both and defaults to OCP).
+    pub fn fp8_is_fnuz(&self) -> bool {
+        self.arch.starts_with("gfx942") || self.arch.starts_with("gfx940")
+    }
+}
+
 /// Memory use as the backend sees it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct MemoryStats {

@@ -204,7 +204,7 @@ impl Fp8Family {
     /// The family a device's FP8 hardware uses: FNUZ on gfx942 (MI300), OCP everywhere else
     /// (the CPU emulates both; it defaults to OCP).
     pub fn of_device(info: &DeviceInfo) -> Self {
-        if info.arch.starts_with("gfx942") || info.arch.starts_with("gfx940") {
+        if info.fp8_is_fnuz() {
             Self::Fnuz
         } else {
             Self::Ocp

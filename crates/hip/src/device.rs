@@ -240,8 +240,16 @@ impl HipDevice {
         (items.div_ceil(BLOCK as usize).clamp(1, 65_535) as u32, 1, 1)
     }
 
-    /// A device scratch area of at least `n` f32, reused across ops (the stream orders uses).
-    pub(crate) fn scratch(&self, n: usize) -> Result<*mut c_void> {
+    /// The device's scratch area, at least `n` f32, reused across ops: held (locked) until the
+    /// returned guard drops, so an op keeps it for every kernel it enqueues that uses it.
+    ///
+    /// The stream orders one op's passes, but not two ops enqueued from two threads: with the
+    /// lock released after the pointer was handed out (as before), thread B's partial pass could
+    /// land between thread A's partial and finish passes and overwrite A's partials, or B's
+    /// growth free the buffer A was still enqueuing on (found by the HIP-on-CUDA platform: the
+    /// conformance suite's cases share one device across test threads, and sum_squares,
+    /// column sums and LayerNorm's parameter gradients came back wrong or nondeterministic).
+    pub(crate) fn scratch(&self, n: usize) -> Result<ScratchGuard<'_>> {
         let mut s = self
             .scratch
             .lock()
@@ -249,7 +257,8 @@ impl HipDevice {
         if s.as_ref().is_none_or(|b| b.len() < n) {
             *s = Some(HipBuffer::new(&self.mem, DType::F32, n.max(1024))?);
         }
-        Ok(s.as_ref().map_or(std::ptr::null_mut(), |b| b.ptr()))
+        let ptr = s.as_ref().map_or(std::ptr::null_mut(), |b| b.ptr());
+        Ok(ScratchGuard { _held: s, ptr })
     }
 
     /// `out[j] += Σ_rows x[r, j]` in two deterministic passes (colsum_partial, colsum_finish).
@@ -263,7 +272,8 @@ impl HipDevice {
     ) -> Result<()> {
         let rpc = rows_per_chunk(rows);
         let chunks = rows.div_ceil(rpc).max(1);
-        let part = self.scratch(chunks * cols)?;
+        let scratch = self.scratch(chunks * cols)?;
+        let part = scratch.ptr();
         let gx = grid_dim(op, cols.div_ceil(64))?;
         let sx = conv::float_suffix(op, x.dtype())?;
         // SAFETY: colsum_partial_T(const T* x, float* partial, u64 rows, u64 cols,
@@ -752,5 +762,18 @@ impl HipDevice {
         } else {
             Err(DeviceError::InvalidArgument(bad.join("; ")))
         }
+    }
+}
+
+/// The device's scratch area, locked for one op ([`HipDevice::scratch`]).
+pub(crate) struct ScratchGuard<'a> {
+    _held: std::sync::MutexGuard<'a, Option<HipBuffer>>,
+    ptr: *mut c_void,
+}
+
+impl ScratchGuard<'_> {
+    /// The area's device address (valid while the guard lives).
+    pub(crate) fn ptr(&self) -> *mut c_void {
+        self.ptr
     }
 }

@@ -472,7 +472,7 @@ mod tests {
     fn kernel_names_map_to_the_module_defining_them() {
         for (name, m) in [
             ("cast_f32_bf16", KernelModule::Elementwise),
-            ("add_assign_f16", KernelModule::Elementwise),
+            ("add_assign_f16_bf16", KernelModule::Elementwise),
             ("layernorm_dparams_partial_bf16", KernelModule::Layernorm),
             ("colsum_finish_f32", KernelModule::Reduce),
             ("sum_squares_finish", KernelModule::Reduce),

@@ -65,6 +65,7 @@ pub const ALL: &[&str] = &[
     "sum_squares_many_matches_composition",
     "adamw_clipped_matches_composition",
     "adamw_clipped_fp8_matches_composition",
+    "reductions_from_many_threads_are_exact",
     "quantize_fp8_codes_amax_transpose",
     "quantize_fp8_many_matches_composition",
     "quantize_fp8_grad_matches_composition",

@@ -1052,3 +1052,59 @@ fn bad_outs_are_refused_first<D: Fused>(h: &Harness<D>, cases: &[Fp8Case], inits
         );
     }
 }
+
+/// The multi-pass reductions (`sum_squares`, and column sums through `bias_backward`) run from
+/// eight threads at once on the one shared device give, call for call, the bits the same calls
+/// give one at a time: a device is `Sync`, and an op's passes must not meet another thread's
+/// (the HIP backend's shared scratch area did, found on the HIP-on-CUDA platform).
+pub fn reductions_from_many_threads_are_exact<D: Fused>(h: &Harness<D>) {
+    const CASE: &str = "reductions_from_many_threads_are_exact";
+    const THREADS: usize = 8;
+    const ROUNDS: usize = 12;
+    let mut r = h.rng(CASE);
+    // Per thread: a sum_squares input and a bias_backward input of its own sizes.
+    let inputs: Vec<(Vec<f32>, usize, usize, Vec<f32>)> = (0..THREADS)
+        .map(|t| {
+            let n = 3 + 17_000 * t + r.below(5_000);
+            let (rows, c) = (1 + 300 * t + r.below(200), 8 + 24 * t);
+            (r.vec(n, -2.0, 2.0), rows, c, r.vec(rows * c, -1.0, 1.0))
+        })
+        .collect();
+    let run = |e: &D, t: usize| -> (Vec<u8>, Vec<u8>) {
+        let (x, rows, c, d) = &inputs[t];
+        let xb = put(e, DType::F32, x);
+        let mut o = put(e, DType::F32, &[0.25]);
+        e.sum_squares(&xb, &mut o, 0).expect("sum_squares");
+        let db = put(e, DType::F32, d);
+        let mut dbias = put(e, DType::F32, &vec![0.5; *c]);
+        e.bias_backward(&db, &mut dbias, *rows, *c)
+            .expect("bias_backward");
+        (get(e, "out", &o).bytes, get(e, "dbias", &dbias).bytes)
+    };
+    let alone: Vec<_> = (0..THREADS).map(|t| run(&h.dev, t)).collect();
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let (dev, run, alone) = (&h.dev, &run, &alone);
+                s.spawn(move || {
+                    for round in 0..ROUNDS {
+                        let got = run(dev, t);
+                        assert!(
+                            got.0 == alone[t].0,
+                            "{CASE}: thread {t} round {round}: sum_squares differs from the same call alone"
+                        );
+                        assert!(
+                            got.1 == alone[t].1,
+                            "{CASE}: thread {t} round {round}: bias_backward differs from the same call alone"
+                        );
+                    }
+                })
+            })
+            .collect();
+        for hd in handles {
+            if let Err(e) = hd.join() {
+                std::panic::resume_unwind(e);
+            }
+        }
+    });
+}

@@ -54,12 +54,12 @@ impl HipDevice {
     pub(crate) fn add_assign_impl(&self, dst: &mut HipBuffer, src: &HipBuffer) -> Result<()> {
         const OP: &str = "add_assign";
         let n = args::validate_add_assign(dst, src)?;
-        let s = float_suffix(OP, dst.dtype())?;
-        // The kernels take src in dst's dtype.
-        same_dtype(OP, dst.dtype(), &[src])?;
-        // SAFETY: add_assign_T(T* dst, const T* src, u64 n): both hold n elements.
+        let d = float_suffix(OP, dst.dtype())?;
+        let s = float_suffix(OP, src.dtype())?;
+        // SAFETY: add_assign_D_S(D* dst, const S* src, u64 n): both hold n elements (the dtypes
+        // may differ, as the trait allows and the CUDA kernels do).
         unsafe {
-            self.kernel(&format!("add_assign_{s}"))?
+            self.kernel(&format!("add_assign_{d}_{s}"))?
                 .grid(self.grid_1d(n))
                 .arg_buf(dst)
                 .arg_buf(src)

@@ -99,7 +99,8 @@ impl HipDevice {
         };
         let rpc = rows_per_chunk(n);
         let chunks = n.div_ceil(rpc);
-        let pg = self.scratch(2 * chunks * c)?;
+        let scratch = self.scratch(2 * chunks * c)?;
+        let pg = scratch.ptr();
         // SAFETY: the scratch holds 2·chunks·c f32; pb is its second half.
         let pb = unsafe { pg.cast::<f32>().add(chunks * c) }.cast::<c_void>();
         let gx = grid_dim(OP, c.div_ceil(32))?;

@@ -65,7 +65,8 @@ impl HipDevice {
         // The partition depends on n only (never on the GPU), so results are reproducible.
         let blocks = x.len().div_ceil(SUMSQ_PER_BLOCK).clamp(1, SUMSQ_BLOCKS);
         // One f64 per block: two f32 slots each (the scratch is 256-byte aligned).
-        let part = self.scratch(2 * blocks)?;
+        let scratch = self.scratch(2 * blocks)?;
+        let part = scratch.ptr();
         // SAFETY: sum_squares_partial_T(const T* x, u64 n, double* partial): x holds n
         // elements, the scratch `blocks` f64 (one per block).
         unsafe {

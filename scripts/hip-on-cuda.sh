@@ -147,6 +147,10 @@ for line in sys.stdin:
   # The CPU side of HIP vs CPU (default preset), made here.
   target/release/duet train --backend cpu --steps 20 --eval-sequences 0 --log-every 0 \
     --trace "$PACK/cpu-default.jsonl" >/dev/null
+  target/release/duet train --backend cpu --steps 20 --eval-sequences 0 --log-every 0 \
+    --precision bf16 --trace "$PACK/cpu-default-bf16.jsonl" >/dev/null
+  target/release/duet train --backend cpu --steps 20 --eval-sequences 0 --log-every 0 \
+    --precision fp8 --fp8-fast-accum none --trace "$PACK/cpu-default-fp8.jsonl" >/dev/null
   git rev-parse --short HEAD >"$PACK/COMMIT"
   du -sh "$PACK"
   ls "$PACK/bin/hip-tests"
@@ -154,6 +158,7 @@ for line in sys.stdin:
 run)
   phase=${2:?usage: $0 run A|B}
   [ -x "$PACK/bin/duet" ] || { echo "error: run '$0 pack' first (and carry $PACK)" >&2; exit 2; }
+  set +e  # every step runs and is summarised; the exit status says whether one failed
   OUT=${OUT:-$(mktemp -d)}
   W=/tmp/hip-on-cuda-work
   mkdir -p "$W"
@@ -243,14 +248,27 @@ run)
     trace_run cuda-seed-bf16 cuda 6.4 gfx942 --preset seed --steps 100 --precision bf16
     trace_run hip-seed-bf16 hip 6.4 gfx942 --preset seed --steps 100 --precision bf16
     trace_run cuda-seed-fp8 cuda 6.4 gfx942 --preset seed --steps 50 --precision fp8 --fp8-fast-accum none --strict
-    trace_run hip-seed-fp8-gfx942 hip 6.4 gfx942 --preset seed --steps 50 --precision fp8 --strict
-    trace_run hip-seed-fp8-gfx950 hip 7.2 gfx950 --preset seed --steps 50 --precision fp8 --strict
+    trace_run hip-seed-fp8-gfx942 hip 6.4 gfx942 --preset seed --steps 50 --precision fp8 --fp8-fast-accum none --strict
+    trace_run hip-seed-fp8-gfx950 hip 7.2 gfx950 --preset seed --steps 50 --precision fp8 --fp8-fast-accum none --strict
     trace_run hip-default hip 6.4 gfx942 --steps 20
+    # FP8 and bf16 on the default preset against the CPU too (its traces made beforehand by
+    # `pack`): which side an FP8 difference between CUDA and HIP comes from.
+    trace_run cuda-default-fp8 cuda 6.4 gfx942 --steps 20 --precision fp8 --fp8-fast-accum none --strict
+    trace_run hip-default-fp8-gfx950 hip 7.2 gfx950 --steps 20 --precision fp8 --fp8-fast-accum none --strict
+    trace_run hip-default-fp8-gfx942 hip 6.4 gfx942 --steps 20 --precision fp8 --fp8-fast-accum none --strict
+    trace_run hip-default-bf16 hip 6.4 gfx942 --steps 20 --precision bf16
+    trace_run hip-seed-fp8-gfx950-again hip 7.2 gfx950 --preset seed --steps 50 --precision fp8 --fp8-fast-accum none --strict
     par seed-fp32-cuda-vs-hip "$T/cuda-seed-fp32.jsonl" "$T/hip-seed-fp32.jsonl"
     par seed-bf16-cuda-vs-hip "$T/cuda-seed-bf16.jsonl" "$T/hip-seed-bf16.jsonl"
     par seed-fp8-cuda-vs-hip-gfx942 "$T/cuda-seed-fp8.jsonl" "$T/hip-seed-fp8-gfx942.jsonl"
     par seed-fp8-cuda-vs-hip-gfx950 "$T/cuda-seed-fp8.jsonl" "$T/hip-seed-fp8-gfx950.jsonl"
     par default-cpu-vs-hip "$PACK/cpu-default.jsonl" "$T/hip-default.jsonl"
+    par default-bf16-cpu-vs-hip "$PACK/cpu-default-bf16.jsonl" "$T/hip-default-bf16.jsonl"
+    par default-fp8-cpu-vs-cuda "$PACK/cpu-default-fp8.jsonl" "$T/cuda-default-fp8.jsonl"
+    par default-fp8-cpu-vs-hip-gfx950 "$PACK/cpu-default-fp8.jsonl" "$T/hip-default-fp8-gfx950.jsonl"
+    par default-fp8-cuda-vs-hip-gfx950 "$T/cuda-default-fp8.jsonl" "$T/hip-default-fp8-gfx950.jsonl"
+    par default-fp8-cuda-vs-hip-gfx942 "$T/cuda-default-fp8.jsonl" "$T/hip-default-fp8-gfx942.jsonl"
+    par seed-fp8-hip-gfx950-twice "$T/hip-seed-fp8-gfx950.jsonl" "$T/hip-seed-fp8-gfx950-again.jsonl"
     par seed-fp32-hip-twice "$T/hip-seed-fp32.jsonl" "$T/hip-seed-fp32-again.jsonl"
     if cmp <(tail -n +2 "$T/hip-seed-fp32.jsonl") <(tail -n +2 "$T/hip-seed-fp32-again.jsonl"); then
       summary+=("ok   hip run twice: step records byte-identical")

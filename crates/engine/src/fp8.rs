@@ -211,6 +211,23 @@ impl Fp8Family {
         }
     }
 
+    /// "ocp" or "fnuz" (as traces record it).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Ocp => "ocp",
+            Self::Fnuz => "fnuz",
+        }
+    }
+
+    /// The family named by [`Fp8Family::as_str`].
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "ocp" => Some(Self::Ocp),
+            "fnuz" => Some(Self::Fnuz),
+            _ => None,
+        }
+    }
+
     /// (forward dtype, backward dtype) for a recipe.
     pub fn dtypes(self, recipe: Fp8Recipe) -> (DType, DType) {
         let (e4m3, e5m2) = match self {

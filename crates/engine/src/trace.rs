@@ -9,6 +9,7 @@
 //! (older traces have `null` for all three).
 
 use crate::config::Config;
+use crate::fp8::{Fp8Family, Fp8Recipe};
 use crate::model::Gpt;
 use crate::{EngineError, Result};
 use duet_device::{Buffer, DType, DeviceExt, Fused};
@@ -31,6 +32,10 @@ pub struct TraceHeader {
     pub precision: String,
     pub seed: u64,
     pub config: Config,
+    /// FP8 runs: the encodings the device's FP8 hardware uses ("ocp" or "fnuz",
+    /// [`crate::fp8::Fp8Family`]). Absent in other runs and in traces written before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fp8_family: Option<String>,
 }
 
 /// Per-tensor record: L2 norm and the values at [`sample_positions`].
@@ -521,6 +526,18 @@ pub fn execution_differences(a: &Trace, b: &Trace) -> Vec<String> {
         .collect()
 }
 
+/// The largest finite value of the FP8 format operand `name` (`<layer>.input`, `.weight` or
+/// `.grad_output`) is stored in under `recipe` on a device of `family`.
+fn fp8_operand_max(family: Fp8Family, recipe: Fp8Recipe, name: &str) -> f64 {
+    let (fwd, bwd) = family.dtypes(recipe);
+    let dt = if name.ends_with(".grad_output") {
+        bwd
+    } else {
+        fwd
+    };
+    duet_device::Fp8Format::of(dt).map_or(1.0, |f| f.max_finite() as f64)
+}
+
 /// Compares two traces step by step. `precision` picks the tolerance; when the traces' precisions
 /// differ, the looser one applies. Configs must agree except in the [`execution_settings`].
 pub fn compare(a: &Trace, b: &Trace) -> std::result::Result<ParityOutcome, Incompatible> {
@@ -537,6 +554,12 @@ pub fn compare(a: &Trace, b: &Trace) -> std::result::Result<ParityOutcome, Incom
     }
     let tol_of =
         |step| tolerance(&a.header.precision, step).max(tolerance(&b.header.precision, step));
+    let family = |h: &TraceHeader| h.fp8_family.as_deref().and_then(Fp8Family::parse);
+    let families = match (family(&a.header), family(&b.header)) {
+        (Some(x), Some(y)) if x != y => Some((x, y)),
+        _ => None,
+    };
+    let recipe = a.header.config.train.recipe.fp8_format;
     let n = a.steps.len().min(b.steps.len());
     if n == 0 {
         let which = match (a.steps.is_empty(), b.steps.is_empty()) {
@@ -587,12 +610,25 @@ pub fn compare(a: &Trace, b: &Trace) -> std::result::Result<ParityOutcome, Incom
                         "FP8 operand {name} is missing from the second trace"
                     )));
                 };
-                checks.push((
-                    format!("fp8 {name}.scale"),
-                    widen(x.scale),
-                    widen(y.scale),
-                    (y.scale as f64).abs(),
-                ));
+                // Across FP8 families (an OCP device against an FNUZ one) the same amax gives
+                // scales in the ratio of the formats' maxima (E4M3: 448 vs 240): the scales
+                // are compared as fractions of their format's max.
+                let (xs, ys, what) = match families {
+                    Some((fam_a, fam_b)) => {
+                        let max = |f: Fp8Family| fp8_operand_max(f, recipe, name);
+                        (
+                            widen(x.scale) / max(fam_a),
+                            widen(y.scale) / max(fam_b),
+                            format!("fp8 {name}.scale / format max"),
+                        )
+                    }
+                    None => (
+                        widen(x.scale),
+                        widen(y.scale),
+                        format!("fp8 {name}.scale"),
+                    ),
+                };
+                checks.push((what, xs, ys, ys.abs()));
                 checks.push((
                     format!("fp8 {name}.amax"),
                     widen(x.amax),
@@ -740,6 +776,7 @@ mod tests {
                 precision: "fp16".into(),
                 seed: config.train.data.seed,
                 config,
+                fp8_family: None,
             },
             steps,
         }
@@ -755,6 +792,52 @@ mod tests {
         ];
         v.extend(w.samples.iter().map(|x| x.to_bits() as u64));
         v
+    }
+
+    /// An OCP device's trace against an FNUZ one's: the same amaxes give scales in the ratio
+    /// of the formats' maxima (E4M3 448 vs 240; E5M2 57344 in both), which is a match once the
+    /// families are known, and a divergence when they are not (or are the same).
+    #[test]
+    fn fp8_scales_across_families_compare_as_fractions_of_the_format_max() {
+        let with_fp8 = |e4m3_max: f32| {
+            let mut s = step(1, 2.5, 1.0, 0.75);
+            s.loss_scale = None;
+            s.params.get_mut("w").unwrap().samples = vec![0.5, 0.25, 1.0, -0.25];
+            let amax = 3.0f32;
+            s.fp8 = Some(BTreeMap::from([
+                (
+                    "h.0.attn.c_attn.input".to_string(),
+                    Fp8Trace { scale: e4m3_max / amax, amax },
+                ),
+                (
+                    "h.0.attn.c_attn.grad_output".to_string(),
+                    Fp8Trace { scale: 57344.0 / amax, amax },
+                ),
+            ]));
+            s
+        };
+        let mut a = trace(vec![with_fp8(448.0)]);
+        let mut b = trace(vec![with_fp8(240.0)]);
+        for t in [&mut a, &mut b] {
+            t.header.precision = "fp8".into();
+        }
+        // Unknown families (traces from before the field): the scales differ.
+        assert!(
+            matches!(compare(&a, &b), Ok(ParityOutcome::Diverged { .. })),
+            "{:?}",
+            compare(&a, &b)
+        );
+        a.header.fp8_family = Some("ocp".into());
+        b.header.fp8_family = Some("fnuz".into());
+        match compare(&a, &b) {
+            Ok(ParityOutcome::Match { worst, .. }) => {
+                assert!(worst.iter().any(|(_, k)| k == "fp8 scaling"), "{worst:?}");
+            }
+            other => panic!("expected a match across families, got {other:?}"),
+        }
+        // The same family on both sides: compared as they are (and they differ).
+        b.header.fp8_family = Some("ocp".into());
+        assert!(matches!(compare(&a, &b), Ok(ParityOutcome::Diverged { .. })));
     }
 
     #[test]

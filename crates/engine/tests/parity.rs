@@ -30,6 +30,7 @@ fn traced_run_in(
         precision: precision.as_str().into(),
         seed: cfg.train.data.seed,
         config: cfg,
+        fp8_family: None,
     };
     let mut buf = Vec::new();
     {

@@ -45,6 +45,7 @@ fn run<D: Fused>(dev: Arc<D>, cfg: &Config, steps: u64) -> (Vec<f32>, Trace) {
         precision: "fp32".into(),
         seed: cfg.train.data.seed,
         config: cfg.clone(),
+        fp8_family: None,
     };
     let mut tr = Trainer::new(dev, cfg.clone()).unwrap();
     let mut buf = Vec::new();

@@ -391,7 +391,9 @@ fn append_digest(path: &std::path::Path, backend: &str, case: &str, got: &Tensor
     use std::collections::HashMap;
     use std::io::Write;
     use std::sync::Mutex;
-    static SEEN: OnceLock<Mutex<HashMap<(String, String, u64), u32>>> = OnceLock::new();
+    /// Outputs recorded so far per (case, output, CPU digest).
+    type Seen = Mutex<HashMap<(String, String, u64), u32>>;
+    static SEEN: OnceLock<Seen> = OnceLock::new();
     let cpu_digest = fnv64(&cpu.bytes);
     let occurrence = {
         let mut seen = SEEN
@@ -416,7 +418,7 @@ fn append_digest(path: &std::path::Path, backend: &str, case: &str, got: &Tensor
     let written = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
-        .open(&path)
+        .open(path)
         .and_then(|mut f| f.write_all(line.as_bytes()));
     if let Err(e) = written {
         panic!("DUET_CONFORMANCE_DIGESTS={}: {e}", path.display());
@@ -549,7 +551,10 @@ mod digest_tests {
         assert_eq!(rows.len(), 2, "{text}");
         let cpu = format!("{:016x}", fnv64(&[1, 2, 3, 4]));
         assert_eq!(rows[0][..4], ["case_a", "y", cpu.as_str(), "1"]);
-        assert_eq!(rows[1][3], "2", "the second output with the same CPU result counts on");
+        assert_eq!(
+            rows[1][3], "2",
+            "the second output with the same CPU result counts on"
+        );
         assert_eq!((rows[0][8], rows[1][8]), ("true", "false"));
         assert_ne!(rows[0][7], rows[1][7]);
     }

@@ -622,11 +622,7 @@ pub fn compare(a: &Trace, b: &Trace) -> std::result::Result<ParityOutcome, Incom
                             format!("fp8 {name}.scale / format max"),
                         )
                     }
-                    None => (
-                        widen(x.scale),
-                        widen(y.scale),
-                        format!("fp8 {name}.scale"),
-                    ),
+                    None => (widen(x.scale), widen(y.scale), format!("fp8 {name}.scale")),
                 };
                 checks.push((what, xs, ys, ys.abs()));
                 checks.push((
@@ -807,11 +803,17 @@ mod tests {
             s.fp8 = Some(BTreeMap::from([
                 (
                     "h.0.attn.c_attn.input".to_string(),
-                    Fp8Trace { scale: e4m3_max / amax, amax },
+                    Fp8Trace {
+                        scale: e4m3_max / amax,
+                        amax,
+                    },
                 ),
                 (
                     "h.0.attn.c_attn.grad_output".to_string(),
-                    Fp8Trace { scale: 57344.0 / amax, amax },
+                    Fp8Trace {
+                        scale: 57344.0 / amax,
+                        amax,
+                    },
                 ),
             ]));
             s
@@ -837,7 +839,10 @@ mod tests {
         }
         // The same family on both sides: compared as they are (and they differ).
         b.header.fp8_family = Some("ocp".into());
-        assert!(matches!(compare(&a, &b), Ok(ParityOutcome::Diverged { .. })));
+        assert!(matches!(
+            compare(&a, &b),
+            Ok(ParityOutcome::Diverged { .. })
+        ));
     }
 
     #[test]

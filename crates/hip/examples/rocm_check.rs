@@ -42,7 +42,9 @@ fn main() -> ExitCode {
         Some("symbols") => cmd_symbols(),
         Some("layout") => cmd_layout(),
         Some("symbol-list") => cmd_symbol_list(),
-        _ => Err("usage: rocm_check compile [--out DIR] ARCH... | symbols | symbol-list | layout".into()),
+        _ => Err(
+            "usage: rocm_check compile [--out DIR] ARCH... | symbols | symbol-list | layout".into(),
+        ),
     };
     match r {
         Ok(true) => ExitCode::SUCCESS,

@@ -21,9 +21,15 @@ fn comgr_is_the_runtime_s_own_and_never_loaded_beside_it() {
     let system = ["libamd_comgr.so.2", "libamd_comgr.so.3"]
         .iter()
         .any(|n| std::path::Path::new(&format!("/usr/lib/x86_64-linux-gnu/{n}")).exists());
-    assert!(comgr_mapped().is_empty(), "a comgr is mapped before the test");
+    assert!(
+        comgr_mapped().is_empty(),
+        "a comgr is mapped before the test"
+    );
     let c = Comgr::load();
-    assert!(c.is_none(), "a comgr was loaded though no HIP library uses one: {c:?}");
+    assert!(
+        c.is_none(),
+        "a comgr was loaded though no HIP library uses one: {c:?}"
+    );
     assert!(
         comgr_mapped().is_empty(),
         "Comgr::load mapped {:?} (a system comgr: {system})",
@@ -46,6 +52,13 @@ fn comgr_is_the_runtime_s_own_and_never_loaded_beside_it() {
     }
     let c = Comgr::load().expect("the runtime's comgr is found");
     assert!(c.version.0 >= 2, "{c:?}");
-    assert!(mapped.iter().any(|m| *m == c.path), "{c:?} is not the mapped {mapped:?}");
-    assert_eq!(comgr_mapped().len(), mapped.len(), "a second comgr was mapped");
+    assert!(
+        mapped.contains(&c.path),
+        "{c:?} is not the mapped {mapped:?}"
+    );
+    assert_eq!(
+        comgr_mapped().len(),
+        mapped.len(),
+        "a second comgr was mapped"
+    );
 }

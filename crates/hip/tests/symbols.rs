@@ -14,7 +14,11 @@ const DEBIAN_HIP5: &str = "/usr/lib/x86_64-linux-gnu/libamdhip64.so.5";
 fn debian_rocm52() -> Result<(), String> {
     let real = std::fs::canonicalize(DEBIAN_HIP5)
         .map_err(|_| format!("{DEBIAN_HIP5} not installed (apt-get install libamdhip64-5)"))?;
-    let name = real.file_name().unwrap_or_default().to_string_lossy().into_owned();
+    let name = real
+        .file_name()
+        .unwrap_or_default()
+        .to_string_lossy()
+        .into_owned();
     if name.starts_with("libamdhip64.so.5.2") {
         Ok(())
     } else {

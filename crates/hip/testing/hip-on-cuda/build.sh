@@ -6,9 +6,10 @@
 #     ROCM_VERSION 7.2: lib/libamdhip64.so.7 libhiprtc.so.7 librocblas.so.5 libhipblaslt.so.1 librccl.so.1
 #
 # Headers (no library of either vendor is linked; everything is loaded at run time):
-#   ROCm:  $HOC_ROCM_INCLUDE, default /var/cache/duet-rocm-check/headers-<v>/usr/include (what
-#          scripts/rocm-check.sh unpacks from Debian's packages). RCCL's header comes from the
-#          7.2 tree for both (Debian's 6.4 has no RCCL); its API is the same.
+#   ROCm:  $HOC_ROCM_INCLUDE, default $DUET_ROCM_CACHE/headers-<v>/usr/include (what
+#          scripts/rocm-check.sh unpacks from Debian's packages; /var/cache/duet-rocm-check or
+#          target/rocm-check). RCCL's header comes from the 7.2 tree for both (Debian's 6.4 has
+#          no RCCL); its API is the same.
 #   CUDA:  $HOC_CUDA_INCLUDE, default /usr/local/cuda/include when it exists, else
 #          /var/cache/duet-cuda-headers/include (scripts/hip-on-cuda.sh headers fetches the
 #          headers of NVIDIA's CUDA 13.0 wheels from PyPI there).
@@ -22,8 +23,11 @@ case "$ver" in
 7.2) hip=7 rocblas=5 lt=1 ;;
 *) echo "build.sh: ROCm version $ver: 6.4 or 7.2" >&2; exit 2 ;;
 esac
-rocm_inc=${HOC_ROCM_INCLUDE:-/var/cache/duet-rocm-check/headers-$ver/usr/include}
-rccl_inc=${HOC_RCCL_INCLUDE:-/var/cache/duet-rocm-check/headers-7.2/usr/include}
+# Where scripts/rocm-check.sh unpacked the headers ($DUET_ROCM_CACHE, its fallback target/rocm-check).
+rocm_cache=${DUET_ROCM_CACHE:-/var/cache/duet-rocm-check}
+[ -d "$rocm_cache/headers-$ver" ] || rocm_cache="$here/../../../../target/rocm-check"
+rocm_inc=${HOC_ROCM_INCLUDE:-$rocm_cache/headers-$ver/usr/include}
+rccl_inc=${HOC_RCCL_INCLUDE:-$rocm_cache/headers-7.2/usr/include}
 if [ -z "${HOC_CUDA_INCLUDE:-}" ]; then
   if [ -f /usr/local/cuda/include/cublas_v2.h ]; then HOC_CUDA_INCLUDE=/usr/local/cuda/include
   else HOC_CUDA_INCLUDE=/var/cache/duet-cuda-headers/include; fi

@@ -92,6 +92,13 @@ pub fn run(a: &GenerateArgs) -> CliResult<()> {
     if !(a.temperature.is_finite() && a.temperature >= 0.0) {
         return Err("--temperature must be ≥ 0".into());
     }
+    if a.top_k > 0 && a.temperature == 0.0 {
+        return Err(
+            "--top-k samples among the k most likely tokens, which needs --temperature > 0 \
+             (temperature 0 is greedy: the single most likely token)"
+                .into(),
+        );
+    }
     let context = ck.config.model.max_seq;
     // Before the weights go to the device; the generator checks the same rule.
     if let Err(e) = check_prompt_len(prompt.len(), context) {

@@ -335,7 +335,12 @@ fn main() -> ExitCode {
             // Ctrl-C (or SIGTERM, SIGHUP: a scheduler's notice) stops after the steps already
             // queued and saves a checkpoint; a second one aborts.
             let _ = ctrlc::set_handler(|| {
-                if cli_train::INTERRUPTED.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                use std::sync::atomic::Ordering::SeqCst;
+                if cli_train::TRAINING_LOOPS.load(SeqCst) == 0 {
+                    eprintln!("\ninterrupted outside the training loop: exiting");
+                    std::process::exit(130);
+                }
+                if cli_train::INTERRUPTED.swap(true, SeqCst) {
                     std::process::exit(130);
                 }
                 eprintln!(

@@ -4,26 +4,21 @@ use crate::CliResult;
 use std::fmt::Write as _;
 use std::path::Path;
 
-/// Reads `step`, `loss` and (where present) `val_loss` from a JSON-lines metrics file and draws
-/// both curves on a log-scale loss axis.
-pub fn write_loss_plot(metrics: &Path, svg_path: &Path) -> CliResult<()> {
-    let text = std::fs::read_to_string(metrics)
-        .map_err(|e| format!("cannot read {}: {e}", metrics.display()))?;
-    let mut train = Vec::new();
-    let mut val = Vec::new();
-    for line in text.lines().filter(|l| !l.trim().is_empty()) {
-        let v: serde_json::Value = serde_json::from_str(line)
-            .map_err(|e| format!("{}: bad metrics line: {e}", metrics.display()))?;
-        let Some(step) = v["step"].as_f64() else {
-            continue;
-        };
-        if let Some(l) = v["loss"].as_f64().filter(|l| *l > 0.0 && l.is_finite()) {
-            train.push((step, l));
-        }
-        if let Some(l) = v["val_loss"].as_f64().filter(|l| *l > 0.0 && l.is_finite()) {
-            val.push((step, l));
-        }
-    }
+/// Draws the training and (where present) validation loss of a run's logged steps — `(step,
+/// loss, val_loss)`, as the metrics log keeps them in memory — on a log-scale loss axis. The
+/// metrics file itself is never read back: it may be a pipe (`--metrics /dev/stdout`).
+pub fn write_loss_plot(curve: &[(u64, f32, Option<f32>)], svg_path: &Path) -> CliResult<()> {
+    let ok = |l: f64| l > 0.0 && l.is_finite();
+    let train: Vec<(f64, f64)> = curve
+        .iter()
+        .map(|&(s, l, _)| (s as f64, l as f64))
+        .filter(|p| ok(p.1))
+        .collect();
+    let val: Vec<(f64, f64)> = curve
+        .iter()
+        .filter_map(|&(s, _, v)| v.map(|v| (s as f64, v as f64)))
+        .filter(|p| ok(p.1))
+        .collect();
     std::fs::write(svg_path, render(&train, &val))
         .map_err(|e| format!("cannot write {}: {e}", svg_path.display()))?;
     Ok(())

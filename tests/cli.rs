@@ -111,10 +111,24 @@ fn ineffective_flags_are_warned_about() {
         "--preset",
         "tiny",
         "--steps",
-        "1",
+        "2",
         "--log-every",
         "0",
     ];
+    // The tiny preset warms up over 2 steps: a 1-step run never reaches the peak rate.
+    let err = run(&[
+        "train",
+        "--preset",
+        "tiny",
+        "--steps",
+        "1",
+        "--log-every",
+        "0",
+    ]);
+    assert!(
+        err.contains("warning: the warmup (2 steps) is longer than the run (1 steps)"),
+        "{err}"
+    );
     let err = run(&[&base[..], &["--fp8-margin", "2", "--fp8-format", "e4m3"]].concat());
     assert!(
         err.contains(
@@ -348,6 +362,19 @@ fn absurd_sizes_fail_cleanly() {
     // --max-new far past the context: the output stops at the context, nothing is allocated
     // for the rest.
     let run = train_small("run-huge", Some(&text_file()));
+    // --top-k samples; without a temperature it would be silently greedy.
+    assert_clean_error(
+        &[
+            "generate",
+            "--checkpoint",
+            run.to_str().unwrap(),
+            "--prompt",
+            "hi",
+            "--top-k",
+            "5",
+        ],
+        "--top-k samples among the k most likely tokens, which needs --temperature > 0",
+    );
     for max_new in [max.as_str(), "100000000000"] {
         let out = duet(&[
             "generate",

@@ -412,6 +412,17 @@ fn outputs_never_overwrite_inputs_and_one_run_per_folder() {
         std::fs::read_to_string(&cfg).unwrap(),
         "[train]\nsteps = 2\n"
     );
+    // A FIFO as --config or --data is refused at once (reading it would block forever).
+    let fifo = tmp("config-fifo.toml");
+    let made = Command::new("mkfifo").arg(&fifo).status();
+    if made.is_ok_and(|st| st.success()) {
+        assert_fails(&["train", "--config", s(&fifo)], "FIFO");
+        assert_fails(&[&tiny[..], &["--data", s(&fifo)]].concat(), "FIFO");
+    } else {
+        eprintln!(
+            "SKIP outputs_never_overwrite_inputs_and_one_run_per_folder (FIFO part): no mkfifo"
+        );
+    }
     // Checkpoint-saving flags need a folder to save into.
     assert_fails(&[&tiny[..], &["--stop-after", "1"]].concat(), "give --out");
     assert_fails(&[&tiny[..], &["--save-every", "1"]].concat(), "give --out");
@@ -424,8 +435,73 @@ fn outputs_never_overwrite_inputs_and_one_run_per_folder() {
         &[&tiny[..], &["--out", s(&busy)]].concat(),
         "another duet run is writing into",
     );
+    // Nor may a log file of this run land inside that folder (its checkpoint, say).
+    std::fs::write(
+        busy.join("checkpoint.safetensors"),
+        b"another run's checkpoint",
+    )
+    .unwrap();
+    assert_fails(
+        &[
+            &tiny[..],
+            &["--metrics", s(&busy.join("checkpoint.safetensors"))],
+        ]
+        .concat(),
+        "the --out folder of a duet run that is running now",
+    );
+    assert_fails(
+        &[&tiny[..], &["--trace", s(&busy.join("trace.jsonl"))]].concat(),
+        "the --out folder of a duet run that is running now",
+    );
+    assert_eq!(
+        std::fs::read(busy.join("checkpoint.safetensors")).unwrap(),
+        b"another run's checkpoint"
+    );
     drop(lock);
-    assert_success(&duet(&[&tiny[..], &["--out", s(&busy)]].concat()));
+    std::fs::remove_file(busy.join("checkpoint.safetensors")).unwrap();
+    // The run that takes the folder removes what killed saves left there (and nothing else).
+    let stale = busy.join(".checkpoint.safetensors.tmp-4242");
+    std::fs::write(&stale, vec![0u8; 1000]).unwrap();
+    std::fs::write(busy.join("notes.txt"), b"mine").unwrap();
+    let out = duet(&[&tiny[..], &["--out", s(&busy)]].concat());
+    assert_success(&out);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("removed 1 temporary file(s) of interrupted saves"),
+        "{err}"
+    );
+    assert!(!stale.exists());
+    assert_eq!(std::fs::read(busy.join("notes.txt")).unwrap(), b"mine");
+    // A hard link of an input is that input, whatever its name (and a bind mount alike).
+    let link = tmp("own-corpus-link.jsonl");
+    let _ = std::fs::remove_file(&link);
+    std::fs::hard_link(&corpus, &link).unwrap();
+    assert_fails(
+        &[&tiny[..], &["--data", s(&corpus), "--metrics", s(&link)]].concat(),
+        "is the same file as --data",
+    );
+    assert_eq!(std::fs::read_to_string(&corpus).unwrap(), text);
+    // And a hard link of the checkpoint a run resumes from, as its metrics file.
+    let run = tmp("own-ck-link");
+    assert_success(&duet(&[&tiny[..], &["--out", s(&run)]].concat()));
+    let ck = run.join("checkpoint.safetensors");
+    let before = std::fs::read(&ck).unwrap();
+    let ck_link = tmp("own-ck-link.jsonl");
+    let _ = std::fs::remove_file(&ck_link);
+    std::fs::hard_link(&ck, &ck_link).unwrap();
+    assert_fails(
+        &[
+            "train",
+            "--resume",
+            s(&run),
+            "--steps",
+            "3",
+            "--metrics",
+            s(&ck_link),
+        ],
+        "is the same file as the checkpoint resumed from",
+    );
+    assert_eq!(std::fs::read(&ck).unwrap(), before);
 }
 
 #[test]
@@ -458,5 +534,117 @@ fn what_would_fail_after_training_fails_before_it() {
             "16",
         ],
         "the generation check needs seq ≥ 47",
+    );
+}
+
+/// Two identical runs write byte-identical checkpoints (nothing run-specific goes in, and the
+/// header's order does not depend on a hash map's).
+#[test]
+fn identical_runs_write_identical_checkpoints() {
+    let (a, b) = (tmp("repro-a"), tmp("repro-b"));
+    for d in [&a, &b] {
+        assert_success(&duet(&[
+            "train",
+            "--preset",
+            "tiny",
+            "--steps",
+            "3",
+            "--log-every",
+            "0",
+            "--out",
+            s(d),
+        ]));
+    }
+    let (x, y) = (
+        std::fs::read(a.join("checkpoint.safetensors")).unwrap(),
+        std::fs::read(b.join("checkpoint.safetensors")).unwrap(),
+    );
+    assert!(
+        x == y,
+        "the two checkpoints differ ({} and {} bytes)",
+        x.len(),
+        y.len()
+    );
+}
+
+/// `--metrics /dev/stdout` with `--out`: piped, the run ends (it used to hang after training,
+/// the loss plot reading the pipe back), the metrics come out on stdout and the plot is drawn
+/// from memory; redirected to a file, the metrics and the run's printed lines share it and it exits 0.
+#[test]
+fn metrics_to_stdout_with_out_ends_and_draws_the_plot() {
+    let dir = tmp("stdout-metrics");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_duet"))
+        .args([
+            "train",
+            "--preset",
+            "tiny",
+            "--steps",
+            "5",
+            "--log-every",
+            "0",
+            "--out",
+            s(&dir),
+            "--metrics",
+            "/dev/stdout",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = std::time::Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if start.elapsed() > std::time::Duration::from_secs(120) {
+            let _ = child.kill();
+            panic!("duet train --metrics /dev/stdout --out hung");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let json_lines = stdout
+        .lines()
+        .filter(|l| l.starts_with('{') && l.contains("\"step\":"))
+        .count();
+    assert_eq!(json_lines, 5, "{stdout}");
+    let svg = std::fs::read_to_string(dir.join("loss.svg")).unwrap();
+    assert!(svg.contains("<polyline"), "the plot has a curve");
+    // Redirected to a file.
+    let dir2 = tmp("stdout-metrics-file");
+    let file = tmp("stdout-metrics.txt");
+    let f = std::fs::File::create(&file).unwrap();
+    let st = Command::new(env!("CARGO_BIN_EXE_duet"))
+        .args([
+            "train",
+            "--preset",
+            "tiny",
+            "--steps",
+            "5",
+            "--log-every",
+            "0",
+            "--out",
+            s(&dir2),
+            "--metrics",
+            "/dev/stdout",
+        ])
+        .stdout(f)
+        .stderr(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let text = std::fs::read_to_string(&file).unwrap();
+    assert!(
+        text.contains("trained 5 steps"),
+        "the run's own lines are in the file too: {text}"
+    );
+    assert_eq!(
+        text.lines()
+            .filter(|l| l.starts_with('{') && l.contains("\"step\":"))
+            .count(),
+        5,
+        "{text}"
     );
 }

@@ -50,6 +50,12 @@ pub enum TrainOutcome {
 /// (every `loss_every` steps at most).
 pub static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 
+/// How many training loops are running (one per rank thread; they alone check
+/// [`INTERRUPTED`]): a signal while none is — the device opening, or after training, writing
+/// the plot — ends the process at once instead of setting a flag nobody reads (one SIGTERM used
+/// to be swallowed there).
+pub static TRAINING_LOOPS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 pub fn train(opts: &TrainOptions) -> CliResult<TrainOutcome> {
     let resume = match &opts.resume {
         Some(p) => {
@@ -126,6 +132,13 @@ pub fn train(opts: &TrainOptions) -> CliResult<TrainOutcome> {
              it absolute): it is read from the current folder"
         );
     }
+    let (warmup, steps) = (cfg.train.optimizer.warmup, cfg.train.steps);
+    if warmup > steps {
+        eprintln!(
+            "warning: the warmup ({warmup} steps) is longer than the run ({steps} steps): the \
+             learning rate never reaches its peak (lower --warmup or raise --steps)"
+        );
+    }
     if opts.zero == 1 && launch.is_none() && opts.gpus.is_none() {
         eprintln!(
             "warning: --zero 1 shards the optimizer state across data-parallel ranks; this run \
@@ -165,6 +178,21 @@ pub fn train(opts: &TrainOptions) -> CliResult<TrainOutcome> {
             .map_err(|e| format!("cannot create output folder {}: {e}", dir.display()))?;
         // One run at a time per folder (released when this process exits, however it ends).
         _out_lock = Some(lock_out(dir)?);
+        // Saves killed mid-write (SIGKILL, preemption) leave their temporary files behind; the
+        // folder is ours now, so none of them belongs to a save in flight.
+        match duet_engine::checkpoint::remove_stale_temporaries(dir) {
+            Ok((removed, bytes)) if !removed.is_empty() => eprintln!(
+                "note: removed {} temporary file(s) of interrupted saves from {} ({:.1} MB)",
+                removed.len(),
+                dir.display(),
+                bytes as f64 / 1e6
+            ),
+            Ok(_) => {}
+            Err(e) => eprintln!(
+                "warning: could not look for temporary files of interrupted saves in {}: {e}",
+                dir.display()
+            ),
+        }
         let ck = dir.join(files::CHECKPOINT);
         let resuming_here = opts
             .resume

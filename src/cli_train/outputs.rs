@@ -10,8 +10,15 @@ use std::io::BufWriter;
 use std::path::{Path, PathBuf};
 
 /// Whether two paths name the same file, the second of which need not exist yet (its folder is
-/// resolved instead): compared after resolving `.`, `..` and links, not by spelling.
+/// resolved instead). Two existing paths are the same file when they are the same inode of the
+/// same device: hard links and bind mounts too, which no spelling or canonical path shows (a
+/// hard link of the corpus given as `--metrics` used to pass, and the corpus was replaced by
+/// JSON). Otherwise compared after resolving `.`, `..` and links.
 pub(super) fn same_file(a: &Path, b: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    if let (Ok(x), Ok(y)) = (std::fs::metadata(a), std::fs::metadata(b)) {
+        return x.dev() == y.dev() && x.ino() == y.ino();
+    }
     let resolve = |p: &Path| -> Option<PathBuf> {
         if let Ok(c) = std::fs::canonicalize(p) {
             return Some(c);
@@ -26,6 +33,16 @@ pub(super) fn same_file(a: &Path, b: &Path) -> bool {
         (Some(x), Some(y)) => x == y,
         _ => a == b,
     }
+}
+
+/// Whether `dir` is another duet run's `--out` folder right now: it holds a `.duet.lock` that
+/// some process has locked.
+fn locked_by_another_run(dir: &Path) -> bool {
+    let lock = dir.join(".duet.lock");
+    let Ok(f) = std::fs::OpenOptions::new().read(true).open(&lock) else {
+        return false;
+    };
+    matches!(f.try_lock_shared(), Err(std::fs::TryLockError::WouldBlock))
 }
 
 /// Refuses a run whose output files (metrics, trace, and in `--out` the checkpoint, config and
@@ -62,6 +79,24 @@ pub(super) fn check_no_overwrite(
     if let Some(dir) = &opts.out {
         for f in [files::CHECKPOINT, files::CONFIG, files::LOSS_PLOT] {
             outputs.push((format!("--out's {f}"), dir.join(f), f == files::CHECKPOINT));
+        }
+    }
+    // A log file inside another run's locked --out would overwrite that run's files.
+    // (The run's own --out is checked when it takes the folder's lock.)
+    for (what, p, _) in &outputs {
+        let dir = match p.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        let own = opts.out.as_deref().is_some_and(|o| same_file(dir, o));
+        if !own && locked_by_another_run(dir) {
+            return Err(format!(
+                "{what} ({}) is inside {}, the --out folder of a duet run that is running now: \
+                 choose another path",
+                p.display(),
+                dir.display()
+            )
+            .into());
         }
     }
     for (i, (what, p, p_ck)) in outputs.iter().enumerate() {

@@ -321,6 +321,7 @@ impl TrainTask {
             }
             Ok(())
         };
+        super::TRAINING_LOOPS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let summary = duet_engine::run::run(
             &mut trainer,
             &plan,
@@ -328,7 +329,9 @@ impl TrainTask {
             tracer.as_mut().map(|(_, tw)| tw),
             &INTERRUPTED,
             &mut on_step,
-        )?;
+        );
+        super::TRAINING_LOOPS.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        let summary = summary?;
         let RunSummary {
             ran,
             last_loss,
@@ -340,7 +343,8 @@ impl TrainTask {
         if let Some(bar) = &bar {
             bar.finish();
         }
-        self.metrics = None;
+        // The log is closed here; its curve stays for the loss plot.
+        let curve = self.metrics.take().map(MetricsLog::into_curve);
         if let Some((path, mut tw)) = tracer.take() {
             tw.flush()?;
             eprintln!("trace written to {}", path.display());
@@ -403,9 +407,9 @@ impl TrainTask {
                 None => report!("validation loss {v:.4}"),
             }
         }
-        if let (Some(dir), Some(mp)) = (&self.out, &self.metrics_path) {
+        if let (Some(dir), Some(curve)) = (&self.out, &curve) {
             let svg = dir.join(files::LOSS_PLOT);
-            crate::plot::write_loss_plot(mp, &svg)?;
+            crate::plot::write_loss_plot(curve, &svg)?;
             println!("loss curve written to {}", svg.display());
         }
         // Generation uses no collectives: rank 0 alone runs it.

@@ -111,6 +111,71 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     })
 }
 
+/// Removes the temporary files [`write_atomic`] leaves in `dir` when a process is killed between
+/// creating and renaming one (`.<name>.tmp-<pid>`; a SIGKILL during a save leaves them forever).
+/// Only for a folder the caller holds exclusively (`duet train`'s `--out`, under its lock): no
+/// other process's save can be in flight there. Returns the removed files and their total size.
+pub fn remove_stale_temporaries(dir: &Path) -> std::io::Result<(Vec<std::path::PathBuf>, u64)> {
+    let mut removed = Vec::new();
+    let mut bytes = 0;
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some((stem, pid)) = name.strip_prefix('.').and_then(|n| n.rsplit_once(".tmp-")) else {
+            continue;
+        };
+        let ours = pid == std::process::id().to_string();
+        if stem.is_empty() || ours || pid.is_empty() || !pid.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let meta = entry.metadata()?;
+        if !meta.is_file() {
+            continue;
+        }
+        std::fs::remove_file(entry.path())?;
+        bytes += meta.len();
+        removed.push(entry.path());
+    }
+    removed.sort();
+    Ok((removed, bytes))
+}
+
+/// The same safetensors file with its JSON header's keys (the tensors' and `__metadata__`'s) in
+/// sorted order: `safetensors::serialize` writes the metadata from a `HashMap`, whose order
+/// differs from one map to the next, so two identical checkpoints had different bytes. The data
+/// section is unchanged (its offsets are relative to its start); the header is padded with
+/// spaces to 8 bytes as the format requires.
+fn canonical_header(bytes: Vec<u8>) -> std::result::Result<Vec<u8>, String> {
+    use std::collections::BTreeMap;
+    let n = bytes
+        .get(..8)
+        .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")) as usize)
+        .ok_or("no header length")?;
+    let header = bytes.get(8..8 + n).ok_or("header past the end")?;
+    let value: serde_json::Value = serde_json::from_slice(header).map_err(|e| e.to_string())?;
+    let top = value.as_object().ok_or("header is not an object")?;
+    let mut sorted: BTreeMap<&str, serde_json::Value> = BTreeMap::new();
+    for (k, v) in top {
+        let v = match (k.as_str(), v.as_object()) {
+            ("__metadata__", Some(m)) => {
+                serde_json::to_value(m.iter().collect::<BTreeMap<&String, &serde_json::Value>>())
+                    .map_err(|e| e.to_string())?
+            }
+            _ => v.clone(),
+        };
+        sorted.insert(k, v);
+    }
+    let mut json = serde_json::to_vec(&sorted).map_err(|e| e.to_string())?;
+    while json.len() % 8 != 0 {
+        json.push(b' ');
+    }
+    let mut out = Vec::with_capacity(8 + json.len() + bytes.len() - 8 - n);
+    out.extend_from_slice(&(json.len() as u64).to_le_bytes());
+    out.extend_from_slice(&json);
+    out.extend_from_slice(&bytes[8 + n..]);
+    Ok(out)
+}
+
 impl Checkpoint {
     /// Serialises to safetensors bytes.
     pub fn to_bytes(&self) -> Result<Vec<u8>> {
@@ -160,7 +225,9 @@ impl Checkpoint {
             meta.insert(keys::LOSS_SCALE_CLEAN_STEPS.into(), clean.to_string());
         }
         meta.insert(keys::DUET_VERSION.into(), env!("CARGO_PKG_VERSION").into());
-        safetensors::serialize(views, Some(meta))
+        let bytes = safetensors::serialize(views, Some(meta))
+            .map_err(|e| EngineError::Config(format!("cannot serialise checkpoint: {e}")))?;
+        canonical_header(bytes)
             .map_err(|e| EngineError::Config(format!("cannot serialise checkpoint: {e}")))
     }
 
@@ -275,6 +342,41 @@ impl Checkpoint {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stale_temporaries_of_killed_saves_are_removed_and_nothing_else() {
+        let dir = std::env::temp_dir().join(format!("duet-stale-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let stale = [".checkpoint.safetensors.tmp-12345", ".config.toml.tmp-7"];
+        let kept = [
+            "checkpoint.safetensors",
+            ".checkpoint.safetensors.tmp-",
+            ".checkpoint.safetensors.tmp-12x",
+            "notes.tmp-3",
+            ".duet.lock",
+        ];
+        for f in stale.iter().chain(&kept) {
+            std::fs::write(dir.join(f), b"0123456789").unwrap();
+        }
+        // This process's own temporary is never touched.
+        let own = format!(".checkpoint.safetensors.tmp-{}", std::process::id());
+        std::fs::write(dir.join(&own), b"x").unwrap();
+        let (removed, bytes) = remove_stale_temporaries(&dir).unwrap();
+        let names: Vec<String> = removed
+            .iter()
+            .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(
+            names,
+            vec![".checkpoint.safetensors.tmp-12345", ".config.toml.tmp-7"]
+        );
+        assert_eq!(bytes, 20);
+        for f in kept.iter().map(|s| s.to_string()).chain([own]) {
+            assert!(dir.join(&f).exists(), "{f} was removed");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
     use crate::config::Preset;
     use crate::model::init_weights;
 
@@ -299,6 +401,29 @@ mod tests {
             loss_scaler: Some((1024.0, 3)),
             extra: HashMap::from([("fp8".to_string(), "{}".to_string())]),
         }
+    }
+
+    /// The same checkpoint serialised again gives the same bytes (each serialisation builds its
+    /// metadata map afresh, in another hash order, as two runs do), and the header is sorted.
+    #[test]
+    fn checkpoint_bytes_are_reproducible() {
+        let mut c = sample();
+        for i in 0..6 {
+            c.extra.insert(format!("extra.{i}"), i.to_string());
+        }
+        let first = c.to_bytes().unwrap();
+        for _ in 0..8 {
+            assert!(
+                c.clone().to_bytes().unwrap() == first,
+                "checkpoint bytes differ"
+            );
+        }
+        let n = u64::from_le_bytes(first[..8].try_into().unwrap()) as usize;
+        assert_eq!(n % 8, 0);
+        let header = std::str::from_utf8(&first[8..8 + n]).unwrap();
+        let at = |k: &str| header.find(&format!("\"{k}\"")).unwrap();
+        assert!(at("config") < at("data_state") && at("data_state") < at("duet_version"));
+        assert_eq!(Checkpoint::from_bytes(&first).unwrap(), c);
     }
 
     #[test]

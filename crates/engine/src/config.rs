@@ -438,10 +438,12 @@ impl Config {
     /// Reads a TOML file whose tables override `base` field by field
     /// (e.g. `[model] layers = 6` keeps every other field of `base`).
     pub fn from_toml_file(path: &Path, base: Config) -> Result<Config> {
-        let text = std::fs::read_to_string(path).map_err(|e| EngineError::Io {
+        let io = |message: String| EngineError::Io {
             path: path.display().to_string(),
-            message: e.to_string(),
-        })?;
+            message,
+        };
+        let bytes = crate::dataset::read_regular(path).map_err(|e| io(e.to_string()))?;
+        let text = String::from_utf8(bytes).map_err(|_| io("is not UTF-8 text".into()))?;
         Self::from_toml_str(&text, base).map_err(|e| match e {
             EngineError::Config(m) => EngineError::Config(format!("{}: {m}", path.display())),
             other => other,

@@ -35,10 +35,37 @@ fn data_err(path: &Path, message: impl Into<String>) -> EngineError {
     }
 }
 
+/// Reads a whole regular file. A FIFO, a character device or a directory is refused before it
+/// is opened: reading one would block forever (a FIFO nobody writes) or never end (`/dev/zero`).
+pub fn read_regular(path: &Path) -> std::io::Result<Vec<u8>> {
+    let meta = std::fs::metadata(path)?;
+    if !meta.is_file() {
+        let kind = {
+            use std::os::unix::fs::FileTypeExt;
+            let t = meta.file_type();
+            if t.is_dir() {
+                "a directory"
+            } else if t.is_fifo() {
+                "a FIFO (named pipe)"
+            } else if t.is_char_device() || t.is_block_device() {
+                "a device"
+            } else if t.is_socket() {
+                "a socket"
+            } else {
+                "not a regular file"
+            }
+        };
+        return Err(std::io::Error::other(format!(
+            "is {kind}, not a regular file: duet reads its data and configurations from files"
+        )));
+    }
+    std::fs::read(path)
+}
+
 impl TokenFile {
     /// Reads a `.bin` llm.c shard or, for any other extension, a UTF-8 text file as bytes.
     pub fn open(path: &Path, seq: usize) -> Result<TokenFile> {
-        let bytes = std::fs::read(path).map_err(|e| data_err(path, e.to_string()))?;
+        let bytes = read_regular(path).map_err(|e| data_err(path, e.to_string()))?;
         let is_bin = path.extension().is_some_and(|e| e == "bin");
         let (tokens, vocab_needed) = if is_bin {
             let t = parse_llmc_shard(path, &bytes)?;
@@ -315,6 +342,18 @@ mod tests {
         std::fs::write(&empty, "").unwrap();
         let e = TokenFile::open(&empty, 16).unwrap_err().to_string();
         assert!(e.contains("empty.txt") && e.contains("too few"), "{e}");
+        // A FIFO is refused without blocking (nobody writes into it).
+        let fifo = tmp("fifo.txt");
+        let _ = std::fs::remove_file(&fifo);
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+        if made.is_ok_and(|s| s.success()) {
+            let e = TokenFile::open(&fifo, 16).unwrap_err().to_string();
+            assert!(e.contains("FIFO"), "{e}");
+        }
+        let e = TokenFile::open(Path::new("/dev/zero"), 16)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("a device"), "{e}");
         let e = TokenFile::open(&tmp("missing.txt"), 16)
             .unwrap_err()
             .to_string();

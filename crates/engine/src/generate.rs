@@ -409,6 +409,15 @@ impl<D: Fused> Generator<D> {
         }
         let mut out = Vec::with_capacity(n);
         for i in 0..n {
+            // Finite but extreme weights can overflow to inf/NaN logits, from which argmax
+            // would "pick" token 0 without a word.
+            if let Some(bad) = logits.iter().find(|x| !x.is_finite()) {
+                return Err(EngineError::Config(format!(
+                    "the model's logits at position {} are not finite ({bad}): its weights \
+                     overflow (a diverged or corrupt checkpoint?)",
+                    self.len
+                )));
+            }
             let next = sample(&logits, s, &mut rng) as i32;
             out.push(next);
             // The last token is only sampled: running it would fill a position for nothing.

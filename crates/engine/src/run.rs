@@ -94,9 +94,43 @@ fn io_error(path: &Path, e: impl std::fmt::Display) -> EngineError {
 /// The metrics log: one JSON object per step (`step`, `loss`, `lr`, `grad_norm`,
 /// `tokens_per_s`, `elapsed_s`, `memory_bytes`, and `val_loss`, `loss_scale`/`skipped`, `fp8`
 /// where they apply).
+/// One logged step of the loss curve: (step, loss, validation loss).
+pub type CurvePoint = (u64, f32, Option<f32>);
+
 pub struct MetricsLog {
     path: PathBuf,
     w: BufWriter<File>,
+    /// (step, loss, validation loss) of every line logged, those kept from a resumed run's file
+    /// included: the loss curve is drawn from here, never by reading the file back (which may
+    /// be a pipe: `--metrics /dev/stdout`).
+    curve: Vec<CurvePoint>,
+    /// A stream (see [`is_stream`]) is flushed line by line, so its lines never split around the
+    /// run's other output.
+    flush_each_line: bool,
+}
+
+/// The process's own stdout or stderr when `path` names it (`/dev/stdout`, `/dev/fd/1`,
+/// `/proc/self/fd/1`, and stderr's): written through the same open file (a duplicate of the
+/// descriptor, sharing its offset) instead of reopening the path, which would give a second
+/// offset into a redirected file and overwrite the run's printed lines or be overwritten by them.
+fn own_std_stream(path: &Path) -> Option<std::io::Result<File>> {
+    use std::os::fd::AsFd;
+    let s = path.to_str()?;
+    let dup = |fd: std::os::fd::BorrowedFd<'_>| fd.try_clone_to_owned().map(File::from);
+    match s {
+        "/dev/stdout" | "/dev/fd/1" | "/proc/self/fd/1" => Some(dup(std::io::stdout().as_fd())),
+        "/dev/stderr" | "/dev/fd/2" | "/proc/self/fd/2" => Some(dup(std::io::stderr().as_fd())),
+        _ => None,
+    }
+}
+
+/// Whether `path` is a stream to write to and never read back, truncate or trim: a pipe, a
+/// terminal or another device, or anything named under /dev or /proc (`/dev/stdout` redirected
+/// to a file is a regular file, which truncating would cut the run's own printed lines from).
+fn is_stream(path: &Path) -> bool {
+    path.starts_with("/dev")
+        || path.starts_with("/proc")
+        || std::fs::metadata(path).is_ok_and(|m| !m.is_file())
 }
 
 impl MetricsLog {
@@ -105,37 +139,54 @@ impl MetricsLog {
     /// line; the resumed run logs those steps again, with the same values), then appended to.
     /// Returns the log and the number of lines dropped.
     pub fn open(path: &Path, resume_step: Option<u64>) -> Result<(Self, usize)> {
-        let dropped = match resume_step {
-            Some(step) => Self::trim(path, step)?,
-            None => 0,
+        // A pipe or device (`/dev/stdout`) is only written: nothing to trim or read back.
+        let regular = !is_stream(path);
+        let (dropped, curve) = match resume_step {
+            Some(step) if regular => Self::trim(path, step)?,
+            _ => (0, Vec::new()),
         };
-        let append = resume_step.is_some();
-        let f = std::fs::OpenOptions::new()
-            .create(true)
-            .write(true)
-            .append(append)
-            .truncate(!append)
-            .open(path)
-            .map_err(|e| io_error(path, format!("cannot create the metrics file: {e}")))?;
+        let append = resume_step.is_some() || !regular;
+        let f = match own_std_stream(path) {
+            Some(f) => f,
+            None => std::fs::OpenOptions::new()
+                .create(true)
+                .write(true)
+                .append(append)
+                .truncate(!append)
+                .open(path),
+        }
+        .map_err(|e| io_error(path, format!("cannot create the metrics file: {e}")))?;
         let log = Self {
             path: path.to_path_buf(),
             w: BufWriter::new(f),
+            curve,
+            flush_each_line: !regular,
         };
         Ok((log, dropped))
     }
 
-    fn trim(path: &Path, step: u64) -> Result<usize> {
+    /// Cuts the file to its complete lines up to `step`; returns the lines dropped and the
+    /// curve of those kept.
+    fn trim(path: &Path, step: u64) -> Result<(usize, Vec<CurvePoint>)> {
         let Ok(text) = std::fs::read_to_string(path) else {
-            return Ok(0); // missing or unreadable: opening it reports what matters
+            return Ok((0, Vec::new())); // missing or unreadable: opening it reports what matters
         };
         let mut kept = String::with_capacity(text.len());
         let mut dropped = 0usize;
+        let mut curve = Vec::new();
         for line in text.split_inclusive('\n') {
-            let keep = serde_json::from_str::<serde_json::Value>(line)
+            let v = serde_json::from_str::<serde_json::Value>(line);
+            let keep = v
+                .as_ref()
                 .is_ok_and(|v| v["step"].as_u64().is_none_or(|s| s <= step));
             if keep {
                 kept.push_str(line.trim_end_matches('\n'));
                 kept.push('\n');
+                if let Ok(v) = &v
+                    && let (Some(s), Some(l)) = (v["step"].as_u64(), v["loss"].as_f64())
+                {
+                    curve.push((s, l as f32, v["val_loss"].as_f64().map(|x| x as f32)));
+                }
             } else if !line.trim().is_empty() {
                 dropped += 1;
             }
@@ -144,7 +195,19 @@ impl MetricsLog {
             write_atomic(path, kept.as_bytes())
                 .map_err(|e| io_error(path, format!("cannot rewrite: {e}")))?;
         }
-        Ok(dropped)
+        Ok((dropped, curve))
+    }
+
+    /// (step, loss, validation loss) of every logged step, in order.
+    pub fn curve(&self) -> &[CurvePoint] {
+        &self.curve
+    }
+
+    /// Closes the log (its buffered lines are written first; an error there was reported by the
+    /// run's last flush) and keeps its curve.
+    pub fn into_curve(mut self) -> Vec<CurvePoint> {
+        let _ = self.w.flush();
+        std::mem::take(&mut self.curve)
     }
 
     fn write<D: Fused>(&mut self, trainer: &Trainer<D>, s: &StepLog) -> Result<()> {
@@ -164,7 +227,12 @@ impl MetricsLog {
         if let Some(ops) = trainer.model().fp8_report(FP8_REPORT_ENTRIES)? {
             line["fp8"] = serde_json::to_value(ops).map_err(|e| io_error(&self.path, e))?;
         }
-        writeln!(self.w, "{line}").map_err(|e| io_error(&self.path, e))
+        self.curve.push((r.step, r.loss, s.val_loss));
+        writeln!(self.w, "{line}").map_err(|e| io_error(&self.path, e))?;
+        if self.flush_each_line {
+            self.flush()?;
+        }
+        Ok(())
     }
 
     pub fn flush(&mut self) -> Result<()> {

@@ -344,8 +344,60 @@ pub struct Trace {
     pub steps: Vec<StepTrace>,
 }
 
+/// The longest trace line read (a step record of the largest presets is a few kilobytes).
+pub const MAX_TRACE_LINE: usize = 16 << 20;
+
+/// The next line of `r` without its newline, at most [`MAX_TRACE_LINE`] bytes; `None` at the end.
+fn read_bounded_line<R: BufRead>(r: &mut R) -> Option<std::io::Result<String>> {
+    let mut buf = Vec::new();
+    loop {
+        let chunk = match r.fill_buf() {
+            Ok(c) => c,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Some(Err(e)),
+        };
+        if chunk.is_empty() {
+            return (!buf.is_empty()).then(|| finish_line(buf));
+        }
+        let (take, done) = match chunk.iter().position(|&b| b == b'\n') {
+            Some(i) => (i + 1, true),
+            None => (chunk.len(), false),
+        };
+        if buf.len() + take > MAX_TRACE_LINE + 1 {
+            return Some(Err(std::io::Error::other(format!(
+                "a line longer than {} MiB: not a duet trace",
+                MAX_TRACE_LINE >> 20
+            ))));
+        }
+        buf.extend_from_slice(&chunk[..take]);
+        r.consume(take);
+        if done {
+            buf.pop();
+            return Some(finish_line(buf));
+        }
+    }
+}
+
+fn finish_line(mut buf: Vec<u8>) -> std::io::Result<String> {
+    if buf.last() == Some(&b'\r') {
+        buf.pop();
+    }
+    String::from_utf8(buf).map_err(|_| std::io::Error::other("a line is not UTF-8 text"))
+}
+
 impl Trace {
     pub fn read(path: &Path) -> Result<Trace> {
+        if let Ok(m) = std::fs::metadata(path)
+            && !m.is_file()
+            && !path.starts_with("/dev/fd")
+            && !path.starts_with("/proc/self/fd")
+        {
+            return Err(EngineError::Io {
+                path: path.display().to_string(),
+                message: "is not a regular file (a trace is a file written by duet train --trace)"
+                    .into(),
+            });
+        }
         let file = std::fs::File::open(path).map_err(|e| EngineError::Io {
             path: path.display().to_string(),
             message: e.to_string(),
@@ -357,7 +409,10 @@ impl Trace {
     }
 
     pub fn parse<R: BufRead>(r: R) -> std::result::Result<Trace, String> {
-        let mut lines = r.lines().enumerate();
+        // Lines are bounded: one endless line (`duet parity /dev/zero ...`) must end in an
+        // error, not in an allocation failure that aborts the process.
+        let mut r = r;
+        let mut lines = std::iter::from_fn(move || read_bounded_line(&mut r)).enumerate();
         let header: TraceHeader = match lines.next() {
             Some((_, Ok(l))) => serde_json::from_str(&l)
                 .map_err(|e| format!("line 1 is not a duet trace header: {e}"))?,
@@ -552,8 +607,20 @@ pub fn compare(a: &Trace, b: &Trace) -> std::result::Result<ParityOutcome, Incom
         let field = first_difference("config", &ca, &cb).unwrap_or_else(|| "config".into());
         return Err(Incompatible(format!("field '{field}' differs")));
     }
-    let tol_of =
-        |step| tolerance(&a.header.precision, step).max(tolerance(&b.header.precision, step));
+    // The tolerance comes from the configuration's precision (the same in both, checked
+    // above); a header whose `precision` label disagrees with its own configuration is refused
+    // (two fp32 traces labelled fp8 would otherwise be judged at FP8's 5%).
+    let precision = a.header.config.train.recipe.precision.as_str();
+    for (which, t) in [("first", a), ("second", b)] {
+        let own = t.header.config.train.recipe.precision.as_str();
+        if t.header.precision != own {
+            return Err(Incompatible(format!(
+                "the {which} trace's header says precision '{}' but its configuration has '{own}'",
+                t.header.precision
+            )));
+        }
+    }
+    let tol_of = |step| tolerance(precision, step);
     let family = |h: &TraceHeader| h.fp8_family.as_deref().and_then(Fp8Family::parse);
     let families = match (family(&a.header), family(&b.header)) {
         (Some(x), Some(y)) if x != y => Some((x, y)),
@@ -600,6 +667,37 @@ pub fn compare(a: &Trace, b: &Trace) -> std::result::Result<ParityOutcome, Incom
                 (sb.lr as f64).abs(),
             ),
         ];
+        // What one trace records the other must record too, in both directions.
+        if sa.loss_scale.is_some() != sb.loss_scale.is_some() {
+            return Err(Incompatible(format!(
+                "step {}: the loss scale is recorded in only the {} trace",
+                sa.step,
+                if sa.loss_scale.is_some() {
+                    "first"
+                } else {
+                    "second"
+                }
+            )));
+        }
+        if sa.fp8.is_some() != sb.fp8.is_some() {
+            return Err(Incompatible(format!(
+                "step {}: FP8 scaling is recorded in only the {} trace",
+                sa.step,
+                if sa.fp8.is_some() { "first" } else { "second" }
+            )));
+        }
+        if let (Some(fa), Some(fb)) = (&sa.fp8, &sb.fp8)
+            && let Some(name) = fb.keys().find(|k| !fa.contains_key(*k))
+        {
+            return Err(Incompatible(format!(
+                "FP8 operand {name} is missing from the first trace"
+            )));
+        }
+        if let Some(name) = sb.params.keys().find(|k| !sa.params.contains_key(*k)) {
+            return Err(Incompatible(format!(
+                "tensor {name} is missing from the first trace"
+            )));
+        }
         if let (Some(x), Some(y)) = (sa.loss_scale, sb.loss_scale) {
             checks.push(("loss_scale".into(), widen(x), widen(y), (y as f64).abs()));
         }
@@ -639,6 +737,15 @@ pub fn compare(a: &Trace, b: &Trace) -> std::result::Result<ParityOutcome, Incom
                     "tensor {name} is missing from the second trace"
                 )));
             };
+            if ta.samples.len() != tb.samples.len() || ta.numel != tb.numel {
+                return Err(Incompatible(format!(
+                    "tensor {name}: {} elements and {} samples vs {} elements and {} samples",
+                    ta.numel,
+                    ta.samples.len(),
+                    tb.numel,
+                    tb.samples.len()
+                )));
+            }
             checks.push((format!("{name}.norm"), ta.norm, tb.norm, tb.norm.abs()));
             // Samples are judged against the tensor's RMS so a value near zero cannot blow up
             // the relative error; a non-finite norm gives no RMS to judge by (an infinite one
@@ -761,7 +868,8 @@ mod tests {
     }
 
     fn trace(steps: Vec<StepTrace>) -> Trace {
-        let config = Config::preset(crate::Preset::Tiny);
+        let mut config = Config::preset(crate::Preset::Tiny);
+        config.train.recipe.precision = crate::Precision::Fp16;
         Trace {
             header: TraceHeader {
                 kind: "header".into(),
@@ -822,6 +930,7 @@ mod tests {
         let mut b = trace(vec![with_fp8(240.0)]);
         for t in [&mut a, &mut b] {
             t.header.precision = "fp8".into();
+            t.header.config.train.recipe.precision = crate::Precision::Fp8;
         }
         // Unknown families (traces from before the field): the scales differ.
         assert!(
@@ -843,6 +952,66 @@ mod tests {
             compare(&a, &b),
             Ok(ParityOutcome::Diverged { .. })
         ));
+    }
+
+    /// A trace that records less than the other is not comparable, whichever comes first; a
+    /// header whose precision label disagrees with its configuration is refused.
+    #[test]
+    fn compare_needs_the_same_records_in_both_directions() {
+        let full = trace(vec![step(1, 2.5, 1.0, 0.75)]);
+        let check_both = |x: &Trace, y: &Trace, needle: &str| {
+            for (p, q) in [(x, y), (y, x)] {
+                match compare(p, q) {
+                    Err(Incompatible(m)) => assert!(m.contains(needle), "{m}"),
+                    other => panic!("expected incomparable ({needle}), got {other:?}"),
+                }
+            }
+        };
+        let mut no_params = full.clone();
+        no_params.steps[0].params.clear();
+        check_both(&full, &no_params, "is missing from the");
+        let mut fewer = full.clone();
+        fewer.steps[0].params.get_mut("w").unwrap().samples.pop();
+        check_both(&full, &fewer, "samples");
+        let mut no_scale = full.clone();
+        no_scale.steps[0].loss_scale = None;
+        check_both(&full, &no_scale, "loss scale is recorded in only");
+        let mut with_fp8 = full.clone();
+        with_fp8.steps[0].fp8 = Some(BTreeMap::from([(
+            "h.0.attn.c_attn.input".to_string(),
+            Fp8Trace {
+                scale: 1.0,
+                amax: 1.0,
+            },
+        )]));
+        check_both(&full, &with_fp8, "FP8 scaling is recorded in only");
+        let mut labelled = full.clone();
+        labelled.header.precision = "fp8".into();
+        check_both(&full, &labelled, "its configuration has 'fp16'");
+        // The complete trace against itself still matches.
+        assert!(matches!(
+            compare(&full, &full),
+            Ok(ParityOutcome::Match { .. })
+        ));
+    }
+
+    #[test]
+    fn endless_lines_and_devices_are_errors_not_aborts() {
+        // One line without end (what /dev/zero gives), bounded.
+        let endless = std::io::Read::take(std::io::repeat(b'x'), (MAX_TRACE_LINE + 10) as u64);
+        let e = Trace::parse(std::io::BufReader::new(endless)).unwrap_err();
+        assert!(e.contains("longer than"), "{e}");
+        let e = Trace::read(Path::new("/dev/zero")).unwrap_err().to_string();
+        assert!(e.contains("not a regular file"), "{e}");
+        // Ordinary lines still read, the last one without its newline too.
+        let t = "{\"kind\":\"header\"}\r\nx";
+        let mut r = std::io::BufReader::new(t.as_bytes());
+        assert_eq!(
+            read_bounded_line(&mut r).unwrap().unwrap(),
+            "{\"kind\":\"header\"}"
+        );
+        assert_eq!(read_bounded_line(&mut r).unwrap().unwrap(), "x");
+        assert!(read_bounded_line(&mut r).is_none());
     }
 
     #[test]

@@ -648,6 +648,7 @@ impl<D: Fused> Trainer<D> {
         ck: &Checkpoint,
         dp: Option<(Arc<dyn Collective<D>>, DpOptions)>,
     ) -> Result<Self> {
+        check_loaded_state(ck)?;
         let mut tr = Self::build(dev.clone(), ck.config.clone(), &ck.weights, dp)?;
         match tr.dist.as_mut().and_then(|d| d.zero.as_mut()) {
             Some(z) => z.load_state(&*dev, &ck.weights, &ck.adam_m, &ck.adam_v)?,
@@ -1085,4 +1086,76 @@ fn build_scaler(cfg: &Config) -> Option<LossScaler> {
     let t = &cfg.train;
     (t.recipe.precision == Precision::Fp16 || t.recipe.loss_scale > 0.0)
         .then(|| LossScaler::for_precision(t.recipe.precision, t.recipe.loss_scale))
+}
+
+/// Refuses a checkpoint whose training state makes no sense, before anything is allocated: a
+/// loss scale that is not a positive finite number (inf skipped every resumed step; NaN or −1
+/// poisoned the gradients), AdamW second moments below zero (their square root is NaN two steps
+/// later), an AdamW step count above the run's step (or 0 after steps no loss scaler could have
+/// skipped), an FP8 run's checkpoint without its FP8 scaling state (the scales would silently
+/// restart) or with a scale that is not a positive finite number or a negative amax.
+fn check_loaded_state(ck: &Checkpoint) -> Result<()> {
+    let bad = |m: String| Err(EngineError::Config(format!("checkpoint: {m}")));
+    if let Some((scale, _)) = ck.loss_scaler
+        && !(scale.is_finite() && scale > 0.0)
+    {
+        return bad(format!(
+            "the loss scale {scale} is not a positive finite number"
+        ));
+    }
+    let specs = crate::model::param_specs(&ck.config.model);
+    for (spec, v) in specs.iter().zip(&ck.adam_v) {
+        if let Some(x) = v.iter().find(|x| **x < 0.0) {
+            return bad(format!(
+                "optim.v.{} holds {x}: AdamW's second moments are never negative",
+                spec.name
+            ));
+        }
+    }
+    if let Some(v) = ck.extra.get(ADAM_STEPS_KEY) {
+        let n: u64 = v.parse().map_err(|_| {
+            EngineError::Config(format!("checkpoint {ADAM_STEPS_KEY} '{v}' is not a count"))
+        })?;
+        if n > ck.step {
+            return bad(format!(
+                "{ADAM_STEPS_KEY} {n} is above the step {}: AdamW cannot have taken more steps \
+                 than the run",
+                ck.step
+            ));
+        }
+        if n == 0 && ck.step > 0 && ck.loss_scaler.is_none() {
+            return bad(format!(
+                "{ADAM_STEPS_KEY} is 0 at step {}, but only a loss scaler skips steps and this run \
+                 has none",
+                ck.step
+            ));
+        }
+    }
+    let fp8 = ck.config.train.recipe.precision == crate::Precision::Fp8;
+    match ck.extra.get(FP8_STATE_KEY) {
+        None if fp8 && ck.step > 0 => {
+            return bad(
+                "an FP8 run's checkpoint without its FP8 scaling state (the scales and amax \
+                 histories would restart from nothing)"
+                    .into(),
+            );
+        }
+        Some(json) => {
+            let ops: Vec<crate::fp8::OperandScaling> = serde_json::from_str(json)
+                .map_err(|e| EngineError::Config(format!("checkpoint FP8 state: {e}")))?;
+            for (i, o) in ops.iter().enumerate() {
+                if !(o.scale.is_finite() && o.scale > 0.0) {
+                    return bad(format!(
+                        "FP8 operand {i}'s scale {} is not a positive finite number",
+                        o.scale
+                    ));
+                }
+                if let Some(a) = o.history.iter().find(|a| **a < 0.0) {
+                    return bad(format!("FP8 operand {i}'s amax history holds {a} (< 0)"));
+                }
+            }
+        }
+        None => {}
+    }
+    Ok(())
 }

@@ -572,9 +572,8 @@ fn identical_runs_write_identical_checkpoints() {
 /// from memory; redirected to a file, the metrics and the run's printed lines share it and it exits 0.
 #[test]
 fn metrics_to_stdout_with_out_ends_and_draws_the_plot() {
-    let dir = tmp("stdout-metrics");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_duet"))
-        .args([
+    let args = |out: &Path| {
+        let tiny = [
             "train",
             "--preset",
             "tiny",
@@ -582,11 +581,19 @@ fn metrics_to_stdout_with_out_ends_and_draws_the_plot() {
             "5",
             "--log-every",
             "0",
-            "--out",
-            s(&dir),
-            "--metrics",
-            "/dev/stdout",
-        ])
+        ];
+        let mut v: Vec<String> = tiny.iter().map(|a| a.to_string()).collect();
+        v.extend([
+            "--out".into(),
+            s(out).into(),
+            "--metrics".into(),
+            "/dev/stdout".into(),
+        ]);
+        v
+    };
+    let dir = tmp("stdout-metrics");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_duet"))
+        .args(args(&dir))
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -617,19 +624,7 @@ fn metrics_to_stdout_with_out_ends_and_draws_the_plot() {
     let file = tmp("stdout-metrics.txt");
     let f = std::fs::File::create(&file).unwrap();
     let st = Command::new(env!("CARGO_BIN_EXE_duet"))
-        .args([
-            "train",
-            "--preset",
-            "tiny",
-            "--steps",
-            "5",
-            "--log-every",
-            "0",
-            "--out",
-            s(&dir2),
-            "--metrics",
-            "/dev/stdout",
-        ])
+        .args(args(&dir2))
         .stdout(f)
         .stderr(std::process::Stdio::null())
         .status()

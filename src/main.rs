@@ -274,6 +274,10 @@ struct TrainArgs {
     /// for `duet parity`.
     #[arg(long, value_name = "FILE", help_heading = "Logs and checkpoints")]
     trace: Option<PathBuf>,
+    /// Let --metrics and --trace replace an existing file that is not a duet metrics log or
+    /// trace (without it such a file — a checkpoint, a corpus — is refused, never truncated).
+    #[arg(long, help_heading = "Logs and checkpoints")]
+    overwrite: bool,
     /// FP8: print, per layer and operand, the scale and the first amax-history entries at the
     /// end (and every --log-every steps); the metrics log carries them at every step.
     #[arg(long, help_heading = "Logs and checkpoints")]
@@ -353,6 +357,7 @@ fn main() -> ExitCode {
                 metrics: a.metrics,
                 log_every: a.log_every,
                 trace: a.trace,
+                overwrite: a.overwrite,
                 fp8_report: a.fp8_report,
                 out: a.out,
                 save_every: a.save_every,

@@ -412,6 +412,39 @@ fn outputs_never_overwrite_inputs_and_one_run_per_folder() {
         std::fs::read_to_string(&cfg).unwrap(),
         "[train]\nsteps = 2\n"
     );
+    // --metrics / --trace never truncate a file that is not duet's log of that kind...
+    let precious = tmp("precious.safetensors");
+    std::fs::write(
+        &precious,
+        b"\x08\x00\x00\x00\x00\x00\x00\x00{}      not json",
+    )
+    .unwrap();
+    for flag in ["--metrics", "--trace"] {
+        assert_fails(
+            &[&tiny[..], &[flag, s(&precious)]].concat(),
+            "exists and is not a duet",
+        );
+    }
+    assert_fails(
+        &[&tiny[..], &["--metrics", s(&corpus)]].concat(),
+        "give --overwrite to replace it",
+    );
+    assert_eq!(std::fs::read_to_string(&corpus).unwrap(), text);
+    // ...but replace their own kind, and anything with --overwrite.
+    let m = tmp("again.jsonl");
+    let tr = tmp("again-trace.jsonl");
+    for _ in 0..2 {
+        assert_success(&duet(
+            &[&tiny[..], &["--metrics", s(&m), "--trace", s(&tr)]].concat(),
+        ));
+    }
+    assert_fails(
+        &[&tiny[..], &["--trace", s(&m)]].concat(),
+        "is not a duet trace",
+    );
+    assert_success(&duet(
+        &[&tiny[..], &["--metrics", s(&precious), "--overwrite"]].concat(),
+    ));
     // A FIFO as --config or --data is refused at once (reading it would block forever).
     let fifo = tmp("config-fifo.toml");
     let made = Command::new("mkfifo").arg(&fifo).status();

@@ -21,6 +21,8 @@ pub struct TrainOptions {
     pub metrics: Option<PathBuf>,
     pub log_every: Option<u64>,
     pub trace: Option<PathBuf>,
+    /// `--overwrite`: --metrics/--trace may replace a file that is not duet's.
+    pub overwrite: bool,
     pub fp8_report: bool,
     pub out: Option<PathBuf>,
     pub save_every: u64,

@@ -35,6 +35,53 @@ pub(super) fn same_file(a: &Path, b: &Path) -> bool {
     }
 }
 
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum LogKind {
+    Metrics,
+    Trace,
+}
+
+/// Whether writing `--metrics`/`--trace` to `p` replaces nothing but duet's own log of `kind`:
+/// `p` does not exist, is empty, is not a regular file (a pipe or device is written, never
+/// read), or its first line is a metrics record (`"step"`) / a trace header (`"kind":
+/// "header"`). Only the first line is read (at most 64 KiB).
+fn is_duet_log(p: &Path, kind: LogKind) -> bool {
+    use std::io::Read;
+    let Ok(meta) = std::fs::metadata(p) else {
+        return true;
+    };
+    if !meta.is_file() || meta.len() == 0 {
+        return true;
+    }
+    let mut head = vec![0u8; 64 << 10];
+    let n = match std::fs::File::open(p).and_then(|mut f| f.read(&mut head)) {
+        Ok(n) => n,
+        Err(_) => return false,
+    };
+    let first = head[..n].split(|&b| b == b'\n').next().unwrap_or(&[]);
+    let Ok(v) = serde_json::from_slice::<serde_json::Value>(first) else {
+        return false;
+    };
+    match kind {
+        LogKind::Metrics => v.get("step").is_some_and(|s| s.is_u64()),
+        LogKind::Trace => v.get("kind").and_then(|k| k.as_str()) == Some("header"),
+    }
+}
+
+fn not_duet_log(what: &str, p: &Path) -> Box<dyn std::error::Error + Send + Sync> {
+    let kind = if what == "--trace" {
+        "duet trace"
+    } else {
+        "duet metrics log"
+    };
+    format!(
+        "{what} {} exists and is not a {kind} (a checkpoint, a corpus or another file would be \
+         truncated): choose another path, or give --overwrite to replace it",
+        p.display()
+    )
+    .into()
+}
+
 /// Whether `dir` is another duet run's `--out` folder right now: it holds a `.duet.lock` that
 /// some process has locked.
 fn locked_by_another_run(dir: &Path) -> bool {
@@ -108,6 +155,20 @@ pub(super) fn check_no_overwrite(
                     p.display()
                 )
                 .into());
+            }
+        }
+    }
+    // --metrics and --trace truncate (a resumed run's metrics are trimmed and appended to):
+    // only a file that reads as duet's own log of that kind is replaced without --overwrite.
+    if !opts.overwrite {
+        for (what, p, kind) in [
+            ("--metrics", opts.metrics.as_deref(), LogKind::Metrics),
+            ("--trace", opts.trace.as_deref(), LogKind::Trace),
+        ] {
+            let Some(p) = p else { continue };
+            // (A resumed run trims its metrics file and appends: the same rule.)
+            if !is_duet_log(p, kind) {
+                return Err(not_duet_log(what, p));
             }
         }
     }

@@ -81,7 +81,11 @@ pub fn build_config(a: &ModelArgs) -> CliResult<Config> {
         t.recipe.weight_grad_dtype = d.parse()?;
     }
     apply_execution_settings(&mut t.execution, &a.execution);
-    if let Some(d) = &a.data.data {
+    // The data file: --data, else a config file's `train.data` (the same rules for both: it
+    // used to be stored as written, relative, and the vocabulary not grown to cover it).
+    let from_toml = (a.data.data.is_none() && !t.data.data.is_empty())
+        .then(|| std::path::PathBuf::from(&t.data.data));
+    if let Some(d) = a.data.data.as_ref().or(from_toml.as_ref()) {
         // Absolute, so that a resumed run reads the same file from any folder.
         let abs = std::fs::canonicalize(d).unwrap_or_else(|_| d.clone());
         t.data.data = abs.display().to_string();

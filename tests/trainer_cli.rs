@@ -676,3 +676,48 @@ fn metrics_to_stdout_with_out_ends_and_draws_the_plot() {
         "{text}"
     );
 }
+
+/// A config file's relative `train.data` is resolved (from the folder the run starts in) and
+/// stored absolute, so a resume from another folder trains on the same file, and it grows the
+/// vocabulary to cover the file's tokens as --data does.
+#[test]
+fn a_config_files_data_path_is_stored_absolute_and_sizes_the_vocab() {
+    let dir = tmp("toml-data");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("rel-corpus.txt"),
+        "hello world, once more. ".repeat(200),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("run.toml"),
+        "[train]\ndata = \"rel-corpus.txt\"\nsteps = 2\nbatch = 2\nseq = 16\n",
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_duet"))
+        .current_dir(&dir)
+        .args([
+            "train",
+            "--preset",
+            "tiny",
+            "--config",
+            "run.toml",
+            "--log-every",
+            "0",
+        ])
+        .args(["--out", "run"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("vocab set to"), "{err}");
+    let ck =
+        duet_engine::checkpoint::Checkpoint::load(&dir.join("run/checkpoint.safetensors")).unwrap();
+    let data = std::path::PathBuf::from(&ck.config.train.data.data);
+    assert!(data.is_absolute(), "{}", data.display());
+    assert_eq!(
+        data,
+        std::fs::canonicalize(dir.join("rel-corpus.txt")).unwrap()
+    );
+    assert!(ck.config.model.vocab >= 256);
+}

@@ -74,6 +74,37 @@ fn stop_and_resume_gives_the_same_losses() {
             &format!("cannot change {} when resuming", flag[0]),
         );
     }
+    // Restating the checkpoint's own preset is no change; another preset's model is refused.
+    assert_fails(
+        &["train", "--resume", s(&part), "--preset", "seed"],
+        "cannot resume with --preset seed: the checkpoint's model is not that preset's",
+    );
+    assert_fails(
+        &[
+            "train",
+            "--resume",
+            s(&part),
+            "--preset",
+            "tiny",
+            "--lr",
+            "0.5",
+        ],
+        "cannot change --lr when resuming",
+    );
+    let restated = tmp("resume-restated");
+    assert_success(&duet(&[
+        "train",
+        "--resume",
+        s(&part),
+        "--preset",
+        "tiny",
+        "--steps",
+        "11",
+        "--log-every",
+        "0",
+        "--out",
+        s(&restated),
+    ]));
     // The execution settings may change: the resumed losses stay those of the plain run.
     let out = duet(&[
         "train",

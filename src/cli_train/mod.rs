@@ -61,17 +61,34 @@ pub static TRAINING_LOOPS: std::sync::atomic::AtomicUsize = std::sync::atomic::A
 pub fn train(opts: &TrainOptions) -> CliResult<TrainOutcome> {
     let resume = match &opts.resume {
         Some(p) => {
-            if !opts.fixed_flags.is_empty() {
+            let ck = Checkpoint::load(&checkpoint_path(p))?;
+            // `--preset P` restating the checkpoint's own model is no change: accepted (and the
+            // checkpoint's config used, as always); another preset's model is refused below.
+            let mut fixed = opts.fixed_flags.clone();
+            if let Some(i) = fixed.iter().position(|f| f == "--preset") {
+                let preset: duet_engine::Preset = opts.model.base.preset.parse()?;
+                if duet_engine::Config::preset(preset).model == ck.config.model {
+                    fixed.remove(i);
+                } else {
+                    return Err(format!(
+                        "cannot resume with --preset {}: the checkpoint's model is not that \
+                         preset's (the checkpoint's config is used; drop --preset)",
+                        opts.model.base.preset
+                    )
+                    .into());
+                }
+            }
+            if !fixed.is_empty() {
                 return Err(format!(
                     "cannot change {} when resuming: the checkpoint's config is used (only --steps \
                      and the device and execution flags may be given: --backend, --threads, \
                      --strict, --loss-every, --no-graphs, --gemm-autotune, \
                      --checkpoint/--checkpoint-every, --keep-gelu)",
-                    opts.fixed_flags.join(", ")
+                    fixed.join(", ")
                 )
                 .into());
             }
-            Some(Checkpoint::load(&checkpoint_path(p))?)
+            Some(ck)
         }
         None => None,
     };

@@ -23,16 +23,7 @@ cd "$ROOT"
 echo "gpu-test: building duet-cuda tests (release)"
 mapfile -t BINS < <(
     cargo test -p duet-cuda --release --no-run --message-format=json "$@" 2>/dev/null |
-        python3 -c '
-import json, sys
-for line in sys.stdin:
-    try:
-        m = json.loads(line)
-    except ValueError:
-        continue
-    if m.get("reason") == "compiler-artifact" and m.get("profile", {}).get("test") and m.get("executable"):
-        print(m["executable"])
-'
+        python3 scripts/test-binaries.py
 )
 if [ "${#BINS[@]}" -eq 0 ]; then
     echo "gpu-test: no test binaries were built; rerun 'cargo test -p duet-cuda --release --no-run' to see why" >&2

@@ -130,15 +130,7 @@ pack)
   cargo build --release -q --bin duet
   cp target/release/duet "$PACK/bin/duet"
   bins() { # cargo test args -> executables
-    cargo test --release --no-run --message-format=json "$@" 2>/dev/null | python3 -c '
-import json, sys
-for line in sys.stdin:
-    try:
-        m = json.loads(line)
-    except ValueError:
-        continue
-    if m.get("reason") == "compiler-artifact" and m.get("profile", {}).get("test") and m.get("executable"):
-        print(m["executable"])'
+    cargo test --release --no-run --message-format=json "$@" 2>/dev/null | python3 scripts/test-binaries.py
   }
   while read -r b; do
     name=$(basename "$b" | sed -E 's/-[0-9a-f]{16}$//')

@@ -240,7 +240,7 @@ impl TrainTask {
                     precision: t.recipe.precision.to_string(),
                     seed: t.data.seed,
                     config: cfg.clone(),
-                    fp8_family: (t.recipe.precision == duet_engine::Precision::Fp8).then(|| {
+                    fp8_family: trainer.model().fp8_enabled().then(|| {
                         duet_engine::fp8::Fp8Family::of_device(&info)
                             .as_str()
                             .into()

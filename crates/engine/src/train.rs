@@ -648,7 +648,7 @@ impl<D: Fused> Trainer<D> {
         ck: &Checkpoint,
         dp: Option<(Arc<dyn Collective<D>>, DpOptions)>,
     ) -> Result<Self> {
-        check_loaded_state(ck)?;
+        let loaded = check_loaded_state(ck)?;
         let mut tr = Self::build(dev.clone(), ck.config.clone(), &ck.weights, dp)?;
         match tr.dist.as_mut().and_then(|d| d.zero.as_mut()) {
             Some(z) => z.load_state(&*dev, &ck.weights, &ck.adam_m, &ck.adam_v)?,
@@ -664,12 +664,7 @@ impl<D: Fused> Trainer<D> {
                 }
             }
         }
-        let adam_steps = match ck.extra.get(ADAM_STEPS_KEY) {
-            Some(v) => v.parse().map_err(|_| {
-                EngineError::Config(format!("checkpoint {ADAM_STEPS_KEY} '{v}' is not a count"))
-            })?,
-            None => ck.step,
-        };
+        let adam_steps = loaded.adam_steps;
         match tr.dist.as_mut().and_then(|d| d.zero.as_mut()) {
             Some(z) => z.set_steps_taken(adam_steps),
             None => tr.opt.set_steps_taken(adam_steps),
@@ -681,10 +676,8 @@ impl<D: Fused> Trainer<D> {
         }
         // FP8 delayed scaling resumes with its scales and amax histories (ignored when the run
         // continues in another precision).
-        if let (true, Some(json)) = (tr.model.fp8_enabled(), ck.extra.get(FP8_STATE_KEY)) {
-            let ops: Vec<crate::fp8::OperandScaling> = serde_json::from_str(json)
-                .map_err(|e| EngineError::Config(format!("checkpoint FP8 state: {e}")))?;
-            tr.model.set_fp8_state(&ops)?;
+        if let (true, Some(ops)) = (tr.model.fp8_enabled(), &loaded.fp8) {
+            tr.model.set_fp8_state(ops)?;
         }
         Ok(tr)
     }
@@ -1094,7 +1087,7 @@ fn build_scaler(cfg: &Config) -> Option<LossScaler> {
 /// later), an AdamW step count above the run's step (or 0 after steps no loss scaler could have
 /// skipped), an FP8 run's checkpoint without its FP8 scaling state (the scales would silently
 /// restart) or with a scale that is not a positive finite number or a negative amax.
-fn check_loaded_state(ck: &Checkpoint) -> Result<()> {
+fn check_loaded_state(ck: &Checkpoint) -> Result<LoadedState> {
     let bad = |m: String| Err(EngineError::Config(format!("checkpoint: {m}")));
     if let Some((scale, _)) = ck.loss_scaler
         && !(scale.is_finite() && scale > 0.0)
@@ -1112,27 +1105,30 @@ fn check_loaded_state(ck: &Checkpoint) -> Result<()> {
             ));
         }
     }
-    if let Some(v) = ck.extra.get(ADAM_STEPS_KEY) {
-        let n: u64 = v.parse().map_err(|_| {
+    let adam_steps = match ck.extra.get(ADAM_STEPS_KEY) {
+        Some(v) => v.parse().map_err(|_| {
             EngineError::Config(format!("checkpoint {ADAM_STEPS_KEY} '{v}' is not a count"))
-        })?;
-        if n > ck.step {
-            return bad(format!(
-                "{ADAM_STEPS_KEY} {n} is above the step {}: AdamW cannot have taken more steps \
-                 than the run",
-                ck.step
-            ));
-        }
-        if n == 0 && ck.step > 0 && ck.loss_scaler.is_none() {
-            return bad(format!(
-                "{ADAM_STEPS_KEY} is 0 at step {}, but only a loss scaler skips steps and this run \
-                 has none",
-                ck.step
-            ));
-        }
+        })?,
+        None => ck.step,
+    };
+    // (Without the key the count is the step, which passes both checks.)
+    let n = adam_steps;
+    if n > ck.step {
+        return bad(format!(
+            "{ADAM_STEPS_KEY} {n} is above the step {}: AdamW cannot have taken more steps \
+             than the run",
+            ck.step
+        ));
+    }
+    if n == 0 && ck.step > 0 && ck.loss_scaler.is_none() {
+        return bad(format!(
+            "{ADAM_STEPS_KEY} is 0 at step {}, but only a loss scaler skips steps and this run \
+             has none",
+            ck.step
+        ));
     }
     let fp8 = ck.config.train.recipe.precision == crate::Precision::Fp8;
-    match ck.extra.get(FP8_STATE_KEY) {
+    let fp8_state = match ck.extra.get(FP8_STATE_KEY) {
         None if fp8 && ck.step > 0 => {
             return bad(
                 "an FP8 run's checkpoint without its FP8 scaling state (the scales and amax \
@@ -1154,8 +1150,20 @@ fn check_loaded_state(ck: &Checkpoint) -> Result<()> {
                     return bad(format!("FP8 operand {i}'s amax history holds {a} (< 0)"));
                 }
             }
+            Some(ops)
         }
-        None => {}
-    }
-    Ok(())
+        None => None,
+    };
+    Ok(LoadedState {
+        adam_steps,
+        fp8: fp8_state,
+    })
+}
+
+/// What [`check_loaded_state`] read from a checkpoint's metadata, checked, for the resume.
+struct LoadedState {
+    /// AdamW's own step count (the run's step when the checkpoint predates the key).
+    adam_steps: u64,
+    /// The FP8 scaling state, when the checkpoint has one.
+    fp8: Option<Vec<crate::fp8::OperandScaling>>,
 }

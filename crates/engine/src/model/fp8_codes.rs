@@ -136,13 +136,13 @@ impl<D: Fused> Gpt<D> {
         Ok(())
     }
 
-    /// FP8 only: every operand's scale and amax history (what a checkpoint needs to resume
-    /// delayed scaling exactly), in metadata order (layer, linear, operand).
     /// Whether the model runs its linear layers in FP8.
     pub fn fp8_enabled(&self) -> bool {
         self.fp8.is_some()
     }
 
+    /// FP8 only: every operand's scale and amax history (what a checkpoint needs to resume
+    /// delayed scaling exactly), in metadata order (layer, linear, operand).
     pub fn fp8_state(&self) -> Result<Option<Vec<crate::fp8::OperandScaling>>> {
         self.fp8
             .as_ref()

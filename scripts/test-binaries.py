@@ -1,0 +1,13 @@
+#!/usr/bin/env python3
+"""Prints the test executables of `cargo test --no-run --message-format=json` (read on stdin),
+one per line (used by scripts/gpu-test.sh and scripts/hip-on-cuda.sh to pack test binaries)."""
+import json
+import sys
+
+for line in sys.stdin:
+    try:
+        m = json.loads(line)
+    except ValueError:
+        continue
+    if m.get("reason") == "compiler-artifact" and m.get("profile", {}).get("test") and m.get("executable"):
+        print(m["executable"])

@@ -278,6 +278,10 @@ struct TrainArgs {
     /// trace (without it such a file — a checkpoint, a corpus — is refused, never truncated).
     #[arg(long, help_heading = "Logs and checkpoints")]
     overwrite: bool,
+    /// With --resume: continue although the data file changed since the checkpoint's run read
+    /// it (without it such a resume is refused: the run would go on with other data).
+    #[arg(long, requires = "resume", help_heading = "Logs and checkpoints")]
+    accept_changed_data: bool,
     /// FP8: print, per layer and operand, the scale and the first amax-history entries at the
     /// end (and every --log-every steps); the metrics log carries them at every step.
     #[arg(long, help_heading = "Logs and checkpoints")]
@@ -358,6 +362,7 @@ fn main() -> ExitCode {
                 log_every: a.log_every,
                 trace: a.trace,
                 overwrite: a.overwrite,
+                accept_changed_data: a.accept_changed_data,
                 fp8_report: a.fp8_report,
                 out: a.out,
                 save_every: a.save_every,

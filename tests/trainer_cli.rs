@@ -752,3 +752,72 @@ fn a_config_files_data_path_is_stored_absolute_and_sizes_the_vocab() {
     );
     assert!(ck.config.model.vocab >= 256);
 }
+
+#[test]
+fn a_resume_refuses_a_data_file_whose_content_changed() {
+    let dir = tmp("data-fingerprint");
+    std::fs::create_dir_all(&dir).unwrap();
+    let corpus = dir.join("corpus.txt");
+    let text = "the quick brown fox jumps over the lazy dog. ".repeat(100);
+    std::fs::write(&corpus, &text).unwrap();
+    let run = dir.join("run");
+    let base = [
+        "train",
+        "--preset",
+        "tiny",
+        "--steps",
+        "8",
+        "--log-every",
+        "0",
+    ];
+    assert_success(&duet(
+        &[
+            &base[..],
+            &["--data", s(&corpus), "--out", s(&run), "--stop-after", "2"],
+        ]
+        .concat(),
+    ));
+    let resume = |extra: &[&str]| {
+        duet(
+            &[
+                &[
+                    "train",
+                    "--resume",
+                    s(&run),
+                    "--out",
+                    s(&run),
+                    "--log-every",
+                    "0",
+                ][..],
+                extra,
+            ]
+            .concat(),
+        )
+    };
+    // Only touched (its time changes, not its content): resumed without a word.
+    let f = std::fs::File::options().append(true).open(&corpus).unwrap();
+    f.set_modified(std::time::SystemTime::now() + std::time::Duration::from_secs(5))
+        .unwrap();
+    drop(f);
+    let out = resume(&["--stop-after", "2"]);
+    assert_success(&out);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("changed since"), "{err}");
+    // The same size, other content: refused, naming the file and what changed.
+    std::fs::write(&corpus, text.replace("fox", "cat")).unwrap();
+    let out = resume(&[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains(s(&corpus)), "{err}");
+    assert!(err.contains("changed since the run read it"), "{err}");
+    assert!(err.contains("--accept-changed-data"), "{err}");
+    // Accepted: a warning, and the next checkpoint records the new content.
+    let out = resume(&["--accept-changed-data", "--stop-after", "2"]);
+    assert_success(&out);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("continuing on its new content"), "{err}");
+    let out = resume(&[]);
+    assert_success(&out);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("changed since"), "{err}");
+}

@@ -23,6 +23,8 @@ pub struct TrainOptions {
     pub trace: Option<PathBuf>,
     /// `--overwrite`: --metrics/--trace may replace a file that is not duet's.
     pub overwrite: bool,
+    /// `--accept-changed-data`: resume although the data file changed.
+    pub accept_changed_data: bool,
     pub fp8_report: bool,
     pub out: Option<PathBuf>,
     pub save_every: u64,
@@ -61,7 +63,19 @@ pub static TRAINING_LOOPS: std::sync::atomic::AtomicUsize = std::sync::atomic::A
 pub fn train(opts: &TrainOptions) -> CliResult<TrainOutcome> {
     let resume = match &opts.resume {
         Some(p) => {
-            let ck = Checkpoint::load(&checkpoint_path(p))?;
+            let mut ck = Checkpoint::load(&checkpoint_path(p))?;
+            // The data file as the run read it: size and time, hashed again only when one of
+            // them changed; changed content is refused unless accepted.
+            if opts.accept_changed_data {
+                for change in duet_engine::train::forget_data_files(&mut ck)? {
+                    eprintln!(
+                        "warning: data file {change}; continuing on its new content \
+                         (--accept-changed-data)"
+                    );
+                }
+            } else if let Some(note) = duet_engine::train::check_data_unchanged(&mut ck)? {
+                eprintln!("note: {note}");
+            }
             // `--preset P` restating the checkpoint's own model is no change: accepted (and the
             // checkpoint's config used, as always); another preset's model is refused below.
             let mut fixed = opts.fixed_flags.clone();

@@ -10,7 +10,7 @@ use crate::settings::resolve_precision;
 use duet_device::{Fused, human_bytes};
 use duet_engine::checkpoint::{Checkpoint, files};
 use duet_engine::run::{
-    FP8_REPORT_ENTRIES, MetricsLog, RunPlan, RunSummary, StepLog, save_checkpoint,
+    FP8_REPORT_ENTRIES, LogKind, MetricsLog, RunPlan, RunSummary, StepLog, save_checkpoint,
 };
 use duet_engine::trace::{TraceHeader, TraceWriter};
 use duet_engine::{Config, Precision, Trainer};
@@ -339,14 +339,16 @@ impl TrainTask {
             last_scale,
             interrupted,
             seconds: train_secs,
+            log_failure,
+            saved_step,
         } = summary;
         if let Some(bar) = &bar {
             bar.finish();
         }
         // The log is closed here; its curve stays for the loss plot.
         let curve = self.metrics.take().map(MetricsLog::into_curve);
-        if let Some((path, mut tw)) = tracer.take() {
-            tw.flush()?;
+        let trace_path = tracer.take().map(|(path, _)| path);
+        if let (Some(path), None) = (&trace_path, &log_failure) {
             eprintln!("trace written to {}", path.display());
         }
         let mem = dev.memory_stats();
@@ -373,11 +375,55 @@ impl TrainTask {
         if self.fp8_report && main {
             print_fp8_report(&trainer);
         }
+        // A failed log write stops the run as an interrupt does: the checkpoint is saved first.
+        let stopped = interrupted || log_failure.is_some();
         let ck_path = match &self.out {
             Some(dir) => Some(dir.join(files::CHECKPOINT)),
-            None if interrupted => Some(interrupted_path()),
+            None if stopped => Some(interrupted_path()),
             None => None,
         };
+        let resume_cmd = |p: &std::path::Path| match &self.out {
+            Some(dir) => format!("duet train --resume {0} --out {0}", dir.display()),
+            None => format!("duet train --resume {}", p.display()),
+        };
+        if let Some(f) = log_failure {
+            let (what, path) = match f.log {
+                LogKind::Metrics => ("the metrics file", self.metrics_path.as_deref()),
+                LogKind::Trace => ("the trace", trace_path.as_deref()),
+            };
+            let path = path.map(|p| p.display().to_string()).unwrap_or_default();
+            let mut msg = format!(
+                "writing {what} {path} failed at step {}: {}; training stopped after step {}",
+                f.step,
+                f.message,
+                trainer.step()
+            );
+            let p = ck_path.expect("a stopped run always saves");
+            match save_checkpoint(&trainer, &p, main) {
+                Ok(()) => msg.push_str(&format!(
+                    "; checkpoint at step {} saved to {}; {what} keeps its complete lines from \
+                     before step {} (a resumed run appends from step {}); make room and resume \
+                     with: {} (and the same log options)",
+                    trainer.step(),
+                    p.display(),
+                    f.step,
+                    trainer.step() + 1,
+                    resume_cmd(&p)
+                )),
+                Err(e) => {
+                    let kept = match saved_step {
+                        Some(s) => format!("the checkpoint saved at step {s} is unchanged"),
+                        None if p.exists() => format!("{} is unchanged", p.display()),
+                        None => "no checkpoint was saved".to_string(),
+                    };
+                    msg.push_str(&format!(
+                        "; saving the checkpoint to {} failed too: {e} ({kept})",
+                        p.display()
+                    ));
+                }
+            }
+            return Err(msg.into());
+        }
         if let Some(p) = &ck_path {
             save_checkpoint(&trainer, p, main)?;
             report!(
@@ -388,13 +434,10 @@ impl TrainTask {
         }
         if interrupted {
             let p = ck_path.expect("interrupted runs always save");
-            let resume = match &self.out {
-                Some(dir) => format!("--resume {0} --out {0}", dir.display()),
-                None => format!("--resume {}", p.display()),
-            };
             say!(
-                "interrupted at step {}; resume with: duet train {resume}",
-                trainer.step()
+                "interrupted at step {}; resume with: {}",
+                trainer.step(),
+                resume_cmd(&p)
             );
             return Ok(TrainOutcome::Interrupted);
         }

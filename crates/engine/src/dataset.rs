@@ -26,6 +26,130 @@ pub struct TokenFile {
     pub val: Vec<u32>,
     /// Smallest vocabulary that covers every token.
     pub vocab_needed: usize,
+    /// What the file was when it was read (a checkpoint stores it; a resume checks it).
+    pub fingerprint: DataFingerprint,
+}
+
+/// A data file as a run read it: its size and modification time, and a hash of its content
+/// computed once, when the run started. A resume compares the size and time first and hashes
+/// the file again only when one of them changed (a multi-GB shard is not hashed on every
+/// resume); a file whose content changed is refused.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct DataFingerprint {
+    pub path: String,
+    pub bytes: u64,
+    /// Nanoseconds since the Unix epoch (absent where the filesystem keeps no time).
+    pub modified_ns: Option<u64>,
+    /// `blake3:<hex>` of the whole file.
+    pub hash: String,
+}
+
+impl DataFingerprint {
+    fn of(path: &Path, bytes: &[u8], meta: &std::fs::Metadata, known: Option<&Self>) -> Self {
+        let modified_ns = meta
+            .modified()
+            .ok()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map(|d| d.as_nanos() as u64);
+        let path_s = path.display().to_string();
+        let hash = match known {
+            Some(k)
+                if k.path == path_s
+                    && k.bytes == bytes.len() as u64
+                    && k.modified_ns == modified_ns =>
+            {
+                k.hash.clone()
+            }
+            _ => format!("blake3:{}", blake3::hash(bytes).to_hex()),
+        };
+        Self {
+            path: path_s,
+            bytes: bytes.len() as u64,
+            modified_ns,
+            hash,
+        }
+    }
+
+    /// Why `self` (the file now) is not the file `then` described, if it is not.
+    pub fn changed_from(&self, then: &Self) -> Option<String> {
+        if self.hash == then.hash {
+            return None;
+        }
+        let time = |t: Option<u64>| match t {
+            Some(ns) => format!("{}.{:09}", ns / 1_000_000_000, ns % 1_000_000_000),
+            None => "unknown".into(),
+        };
+        Some(format!(
+            "changed since the run read it: {} → {} bytes, modified {} → {} (s since 1970), \
+             content {} → {}",
+            then.bytes,
+            self.bytes,
+            time(then.modified_ns),
+            time(self.modified_ns),
+            short_hash(&then.hash),
+            short_hash(&self.hash)
+        ))
+    }
+
+    /// An error naming the file and what changed unless `self` (the file now) is the file a
+    /// checkpoint's run read (`then`).
+    pub fn ensure_unchanged_from(&self, then: &Self) -> Result<()> {
+        match self.changed_from(then) {
+            None => Ok(()),
+            Some(why) => Err(data_err(
+                Path::new(&then.path),
+                format!(
+                    "{why}: resuming would train on other data than the checkpoint's run did \
+                     (restore the file, or give --accept-changed-data to continue on its new \
+                     content)"
+                ),
+            )),
+        }
+    }
+
+    /// The file at `self.path` now, from its metadata alone while its size and time are
+    /// `self`'s; otherwise hashed again, streaming (a touched file keeps its hash and gets its
+    /// new time; an edited one gets its new hash, which [`DataFingerprint::changed_from`]
+    /// reports).
+    pub fn current(&self) -> Result<Self> {
+        use std::io::Read;
+        let path = Path::new(&self.path);
+        let err = |e: std::io::Error| data_err(path, e.to_string());
+        let meta = std::fs::metadata(path).map_err(err)?;
+        if !meta.is_file() {
+            return Err(data_err(path, "is no longer a regular file"));
+        }
+        let modified_ns = meta
+            .modified()
+            .ok()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map(|d| d.as_nanos() as u64);
+        if meta.len() == self.bytes && modified_ns == self.modified_ns {
+            return Ok(self.clone());
+        }
+        let mut f = std::fs::File::open(path).map_err(err)?;
+        let mut h = blake3::Hasher::new();
+        let mut buf = vec![0u8; 1 << 20];
+        let mut bytes = 0u64;
+        loop {
+            let n = f.read(&mut buf).map_err(err)?;
+            if n == 0 {
+                break;
+            }
+            h.update(&buf[..n]);
+            bytes += n as u64;
+        }
+        Ok(Self {
+            path: self.path.clone(),
+            bytes,
+            modified_ns,
+            hash: format!("blake3:{}", h.finalize().to_hex()),
+        })
+    }
+}
+
+fn short_hash(h: &str) -> &str {
+    &h[..h.len().min("blake3:".len() + 16)]
 }
 
 fn data_err(path: &Path, message: impl Into<String>) -> EngineError {
@@ -38,6 +162,11 @@ fn data_err(path: &Path, message: impl Into<String>) -> EngineError {
 /// Reads a whole regular file. A FIFO, a character device or a directory is refused before it
 /// is opened: reading one would block forever (a FIFO nobody writes) or never end (`/dev/zero`).
 pub fn read_regular(path: &Path) -> std::io::Result<Vec<u8>> {
+    read_regular_with_metadata(path).map(|(bytes, _)| bytes)
+}
+
+/// [`read_regular`], with the metadata of the file as opened (size and time match the bytes).
+pub fn read_regular_with_metadata(path: &Path) -> std::io::Result<(Vec<u8>, std::fs::Metadata)> {
     let meta = std::fs::metadata(path)?;
     if !meta.is_file() {
         let kind = {
@@ -59,13 +188,34 @@ pub fn read_regular(path: &Path) -> std::io::Result<Vec<u8>> {
             "is {kind}, not a regular file: duet reads its data and configurations from files"
         )));
     }
-    std::fs::read(path)
+    use std::io::Read;
+    let mut f = std::fs::File::open(path)?;
+    let meta = f.metadata()?;
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    f.read_to_end(&mut bytes)?;
+    Ok((bytes, meta))
 }
 
 impl TokenFile {
     /// Reads a `.bin` llm.c shard or, for any other extension, a UTF-8 text file as bytes.
     pub fn open(path: &Path, seq: usize) -> Result<TokenFile> {
-        let bytes = read_regular(path).map_err(|e| data_err(path, e.to_string()))?;
+        Self::open_known(path, seq, None)
+    }
+
+    /// [`TokenFile::open`] for a resumed run that read the file as `known`: the hash is taken
+    /// from `known` while the size and time match, else computed again, and a file whose
+    /// content changed is refused.
+    pub fn open_known(
+        path: &Path,
+        seq: usize,
+        known: Option<&DataFingerprint>,
+    ) -> Result<TokenFile> {
+        let (bytes, meta) =
+            read_regular_with_metadata(path).map_err(|e| data_err(path, e.to_string()))?;
+        let fingerprint = DataFingerprint::of(path, &bytes, &meta, known);
+        if let Some(k) = known {
+            fingerprint.ensure_unchanged_from(k)?;
+        }
         let is_bin = path.extension().is_some_and(|e| e == "bin");
         let (tokens, vocab_needed) = if is_bin {
             let t = parse_llmc_shard(path, &bytes)?;
@@ -98,6 +248,7 @@ impl TokenFile {
             val: tokens[split..].to_vec(),
             train: tokens[..split].to_vec(),
             vocab_needed,
+            fingerprint,
         })
     }
 
@@ -394,5 +545,42 @@ mod tests {
                 direct.next_batch(2, 6).inputs
             );
         }
+    }
+
+    #[test]
+    fn a_fingerprint_is_hashed_again_only_when_size_or_time_changed() {
+        let p = tmp("fingerprint.txt");
+        std::fs::write(&p, "abcdefgh".repeat(64)).unwrap();
+        let f = TokenFile::open(&p, 8).unwrap().fingerprint;
+        assert_eq!(f.bytes, 512);
+        assert!(f.hash.starts_with("blake3:"), "{}", f.hash);
+        assert_eq!(f.current().unwrap(), f);
+        // Size and time unchanged: the stored hash is trusted, not computed (a wrong one shows
+        // it was not recomputed).
+        let mut trusted = f.clone();
+        trusted.hash = "blake3:not-computed".into();
+        assert_eq!(trusted.current().unwrap().hash, "blake3:not-computed");
+        assert!(
+            TokenFile::open_known(&p, 8, Some(&trusted)).is_ok(),
+            "the open trusts it too"
+        );
+        // Touched: hashed again, the same content, the new time kept.
+        let file = std::fs::File::options().append(true).open(&p).unwrap();
+        file.set_modified(std::time::SystemTime::now() + std::time::Duration::from_secs(9))
+            .unwrap();
+        drop(file);
+        let touched = f.current().unwrap();
+        assert_eq!(touched.hash, f.hash);
+        assert_ne!(touched.modified_ns, f.modified_ns);
+        assert_eq!(touched.changed_from(&f), None);
+        // Same size, other content: the change is reported, and the open refuses it.
+        std::fs::write(&p, "abcdefgX".repeat(64)).unwrap();
+        let edited = f.current().unwrap();
+        let why = edited.changed_from(&f).unwrap();
+        assert!(why.contains("512 → 512 bytes"), "{why}");
+        let e = TokenFile::open_known(&p, 8, Some(&f))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("changed since the run read it"), "{e}");
     }
 }

@@ -58,6 +58,52 @@ pub struct RunSummary {
     /// Stopped by the interrupt flag (after a step every rank finished).
     pub interrupted: bool,
     pub seconds: f64,
+    /// A metrics or trace write failed (a full disk, a closed pipe): the run stopped after the
+    /// step every rank finished, as an interrupt stops it, so that the caller saves a
+    /// checkpoint and names the file.
+    pub log_failure: Option<LogFailure>,
+    /// The last step saved to `plan.checkpoint` inside the loop.
+    pub saved_step: Option<u64>,
+}
+
+/// Which log a [`LogFailure`] is about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogKind {
+    Metrics,
+    Trace,
+}
+
+/// A failed write to the metrics log or the trace.
+#[derive(Clone, Debug)]
+pub struct LogFailure {
+    pub log: LogKind,
+    /// The step whose line (or an earlier buffered one) could not be written: the file holds
+    /// complete lines up to some step before it (a resume trims a half-written line).
+    pub step: u64,
+    pub message: String,
+}
+
+/// Runs a log write; an I/O error becomes a [`LogFailure`] (the log is given up: `*live` is
+/// cleared), any other error (a device read for the record) is returned.
+fn log_write(
+    failure: &mut Option<LogFailure>,
+    live: &mut bool,
+    log: LogKind,
+    step: u64,
+    write: impl FnOnce() -> Result<()>,
+) -> Result<()> {
+    if !*live {
+        return Ok(());
+    }
+    match write() {
+        Ok(()) => Ok(()),
+        Err(EngineError::Io { message, .. }) => {
+            *live = false;
+            failure.get_or_insert(LogFailure { log, step, message });
+            Ok(())
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// How many steps to queue before reading their losses back: `loss_every`, cut short at the
@@ -273,6 +319,9 @@ pub fn run<D: Fused, W: Write>(
     };
     let events = [plan.val_every, save_every, plan.log_every];
     let loss_every = trainer.config().train.execution.loss_every;
+    // Whether each log is still written (a failed write gives it up).
+    let (mut metrics_live, mut trace_live) = (metrics.is_some(), trace.is_some());
+    let mut failure: Option<LogFailure> = None;
     while trainer.step() < plan.last_step {
         let k = if per_step {
             1
@@ -286,13 +335,21 @@ pub fn run<D: Fused, W: Write>(
             sum.skipped += r.skipped as u64;
             sum.last_scale = r.loss_scale;
             if let Some(tw) = trace.as_deref_mut() {
-                tw.record(
-                    trainer.model(),
+                log_write(
+                    &mut failure,
+                    &mut trace_live,
+                    LogKind::Trace,
                     r.step,
-                    r.loss,
-                    r.grad_norm,
-                    r.lr,
-                    r.loss_scale,
+                    || {
+                        tw.record(
+                            trainer.model(),
+                            r.step,
+                            r.loss,
+                            r.grad_norm,
+                            r.lr,
+                            r.loss_scale,
+                        )
+                    },
                 )?;
             }
             sum.last_loss = r.loss;
@@ -313,7 +370,14 @@ pub fn run<D: Fused, W: Write>(
                 elapsed_s,
             };
             if let Some(m) = metrics.as_deref_mut() {
-                m.write(trainer, &log)?;
+                let step = log.report.step;
+                log_write(
+                    &mut failure,
+                    &mut metrics_live,
+                    LogKind::Metrics,
+                    step,
+                    || m.write(trainer, &log),
+                )?;
             }
             on_step(trainer, &log)?;
             let step = log.report.step;
@@ -327,20 +391,42 @@ pub fn run<D: Fused, W: Write>(
                 // The metrics reach at least the checkpoint's step on disk (a kill after
                 // this leaves nothing missing; a resume trims what runs ahead).
                 if let Some(m) = metrics.as_deref_mut() {
-                    m.flush()?;
+                    log_write(
+                        &mut failure,
+                        &mut metrics_live,
+                        LogKind::Metrics,
+                        step,
+                        || m.flush(),
+                    )?;
                 }
                 save_checkpoint(trainer, path, plan.is_main)?;
+                sum.saved_step = Some(step);
             }
         }
-        // Every rank stops after the same step.
-        if trainer.any_rank(interrupt.load(Ordering::SeqCst))? {
-            sum.interrupted = true;
+        // Every rank stops after the same step: at an interrupt, and when rank 0 could not
+        // write its logs (the caller saves a checkpoint and names the file).
+        let stop = interrupt.load(Ordering::SeqCst) || failure.is_some();
+        if trainer.any_rank(stop)? {
+            sum.interrupted = interrupt.load(Ordering::SeqCst) || failure.is_none();
             break;
         }
     }
+    let step = trainer.step();
     if let Some(m) = metrics {
-        m.flush()?;
+        log_write(
+            &mut failure,
+            &mut metrics_live,
+            LogKind::Metrics,
+            step,
+            || m.flush(),
+        )?;
     }
+    if let Some(tw) = trace {
+        log_write(&mut failure, &mut trace_live, LogKind::Trace, step, || {
+            tw.flush()
+        })?;
+    }
+    sum.log_failure = failure;
     sum.ran = trainer.step() - first_step;
     sum.seconds = start.elapsed().as_secs_f64();
     Ok(sum)

@@ -22,6 +22,9 @@ pub const FP8_STATE_KEY: &str = "fp8_state";
 /// Checkpoint metadata key of AdamW's step count (when it differs from the run's step count
 /// because a loss scaler skipped steps).
 pub const ADAM_STEPS_KEY: &str = "adam_steps";
+/// Checkpoint metadata key of the data files the run read (JSON list of
+/// [`crate::dataset::DataFingerprint`]).
+pub const DATA_FILES_KEY: &str = "data_files";
 
 /// Prompt and continuation lengths of the generation check.
 pub const PROMPT_LEN: usize = 16;
@@ -143,7 +146,7 @@ impl<D: Fused> Trainer<D> {
     }
 
     pub fn with_weights(dev: Arc<D>, cfg: Config, weights: &[Vec<f32>]) -> Result<Self> {
-        Self::build(dev, cfg, weights, None)
+        Self::build(dev, cfg, weights, None, None)
     }
 
     /// One rank of a data-parallel run over `comm`'s group: `cfg.train.data.batch` is the global
@@ -158,7 +161,7 @@ impl<D: Fused> Trainer<D> {
         cfg.validate()?;
         check_host_memory(&cfg.model)?;
         let weights = init_weights(&cfg.model, cfg.train.data.seed);
-        Self::build(dev, cfg, &weights, Some((comm, opts)))
+        Self::build(dev, cfg, &weights, Some((comm, opts)), None)
     }
 
     fn build(
@@ -166,6 +169,7 @@ impl<D: Fused> Trainer<D> {
         cfg: Config,
         weights: &[Vec<f32>],
         dp: Option<(Arc<dyn Collective<D>>, DpOptions)>,
+        known_data: Option<&[crate::dataset::DataFingerprint]>,
     ) -> Result<Self> {
         cfg.validate()?;
         if cfg.train.execution.gemm_autotune && !dev.set_gemm_autotune(true) {
@@ -228,7 +232,12 @@ impl<D: Fused> Trainer<D> {
                 None,
             )
         } else {
-            let file = Arc::new(TokenFile::open(Path::new(&t.data.data), t.data.seq)?);
+            let known = known_data.and_then(|k| k.iter().find(|f| f.path == t.data.data));
+            let file = Arc::new(TokenFile::open_known(
+                Path::new(&t.data.data),
+                t.data.seq,
+                known,
+            )?);
             if file.vocab_needed > cfg.model.vocab {
                 return Err(EngineError::Data {
                     path: t.data.data.clone(),
@@ -622,6 +631,11 @@ impl<D: Fused> Trainer<D> {
                     ADAM_STEPS_KEY.to_string(),
                     self.optimizer_steps().to_string(),
                 );
+                if let Source::File { data, .. } = &self.data {
+                    let files = [&data.fingerprint];
+                    let json = serde_json::to_string(&files).expect("fingerprints serialise");
+                    extra.insert(DATA_FILES_KEY.to_string(), json);
+                }
                 extra
             },
         })
@@ -649,7 +663,13 @@ impl<D: Fused> Trainer<D> {
         dp: Option<(Arc<dyn Collective<D>>, DpOptions)>,
     ) -> Result<Self> {
         let loaded = check_loaded_state(ck)?;
-        let mut tr = Self::build(dev.clone(), ck.config.clone(), &ck.weights, dp)?;
+        let mut tr = Self::build(
+            dev.clone(),
+            ck.config.clone(),
+            &ck.weights,
+            dp,
+            loaded.data.as_deref(),
+        )?;
         match tr.dist.as_mut().and_then(|d| d.zero.as_mut()) {
             Some(z) => z.load_state(&*dev, &ck.weights, &ck.adam_m, &ck.adam_v)?,
             None => {
@@ -1154,9 +1174,11 @@ fn check_loaded_state(ck: &Checkpoint) -> Result<LoadedState> {
         }
         None => None,
     };
+    let data = stored_data_files(ck)?;
     Ok(LoadedState {
         adam_steps,
         fp8: fp8_state,
+        data,
     })
 }
 
@@ -1166,4 +1188,62 @@ struct LoadedState {
     adam_steps: u64,
     /// The FP8 scaling state, when the checkpoint has one.
     fp8: Option<Vec<crate::fp8::OperandScaling>>,
+    /// The data files the run read (absent in checkpoints before duet stored them).
+    data: Option<Vec<crate::dataset::DataFingerprint>>,
+}
+
+/// What resuming from `ck` will find of the data files its run read: `Ok(None)` when each is
+/// as the run read it (size and time unchanged: nothing hashed) or only its time changed (its
+/// stored time is brought up to date, so the resume does not hash it again); `Ok(Some(note))`
+/// when the checkpoint predates stored fingerprints; an error naming the file, and what changed,
+/// when its content did.
+pub fn check_data_unchanged(ck: &mut Checkpoint) -> Result<Option<String>> {
+    let Some(files) = stored_data_files(ck)? else {
+        return Ok((!ck.config.train.data.data.is_empty()).then(|| {
+            format!(
+                "the checkpoint records no fingerprint of {} (saved by an older duet): whether \
+                 it changed since is not checked",
+                ck.config.train.data.data
+            )
+        }));
+    };
+    let mut now = Vec::with_capacity(files.len());
+    for then in &files {
+        let cur = then.current()?;
+        cur.ensure_unchanged_from(then)?;
+        now.push(cur);
+    }
+    if now != files {
+        let json = serde_json::to_string(&now).expect("fingerprints serialise");
+        ck.extra.insert(DATA_FILES_KEY.to_string(), json);
+    }
+    Ok(None)
+}
+
+/// For a resume that accepts changed data (`--accept-changed-data`): what changed in each data
+/// file of `ck`'s run (`path: why`), and `ck` no longer holds their fingerprints (the resumed
+/// run reads the files afresh and its checkpoints store them as they are now).
+pub fn forget_data_files(ck: &mut Checkpoint) -> Result<Vec<String>> {
+    let mut changes = Vec::new();
+    for then in stored_data_files(ck)?.unwrap_or_default() {
+        match then.current() {
+            Ok(cur) => changes.extend(
+                cur.changed_from(&then)
+                    .map(|w| format!("{}: {w}", then.path)),
+            ),
+            Err(e) => changes.push(e.to_string()),
+        }
+    }
+    ck.extra.remove(DATA_FILES_KEY);
+    Ok(changes)
+}
+
+fn stored_data_files(ck: &Checkpoint) -> Result<Option<Vec<crate::dataset::DataFingerprint>>> {
+    ck.extra
+        .get(DATA_FILES_KEY)
+        .map(|json| {
+            serde_json::from_str(json)
+                .map_err(|e| EngineError::Config(format!("checkpoint {DATA_FILES_KEY}: {e}")))
+        })
+        .transpose()
 }

@@ -16,24 +16,15 @@ pub(crate) fn cpu_name() -> String {
         .unwrap_or_else(|| format!("{} CPU", std::env::consts::ARCH))
 }
 
-/// A `/proc/meminfo` field in bytes.
-fn meminfo(field: &str) -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    text.lines().find_map(|line| {
-        let rest = line.strip_prefix(field)?.strip_prefix(':')?;
-        let kib: u64 = rest.trim().trim_end_matches("kB").trim().parse().ok()?;
-        Some(kib * 1024)
-    })
-}
-
-/// Total RAM in bytes (`MemTotal`).
+/// Total RAM in bytes (`MemTotal`, or the cgroup's limit when lower).
 pub(crate) fn total_memory() -> Option<u64> {
-    meminfo("MemTotal")
+    duet_device::host_memory().map(|(_, total)| total)
 }
 
-/// RAM available for new allocations (`MemAvailable`), for out-of-memory messages.
+/// Host memory this process may still allocate (limits included: [`duet_device::host_memory`]),
+/// for out-of-memory messages.
 pub(crate) fn available_memory() -> Option<u64> {
-    meminfo("MemAvailable")
+    duet_device::host_memory().map(|(available, _)| available)
 }
 
 /// The architecture plus the SIMD extensions that matter for the GEMM kernels.

@@ -18,6 +18,7 @@ pub mod composed;
 mod dtype;
 mod error;
 mod gemm;
+mod host_memory;
 pub mod knobs;
 
 pub use args::{HeadsDesc, RowsDesc, SoftmaxDesc, TokensDesc};
@@ -27,6 +28,7 @@ pub use dtype::{DType, Fp8Format, Fp8Kind, HostType};
 pub use error::human_bytes;
 pub use error::{DeviceError, Result};
 pub use gemm::GemmDesc;
+pub use host_memory::{HostMemory, host_memory, host_memory_report};
 
 use std::fmt;
 
@@ -1346,42 +1348,5 @@ mod tests {
         assert_eq!(clip_grad_scale(0.25, 1.0, 4.0), 0.25);
         // Non-finite norms give no clipping factor (the step then fails or is skipped).
         assert_eq!(clip_grad_scale(f32::NAN, 1.0, 1.0), 1.0);
-    }
-}
-
-/// The host's (available, total) memory in bytes, from /proc/meminfo (Linux; None elsewhere):
-/// what a model's memory plan is checked against before anything is allocated, so that a run
-/// too large for the machine stops with the sizes instead of an aborted allocation or swapping.
-pub fn host_memory() -> Option<(u64, u64)> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    parse_meminfo(&text)
-}
-
-/// `MemAvailable` and `MemTotal` (kB in the file) in bytes.
-fn parse_meminfo(text: &str) -> Option<(u64, u64)> {
-    let field = |name: &str| -> Option<u64> {
-        let line = text.lines().find(|l| l.starts_with(name))?;
-        let kb: u64 = line[name.len()..]
-            .trim()
-            .trim_end_matches("kB")
-            .trim()
-            .parse()
-            .ok()?;
-        kb.checked_mul(1024)
-    };
-    Some((field("MemAvailable:")?, field("MemTotal:")?))
-}
-
-#[cfg(test)]
-mod meminfo_tests {
-    #[test]
-    fn parses_meminfo() {
-        let text = "MemTotal:       24678400 kB\nMemFree:         1000000 kB\nMemAvailable:   20375040 kB\n";
-        assert_eq!(
-            super::parse_meminfo(text),
-            Some((20375040 * 1024, 24678400 * 1024))
-        );
-        // A kernel without MemAvailable (before 3.14): no reading.
-        assert_eq!(super::parse_meminfo("MemTotal: 100 kB\n"), None);
     }
 }

@@ -239,7 +239,14 @@ impl Checkpoint {
     }
 
     pub fn load(path: &Path) -> Result<Checkpoint> {
-        let bytes = std::fs::read(path).map_err(|e| ck_err(path, e.to_string()))?;
+        // The file, then its tensors parsed into f32 vectors: twice its size, checked before
+        // either is allocated.
+        if let Ok(m) = std::fs::metadata(path) {
+            crate::check_host_memory(m.len().saturating_mul(2), || {
+                format!("loading the checkpoint {}", path.display())
+            })?;
+        }
+        let bytes = crate::dataset::read_regular(path).map_err(|e| ck_err(path, e.to_string()))?;
         Self::from_bytes(&bytes).map_err(|m| ck_err(path, m))
     }
 

@@ -50,4 +50,32 @@ pub enum EngineError {
     },
     #[error("training diverged at step {step}: loss is {loss}")]
     Diverged { step: u64, loss: f32 },
+    #[error(
+        "{what} needs about {} of host memory, but this process may allocate only {} more \
+         (bound by {bound})",
+        duet_device::human_bytes(*.needed),
+        duet_device::human_bytes(*.available)
+    )]
+    HostOutOfMemory {
+        what: String,
+        needed: u64,
+        available: u64,
+        bound: &'static str,
+    },
+}
+
+/// Refuses a host allocation of `needed` bytes that this process cannot make — the machine's
+/// free memory, its cgroup's memory limit and its address-space limit all count
+/// ([`duet_device::host_memory_report`]) — before it is made: an aborted allocation (SIGABRT)
+/// or the OOM killer would end the run without a word. `what` names what needs the memory.
+pub fn check_host_memory(needed: u64, what: impl FnOnce() -> String) -> Result<()> {
+    match duet_device::host_memory_report() {
+        Some(h) if needed > h.available => Err(EngineError::HostOutOfMemory {
+            what: what(),
+            needed,
+            available: h.available,
+            bound: h.bound,
+        }),
+        _ => Ok(()),
+    }
 }

@@ -118,29 +118,57 @@ enum StepGraph<D: Fused> {
     Off,
 }
 
-/// The initial weights are made on the host (f32) before anything reaches the device: refuses
-/// a model whose weights alone do not fit in the host's available memory, instead of swapping
-/// or an aborted allocation.
-fn check_host_memory(m: &crate::config::ModelConfig) -> Result<()> {
-    let needed = (m.num_params() as u64).saturating_mul(4);
-    if let Some((available, _)) = duet_device::host_memory()
-        && needed > available
-    {
-        return Err(EngineError::Config(format!(
-            "the model's {} initial weights need {} of host memory, but only {} is available",
-            m.num_params(),
-            duet_device::human_bytes(needed),
-            duet_device::human_bytes(available)
-        )));
+/// Before anything is allocated: the run's host allocations — the initial weights, made on the
+/// host in f32, and on the CPU backend (whose device memory is host memory) the whole memory
+/// plan besides — against what this process may allocate (its cgroup's and address-space limits
+/// included), and on a GPU the plan against the device's free memory. A run too large for its
+/// machine, container or `ulimit -v` stops here with the sizes, not with an aborted
+/// allocation. ([`Gpt::with_precision`] checks the exact plan again before allocating it.)
+fn check_memory_first<D: Fused>(dev: &D, cfg: &Config, world: usize, zero: bool) -> Result<()> {
+    let weights = (cfg.model.num_params() as u64).saturating_mul(4);
+    let batch = local_batch(cfg.train.data.batch, world)?;
+    let plan = crate::model::estimate_memory(
+        dev,
+        &cfg.model,
+        batch,
+        cfg.train.data.seq,
+        &precision_plan(cfg, world > 1, if zero { world } else { 1 }),
+    );
+    let info = dev.info();
+    if info.backend == "cpu" {
+        crate::check_host_memory(weights.saturating_add(plan.total()), || {
+            format!(
+                "the model ({} parameters: initial weights {} and a memory plan of {}, the CPU \
+                 backend's memory being the host's; lower the model or --batch, or turn on \
+                 --checkpoint)",
+                cfg.model.num_params(),
+                duet_device::human_bytes(weights),
+                duet_device::human_bytes(plan.total())
+            )
+        })
+    } else {
+        crate::check_host_memory(weights, || {
+            format!(
+                "the model's {} initial weights (made on the host before they are uploaded)",
+                cfg.model.num_params()
+            )
+        })?;
+        match dev.memory_stats().driver {
+            Some((free, _)) if plan.total() > free => Err(crate::model::out_of_memory_error(
+                plan.total(),
+                free,
+                cfg.train.execution.checkpoint_every,
+            )),
+            _ => Ok(()),
+        }
     }
-    Ok(())
 }
 
 impl<D: Fused> Trainer<D> {
     /// A fresh run: weights initialised from the config's seed.
     pub fn new(dev: Arc<D>, cfg: Config) -> Result<Self> {
         cfg.validate()?;
-        check_host_memory(&cfg.model)?;
+        check_memory_first(&*dev, &cfg, 1, false)?;
         let weights = init_weights(&cfg.model, cfg.train.data.seed);
         Self::with_weights(dev, cfg, &weights)
     }
@@ -159,7 +187,7 @@ impl<D: Fused> Trainer<D> {
         opts: DpOptions,
     ) -> Result<Self> {
         cfg.validate()?;
-        check_host_memory(&cfg.model)?;
+        check_memory_first(&*dev, &cfg, comm.world_size(), opts.zero)?;
         let weights = init_weights(&cfg.model, cfg.train.data.seed);
         Self::build(dev, cfg, &weights, Some((comm, opts)), None)
     }
@@ -1051,7 +1079,14 @@ fn build_model<D: Fused>(
     optimizer_shards: usize,
 ) -> Result<Gpt<D>> {
     let t = &cfg.train;
-    let plan = PrecisionPlan {
+    let plan = precision_plan(cfg, data_parallel, optimizer_shards);
+    Gpt::with_precision(dev, &cfg.model, t.data.batch, t.data.seq, weights, plan)
+}
+
+/// How the model is held and computed, from the config.
+fn precision_plan(cfg: &Config, data_parallel: bool, optimizer_shards: usize) -> PrecisionPlan {
+    let t = &cfg.train;
+    PrecisionPlan {
         precision: t.recipe.precision,
         low_precision_weight_grads: t
             .recipe
@@ -1062,8 +1097,7 @@ fn build_model<D: Fused>(
         fp8_family: None,
         checkpoint_every: t.execution.checkpoint_every,
         optimizer_shards,
-    };
-    Gpt::with_precision(dev, &cfg.model, t.data.batch, t.data.seq, weights, plan)
+    }
 }
 
 /// AdamW's hyper-parameters from the config.

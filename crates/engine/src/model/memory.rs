@@ -507,7 +507,7 @@ pub fn estimate_memory<D: Fused>(
     Buffers::plan(dev, cfg, b, t, plan).memory_plan(plan.optimizer_shards)
 }
 
-pub(super) fn out_of_memory(needed: u64, free: u64, checkpoint_every: usize) -> EngineError {
+pub(crate) fn out_of_memory(needed: u64, free: u64, checkpoint_every: usize) -> EngineError {
     let hint = if checkpoint_every == 0 {
         "turn on activation checkpointing (--checkpoint) or use a smaller --batch"
     } else {

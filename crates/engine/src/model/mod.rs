@@ -27,6 +27,7 @@ pub(crate) use fp8_codes::Fp8Codes;
 pub use fp8_codes::Fp8WeightCodes;
 use fp8_codes::{Fp8Bufs, LINEARS, is_linear_weight};
 use memory::attention_chunk;
+pub(crate) use memory::out_of_memory as out_of_memory_error;
 use memory::{BlockActs, BufSpec, Buffers, Dims, Scratch, out_of_memory};
 pub use memory::{MemoryPlan, estimate_memory};
 use params::upload_f32_as;

@@ -216,20 +216,7 @@ impl TokenFile {
         if let Some(k) = known {
             fingerprint.ensure_unchanged_from(k)?;
         }
-        let is_bin = path.extension().is_some_and(|e| e == "bin");
-        let (tokens, vocab_needed) = if is_bin {
-            let t = parse_llmc_shard(path, &bytes)?;
-            let v = t.iter().copied().max().map_or(1, |m| m as usize + 1);
-            (t, v)
-        } else {
-            if std::str::from_utf8(&bytes).is_err() {
-                return Err(data_err(
-                    path,
-                    "not valid UTF-8 text (and not a .bin token shard)",
-                ));
-            }
-            (bytes.iter().map(|&b| b as u32).collect(), 256)
-        };
+        let (tokens, vocab_needed) = tokens_from_bytes(path, &bytes)?;
         // Validation takes the tail; both parts need at least one window of seq + 1 tokens.
         let n_val = ((tokens.len() as f64 * VAL_FRACTION) as usize).max(seq + 1);
         if tokens.len() < n_val + seq + 1 {
@@ -265,6 +252,24 @@ impl TokenFile {
             .map(|&c| c as f64 / n)
             .map(|p| -p * p.ln())
             .sum()
+    }
+}
+
+/// The tokens of a data file's bytes, and the smallest vocabulary covering them: an llm.c shard
+/// when `path` ends in `.bin`, else UTF-8 text as byte tokens (vocabulary 256).
+pub fn tokens_from_bytes(path: &Path, bytes: &[u8]) -> Result<(Vec<u32>, usize)> {
+    if path.extension().is_some_and(|e| e == "bin") {
+        let t = parse_llmc_shard(path, bytes)?;
+        let v = t.iter().copied().max().map_or(1, |m| m as usize + 1);
+        Ok((t, v))
+    } else {
+        if std::str::from_utf8(bytes).is_err() {
+            return Err(data_err(
+                path,
+                "not valid UTF-8 text (and not a .bin token shard)",
+            ));
+        }
+        Ok((bytes.iter().map(|&b| b as u32).collect(), 256))
     }
 }
 

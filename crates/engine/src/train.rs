@@ -1216,6 +1216,12 @@ fn check_loaded_state(ck: &Checkpoint) -> Result<LoadedState> {
     })
 }
 
+/// The checks a resume makes of a loaded checkpoint's state (see [`Trainer::from_checkpoint`]):
+/// loss scale, AdamW moments and step count, FP8 scaling state, data fingerprints' syntax.
+pub fn check_checkpoint_state(ck: &Checkpoint) -> Result<()> {
+    check_loaded_state(ck).map(drop)
+}
+
 /// What [`check_loaded_state`] read from a checkpoint's metadata, checked, for the resume.
 struct LoadedState {
     /// AdamW's own step count (the run's step when the checkpoint predates the key).

@@ -320,3 +320,69 @@ fn one_rank_with_auto_weight_grads_keeps_them_f32() {
         assert_eq!(r[0].fp8, scales, "{precision}: FP8 scales");
     }
 }
+
+#[test]
+fn a_failed_log_write_on_rank_0_stops_every_rank_after_the_same_step() {
+    use duet_engine::run::{LogKind, MetricsLog, RunPlan, run};
+    use std::sync::atomic::AtomicBool;
+    let mut c = cfg(Precision::Fp32);
+    c.train.steps = 8;
+    let dir = std::env::temp_dir().join(format!("duet-dp-logfail-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.clone();
+    let opts = DpOptions {
+        zero: true,
+        ..DpOptions::default()
+    };
+    let results = on_ranks(2, move |dev, comm| {
+        let rank = comm.rank();
+        let mut tr = Trainer::new_data_parallel(dev, c.clone(), comm, opts).unwrap();
+        // Rank 0 logs to a full disk; the others log nothing (as duet train runs them).
+        let mut metrics = (rank == 0).then(|| {
+            MetricsLog::open(std::path::Path::new("/dev/full"), None)
+                .unwrap()
+                .0
+        });
+        let plan = RunPlan {
+            last_step: 8,
+            checkpoint: Some(out.join("checkpoint.safetensors")),
+            is_main: rank == 0,
+            ..RunPlan::default()
+        };
+        let never = AtomicBool::new(false);
+        let s = run::<_, Vec<u8>>(
+            &mut tr,
+            &plan,
+            metrics.as_mut(),
+            None,
+            &never,
+            &mut |_, _| Ok(()),
+        )
+        .unwrap();
+        // What the CLI does next on every rank: save (ZeRO-1 gathers across the ranks).
+        duet_engine::run::save_checkpoint(&tr, &out.join("checkpoint.safetensors"), rank == 0)
+            .unwrap();
+        (
+            rank,
+            tr.step(),
+            s.interrupted,
+            s.log_failure.map(|f| (f.log, f.step)),
+        )
+    });
+    let (step0, step1) = (results[0].1, results[1].1);
+    assert_eq!(step0, 1, "rank 0 stops after the step whose line failed");
+    assert_eq!(step1, step0, "every rank stops after the same step");
+    assert_eq!(results[0].3, Some((LogKind::Metrics, 1)));
+    assert!(
+        !results[0].2,
+        "rank 0 reports the failure, not an interrupt"
+    );
+    assert!(
+        results[1].2 && results[1].3.is_none(),
+        "rank 1 stops as if interrupted"
+    );
+    let ck =
+        duet_engine::checkpoint::Checkpoint::load(&dir.join("checkpoint.safetensors")).unwrap();
+    assert_eq!(ck.step, 1);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -174,7 +174,7 @@ pub fn run_loop(
     let start = std::time::Instant::now();
     let mut rng = mutate::Rng::new(rng_seed ^ (target as u64 + 1).wrapping_mul(0x9e37_79b9));
     let mut report = LoopReport::default();
-    let empty = vec![Vec::new()];
+    let empty = [Vec::new()];
     let seeds = if seeds.is_empty() { &empty[..] } else { seeds };
     for i in 0..iterations {
         // The seeds themselves first, then mutations of them.

@@ -10,7 +10,7 @@ impl Rng {
         Self(seed | 1)
     }
 
-    pub fn next(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         let mut x = self.0;
         x ^= x >> 12;
         x ^= x << 25;
@@ -21,7 +21,7 @@ impl Rng {
 
     /// Uniform in `0..n` (`n` > 0).
     pub fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
+        (self.next_u64() % n as u64) as usize
     }
 }
 
@@ -85,12 +85,12 @@ fn mutate_once(rng: &mut Rng, v: &mut Vec<u8>, seeds: &[Vec<u8>], dict: &[&[u8]]
         }
         2 if !v.is_empty() => {
             let i = pos(rng, v);
-            v[i] = rng.next() as u8;
+            v[i] = rng.next_u64() as u8;
         }
         3 => {
             let i = pos(rng, v);
             let n = 1 + rng.below(16);
-            let bytes: Vec<u8> = (0..n).map(|_| rng.next() as u8).collect();
+            let bytes: Vec<u8> = (0..n).map(|_| rng.next_u64() as u8).collect();
             v.splice(i..i, bytes);
         }
         4 if !v.is_empty() => {

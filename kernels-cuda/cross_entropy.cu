@@ -1,4 +1,5 @@
-// Fused softmax + cross-entropy over logits (n × v) with i32 targets.
+// Fused softmax + cross-entropy over logits (n rows of ld ≥ v; only the first v are the
+// vocabulary's, the rest a padding that takes no part and gets a zero gradient) with i32 targets.
 //
 // One block per row; the host picks the block size from v (one warp for the 96-token vocabulary,
 // up to 1024 threads for large vocabularies). Max and sum are block reductions in f32.
@@ -12,11 +13,11 @@ template <typename T>
 __device__ __forceinline__ void cross_entropy_body(const T* __restrict__ logits,
                                                    const int* __restrict__ targets,
                                                    float* __restrict__ losses,
-                                                   T* __restrict__ dlogits, int v,
+                                                   T* __restrict__ dlogits, int v, int ld,
                                                    float grad_scale, unsigned int* err) {
     __shared__ float sh[32];
     const u64 row = blockIdx.x;
-    const T* x = logits + row * v;
+    const T* x = logits + row * ld;
     float mx = NEG_INF;
     for (int j = threadIdx.x; j < v; j += blockDim.x) mx = fmaxf(mx, to_f32(x[j]));
     mx = block_max(mx, sh);
@@ -36,10 +37,10 @@ __device__ __forceinline__ void cross_entropy_body(const T* __restrict__ logits,
         losses[row] = loss;
     }
     if (dlogits != nullptr) {
-        T* d = dlogits + row * v;
-        for (int j = threadIdx.x; j < v; j += blockDim.x) {
+        T* d = dlogits + row * ld;
+        for (int j = threadIdx.x; j < ld; j += blockDim.x) {
             float g = 0.0f;
-            if (valid) {
+            if (valid && j < v) {
                 const float p = __fdiv_rn(duet_exp_f32(__fsub_rn(to_f32(x[j]), mx)), sum);
                 g = __fmul_rn(__fsub_rn(p, j == tgt ? 1.0f : 0.0f), grad_scale);
             }
@@ -52,8 +53,8 @@ __device__ __forceinline__ void cross_entropy_body(const T* __restrict__ logits,
     extern "C" __global__ void cross_entropy_##S(const T* __restrict__ logits,                \
                                                  const int* __restrict__ targets,             \
                                                  float* __restrict__ losses,                  \
-                                                 T* __restrict__ dlogits, int v,              \
+                                                 T* __restrict__ dlogits, int v, int ld,      \
                                                  float grad_scale, unsigned int* err) {       \
-        cross_entropy_body(logits, targets, losses, dlogits, v, grad_scale, err);             \
+        cross_entropy_body(logits, targets, losses, dlogits, v, ld, grad_scale, err);         \
     }
 FOR_FLOAT(CROSS_ENTROPY)

@@ -70,7 +70,9 @@ pub struct ModelArgs {
 /// both.
 #[derive(Args, Clone, Debug)]
 pub struct BaseFlags {
-    /// Starting configuration: default, seed (the benchmark model), large, tiny.
+    /// Starting configuration: default, seed (the benchmark model), large, tiny, gpt2 (124M),
+    /// gpt2-medium (350M), gpt2-large (774M), gpt2-xl (1.56B; GPT-2's sizes, vocab 50257,
+    /// context 1024, nanoGPT's optimizer settings).
     #[arg(long, default_value = "default")]
     pub preset: String,
     /// A TOML file with [model] and [train] tables overriding the preset.

@@ -400,7 +400,7 @@ impl Device for CpuDevice {
         self.run(|| ops::attention::softmax_causal_backward(probs, dprobs, dscores, rows, t, scale))
     }
 
-    fn cross_entropy(
+    fn cross_entropy_padded(
         &self,
         logits: &CpuBuffer,
         targets: &CpuBuffer,
@@ -408,9 +408,12 @@ impl Device for CpuDevice {
         dlogits: Option<&mut CpuBuffer>,
         n: usize,
         v: usize,
+        ld: usize,
         grad_scale: f32,
     ) -> Result<()> {
-        self.run(|| ops::loss::cross_entropy(logits, targets, losses, dlogits, n, v, grad_scale))
+        self.run(|| {
+            ops::loss::cross_entropy(logits, targets, losses, dlogits, n, v, ld, grad_scale)
+        })
     }
 
     fn adamw(

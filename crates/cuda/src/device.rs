@@ -775,7 +775,7 @@ impl Device for CudaDevice {
         self.softmax_causal_backward_impl(probs, dprobs, dscores, rows, t, scale)
     }
 
-    fn cross_entropy(
+    fn cross_entropy_padded(
         &self,
         logits: &CudaBuffer,
         targets: &CudaBuffer,
@@ -783,9 +783,10 @@ impl Device for CudaDevice {
         dlogits: Option<&mut CudaBuffer>,
         n: usize,
         v: usize,
+        ld: usize,
         grad_scale: f32,
     ) -> Result<()> {
-        self.cross_entropy_impl(logits, targets, losses, dlogits, n, v, grad_scale)
+        self.cross_entropy_impl(logits, targets, losses, dlogits, n, v, ld, grad_scale)
     }
 
     fn adamw(

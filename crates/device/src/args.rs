@@ -491,9 +491,16 @@ impl RowsDesc {
         targets: &B,
         losses: &B,
         dlogits: Option<&B>,
+        v: usize,
     ) -> Result<()> {
-        if self.cols == 0 && self.rows > 0 {
+        if v == 0 && self.rows > 0 {
             return Err(shape(self.op, "v must be positive"));
+        }
+        if v > self.cols {
+            return Err(shape(
+                self.op,
+                &format!("v ({v}) exceeds the row length ld ({})", self.cols),
+            ));
         }
         self.matrix("logits", logits)?;
         check_dtype(self.op, targets, DType::I32)?;

@@ -674,6 +674,7 @@ pub trait Device: Send + Sync + Sized + 'static {
     /// Fused softmax + cross-entropy over `logits` (`n × v`) with i32 `targets` (`n`; a negative
     /// target is ignored: loss 0, gradient 0). Writes per-row `losses` (f32, `n`). When `dlogits`
     /// is given, also writes `dlogits = (softmax(logits) − onehot(target)) · grad_scale`.
+    /// ([`Device::cross_entropy_padded`] with rows of exactly `v` logits.)
     #[allow(clippy::too_many_arguments)]
     fn cross_entropy(
         &self,
@@ -683,6 +684,25 @@ pub trait Device: Send + Sync + Sized + 'static {
         dlogits: Option<&mut Self::Buffer>,
         n: usize,
         v: usize,
+        grad_scale: f32,
+    ) -> Result<()> {
+        self.cross_entropy_padded(logits, targets, losses, dlogits, n, v, v, grad_scale)
+    }
+
+    /// [`Device::cross_entropy`] over rows of `ld ≥ v` logits (`n × ld`) of which only the first
+    /// `v` are the vocabulary's: a vocabulary padded to a multiple the GEMMs run fast at. The
+    /// padded columns take no part in the softmax or the loss, whatever they hold, and their
+    /// gradient is written 0.
+    #[allow(clippy::too_many_arguments)]
+    fn cross_entropy_padded(
+        &self,
+        logits: &Self::Buffer,
+        targets: &Self::Buffer,
+        losses: &mut Self::Buffer,
+        dlogits: Option<&mut Self::Buffer>,
+        n: usize,
+        v: usize,
+        ld: usize,
         grad_scale: f32,
     ) -> Result<()>;
 

@@ -308,6 +308,27 @@ pub enum Preset {
     Large,
     /// A tiny model for tests and references.
     Tiny,
+    /// GPT-2 (124M): d_model 768, 12 heads, 12 layers, vocab 50257, context 1024, batch 32.
+    Gpt2,
+    /// GPT-2 medium (350M): d_model 1024, 16 heads, 24 layers, batch 16.
+    Gpt2Medium,
+    /// GPT-2 large (774M): d_model 1280, 20 heads, 36 layers, batch 8.
+    Gpt2Large,
+    /// GPT-2 XL (1.56B): d_model 1600, 25 heads, 48 layers, batch 4.
+    Gpt2Xl,
+}
+
+impl Preset {
+    pub const NAMES: [&'static str; 8] = [
+        "default",
+        "seed",
+        "large",
+        "tiny",
+        "gpt2",
+        "gpt2-medium",
+        "gpt2-large",
+        "gpt2-xl",
+    ];
 }
 
 impl std::str::FromStr for Preset {
@@ -318,8 +339,13 @@ impl std::str::FromStr for Preset {
             "seed" => Ok(Preset::Seed),
             "large" => Ok(Preset::Large),
             "tiny" => Ok(Preset::Tiny),
+            "gpt2" => Ok(Preset::Gpt2),
+            "gpt2-medium" => Ok(Preset::Gpt2Medium),
+            "gpt2-large" => Ok(Preset::Gpt2Large),
+            "gpt2-xl" => Ok(Preset::Gpt2Xl),
             other => Err(EngineError::Config(format!(
-                "unknown preset '{other}' (expected default, seed, large or tiny)"
+                "unknown preset '{other}' (expected one of {})",
+                Preset::NAMES.join(", ")
             ))),
         }
     }
@@ -414,6 +440,41 @@ impl Config {
                     t.optimizer.warmup = 30;
                 }),
             },
+            // GPT-2's sizes (OpenAI's release: vocab 50257, context 1024, the residual
+            // projections initialised with std 0.02/√(2·layers) as every duet model) with the
+            // optimizer of nanoGPT / llm.c's GPT-2 runs: AdamW β (0.9, 0.95), weight decay 0.1
+            // on matrices and embeddings, clipping at 1.0, warm-up 700 steps then cosine to
+            // 10% of the peak; the peak learning rates of the GPT-3 paper's table for these
+            // sizes (6e-4, 3e-4, 2.5e-4, 2e-4). Batch × 1024 tokens per step; the synthetic
+            // task by default (give --data for text or llm.c shards).
+            Preset::Gpt2 | Preset::Gpt2Medium | Preset::Gpt2Large | Preset::Gpt2Xl => {
+                let (d_model, heads, layers, batch, lr) = match p {
+                    Preset::Gpt2 => (768, 12, 12, 32, 6e-4),
+                    Preset::Gpt2Medium => (1024, 16, 24, 16, 3e-4),
+                    Preset::Gpt2Large => (1280, 20, 36, 8, 2.5e-4),
+                    _ => (1600, 25, 48, 4, 2e-4),
+                };
+                Config {
+                    model: ModelConfig {
+                        vocab: 50257,
+                        d_model,
+                        heads,
+                        ffn: 4 * d_model,
+                        layers,
+                        max_seq: 1024,
+                    },
+                    train: with(&train, |t| {
+                        t.data.batch = batch;
+                        t.data.seq = 1024;
+                        t.data.eval_sequences = 0;
+                        t.steps = 5000;
+                        t.optimizer.lr = lr;
+                        t.optimizer.warmup = 700;
+                        t.optimizer.min_lr_ratio = 0.1;
+                        t.optimizer.weight_decay = 0.1;
+                    }),
+                }
+            }
             Preset::Tiny => Config {
                 model: ModelConfig {
                     vocab: 96,

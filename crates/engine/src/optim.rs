@@ -89,6 +89,8 @@ pub struct AdamW<D: Fused> {
     /// FP32 master weights of the tensors whose working copy is not f32.
     master: Vec<Option<D::Buffer>>,
     decay: Vec<bool>,
+    /// Each tensor's real size (its buffers may hold padded rows past it: `ParamSpec::pad_rows`).
+    numels: Vec<usize>,
     /// The sum of squares of the gradients, then (device path) lr and the bias corrections:
     /// [`duet_device::ADAMW_SCALARS`] f32.
     norm: D::Buffer,
@@ -116,8 +118,8 @@ impl<D: Fused> AdamW<D> {
         let mut m = Vec::with_capacity(specs.len());
         let mut v = Vec::with_capacity(specs.len());
         for s in specs {
-            m.push(dev.alloc(DType::F32, s.numel())?);
-            v.push(dev.alloc(DType::F32, s.numel())?);
+            m.push(dev.alloc(DType::F32, s.device_numel())?);
+            v.push(dev.alloc(DType::F32, s.device_numel())?);
         }
         Ok(Self {
             cfg,
@@ -125,6 +127,7 @@ impl<D: Fused> AdamW<D> {
             v,
             master: specs.iter().map(|_| None).collect(),
             decay: specs.iter().map(|s| s.decay).collect(),
+            numels: specs.iter().map(|s| s.numel()).collect(),
             norm: dev.alloc(DType::F32, duet_device::ADAMW_SCALARS)?,
             scalars: [0.0; 3],
             step: 0,
@@ -152,7 +155,10 @@ impl<D: Fused> AdamW<D> {
         }
         for (i, p) in params.iter().enumerate() {
             if p.dtype() != DType::F32 {
-                opt.master[i] = Some(dev.upload_new(&weights[i])?);
+                // Allocated zeroed at the device's size; a padded tensor's rows stay zero.
+                let mut m = dev.alloc(DType::F32, specs[i].device_numel())?;
+                dev.upload(&weights[i], &mut m, 0)?;
+                opt.master[i] = Some(m);
             }
         }
         Ok(opt)
@@ -163,12 +169,18 @@ impl<D: Fused> AdamW<D> {
         self.master[i].as_ref()
     }
 
-    /// Full-precision weights: the master copies where they exist, else `params`.
+    /// Full-precision weights: the master copies where they exist, else `params` (real sizes:
+    /// padded rows dropped).
     pub fn master_weights(&self, dev: &D, params: &[D::Buffer]) -> Result<Vec<Vec<f32>>> {
         params
             .iter()
             .zip(&self.master)
-            .map(|(p, m)| Ok(dev.download_f32(m.as_ref().unwrap_or(p))?))
+            .zip(&self.numels)
+            .map(|((p, m), &n)| {
+                let mut w = dev.download_f32(m.as_ref().unwrap_or(p))?;
+                w.truncate(n);
+                Ok(w)
+            })
             .collect()
     }
 

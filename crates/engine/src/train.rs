@@ -227,7 +227,9 @@ impl<D: Fused> Trainer<D> {
         let dist = match dp {
             None => None,
             Some((comm, o)) => {
-                let numels: Vec<usize> = model.specs().iter().map(|s| s.numel()).collect();
+                // Buckets and shards cover the buffers as the device holds them (padded rows
+                // included).
+                let numels: Vec<usize> = model.specs().iter().map(|s| s.device_numel()).collect();
                 let dtypes: Vec<_> = model.params().iter().map(|p| p.dtype()).collect();
                 let groups = ready_groups(cfg.model.layers, numels.len());
                 let buckets =
@@ -235,13 +237,17 @@ impl<D: Fused> Trainer<D> {
                 let zero = if o.zero {
                     let ocfg = *opt.config();
                     let decay: Vec<bool> = model.specs().iter().map(|s| s.decay).collect();
+                    let padded: Vec<Vec<f32>> = crate::model::pad(model.specs(), weights)
+                        .into_iter()
+                        .map(|w| w.into_owned())
+                        .collect();
                     Some(ShardedAdamW::new(
                         &*dev,
                         ocfg,
                         comm.clone(),
                         buckets.clone(),
                         decay,
-                        weights,
+                        &padded,
                     )?)
                 } else {
                     None
@@ -627,7 +633,12 @@ impl<D: Fused> Trainer<D> {
         };
         let (weights, adam_m, adam_v) = match self.dist.as_ref().and_then(|d| d.zero.as_ref()) {
             Some(z) => {
-                let numels: Vec<usize> = self.model.specs().iter().map(|s| s.numel()).collect();
+                let numels: Vec<usize> = self
+                    .model
+                    .specs()
+                    .iter()
+                    .map(|s| s.device_numel())
+                    .collect();
                 z.gather_state(&*dev, &numels)?
             }
             None => {
@@ -639,6 +650,13 @@ impl<D: Fused> Trainer<D> {
                 )
             }
         };
+        // The checkpoint holds the real sizes (the padded rows are zero: nothing is lost).
+        let specs = self.model.specs();
+        let (weights, adam_m, adam_v) = (
+            crate::model::unpad(specs, weights),
+            crate::model::unpad(specs, adam_m),
+            crate::model::unpad(specs, adam_v),
+        );
         Ok(Checkpoint {
             config: self.cfg.clone(),
             step: self.step,
@@ -699,7 +717,17 @@ impl<D: Fused> Trainer<D> {
             loaded.data.as_deref(),
         )?;
         match tr.dist.as_mut().and_then(|d| d.zero.as_mut()) {
-            Some(z) => z.load_state(&*dev, &ck.weights, &ck.adam_m, &ck.adam_v)?,
+            Some(z) => {
+                let specs = tr.model.specs();
+                let owned = |t: &[Vec<f32>]| -> Vec<Vec<f32>> {
+                    crate::model::pad(specs, t)
+                        .into_iter()
+                        .map(|w| w.into_owned())
+                        .collect()
+                };
+                let (w, m, v) = (owned(&ck.weights), owned(&ck.adam_m), owned(&ck.adam_v));
+                z.load_state(&*dev, &w, &m, &v)?
+            }
             None => {
                 tr.opt.set_master_weights(&*dev, &ck.weights)?;
                 let (m, v) = tr.opt.moments_mut();

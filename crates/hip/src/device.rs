@@ -582,7 +582,7 @@ impl Device for HipDevice {
         self.softmax_causal_backward_impl(probs, dprobs, dscores, rows, t, scale)
     }
 
-    fn cross_entropy(
+    fn cross_entropy_padded(
         &self,
         logits: &HipBuffer,
         targets: &HipBuffer,
@@ -590,9 +590,10 @@ impl Device for HipDevice {
         dlogits: Option<&mut HipBuffer>,
         n: usize,
         v: usize,
+        ld: usize,
         grad_scale: f32,
     ) -> Result<()> {
-        self.cross_entropy_impl(logits, targets, losses, dlogits, n, v, grad_scale)
+        self.cross_entropy_impl(logits, targets, losses, dlogits, n, v, ld, grad_scale)
     }
 
     fn adamw(

@@ -79,3 +79,70 @@ pub fn cross_entropy_losses_and_gradients<D: Fused>(h: &Harness<D>) {
         }
     }
 }
+
+/// Rows of `ld` logits of which the first `v` are the vocabulary's (GPT-2's 50257 padded to
+/// 50304, and small odd shapes): the result equals the unpadded one on the first `v` columns —
+/// bit for bit, whatever the padding holds (huge values here, which would dominate a softmax
+/// that read them) — and the padded columns' gradient is exactly 0 (prefilled NaN). A `v`
+/// above `ld` is refused.
+pub fn cross_entropy_padded_rows_ignore_the_padding<D: Fused>(h: &Harness<D>) {
+    let case = "cross_entropy_padded_rows_ignore_the_padding";
+    let mut r = h.rng(case);
+    let e = &h.dev;
+    for dt in FLOATS {
+        for &(n, v, ld) in &[
+            (5usize, 1usize, 8usize),
+            (7, 96, 128),
+            (33, 1000, 1024),
+            (3, 50257, 50304),
+        ] {
+            let real = r.vec(n * v, -6.0, 6.0);
+            let mut padded = vec![3.0e4f32; n * ld];
+            for i in 0..n {
+                padded[i * ld..i * ld + v].copy_from_slice(&real[i * v..(i + 1) * v]);
+            }
+            let targets: Vec<i32> = (0..n)
+                .map(|i| if i % 4 == 3 { -1 } else { r.below(v) as i32 })
+                .collect();
+            let gs = r.uniform(0.1, 2.0);
+            let t = put_i32(e, &targets);
+            let run = |logits: &[f32], ld: usize| {
+                let l = put(e, dt, logits);
+                let mut losses = nan(e, DType::F32, n);
+                let mut d = nan(e, dt, n * ld);
+                e.cross_entropy_padded(&l, &t, &mut losses, Some(&mut d), n, v, ld, gs)
+                    .expect("cross_entropy_padded");
+                (get(e, "losses", &losses), get(e, "dlogits", &d))
+            };
+            let (l0, d0) = run(&real, v);
+            let (l1, d1) = run(&padded, ld);
+            let name = format!("{case} {dt} n{n} v{v} ld{ld}");
+            assert_eq!(
+                l1.bytes, l0.bytes,
+                "{name}: losses differ from the unpadded rows'"
+            );
+            let es = dt.size_bytes();
+            for i in 0..n {
+                let row = &d1.bytes[i * ld * es..(i + 1) * ld * es];
+                assert_eq!(
+                    &row[..v * es],
+                    &d0.bytes[i * v * es..(i + 1) * v * es],
+                    "{name}: row {i}'s gradient differs from the unpadded row's"
+                );
+                assert!(
+                    row[v * es..].iter().all(|&b| b == 0),
+                    "{name}: row {i}'s padded gradient is not +0"
+                );
+            }
+        }
+        // v beyond the row is refused.
+        let l = put(e, dt, &[0.0; 8]);
+        let t = put_i32(e, &[0, 1]);
+        let mut losses = nan(e, DType::F32, 2);
+        assert!(
+            e.cross_entropy_padded(&l, &t, &mut losses, None, 2, 5, 4, 1.0)
+                .is_err(),
+            "v 5 > ld 4 accepted"
+        );
+    }
+}

@@ -52,11 +52,12 @@ pub(crate) fn cross_entropy(
     dlogits: Option<&mut CpuBuffer>,
     n: usize,
     v: usize,
+    ld: usize,
     grad_scale: f32,
 ) -> Result<()> {
     const OP: &str = "cross_entropy";
-    let desc = RowsDesc::new(OP, n, v)?;
-    desc.validate_cross_entropy(logits, targets, losses, dlogits.as_deref())?;
+    let desc = RowsDesc::new(OP, n, ld)?;
+    desc.validate_cross_entropy(logits, targets, losses, dlogits.as_deref(), v)?;
     let lv = logits.act(OP)?;
     let tg = targets.i32s(OP)?;
     let dl = match dlogits {
@@ -81,10 +82,13 @@ pub(crate) fn cross_entropy(
         let (mut s, mut scratch) = (Vec::new(), Vec::new());
         match dl {
             Some(mut d) => d.with_f32_local(false, |d| {
-                for (k, (l, g)) in ls.iter_mut().zip(d.chunks_mut(v)).enumerate() {
+                for (k, (l, g)) in ls.iter_mut().zip(d.chunks_mut(ld)).enumerate() {
                     let r = i * rpt + k;
+                    // The padded columns (v..ld) take no part; their gradient is 0.
+                    let (g, pad) = g.split_at_mut(v);
+                    pad.fill(0.0);
                     *l = row(
-                        read(lv, r * v, v, &mut s),
+                        read(lv, r * ld, v, &mut s),
                         tg[r],
                         Some(g),
                         grad_scale,
@@ -96,7 +100,7 @@ pub(crate) fn cross_entropy(
                 for (k, l) in ls.iter_mut().enumerate() {
                     let r = i * rpt + k;
                     *l = row(
-                        read(lv, r * v, v, &mut s),
+                        read(lv, r * ld, v, &mut s),
                         tg[r],
                         None,
                         grad_scale,
@@ -108,7 +112,7 @@ pub(crate) fn cross_entropy(
     };
     match dl {
         Some(d) => d
-            .into_chunks(rpt * v)
+            .into_chunks(rpt * ld)
             .into_par_iter()
             .zip(ls.par_chunks_mut(rpt))
             .enumerate()

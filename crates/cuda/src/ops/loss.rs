@@ -12,14 +12,16 @@ impl CudaDevice {
         dlogits: Option<&mut CudaBuffer>,
         n: usize,
         v: usize,
+        ld: usize,
         grad_scale: f32,
     ) -> Result<()> {
         const OP: &str = "cross_entropy";
-        RowsDesc::new(OP, n, v)?.validate_cross_entropy(
+        RowsDesc::new(OP, n, ld)?.validate_cross_entropy(
             logits,
             targets,
             losses,
             dlogits.as_deref(),
+            v,
         )?;
         let s = float_suffix(OP, logits.dtype())?;
         if let Some(d) = &dlogits {
@@ -31,8 +33,9 @@ impl CudaDevice {
         }
         let dptr = dlogits.map(|d| d.ptr()).unwrap_or(0);
         let block = (v.div_ceil(4).div_ceil(32) * 32).clamp(32, 1024) as u32;
-        // SAFETY: cross_entropy(const T*, const int*, float*, T* (nullable), int v, float,
-        // unsigned*): one block per row < n over logits/dlogits (n·v), targets and losses (n).
+        // SAFETY: cross_entropy(const T*, const int*, float*, T* (nullable), int v, int ld,
+        // float, unsigned*): one block per row < n over logits/dlogits (n·ld, checked, v ≤ ld),
+        // targets and losses (n).
         unsafe {
             self.kernel(KernelModule::CrossEntropy, &format!("cross_entropy_{s}"))?
                 .grid((grid_dim(OP, n)?, 1, 1))
@@ -42,6 +45,7 @@ impl CudaDevice {
                 .arg_buf(losses)
                 .arg_ptr(dptr)
                 .arg_i32(dim(OP, "v", v)?)
+                .arg_i32(dim(OP, "ld", ld)?)
                 .arg_f32(grad_scale)
                 .arg_ptr(self.err_word.ptr())
                 .launch()

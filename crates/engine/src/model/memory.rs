@@ -263,15 +263,21 @@ impl Buffers<BufSpec> {
             } else {
                 f32
             };
-            params.push(spec(dtype, s.numel(), Kind::Params));
+            params.push(spec(dtype, s.device_numel(), Kind::Params));
             let low_grad = plan.low_precision_weight_grads && is_linear_weight(cfg, i);
             grads.push(spec(
                 if low_grad { act } else { f32 },
-                s.numel(),
+                s.device_numel(),
                 Kind::Grads,
             ));
         }
-        let (c, f, nh, v) = (cfg.d_model, cfg.ffn, cfg.heads, cfg.vocab);
+        // The logits have the padded vocabulary's columns (see `VOCAB_PAD`).
+        let (c, f, nh, v) = (
+            cfg.d_model,
+            cfg.ffn,
+            cfg.heads,
+            super::params::padded_vocab(cfg),
+        );
         let n = b * t;
         // Fused attention where the backend has it for this dtype and head size: then no score
         // matrix and no split q/k/v exist at all.

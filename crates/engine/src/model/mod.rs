@@ -32,7 +32,8 @@ use memory::{BlockActs, BufSpec, Buffers, Dims, Scratch, out_of_memory};
 pub use memory::{MemoryPlan, estimate_memory};
 use params::upload_f32_as;
 pub use params::{
-    BlockParam, Init, ParamSpec, check_weights, init_weights, param_index, param_specs,
+    BlockParam, Init, ParamSpec, VOCAB_PAD, check_weights, init_weights, pad, padded_vocab,
+    param_index, param_specs, unpad,
 };
 
 use crate::config::ModelConfig;
@@ -292,25 +293,35 @@ impl<D: Fused> Gpt<D> {
         Ok(())
     }
 
-    /// Reads every weight back to the host.
+    /// Reads every weight back to the host (real sizes: padded rows dropped).
     pub fn weights(&self) -> Result<Vec<Vec<f32>>> {
-        self.params
+        let w = self
+            .params
             .iter()
             .map(|p| Ok(self.dev.download_f32(p)?))
-            .collect()
+            .collect::<Result<Vec<_>>>()?;
+        Ok(unpad(&self.specs, w))
     }
 
-    /// Reads every gradient back to the host.
+    /// Reads every gradient back to the host (real sizes: padded rows dropped).
     pub fn gradients(&self) -> Result<Vec<Vec<f32>>> {
-        self.grads
+        let g = self
+            .grads
             .iter()
             .map(|g| Ok(self.dev.download_f32(g)?))
-            .collect()
+            .collect::<Result<Vec<_>>>()?;
+        Ok(unpad(&self.specs, g))
     }
 
-    /// Logits of the last forward pass (`b·t × vocab`).
+    /// Logits of the last forward pass (`b·t × vocab`; the padded vocabulary's columns are
+    /// dropped).
     pub fn logits(&self) -> Result<Vec<f32>> {
-        Ok(self.dev.download_f32(&self.logits)?)
+        let all = self.dev.download_f32(&self.logits)?;
+        let (v, vp) = (self.cfg.vocab, padded_vocab(&self.cfg));
+        if v == vp {
+            return Ok(all);
+        }
+        Ok(all.chunks(vp).flat_map(|row| &row[..v]).copied().collect())
     }
 
     fn check_tokens(&self, what: &str, tokens: &[i32], allow_negative: bool) -> Result<()> {
@@ -421,7 +432,8 @@ impl<D: Fused> Gpt<D> {
 
     fn forward_blocks(&mut self) -> Result<()> {
         let d = self.dims();
-        let v = self.cfg.vocab;
+        // The LM head's rows: the padded vocabulary.
+        let v = padded_vocab(&self.cfg);
         self.quantize_fp8_weights()?;
         {
             let dev = &*self.dev;
@@ -510,13 +522,14 @@ impl<D: Fused> Gpt<D> {
         } else {
             None
         };
-        dev.cross_entropy(
+        dev.cross_entropy_padded(
             &self.logits,
             &self.targets,
             &mut self.losses,
             dlogits,
             n,
             self.cfg.vocab,
+            padded_vocab(&self.cfg),
             self.loss_scale / count as f32,
         )?;
         if let (true, Some(lp)) = (with_grad, self.dlogits_lp.as_mut()) {
@@ -570,7 +583,7 @@ impl<D: Fused> Gpt<D> {
 
     fn backward_blocks(&mut self, ready: &mut GradsReady<'_, D::Buffer>) -> Result<()> {
         let d = self.dims();
-        let v = self.cfg.vocab;
+        let v = padded_vocab(&self.cfg);
         let layers = self.cfg.layers;
         {
             let dev = &*self.dev;

@@ -78,7 +78,18 @@ pub struct ParamSpec {
     /// Whether AdamW's decoupled weight decay applies (matrices and embeddings, not biases/LN).
     pub decay: bool,
     pub init: Init,
+    /// Zero rows the device holds past `shape[0]` (the token embedding, whose rows are also
+    /// the LM head's: the vocabulary padded to [`VOCAB_PAD`] so the LM-head GEMMs run on a
+    /// fast path). Host weights, checkpoints and traces never see them.
+    pub pad_rows: usize,
 }
+
+/// The token embedding / LM head is held with its rows padded to a multiple of this (GPT-2's
+/// 50257 → 50304, as nanoGPT and llm.c do): an odd vocabulary puts cuBLAS on a slow path (124 ms
+/// against 73 ms a step for GPT-2 on the H200). The padded rows are zero and stay zero: their
+/// logits take no part in the softmax or the loss ([`duet_device::Device::cross_entropy_padded`]),
+/// so their gradient, AdamW moments and update are exactly zero.
+pub const VOCAB_PAD: usize = 128;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Init {
@@ -90,6 +101,11 @@ pub enum Init {
 impl ParamSpec {
     pub fn numel(&self) -> usize {
         self.shape.iter().product()
+    }
+
+    /// Elements the device holds: [`ParamSpec::numel`] plus the padded rows.
+    pub fn device_numel(&self) -> usize {
+        self.numel() + self.pad_rows * self.shape[1..].iter().product::<usize>()
     }
 
     /// Whether mixed precision keeps the working copy in the activation dtype (with an FP32
@@ -117,12 +133,14 @@ pub fn param_specs(cfg: &ModelConfig) -> Vec<ParamSpec> {
             shape: vec![cfg.vocab, c],
             decay: true,
             init: Init::Normal(std),
+            pad_rows: cfg.vocab.next_multiple_of(VOCAB_PAD) - cfg.vocab,
         },
         ParamSpec {
             name: "transformer.wpe.weight".into(),
             shape: vec![cfg.max_seq, c],
             decay: true,
             init: Init::Normal(std),
+            pad_rows: 0,
         },
     ];
     for l in 0..cfg.layers {
@@ -139,6 +157,7 @@ pub fn param_specs(cfg: &ModelConfig) -> Vec<ParamSpec> {
                 decay: shape.len() == 2,
                 shape,
                 init,
+                pad_rows: 0,
             });
         }
     }
@@ -147,14 +166,48 @@ pub fn param_specs(cfg: &ModelConfig) -> Vec<ParamSpec> {
         shape: vec![c],
         decay: false,
         init: Init::Ones,
+        pad_rows: 0,
     });
     specs.push(ParamSpec {
         name: "transformer.ln_f.bias".into(),
         shape: vec![c],
         decay: false,
         init: Init::Zeros,
+        pad_rows: 0,
     });
     specs
+}
+
+/// The vocabulary as the device holds it (rows of the token embedding / LM head).
+pub fn padded_vocab(cfg: &ModelConfig) -> usize {
+    cfg.vocab.next_multiple_of(VOCAB_PAD)
+}
+
+/// Host tensors read back from device buffers (`specs` order) cut to their real size (the
+/// padded rows dropped).
+pub fn unpad(specs: &[ParamSpec], mut tensors: Vec<Vec<f32>>) -> Vec<Vec<f32>> {
+    for (t, s) in tensors.iter_mut().zip(specs) {
+        t.truncate(s.numel());
+    }
+    tensors
+}
+
+/// Host tensors (real sizes, `specs` order) in the device's layout: padded tensors get their
+/// zero rows (a copy of those tensors only).
+pub fn pad<'a>(specs: &[ParamSpec], tensors: &'a [Vec<f32>]) -> Vec<std::borrow::Cow<'a, [f32]>> {
+    tensors
+        .iter()
+        .zip(specs)
+        .map(|(t, s)| {
+            if s.pad_rows == 0 || t.len() != s.numel() {
+                std::borrow::Cow::Borrowed(t.as_slice())
+            } else {
+                let mut p = t.clone();
+                p.resize(s.device_numel(), 0.0);
+                std::borrow::Cow::Owned(p)
+            }
+        })
+        .collect()
 }
 
 /// Checks that `weights` (host f32) hold one tensor of the right size per spec.

@@ -12,14 +12,16 @@ impl HipDevice {
         dlogits: Option<&mut HipBuffer>,
         n: usize,
         v: usize,
+        ld: usize,
         grad_scale: f32,
     ) -> Result<()> {
         const OP: &str = "cross_entropy";
-        RowsDesc::new(OP, n, v)?.validate_cross_entropy(
+        RowsDesc::new(OP, n, ld)?.validate_cross_entropy(
             logits,
             targets,
             losses,
             dlogits.as_deref(),
+            v,
         )?;
         let s = float_suffix(OP, logits.dtype())?;
         let dl = match dlogits {
@@ -38,8 +40,8 @@ impl HipDevice {
         // CUDA's: ceil(v / 4) rounded up to whole 32-lane groups, 32 to 1024 threads.
         let block = (v.div_ceil(4).div_ceil(32) * 32).clamp(32, 1024) as u32;
         // SAFETY: cross_entropy_T(const T* logits, const int* targets, float* losses,
-        // T* dlogits (nullable), int v, float grad_scale): one block per row < n over logits and
-        // dlogits (n·v), targets and losses (n), checked; a row reads logits[row·v + tgt] only
+        // T* dlogits (nullable), int v, int ld, float grad_scale): one block per row < n over
+        // logits and dlogits (n·ld, checked, v ≤ ld), targets and losses (n), checked; a row reads logits[row·v + tgt] only
         // for 0 ≤ tgt < v (the kernel checks); the kernel is built for blocks up to 1024.
         unsafe {
             self.kernel(&format!("{OP}_{s}"))?
@@ -50,6 +52,7 @@ impl HipDevice {
                 .arg_buf(losses)
                 .arg_ptr(dl)
                 .arg_i32(dim(OP, "v", v)?)
+                .arg_i32(dim(OP, "ld", ld)?)
                 .arg_f32(grad_scale)
                 .launch()
         }

@@ -499,7 +499,7 @@ impl RowsDesc {
         if v > self.cols {
             return Err(shape(
                 self.op,
-                &format!("v ({v}) exceeds the row length ld ({})", self.cols),
+                format!("v ({v}) exceeds the row length ld ({})", self.cols),
             ));
         }
         self.matrix("logits", logits)?;

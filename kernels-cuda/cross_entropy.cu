@@ -58,3 +58,55 @@ __device__ __forceinline__ void cross_entropy_body(const T* __restrict__ logits,
         cross_entropy_body(logits, targets, losses, dlogits, v, ld, grad_scale, err);         \
     }
 FOR_FLOAT(CROSS_ENTROPY)
+
+// The same with the gradient written over the logits (llm.c's fused classifier: no second
+// n × ld buffer). Every thread reads its elements for the max and the sum before the block
+// reductions' barriers and overwrites them only after; the target's logit is read before the
+// first barrier. The same arithmetic, so the same bits, as cross_entropy's dlogits.
+template <typename T>
+__device__ __forceinline__ void cross_entropy_in_place_body(T* logits,
+                                                            const int* __restrict__ targets,
+                                                            float* __restrict__ losses, int v,
+                                                            int ld, float grad_scale,
+                                                            unsigned int* err) {
+    __shared__ float sh[32];
+    const u64 row = blockIdx.x;
+    T* x = logits + row * ld;
+    const int tgt = targets[row];
+    const bool valid = tgt >= 0 && tgt < v;
+    const float xt = (threadIdx.x == 0 && valid) ? to_f32(x[tgt]) : 0.0f;
+    float mx = NEG_INF;
+    for (int j = threadIdx.x; j < v; j += blockDim.x) mx = fmaxf(mx, to_f32(x[j]));
+    mx = block_max(mx, sh);
+    float sum = 0.0f;
+    for (int j = threadIdx.x; j < v; j += blockDim.x)
+        sum = __fadd_rn(sum, duet_exp_f32(__fsub_rn(to_f32(x[j]), mx)));
+    sum = block_sum(sum, sh);
+    if (threadIdx.x == 0) {
+        float loss = 0.0f;
+        if (valid) loss = __fsub_rn(__fadd_rn(duet_log_f32(sum), mx), xt);
+        else if (tgt >= v) {
+            loss = __int_as_float(0x7fc00000);
+            atomicOr(err, 2u);
+        }
+        losses[row] = loss;
+    }
+    for (int j = threadIdx.x; j < ld; j += blockDim.x) {
+        float g = 0.0f;
+        if (valid && j < v) {
+            const float p = __fdiv_rn(duet_exp_f32(__fsub_rn(to_f32(x[j]), mx)), sum);
+            g = __fmul_rn(__fsub_rn(p, j == tgt ? 1.0f : 0.0f), grad_scale);
+        }
+        x[j] = from_f32<T>(g);
+    }
+}
+
+#define CROSS_ENTROPY_IN_PLACE(T, S)                                                          \
+    extern "C" __global__ void cross_entropy_in_place_##S(T* logits,                          \
+                                                          const int* __restrict__ targets,    \
+                                                          float* __restrict__ losses, int v,  \
+                                                          int ld, float grad_scale,           \
+                                                          unsigned int* err) {                \
+        cross_entropy_in_place_body(logits, targets, losses, v, ld, grad_scale, err);         \
+    }
+FOR_FLOAT(CROSS_ENTROPY_IN_PLACE)

@@ -9,6 +9,10 @@
 //! like the one that wrote them (`machine.txt`, from `duet info`). On another CPU the GEMM
 //! blocking, which the CPU backend derives from the CPU model, can change the last bits, so
 //! there the resumed trace must match under `duet parity` instead (and the test says so).
+//! Since the fused classifier (issue 30) mixed-precision runs compute their loss from the LM
+//! head's bf16 logits (as PyTorch autocast and llm.c do) where the fixture's duet used f32
+//! logits: every bf16/fp8 step's numbers changed on purpose, and the resumed steps are held to
+//! `duet parity`'s tolerance on every machine.
 
 mod common;
 
@@ -67,13 +71,11 @@ fn resumes_exactly(precision: &str) {
     let recorded = std::fs::read_to_string(fixtures().join("machine.txt")).unwrap();
     let here = this_machine();
     let first = got.iter().zip(&want).position(|(g, w)| g != w).unwrap();
-    assert_ne!(
-        recorded.trim(),
-        here.trim(),
-        "{precision}: on the machine kind that wrote the fixture, resumed step {} differs from \
-         the uninterrupted run",
-        first + 6
-    );
+    // Since the fused classifier (issue 30) a mixed-precision run computes its loss from the
+    // LM head's bf16 logits, as PyTorch autocast and llm.c do, where the fixture's duet used f32
+    // logits: the numbers of every bf16/fp8 step changed on purpose, so the resumed steps are
+    // held to duet parity's tolerance on every machine. (The bit-for-bit check returns with the
+    // next fixture written after that change.)
     let parity = duet(&[
         "parity",
         expected.to_str().unwrap(),
@@ -86,7 +88,9 @@ fn resumes_exactly(precision: &str) {
     );
     eprintln!(
         "pre_change_checkpoint: {precision} resumed within duet parity's tolerance, not bit for \
-         bit: this CPU ({here}) is not the fixture's ({recorded})"
+         bit (first difference at step {}; mixed precision's numbers changed since the fixture): \
+         this CPU ({here}), the fixture's ({recorded})",
+        first + 6
     );
 }
 

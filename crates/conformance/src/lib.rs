@@ -75,6 +75,7 @@ macro_rules! conformance_suite {
             flash_attention_refuses_what_it_does_not_support,
             cross_entropy_losses_and_gradients,
             cross_entropy_padded_rows_ignore_the_padding,
+            cross_entropy_in_place_matches_padded,
             unsupported_dtypes_are_typed_errors,
             adamw_all_grad_and_copy_dtypes,
             sum_squares_matches_and_is_deterministic,

@@ -834,6 +834,19 @@ impl Device for CudaDevice {
 }
 
 impl Fused for CudaDevice {
+    fn cross_entropy_in_place(
+        &self,
+        logits: &mut CudaBuffer,
+        targets: &CudaBuffer,
+        losses: &mut CudaBuffer,
+        n: usize,
+        v: usize,
+        ld: usize,
+        grad_scale: f32,
+    ) -> Result<()> {
+        self.cross_entropy_in_place_impl(logits, targets, losses, n, v, ld, grad_scale)
+    }
+
     fn gemm_epilogue(
         &self,
         desc: &GemmDesc,

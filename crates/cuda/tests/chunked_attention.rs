@@ -36,10 +36,12 @@ fn run<D: Fused>(dev: Arc<D>) -> (f32, Vec<f32>, Vec<Vec<f32>>) {
         .map(|i| ((i * 7 + 7 + i / T) % 96) as i32)
         .collect();
     m.forward(&tokens).unwrap();
+    // (The loss writes the logits' gradient over the logits: read them first.)
+    let logits = m.logits().unwrap();
     let loss = m.loss(&targets, true).unwrap();
     m.zero_grads().unwrap();
     m.backward().unwrap();
-    (loss, m.logits().unwrap(), m.gradients().unwrap())
+    (loss, logits, m.gradients().unwrap())
 }
 
 fn rel(a: &[f32], b: &[f32]) -> f64 {

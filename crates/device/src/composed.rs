@@ -6,6 +6,36 @@
 
 use crate::*;
 
+/// [`crate::Fused::cross_entropy_in_place`] composed of the core ops (its default): the
+/// gradient into a temporary, then copied over the logits.
+#[allow(clippy::too_many_arguments)]
+pub fn cross_entropy_in_place<D: Fused>(
+    d: &D,
+    logits: &mut D::Buffer,
+    targets: &D::Buffer,
+    losses: &mut D::Buffer,
+    n: usize,
+    v: usize,
+    ld: usize,
+    grad_scale: f32,
+) -> Result<()> {
+    let len = n.checked_mul(ld).ok_or_else(|| {
+        DeviceError::InvalidArgument(format!("cross_entropy_in_place: {n} × {ld} overflows"))
+    })?;
+    let mut grad = d.alloc(logits.dtype(), len)?;
+    d.cross_entropy_padded(
+        logits,
+        targets,
+        losses,
+        Some(&mut grad),
+        n,
+        v,
+        ld,
+        grad_scale,
+    )?;
+    d.copy(&grad, 0, logits, 0, len)
+}
+
 /// [`crate::Fused::zero_many`] composed of the core ops (its default).
 pub fn zero_many<D: Fused>(d: &D, dsts: &mut [&mut D::Buffer]) -> Result<()> {
     for buf in dsts.iter_mut() {

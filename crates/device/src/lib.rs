@@ -785,6 +785,26 @@ pub trait Fused: Device {
         composed::zero_many(self, dsts)
     }
 
+    /// [`Device::cross_entropy_padded`] with the logits' gradient written over the logits
+    /// (llm.c's fused classifier): `logits` (`n × ld`, any float dtype) becomes
+    /// `(softmax − onehot(target))·grad_scale` on its first `v` columns and 0 on the padding;
+    /// `losses` as there. The same bits as cross_entropy_padded's `dlogits`. A backend that has
+    /// it natively needs no second `n × ld` buffer; the default computes into a temporary and
+    /// copies it back.
+    #[allow(clippy::too_many_arguments)]
+    fn cross_entropy_in_place(
+        &self,
+        logits: &mut Self::Buffer,
+        targets: &Self::Buffer,
+        losses: &mut Self::Buffer,
+        n: usize,
+        v: usize,
+        ld: usize,
+        grad_scale: f32,
+    ) -> Result<()> {
+        composed::cross_entropy_in_place(self, logits, targets, losses, n, v, ld, grad_scale)
+    }
+
     /// A single (unbatched) GEMM with a fused epilogue (see [`Epilogue`]); same conventions as
     /// [`Device::gemm`]. The result equals the unfused sequence up to rounding. The default
     /// composes the core ops on a dense C (`ldc = n`, no offset): [`Device::gemm`], then

@@ -148,9 +148,16 @@ fn check_world(precision: Precision, zero: bool, tol: f32, world: usize, batch: 
             assert!((x - y).abs() <= 1e-5 * x.abs(), "fp8 scales {a:?} vs {b:?}");
         }
     }
+    // (bf16's flipped working copies, see two_ranks_match_one_rank_bf16_zero1, move the later
+    // steps' norms by up to 3e-4 relative.)
+    let norm_tol = if precision == Precision::Bf16 {
+        1e-3
+    } else {
+        1e-4
+    };
     for (a, b) in n1.iter().zip(&r.norms) {
         assert!(
-            (a - b).abs() <= 1e-4 * a.abs(),
+            (a - b).abs() <= norm_tol * a.abs(),
             "norms {n1:?} vs {:?}",
             r.norms
         );
@@ -167,9 +174,16 @@ fn two_ranks_match_one_rank_fp32_zero1() {
     check(Precision::Fp32, true, 2e-6);
 }
 
+/// bf16: the ranks sum their weight gradients in another order than one device's GEMM (f32,
+/// last bits), so the global norm — and with clipping engaged (0.5 < the norm ≈ 0.7) the clip
+/// factor of every weight — can differ in its last bit; a master weight that then lands on the
+/// other side of a bf16 rounding boundary moves its working copy by a bf16 ulp (2^-8 relative),
+/// which the next steps carry. Measured: 1.8e-7 without clipping, 5.3e-5 with it (since the
+/// logits are bf16 and their gradient is written over them, the first step's norms differ in
+/// the last bit); the bound 1e-4 is 1/50 of what five steps at lr 1e-3 could move a weight.
 #[test]
 fn two_ranks_match_one_rank_bf16_zero1() {
-    check(Precision::Bf16, true, 2e-5);
+    check(Precision::Bf16, true, 1e-4);
 }
 
 #[test]

@@ -146,3 +146,49 @@ pub fn cross_entropy_padded_rows_ignore_the_padding<D: Fused>(h: &Harness<D>) {
         );
     }
 }
+
+/// [`Fused::cross_entropy_in_place`] (the gradient written over the logits, llm.c's fused
+/// classifier) gives exactly the losses and the gradient of
+/// [`duet_device::Device::cross_entropy_padded`] — bit for bit, every float dtype, padded and
+/// unpadded rows, ignored targets.
+pub fn cross_entropy_in_place_matches_padded<D: Fused>(h: &Harness<D>) {
+    let case = "cross_entropy_in_place_matches_padded";
+    let mut r = h.rng(case);
+    let e = &h.dev;
+    for dt in FLOATS {
+        for &(n, v, ld) in &[
+            (1usize, 1usize, 1usize),
+            (7, 96, 96),
+            (9, 96, 128),
+            (33, 1000, 1024),
+            (4, 50257, 50304),
+        ] {
+            let logits = r.vec(n * ld, -8.0, 8.0);
+            let targets: Vec<i32> = (0..n)
+                .map(|i| if i % 5 == 2 { -1 } else { r.below(v) as i32 })
+                .collect();
+            let gs = r.uniform(0.1, 2.0);
+            let t = put_i32(e, &targets);
+            let l = put(e, dt, &logits);
+            let mut losses0 = nan(e, DType::F32, n);
+            let mut d0 = nan(e, dt, n * ld);
+            e.cross_entropy_padded(&l, &t, &mut losses0, Some(&mut d0), n, v, ld, gs)
+                .expect("cross_entropy_padded");
+            let mut inplace = put(e, dt, &logits);
+            let mut losses1 = nan(e, DType::F32, n);
+            e.cross_entropy_in_place(&mut inplace, &t, &mut losses1, n, v, ld, gs)
+                .expect("cross_entropy_in_place");
+            let name = format!("{case} {dt} n{n} v{v} ld{ld}");
+            assert_eq!(
+                get(e, "losses", &losses1).bytes,
+                get(e, "losses", &losses0).bytes,
+                "{name}: losses"
+            );
+            assert_eq!(
+                get(e, "dlogits", &inplace).bytes,
+                get(e, "dlogits", &d0).bytes,
+                "{name}: the gradient written over the logits"
+            );
+        }
+    }
+}

@@ -51,4 +51,46 @@ impl CudaDevice {
                 .launch()
         }
     }
+
+    /// [`duet_device::Fused::cross_entropy_in_place`]: kernels-cuda/cross_entropy.cu's
+    /// `cross_entropy_in_place_T` (the gradient over the logits, one block per row).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn cross_entropy_in_place_impl(
+        &self,
+        logits: &mut CudaBuffer,
+        targets: &CudaBuffer,
+        losses: &mut CudaBuffer,
+        n: usize,
+        v: usize,
+        ld: usize,
+        grad_scale: f32,
+    ) -> Result<()> {
+        const OP: &str = "cross_entropy_in_place";
+        RowsDesc::new(OP, n, ld)?.validate_cross_entropy(&*logits, targets, losses, None, v)?;
+        let s = float_suffix(OP, logits.dtype())?;
+        if n == 0 {
+            return Ok(());
+        }
+        let block = (v.div_ceil(4).div_ceil(32) * 32).clamp(32, 1024) as u32;
+        // SAFETY: cross_entropy_in_place(T* logits, const int*, float*, int v, int ld, float,
+        // unsigned*): one block per row < n over logits (n·ld, checked, v ≤ ld; each element
+        // read and then overwritten by the same thread, after the block's reductions), targets
+        // and losses (n).
+        unsafe {
+            self.kernel(
+                KernelModule::CrossEntropy,
+                &format!("cross_entropy_in_place_{s}"),
+            )?
+            .grid((grid_dim(OP, n)?, 1, 1))
+            .block((block, 1, 1))
+            .arg_buf(logits)
+            .arg_buf(targets)
+            .arg_buf(losses)
+            .arg_i32(dim(OP, "v", v)?)
+            .arg_i32(dim(OP, "ld", ld)?)
+            .arg_f32(grad_scale)
+            .arg_ptr(self.err_word.ptr())
+            .launch()
+        }
+    }
 }

@@ -171,10 +171,11 @@ pub(super) struct Buffers<B> {
     pub(super) lnf: B,
     pub(super) lnf_mean: B,
     pub(super) lnf_rstd: B,
+    /// The LM head's output in the activation dtype (`n × padded vocab`); the loss writes the
+    /// logits' gradient over it (`Fused::cross_entropy_in_place`), so no second buffer of that
+    /// size exists.
     pub(super) logits: B,
     pub(super) losses: B,
-    pub(super) dlogits: B,
-    pub(super) dlogits_lp: Option<B>,
     pub(super) zeros_c: B,
     pub(super) scratch: Scratch<B>,
     pub(super) fp8: Option<Fp8Layout<B>>,
@@ -213,8 +214,6 @@ impl<B> Buffers<B> {
             lnf_rstd: f(self.lnf_rstd)?,
             logits: f(self.logits)?,
             losses: f(self.losses)?,
-            dlogits: f(self.dlogits)?,
-            dlogits_lp: self.dlogits_lp.map(&mut *f).transpose()?,
             zeros_c: f(self.zeros_c)?,
             scratch: self.scratch.try_map(f)?,
             fp8: match self.fp8 {
@@ -399,10 +398,8 @@ impl Buffers<BufSpec> {
             lnf: a(n * c),
             lnf_mean: a32(n),
             lnf_rstd: a32(n),
-            logits: a32(n * v),
+            logits: a(n * v),
             losses: a32(n),
-            dlogits: a32(n * v),
-            dlogits_lp: (act != f32).then(|| s(n * v)),
             zeros_c: spec(f32, c, Kind::Scratch),
             scratch,
             fp8,
@@ -454,12 +451,10 @@ impl Buffers<BufSpec> {
             &self.lnf_rstd,
             &self.logits,
             &self.losses,
-            &self.dlogits,
             &self.zeros_c,
         ]
         .into_iter()
         .for_each(&mut g);
-        self.dlogits_lp.iter().for_each(&mut g);
         self.scratch.each(&mut g);
         if let Some(q) = &self.fp8 {
             q.x8.iter()

@@ -69,9 +69,10 @@ pub struct Gpt<D: Fused> {
     lnf: D::Buffer,
     lnf_mean: D::Buffer,
     lnf_rstd: D::Buffer,
+    /// The logits (activation dtype, `n × padded vocab`); after a loss with its gradient,
+    /// that gradient (written over them).
     logits: D::Buffer,
     losses: D::Buffer,
-    dlogits: D::Buffer,
     scratch: Scratch<D::Buffer>,
     plan: MemoryPlan,
     /// `d_model` zeros (clears the key-bias gradient).
@@ -83,8 +84,6 @@ pub struct Gpt<D: Fused> {
     act: DType,
     /// Attention runs fused (see [`Fused::flash_attention_forward`]).
     flash: bool,
-    /// The logits' gradient in the activation dtype (mixed precision only).
-    dlogits_lp: Option<D::Buffer>,
     /// Multiplies the loss gradient (FP16 loss scaling).
     loss_scale: f32,
     fp8: Option<Fp8Bufs<D>>,
@@ -198,7 +197,6 @@ impl<D: Fused> Gpt<D> {
             lnf_rstd: bufs.lnf_rstd,
             logits: bufs.logits,
             losses: bufs.losses,
-            dlogits: bufs.dlogits,
             blocks: bufs.blocks,
             seg_inputs: bufs.seg_inputs,
             checkpoint_every: plan.checkpoint_every,
@@ -215,7 +213,6 @@ impl<D: Fused> Gpt<D> {
             precision: plan.precision,
             act,
             flash: bufs.flash,
-            dlogits_lp: bufs.dlogits_lp,
             loss_scale: 1.0,
             fp8,
             dev,
@@ -314,7 +311,8 @@ impl<D: Fused> Gpt<D> {
     }
 
     /// Logits of the last forward pass (`b·t × vocab`; the padded vocabulary's columns are
-    /// dropped).
+    /// dropped). After [`Gpt::loss`] with the gradient, the buffer holds the logits' gradient
+    /// instead (the loss writes it over them, as llm.c's fused classifier does).
     pub fn logits(&self) -> Result<Vec<f32>> {
         let all = self.dev.download_f32(&self.logits)?;
         let (v, vp) = (self.cfg.vocab, padded_vocab(&self.cfg));
@@ -517,23 +515,34 @@ impl<D: Fused> Gpt<D> {
         let count = self.last_count.max(1);
         let dev = &*self.dev;
         let n = self.b * self.t;
-        let dlogits = if with_grad {
-            Some(&mut self.dlogits)
-        } else {
-            None
-        };
-        dev.cross_entropy_padded(
-            &self.logits,
-            &self.targets,
-            &mut self.losses,
-            dlogits,
-            n,
+        let (v, vp, scale) = (
             self.cfg.vocab,
             padded_vocab(&self.cfg),
             self.loss_scale / count as f32,
-        )?;
-        if let (true, Some(lp)) = (with_grad, self.dlogits_lp.as_mut()) {
-            dev.cast(&self.dlogits, lp, 1.0)?;
+        );
+        // With the gradient: written over the logits in their own dtype (the loss stays f32),
+        // so the logits exist once, never in f32 beside a 16-bit copy.
+        if with_grad {
+            dev.cross_entropy_in_place(
+                &mut self.logits,
+                &self.targets,
+                &mut self.losses,
+                n,
+                v,
+                vp,
+                scale,
+            )?;
+        } else {
+            dev.cross_entropy_padded(
+                &self.logits,
+                &self.targets,
+                &mut self.losses,
+                None,
+                n,
+                v,
+                vp,
+                scale,
+            )?;
         }
         Ok(())
     }
@@ -590,7 +599,8 @@ impl<D: Fused> Gpt<D> {
             let p = &self.params;
             let g = &mut self.grads;
             let s = &mut self.scratch;
-            let dlogits = self.dlogits_lp.as_ref().unwrap_or(&self.dlogits);
+            // The loss wrote the logits' gradient over the logits.
+            let dlogits = &self.logits;
             let np = p.len();
             // LM head: logits = lnf · wteᵀ.
             dev.gemm(

@@ -46,11 +46,7 @@ pub struct DataFingerprint {
 
 impl DataFingerprint {
     fn of(path: &Path, bytes: &[u8], meta: &std::fs::Metadata, known: Option<&Self>) -> Self {
-        let modified_ns = meta
-            .modified()
-            .ok()
-            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-            .map(|d| d.as_nanos() as u64);
+        let modified_ns = modified_ns(meta);
         let path_s = path.display().to_string();
         let hash = match known {
             Some(k)
@@ -119,11 +115,7 @@ impl DataFingerprint {
         if !meta.is_file() {
             return Err(data_err(path, "is no longer a regular file"));
         }
-        let modified_ns = meta
-            .modified()
-            .ok()
-            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-            .map(|d| d.as_nanos() as u64);
+        let modified_ns = modified_ns(&meta);
         if meta.len() == self.bytes && modified_ns == self.modified_ns {
             return Ok(self.clone());
         }
@@ -146,6 +138,15 @@ impl DataFingerprint {
             hash: format!("blake3:{}", h.finalize().to_hex()),
         })
     }
+}
+
+/// A file's modification time in nanoseconds since the Unix epoch (None where the filesystem
+/// keeps none).
+fn modified_ns(meta: &std::fs::Metadata) -> Option<u64> {
+    meta.modified()
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map(|d| d.as_nanos() as u64)
 }
 
 fn short_hash(h: &str) -> &str {

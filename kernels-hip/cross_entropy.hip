@@ -1,14 +1,20 @@
 // Fused softmax + cross-entropy. One block per row: grid (n rows); the block size follows the
-// vocabulary exactly as on CUDA (ceil(ceil(v / 4) / 32) * 32 threads, clamped to 32..1024; see
-// ops/loss.rs), and so do the reductions and roundings: kernels-cuda/cross_entropy.cu's bits.
+// vocabulary exactly as on CUDA (duet_device::cross_entropy_threads: one thread per group of 8
+// logits in whole 32-lane groups, 32..1024; see ops/loss.rs), and so do the reductions and
+// roundings: kernels-cuda/cross_entropy.cu's bits.
 // Entry names and arguments match kernels-cuda, less its error word (the HIP backend checks the
 // targets on the host side of the stream, ops/loss.rs).
 #include "duet_hip.h"
 
 // Rows of ld >= v logits, of which the first v are the vocabulary's (the rest: padding, not read,
 // gradient 0). losses[r] = logsumexp(logits[r, :v]) - logits[r, target]; with dlogits != null also
-// dlogits[r, :v] = (softmax(logits[r, :v]) - onehot(target)) * grad_scale, dlogits[r, v:ld] = 0. A negative target gives
-// loss 0 and a zero gradient row; a target >= v gives a NaN loss and a zero gradient row.
+// dlogits[r, :v] = (softmax(logits[r, :v]) - onehot(target)) * grad_scale, dlogits[r, v:ld] = 0. A
+// negative target gives loss 0 and a zero gradient row; a target >= v gives a NaN loss and a zero
+// gradient row. Row layout as on CUDA: groups of 8 consecutive elements, thread t owns the groups
+// t, t + B, ...; each thread's max and sum run over its elements in that order (elements past v
+// read as -inf: e^(-inf) = 0 leaves the sum as it is), then the block reductions; the
+// probability is e^(x - max) * (1 / sum). Scalar loads here (CUDA's 128-bit groups read the same
+// elements in the same order).
 #define DUET_CE(N, T)                                                                          \
     DUET_KERNEL_1024 cross_entropy_##N(const T* __restrict__ logits,                             \
                                        const int* __restrict__ targets,                          \
@@ -17,12 +23,22 @@
         __shared__ float sh[DUET_MAX_GROUPS];                                                     \
         const duet_u64 row = blockIdx.x;                                                          \
         const duet_u64 base = row * ld;                                                           \
-        float mx = -duet_u2f(0x7f800000u);                                                        \
-        for (int j = threadIdx.x; j < v; j += blockDim.x) mx = fmaxf(mx, duet_ld(logits, base + j)); \
+        const float ninf = -duet_u2f(0x7f800000u);                                                \
+        const int ng = (v + 7) / 8;                                                               \
+        float mx = ninf;                                                                          \
+        for (int g = threadIdx.x; g < ng; g += blockDim.x)                                        \
+            for (int e = 0; e < 8; ++e) {                                                         \
+                const int j = 8 * g + e;                                                          \
+                mx = fmaxf(mx, j < v ? duet_ld(logits, base + j) : ninf);                         \
+            }                                                                                     \
         mx = duet_block_max(mx, sh);                                                              \
         float s = 0.0f;                                                                           \
-        for (int j = threadIdx.x; j < v; j += blockDim.x)                                         \
-            s = duet_fadd(s, duet_exp_f32(duet_fsub(duet_ld(logits, base + j), mx)));             \
+        for (int g = threadIdx.x; g < ng; g += blockDim.x)                                        \
+            for (int e = 0; e < 8; ++e) {                                                         \
+                const int j = 8 * g + e;                                                          \
+                const float x = j < v ? duet_ld(logits, base + j) : ninf;                         \
+                s = duet_fadd(s, duet_exp_fma_f32(duet_fsub(x, mx)));                             \
+            }                                                                                     \
         s = duet_block_sum(s, sh);                                                                \
         const int tgt = targets[row];                                                             \
         const bool valid = tgt >= 0 && tgt < v;                                                   \
@@ -35,15 +51,20 @@
             losses[row] = loss;                                                                   \
         }                                                                                         \
         if (dlogits) {                                                                            \
-            for (int j = threadIdx.x; j < ld; j += blockDim.x) {                                  \
-                float g = 0.0f;                                                                   \
-                if (valid && j < v) {                                                             \
-                    const float p =                                                               \
-                        duet_fdiv(duet_exp_f32(duet_fsub(duet_ld(logits, base + j), mx)), s);     \
-                    g = duet_fmul(duet_fsub(p, j == tgt ? 1.0f : 0.0f), grad_scale);              \
+            const float rinv = duet_fdiv(1.0f, s);                                                \
+            const int ngl = (ld + 7) / 8;                                                         \
+            for (int g = threadIdx.x; g < ngl; g += blockDim.x)                                   \
+                for (int e = 0; e < 8; ++e) {                                                     \
+                    const int j = 8 * g + e;                                                      \
+                    if (j >= ld) break;                                                           \
+                    float gr = 0.0f;                                                              \
+                    if (valid && j < v) {                                                         \
+                        const float p = duet_fmul(                                                \
+                            duet_exp_fma_f32(duet_fsub(duet_ld(logits, base + j), mx)), rinv);    \
+                        gr = duet_fmul(duet_fsub(p, j == tgt ? 1.0f : 0.0f), grad_scale);         \
+                    }                                                                             \
+                    duet_st(dlogits, base + j, gr);                                               \
                 }                                                                                 \
-                duet_st(dlogits, base + j, g);                                                    \
-            }                                                                                     \
         }                                                                                         \
     }
 DUET_FOR_ACT(DUET_CE)

@@ -312,6 +312,19 @@ def run_mode(mode, p, args, ceilings, telemetry):
         ev[i][1].record()
     torch.cuda.synchronize()
     tel = telemetry.summary()
+    if args.profile:
+        # Kernel time by kernel name over a few steps (torch.profiler; CUDA activity only), for
+        # comparing each framework's attention, LayerNorm, classifier and optimizer kernels.
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for i in range(3):
+                step(*data[i % len(data)])
+            torch.cuda.synchronize()
+        with open(args.profile, "a") as fh:
+            fh.write(f"## {args.preset} {mode}: CUDA time over 3 steps\n")
+            fh.write(prof.key_averages().table(sort_by="cuda_time_total", row_limit=45, max_name_column_width=70))
+            fh.write("\n")
     times = sorted(s.elapsed_time(e) for s, e in ev)
     med = times[len(times) // 2]
     tokens = p["batch"] * p["seq"]
@@ -350,6 +363,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--json", help="append one JSON line per mode to this file")
+    ap.add_argument("--profile", help="append a torch.profiler kernel table (3 steps) per mode to this file")
     args = ap.parse_args()
     p = PRESETS[args.preset]
     ceilings = {"bf16": gemm_ceiling(torch.bfloat16), "fp32": gemm_ceiling(torch.float32, 4096, 5)}

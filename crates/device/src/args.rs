@@ -333,6 +333,13 @@ pub fn validate_gemm_fp8<B: Buffer>(
 
 // ---------------------------------------------------------------------- rows × cols
 
+/// Threads per row of the GPU cross-entropy kernels (kernels-cuda/cross_entropy.cu and
+/// kernels-hip/cross_entropy.hip): one per group of 8 logits, in whole 32-lane groups, 32 to
+/// 1024. It fixes which thread sums which logits, so both vendors use it to get the same bits.
+pub fn cross_entropy_threads(v: usize) -> u32 {
+    (v.div_ceil(8).div_ceil(32) * 32).clamp(32, 1024) as u32
+}
+
 /// The shape of the row-wise ops: `rows × cols` matrices, one value per column (bias, LayerNorm
 /// γ/β) or per row (LayerNorm statistics, losses).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -21,7 +21,7 @@ mod gemm;
 mod host_memory;
 pub mod knobs;
 
-pub use args::{HeadsDesc, RowsDesc, SoftmaxDesc, TokensDesc};
+pub use args::{HeadsDesc, RowsDesc, SoftmaxDesc, TokensDesc, cross_entropy_threads};
 pub use capabilities::Capabilities;
 pub use collective::{Collective, ReduceOp, check_collective_lens};
 pub use dtype::{DType, Fp8Format, Fp8Kind, HostType};

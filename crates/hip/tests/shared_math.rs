@@ -346,3 +346,46 @@ fn shared_gelu_sigmoid_is_within_4_ulp_of_f64() {
         }
     }
 }
+
+/// The FMA form of e^x (the cross-entropy kernels' softmax) against f64: within 2 ulp over
+/// −87..88 (the range duet_exp_f32 and the CPU's exp_f32 evaluate; like them it clamps its
+/// argument there, so 88..88.72 gives e^88 and −87.33..−87 gives e^−87), 0 below −87.33, +inf
+/// above 88.72, NaN for NaN.
+#[test]
+fn shared_exp_fma_is_within_2_ulp_of_f64() {
+    let xs = sweep();
+    let lines = over(
+        &xs,
+        "printf(\"%08x\\n\", duet_f2u(duet_exp_fma_f32(duet_u2f(x))));",
+    );
+    let Some(out) = run_host(&lines, "expfma") else {
+        eprintln!("no C++ compiler: skipped");
+        return;
+    };
+    let mut checked = 0usize;
+    for (x, l) in xs.iter().zip(out.lines()) {
+        let got = f32::from_bits(u32::from_str_radix(l.trim(), 16).unwrap());
+        if x.is_nan() {
+            assert!(got.is_nan(), "exp_fma(NaN) = {got}");
+            continue;
+        }
+        if *x > 88.72 {
+            assert_eq!(got, f32::INFINITY, "exp_fma({x})");
+            continue;
+        }
+        if *x < -87.33 {
+            assert_eq!(got, 0.0, "exp_fma({x})");
+            continue;
+        }
+        let want = (x.clamp(-87.0, 88.0) as f64).exp();
+        if (-87.0..=88.0).contains(x) {
+            let ulp = want * f32::EPSILON as f64;
+            assert!(
+                (got as f64 - want).abs() <= 2.0 * ulp,
+                "exp_fma({x}) = {got:e}, f64 {want:e}"
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked > 20_000, "only {checked} points checked");
+}

@@ -32,7 +32,7 @@ impl CudaDevice {
             return Ok(());
         }
         let dptr = dlogits.map(|d| d.ptr()).unwrap_or(0);
-        let block = (v.div_ceil(4).div_ceil(32) * 32).clamp(32, 1024) as u32;
+        let block = duet_device::cross_entropy_threads(v);
         // SAFETY: cross_entropy(const T*, const int*, float*, T* (nullable), int v, int ld,
         // float, unsigned*): one block per row < n over logits/dlogits (n·ld, checked, v ≤ ld),
         // targets and losses (n).
@@ -71,7 +71,7 @@ impl CudaDevice {
         if n == 0 {
             return Ok(());
         }
-        let block = (v.div_ceil(4).div_ceil(32) * 32).clamp(32, 1024) as u32;
+        let block = duet_device::cross_entropy_threads(v);
         // SAFETY: cross_entropy_in_place(T* logits, const int*, float*, int v, int ld, float,
         // unsigned*): one block per row < n over logits (n·ld, checked, v ≤ ld; each element
         // read and then overwritten by the same thread, after the block's reductions), targets

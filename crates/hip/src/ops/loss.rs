@@ -37,8 +37,8 @@ impl HipDevice {
         }
         self.queue_id_check(OP, targets, v, true)?;
         // The CUDA backend's block size for v, so the partition of every row (and its bits) is
-        // CUDA's: ceil(v / 4) rounded up to whole 32-lane groups, 32 to 1024 threads.
-        let block = (v.div_ceil(4).div_ceil(32) * 32).clamp(32, 1024) as u32;
+        // CUDA's: one thread per group of 8 logits, whole 32-lane groups, 32 to 1024 threads.
+        let block = duet_device::cross_entropy_threads(v);
         // SAFETY: cross_entropy_T(const T* logits, const int* targets, float* losses,
         // T* dlogits (nullable), int v, int ld, float grad_scale): one block per row < n over
         // logits and dlogits (n·ld, checked, v ≤ ld), targets and losses (n), checked; a row reads logits[row·v + tgt] only

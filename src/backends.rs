@@ -87,13 +87,31 @@ pub fn dispatch<T: OnDevice>(
         BackendKind::Cpu => task.run(Arc::new(open_cpu(threads)?)),
         BackendKind::Cuda => task.run(Arc::new(open_cuda()?)),
         BackendKind::Hip => task.run(Arc::new(open_hip()?)),
+        // The first backend that opens, in the order cuda, hip, cpu; the choice and why the
+        // ones before it did not open are printed (stderr), so a run that fell back to the CPU
+        // says so.
         BackendKind::Auto => {
-            if let Ok(d) = open_cuda() {
-                return task.run(Arc::new(d));
-            }
-            if let Ok(d) = open_hip() {
-                return task.run(Arc::new(d));
-            }
+            let cuda = match open_cuda() {
+                Ok(d) => {
+                    eprintln!("backend auto: cuda ({})", d.info().name);
+                    return task.run(Arc::new(d));
+                }
+                Err(e) => e,
+            };
+            let hip = match open_hip() {
+                Ok(d) => {
+                    eprintln!(
+                        "backend auto: hip ({}); cuda not available: {cuda}",
+                        d.info().name
+                    );
+                    return task.run(Arc::new(d));
+                }
+                Err(e) => e,
+            };
+            eprintln!(
+                "backend auto: cpu (the reference backend); cuda not available: {cuda}; hip not \
+                 available: {hip}"
+            );
             task.run(Arc::new(open_cpu(threads)?))
         }
     }

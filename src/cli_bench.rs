@@ -201,6 +201,31 @@ pub fn train_flops(cfg: &Config) -> f64 {
     3.0 * (l * per_layer + 2.0 * n * c * v)
 }
 
+/// The vendor's dense peak TFLOP/s of the GEMM dtype `p` runs in (bf16/f16 for bf16 and fp16
+/// runs, FP8 for fp8; none for fp32), for the MFU of
+/// `duet train`'s log lines: H100/H200 SXM 989 / 1979, A100 312 (no FP8), MI300X 1307 / 2615,
+/// MI325X as MI300X, MI355X 2500 / 5000. None for other devices and the CPU (their lines show
+/// no MFU; `duet bench` measures a GEMM ceiling instead).
+pub fn nominal_peak_tflops(info: &duet_device::DeviceInfo, p: Precision) -> Option<f64> {
+    let n = info.name.to_ascii_uppercase();
+    let (bf16, fp8) = if n.contains("H100") || n.contains("H200") || n.contains("GH200") {
+        (989.0, Some(1979.0))
+    } else if n.contains("A100") {
+        (312.0, None)
+    } else if n.contains("MI300X") || n.contains("MI325X") {
+        (1307.0, Some(2615.0))
+    } else if n.contains("MI355X") || n.contains("MI350X") {
+        (2500.0, Some(5000.0))
+    } else {
+        return None;
+    };
+    match p {
+        Precision::Fp8 => fp8,
+        Precision::Fp32 => None,
+        _ => Some(bf16),
+    }
+}
+
 /// The GEMM input dtype a precision's linear layers run in.
 fn ceiling_dtype<D: Fused>(dev: &D, p: Precision, cfg: &Config) -> DType {
     match p {

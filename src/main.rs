@@ -241,21 +241,32 @@ struct TrainArgs {
     /// Write one JSON object per step (step, loss, lr, grad_norm, tokens_per_s, elapsed_s).
     #[arg(long, value_name = "FILE", help_heading = "Logs and checkpoints")]
     metrics: Option<PathBuf>,
-    /// No progress bar; print a line every N steps instead (0: only the summary).
+    /// No progress bar; print a line every N steps instead (step, loss, lr, grad norm, ms/step,
+    /// tokens/s, MFU on a GPU, ETA) and one per validation and save (0: only the summary).
+    /// [default: a progress bar on a terminal, a line every 10 steps when stderr is a file or
+    /// pipe (tee, nohup, Slurm, CI)]
     #[arg(long, value_name = "N", help_heading = "Logs and checkpoints")]
     log_every: Option<u64>,
-    /// Gather the run in this folder: config.toml, metrics.jsonl, checkpoint.safetensors and
-    /// loss.svg.
+    /// Gather the run in this folder: config.toml, metrics.jsonl and metrics.csv,
+    /// checkpoint-<step>.safetensors (checkpoint.safetensors: the latest) and loss.svg.
     #[arg(long, value_name = "DIR", help_heading = "Logs and checkpoints")]
     out: Option<PathBuf>,
-    /// Save a checkpoint into --out every N steps (0: only at the end).
-    #[arg(
-        long,
-        value_name = "N",
-        default_value_t = 0,
-        help_heading = "Logs and checkpoints"
-    )]
-    save_every: u64,
+    /// Save a checkpoint into --out every N steps (0: only at the end) [default: 0; a resume
+    /// keeps the run's]
+    #[arg(long, value_name = "N", help_heading = "Logs and checkpoints")]
+    save_every: Option<u64>,
+    /// Step-numbered checkpoints kept in --out: the newest N (0: all) [default: 3; a resume
+    /// keeps the run's]
+    #[arg(long, value_name = "N", help_heading = "Logs and checkpoints")]
+    keep: Option<usize>,
+    /// Also keep the checkpoint with the lowest validation loss as
+    /// checkpoint-best.safetensors in --out (a resume keeps the run's choice).
+    #[arg(long, help_heading = "Logs and checkpoints")]
+    keep_best: bool,
+    /// Print the resolved configuration (preset, config file and flags; TOML, as --config
+    /// reads it) and the run settings, and exit without training.
+    #[arg(long, help_heading = "Configuration")]
+    print_config: bool,
     /// Continue a run from a checkpoint (the file, or the --out folder holding it): the next
     /// losses are those the run would have had. Only --steps and the Device and Execution flags
     /// may be given with it; the checkpoint's configuration is used.
@@ -264,14 +275,11 @@ struct TrainArgs {
     /// Stop after N steps of this invocation (saving a checkpoint into --out).
     #[arg(long, value_name = "N", help_heading = "Logs and checkpoints")]
     stop_after: Option<u64>,
-    /// Compute the validation loss every N steps (0: only at the end).
-    #[arg(
-        long,
-        value_name = "N",
-        default_value_t = 0,
-        help_heading = "Logs and checkpoints"
-    )]
-    val_every: u64,
+    /// Compute the validation loss every N steps (0: only at the end) [default: ten times a
+    /// run, every ceil(steps / 10) steps, where the run has validation data; a resume keeps the
+    /// run's]
+    #[arg(long, value_name = "N", help_heading = "Logs and checkpoints")]
+    val_every: Option<u64>,
     /// Write a deterministic per-step trace (loss, grad norm, lr, per-tensor norms and samples)
     /// for `duet parity`.
     #[arg(long, value_name = "FILE", help_heading = "Logs and checkpoints")]
@@ -332,8 +340,30 @@ struct BenchArgs {
     json: Option<PathBuf>,
 }
 
+/// A closed pipe on stdout or stderr (`duet train | head`) ends the process quietly with exit
+/// status 141 (128 + SIGPIPE, what a shell reports for a program killed by the closed pipe)
+/// instead of a panic message and status 101. Rust ignores SIGPIPE, so the write fails with
+/// EPIPE and the print macros panic with "failed printing to stdout: Broken pipe"; nothing
+/// else is caught. A run's last saved checkpoint is untouched.
+fn quiet_broken_pipes() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let p = info.payload();
+        let msg = p
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| p.downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if msg.starts_with("failed printing to std") && msg.contains("Broken pipe") {
+            std::process::exit(141);
+        }
+        default(info)
+    }));
+}
+
 fn main() -> ExitCode {
-    let matches = Cli::command().get_matches();
+    quiet_broken_pipes();
+    let matches = settings::with_preset_defaults(Cli::command()).get_matches();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     // A malformed DUET_* variable fails every command at once, naming it (duet_device::knobs).
     if let Err(e) = duet_device::knobs::knobs() {
@@ -371,6 +401,9 @@ fn main() -> ExitCode {
                 resume: a.resume,
                 stop_after: a.stop_after,
                 val_every: a.val_every,
+                keep: a.keep,
+                keep_best: a.keep_best,
+                print_config: a.print_config,
                 gpus: a.gpus.map(usize::from),
                 zero: a.zero,
                 bucket_mb: a.bucket_mb,

@@ -102,8 +102,65 @@ pub fn build_config(a: &ModelArgs) -> CliResult<Config> {
         // The generation check belongs to the synthetic task.
         cfg.train.data.eval_sequences = 0;
     }
+    // A new run's learning-rate schedule spans its steps (a config.toml of an extended run
+    // may carry that run's; a resume keeps the checkpoint's).
+    cfg.train.optimizer.schedule_steps = 0;
     cfg.validate()?;
     Ok(cfg)
+}
+
+/// Adds `[default: V with --preset default]` to the help line of every flag whose default comes
+/// from the preset (the model, data, optimizer and precision-recipe groups and `--steps`), read
+/// off the default preset itself, so the help never disagrees with it; `--print-config` shows
+/// the values any other preset and flags resolve to.
+pub fn with_preset_defaults(cmd: clap::Command) -> clap::Command {
+    let cfg = serde_json::to_value(Config::preset(Preset::Default)).unwrap_or_default();
+    let lookup = |id: &str| -> Option<String> {
+        let m = &cfg["model"];
+        let t = &cfg["train"];
+        let v = [
+            &m[id],
+            &t[id],
+            &t["data"][id],
+            &t["optimizer"][id],
+            &t["recipe"][id],
+        ]
+        .into_iter()
+        .find(|v| !v.is_null())?
+        .clone();
+        Some(match v {
+            serde_json::Value::String(s) => s,
+            // The config's floats are f32: shown as f32 (0.002, not 0.0020000000949949026).
+            serde_json::Value::Number(n) if n.is_f64() => {
+                let x = n.as_f64().unwrap_or(f64::NAN) as f32;
+                if x != 0.0 && x.abs() < 1e-3 {
+                    format!("{x:e}")
+                } else {
+                    x.to_string()
+                }
+            }
+            other => other.to_string(),
+        })
+    };
+    let add = |sub: clap::Command| -> clap::Command {
+        let ids: Vec<String> = sub
+            .get_arguments()
+            .filter(|a| a.get_default_values().is_empty() && !a.is_positional())
+            .map(|a| a.get_id().to_string())
+            .collect();
+        ids.into_iter().fold(sub, |sub, id| {
+            // The data path is empty in the preset (the synthetic task), not a default to show.
+            let Some(v) = lookup(&id).filter(|v| !v.is_empty() && id != "data") else {
+                return sub;
+            };
+            sub.mut_arg(id.as_str(), |a| {
+                let help = a.get_help().map(|h| h.to_string()).unwrap_or_default();
+                a.help(format!("{help} [default: {v} with --preset default]"))
+            })
+        })
+    };
+    cmd.mut_subcommand("train", add)
+        .mut_subcommand("bench", add)
 }
 
 /// The flags of the settings that change how a step runs, not what it computes

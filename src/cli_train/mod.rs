@@ -27,10 +27,16 @@ pub struct TrainOptions {
     pub accept_changed_data: bool,
     pub fp8_report: bool,
     pub out: Option<PathBuf>,
-    pub save_every: u64,
+    /// `--save-every`, `--val-every`, `--keep`, `--keep-best`, `--val-batches` as given (None: not
+    /// given; a resume restores the checkpoint's, a new run takes the defaults).
+    pub save_every: Option<u64>,
     pub resume: Option<PathBuf>,
     pub stop_after: Option<u64>,
-    pub val_every: u64,
+    pub val_every: Option<u64>,
+    pub keep: Option<usize>,
+    pub keep_best: bool,
+    /// `--print-config`: print the resolved configuration and exit.
+    pub print_config: bool,
     /// `--gpus N`: one process per GPU (data parallelism).
     pub gpus: Option<usize>,
     /// `--zero 1`: ZeRO-1 optimizer sharding.
@@ -41,6 +47,77 @@ pub struct TrainOptions {
     pub overlap: bool,
     /// The flags given that a resumed run may not take ([`fixed_on_resume`]).
     pub fixed_flags: Vec<String>,
+}
+
+/// The settings of a run that are not its model configuration but belong to the run: how
+/// often it validates, saves and logs, and which checkpoints it keeps. Every checkpoint saved
+/// into `--out` stores them (metadata [`RUN_SETTINGS_KEY`], JSON), so `duet train --resume DIR
+/// --out DIR` continues the same run; a flag given on resume replaces the stored value.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct RunSettings {
+    /// Validation every N steps; None: the default for the run's data ([`default_val_every`]).
+    pub val_every: Option<u64>,
+    pub save_every: u64,
+    /// Step-numbered checkpoints kept (0: all).
+    pub keep: usize,
+    pub keep_best: bool,
+    /// Log lines every N steps; None: a progress bar on a terminal, else
+    /// [`DEFAULT_LOG_EVERY`].
+    pub log_every: Option<u64>,
+}
+
+/// Checkpoint metadata key of [`RunSettings`].
+pub const RUN_SETTINGS_KEY: &str = "run_settings";
+
+/// Step-numbered checkpoints a run keeps unless `--keep` says otherwise.
+pub const DEFAULT_KEEP: usize = 3;
+
+/// Log lines every N steps when stderr is not a terminal and `--log-every` is not given.
+pub const DEFAULT_LOG_EVERY: u64 = 10;
+
+/// Validation every ceil(steps / 10) steps by default (ten validations in a run).
+pub fn default_val_every(steps: u64) -> u64 {
+    steps.div_ceil(10).max(1)
+}
+
+impl Default for RunSettings {
+    fn default() -> Self {
+        Self {
+            val_every: None,
+            save_every: 0,
+            keep: DEFAULT_KEEP,
+            keep_best: false,
+            log_every: None,
+        }
+    }
+}
+
+impl RunSettings {
+    /// The stored settings (a resume; the defaults for checkpoints from before they were
+    /// stored), with the flags given on this command line over them.
+    fn resolve(stored: Option<&str>, opts: &TrainOptions) -> CliResult<Self> {
+        let mut s = match stored {
+            Some(json) => serde_json::from_str(json)
+                .map_err(|e| format!("the checkpoint's {RUN_SETTINGS_KEY} are unreadable: {e}"))?,
+            None => Self::default(),
+        };
+        if let Some(n) = opts.val_every {
+            s.val_every = Some(n);
+        }
+        if let Some(n) = opts.save_every {
+            s.save_every = n;
+        }
+        if let Some(n) = opts.keep {
+            s.keep = n;
+        }
+        if opts.keep_best {
+            s.keep_best = true;
+        }
+        if let Some(n) = opts.log_every {
+            s.log_every = Some(n);
+        }
+        Ok(s)
+    }
 }
 
 /// How a training run ended.
@@ -109,8 +186,24 @@ pub fn train(opts: &TrainOptions) -> CliResult<TrainOutcome> {
     let cfg = match &resume {
         Some(ck) => {
             let mut cfg = ck.config.clone();
+            // The schedule's length is the one the run started with (checkpoints from before
+            // duet stored it: their steps); more --steps continue at the final lr.
+            cfg.train.optimizer.schedule_steps = cfg.schedule_steps();
             if let Some(steps) = opts.model.steps {
                 cfg.train.steps = steps;
+            }
+            let sched = cfg.train.optimizer.schedule_steps;
+            if sched == cfg.train.steps {
+                // The schedule is the run's own length: the usual, unwritten case.
+                cfg.train.optimizer.schedule_steps = 0;
+            } else if cfg.train.steps > sched {
+                eprintln!(
+                    "note: the run's learning-rate schedule spans {sched} steps; steps {}..{} \
+                     continue at its final rate {:.3e} (lr × min_lr_ratio)",
+                    sched + 1,
+                    cfg.train.steps,
+                    cfg.lr_at(sched)
+                );
             }
             // How a step runs changes no number: a resumed run may change it.
             apply_execution_settings(&mut cfg.train.execution, &opts.model.execution);
@@ -133,6 +226,21 @@ pub fn train(opts: &TrainOptions) -> CliResult<TrainOutcome> {
             cfg
         }
     };
+    let settings = RunSettings::resolve(
+        resume
+            .as_ref()
+            .and_then(|ck| ck.extra.get(RUN_SETTINGS_KEY))
+            .map(String::as_str),
+        opts,
+    )?;
+    if opts.print_config {
+        print!("{}", cfg.to_toml());
+        println!(
+            "# run settings (not part of the model's configuration; stored in checkpoints)\n# {}",
+            serde_json::to_string(&settings)?
+        );
+        return Ok(TrainOutcome::Finished);
+    }
     // Data parallelism: `--gpus N` starts one process per GPU running this same command line;
     // each of those (and each process of a torchrun-style multi-node launch) is one rank.
     let launch = duet_engine::dist::rendezvous::LaunchEnv::from_env()?;
@@ -148,8 +256,13 @@ pub fn train(opts: &TrainOptions) -> CliResult<TrainOutcome> {
                 "--stop-after saves a checkpoint into --out to resume from: give --out".into(),
             );
         }
-        if opts.save_every > 0 {
+        if opts.save_every.is_some_and(|n| n > 0) {
             return Err("--save-every saves checkpoints into --out: give --out".into());
+        }
+        if opts.keep.is_some() || opts.keep_best {
+            return Err(
+                "--keep and --keep-best choose the checkpoints kept in --out: give --out".into(),
+            );
         }
         if opts.resume.is_some() {
             eprintln!(
@@ -258,10 +371,8 @@ pub fn train(opts: &TrainOptions) -> CliResult<TrainOutcome> {
         metrics_path,
         trace,
         out: opts.out.clone(),
-        save_every: opts.save_every,
+        settings,
         stop_after: opts.stop_after,
-        val_every: opts.val_every,
-        log_every: opts.log_every,
         strict: opts.model.device.strict,
         fp8_report: opts.fp8_report,
         dp,

@@ -2,7 +2,7 @@
 //! prints what it runs, hands the loop to [`duet_engine::run`] and reports.
 
 use super::outputs::{interrupted_path, open_log};
-use super::{INTERRUPTED, TrainOutcome};
+use super::{DEFAULT_LOG_EVERY, INTERRUPTED, RUN_SETTINGS_KEY, RunSettings, TrainOutcome};
 use crate::CliResult;
 use crate::backends::OnDevice;
 use crate::cli_dist::RankTask;
@@ -10,14 +10,27 @@ use crate::settings::resolve_precision;
 use duet_device::{Fused, human_bytes};
 use duet_engine::checkpoint::{Checkpoint, files};
 use duet_engine::run::{
-    FP8_REPORT_ENTRIES, LogKind, MetricsLog, RunPlan, RunSummary, StepLog, save_checkpoint,
+    CurvePoint, FP8_REPORT_ENTRIES, LogKind, MetricsLog, RunPlan, RunSummary, StepLog,
+    save_checkpoint,
 };
+use duet_engine::saves::{CheckpointDir, save_to};
 use duet_engine::trace::{TraceHeader, TraceWriter};
 use duet_engine::{Config, Precision, Trainer};
 use indicatif::{ProgressBar, ProgressStyle};
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
+
+/// Seconds as `1h02m03s` / `2m03s` / `3s`.
+fn hms(secs: f64) -> String {
+    let s = secs.max(0.0).round() as u64;
+    match (s / 3600, s % 3600 / 60, s % 60) {
+        (0, 0, s) => format!("{s}s"),
+        (0, m, s) => format!("{m}m{s:02}s"),
+        (h, m, s) => format!("{h}h{m:02}m{s:02}s"),
+    }
+}
 
 /// One line per FP8 operand: scale and the first amax-history entries.
 pub(super) fn print_fp8_report<D: Fused>(trainer: &Trainer<D>) {
@@ -51,10 +64,8 @@ pub(super) struct TrainTask {
     pub(super) metrics_path: Option<PathBuf>,
     pub(super) trace: Option<PathBuf>,
     pub(super) out: Option<PathBuf>,
-    pub(super) save_every: u64,
+    pub(super) settings: RunSettings,
     pub(super) stop_after: Option<u64>,
-    pub(super) val_every: u64,
-    pub(super) log_every: Option<u64>,
     pub(super) strict: bool,
     pub(super) fp8_report: bool,
     /// Set when this process is one rank of a data-parallel run.
@@ -150,6 +161,7 @@ impl TrainTask {
                 // this device.
                 ck.config.train.recipe.precision = cfg.train.recipe.precision;
                 ck.config.train.steps = cfg.train.steps;
+                ck.config.train.optimizer.schedule_steps = cfg.train.optimizer.schedule_steps;
                 ck.config.train.execution = cfg.train.execution.clone();
                 say!("resuming from step {}", ck.step);
                 match dp {
@@ -198,7 +210,15 @@ impl TrainTask {
             );
         }
         if let Some(p) = &self.metrics_path {
-            let (log, dropped) = MetricsLog::open(p, resuming.then(|| trainer.step()))?;
+            // --out's metrics.jsonl gets its CSV twin (a --metrics path elsewhere does not: a
+            // file beside it might be the user's).
+            let csv = self
+                .out
+                .as_ref()
+                .filter(|d| d.join(files::METRICS) == *p)
+                .map(|d| d.join(files::METRICS_CSV));
+            let (log, dropped) =
+                MetricsLog::open_with_csv(p, resuming.then(|| trainer.step()), csv.as_deref())?;
             if dropped > 0 {
                 say!(
                     "{}: dropped {dropped} line(s) past the checkpoint's step {} (or cut off by a \
@@ -214,7 +234,13 @@ impl TrainTask {
             Some(n) => (first_step + n).min(t.steps),
             None => t.steps,
         };
-        let bar = match self.log_every {
+        // A terminal gets the progress bar; a batch job (stderr a file or pipe: tee, nohup,
+        // Slurm, CI) gets a line every DEFAULT_LOG_EVERY steps unless --log-every says.
+        let log_every = match self.settings.log_every {
+            None if !std::io::stderr().is_terminal() => Some(DEFAULT_LOG_EVERY),
+            l => l,
+        };
+        let bar = match log_every {
             None if main => {
                 let bar = ProgressBar::new(t.steps);
                 bar.set_position(first_step);
@@ -252,7 +278,20 @@ impl TrainTask {
         };
         // What would only fail after training, checked before it.
         let has_val = trainer.has_validation_data();
-        if !has_val && self.val_every > 0 {
+        let val_every = match self.settings.val_every {
+            Some(n) => n,
+            None if has_val => super::default_val_every(t.steps),
+            None => 0,
+        };
+        if self.settings.val_every.is_none() && val_every > 0 {
+            say!("validation every {val_every} steps (--val-every; 0: only at the end)");
+        }
+        if !has_val && self.settings.keep_best {
+            say!(
+                "note: --keep-best: this run has no validation data, so no best checkpoint is kept"
+            );
+        }
+        if !has_val && val_every > 0 {
             return Err(format!(
                 "--val-every: the synthetic task's held-out progressions do not fill one batch \
                  of {} (lower --batch, or raise --vocab / --max-stride)",
@@ -278,30 +317,60 @@ impl TrainTask {
             )
             .into());
         }
+        // The run's settings go into every checkpoint saved into --out (the resume restores
+        // them), with the resolved log cadence of a batch job kept as given.
+        let settings_json = serde_json::to_string(&RunSettings {
+            val_every: Some(val_every),
+            ..self.settings.clone()
+        })?;
+        let saves = self.out.as_ref().map(|d| CheckpointDir {
+            dir: d.clone(),
+            keep: self.settings.keep,
+            keep_best: self.settings.keep_best,
+            stamp: vec![(RUN_SETTINGS_KEY.to_string(), settings_json.clone())],
+        });
         let plan = RunPlan {
             last_step,
-            val_every: self.val_every,
-            save_every: self.save_every,
-            checkpoint: self.out.as_ref().map(|d| d.join(files::CHECKPOINT)),
-            log_every: self.log_every.unwrap_or(0),
+            val_every,
+            save_every: self.settings.save_every,
+            saves: saves.clone(),
+            validate_at_saves: self.settings.keep_best && has_val,
+            log_every: log_every.unwrap_or(0),
             is_main: main,
         };
-        let (fp8_report, log_every, steps) = (self.fp8_report, self.log_every, t.steps);
-        let mut on_step = |trainer: &Trainer<D>, s: &StepLog| -> duet_engine::Result<()> {
+        let (fp8_report, steps) = (self.fp8_report, t.steps);
+        // The loss curve so far (a resumed run's from its metrics), redrawn at every save.
+        let mut curve: Vec<CurvePoint> = self
+            .metrics
+            .as_ref()
+            .map(|m| m.curve().to_vec())
+            .unwrap_or_default();
+        let plot_path = self.out.as_ref().map(|d| d.join(files::LOSS_PLOT));
+        let mfu_peak = crate::cli_bench::nominal_peak_tflops(&info, t.recipe.precision);
+        let flops_per_step = crate::cli_bench::train_flops(&cfg);
+        let loop_start = Instant::now();
+        let mut last_val: Option<(u64, f32)> = None;
+        let mut on_step = |trainer: &Trainer<D>,
+                           s: &StepLog,
+                           saved: Option<&duet_engine::saves::Saved>|
+         -> duet_engine::Result<()> {
             let r = &s.report;
-            let val = s
-                .val_loss
-                .map(|v| format!(" | val {v:.4}"))
+            curve.push((r.step, r.loss, s.val_loss));
+            if let Some(v) = s.val_loss {
+                last_val = Some((r.step, v));
+            }
+            // The last validation loss stays in the bar until the next one.
+            let val = last_val
+                .map(|(st, v)| format!(" | val {v:.4} (step {st})"))
                 .unwrap_or_default();
             let msg = format!("loss {:.4}{val} | {:.0} tok/s", r.loss, s.tokens_per_s);
-            match (&bar, log_every) {
-                (Some(bar), _) => {
+            let line_due = log_every.is_some_and(|n| n > 0 && r.step.is_multiple_of(n));
+            match &bar {
+                Some(bar) => {
                     bar.set_message(msg);
                     bar.inc(1);
                 }
-                (None, Some(n))
-                    if main && ((n > 0 && r.step.is_multiple_of(n)) || s.val_loss.is_some()) =>
-                {
+                None if main && line_due => {
                     let scale = match r.loss_scale {
                         Some(ls) => format!(
                             " | loss scale {ls}{}",
@@ -309,15 +378,56 @@ impl TrainTask {
                         ),
                         None => String::new(),
                     };
+                    let mfu = match mfu_peak {
+                        Some(peak) => format!(
+                            " | MFU {:.1}%",
+                            100.0 * flops_per_step / r.seconds.max(1e-9) / 1e12 / peak
+                        ),
+                        None => String::new(),
+                    };
+                    let done = r.step - first_step;
+                    let eta = loop_start.elapsed().as_secs_f64() / done.max(1) as f64
+                        * (last_step - r.step) as f64;
                     eprintln!(
-                        "step {}/{steps} | {msg} | lr {:.2e} | grad norm {:.3}{scale}",
-                        r.step, r.lr, r.grad_norm
+                        "step {}/{steps} | loss {:.4} | lr {:.2e} | grad norm {:.3} | {:.1} \
+                         ms/step | {:.0} tok/s{mfu}{scale} | ETA {}",
+                        r.step,
+                        r.loss,
+                        r.lr,
+                        r.grad_norm,
+                        r.seconds * 1e3,
+                        s.tokens_per_s,
+                        hms(eta)
                     );
                     if fp8_report {
                         print_fp8_report(trainer);
                     }
                 }
                 _ => {}
+            }
+            if main
+                && bar.is_none()
+                && log_every.is_some()
+                && let Some(v) = s.val_loss
+            {
+                eprintln!("step {}/{steps} | validation loss {v:.4}", r.step);
+            }
+            if let (Some(sv), true) = (saved, main) {
+                if bar.is_none() && log_every.is_some() {
+                    eprintln!(
+                        "step {}/{steps} | checkpoint saved to {}{}",
+                        r.step,
+                        sv.path.display(),
+                        sv.best
+                            .map(|b| format!(" (best validation loss so far: {b:.4})"))
+                            .unwrap_or_default()
+                    );
+                }
+                if let Some(svg) = &plot_path
+                    && let Err(e) = crate::plot::write_loss_plot(&curve, svg)
+                {
+                    eprintln!("warning: redrawing the loss plot failed: {e}");
+                }
             }
             Ok(())
         };
@@ -341,6 +451,7 @@ impl TrainTask {
             seconds: train_secs,
             log_failure,
             saved_step,
+            last_val: loop_val,
         } = summary;
         if let Some(bar) = &bar {
             bar.finish();
@@ -382,6 +493,27 @@ impl TrainTask {
             None if stopped => Some(interrupted_path()),
             None => None,
         };
+        // Into --out: step-numbered, latest and best names (saves); elsewhere one file.
+        let save = |trainer: &Trainer<D>,
+                    p: &std::path::Path,
+                    val: Option<f32>|
+         -> duet_engine::Result<Option<duet_engine::saves::Saved>> {
+            match &saves {
+                Some(sv) => save_to(trainer, sv, val, main),
+                None => save_checkpoint(trainer, p, main).map(|()| None),
+            }
+        };
+        // The loss plot, drawn at the end, on interrupt and after a failed log write too.
+        let draw_plot = |curve: &Option<Vec<CurvePoint>>| -> CliResult<()> {
+            if let (Some(dir), Some(curve)) = (&self.out, curve)
+                && main
+            {
+                let svg = dir.join(files::LOSS_PLOT);
+                crate::plot::write_loss_plot(curve, &svg)?;
+                println!("loss curve written to {}", svg.display());
+            }
+            Ok(())
+        };
         let resume_cmd = |p: &std::path::Path| match &self.out {
             Some(dir) => format!("duet train --resume {0} --out {0}", dir.display()),
             None => format!("duet train --resume {}", p.display()),
@@ -399,8 +531,11 @@ impl TrainTask {
                 trainer.step()
             );
             let p = ck_path.expect("a stopped run always saves");
-            match save_checkpoint(&trainer, &p, main) {
-                Ok(()) => msg.push_str(&format!(
+            if let Err(e) = draw_plot(&curve) {
+                eprintln!("warning: drawing the loss plot failed: {e}");
+            }
+            match save(&trainer, &p, None) {
+                Ok(_) => msg.push_str(&format!(
                     "; checkpoint at step {} saved to {}; {what} keeps its complete lines from \
                      before step {} (a resumed run appends from step {}); make room and resume \
                      with: {} (and the same log options)",
@@ -424,15 +559,37 @@ impl TrainTask {
             }
             return Err(msg.into());
         }
+        // The final validation loss (the loop's own when it validated at this step), before
+        // the save so that --keep-best sees it.
+        let final_val = if ran > 0 && has_val && !interrupted {
+            Some(match loop_val {
+                Some((st, v)) if st == trainer.step() => v,
+                _ => trainer.validation_loss()?,
+            })
+        } else {
+            None
+        };
         if let Some(p) = &ck_path {
-            save_checkpoint(&trainer, p, main)?;
+            let saved = save(&trainer, p, final_val)?;
+            let shown = saved.as_ref().map_or(p.clone(), |s| s.path.clone());
             report!(
-                "checkpoint at step {} saved to {}",
+                "checkpoint at step {} saved to {}{}",
                 trainer.step(),
-                p.display()
+                shown.display(),
+                match (&saved, &saves) {
+                    (Some(s), Some(sv)) => format!(
+                        " (and {}{})",
+                        sv.latest().display(),
+                        s.best
+                            .map(|_| format!(", {}", sv.best().display()))
+                            .unwrap_or_default()
+                    ),
+                    _ => String::new(),
+                }
             );
         }
         if interrupted {
+            draw_plot(&curve)?;
             let p = ck_path.expect("interrupted runs always save");
             say!(
                 "interrupted at step {}; resume with: {}",
@@ -441,8 +598,7 @@ impl TrainTask {
             );
             return Ok(TrainOutcome::Interrupted);
         }
-        if ran > 0 && has_val {
-            let v = trainer.validation_loss()?;
+        if let Some(v) = final_val {
             match trainer.unigram_entropy() {
                 Some(h) => report!(
                     "validation loss {v:.4} nats/token (the file's unigram entropy is {h:.4})"
@@ -450,11 +606,7 @@ impl TrainTask {
                 None => report!("validation loss {v:.4}"),
             }
         }
-        if let (Some(dir), Some(curve)) = (&self.out, &curve) {
-            let svg = dir.join(files::LOSS_PLOT);
-            crate::plot::write_loss_plot(curve, &svg)?;
-            println!("loss curve written to {}", svg.display());
-        }
+        draw_plot(&curve)?;
         // Generation uses no collectives: rank 0 alone runs it.
         if main && t.data.eval_sequences > 0 && t.data.data.is_empty() && trainer.step() == t.steps
         {

@@ -29,6 +29,8 @@ pub mod files {
     pub const CONFIG: &str = "config.toml";
     /// One JSON object per step (see [`crate::run::MetricsLog`]).
     pub const METRICS: &str = "metrics.jsonl";
+    /// The same records as CSV ([`crate::run::CSV_COLUMNS`]).
+    pub const METRICS_CSV: &str = "metrics.csv";
     /// The loss curve, drawn from the metrics at the end.
     pub const LOSS_PLOT: &str = "loss.svg";
 }

@@ -178,6 +178,10 @@ pub struct DataConfig {
     pub data: String,
 }
 
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
 /// AdamW and its learning-rate schedule.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct OptimizerConfig {
@@ -191,6 +195,13 @@ pub struct OptimizerConfig {
     pub eps: f32,
     /// Global L2-norm clipping threshold (0 disables clipping).
     pub grad_clip: f32,
+    /// Steps the warm-up + cosine schedule spans when they are not the run's `steps`: 0 (the
+    /// usual case, not written) means `steps`. A resumed run that changes `--steps` keeps the
+    /// schedule the run started with (this is then that run's step count): past its end it
+    /// continues at the final learning rate (`lr · min_lr_ratio`) instead of stretching the
+    /// cosine over the new length.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub schedule_steps: u64,
 }
 
 /// How the numbers are stored and scaled: the precision, loss scaling, the FP8 delayed-scaling
@@ -372,6 +383,7 @@ impl Config {
                 beta2: 0.95,
                 eps: 1e-8,
                 grad_clip: 1.0,
+                schedule_steps: 0,
             },
             recipe: PrecisionRecipe {
                 precision: Precision::Fp32,
@@ -711,14 +723,27 @@ impl Config {
         Ok(())
     }
 
-    /// Learning rate at 0-based `step`: linear warm-up, then cosine decay.
+    /// Steps the learning-rate schedule spans: `optimizer.schedule_steps`, or the run's steps
+    /// where that is 0.
+    pub fn schedule_steps(&self) -> u64 {
+        match self.train.optimizer.schedule_steps {
+            0 => self.train.steps,
+            n => n,
+        }
+    }
+
+    /// Learning rate at 0-based `step`: linear warm-up, then cosine decay over
+    /// [`Config::schedule_steps`], then the final rate.
     pub fn lr_at(&self, step: u64) -> f32 {
         let t = &self.train;
         let lr = t.optimizer.lr as f64;
         if step < t.optimizer.warmup {
             return (lr * (step + 1) as f64 / t.optimizer.warmup as f64) as f32;
         }
-        let decay_steps = t.steps.saturating_sub(t.optimizer.warmup).max(1);
+        let decay_steps = self
+            .schedule_steps()
+            .saturating_sub(t.optimizer.warmup)
+            .max(1);
         let progress = ((step - t.optimizer.warmup) as f64 / decay_steps as f64).min(1.0);
         let min_lr = lr * t.optimizer.min_lr_ratio as f64;
         let coeff = 0.5 * (1.0 + (std::f64::consts::PI * progress).cos());
@@ -923,6 +948,23 @@ mod tests {
         assert!((c.lr_at(c.train.optimizer.warmup) - c.train.optimizer.lr).abs() < 1e-6);
         let end = c.lr_at(c.train.steps);
         assert!((end - c.train.optimizer.lr * c.train.optimizer.min_lr_ratio).abs() < 1e-6);
+        // A run extended past its schedule (a resume raising --steps) keeps the final rate;
+        // the steps inside the schedule keep their rates.
+        let mut longer = c.clone();
+        longer.train.optimizer.schedule_steps = c.train.steps;
+        longer.train.steps = 3 * c.train.steps;
+        for step in [
+            0,
+            c.train.optimizer.warmup,
+            c.train.steps / 2,
+            c.train.steps - 1,
+        ] {
+            assert_eq!(longer.lr_at(step), c.lr_at(step), "step {step}");
+        }
+        assert_eq!(longer.lr_at(2 * c.train.steps), end);
+        // 0 (configs from before the field): the run's steps.
+        longer.train.optimizer.schedule_steps = 0;
+        assert!(longer.lr_at(c.train.steps) > end);
     }
 
     #[test]

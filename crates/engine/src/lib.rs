@@ -14,6 +14,7 @@ pub mod optim;
 pub mod precision;
 pub mod rng;
 pub mod run;
+pub mod saves;
 pub mod trace;
 pub mod train;
 

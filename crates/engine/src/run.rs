@@ -4,6 +4,7 @@
 //! numbers happens here.
 
 use crate::checkpoint::write_atomic;
+use crate::saves::{CheckpointDir, Saved, save_to};
 use crate::trace::TraceWriter;
 use crate::train::{StepReport, Trainer};
 use crate::{EngineError, Result};
@@ -24,10 +25,13 @@ pub struct RunPlan {
     pub last_step: u64,
     /// Compute the validation loss every N steps (0: never inside the loop).
     pub val_every: u64,
-    /// Save a checkpoint to `checkpoint` every N steps before the last (0: never inside the
+    /// Save a checkpoint into `saves` every N steps before the last (0: never inside the
     /// loop; the caller saves at the end).
     pub save_every: u64,
-    pub checkpoint: Option<PathBuf>,
+    pub saves: Option<CheckpointDir>,
+    /// Also compute the validation loss at every save step (`--keep-best` ranks the saves by
+    /// it).
+    pub validate_at_saves: bool,
     /// Steps at which the caller logs a line (0: none): a read-back group ends there, so the
     /// line sees its own step.
     pub log_every: u64,
@@ -41,7 +45,8 @@ pub struct StepLog {
     pub report: StepReport,
     /// At the validation cadence.
     pub val_loss: Option<f32>,
-    /// Seconds since the loop started, at the end of this step.
+    /// Seconds the run has trained at the end of this step: since the loop started, plus the
+    /// time of the invocations before a resume (from the resumed metrics log).
     pub elapsed_s: f64,
     pub tokens_per_s: f64,
 }
@@ -62,8 +67,10 @@ pub struct RunSummary {
     /// step every rank finished, as an interrupt stops it, so that the caller saves a
     /// checkpoint and names the file.
     pub log_failure: Option<LogFailure>,
-    /// The last step saved to `plan.checkpoint` inside the loop.
+    /// The last step saved into `plan.saves` inside the loop.
     pub saved_step: Option<u64>,
+    /// The last validation loss computed inside the loop, and its step.
+    pub last_val: Option<(u64, f32)>,
 }
 
 /// Which log a [`LogFailure`] is about.
@@ -153,6 +160,38 @@ pub struct MetricsLog {
     /// A stream (see [`is_stream`]) is flushed line by line, so its lines never split around the
     /// run's other output.
     flush_each_line: bool,
+    /// `elapsed_s` of the last line kept from a resumed run's file: the run's time before this
+    /// invocation, so that `elapsed_s` counts the whole run (the checkpoint holds no wall
+    /// clock, so that its bytes do not depend on the run's speed).
+    elapsed_before: f64,
+    /// The same records as CSV, for spreadsheets and plotting scripts ([`CSV_COLUMNS`]).
+    csv: Option<(PathBuf, BufWriter<File>)>,
+}
+
+/// The columns of the metrics CSV (`--out`'s metrics.csv), one row per metrics line; empty
+/// cells where a value does not apply (no validation at that step, no loss scaler).
+pub const CSV_COLUMNS: [&str; 9] = [
+    "step",
+    "loss",
+    "val_loss",
+    "lr",
+    "grad_norm",
+    "tokens_per_s",
+    "elapsed_s",
+    "memory_bytes",
+    "loss_scale",
+];
+
+/// One CSV row of a metrics record (a JSON object).
+fn csv_row(v: &serde_json::Value) -> String {
+    CSV_COLUMNS
+        .iter()
+        .map(|c| match &v[*c] {
+            serde_json::Value::Null => String::new(),
+            x => x.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// The process's own stdout or stderr when `path` names it (`/dev/stdout`, `/dev/fd/1`,
@@ -185,11 +224,43 @@ impl MetricsLog {
     /// line; the resumed run logs those steps again, with the same values), then appended to.
     /// Returns the log and the number of lines dropped.
     pub fn open(path: &Path, resume_step: Option<u64>) -> Result<(Self, usize)> {
+        Self::open_with_csv(path, resume_step, None)
+    }
+
+    /// [`MetricsLog::open`], also writing every record as a CSV row to `csv` (rewritten from
+    /// the kept lines when resuming, so the two files always hold the same steps).
+    pub fn open_with_csv(
+        path: &Path,
+        resume_step: Option<u64>,
+        csv: Option<&Path>,
+    ) -> Result<(Self, usize)> {
         // A pipe or device (`/dev/stdout`) is only written: nothing to trim or read back.
         let regular = !is_stream(path);
-        let (dropped, curve) = match resume_step {
+        let (dropped, curve, kept) = match resume_step {
             Some(step) if regular => Self::trim(path, step)?,
-            _ => (0, Vec::new()),
+            _ => (0, Vec::new(), Vec::new()),
+        };
+        let elapsed_before = kept
+            .last()
+            .and_then(|v| v["elapsed_s"].as_f64())
+            .unwrap_or(0.0);
+        let csv = match csv {
+            Some(p) => {
+                let mut text = CSV_COLUMNS.join(",");
+                text.push('\n');
+                for v in &kept {
+                    text.push_str(&csv_row(v));
+                    text.push('\n');
+                }
+                write_atomic(p, text.as_bytes())
+                    .map_err(|e| io_error(p, format!("cannot write the metrics CSV: {e}")))?;
+                let f = std::fs::OpenOptions::new()
+                    .append(true)
+                    .open(p)
+                    .map_err(|e| io_error(p, format!("cannot open the metrics CSV: {e}")))?;
+                Some((p.to_path_buf(), BufWriter::new(f)))
+            }
+            None => None,
         };
         let append = resume_step.is_some() || !regular;
         let f = match own_std_stream(path) {
@@ -207,19 +278,28 @@ impl MetricsLog {
             w: BufWriter::new(f),
             curve,
             flush_each_line: !regular,
+            elapsed_before,
+            csv,
         };
         Ok((log, dropped))
     }
 
-    /// Cuts the file to its complete lines up to `step`; returns the lines dropped and the
-    /// curve of those kept.
-    fn trim(path: &Path, step: u64) -> Result<(usize, Vec<CurvePoint>)> {
+    /// Seconds the run had trained before this invocation (from the resumed metrics file).
+    pub fn elapsed_before(&self) -> f64 {
+        self.elapsed_before
+    }
+
+    /// Cuts the file to its complete lines up to `step`; returns the lines dropped, the curve
+    /// of those kept and the kept step records.
+    fn trim(path: &Path, step: u64) -> Result<(usize, Vec<CurvePoint>, Vec<serde_json::Value>)> {
         let Ok(text) = std::fs::read_to_string(path) else {
-            return Ok((0, Vec::new())); // missing or unreadable: opening it reports what matters
+            // Missing or unreadable: opening it reports what matters.
+            return Ok((0, Vec::new(), Vec::new()));
         };
         let mut kept = String::with_capacity(text.len());
         let mut dropped = 0usize;
         let mut curve = Vec::new();
+        let mut records = Vec::new();
         for line in text.split_inclusive('\n') {
             let v = serde_json::from_str::<serde_json::Value>(line);
             let keep = v
@@ -232,6 +312,7 @@ impl MetricsLog {
                     && let (Some(s), Some(l)) = (v["step"].as_u64(), v["loss"].as_f64())
                 {
                     curve.push((s, l as f32, v["val_loss"].as_f64().map(|x| x as f32)));
+                    records.push(v.clone());
                 }
             } else if !line.trim().is_empty() {
                 dropped += 1;
@@ -241,7 +322,7 @@ impl MetricsLog {
             write_atomic(path, kept.as_bytes())
                 .map_err(|e| io_error(path, format!("cannot rewrite: {e}")))?;
         }
-        Ok((dropped, curve))
+        Ok((dropped, curve, records))
     }
 
     /// (step, loss, validation loss) of every logged step, in order.
@@ -252,7 +333,7 @@ impl MetricsLog {
     /// Closes the log (its buffered lines are written first; an error there was reported by the
     /// run's last flush) and keeps its curve.
     pub fn into_curve(mut self) -> Vec<CurvePoint> {
-        let _ = self.w.flush();
+        let _ = self.flush();
         std::mem::take(&mut self.curve)
     }
 
@@ -275,6 +356,9 @@ impl MetricsLog {
         }
         self.curve.push((r.step, r.loss, s.val_loss));
         writeln!(self.w, "{line}").map_err(|e| io_error(&self.path, e))?;
+        if let Some((p, w)) = &mut self.csv {
+            writeln!(w, "{}", csv_row(&line)).map_err(|e| io_error(p, e))?;
+        }
         if self.flush_each_line {
             self.flush()?;
         }
@@ -282,13 +366,21 @@ impl MetricsLog {
     }
 
     pub fn flush(&mut self) -> Result<()> {
-        self.w.flush().map_err(|e| io_error(&self.path, e))
+        self.w.flush().map_err(|e| io_error(&self.path, e))?;
+        if let Some((p, w)) = &mut self.csv {
+            w.flush().map_err(|e| io_error(p, e))?;
+        }
+        Ok(())
     }
 }
 
+/// The caller's hook after each step (and its save, if it had one).
+pub type OnStep<'a, D> = dyn FnMut(&Trainer<D>, &StepLog, Option<&Saved>) -> Result<()> + 'a;
+
 /// Runs `trainer` to `plan.last_step`: queues steps and reads them back together, writes the
 /// trace and the metrics of every step, validates and saves at their cadence, calls `on_step`
-/// for each step (the caller's progress display), and stops early, after a step every rank
+/// for each step after its save (the caller's progress display; with what the save did), and
+/// stops early, after a step every rank
 /// finished, once `interrupt` is set.
 pub fn run<D: Fused, W: Write>(
     trainer: &mut Trainer<D>,
@@ -296,9 +388,11 @@ pub fn run<D: Fused, W: Write>(
     mut metrics: Option<&mut MetricsLog>,
     mut trace: Option<&mut TraceWriter<W>>,
     interrupt: &AtomicBool,
-    on_step: &mut dyn FnMut(&Trainer<D>, &StepLog) -> Result<()>,
+    on_step: &mut OnStep<'_, D>,
 ) -> Result<RunSummary> {
     let start = Instant::now();
+    // elapsed_s counts the whole run: the time of the invocations before a resume too.
+    let before = metrics.as_ref().map_or(0.0, |m| m.elapsed_before());
     let first_step = trainer.step();
     let mut sum = RunSummary {
         last_loss: f32::NAN,
@@ -312,7 +406,7 @@ pub fn run<D: Fused, W: Write>(
     let per_step = trace.is_some()
         || (metrics.is_some() && trainer.model().fp8_enabled())
         || trainer.dist().is_some();
-    let save_every = if plan.checkpoint.is_some() {
+    let save_every = if plan.saves.is_some() {
         plan.save_every
     } else {
         0
@@ -353,16 +447,22 @@ pub fn run<D: Fused, W: Write>(
                 )?;
             }
             sum.last_loss = r.loss;
-            let val_loss = if plan.val_every > 0 && r.step % plan.val_every == 0 {
-                Some(trainer.validation_loss()?)
+            let save_step = save_every > 0 && r.step.is_multiple_of(save_every);
+            let val_loss = if (plan.val_every > 0 && r.step.is_multiple_of(plan.val_every))
+                || (plan.validate_at_saves && save_step && r.step < plan.last_step)
+            {
+                let v = trainer.validation_loss()?;
+                sum.last_val = Some((r.step, v));
+                Some(v)
             } else {
                 None
             };
             // The earlier steps of a read-back group ended before it (each took `seconds`).
-            let elapsed_s = match queued - 1 - i {
-                0 => start.elapsed().as_secs_f64(),
-                later => (read_back - later as f64 * r.seconds).max(0.0),
-            };
+            let elapsed_s = before
+                + match queued - 1 - i {
+                    0 => start.elapsed().as_secs_f64(),
+                    later => (read_back - later as f64 * r.seconds).max(0.0),
+                };
             let log = StepLog {
                 tokens_per_s: r.tokens as f64 / r.seconds.max(1e-9),
                 report: r,
@@ -379,9 +479,9 @@ pub fn run<D: Fused, W: Write>(
                     || m.write(trainer, &log),
                 )?;
             }
-            on_step(trainer, &log)?;
             let step = log.report.step;
-            if let Some(path) = &plan.checkpoint
+            let mut saved: Option<Saved> = None;
+            if let Some(saves) = &plan.saves
                 && save_every > 0
                 && step.is_multiple_of(save_every)
                 && step < plan.last_step
@@ -399,9 +499,10 @@ pub fn run<D: Fused, W: Write>(
                         || m.flush(),
                     )?;
                 }
-                save_checkpoint(trainer, path, plan.is_main)?;
+                saved = save_to(trainer, saves, log.val_loss, plan.is_main)?;
                 sum.saved_step = Some(step);
             }
+            on_step(trainer, &log, saved.as_ref())?;
         }
         // Every rank stops after the same step: at an interrupt, and when rank 0 could not
         // write its logs (the caller saves a checkpoint and names the file).

@@ -572,6 +572,18 @@ impl<D: Fused> Trainer<D> {
     /// Mean loss over the validation set: fixed windows of the file's held-out tail, or the
     /// held-out progressions (teacher-forced) for the synthetic task.
     pub fn validation_loss(&mut self) -> Result<f32> {
+        // The forward passes record their amaxes into the FP8 scaling state, which would move
+        // the next training steps' scales: a run's numbers would depend on how often it
+        // validates. The state is put back as it was.
+        let fp8 = self.model.fp8_state()?;
+        let v = self.validation_loss_inner();
+        if let Some(state) = fp8 {
+            self.model.set_fp8_state(&state)?;
+        }
+        v
+    }
+
+    fn validation_loss_inner(&mut self) -> Result<f32> {
         let (b, t) = (self.cfg.train.data.batch, self.cfg.train.data.seq);
         let batches = match &self.val_tokens {
             Some(f) => validation_batches(&f.val, b, t, 8),

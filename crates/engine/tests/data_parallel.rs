@@ -359,7 +359,12 @@ fn a_failed_log_write_on_rank_0_stops_every_rank_after_the_same_step() {
         });
         let plan = RunPlan {
             last_step: 8,
-            checkpoint: Some(out.join("checkpoint.safetensors")),
+            saves: Some(duet_engine::saves::CheckpointDir {
+                dir: out.clone(),
+                keep: 0,
+                keep_best: false,
+                stamp: Vec::new(),
+            }),
             is_main: rank == 0,
             ..RunPlan::default()
         };
@@ -370,7 +375,7 @@ fn a_failed_log_write_on_rank_0_stops_every_rank_after_the_same_step() {
             metrics.as_mut(),
             None,
             &never,
-            &mut |_, _| Ok(()),
+            &mut |_, _, _| Ok(()),
         )
         .unwrap();
         // What the CLI does next on every rank: save (ZeRO-1 gathers across the ranks).

@@ -30,7 +30,8 @@ pub struct ExportArgs {
     /// (model.safetensors + config.json with its model args).
     #[arg(long, default_value = "hf", value_name = "hf|nanogpt")]
     format: String,
-    /// The head count, for a source file that does not record it (a duet checkpoint does).
+    /// The head count, for a source file that does not record it (default: a duet checkpoint's
+    /// config, or n_head of a config.json beside the file).
     #[arg(long)]
     heads: Option<usize>,
     /// Replace config.json, model.safetensors and tokenizer files already in DIR.

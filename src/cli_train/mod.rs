@@ -316,6 +316,16 @@ fn init_weights_from(
         init.heads_from
     );
     cfg.model = init.model;
+    // The preset's sequence length may pass the file's context: shortened unless --seq asked.
+    let t = cfg.model.max_seq;
+    if a.data.seq.is_none() && cfg.train.data.seq > t {
+        eprintln!(
+            "seq set to {t} (the context of {}; the configuration had {})",
+            init.path.display(),
+            cfg.train.data.seq
+        );
+        cfg.train.data.seq = t;
+    }
     cfg.validate()
         .map_err(|e| format!("with the model of {}: {e}", init.path.display()))?;
     Ok(init.weights)

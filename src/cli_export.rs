@@ -60,10 +60,24 @@ pub fn run(a: &ExportArgs) -> CliResult<()> {
         .map(|f| run_dir.join(f))
         .filter(|p| p.is_file())
         .collect();
+    // transformers' AutoTokenizer takes a folder's model_type (gpt2) for the tokenizer class
+    // unless tokenizer_config.json names one; GPT2Tokenizer would ignore tokenizer.json.
+    let has = |name: &str| tokenizer.iter().any(|p| p.ends_with(name));
+    let tokenizer_config = (format == ExportFormat::HuggingFace
+        && has("tokenizer.json")
+        && !has("tokenizer_config.json"))
+    .then(|| {
+        let v = serde_json::json!({
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "model_max_length": src.model.max_seq,
+        });
+        serde_json::to_string_pretty(&v).expect("JSON serialises") + "\n"
+    });
     if !a.overwrite {
         let names = [CONFIG_FILE, WEIGHTS_FILE]
             .into_iter()
-            .chain(tokenizer.iter().filter_map(|p| p.file_name()?.to_str()));
+            .chain(tokenizer.iter().filter_map(|p| p.file_name()?.to_str()))
+            .chain(tokenizer_config.as_ref().map(|_| "tokenizer_config.json"));
         for name in names {
             let p = a.dir.join(name);
             if p.exists() {
@@ -83,6 +97,11 @@ pub fn run(a: &ExportArgs) -> CliResult<()> {
             std::fs::copy(from, &to)
                 .map_err(|e| format!("cannot copy {} to {}: {e}", from.display(), to.display()))?;
         }
+        written.push(to);
+    }
+    if let Some(json) = &tokenizer_config {
+        let to = a.dir.join("tokenizer_config.json");
+        std::fs::write(&to, json).map_err(|e| format!("cannot write {}: {e}", to.display()))?;
         written.push(to);
     }
     let m = &src.model;

@@ -108,7 +108,12 @@ fn init_from_hugging_face_then_export() {
         "--checkpoint",
         s(&run),
     ]));
-    for f in ["config.json", "model.safetensors", "tokenizer.json"] {
+    for f in [
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ] {
         assert!(hf_dir.join(f).is_file(), "{f}");
     }
     assert_eq!(

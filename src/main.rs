@@ -4,6 +4,7 @@
 mod backends;
 mod cli_bench;
 mod cli_dist;
+mod cli_export;
 mod cli_generate;
 mod cli_train;
 mod parity;
@@ -36,6 +37,9 @@ enum Command {
     Info,
     /// Generate tokens from a checkpoint (greedy, temperature, top-k) with a KV cache.
     Generate(cli_generate::GenerateArgs),
+    /// Write a checkpoint's model for other tools: Hugging Face GPT-2 (config.json,
+    /// model.safetensors, the run's tokenizer files) or a nanoGPT state dict.
+    Export(cli_export::ExportArgs),
     /// Compare two training traces (from `duet train --trace`): exit 0 on match, 1 on
     /// divergence, 2 when a trace is unreadable or the two are not comparable.
     Parity { a: PathBuf, b: PathBuf },
@@ -272,6 +276,13 @@ struct TrainArgs {
     /// may be given with it; the checkpoint's configuration is used.
     #[arg(long, value_name = "PATH", help_heading = "Logs and checkpoints")]
     resume: Option<PathBuf>,
+    /// Start a new run from the weights of FILE (or a folder holding checkpoint.safetensors or
+    /// model.safetensors): a duet checkpoint, a nanoGPT state dict or a Hugging Face GPT-2
+    /// model.safetensors, in f32, f16 or bf16. The model's shape comes from the file (the head
+    /// count from a duet checkpoint, a config.json beside the file, or --heads); step 0, fresh
+    /// optimizer state, and the data, schedule and steps of the flags. Not with --resume.
+    #[arg(long, value_name = "FILE", help_heading = "Logs and checkpoints")]
+    init_from: Option<PathBuf>,
     /// Stop after N steps of this invocation (saving a checkpoint into --out).
     #[arg(long, value_name = "N", help_heading = "Logs and checkpoints")]
     stop_after: Option<u64>,
@@ -399,6 +410,7 @@ fn main() -> ExitCode {
                 out: a.out,
                 save_every: a.save_every,
                 resume: a.resume,
+                init_from: a.init_from,
                 stop_after: a.stop_after,
                 val_every: a.val_every,
                 keep: a.keep,
@@ -420,6 +432,7 @@ fn main() -> ExitCode {
         }
         Command::Generate(a) => cli_generate::run(&a),
         Command::Bench(a) => cli_bench::bench(&a.model, a.warmup_steps, a.iters, a.json.as_deref()),
+        Command::Export(a) => cli_export::run(&a),
         Command::Info => backends::info(),
         Command::Parity { a, b } => return parity::run(&a, &b),
     };

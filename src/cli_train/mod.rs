@@ -31,6 +31,8 @@ pub struct TrainOptions {
     /// given; a resume restores the checkpoint's, a new run takes the defaults).
     pub save_every: Option<u64>,
     pub resume: Option<PathBuf>,
+    /// `--init-from FILE`: a new run starting from a file's weights.
+    pub init_from: Option<PathBuf>,
     pub stop_after: Option<u64>,
     pub val_every: Option<u64>,
     pub keep: Option<usize>,
@@ -138,6 +140,17 @@ pub static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 pub static TRAINING_LOOPS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 pub fn train(opts: &TrainOptions) -> CliResult<TrainOutcome> {
+    if let (Some(init), Some(resume)) = (&opts.init_from, &opts.resume) {
+        return Err(format!(
+            "--init-from {} and --resume {} together: --resume continues a run exactly (its \
+             optimizer state, step and data position), --init-from starts a new run from a \
+             file's weights; give one of them",
+            init.display(),
+            resume.display()
+        )
+        .into());
+    }
+    let mut init = None;
     let resume = match &opts.resume {
         Some(p) => {
             let mut ck = Checkpoint::load(&checkpoint_path(p))?;
@@ -218,7 +231,10 @@ pub fn train(opts: &TrainOptions) -> CliResult<TrainOutcome> {
             cfg
         }
         None => {
-            let cfg = build_config(&opts.model)?;
+            let mut cfg = build_config(&opts.model)?;
+            if let Some(path) = &opts.init_from {
+                init = Some(init_weights_from(path, &opts.model, &mut cfg)?);
+            }
             warn_unused_fp8_flags(&opts.model, &[cfg.train.recipe.precision]);
             if cfg.train.steps == 0 {
                 return Err("--steps is 0: nothing to train (give at least 1)".into());
@@ -367,6 +383,7 @@ pub fn train(opts: &TrainOptions) -> CliResult<TrainOutcome> {
     let task = TrainTask {
         cfg,
         resume,
+        init,
         metrics: None,
         metrics_path,
         trace,
@@ -382,4 +399,45 @@ pub fn train(opts: &TrainOptions) -> CliResult<TrainOutcome> {
         Some(env) => run_rank(kind, env, task),
         None => dispatch(kind, opts.model.device.threads, task),
     }
+}
+
+/// `--init-from`: the file's weights, and its model's shape put into `cfg` (the shape flags
+/// given must agree with it; see [`duet_engine::init`]).
+fn init_weights_from(
+    path: &Path,
+    a: &ModelArgs,
+    cfg: &mut duet_engine::Config,
+) -> CliResult<Vec<Vec<f32>>> {
+    let given = duet_engine::init::ShapeRequest {
+        vocab: a.arch.vocab,
+        d_model: a.arch.d_model,
+        heads: a.arch.heads,
+        ffn: a.arch.ffn,
+        layers: a.arch.layers,
+        max_seq: a.arch.max_seq,
+    };
+    let init = duet_engine::init::load_init_weights(path, &given, Some(&cfg.model))?;
+    for note in &init.notes {
+        eprintln!("warning: {note}");
+    }
+    eprintln!(
+        "initialising from {} ({}, heads from {}): a new run from step 0 with fresh optimizer state",
+        init.path.display(),
+        init.format,
+        init.heads_from
+    );
+    cfg.model = init.model;
+    // The preset's sequence length may pass the file's context: shortened unless --seq asked.
+    let t = cfg.model.max_seq;
+    if a.data.seq.is_none() && cfg.train.data.seq > t {
+        eprintln!(
+            "seq set to {t} (the context of {}; the configuration had {})",
+            init.path.display(),
+            cfg.train.data.seq
+        );
+        cfg.train.data.seq = t;
+    }
+    cfg.validate()
+        .map_err(|e| format!("with the model of {}: {e}", init.path.display()))?;
+    Ok(init.weights)
 }

@@ -59,6 +59,8 @@ pub(super) fn print_fp8_report<D: Fused>(trainer: &Trainer<D>) {
 pub(super) struct TrainTask {
     pub(super) cfg: Config,
     pub(super) resume: Option<Checkpoint>,
+    /// `--init-from`: the initial weights (instead of the seed's), for a new run.
+    pub(super) init: Option<Vec<Vec<f32>>>,
     /// Opened (truncated, or appended to when resuming) once the model is built.
     pub(super) metrics: Option<MetricsLog>,
     pub(super) metrics_path: Option<PathBuf>,
@@ -154,8 +156,8 @@ impl TrainTask {
             (Some(c), Some(o)) => Some((c.clone(), o)),
             _ => None,
         };
-        let mut trainer = match (self.resume.take(), dp) {
-            (Some(mut ck), dp) => {
+        let mut trainer = match (self.resume.take(), dp, self.init.take()) {
+            (Some(mut ck), dp, _) => {
                 // What a resume may change (settings::fixed_on_resume): the step count and the
                 // whole execution group; the precision is the checkpoint's, resolved against
                 // this device.
@@ -169,8 +171,11 @@ impl TrainTask {
                     None => Trainer::from_checkpoint(dev.clone(), &ck)?,
                 }
             }
-            (None, Some((c, o))) => Trainer::new_data_parallel(dev.clone(), cfg.clone(), c, o)?,
-            (None, None) => Trainer::new(dev.clone(), cfg.clone())?,
+            (None, dp, Some(w)) => Trainer::from_init_weights(dev.clone(), cfg.clone(), &w, dp)?,
+            (None, Some((c, o)), None) => {
+                Trainer::new_data_parallel(dev.clone(), cfg.clone(), c, o)?
+            }
+            (None, None, None) => Trainer::new(dev.clone(), cfg.clone())?,
         };
         if let Some(d) = trainer.dist() {
             let w = d.world_size();

@@ -177,6 +177,26 @@ impl<D: Fused> Trainer<D> {
         Self::build(dev, cfg, weights, None, None)
     }
 
+    /// A fresh run (step 0, zero AdamW moments, the config's data and schedule) starting from
+    /// given weights (host f32, [`crate::model::param_specs`] order, real sizes) instead of the
+    /// seed's: `duet train --init-from` ([`crate::init::load_init_weights`]). With `dp`, as one
+    /// rank of a data-parallel run (every rank passes the same weights).
+    pub fn from_init_weights(
+        dev: Arc<D>,
+        cfg: Config,
+        weights: &[Vec<f32>],
+        dp: Option<(Arc<dyn Collective<D>>, DpOptions)>,
+    ) -> Result<Self> {
+        cfg.validate()?;
+        crate::model::check_weights(&crate::model::param_specs(&cfg.model), weights)?;
+        let (world, zero) = match &dp {
+            Some((c, o)) => (c.world_size(), o.zero),
+            None => (1, false),
+        };
+        check_memory_first(&*dev, &cfg, world, zero)?;
+        Self::build(dev, cfg, weights, dp, None)
+    }
+
     /// One rank of a data-parallel run over `comm`'s group: `cfg.train.data.batch` is the global
     /// batch, of which this rank trains on its `1/world` slice (see [`crate::dist`]). Every rank
     /// must be created with the same config; the weights start from the config's seed.

@@ -1013,4 +1013,46 @@ mod tests {
             (256, 32, 3e-4)
         );
     }
+
+    /// `data` reads as the single string earlier versions wrote, or as a list; the new data
+    /// fields default when absent (files from before them) and `val_batches` must be positive.
+    #[test]
+    fn data_is_a_string_or_a_list_and_old_configs_read() {
+        let base = Config::preset(Preset::Tiny);
+        let c = Config::from_toml_str("[train]\ndata = \"corpus.txt\"\n", base.clone()).unwrap();
+        assert_eq!(c.train.data.data, ["corpus.txt"]);
+        let c = Config::from_toml_str("[train]\ndata = [\"a.bin\", \"b.bin\"]\nval_data = \"v.bin\"\ndata_format = \"nanogpt\"\n", base.clone()).unwrap();
+        assert_eq!(c.train.data.data, ["a.bin", "b.bin"]);
+        assert_eq!(c.train.data.val_data, ["v.bin"]);
+        assert_eq!(c.train.data.data_format, DataFormat::Nanogpt);
+        let c = Config::from_toml_str("[train]\ndata = \"\"\n", base.clone()).unwrap();
+        assert!(
+            c.train.data.data.is_empty(),
+            "an empty string is the synthetic task"
+        );
+        // A config as an earlier duet wrote it: one string, none of the new keys.
+        let mut old: toml::Table = toml::from_str(&base.to_toml()).unwrap();
+        let train = old["train"].as_table_mut().unwrap();
+        for k in ["val_data", "data_format", "val_batches"] {
+            train.remove(k).unwrap();
+        }
+        train.insert("data".into(), "/data/corpus.txt".into());
+        let back = Config::from_toml_exact(&toml::to_string(&old).unwrap()).unwrap();
+        assert_eq!(back.train.data.data, ["/data/corpus.txt"]);
+        assert_eq!(
+            back.train.data.val_batches,
+            crate::dataset::DEFAULT_VAL_BATCHES
+        );
+        assert_eq!(back.train.data.data_format, DataFormat::Auto);
+        // Written again, it reads back the same.
+        assert_eq!(Config::from_toml_exact(&back.to_toml()).unwrap(), back);
+        let mut c = base;
+        c.train.data.val_batches = 0;
+        assert!(
+            c.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("val_batches")
+        );
+    }
 }

@@ -753,12 +753,17 @@ impl DataSet {
         if files.train.is_empty() {
             return Err(EngineError::Config("no training data files".into()));
         }
-        let mut shards = Vec::with_capacity(files.train.len() + files.val.len());
-        for p in files.train.iter().chain(&files.val) {
-            let path_s = p.display().to_string();
-            let k = known.and_then(|k| k.iter().find(|f| f.path == path_s));
-            shards.push(Shard::open(p, files.format, k, hash)?);
-        }
+        // Shards open (map, check, scan for the largest token, hash) in parallel.
+        use rayon::prelude::*;
+        let paths: Vec<&PathBuf> = files.train.iter().chain(&files.val).collect();
+        let shards = paths
+            .par_iter()
+            .map(|p| {
+                let path_s = p.display().to_string();
+                let k = known.and_then(|k| k.iter().find(|f| f.path == path_s));
+                Shard::open(p, files.format, k, hash)
+            })
+            .collect::<Result<Vec<Shard>>>()?;
         let mut train = Vec::new();
         let mut val = Vec::new();
         let window = seq + 1;

@@ -50,9 +50,16 @@ fn not_bytes(cfg: &Config) -> Option<String> {
     if data.is_empty() {
         return Some("trained on the synthetic progression task".into());
     }
-    // The rule `TokenFile::open` reads the file by: a `.bin` extension is an llm.c shard.
-    if Path::new(data).extension().is_some_and(|e| e == "bin") {
-        return Some("trained on an llm.c token shard".into());
+    // The rule the data set reads the files by (`--data-format`, else a `.bin` is a shard).
+    let format = cfg.train.data.data_format;
+    if data
+        .iter()
+        .any(|d| !duet_engine::dataset::is_text(Path::new(d), format))
+    {
+        return Some(match format {
+            duet_engine::dataset::DataFormat::Nanogpt => "trained on nanoGPT token shards".into(),
+            _ => "trained on an llm.c token shard".into(),
+        });
     }
     let vocab = cfg.model.vocab;
     (vocab < 256).then(|| format!("a vocabulary of {vocab} tokens does not cover the 256 bytes"))

@@ -133,10 +133,28 @@ pub struct DataFlags {
     /// Seed of the initial weights and the data order.
     #[arg(long)]
     pub seed: Option<u64>,
-    /// Train on a file: UTF-8 text (byte tokens) or an llm.c `.bin` token shard; its last 10% is
-    /// the validation set.
-    #[arg(long, value_name = "FILE")]
-    pub data: Option<PathBuf>,
+    /// Train on files, folders or globs (repeat --data, separate them by commas, or list
+    /// several after one --data, as a shell-expanded glob gives them): UTF-8 text (byte
+    /// tokens) or token shards (llm.c `.bin`, uint16 or uint32; nanoGPT's with --data-format
+    /// nanogpt). A folder's `*train*.bin` files, sorted by name, are its training shards and
+    /// its `*val*.bin` files the validation shards; a quoted glob is expanded by duet, sorted.
+    /// Without validation shards the last 10% of every shard is held out.
+    #[arg(long, value_name = "PATH", num_args = 1.., value_delimiter = ',')]
+    pub data: Vec<String>,
+    /// Validation shards (the same syntax as --data; a folder gives its `*val*.bin` files).
+    /// Default: the --data folders' `*val*.bin` shards, else the last 10% of every training
+    /// shard.
+    #[arg(long, value_name = "PATH", num_args = 1.., value_delimiter = ',')]
+    pub val_data: Vec<String>,
+    /// How data files are read: auto (a `.bin` is an llm.c shard, whose header tells uint16 from
+    /// uint32; anything else UTF-8 text), text, llmc, or nanogpt (headerless uint16, as
+    /// nanoGPT's prepare.py writes train.bin and val.bin). [default: auto]
+    #[arg(long, value_name = "FORMAT")]
+    pub data_format: Option<String>,
+    /// Most validation batches (of --batch windows, evenly spaced over the validation data)
+    /// each validation evaluates. [default: 8]
+    #[arg(long, value_name = "N")]
+    pub val_batches: Option<usize>,
     /// Held-out progressions checked by greedy generation at the end (0 skips the check).
     #[arg(long)]
     pub eval_sequences: Option<usize>,

@@ -81,23 +81,35 @@ pub fn build_config(a: &ModelArgs) -> CliResult<Config> {
         t.recipe.weight_grad_dtype = d.parse()?;
     }
     apply_execution_settings(&mut t.execution, &a.execution);
-    // The data file: --data, else a config file's `train.data` (the same rules for both: it
-    // used to be stored as written, relative, and the vocabulary not grown to cover it).
-    let from_toml = (a.data.data.is_none() && !t.data.data.is_empty())
-        .then(|| std::path::PathBuf::from(&t.data.data));
-    if let Some(d) = a.data.data.as_ref().or(from_toml.as_ref()) {
-        // Absolute, so that a resumed run reads the same file from any folder.
-        let abs = std::fs::canonicalize(d).unwrap_or_else(|_| d.clone());
-        t.data.data = abs.display().to_string();
-        // The model's vocabulary must cover the file's tokens; pick it unless --vocab was given.
-        let file = duet_engine::dataset::TokenFile::open(d, t.data.seq)?;
-        if a.arch.vocab.is_none() && cfg.model.vocab < file.vocab_needed {
+    // The data: --data, else a config file's `train.data` (the same rules for both: it used
+    // to be stored as written, relative, and the vocabulary not grown to cover it).
+    if !a.data.data.is_empty() {
+        t.data.data = a.data.data.clone();
+    }
+    if !a.data.val_data.is_empty() {
+        t.data.val_data = a.data.val_data.clone();
+    }
+    if let Some(f) = &a.data.data_format {
+        t.data.data_format = f.parse()?;
+    }
+    set!(t.data.val_batches, a.data.val_batches);
+    if !t.data.data.is_empty() {
+        // Resolved to the shards themselves, absolute: a resumed run reads the same files
+        // from any folder, and new files in a folder do not join it.
+        let files =
+            duet_engine::dataset::resolve_data(&t.data.data, &t.data.val_data, t.data.data_format)?;
+        let name = |p: &std::path::PathBuf| p.display().to_string();
+        t.data.data = files.train.iter().map(name).collect();
+        t.data.val_data = files.val.iter().map(name).collect();
+        // The model's vocabulary must cover the tokens; pick it unless --vocab was given.
+        let set = duet_engine::dataset::DataSet::scan(&files, t.data.seq)?;
+        if a.arch.vocab.is_none() && cfg.model.vocab < set.vocab_needed {
             eprintln!(
                 "vocab set to {} to cover the tokens of {}",
-                file.vocab_needed,
-                d.display()
+                set.vocab_needed,
+                cfg.train.data.describe()
             );
-            cfg.model.vocab = file.vocab_needed;
+            cfg.model.vocab = set.vocab_needed;
         }
         // The generation check belongs to the synthetic task.
         cfg.train.data.eval_sequences = 0;

@@ -744,7 +744,7 @@ fn a_config_files_data_path_is_stored_absolute_and_sizes_the_vocab() {
     assert!(err.contains("vocab set to"), "{err}");
     let ck =
         duet_engine::checkpoint::Checkpoint::load(&dir.join("run/checkpoint.safetensors")).unwrap();
-    let data = std::path::PathBuf::from(&ck.config.train.data.data);
+    let data = std::path::PathBuf::from(&ck.config.train.data.data[0]);
     assert!(data.is_absolute(), "{}", data.display());
     assert_eq!(
         data,

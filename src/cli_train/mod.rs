@@ -287,8 +287,11 @@ pub fn train(opts: &TrainOptions) -> CliResult<TrainOutcome> {
             );
         }
     }
-    let data = &cfg.train.data.data;
-    if !data.is_empty() && Path::new(data).is_relative() {
+    let data = &cfg.train.data;
+    for data in data.data.iter().chain(&data.val_data) {
+        if !Path::new(data).is_relative() {
+            continue;
+        }
         eprintln!(
             "warning: the checkpoint's data path {data} is relative (written before duet stored \
              it absolute): it is read from the current folder"

@@ -103,8 +103,11 @@ pub(super) fn check_no_overwrite(
 ) -> CliResult<()> {
     // (what, path, whether it is a checkpoint)
     let mut inputs: Vec<(String, PathBuf, bool)> = Vec::new();
-    if !cfg.train.data.data.is_empty() {
-        inputs.push(("--data".into(), PathBuf::from(&cfg.train.data.data), false));
+    for d in &cfg.train.data.data {
+        inputs.push(("--data".into(), PathBuf::from(d), false));
+    }
+    for d in &cfg.train.data.val_data {
+        inputs.push(("--val-data".into(), PathBuf::from(d), false));
     }
     if let Some(c) = &opts.model.base.config {
         inputs.push(("--config".into(), c.clone(), false));

@@ -148,7 +148,7 @@ impl TrainTask {
             if t.data.data.is_empty() {
                 String::new()
             } else {
-                format!(" | data {}", t.data.data)
+                format!(" | data {}", t.data.describe())
             }
         );
         let resuming = self.resume.is_some();

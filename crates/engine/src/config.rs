@@ -1,5 +1,6 @@
 //! Model and training configuration: presets, TOML files, flag overrides and validation.
 
+use crate::dataset::DataFormat;
 use crate::fp8::{AmaxAlgo, DelayedScaling, Fp8FastAccum, Fp8Recipe};
 use crate::precision::{Precision, WeightGradDtype};
 use crate::{EngineError, Result};
@@ -172,10 +173,73 @@ pub struct DataConfig {
     pub eval_sequences: usize,
     /// Strides of the arithmetic-progression task are drawn from 1..=max_stride.
     pub max_stride: usize,
-    /// Training data: empty for the synthetic progression task, else a UTF-8 text file (byte
-    /// tokens) or an llm.c `.bin` token shard.
+    /// Training data: empty for the synthetic progression task, else files, folders and globs
+    /// of UTF-8 text (byte tokens) or token shards ([`crate::dataset::resolve_data`]). A run
+    /// records the resolved shards, absolute; a config file may also give the single string of
+    /// earlier versions (`data = "corpus.txt"`).
+    #[serde(default, deserialize_with = "string_or_list")]
+    pub data: Vec<String>,
+    /// Validation shards (the same syntax); empty: a `data` folder's `*val*.bin` shards, else
+    /// the tail of every training shard ([`crate::dataset::VAL_FRACTION`]).
+    #[serde(default, deserialize_with = "string_or_list")]
+    pub val_data: Vec<String>,
+    /// How the data files are read: auto (by name), text, llmc or nanogpt.
     #[serde(default)]
-    pub data: String,
+    pub data_format: DataFormat,
+    /// Most validation batches evaluated (evenly spaced windows of the validation data).
+    #[serde(default = "default_val_batches")]
+    pub val_batches: usize,
+}
+
+impl DataConfig {
+    /// The data as a log line names it: the file, or the number of shards and the first.
+    pub fn describe(&self) -> String {
+        let list = |v: &[String]| match v {
+            [] => String::new(),
+            [one] => one.clone(),
+            [first, ..] => format!("{} shards ({first}, …)", v.len()),
+        };
+        match self.val_data.is_empty() {
+            true => list(&self.data),
+            false => format!("{} | val {}", list(&self.data), list(&self.val_data)),
+        }
+    }
+}
+
+fn default_val_batches() -> usize {
+    crate::dataset::DEFAULT_VAL_BATCHES
+}
+
+/// A list of strings, or one string (a one-element list; empty: none), as earlier config files
+/// and checkpoints wrote `data`.
+fn string_or_list<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> std::result::Result<Vec<String>, D::Error> {
+    struct V;
+    impl<'de> serde::de::Visitor<'de> for V {
+        type Value = Vec<String>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a path or a list of paths")
+        }
+        fn visit_str<E: serde::de::Error>(self, s: &str) -> std::result::Result<Self::Value, E> {
+            Ok(if s.is_empty() {
+                Vec::new()
+            } else {
+                vec![s.to_string()]
+            })
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(
+            self,
+            mut seq: A,
+        ) -> std::result::Result<Self::Value, A::Error> {
+            let mut v = Vec::new();
+            while let Some(s) = seq.next_element::<String>()? {
+                v.push(s);
+            }
+            Ok(v)
+        }
+    }
+    d.deserialize_any(V)
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -372,7 +436,10 @@ impl Config {
                 seed: 1337,
                 eval_sequences: 256,
                 max_stride: 8,
-                data: String::new(),
+                data: Vec::new(),
+                val_data: Vec::new(),
+                data_format: DataFormat::Auto,
+                val_batches: crate::dataset::DEFAULT_VAL_BATCHES,
             },
             optimizer: OptimizerConfig {
                 lr: 2e-3,
@@ -706,6 +773,9 @@ impl Config {
                 )));
             }
         }
+        if t.data.val_batches == 0 {
+            return Err(EngineError::Config("val_batches must be at least 1".into()));
+        }
         if !(0.0..=1.0).contains(&t.optimizer.min_lr_ratio) {
             return Err(EngineError::Config("min_lr_ratio must be in [0, 1]".into()));
         }
@@ -911,7 +981,7 @@ mod tests {
         // A data file does not use the synthetic task's strides.
         let mut c = Config::preset(Preset::Tiny);
         c.model.vocab = 5;
-        c.train.data.data = "tokens.bin".into();
+        c.train.data.data = vec!["tokens.bin".into()];
         c.validate().unwrap();
     }
 
@@ -983,6 +1053,48 @@ mod tests {
         assert_eq!(
             (c.train.data.seq, c.train.data.batch, c.train.optimizer.lr),
             (256, 32, 3e-4)
+        );
+    }
+
+    /// `data` reads as the single string earlier versions wrote, or as a list; the new data
+    /// fields default when absent (files from before them) and `val_batches` must be positive.
+    #[test]
+    fn data_is_a_string_or_a_list_and_old_configs_read() {
+        let base = Config::preset(Preset::Tiny);
+        let c = Config::from_toml_str("[train]\ndata = \"corpus.txt\"\n", base.clone()).unwrap();
+        assert_eq!(c.train.data.data, ["corpus.txt"]);
+        let c = Config::from_toml_str("[train]\ndata = [\"a.bin\", \"b.bin\"]\nval_data = \"v.bin\"\ndata_format = \"nanogpt\"\n", base.clone()).unwrap();
+        assert_eq!(c.train.data.data, ["a.bin", "b.bin"]);
+        assert_eq!(c.train.data.val_data, ["v.bin"]);
+        assert_eq!(c.train.data.data_format, DataFormat::Nanogpt);
+        let c = Config::from_toml_str("[train]\ndata = \"\"\n", base.clone()).unwrap();
+        assert!(
+            c.train.data.data.is_empty(),
+            "an empty string is the synthetic task"
+        );
+        // A config as an earlier duet wrote it: one string, none of the new keys.
+        let mut old: toml::Table = toml::from_str(&base.to_toml()).unwrap();
+        let train = old["train"].as_table_mut().unwrap();
+        for k in ["val_data", "data_format", "val_batches"] {
+            train.remove(k).unwrap();
+        }
+        train.insert("data".into(), "/data/corpus.txt".into());
+        let back = Config::from_toml_exact(&toml::to_string(&old).unwrap()).unwrap();
+        assert_eq!(back.train.data.data, ["/data/corpus.txt"]);
+        assert_eq!(
+            back.train.data.val_batches,
+            crate::dataset::DEFAULT_VAL_BATCHES
+        );
+        assert_eq!(back.train.data.data_format, DataFormat::Auto);
+        // Written again, it reads back the same.
+        assert_eq!(Config::from_toml_exact(&back.to_toml()).unwrap(), back);
+        let mut c = base;
+        c.train.data.val_batches = 0;
+        assert!(
+            c.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("val_batches")
         );
     }
 }

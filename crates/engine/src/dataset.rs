@@ -1,7 +1,12 @@
-//! Training data: the synthetic progression task, UTF-8 text files as byte tokens, and llm.c's
-//! `.bin` token shards. Batches are produced from a seeded RNG (random windows, as nanoGPT's
-//! `get_batch`), so a run's data order depends only on the seed and can be resumed from one
-//! saved RNG state. A background thread prefetches the next batches.
+//! Training data: the synthetic progression task, UTF-8 text files as byte tokens, llm.c's
+//! `.bin` token shards (uint16 and uint32) and nanoGPT's headerless uint16 `.bin` files.
+//!
+//! A run's data is a list of shards ([`resolve_data`] expands files, globs and folders into
+//! it) opened as one [`DataSet`]: shards are memory-mapped ([`duet_mmap::Mapped`]) and their
+//! tokens read on demand, a batch at a time. Batches are random windows drawn from a seeded
+//! RNG (nanoGPT's `get_batch`) over the concatenation of the training shards — a window never
+//! crosses a shard's end — so a run's data order depends only on the seed and the shard list,
+//! and resumes from one saved RNG state. A background thread prefetches the next batches.
 
 use crate::data::Progressions;
 use crate::rng::Rng;
@@ -10,24 +15,69 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc::{Receiver, sync_channel};
 use std::thread::JoinHandle;
 
-/// llm.c shard header: 256 little-endian i32, magic 20240520, version 1, token count.
+/// llm.c shard header: 256 little-endian i32, magic 20240520, version 1, token count; then
+/// uint16 tokens (GPT-2's vocabulary).
 pub const LLMC_MAGIC: i32 = 20240520;
 pub const LLMC_VERSION: i32 = 1;
-const LLMC_HEADER_BYTES: usize = 256 * 4;
+/// llm.c's uint32 shards (vocabularies past 65536, e.g. Llama 3's): magic 20240801, version 7,
+/// the same 1024-byte header, then uint32 tokens.
+pub const LLMC_MAGIC_U32: i32 = 20240801;
+pub const LLMC_VERSION_U32: i32 = 7;
+/// Bytes of an llm.c shard's header (256 i32).
+pub const LLMC_HEADER_BYTES: usize = 256 * 4;
 
-/// Fraction of a token file held out for validation (its tail).
+/// Fraction of each training shard held out for validation (its tail) when the run has no
+/// validation shards.
 pub const VAL_FRACTION: f64 = 0.1;
 
-/// Tokens read from a file, split into training and validation parts.
-#[derive(Clone, Debug)]
-pub struct TokenFile {
-    pub path: PathBuf,
-    pub train: Vec<u32>,
-    pub val: Vec<u32>,
-    /// Smallest vocabulary that covers every token.
-    pub vocab_needed: usize,
-    /// What the file was when it was read (a checkpoint stores it; a resume checks it).
-    pub fingerprint: DataFingerprint,
+/// Validation batches evaluated at most (`--val-batches`' default).
+pub const DEFAULT_VAL_BATCHES: usize = 8;
+
+/// How the data files are read (`--data-format`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DataFormat {
+    /// By the name: a `.bin` file is an llm.c shard (its header says uint16 or uint32), any
+    /// other file UTF-8 text.
+    #[default]
+    Auto,
+    /// Every file is UTF-8 text, its bytes the tokens (vocabulary 256).
+    Text,
+    /// Every file is an llm.c shard, whatever its name.
+    Llmc,
+    /// Every file is nanoGPT's headerless uint16 tokens (`prepare.py`'s `train.bin`/`val.bin`).
+    Nanogpt,
+}
+
+impl DataFormat {
+    pub const NAMES: [&'static str; 4] = ["auto", "text", "llmc", "nanogpt"];
+}
+
+impl std::fmt::Display for DataFormat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            DataFormat::Auto => "auto",
+            DataFormat::Text => "text",
+            DataFormat::Llmc => "llmc",
+            DataFormat::Nanogpt => "nanogpt",
+        })
+    }
+}
+
+impl std::str::FromStr for DataFormat {
+    type Err = EngineError;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "auto" => Ok(DataFormat::Auto),
+            "text" => Ok(DataFormat::Text),
+            "llmc" => Ok(DataFormat::Llmc),
+            "nanogpt" => Ok(DataFormat::Nanogpt),
+            other => Err(EngineError::Config(format!(
+                "unknown data format '{other}' (expected one of {})",
+                DataFormat::NAMES.join(", ")
+            ))),
+        }
+    }
 }
 
 /// A data file as a run read it: its size and modification time, and a hash of its content
@@ -45,7 +95,16 @@ pub struct DataFingerprint {
 }
 
 impl DataFingerprint {
-    fn of(path: &Path, bytes: &[u8], meta: &std::fs::Metadata, known: Option<&Self>) -> Self {
+    /// The fingerprint of `bytes`, the content of `path` as opened (`meta`): the hash is
+    /// `known`'s while the path, size and time match it, else computed (left empty without
+    /// `hash`: [`DataSet::scan`]).
+    fn of(
+        path: &Path,
+        bytes: &[u8],
+        meta: &std::fs::Metadata,
+        known: Option<&Self>,
+        hash: bool,
+    ) -> Self {
         let modified_ns = modified_ns(meta);
         let path_s = path.display().to_string();
         let hash = match known {
@@ -56,7 +115,12 @@ impl DataFingerprint {
             {
                 k.hash.clone()
             }
-            _ => format!("blake3:{}", blake3::hash(bytes).to_hex()),
+            _ if !hash => String::new(),
+            _ => {
+                let mut h = blake3::Hasher::new();
+                h.update_rayon(bytes);
+                format!("blake3:{}", h.finalize().to_hex())
+            }
         };
         Self {
             path: path_s,
@@ -168,6 +232,17 @@ pub fn read_regular(path: &Path) -> std::io::Result<Vec<u8>> {
 
 /// [`read_regular`], with the metadata of the file as opened (size and time match the bytes).
 pub fn read_regular_with_metadata(path: &Path) -> std::io::Result<(Vec<u8>, std::fs::Metadata)> {
+    use std::io::Read;
+    let mut f = open_regular(path)?;
+    let meta = f.metadata()?;
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    f.read_to_end(&mut bytes)?;
+    Ok((bytes, meta))
+}
+
+/// Opens a regular file for reading; a FIFO, a device, a socket or a directory is refused
+/// before it is opened (see [`read_regular`]).
+pub fn open_regular(path: &Path) -> std::io::Result<std::fs::File> {
     let meta = std::fs::metadata(path)?;
     if !meta.is_file() {
         let kind = {
@@ -189,147 +264,692 @@ pub fn read_regular_with_metadata(path: &Path) -> std::io::Result<(Vec<u8>, std:
             "is {kind}, not a regular file: duet reads its data and configurations from files"
         )));
     }
-    use std::io::Read;
-    let mut f = std::fs::File::open(path)?;
-    let meta = f.metadata()?;
-    let mut bytes = Vec::with_capacity(meta.len() as usize);
-    f.read_to_end(&mut bytes)?;
-    Ok((bytes, meta))
+    std::fs::File::open(path)
 }
 
-impl TokenFile {
-    /// Reads a `.bin` llm.c shard or, for any other extension, a UTF-8 text file as bytes.
-    pub fn open(path: &Path, seq: usize) -> Result<TokenFile> {
-        Self::open_known(path, seq, None)
-    }
+/// What a `--data`/`--val-data` hint says about a `.bin` file without an llm.c header.
+const NANOGPT_HINT: &str =
+    "for nanoGPT's headerless uint16 train.bin/val.bin give --data-format nanogpt";
 
-    /// [`TokenFile::open`] for a resumed run that read the file as `known`: the hash is taken
-    /// from `known` while the size and time match, else computed again, and a file whose
-    /// content changed is refused.
-    pub fn open_known(
-        path: &Path,
-        seq: usize,
-        known: Option<&DataFingerprint>,
-    ) -> Result<TokenFile> {
-        let (bytes, meta) =
-            read_regular_with_metadata(path).map_err(|e| data_err(path, e.to_string()))?;
-        let fingerprint = DataFingerprint::of(path, &bytes, &meta, known);
-        if let Some(k) = known {
-            fingerprint.ensure_unchanged_from(k)?;
+/// How a shard stores its tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Encoding {
+    /// UTF-8 text: each byte one token (vocabulary 256).
+    Bytes,
+    /// Little-endian uint16 tokens (llm.c's version 1, nanoGPT's `.bin`).
+    U16,
+    /// Little-endian uint32 tokens (llm.c's version 7).
+    U32,
+}
+
+impl Encoding {
+    fn width(self) -> usize {
+        match self {
+            Encoding::Bytes => 1,
+            Encoding::U16 => 2,
+            Encoding::U32 => 4,
         }
-        let (tokens, vocab_needed) = tokens_from_bytes(path, &bytes)?;
-        // Validation takes the tail; both parts need at least one window of seq + 1 tokens.
-        let n_val = ((tokens.len() as f64 * VAL_FRACTION) as usize).max(seq + 1);
-        if tokens.len() < n_val + seq + 1 {
+    }
+}
+
+/// Whether `path` is read as UTF-8 text under `format` (else as token shards).
+pub fn is_text(path: &Path, format: DataFormat) -> bool {
+    match format {
+        DataFormat::Text => true,
+        DataFormat::Auto => path.extension().is_none_or(|e| e != "bin"),
+        DataFormat::Llmc | DataFormat::Nanogpt => false,
+    }
+}
+
+/// Where the tokens of a file's bytes are: their encoding, the byte offset of the first and
+/// their count. Checks the header (llm.c), the length (nanoGPT: whole uint16s) or the UTF-8
+/// (text).
+pub fn layout(path: &Path, bytes: &[u8], format: DataFormat) -> Result<(Encoding, usize, usize)> {
+    if is_text(path, format) {
+        if std::str::from_utf8(bytes).is_err() {
+            let why = if format == DataFormat::Text {
+                "not valid UTF-8 text (--data-format text)"
+            } else {
+                "not valid UTF-8 text (and not a .bin token shard)"
+            };
+            return Err(data_err(path, why));
+        }
+        return Ok((Encoding::Bytes, 0, bytes.len()));
+    }
+    if format == DataFormat::Nanogpt {
+        if !bytes.len().is_multiple_of(2) {
             return Err(data_err(
                 path,
                 format!(
-                    "{} tokens is too few: need at least {} for sequences of {seq} (training and validation)",
-                    tokens.len(),
-                    n_val + seq + 1
+                    "{} bytes is not a whole number of uint16 tokens (--data-format nanogpt: \
+                     headerless uint16)",
+                    bytes.len()
                 ),
             ));
         }
-        let split = tokens.len() - n_val;
-        Ok(TokenFile {
-            path: path.to_path_buf(),
-            val: tokens[split..].to_vec(),
-            train: tokens[..split].to_vec(),
-            vocab_needed,
-            fingerprint,
-        })
+        return Ok((Encoding::U16, 0, bytes.len() / 2));
     }
-
-    /// Unigram entropy (nats per token) of the training part: the loss of a model that knows
-    /// only token frequencies.
-    pub fn unigram_entropy(&self) -> f64 {
-        let mut counts = std::collections::HashMap::<u32, u64>::new();
-        for &t in &self.train {
-            *counts.entry(t).or_default() += 1;
-        }
-        let n = self.train.len() as f64;
-        counts
-            .values()
-            .map(|&c| c as f64 / n)
-            .map(|p| -p * p.ln())
-            .sum()
-    }
+    llmc_layout(path, bytes, format == DataFormat::Auto)
 }
 
-/// The tokens of a data file's bytes, and the smallest vocabulary covering them: an llm.c shard
-/// when `path` ends in `.bin`, else UTF-8 text as byte tokens (vocabulary 256).
-pub fn tokens_from_bytes(path: &Path, bytes: &[u8]) -> Result<(Vec<u32>, usize)> {
-    if path.extension().is_some_and(|e| e == "bin") {
-        let t = parse_llmc_shard(path, bytes)?;
-        let v = t.iter().copied().max().map_or(1, |m| m as usize + 1);
-        Ok((t, v))
+/// An llm.c shard's encoding, token offset (1024) and token count; `hint`: a bad header's error
+/// names `--data-format nanogpt`.
+fn llmc_layout(path: &Path, bytes: &[u8], hint: bool) -> Result<(Encoding, usize, usize)> {
+    let hint = if hint {
+        format!("; {NANOGPT_HINT}")
     } else {
-        if std::str::from_utf8(bytes).is_err() {
-            return Err(data_err(
-                path,
-                "not valid UTF-8 text (and not a .bin token shard)",
-            ));
-        }
-        Ok((bytes.iter().map(|&b| b as u32).collect(), 256))
-    }
-}
-
-/// Parses an llm.c token shard (uint16 tokens after a 1024-byte header).
-pub fn parse_llmc_shard(path: &Path, bytes: &[u8]) -> Result<Vec<u32>> {
+        String::new()
+    };
     if bytes.len() < LLMC_HEADER_BYTES {
         return Err(data_err(
             path,
             format!(
-                "{} bytes is shorter than the 1024-byte llm.c shard header",
+                "{} bytes is shorter than the 1024-byte llm.c shard header{hint}",
                 bytes.len()
             ),
         ));
     }
     let word = |i: usize| i32::from_le_bytes(bytes[4 * i..4 * i + 4].try_into().expect("4 bytes"));
-    if word(0) != LLMC_MAGIC {
+    let (magic, version) = (word(0), word(1));
+    let (encoding, expected_version) = match magic {
+        LLMC_MAGIC => (Encoding::U16, LLMC_VERSION),
+        LLMC_MAGIC_U32 => (Encoding::U32, LLMC_VERSION_U32),
+        m => {
+            return Err(data_err(
+                path,
+                format!(
+                    "bad magic {m} (an llm.c shard starts with {LLMC_MAGIC}, or \
+                     {LLMC_MAGIC_U32} for uint32 tokens){hint}"
+                ),
+            ));
+        }
+    };
+    if version != expected_version {
         return Err(data_err(
             path,
             format!(
-                "bad magic {} (an llm.c shard starts with {LLMC_MAGIC})",
-                word(0)
-            ),
-        ));
-    }
-    if word(1) != LLMC_VERSION {
-        return Err(data_err(
-            path,
-            format!(
-                "unsupported shard version {} (expected {LLMC_VERSION}: uint16 tokens)",
-                word(1)
+                "unsupported shard version {version} for magic {magic} (expected \
+                 {expected_version}: {} tokens)",
+                if encoding == Encoding::U16 {
+                    "uint16"
+                } else {
+                    "uint32"
+                }
             ),
         ));
     }
     let n = word(2);
-    let expected = LLMC_HEADER_BYTES as u64 + 2 * n.max(0) as u64;
+    let expected = LLMC_HEADER_BYTES as u64 + encoding.width() as u64 * n.max(0) as u64;
     if n < 0 || bytes.len() as u64 != expected {
         return Err(data_err(
             path,
             format!(
-                "header says {n} tokens, so the file should be {expected} bytes, but it is {} (truncated or corrupt)",
+                "header says {n} tokens, so the file should be {expected} bytes, but it is {} \
+                 (truncated or corrupt)",
                 bytes.len()
             ),
         ));
     }
-    Ok(bytes[LLMC_HEADER_BYTES..]
-        .chunks_exact(2)
-        .map(|c| u16::from_le_bytes([c[0], c[1]]) as u32)
-        .collect())
+    Ok((encoding, LLMC_HEADER_BYTES, n as usize))
 }
 
-/// Writes an llm.c shard (for tests and tools).
+/// Token `i` of `bytes` (tokens of `encoding`).
+#[inline]
+fn token_at(bytes: &[u8], encoding: Encoding, i: usize) -> u32 {
+    match encoding {
+        Encoding::Bytes => bytes[i] as u32,
+        Encoding::U16 => u16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]]) as u32,
+        Encoding::U32 => u32::from_le_bytes(bytes[4 * i..4 * i + 4].try_into().expect("4 bytes")),
+    }
+}
+
+/// Appends tokens `start..start + n` of `bytes` (tokens of `encoding`) to `out`, widened.
+fn extend_tokens(bytes: &[u8], encoding: Encoding, start: usize, n: usize, out: &mut Vec<i32>) {
+    let w = encoding.width();
+    let b = &bytes[w * start..w * (start + n)];
+    match encoding {
+        Encoding::Bytes => out.extend(b.iter().map(|&x| x as i32)),
+        Encoding::U16 => out.extend(
+            b.chunks_exact(2)
+                .map(|c| u16::from_le_bytes([c[0], c[1]]) as i32),
+        ),
+        Encoding::U32 => out.extend(
+            b.chunks_exact(4)
+                .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as i32),
+        ),
+    }
+}
+
+/// The largest token of `bytes` (tokens of `encoding`; 0 when there are none).
+fn max_token(bytes: &[u8], encoding: Encoding) -> u32 {
+    match encoding {
+        Encoding::Bytes => bytes.iter().copied().max().unwrap_or(0) as u32,
+        Encoding::U16 => bytes
+            .chunks_exact(2)
+            .map(|c| u16::from_le_bytes([c[0], c[1]]))
+            .max()
+            .unwrap_or(0) as u32,
+        Encoding::U32 => bytes
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .max()
+            .unwrap_or(0),
+    }
+}
+
+/// The tokens of a data file's bytes, and the smallest vocabulary covering them: an llm.c shard
+/// (uint16 or uint32) when `path` ends in `.bin`, else UTF-8 text as byte tokens (vocabulary
+/// 256). The reader [`DataSet`] uses, on bytes in memory (fuzzing, tools).
+pub fn tokens_from_bytes(path: &Path, bytes: &[u8]) -> Result<(Vec<u32>, usize)> {
+    let (enc, off, n) = layout(path, bytes, DataFormat::Auto)?;
+    let body = &bytes[off..];
+    let tokens: Vec<u32> = (0..n).map(|i| token_at(body, enc, i)).collect();
+    let vocab = match enc {
+        Encoding::Bytes => 256,
+        _ => tokens.iter().copied().max().map_or(1, |m| m as usize + 1),
+    };
+    Ok((tokens, vocab))
+}
+
+/// Parses an llm.c token shard (uint16 or uint32 tokens after a 1024-byte header).
+pub fn parse_llmc_shard(path: &Path, bytes: &[u8]) -> Result<Vec<u32>> {
+    let (enc, off, n) = llmc_layout(path, bytes, true)?;
+    Ok((0..n).map(|i| token_at(&bytes[off..], enc, i)).collect())
+}
+
+/// Writes an llm.c uint16 shard (magic 20240520, version 1; for tests and tools).
 pub fn write_llmc_shard(path: &Path, tokens: &[u16]) -> std::io::Result<()> {
-    let mut header = [0i32; 256];
-    header[0] = LLMC_MAGIC;
-    header[1] = LLMC_VERSION;
-    header[2] = tokens.len() as i32;
-    let mut out: Vec<u8> = header.iter().flat_map(|x| x.to_le_bytes()).collect();
+    let mut out = llmc_header(LLMC_MAGIC, LLMC_VERSION, tokens.len());
     out.extend(tokens.iter().flat_map(|t| t.to_le_bytes()));
     std::fs::write(path, out)
+}
+
+/// Writes an llm.c uint32 shard (magic 20240801, version 7; for tests and tools).
+pub fn write_llmc_shard_u32(path: &Path, tokens: &[u32]) -> std::io::Result<()> {
+    let mut out = llmc_header(LLMC_MAGIC_U32, LLMC_VERSION_U32, tokens.len());
+    out.extend(tokens.iter().flat_map(|t| t.to_le_bytes()));
+    std::fs::write(path, out)
+}
+
+/// The 1024 bytes of an llm.c header: 256 little-endian i32, `[magic, version, tokens, 0…]`.
+pub fn llmc_header(magic: i32, version: i32, tokens: usize) -> Vec<u8> {
+    let mut header = [0i32; 256];
+    header[0] = magic;
+    header[1] = version;
+    header[2] = i32::try_from(tokens).expect("an llm.c shard holds fewer than 2^31 tokens");
+    header.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// The shards of a run, resolved ([`resolve_data`]): concrete files, training then validation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DataFiles {
+    pub train: Vec<PathBuf>,
+    /// Validation shards; empty: the tail [`VAL_FRACTION`] of every training shard is held out.
+    pub val: Vec<PathBuf>,
+    pub format: DataFormat,
+}
+
+/// Expands `--data` and `--val-data` entries into shard lists. An entry is a file, a folder or
+/// a glob (`*`, `?`, `[…]`; matches sorted by name). A folder's `.bin` files, sorted by name,
+/// are its shards: those whose name holds `train` train, those holding `val` validate
+/// (llm.c's `*_train_*.bin`/`*_val_*.bin`, nanoGPT's `train.bin`/`val.bin`); without a
+/// `train` name the others train. The validation shards are `val_data`'s when given, else the
+/// `data` folders' `val` shards, else none (each training shard's tail is held out). Files are
+/// made absolute (canonical), so a resumed run finds them from any folder. A missing file, a
+/// glob matching nothing, a folder without shards, a file listed twice and a mix of text files
+/// and token shards are refused.
+pub fn resolve_data(data: &[String], val_data: &[String], format: DataFormat) -> Result<DataFiles> {
+    let mut train = Vec::new();
+    let mut folder_val = Vec::new();
+    for entry in data {
+        expand(entry, false, &mut train, &mut folder_val)?;
+    }
+    let val = if val_data.is_empty() {
+        folder_val
+    } else {
+        let mut val = Vec::new();
+        for entry in val_data {
+            expand(entry, true, &mut val, &mut Vec::new())?;
+        }
+        val
+    };
+    let mut seen = std::collections::HashSet::new();
+    for (p, role) in train
+        .iter()
+        .map(|p| (p, "training"))
+        .chain(val.iter().map(|p| (p, "validation")))
+    {
+        if !seen.insert(p.clone()) {
+            return Err(data_err(
+                p,
+                format!(
+                    "is listed twice (again as a {role} shard): give each shard once, in \
+                     --data or --val-data"
+                ),
+            ));
+        }
+    }
+    let all: Vec<&PathBuf> = train.iter().chain(&val).collect();
+    if let (Some(t), Some(s)) = (
+        all.iter().find(|p| is_text(p, format)),
+        all.iter().find(|p| !is_text(p, format)),
+    ) {
+        return Err(data_err(
+            t,
+            format!(
+                "is read as text (byte tokens) but {} is a token shard: a run's data is all text \
+                 or all token shards",
+                s.display()
+            ),
+        ));
+    }
+    Ok(DataFiles { train, val, format })
+}
+
+/// One `--data` (`val`: `--val-data`) entry's files, appended to `out` (a folder's validation
+/// shards to `folder_val`).
+fn expand(
+    entry: &str,
+    val: bool,
+    out: &mut Vec<PathBuf>,
+    folder_val: &mut Vec<PathBuf>,
+) -> Result<()> {
+    let path = Path::new(entry);
+    let flag = if val { "--val-data" } else { "--data" };
+    if entry.is_empty() {
+        return Err(EngineError::Config(format!("{flag}: an empty path")));
+    }
+    if std::fs::metadata(path).is_ok() {
+        return expand_existing(path, val, out, folder_val);
+    }
+    if entry.contains(['*', '?', '[']) {
+        let paths = glob::glob(entry)
+            .map_err(|e| EngineError::Config(format!("{flag} {entry}: bad glob pattern: {e}")))?;
+        let mut matched = 0;
+        for p in paths {
+            let p = p.map_err(|e| data_err(e.path(), e.error().to_string()))?;
+            expand_existing(&p, val, out, folder_val)?;
+            matched += 1;
+        }
+        if matched == 0 {
+            return Err(EngineError::Config(format!(
+                "{flag} {entry}: the glob matches no file"
+            )));
+        }
+        return Ok(());
+    }
+    Err(data_err(path, "no such file or folder"))
+}
+
+fn expand_existing(
+    path: &Path,
+    val: bool,
+    out: &mut Vec<PathBuf>,
+    folder_val: &mut Vec<PathBuf>,
+) -> Result<()> {
+    let abs = |p: &Path| std::fs::canonicalize(p).map_err(|e| data_err(p, e.to_string()));
+    if !path.is_dir() {
+        out.push(abs(path)?);
+        return Ok(());
+    }
+    let mut bins = Vec::new();
+    for e in std::fs::read_dir(path).map_err(|e| data_err(path, e.to_string()))? {
+        let p = e.map_err(|e| data_err(path, e.to_string()))?.path();
+        if p.extension().is_some_and(|x| x == "bin") && p.is_file() {
+            bins.push(p);
+        }
+    }
+    bins.sort();
+    let name = |p: &PathBuf| p.file_name().map(|n| n.to_string_lossy().into_owned());
+    let (named_train, rest): (Vec<_>, Vec<_>) = bins
+        .into_iter()
+        .partition(|p| name(p).is_some_and(|n| n.contains("train")));
+    let (named_val, others): (Vec<_>, Vec<_>) = rest
+        .into_iter()
+        .partition(|p| name(p).is_some_and(|n| n.contains("val")));
+    let (mine, extra_val) = match (val, named_train.is_empty()) {
+        // --val-data DIR: its `val` shards, else its other shards.
+        (true, _) if !named_val.is_empty() => (named_val, Vec::new()),
+        (true, _) => (others, Vec::new()),
+        (false, false) => (named_train, named_val),
+        (false, true) => (others, named_val),
+    };
+    if mine.is_empty() {
+        return Err(data_err(
+            path,
+            format!(
+                "the folder holds no {} .bin shards (in a folder, *train*.bin files are the \
+                 training shards and *val*.bin the validation shards)",
+                if val { "validation" } else { "training" }
+            ),
+        ));
+    }
+    for p in mine {
+        out.push(abs(&p)?);
+    }
+    for p in extra_val {
+        folder_val.push(abs(&p)?);
+    }
+    Ok(())
+}
+
+/// One data file, mapped: its tokens are read on demand.
+#[derive(Debug)]
+pub struct Shard {
+    pub path: PathBuf,
+    pub encoding: Encoding,
+    map: duet_mmap::Mapped,
+    /// Byte offset of the first token.
+    offset: usize,
+    /// Tokens in the shard.
+    pub tokens: usize,
+    /// The largest token (255 for text: its vocabulary is the 256 bytes).
+    pub max_token: u32,
+    /// What the file was when it was opened (a checkpoint stores it; a resume checks it).
+    pub fingerprint: DataFingerprint,
+}
+
+impl Shard {
+    /// Maps `path` and checks its format; `known`: the fingerprint a resumed run's checkpoint
+    /// holds (content changed since: refused); `hash`: compute the fingerprint's hash.
+    pub fn open(
+        path: &Path,
+        format: DataFormat,
+        known: Option<&DataFingerprint>,
+        hash: bool,
+    ) -> Result<Shard> {
+        let err = |e: std::io::Error| data_err(path, e.to_string());
+        let file = open_regular(path).map_err(err)?;
+        let meta = file.metadata().map_err(err)?;
+        let map = duet_mmap::Mapped::map(&file).map_err(err)?;
+        let fingerprint = DataFingerprint::of(path, &map, &meta, known, hash);
+        if let Some(k) = known {
+            fingerprint.ensure_unchanged_from(k)?;
+        }
+        let (encoding, offset, tokens) = layout(path, &map, format)?;
+        let max_token = match encoding {
+            Encoding::Bytes => 255,
+            e => max_token(&map[offset..], e),
+        };
+        Ok(Shard {
+            path: path.to_path_buf(),
+            encoding,
+            map,
+            offset,
+            tokens,
+            max_token,
+            fingerprint,
+        })
+    }
+
+    /// Token `i`.
+    pub fn token(&self, i: usize) -> u32 {
+        token_at(&self.map[self.offset..], self.encoding, i)
+    }
+
+    /// Appends tokens `start..start + n`, widened to i32.
+    pub fn extend(&self, start: usize, n: usize, out: &mut Vec<i32>) {
+        extend_tokens(&self.map[self.offset..], self.encoding, start, n, out)
+    }
+}
+
+/// A contiguous range of one shard's tokens (the training or validation part of a shard).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Span {
+    /// Index into [`DataSet::shards`].
+    pub shard: usize,
+    pub start: usize,
+    pub len: usize,
+}
+
+/// A run's data: its shards, mapped, and which parts of them train and validate.
+#[derive(Debug)]
+pub struct DataSet {
+    /// Training shards, then validation shards.
+    pub shards: Vec<Shard>,
+    /// The training parts, in shard order.
+    pub train: Vec<Span>,
+    /// The validation parts, in shard order.
+    pub val: Vec<Span>,
+    /// Smallest vocabulary that covers every token of every shard.
+    pub vocab_needed: usize,
+    entropy: std::sync::OnceLock<f64>,
+}
+
+/// Most training tokens [`DataSet::unigram_entropy`] counts (more are sampled, evenly spaced).
+pub const ENTROPY_SAMPLE: usize = 1 << 24;
+
+impl DataSet {
+    /// Opens the shards of `files` for sequences of `seq` tokens: every training and
+    /// validation part must hold one window of `seq + 1` tokens.
+    pub fn open(files: &DataFiles, seq: usize) -> Result<DataSet> {
+        Self::open_with(files, seq, None, true)
+    }
+
+    /// [`DataSet::open`] for a resumed run whose checkpoint read the files as `known`: each
+    /// shard's hash is taken from its fingerprint while its size and time match, else computed
+    /// again, and a shard whose content changed is refused.
+    pub fn open_known(
+        files: &DataFiles,
+        seq: usize,
+        known: Option<&[DataFingerprint]>,
+    ) -> Result<DataSet> {
+        Self::open_with(files, seq, known, true)
+    }
+
+    /// [`DataSet::open`] without hashing (the fingerprints' hashes are empty): the checks and
+    /// the vocabulary alone, e.g. for choosing the model's vocabulary before the run opens the
+    /// data itself.
+    pub fn scan(files: &DataFiles, seq: usize) -> Result<DataSet> {
+        Self::open_with(files, seq, None, false)
+    }
+
+    fn open_with(
+        files: &DataFiles,
+        seq: usize,
+        known: Option<&[DataFingerprint]>,
+        hash: bool,
+    ) -> Result<DataSet> {
+        if files.train.is_empty() {
+            return Err(EngineError::Config("no training data files".into()));
+        }
+        // Shards open (map, check, scan for the largest token, hash) in parallel.
+        use rayon::prelude::*;
+        let paths: Vec<&PathBuf> = files.train.iter().chain(&files.val).collect();
+        let shards = paths
+            .par_iter()
+            .map(|p| {
+                let path_s = p.display().to_string();
+                let k = known.and_then(|k| k.iter().find(|f| f.path == path_s));
+                Shard::open(p, files.format, k, hash)
+            })
+            .collect::<Result<Vec<Shard>>>()?;
+        let mut train = Vec::new();
+        let mut val = Vec::new();
+        let window = seq + 1;
+        for (i, s) in shards.iter().enumerate() {
+            let n = s.tokens;
+            if i >= files.train.len() || !files.val.is_empty() {
+                if n < window {
+                    return Err(data_err(
+                        &s.path,
+                        format!(
+                            "{n} tokens is too few: need at least {window} for one window of \
+                             sequences of {seq}"
+                        ),
+                    ));
+                }
+                let span = Span {
+                    shard: i,
+                    start: 0,
+                    len: n,
+                };
+                if i < files.train.len() {
+                    train.push(span);
+                } else {
+                    val.push(span);
+                }
+            } else {
+                // No validation shards: the tail holds out; both parts need one window.
+                let n_val = ((n as f64 * VAL_FRACTION) as usize).max(window);
+                if n < n_val + window {
+                    return Err(data_err(
+                        &s.path,
+                        format!(
+                            "{n} tokens is too few: need at least {} for sequences of {seq} \
+                             (training and validation)",
+                            n_val + window
+                        ),
+                    ));
+                }
+                let split = n - n_val;
+                train.push(Span {
+                    shard: i,
+                    start: 0,
+                    len: split,
+                });
+                val.push(Span {
+                    shard: i,
+                    start: split,
+                    len: n_val,
+                });
+            }
+        }
+        let vocab_needed = shards
+            .iter()
+            .map(|s| s.max_token as usize + 1)
+            .max()
+            .unwrap_or(1);
+        Ok(DataSet {
+            shards,
+            train,
+            val,
+            vocab_needed,
+            entropy: std::sync::OnceLock::new(),
+        })
+    }
+
+    /// Every shard's fingerprint (training shards, then validation shards).
+    pub fn fingerprints(&self) -> Vec<DataFingerprint> {
+        self.shards.iter().map(|s| s.fingerprint.clone()).collect()
+    }
+
+    /// The shard holding the largest token (the one to name when the vocabulary is too small).
+    pub fn largest_token_shard(&self) -> &Shard {
+        self.shards
+            .iter()
+            .max_by_key(|s| s.max_token)
+            .expect("a data set has a shard")
+    }
+
+    pub fn train_tokens(&self) -> usize {
+        self.train.iter().map(|s| s.len).sum()
+    }
+
+    pub fn val_tokens(&self) -> usize {
+        self.val.iter().map(|s| s.len).sum()
+    }
+
+    /// Appends `n` tokens of `span` from its offset `at`.
+    fn extend(&self, span: &Span, at: usize, n: usize, out: &mut Vec<i32>) {
+        self.shards[span.shard].extend(span.start + at, n, out)
+    }
+
+    /// `b` random windows of `t + 1` tokens (inputs, and targets one token later) over the
+    /// training parts: the window starts of every part, concatenated, are numbered
+    /// `0..Σ (len − t)` and each row's is `rng.below` that count, so every window lies in one
+    /// part and all are equally likely. With one part this is nanoGPT's `get_batch` over it.
+    pub fn random_windows(&self, rng: &mut Rng, b: usize, t: usize) -> (Vec<i32>, Vec<i32>) {
+        let (ends, total) = start_index(&self.train, t);
+        let mut inputs = Vec::with_capacity(b * t);
+        let mut targets = Vec::with_capacity(b * t);
+        for _ in 0..b {
+            let (span, at) = locate(&self.train, &ends, rng.below(total));
+            self.extend(span, at, t, &mut inputs);
+            self.extend(span, at + 1, t, &mut targets);
+        }
+        (inputs, targets)
+    }
+
+    /// Fixed validation batches (at most `max_batches`): [`validation_batches`]' evenly spaced
+    /// windows, over the validation parts' window starts concatenated (as
+    /// [`DataSet::random_windows`] numbers them), so no window crosses a part's end. With one
+    /// part these are [`validation_batches`]' windows of its tokens.
+    pub fn validation_batches(
+        &self,
+        b: usize,
+        t: usize,
+        max_batches: usize,
+    ) -> Vec<(Vec<i32>, Vec<i32>)> {
+        let lens: Vec<usize> = self.val.iter().map(|s| s.len).collect();
+        let (ends, _) = start_index(&self.val, t);
+        spaced_windows(&lens, b, t, max_batches)
+            .into_iter()
+            .map(|rows| {
+                let mut x = Vec::with_capacity(b * t);
+                let mut y = Vec::with_capacity(b * t);
+                for s in rows {
+                    let (span, at) = locate(&self.val, &ends, s);
+                    self.extend(span, at, t, &mut x);
+                    self.extend(span, at + 1, t, &mut y);
+                }
+                (x, y)
+            })
+            .collect()
+    }
+
+    /// Unigram entropy (nats per token) of the training parts: the loss of a model that knows
+    /// only token frequencies. Exact up to [`ENTROPY_SAMPLE`] tokens; past that, estimated from
+    /// that many evenly spaced tokens of each part in proportion to its length. Computed once.
+    pub fn unigram_entropy(&self) -> f64 {
+        *self.entropy.get_or_init(|| {
+            let total = self.train_tokens().max(1);
+            let mut counts = vec![0u64; self.vocab_needed];
+            let mut n = 0u64;
+            for span in &self.train {
+                let shard = &self.shards[span.shard];
+                let take = if total <= ENTROPY_SAMPLE {
+                    span.len
+                } else {
+                    ((span.len as u128 * ENTROPY_SAMPLE as u128).div_ceil(total as u128) as usize)
+                        .clamp(1, span.len)
+                };
+                for j in 0..take {
+                    let i = (j as u128 * span.len as u128 / take as u128) as usize;
+                    counts[shard.token(span.start + i) as usize] += 1;
+                    n += 1;
+                }
+            }
+            let n = n as f64;
+            counts
+                .iter()
+                .filter(|&&c| c > 0)
+                .map(|&c| c as f64 / n)
+                .map(|p| -p * p.ln())
+                .sum()
+        })
+    }
+}
+
+/// The window starts of `spans` for windows of `t + 1` tokens, concatenated: each span's end
+/// in that numbering (cumulative `len − t`), and their total.
+fn start_index(spans: &[Span], t: usize) -> (Vec<u64>, u64) {
+    let mut total = 0u64;
+    let ends = spans
+        .iter()
+        .map(|s| {
+            total += (s.len - t) as u64;
+            total
+        })
+        .collect();
+    (ends, total)
+}
+
+/// The span and offset in it of window start `s` (numbered as [`start_index`] does).
+fn locate<'a>(spans: &'a [Span], ends: &[u64], s: u64) -> (&'a Span, usize) {
+    let i = ends.partition_point(|&e| e <= s);
+    let before = if i == 0 { 0 } else { ends[i - 1] };
+    (&spans[i], (s - before) as usize)
 }
 
 /// One batch and the sampler state right after drawing it.
@@ -345,7 +965,7 @@ pub struct Batch {
 pub enum Source {
     Progressions(Progressions),
     File {
-        data: std::sync::Arc<TokenFile>,
+        data: std::sync::Arc<DataSet>,
         rng: Rng,
     },
 }
@@ -363,7 +983,7 @@ impl Source {
                 }
             }
             Source::File { data, rng } => {
-                let (inputs, targets) = random_windows(&data.train, rng, b, t);
+                let (inputs, targets) = data.random_windows(rng, b, t);
                 Batch {
                     inputs,
                     targets,
@@ -388,18 +1008,6 @@ impl Source {
     }
 }
 
-fn random_windows(tokens: &[u32], rng: &mut Rng, b: usize, t: usize) -> (Vec<i32>, Vec<i32>) {
-    let mut inputs = Vec::with_capacity(b * t);
-    let mut targets = Vec::with_capacity(b * t);
-    let starts = (tokens.len() - t) as u64;
-    for _ in 0..b {
-        let s = rng.below(starts) as usize;
-        inputs.extend(tokens[s..s + t].iter().map(|&x| x as i32));
-        targets.extend(tokens[s + 1..s + t + 1].iter().map(|&x| x as i32));
-    }
-    (inputs, targets)
-}
-
 /// Fixed validation batches: evenly spaced windows over the validation tokens (at most
 /// `max_batches` batches), the same for every run.
 pub fn validation_batches(
@@ -408,20 +1016,36 @@ pub fn validation_batches(
     t: usize,
     max_batches: usize,
 ) -> Vec<(Vec<i32>, Vec<i32>)> {
-    let windows = (val.len() - 1) / t;
-    let n_batches = windows.div_ceil(b).clamp(1, max_batches);
-    let total = n_batches * b;
-    let stride = ((val.len() - t - 1) as f64 / total.max(1) as f64).max(0.0);
-    (0..n_batches)
-        .map(|i| {
+    spaced_windows(&[val.len()], b, t, max_batches)
+        .into_iter()
+        .map(|rows| {
             let mut x = Vec::with_capacity(b * t);
             let mut y = Vec::with_capacity(b * t);
-            for r in 0..b {
-                let s = ((i * b + r) as f64 * stride) as usize;
+            for s in rows {
+                let s = s as usize;
                 x.extend(val[s..s + t].iter().map(|&v| v as i32));
                 y.extend(val[s + 1..s + t + 1].iter().map(|&v| v as i32));
             }
             (x, y)
+        })
+        .collect()
+}
+
+/// The window starts (numbered over the parts of lengths `lens` concatenated, as
+/// [`start_index`] does) of the validation batches, `b` rows each: the parts hold
+/// `Σ (len − 1) / t` disjoint windows, so `⌈that / b⌉` batches (1 to `max_batches`) of evenly
+/// spaced windows, row `k` starting at `⌊k · (S − 1) / (batches · b)⌋` of the `S` starts.
+fn spaced_windows(lens: &[usize], b: usize, t: usize, max_batches: usize) -> Vec<Vec<u64>> {
+    let windows: usize = lens.iter().map(|l| (l - 1) / t).sum();
+    let starts: usize = lens.iter().map(|l| l - t).sum();
+    let n_batches = windows.div_ceil(b).clamp(1, max_batches.max(1));
+    let total = n_batches * b;
+    let stride = ((starts - 1) as f64 / total.max(1) as f64).max(0.0);
+    (0..n_batches)
+        .map(|i| {
+            (0..b)
+                .map(|r| ((i * b + r) as f64 * stride) as u64)
+                .collect()
         })
         .collect()
 }
@@ -473,47 +1097,57 @@ mod tests {
         d.join(name)
     }
 
+    /// One file, as `--data FILE` opens it.
+    fn open1(p: &Path, seq: usize) -> Result<DataSet> {
+        let files = resolve_data(&[p.display().to_string()], &[], DataFormat::Auto)?;
+        DataSet::open(&files, seq)
+    }
+
+    fn open1_known(p: &Path, seq: usize, known: &DataFingerprint) -> Result<DataSet> {
+        let files = resolve_data(&[p.display().to_string()], &[], DataFormat::Auto)?;
+        DataSet::open_known(&files, seq, Some(std::slice::from_ref(known)))
+    }
+
     #[test]
     fn shard_roundtrip_and_errors() {
         let p = tmp("ok.bin");
         let toks: Vec<u16> = (0..500).map(|i| (i * 7 % 1000) as u16).collect();
         write_llmc_shard(&p, &toks).unwrap();
-        let f = TokenFile::open(&p, 16).unwrap();
-        assert_eq!(f.train.len() + f.val.len(), 500);
+        let f = open1(&p, 16).unwrap();
+        assert_eq!(f.train_tokens() + f.val_tokens(), 500);
         assert_eq!(f.vocab_needed, *toks.iter().max().unwrap() as usize + 1);
+        let back: Vec<u32> = (0..500).map(|i| f.shards[0].token(i)).collect();
+        assert_eq!(back, toks.iter().map(|&t| t as u32).collect::<Vec<_>>());
 
         let mut bytes = std::fs::read(&p).unwrap();
         bytes[0] ^= 1;
         let bad = tmp("badmagic.bin");
         std::fs::write(&bad, &bytes).unwrap();
-        let e = TokenFile::open(&bad, 16).unwrap_err().to_string();
+        let e = open1(&bad, 16).unwrap_err().to_string();
         assert!(e.contains("badmagic.bin") && e.contains("bad magic"), "{e}");
+        assert!(e.contains("--data-format nanogpt"), "{e}");
 
         let bytes = std::fs::read(&p).unwrap();
         let trunc = tmp("trunc.bin");
         std::fs::write(&trunc, &bytes[..bytes.len() - 3]).unwrap();
-        let e = TokenFile::open(&trunc, 16).unwrap_err().to_string();
+        let e = open1(&trunc, 16).unwrap_err().to_string();
         assert!(e.contains("truncated"), "{e}");
 
         let empty = tmp("empty.txt");
         std::fs::write(&empty, "").unwrap();
-        let e = TokenFile::open(&empty, 16).unwrap_err().to_string();
+        let e = open1(&empty, 16).unwrap_err().to_string();
         assert!(e.contains("empty.txt") && e.contains("too few"), "{e}");
         // A FIFO is refused without blocking (nobody writes into it).
         let fifo = tmp("fifo.txt");
         let _ = std::fs::remove_file(&fifo);
         let made = std::process::Command::new("mkfifo").arg(&fifo).status();
         if made.is_ok_and(|s| s.success()) {
-            let e = TokenFile::open(&fifo, 16).unwrap_err().to_string();
+            let e = open1(&fifo, 16).unwrap_err().to_string();
             assert!(e.contains("FIFO"), "{e}");
         }
-        let e = TokenFile::open(Path::new("/dev/zero"), 16)
-            .unwrap_err()
-            .to_string();
+        let e = open1(Path::new("/dev/zero"), 16).unwrap_err().to_string();
         assert!(e.contains("a device"), "{e}");
-        let e = TokenFile::open(&tmp("missing.txt"), 16)
-            .unwrap_err()
-            .to_string();
+        let e = open1(&tmp("missing.txt"), 16).unwrap_err().to_string();
         assert!(e.contains("missing.txt"), "{e}");
     }
 
@@ -521,7 +1155,7 @@ mod tests {
     fn text_windows_and_validation() {
         let p = tmp("t.txt");
         std::fs::write(&p, "hello world, ".repeat(40)).unwrap();
-        let f = std::sync::Arc::new(TokenFile::open(&p, 8).unwrap());
+        let f = std::sync::Arc::new(open1(&p, 8).unwrap());
         assert_eq!(f.vocab_needed, 256);
         let mut s = Source::File {
             data: f.clone(),
@@ -535,7 +1169,7 @@ mod tests {
         let next = s.next_batch(4, 8);
         s.set_state(state);
         assert_eq!(s.next_batch(4, 8).inputs, next.inputs);
-        let v = validation_batches(&f.val, 4, 8, 3);
+        let v = f.validation_batches(4, 8, 3);
         assert!(!v.is_empty() && v.len() <= 3);
         assert!(f.unigram_entropy() > 1.0);
     }
@@ -557,9 +1191,16 @@ mod tests {
     fn a_fingerprint_is_hashed_again_only_when_size_or_time_changed() {
         let p = tmp("fingerprint.txt");
         std::fs::write(&p, "abcdefgh".repeat(64)).unwrap();
-        let f = TokenFile::open(&p, 8).unwrap().fingerprint;
+        let f = open1(&p, 8).unwrap().shards[0].fingerprint.clone();
         assert_eq!(f.bytes, 512);
         assert!(f.hash.starts_with("blake3:"), "{}", f.hash);
+        assert_eq!(
+            f.hash,
+            format!(
+                "blake3:{}",
+                blake3::hash(&std::fs::read(&p).unwrap()).to_hex()
+            )
+        );
         assert_eq!(f.current().unwrap(), f);
         // Size and time unchanged: the stored hash is trusted, not computed (a wrong one shows
         // it was not recomputed).
@@ -567,7 +1208,7 @@ mod tests {
         trusted.hash = "blake3:not-computed".into();
         assert_eq!(trusted.current().unwrap().hash, "blake3:not-computed");
         assert!(
-            TokenFile::open_known(&p, 8, Some(&trusted)).is_ok(),
+            open1_known(&p, 8, &trusted).is_ok(),
             "the open trusts it too"
         );
         // Touched: hashed again, the same content, the new time kept.
@@ -584,9 +1225,89 @@ mod tests {
         let edited = f.current().unwrap();
         let why = edited.changed_from(&f).unwrap();
         assert!(why.contains("512 → 512 bytes"), "{why}");
-        let e = TokenFile::open_known(&p, 8, Some(&f))
-            .unwrap_err()
-            .to_string();
+        let e = open1_known(&p, 8, &f).unwrap_err().to_string();
         assert!(e.contains("changed since the run read it"), "{e}");
+        // A scan does not hash.
+        let files = resolve_data(&[p.display().to_string()], &[], DataFormat::Auto).unwrap();
+        assert_eq!(
+            DataSet::scan(&files, 8).unwrap().shards[0].fingerprint.hash,
+            ""
+        );
+    }
+
+    #[test]
+    fn formats_and_their_errors() {
+        // uint32 llm.c shard: tokens past 65535 survive.
+        let p = tmp("u32.bin");
+        let toks: Vec<u32> = (0..300).map(|i| 70_000 + i * 3).collect();
+        write_llmc_shard_u32(&p, &toks).unwrap();
+        let bytes = std::fs::read(&p).unwrap();
+        assert_eq!(bytes.len(), 1024 + 4 * 300);
+        assert_eq!(
+            &bytes[..12],
+            &[20240801i32, 7, 300].map(i32::to_le_bytes).concat()[..]
+        );
+        let f = open1(&p, 8).unwrap();
+        assert_eq!(f.shards[0].encoding, Encoding::U32);
+        assert_eq!(f.vocab_needed, 70_000 + 299 * 3 + 1);
+        assert_eq!(parse_llmc_shard(&p, &bytes).unwrap(), toks);
+        // A wrong version for the magic is named.
+        let mut v = bytes.clone();
+        v[4..8].copy_from_slice(&1i32.to_le_bytes());
+        let e = layout(&p, &v, DataFormat::Auto).unwrap_err().to_string();
+        assert!(e.contains("unsupported shard version 1"), "{e}");
+        // nanoGPT: headerless uint16; auto mode names --data-format nanogpt.
+        let n = tmp("train.bin");
+        let nt: Vec<u16> = (0..400).map(|i| (i * 11 % 5000) as u16).collect();
+        std::fs::write(
+            &n,
+            nt.iter().flat_map(|t| t.to_le_bytes()).collect::<Vec<_>>(),
+        )
+        .unwrap();
+        let e = open1(&n, 8).unwrap_err().to_string();
+        assert!(
+            e.contains("train.bin") && e.contains("--data-format nanogpt"),
+            "{e}"
+        );
+        assert!(!e.contains('\n'), "one line: {e}");
+        let files = resolve_data(&[n.display().to_string()], &[], DataFormat::Nanogpt).unwrap();
+        let f = DataSet::open(&files, 8).unwrap();
+        assert_eq!(f.shards[0].tokens, 400);
+        let back: Vec<u32> = (0..400).map(|i| f.shards[0].token(i)).collect();
+        assert_eq!(back, nt.iter().map(|&t| t as u32).collect::<Vec<_>>());
+        std::fs::write(&n, [1u8, 2, 3]).unwrap();
+        let e = DataSet::open(&files, 1).unwrap_err().to_string();
+        assert!(e.contains("whole number of uint16"), "{e}");
+        // --data-format text reads a .bin as bytes; llmc reads any name as a shard.
+        let t = tmp("text.bin");
+        std::fs::write(&t, "some text ".repeat(20)).unwrap();
+        let files = resolve_data(&[t.display().to_string()], &[], DataFormat::Text).unwrap();
+        assert_eq!(DataSet::open(&files, 8).unwrap().vocab_needed, 256);
+        let s = tmp("shard.tokens");
+        write_llmc_shard(&s, &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]).unwrap();
+        let files = resolve_data(&[s.display().to_string()], &[], DataFormat::Llmc).unwrap();
+        assert_eq!(DataSet::open(&files, 2).unwrap().vocab_needed, 17);
+        assert!(open1(&s, 2).is_err(), "auto: not .bin, so text, not UTF-8");
+        for name in DataFormat::NAMES {
+            assert_eq!(name.parse::<DataFormat>().unwrap().to_string(), name);
+        }
+        assert!("csv".parse::<DataFormat>().is_err());
+    }
+
+    #[test]
+    fn the_spaced_windows_of_one_part_are_the_slice_ones() {
+        let val: Vec<u32> = (0..997).map(|i| i * 31 % 101).collect();
+        for (b, t, m) in [(4, 8, 3), (3, 16, 8), (2, 100, 50), (5, 7, 1)] {
+            let rows = spaced_windows(&[val.len()], b, t, m);
+            let slice = validation_batches(&val, b, t, m);
+            assert_eq!(rows.len(), slice.len());
+            for (r, (x, _)) in rows.iter().zip(&slice) {
+                let from_rows: Vec<i32> = r
+                    .iter()
+                    .flat_map(|&s| val[s as usize..s as usize + t].iter().map(|&v| v as i32))
+                    .collect();
+                assert_eq!(&from_rows, x);
+            }
+        }
     }
 }

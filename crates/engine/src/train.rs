@@ -3,7 +3,7 @@
 use crate::checkpoint::Checkpoint;
 use crate::config::Config;
 use crate::data::{Progressions, batch_of, keeps_stride, progression};
-use crate::dataset::{Batch, Prefetcher, Source, TokenFile, validation_batches};
+use crate::dataset::{Batch, DataSet, Prefetcher, Source};
 use crate::dist::zero::ShardedAdamW;
 use crate::dist::{Dist, DpOptions, local_batch, plan_buckets, ready_groups};
 use crate::model::{Fp8Codes, Gpt, init_weights};
@@ -13,7 +13,6 @@ use crate::precision::{LossScaler, Precision, PrecisionPlan};
 use crate::rng::Rng;
 use crate::{EngineError, Result};
 use duet_device::{Buffer, Collective, DType, DeviceExt, Fused, ReduceOp};
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -80,8 +79,8 @@ pub struct Trainer<D: Fused> {
     /// The sampler as of the last consumed batch (the prefetcher runs ahead on a copy).
     data: Source,
     prefetch: Option<Prefetcher>,
-    /// Validation tokens of a file source.
-    val_tokens: Option<Arc<TokenFile>>,
+    /// The data set of a file source (its validation parts).
+    val_tokens: Option<Arc<DataSet>>,
     step: u64,
     scaler: Option<LossScaler>,
     /// Data parallelism: this rank's communicator, gradient buckets and (ZeRO) optimizer shard.
@@ -286,28 +285,25 @@ impl<D: Fused> Trainer<D> {
                 None,
             )
         } else {
-            let known = known_data.and_then(|k| k.iter().find(|f| f.path == t.data.data));
-            let file = Arc::new(TokenFile::open_known(
-                Path::new(&t.data.data),
-                t.data.seq,
-                known,
-            )?);
-            if file.vocab_needed > cfg.model.vocab {
+            let files =
+                crate::dataset::resolve_data(&t.data.data, &t.data.val_data, t.data.data_format)?;
+            let set = Arc::new(DataSet::open_known(&files, t.data.seq, known_data)?);
+            if set.vocab_needed > cfg.model.vocab {
                 return Err(EngineError::Data {
-                    path: t.data.data.clone(),
+                    path: set.largest_token_shard().path.display().to_string(),
                     message: format!(
                         "holds token ids up to {} but the model's vocab is {} (use --vocab {} or more)",
-                        file.vocab_needed - 1,
+                        set.vocab_needed - 1,
                         cfg.model.vocab,
-                        file.vocab_needed
+                        set.vocab_needed
                     ),
                 });
             }
             let src = Source::File {
-                data: file.clone(),
+                data: set.clone(),
                 rng: Rng::derive(t.data.seed, 3),
             };
-            (src, Some(file))
+            (src, Some(set))
         };
         Ok(Self {
             cfg,
@@ -589,7 +585,8 @@ impl<D: Fused> Trainer<D> {
         }
     }
 
-    /// Mean loss over the validation set: fixed windows of the file's held-out tail, or the
+    /// Mean loss over the validation set: at most `val_batches` batches of fixed windows of the
+    /// validation shards (or the training shards' held-out tails), or the
     /// held-out progressions (teacher-forced) for the synthetic task.
     pub fn validation_loss(&mut self) -> Result<f32> {
         // The forward passes record their amaxes into the FP8 scaling state, which would move
@@ -606,7 +603,7 @@ impl<D: Fused> Trainer<D> {
     fn validation_loss_inner(&mut self) -> Result<f32> {
         let (b, t) = (self.cfg.train.data.batch, self.cfg.train.data.seq);
         let batches = match &self.val_tokens {
-            Some(f) => validation_batches(&f.val, b, t, 8),
+            Some(f) => f.validation_batches(b, t, self.cfg.train.data.val_batches),
             None => {
                 let Source::Progressions(p) = &self.data else {
                     unreachable!("no file, synthetic data")
@@ -710,7 +707,7 @@ impl<D: Fused> Trainer<D> {
                     self.optimizer_steps().to_string(),
                 );
                 if let Source::File { data, .. } = &self.data {
-                    let files = [&data.fingerprint];
+                    let files = data.fingerprints();
                     let json = serde_json::to_string(&files).expect("fingerprints serialise");
                     extra.insert(DATA_FILES_KEY.to_string(), json);
                 }
@@ -1303,7 +1300,7 @@ pub fn check_data_unchanged(ck: &mut Checkpoint) -> Result<Option<String>> {
             format!(
                 "the checkpoint records no fingerprint of {} (saved by an older duet): whether \
                  it changed since is not checked",
-                ck.config.train.data.data
+                ck.config.train.data.describe()
             )
         }));
     };

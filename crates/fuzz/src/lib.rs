@@ -89,9 +89,14 @@ pub fn shard(data: &[u8]) -> bool {
         "token ≥ vocab"
     );
     if bin {
+        // The header's magic gives the width: uint32 tokens (llm.c's version 7) or uint16.
+        let wide = bytes[..4] == duet_engine::dataset::LLMC_MAGIC_U32.to_le_bytes();
         let body: Vec<u8> = tokens
             .iter()
-            .flat_map(|&t| (t as u16).to_le_bytes())
+            .flat_map(|&t| match wide {
+                true => t.to_le_bytes().to_vec(),
+                false => (t as u16).to_le_bytes().to_vec(),
+            })
             .collect();
         assert_eq!(&bytes[1024..], &body[..], "tokens are not the file's");
     } else {

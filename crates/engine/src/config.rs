@@ -176,6 +176,15 @@ pub struct DataConfig {
     /// tokens) or an llm.c `.bin` token shard.
     #[serde(default)]
     pub data: String,
+    /// The tokenizer of the data (`duet train --tokenizer`): the path it was read from (a
+    /// tokenizer.json or a folder holding one or GPT-2's files), empty for byte tokens or the
+    /// synthetic task. The run copies it into its folder as `tokenizer.json`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub tokenizer: String,
+    /// blake3 of the tokenizer's canonical tokenizer.json (duet_tokenize's `Tokenizer::hash`),
+    /// empty without a tokenizer; checkpoints also carry it as the `tokenizer_hash` metadata key.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub tokenizer_hash: String,
 }
 
 /// AdamW and its learning-rate schedule.
@@ -362,6 +371,8 @@ impl Config {
                 eval_sequences: 256,
                 max_stride: 8,
                 data: String::new(),
+                tokenizer: String::new(),
+                tokenizer_hash: String::new(),
             },
             optimizer: OptimizerConfig {
                 lr: 2e-3,

@@ -8,6 +8,7 @@ use duet_engine::EngineError;
 use duet_engine::checkpoint::Checkpoint;
 use duet_engine::config::Config;
 use duet_engine::generate::{Generator, Sampling, WeightFormat, check_prompt_len};
+use duet_tokenize::Tokenizer;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -16,23 +17,36 @@ pub struct GenerateArgs {
     /// A checkpoint written by `duet train` (the file or its --out folder).
     #[arg(long)]
     checkpoint: PathBuf,
-    /// Text prompt (byte tokens; for models trained on UTF-8 text files).
+    /// Text prompt: encoded with the run's tokenizer, or as bytes for a model trained on a
+    /// UTF-8 text file; prompt and continuation are printed as text.
     #[arg(long, conflicts_with = "tokens")]
     prompt: Option<String>,
-    /// Prompt as comma-separated token ids, e.g. "3,7,11,15".
+    /// Prompt as comma-separated token ids, e.g. "3,7,11,15"; prints the prompt's and the new
+    /// ids, labelled.
     #[arg(long)]
     tokens: Option<String>,
+    /// The tokenizer (a tokenizer.json or a folder holding one or GPT-2's files) [default: the
+    /// tokenizer.json next to the checkpoint, else byte tokens].
+    #[arg(long, value_name = "PATH")]
+    tokenizer: Option<PathBuf>,
     /// Tokens to generate.
     #[arg(long, default_value_t = 64)]
     max_new: usize,
-    /// 0 = greedy.
-    #[arg(long, default_value_t = 0.0)]
-    temperature: f32,
-    /// Sample among the k most likely tokens (0 = all).
-    #[arg(long, default_value_t = 0)]
-    top_k: usize,
+    /// Sampling temperature; 0 = greedy [default: 0.8 for a model trained on data (nanoGPT's
+    /// sample.py), 0 for the synthetic task].
+    #[arg(long)]
+    temperature: Option<f32>,
+    /// Sample among the k most likely tokens, 0 = all [default: 200 when sampling a model
+    /// trained on data, else 0].
+    #[arg(long)]
+    top_k: Option<usize>,
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Stop when prompt and new tokens fill the context (max_seq) instead of sliding the window
+    /// (by default the KV cache is re-filled with the last max_seq − 1 tokens whenever it is
+    /// full: about max_seq / 2 positions of compute per new token past the context).
+    #[arg(long)]
+    stop_at_context: bool,
     /// Hold the linear layers' weights in FP8 (E4M3, one scale per matrix): a quarter of their
     /// f32 memory, dequantised before each GEMM.
     #[arg(long)]
@@ -65,23 +79,103 @@ fn not_bytes(cfg: &Config) -> Option<String> {
     (vocab < 256).then(|| format!("a vocabulary of {vocab} tokens does not cover the 256 bytes"))
 }
 
+/// The run's tokenizer: `--tokenizer`, else the tokenizer.json next to the checkpoint; `None`
+/// when there is neither (a byte-token run, or one whose tokenizer was not recorded).
+fn find_tokenizer(a: &GenerateArgs, ck_path: &Path, cfg: &Config) -> CliResult<Option<Tokenizer>> {
+    let recorded = &cfg.train.data.tokenizer_hash;
+    if let Some(p) = &a.tokenizer {
+        let tok = Tokenizer::from_path(p)?;
+        if !recorded.is_empty() && tok.hash() != recorded {
+            eprintln!(
+                "warning: --tokenizer {} is not the tokenizer the model was trained with (blake3 \
+                 {}, the run's {}): its ids may mean other text",
+                p.display(),
+                &tok.hash()[..16],
+                &recorded[..recorded.len().min(16)]
+            );
+        }
+        return Ok(Some(tok));
+    }
+    let beside = ck_path
+        .parent()
+        .unwrap_or(Path::new("."))
+        .join(duet_tokenize::TOKENIZER_FILE);
+    if !beside.is_file() {
+        return Ok(None);
+    }
+    let tok = Tokenizer::from_path(&beside)?;
+    if !recorded.is_empty() && tok.hash() != recorded {
+        return Err(format!(
+            "{} is not the tokenizer the model was trained with (blake3 {}, the run's {}): \
+             give the run's tokenizer with --tokenizer",
+            beside.display(),
+            &tok.hash()[..16],
+            &recorded[..recorded.len().min(16)]
+        )
+        .into());
+    }
+    Ok(Some(tok))
+}
+
+/// The text of `ids`; an id the tokenizer does not know (a padded vocabulary's) is U+FFFD.
+fn decode_lossy(tok: &Tokenizer, ids: &[i32]) -> CliResult<String> {
+    let mut text = String::new();
+    for run in
+        ids.chunk_by(|a, b| (*a as usize) < tok.vocab_size() && (*b as usize) < tok.vocab_size())
+    {
+        if run.len() == 1 && run[0] as usize >= tok.vocab_size() {
+            text.push('\u{fffd}');
+        } else {
+            let u: Vec<u32> = run.iter().map(|&t| t as u32).collect();
+            text.push_str(&tok.decode(&u)?);
+        }
+    }
+    Ok(text)
+}
+
+fn join_ids(ids: &[i32]) -> String {
+    ids.iter().map(i32::to_string).collect::<Vec<_>>().join(",")
+}
+
 pub fn run(a: &GenerateArgs) -> CliResult<()> {
     let path = crate::cli_train::checkpoint_path(&a.checkpoint);
     let ck = Checkpoint::load(&path)?;
     let vocab = ck.config.model.vocab;
+    let tok = find_tokenizer(a, &path, &ck.config)?;
     let (prompt, text) = match (&a.prompt, &a.tokens) {
-        (Some(p), _) => {
-            // The vocabulary's size alone cannot tell: a shard's 50257 ids cover 0..256 too,
-            // and the text would go in as the wrong tokens and come out as ids modulo 256.
-            if let Some(why) = not_bytes(&ck.config) {
-                return Err(format!(
-                    "this model's tokens are not bytes ({why}): give --tokens ids, e.g. \
-                     --tokens 3,7,11,15"
-                )
-                .into());
+        (Some(p), _) => match &tok {
+            Some(tok) => {
+                let ids = tok.encode(p)?;
+                if let Some(bad) = ids.iter().find(|&&t| t as usize >= vocab) {
+                    return Err(format!(
+                        "the tokenizer's token {bad} is outside the model's vocabulary 0..{vocab}"
+                    )
+                    .into());
+                }
+                (ids.into_iter().map(|t| t as i32).collect(), true)
             }
-            (p.bytes().map(|b| b as i32).collect::<Vec<i32>>(), true)
-        }
+            None => {
+                if !ck.config.train.data.tokenizer_hash.is_empty() {
+                    return Err(format!(
+                        "the model was trained with the tokenizer {} and there is no \
+                         tokenizer.json next to the checkpoint: give it with --tokenizer",
+                        ck.config.train.data.tokenizer
+                    )
+                    .into());
+                }
+                // The vocabulary's size alone cannot tell: a shard's 50257 ids cover 0..256
+                // too, and the text would go in as the wrong tokens and come out as ids modulo
+                // 256.
+                if let Some(why) = not_bytes(&ck.config) {
+                    return Err(format!(
+                        "this model's tokens are not bytes ({why}): give --tokens ids, e.g. \
+                         --tokens 3,7,11,15, or its --tokenizer"
+                    )
+                    .into());
+                }
+                (p.bytes().map(|b| b as i32).collect::<Vec<i32>>(), true)
+            }
+        },
         (None, Some(t)) => {
             let ids: Result<Vec<i32>, _> = t.split(',').map(|x| x.trim().parse::<i32>()).collect();
             let ids =
@@ -96,28 +190,49 @@ pub fn run(a: &GenerateArgs) -> CliResult<()> {
     if prompt.is_empty() {
         return Err("the prompt is empty".into());
     }
-    if !(a.temperature.is_finite() && a.temperature >= 0.0) {
+    // A model trained on data samples by default (nanoGPT's sample.py: temperature 0.8,
+    // top-k 200); the synthetic task's answers are checked greedily.
+    let trained_on_data = !ck.config.train.data.data.is_empty();
+    let temperature = a
+        .temperature
+        .unwrap_or(if trained_on_data { 0.8 } else { 0.0 });
+    if !(temperature.is_finite() && temperature >= 0.0) {
         return Err("--temperature must be ≥ 0".into());
     }
-    if a.top_k > 0 && a.temperature == 0.0 {
-        return Err(
-            "--top-k samples among the k most likely tokens, which needs --temperature > 0 \
-             (temperature 0 is greedy: the single most likely token)"
-                .into(),
-        );
-    }
+    let top_k = match a.top_k {
+        Some(k) if k > 0 && temperature == 0.0 => {
+            return Err(
+                "--top-k samples among the k most likely tokens, which needs --temperature > 0 \
+                 (temperature 0 is greedy: the single most likely token)"
+                    .into(),
+            );
+        }
+        Some(k) => k,
+        None if trained_on_data && temperature > 0.0 => 200,
+        None => 0,
+    };
     let context = ck.config.model.max_seq;
     // Before the weights go to the device; the generator checks the same rule.
-    if let Err(e) = check_prompt_len(prompt.len(), context) {
+    if a.stop_at_context
+        && let Err(e) = check_prompt_len(prompt.len(), context)
+    {
         return Err(match e {
             EngineError::Config(m) => m.into(),
             other => other.into(),
         });
     }
+    if !a.stop_at_context && prompt.len() >= context {
+        eprintln!(
+            "note: the prompt's {} tokens do not fit the model's context of {context}: the last \
+             {} are used",
+            prompt.len(),
+            context - 1
+        );
+    }
     let kind: BackendKind = a.backend.parse()?;
     let sampling = Sampling {
-        temperature: a.temperature,
-        top_k: a.top_k,
+        temperature,
+        top_k,
         seed: a.seed,
     };
     let out = dispatch(
@@ -128,6 +243,7 @@ pub fn run(a: &GenerateArgs) -> CliResult<()> {
             prompt: prompt.clone(),
             max_new: a.max_new,
             sampling,
+            slide: !a.stop_at_context,
             format: if a.fp8 {
                 WeightFormat::Fp8
             } else {
@@ -145,11 +261,17 @@ pub fn run(a: &GenerateArgs) -> CliResult<()> {
         );
     }
     if text {
-        let bytes: Vec<u8> = prompt.iter().chain(&out).map(|&t| t as u8).collect();
-        println!("{}", String::from_utf8_lossy(&bytes));
+        let all: Vec<i32> = prompt.iter().chain(&out).copied().collect();
+        match &tok {
+            Some(tok) => println!("{}", decode_lossy(tok, &all)?),
+            None => {
+                let bytes: Vec<u8> = all.iter().map(|&t| t as u8).collect();
+                println!("{}", String::from_utf8_lossy(&bytes));
+            }
+        }
     } else {
-        let ids: Vec<String> = out.iter().map(i32::to_string).collect();
-        println!("{}", ids.join(","));
+        println!("prompt: {}", join_ids(&prompt));
+        println!("new: {}", join_ids(&out));
     }
     Ok(())
 }
@@ -159,6 +281,8 @@ struct GenTask {
     prompt: Vec<i32>,
     max_new: usize,
     sampling: Sampling,
+    /// Past the context: slide the window (else stop).
+    slide: bool,
     format: WeightFormat,
 }
 
@@ -177,6 +301,11 @@ impl OnDevice for GenTask {
                 "f32"
             }
         );
-        Ok(g.generate(&self.prompt, self.max_new, &self.sampling)?)
+        let keep = self.ck.config.model.max_seq - 1;
+        Ok(if self.slide && keep > 0 {
+            g.generate_sliding(&self.prompt, self.max_new, &self.sampling, keep)?
+        } else {
+            g.generate(&self.prompt, self.max_new, &self.sampling)?
+        })
     }
 }

@@ -6,6 +6,7 @@ mod cli_bench;
 mod cli_dist;
 mod cli_export;
 mod cli_generate;
+mod cli_tokenize;
 mod cli_train;
 mod parity;
 mod plot;
@@ -35,11 +36,14 @@ enum Command {
     Bench(BenchArgs),
     /// List the compiled-in backends, which ones load here, and their devices.
     Info,
-    /// Generate tokens from a checkpoint (greedy, temperature, top-k) with a KV cache.
+    /// Generate text or tokens from a checkpoint (sampling or greedy) with a KV cache.
     Generate(cli_generate::GenerateArgs),
     /// Write a checkpoint's model for other tools: Hugging Face GPT-2 (config.json,
     /// model.safetensors, the run's tokenizer files) or a nanoGPT state dict.
     Export(cli_export::ExportArgs),
+    /// Tokenize text files or folders into llm.c token shards (uint16, or uint32 for
+    /// vocabularies over 65,536), with a given or a newly trained BPE tokenizer.
+    Tokenize(cli_tokenize::TokenizeArgs),
     /// Compare two training traces (from `duet train --trace`): exit 0 on match, 1 on
     /// divergence, 2 when a trace is unreadable or the two are not comparable.
     Parity { a: PathBuf, b: PathBuf },
@@ -155,6 +159,11 @@ pub struct DataFlags {
     /// each validation evaluates. [default: 8]
     #[arg(long, value_name = "N")]
     pub val_batches: Option<usize>,
+    /// The tokenizer of --data's shards (a tokenizer.json, or a folder holding one or GPT-2's
+    /// encoder.json + vocab.bpe): copied into --out as tokenizer.json, its hash recorded in the
+    /// checkpoint, the vocabulary raised to cover it [default: none: byte tokens].
+    #[arg(long, value_name = "PATH")]
+    pub tokenizer: Option<PathBuf>,
     /// Held-out progressions checked by greedy generation at the end (0 skips the check).
     #[arg(long)]
     pub eval_sequences: Option<usize>,
@@ -449,6 +458,7 @@ fn main() -> ExitCode {
             }
         }
         Command::Generate(a) => cli_generate::run(&a),
+        Command::Tokenize(a) => cli_tokenize::run(&a),
         Command::Bench(a) => cli_bench::bench(&a.model, a.warmup_steps, a.iters, a.json.as_deref()),
         Command::Export(a) => cli_export::run(&a),
         Command::Info => backends::info(),

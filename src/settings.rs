@@ -114,6 +114,47 @@ pub fn build_config(a: &ModelArgs) -> CliResult<Config> {
         // The generation check belongs to the synthetic task.
         cfg.train.data.eval_sequences = 0;
     }
+    // The tokenizer: --tokenizer, else a config file's `train.tokenizer`.
+    let from_toml = (a.data.tokenizer.is_none() && !cfg.train.data.tokenizer.is_empty())
+        .then(|| std::path::PathBuf::from(&cfg.train.data.tokenizer));
+    if let Some(p) = a.data.tokenizer.as_ref().or(from_toml.as_ref()) {
+        let tok = duet_tokenize::Tokenizer::from_path(p)?;
+        let data = &cfg.train.data.data;
+        if data.is_empty() {
+            return Err("--tokenizer names the tokenizer of --data's shards: give --data".into());
+        }
+        // Text files are read as bytes (not with the tokenizer): only token shards fit it.
+        let text = data.iter().find(|d| {
+            duet_engine::dataset::is_text(std::path::Path::new(d), cfg.train.data.data_format)
+        });
+        if let (Some(data), false) = (text, tok.is_bytes()) {
+            return Err(format!(
+                "--data {data} is read as text (byte tokens), not with the tokenizer {}:                  tokenize it first (duet tokenize {data} --tokenizer {} --out DIR) and train on                  the shards",
+                p.display(),
+                p.display()
+            )
+            .into());
+        }
+        let abs = std::fs::canonicalize(p).unwrap_or_else(|_| p.clone());
+        cfg.train.data.tokenizer = abs.display().to_string();
+        cfg.train.data.tokenizer_hash = tok.hash().to_string();
+        if cfg.model.vocab < tok.vocab_size() {
+            if a.arch.vocab.is_some() {
+                return Err(format!(
+                    "--vocab {} does not cover the tokenizer's {} tokens",
+                    cfg.model.vocab,
+                    tok.vocab_size()
+                )
+                .into());
+            }
+            eprintln!(
+                "vocab set to {} to cover the tokenizer {}",
+                tok.vocab_size(),
+                p.display()
+            );
+            cfg.model.vocab = tok.vocab_size();
+        }
+    }
     // A new run's learning-rate schedule spans its steps (a config.toml of an extended run
     // may carry that run's; a resume keeps the checkpoint's).
     cfg.train.optimizer.schedule_steps = 0;

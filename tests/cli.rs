@@ -359,10 +359,10 @@ fn absurd_sizes_fail_cleanly() {
         &train(&["--batch", &max]),
         "the logits (batch × seq × vocab = 18446744073709551615 × 16 × 96)",
     );
-    // --max-new far past the context: the output stops at the context, nothing is allocated
-    // for the rest.
+    // --max-new far past the context with --stop-at-context: the output stops at the context,
+    // nothing is allocated for the rest.
     let run = train_small("run-huge", Some(&text_file()));
-    // --top-k samples; without a temperature it would be silently greedy.
+    // --top-k samples; with temperature 0 it would be silently greedy.
     assert_clean_error(
         &[
             "generate",
@@ -370,6 +370,8 @@ fn absurd_sizes_fail_cleanly() {
             run.to_str().unwrap(),
             "--prompt",
             "hi",
+            "--temperature",
+            "0",
             "--top-k",
             "5",
         ],
@@ -384,6 +386,7 @@ fn absurd_sizes_fail_cleanly() {
             "hi",
             "--max-new",
             max_new,
+            "--stop-at-context",
         ]);
         assert_success(&out);
         // (A barely trained model's bytes need not be UTF-8 and are printed lossily: stderr
@@ -423,11 +426,8 @@ fn text_prompts_need_a_byte_model() {
             &n,
         ]);
         assert_success(&out);
-        let ids: Vec<usize> = String::from_utf8_lossy(&out.stdout)
-            .trim()
-            .split(',')
-            .map(|x| x.parse().expect("a token id"))
-            .collect();
+        let (prompt, ids) = labelled_ids(&out.stdout);
+        assert_eq!(prompt, tokens);
         assert_eq!(ids.len(), max_new);
         ids
     };
@@ -463,8 +463,27 @@ fn text_prompts_need_a_byte_model() {
     assert!(stdout.starts_with("hello"), "{stdout}");
 }
 
-/// The prompt and the generated tokens together never exceed the context (32 here): a prompt
-/// of 31 gets one new token, a prompt of 32 is refused with the rule.
+/// `generate --tokens` prints `prompt: <ids>` and `new: <ids>`: the prompt's ids (as one
+/// comma list) and the new ones.
+fn labelled_ids(stdout: &[u8]) -> (String, Vec<usize>) {
+    let stdout = String::from_utf8_lossy(stdout);
+    let mut lines = stdout.lines();
+    let prompt = lines.next().and_then(|l| l.strip_prefix("prompt: "));
+    let new = lines.next().and_then(|l| l.strip_prefix("new: "));
+    let (Some(prompt), Some(new)) = (prompt, new) else {
+        panic!("not `prompt: ` and `new: ` lines: {stdout}");
+    };
+    let ids = new
+        .split(',')
+        .filter(|x| !x.is_empty())
+        .map(|x| x.parse().expect("a token id"))
+        .collect();
+    (prompt.to_string(), ids)
+}
+
+/// With --stop-at-context the prompt and the generated tokens together never exceed the
+/// context (32 here): a prompt of 31 gets one new token, a prompt of 32 is refused with the
+/// rule. By default the window slides: --max-new tokens come, and a long prompt is cropped.
 #[test]
 fn generation_never_exceeds_the_context() {
     let run = train_small("run-ctx", Some(&text_file()));
@@ -478,6 +497,7 @@ fn generation_never_exceeds_the_context() {
         &prompt,
         "--max-new",
         "8",
+        "--stop-at-context",
     ]);
     assert_success(&out);
     assert!(out.stdout.starts_with(prompt.as_bytes()));
@@ -490,7 +510,14 @@ fn generation_never_exceeds_the_context() {
         "{err}"
     );
     assert_clean_error(
-        &["generate", "--checkpoint", ck, "--prompt", &"a".repeat(32)],
+        &[
+            "generate",
+            "--checkpoint",
+            ck,
+            "--prompt",
+            &"a".repeat(32),
+            "--stop-at-context",
+        ],
         "the prompt has 32 tokens but the model's context is 32: prompt and generated tokens \
          must fit in it together, so a prompt can have at most 31 tokens",
     );
@@ -504,13 +531,37 @@ fn generation_never_exceeds_the_context() {
         "1,2,3",
         "--max-new",
         "100",
+        "--stop-at-context",
     ]);
     assert_success(&out);
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout)
-            .trim()
-            .split(',')
-            .count(),
-        29
-    );
+    assert_eq!(labelled_ids(&out.stdout).1.len(), 29);
+    // Sliding: all 100, and a prompt longer than the context is cropped to its last 31.
+    for prompt in ["1,2,3".to_string(), vec!["5"; 40].join(",")] {
+        let out = duet(&[
+            "generate",
+            "--checkpoint",
+            syn.to_str().unwrap(),
+            "--tokens",
+            &prompt,
+            "--max-new",
+            "100",
+        ]);
+        assert_success(&out);
+        let (p, ids) = labelled_ids(&out.stdout);
+        assert_eq!((p, ids.len()), (prompt, 100));
+    }
+    let out = duet(&[
+        "generate",
+        "--checkpoint",
+        ck,
+        "--prompt",
+        &"a".repeat(40),
+        "--max-new",
+        "50",
+    ]);
+    assert_success(&out);
+    assert!(out.stdout.starts_with("a".repeat(40).as_bytes()));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("the last 31 are used"), "{err}");
+    assert!(!err.contains("stopped after"), "{err}");
 }

@@ -161,10 +161,13 @@ fn stop_and_resume_gives_the_same_losses() {
             "1,3,5,7",
             "--max-new",
             max_new,
+            "--stop-at-context",
         ]);
         assert_success(&out);
         let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-        (stdout.trim().split(',').count(), out.stderr)
+        assert!(stdout.starts_with("prompt: 1,3,5,7\nnew: "), "{stdout}");
+        let new = stdout.lines().nth(1).unwrap().trim_start_matches("new: ");
+        (new.split(',').count(), out.stderr)
     };
     assert_eq!(generate("5").0, 5);
     // Asking for more than the context holds: the output stops there, and says so.

@@ -374,6 +374,7 @@ pub fn train(opts: &TrainOptions) -> CliResult<TrainOutcome> {
         }
         std::fs::write(dir.join(files::CONFIG), cfg.to_toml())
             .map_err(|e| format!("cannot write {}: {e}", dir.join(files::CONFIG).display()))?;
+        crate::cli_tokenize::copy_run_tokenizer(&cfg, dir)?;
     }
     // Open the logs before any work so a bad path fails fast. Resumed runs append.
     if let Some(p) = &metrics_path {

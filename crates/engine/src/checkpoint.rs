@@ -46,8 +46,12 @@ pub mod keys {
     pub const LOSS_SCALE: &str = "loss_scale";
     pub const LOSS_SCALE_CLEAN_STEPS: &str = "loss_scale_clean_steps";
     pub const DUET_VERSION: &str = "duet_version";
+    /// blake3 of the run's tokenizer (its canonical tokenizer.json), when the run has one
+    /// (`train.data.tokenizer_hash` of the config; absent in older checkpoints and without a
+    /// tokenizer). Written for readers that do not parse the config; loading reads the config's.
+    pub const TOKENIZER_HASH: &str = "tokenizer_hash";
     /// Every key, in the order they are written.
-    pub const ALL: [&str; 8] = [
+    pub const ALL: [&str; 9] = [
         FORMAT,
         VERSION,
         CONFIG,
@@ -56,6 +60,7 @@ pub mod keys {
         LOSS_SCALE,
         LOSS_SCALE_CLEAN_STEPS,
         DUET_VERSION,
+        TOKENIZER_HASH,
     ];
 }
 
@@ -227,6 +232,10 @@ impl Checkpoint {
             meta.insert(keys::LOSS_SCALE_CLEAN_STEPS.into(), clean.to_string());
         }
         meta.insert(keys::DUET_VERSION.into(), env!("CARGO_PKG_VERSION").into());
+        let hash = &self.config.train.data.tokenizer_hash;
+        if !hash.is_empty() {
+            meta.insert(keys::TOKENIZER_HASH.into(), hash.clone());
+        }
         let bytes = safetensors::serialize(views, Some(meta))
             .map_err(|e| EngineError::Config(format!("cannot serialise checkpoint: {e}")))?;
         canonical_header(bytes)

@@ -189,6 +189,15 @@ pub struct DataConfig {
     /// Most validation batches evaluated (evenly spaced windows of the validation data).
     #[serde(default = "default_val_batches")]
     pub val_batches: usize,
+    /// The tokenizer of the data (`duet train --tokenizer`): the path it was read from (a
+    /// tokenizer.json or a folder holding one or GPT-2's files), empty for byte tokens or the
+    /// synthetic task. The run copies it into its folder as `tokenizer.json`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub tokenizer: String,
+    /// blake3 of the tokenizer's canonical tokenizer.json (duet_tokenize's `Tokenizer::hash`),
+    /// empty without a tokenizer; checkpoints also carry it as the `tokenizer_hash` metadata key.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub tokenizer_hash: String,
 }
 
 impl DataConfig {
@@ -440,6 +449,8 @@ impl Config {
                 val_data: Vec::new(),
                 data_format: DataFormat::Auto,
                 val_batches: crate::dataset::DEFAULT_VAL_BATCHES,
+                tokenizer: String::new(),
+                tokenizer_hash: String::new(),
             },
             optimizer: OptimizerConfig {
                 lr: 2e-3,

@@ -429,6 +429,78 @@ impl<D: Fused> Generator<D> {
     }
 }
 
+impl<D: Fused> Generator<D> {
+    /// Like [`Generator::generate`] but past the context: a sliding window. Starting from an
+    /// empty cache, it feeds the prompt's last `keep` tokens when the prompt does not fit the
+    /// context (`max_seq`), else the whole prompt; whenever the cache is full, it empties it and
+    /// feeds the last `keep` tokens of the sequence again (the prompt and the new tokens) before
+    /// the next one, so every token is predicted from at least `keep` tokens before it once the
+    /// sequence is longer than that (nanoGPT's `sample.py` crops to the last `max_seq`).
+    ///
+    /// The cost: each re-fill runs `keep` positions, and it comes every `max_seq − keep`
+    /// tokens, so past the context a new token costs about `keep / (max_seq − keep) + 1`
+    /// positions (with `keep = max_seq − 1`, the most context: `max_seq / 2` positions a token
+    /// on average, against one within the context). Until the context is full the tokens are
+    /// those of [`Generator::generate`] with the same sampling.
+    pub fn generate_sliding(
+        &mut self,
+        prompt: &[i32],
+        max_new: usize,
+        s: &Sampling,
+        keep: usize,
+    ) -> Result<Vec<i32>> {
+        if prompt.is_empty() {
+            return Err(EngineError::Config("the prompt is empty".into()));
+        }
+        let tmax = self.cfg.max_seq;
+        if keep == 0 || keep >= tmax {
+            return Err(EngineError::Config(format!(
+                "the sliding window keeps 1..{} tokens (max_seq {tmax} − 1), not {keep}",
+                tmax.saturating_sub(1)
+            )));
+        }
+        self.len = 0;
+        let mut rng = Rng::derive(s.seed, 7);
+        let start = if prompt.len() >= tmax {
+            prompt.len() - keep
+        } else {
+            0
+        };
+        // The window's tokens: at most `max_seq` (`keep` after each re-fill, one more a step).
+        let mut window: Vec<i32> = prompt[start..].to_vec();
+        let mut logits = Vec::new();
+        for &t in &window {
+            logits = self.step(t)?;
+        }
+        let mut out = Vec::new();
+        for i in 0..max_new {
+            if let Some(bad) = logits.iter().find(|x| !x.is_finite()) {
+                return Err(EngineError::Config(format!(
+                    "the model's logits after {} new tokens are not finite ({bad}): its weights \
+                     overflow (a diverged or corrupt checkpoint?)",
+                    out.len()
+                )));
+            }
+            let next = sample(&logits, s, &mut rng) as i32;
+            out.push(next);
+            window.push(next);
+            if i + 1 == max_new {
+                break;
+            }
+            if self.len == tmax {
+                window.drain(..window.len() - keep);
+                self.len = 0;
+                for &t in &window {
+                    logits = self.step(t)?;
+                }
+            } else {
+                logits = self.step(next)?;
+            }
+        }
+        Ok(out)
+    }
+}
+
 /// Refuses a prompt of `len` tokens that leaves no room for a new token in a context of
 /// `max_seq`: prompt and generated tokens together never exceed the context, which is the
 /// number of positions the model has embeddings (and the KV cache has room) for.

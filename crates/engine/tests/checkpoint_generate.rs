@@ -121,3 +121,76 @@ fn fp8_weights_generate_like_f32_in_a_quarter_of_the_memory() {
         "logits with FP8 weights differ by {worst} of their scale"
     );
 }
+
+/// Past the context, the sliding window keeps generating: up to the context its tokens are
+/// `generate`'s; after a re-fill each token is the one a fresh generator gives for the last
+/// `max_seq − 1` tokens (the window it was predicted from).
+#[test]
+fn sliding_generation_continues_past_the_context() {
+    let cfg = Config::preset(Preset::Tiny).model;
+    let dev = Arc::new(CpuDevice::new(Some(2)).unwrap());
+    let weights = init_weights(&cfg, 11);
+    let model = Gpt::new(dev, &cfg, 1, 1, &weights).unwrap();
+    let t = cfg.max_seq;
+    let prompt = [1, 2, 3];
+    for s in [
+        Sampling::default(),
+        Sampling {
+            temperature: 0.8,
+            top_k: 20,
+            seed: 5,
+        },
+    ] {
+        let mut g = Generator::new(&model).unwrap();
+        let within = g.generate(&prompt, 1000, &s).unwrap();
+        assert_eq!(within.len(), t - prompt.len());
+        let n = 2 * t + 5;
+        let slid = Generator::new(&model)
+            .unwrap()
+            .generate_sliding(&prompt, n, &s, t - 1)
+            .unwrap();
+        assert_eq!(slid.len(), n);
+        assert_eq!(&slid[..within.len()], &within[..]);
+        if s.temperature == 0.0 {
+            // Greedy: token i is argmax after the last t − 1 tokens before it (or all of them).
+            let seq: Vec<i32> = prompt.iter().chain(&slid).copied().collect();
+            for i in [t, t + 1, t + 7, 2 * t + 4] {
+                // seq[end] is new token i; the cache held the tokens before it: all of them
+                // within the first context, then t − 1 right after a re-fill, t the step after.
+                let end = prompt.len() + i;
+                let ctx_len = if end < t {
+                    end
+                } else {
+                    t - 1 + (end - (t - 1)) % 2
+                };
+                let mut g = Generator::new(&model).unwrap();
+                let ctx = &seq[end - ctx_len..end];
+                let mut logits = Vec::new();
+                for &x in ctx {
+                    logits = g.step(x).unwrap();
+                }
+                assert_eq!(
+                    duet_engine::generate::sample(&logits, &s, &mut duet_engine::rng::Rng::new(0)),
+                    seq[end] as usize,
+                    "token {i}"
+                );
+            }
+        }
+    }
+    // A prompt longer than the context is cropped to its last `keep` tokens.
+    let long: Vec<i32> = (0..t as i32 + 10).map(|i| i % 50).collect();
+    let mut g = Generator::new(&model).unwrap();
+    let a = g
+        .generate_sliding(&long, 4, &Sampling::default(), t - 1)
+        .unwrap();
+    let b = Generator::new(&model)
+        .unwrap()
+        .generate(&long[long.len() - (t - 1)..], 4, &Sampling::default())
+        .unwrap();
+    // (`generate` has room for one token after t − 1.)
+    assert_eq!((a.len(), &a[..1]), (4, &b[..]));
+    assert!(
+        g.generate_sliding(&long, 4, &Sampling::default(), t)
+            .is_err()
+    );
+}

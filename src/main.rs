@@ -310,7 +310,8 @@ struct TrainArgs {
     /// optimizer state, and the data, schedule and steps of the flags. Not with --resume.
     #[arg(long, value_name = "FILE", help_heading = "Logs and checkpoints")]
     init_from: Option<PathBuf>,
-    /// Stop after N steps of this invocation (saving a checkpoint into --out).
+    /// Stop after N steps of this invocation (saving a checkpoint into --out; 0 saves the
+    /// initial state, step 0, and trains nothing).
     #[arg(long, value_name = "N", help_heading = "Logs and checkpoints")]
     stop_after: Option<u64>,
     /// Compute the validation loss every N steps (0: only at the end) [default: ten times a
@@ -334,6 +335,11 @@ struct TrainArgs {
     /// end (and every --log-every steps); the metrics log carries them at every step.
     #[arg(long, help_heading = "Logs and checkpoints")]
     fp8_report: bool,
+    /// Record every batch this invocation trains on into FILE (inputs and targets, i32), to
+    /// replay the same steps elsewhere (scripts/bench/torch_train_ref.py; format in
+    /// duet_engine::train::Trainer::record_batches).
+    #[arg(long, value_name = "FILE", help_heading = "Logs and checkpoints")]
+    record_batches: Option<PathBuf>,
     /// Data parallelism on N GPUs of this machine: one process per GPU, --batch is the global
     /// batch (split evenly). Multi-node runs are started by a launcher that sets RANK,
     /// WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT (as torchrun does) instead.
@@ -434,6 +440,7 @@ fn main() -> ExitCode {
                 overwrite: a.overwrite,
                 accept_changed_data: a.accept_changed_data,
                 fp8_report: a.fp8_report,
+                record_batches: a.record_batches,
                 out: a.out,
                 save_every: a.save_every,
                 resume: a.resume,

@@ -94,7 +94,7 @@ fn bad_configs_fail_cleanly() {
     );
     assert_clean_error(
         &["train", "--preset", "tiny", "--stop-after", "0"],
-        "--stop-after 0: nothing to train",
+        "--stop-after 0 saves the initial state (step 0) into --out: give --out",
     );
 }
 

@@ -334,3 +334,80 @@ fn backend_auto_says_what_it_chose() {
         assert!(line.contains("hip not available: "), "{line}");
     }
 }
+
+/// `--stop-after 0` saves the initial state (step 0: the seed's weights, fresh optimizer) and
+/// trains nothing; the run then resumes from it as if it had never stopped, and
+/// `--record-batches` writes exactly the batches of the steps it trains.
+#[test]
+fn initial_checkpoint_and_recorded_batches() {
+    let (a, b) = (tmp("init-a"), tmp("init-b"));
+    let rec = tmp("init-b.batches");
+    let mut args = vec![
+        "train",
+        "--steps",
+        "6",
+        "--log-every",
+        "0",
+        "--val-every",
+        "0",
+    ];
+    args.extend(TINY);
+    let run = |dir: &Path, extra: &[&str]| {
+        let mut v = args.clone();
+        v.extend(["--out", dir.to_str().unwrap()]);
+        v.extend(extra);
+        let o = duet(&v);
+        assert_success(&o);
+        o
+    };
+    run(&a, &[]);
+    let o = run(&b, &["--stop-after", "0"]);
+    assert!(String::from_utf8_lossy(&o.stdout).contains("trained 0 steps"));
+    let meta = duet_meta(&b.join("checkpoint-00000000.safetensors"));
+    assert_eq!(meta["step"], "0");
+    let d = b.to_str().unwrap();
+    let r = rec.to_str().unwrap();
+    assert_success(&duet(&[
+        "train",
+        "--resume",
+        d,
+        "--out",
+        d,
+        "--threads",
+        "2",
+        "--record-batches",
+        r,
+    ]));
+    let loss = |m: &[serde_json::Value]| -> Vec<String> {
+        m.iter().map(|r| r["loss"].to_string()).collect()
+    };
+    assert_eq!(
+        loss(&metrics(&b)),
+        loss(&metrics(&a)),
+        "resumed from step 0"
+    );
+    // The header, then 6 steps of batch × seq inputs and batch × seq targets.
+    let bytes = std::fs::read(&rec).unwrap();
+    assert_eq!(&bytes[..8], b"DUETBAT1");
+    let bsz = u32::from_le_bytes(bytes[8..12].try_into().unwrap()) as usize;
+    let seq = u32::from_le_bytes(bytes[12..16].try_into().unwrap()) as usize;
+    assert_eq!(
+        bytes.len(),
+        16 + 6 * 2 * bsz * seq * 4,
+        "six steps recorded"
+    );
+    let i32s: Vec<i32> = bytes[16..]
+        .chunks(4)
+        .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    // The synthetic task: every input a token of the vocabulary, targets a token or ignored.
+    assert!(
+        i32s.iter().all(|&x| (-1..96).contains(&x)),
+        "tokens of vocab 96"
+    );
+    assert!(
+        i32s.chunks(bsz * seq)
+            .step_by(2)
+            .all(|inp| inp.iter().all(|&x| x >= 0))
+    );
+}

@@ -26,6 +26,8 @@ pub struct TrainOptions {
     /// `--accept-changed-data`: resume although the data file changed.
     pub accept_changed_data: bool,
     pub fp8_report: bool,
+    /// `--record-batches FILE`.
+    pub record_batches: Option<PathBuf>,
     pub out: Option<PathBuf>,
     /// `--save-every`, `--val-every`, `--keep`, `--keep-best`, `--val-batches` as given (None: not
     /// given; a resume restores the checkpoint's, a new run takes the defaults).
@@ -263,8 +265,10 @@ pub fn train(opts: &TrainOptions) -> CliResult<TrainOutcome> {
     if opts.zero > 1 {
         return Err("--zero takes 0 or 1 (optimizer-state sharding)".into());
     }
-    if opts.stop_after == Some(0) {
-        return Err("--stop-after 0: nothing to train (give at least 1)".into());
+    if opts.stop_after == Some(0) && opts.out.is_none() {
+        return Err(
+            "--stop-after 0 saves the initial state (step 0) into --out: give --out".into(),
+        );
     }
     if opts.out.is_none() {
         if opts.stop_after.is_some() {
@@ -396,6 +400,7 @@ pub fn train(opts: &TrainOptions) -> CliResult<TrainOutcome> {
         stop_after: opts.stop_after,
         strict: opts.model.device.strict,
         fp8_report: opts.fp8_report,
+        record_batches: opts.record_batches.clone(),
         dp,
         is_main,
     };

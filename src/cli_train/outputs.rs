@@ -126,6 +126,9 @@ pub(super) fn check_no_overwrite(
     if let Some(t) = trace {
         outputs.push(("the trace".into(), t.to_path_buf(), false));
     }
+    if let Some(r) = &opts.record_batches {
+        outputs.push(("--record-batches".into(), r.clone(), false));
+    }
     if let Some(dir) = &opts.out {
         for f in [files::CHECKPOINT, files::CONFIG, files::LOSS_PLOT] {
             outputs.push((format!("--out's {f}"), dir.join(f), f == files::CHECKPOINT));

@@ -70,6 +70,7 @@ pub(super) struct TrainTask {
     pub(super) stop_after: Option<u64>,
     pub(super) strict: bool,
     pub(super) fp8_report: bool,
+    pub(super) record_batches: Option<PathBuf>,
     /// Set when this process is one rank of a data-parallel run.
     pub(super) dp: Option<duet_engine::dist::DpOptions>,
     /// Rank 0 (or a single-process run): the one that logs and writes files.
@@ -233,6 +234,9 @@ impl TrainTask {
                 );
             }
             self.metrics = Some(log);
+        }
+        if let Some(p) = &self.record_batches {
+            trainer.record_batches(p)?;
         }
         let first_step = trainer.step();
         let last_step = match self.stop_after {

@@ -96,7 +96,13 @@ pub struct Trainer<D: Fused> {
     /// FP8 without a loss scaler or other ranks: the optimizer writes the next step's weight
     /// codes ([`Trainer::set_fp8_codes_from_optimizer`]).
     fp8_codes_from_optimizer: bool,
+    /// `--record-batches`: every batch the run trains on, written as it is taken
+    /// ([`Trainer::record_batches`]).
+    batch_log: Option<(std::path::PathBuf, std::io::BufWriter<std::fs::File>)>,
 }
+
+/// The magic of a batch record file ([`Trainer::record_batches`]).
+pub const BATCH_RECORD_MAGIC: &[u8; 8] = b"DUETBAT1";
 
 /// Set to 0 (or another false value) to have the forward pass quantise the FP8 weights instead
 /// of the optimizer ([`Trainer::set_fp8_codes_from_optimizer`]; for comparisons, the bits are
@@ -317,6 +323,7 @@ impl<D: Fused> Trainer<D> {
             dist,
             graph: StepGraph::Cold,
             readback: None,
+            batch_log: None,
             diverged: None,
             fp8_codes_from_optimizer: duet_device::knobs::device_knobs()?.fp8_codes_from_optimizer,
         })
@@ -442,9 +449,53 @@ impl<D: Fused> Trainer<D> {
     fn next_batch(&mut self) -> Result<Batch> {
         let (b, t) = (self.cfg.train.data.batch, self.cfg.train.data.seq);
         let data = &self.data;
-        self.prefetch
+        let batch = self
+            .prefetch
             .get_or_insert_with(|| Prefetcher::start(data.clone(), b, t, 2))
-            .next_batch()
+            .next_batch()?;
+        if let Some((path, w)) = &mut self.batch_log {
+            use std::io::Write;
+            let mut bytes = Vec::with_capacity(8 * batch.inputs.len());
+            for x in batch.inputs.iter().chain(&batch.targets) {
+                bytes.extend_from_slice(&x.to_le_bytes());
+            }
+            w.write_all(&bytes)
+                .and_then(|()| w.flush())
+                .map_err(|e| EngineError::Io {
+                    path: path.display().to_string(),
+                    message: format!("cannot record the batch: {e}"),
+                })?;
+        }
+        Ok(batch)
+    }
+
+    /// Writes every batch the run trains on from now on to `path` (created or truncated), for
+    /// replaying the same steps in another framework (scripts/bench/torch_train_ref.py): the
+    /// 8 bytes [`BATCH_RECORD_MAGIC`], the batch size and the sequence length (u32 LE each),
+    /// then per step the batch's inputs and its targets (batch × seq i32 LE each; a negative
+    /// target is ignored by the loss). One process only: a data-parallel rank sees its share.
+    pub fn record_batches(&mut self, path: &std::path::Path) -> Result<()> {
+        if self.dist.is_some() {
+            return Err(EngineError::Config(
+                "--record-batches records one process's batches: not with data parallelism".into(),
+            ));
+        }
+        let io = |e: std::io::Error| EngineError::Io {
+            path: path.display().to_string(),
+            message: format!("cannot create the batch record: {e}"),
+        };
+        let mut w = std::io::BufWriter::new(std::fs::File::create(path).map_err(io)?);
+        use std::io::Write;
+        let (b, t) = (
+            self.cfg.train.data.batch as u32,
+            self.cfg.train.data.seq as u32,
+        );
+        w.write_all(BATCH_RECORD_MAGIC).map_err(io)?;
+        w.write_all(&b.to_le_bytes()).map_err(io)?;
+        w.write_all(&t.to_le_bytes()).map_err(io)?;
+        w.flush().map_err(io)?;
+        self.batch_log = Some((path.to_path_buf(), w));
+        Ok(())
     }
 
     /// `n` steps on the next batches of the run's data (like `n` calls of

@@ -28,6 +28,8 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once per process: the size of the largest variant does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Train a GPT model (defaults: a small model on the arithmetic task, on the CPU).

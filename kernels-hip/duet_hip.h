@@ -279,27 +279,16 @@ DUET_SFN float duet_log_f32(float x) {
     return (float)duet_dadd(lnm, duet_dmul((double)e, 0.69314718055994531));
 }
 
-// σ(−z) = 1/(1 + e^z) for GELU, the hot path of the GELU kernels: e^z as in duet_exp_f32 but
-// with FMAs (z clamped to [−87, 80]; 0 above 80), then the reciprocal by three Newton steps from an integer
+// σ(−z) = 1/(1 + e^z) for GELU, the hot path of the GELU kernels: e^z by duet_exp_fma_f32
+// (z clamped to [−87, 80]; 0 above 80), then the reciprocal by three Newton steps from an integer
 // first guess (relative error below 2^-24 after the third), all FMAs: about 25 operations, so
 // the GELU kernels stay memory-bound (the IEEE division and the unfused e^x made them
 // compute-bound: +3.6 % on the seed bf16 step). Deterministic on both vendors: only IEEE FMAs,
 // adds, multiplies and integer operations.
 DUET_SFN float duet_sigmoid_neg(float z) {
+    // zc in [−87, 80]: duet_exp_fma_f32's own clamp and edge cases never apply.
     const float zc = z < -87.0f ? -87.0f : (z > 80.0f ? 80.0f : z);
-    const float t = duet_fma(zc, 1.44269502f, 12582912.0f);
-    const float n = duet_fsub(t, 12582912.0f);
-    const unsigned n_int = duet_f2u(t) - duet_f2u(12582912.0f);
-    float r = duet_fma(n, -0.693359375f, zc);
-    r = duet_fma(n, 2.12194440e-4f, r);
-    float p = 1.9875691e-4f;
-    p = duet_fma(p, r, 1.3981999e-3f);
-    p = duet_fma(p, r, 8.333452e-3f);
-    p = duet_fma(p, r, 4.1665796e-2f);
-    p = duet_fma(p, r, 1.6666665e-1f);
-    p = duet_fma(p, r, 0.5f);
-    const float y = duet_fadd(duet_fma(p, duet_fmul(r, r), r), 1.0f);
-    const float d = duet_fadd(1.0f, duet_fmul(y, duet_u2f((n_int + 127u) << 23)));
+    const float d = duet_fadd(1.0f, duet_exp_fma_f32(zc));
     float q = duet_u2f(0x7EF311C3u - duet_f2u(d));
     q = duet_fma(q, duet_fma(-d, q, 1.0f), q);
     q = duet_fma(q, duet_fma(-d, q, 1.0f), q);

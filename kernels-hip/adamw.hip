@@ -32,3 +32,66 @@
     }
 #define DUET_ADAMW_FROM(GN, GT) DUET_FOR_FLOAT_X(DUET_ADAMW, GN, GT)
 DUET_FOR_ACT(DUET_ADAMW_FROM)
+
+// ------------------------------------------------------------------ multi-tensor AdamW
+// One launch updates every parameter tensor: block k handles chunk k of the table (a piece of
+// one tensor, ops/optim.rs), kernels-cuda/adamw.cu's adamw_multi with the same table layout. The
+// gradient factor comes from the global sum of squares on the device (duet_clip_grad_scale), so
+// nothing travels through the host and the step can be recorded in a graph. Each element gets
+// adamw_update's arithmetic, so the results are CUDA's bits whatever the access pattern (CUDA
+// moves 4-element vectors; here each thread takes the elements t, t + blockDim.x, ...).
+struct DuetAdamWChunk {
+    duet_u64 param, grad, m, v, copy;  // copy: 0 when none
+    duet_u64 offset;                   // first element of this chunk within the tensor
+    unsigned int len;                  // elements in this chunk
+    int grad_dt, copy_dt;              // 0 f32, 1 bf16, 2 f16
+    float weight_decay;
+};
+
+template <typename G, typename C>
+DUET_DEV void duet_adamw_chunk(const DuetAdamWChunk& c, const AdamWConsts& k) {
+    float* param = (float*)c.param + c.offset;
+    const G* grad = (const G*)c.grad + c.offset;
+    float* m = (float*)c.m + c.offset;
+    float* v = (float*)c.v + c.offset;
+    C* copy = c.copy ? (C*)c.copy + c.offset : nullptr;
+    for (unsigned int j = threadIdx.x; j < c.len; j += blockDim.x) {
+        float mj = m[j], vj = v[j];
+        const float p = adamw_update(duet_ld(grad, j), mj, vj, param[j], k);
+        m[j] = mj;
+        v[j] = vj;
+        param[j] = p;
+        if (copy) duet_st(copy, j, p);
+    }
+}
+
+template <typename G> DUET_DEV void duet_adamw_chunk_copy(const DuetAdamWChunk& c, const AdamWConsts& k) {
+    if (c.copy == 0 || c.copy_dt == 0)
+        duet_adamw_chunk<G, float>(c, k);
+    else if (c.copy_dt == 1)
+        duet_adamw_chunk<G, duet_bf16>(c, k);
+    else
+        duet_adamw_chunk<G, duet_f16>(c, k);
+}
+
+// scalars: [sum of squares of the gradients, lr, 1 − β1^t, 1 − β2^t] (duet_device::ADAMW_SCALARS).
+// Launch: one block of DUET_BLOCK per chunk.
+DUET_KERNEL adamw_multi(const DuetAdamWChunk* __restrict__ chunks, const float* __restrict__ scalars,
+                        float beta1, float beta2, float eps, float max_norm, float loss_scale) {
+    const DuetAdamWChunk c = chunks[blockIdx.x];
+    AdamWConsts k;
+    k.grad_scale = duet_clip_grad_scale(scalars[0], max_norm, loss_scale);
+    k.lr = scalars[1];
+    k.bc1 = scalars[2];
+    k.bc2 = scalars[3];
+    k.beta1 = beta1;
+    k.beta2 = beta2;
+    k.eps = eps;
+    k.weight_decay = c.weight_decay;
+    if (c.grad_dt == 0)
+        duet_adamw_chunk_copy<float>(c, k);
+    else if (c.grad_dt == 1)
+        duet_adamw_chunk_copy<duet_bf16>(c, k);
+    else
+        duet_adamw_chunk_copy<duet_f16>(c, k);
+}

@@ -347,6 +347,17 @@ DUET_SFN float adamw_update(float graw, float& m, float& v, float p, const AdamW
 }
 // <<< duet shared math <<<
 
+// The gradient factor of a clipped step from the global sum of squares, exactly as
+// duet_device::clip_grad_scale does on the host and kernels-cuda/common.cuh's clip_grad_scale on
+// the device (f32 square root, f64 unscaling, one rounding). Used by adamw_multi (adamw.hip).
+DUET_DEV float duet_clip_grad_scale(float norm_sq, float max_norm, float loss_scale) {
+    const float raw = duet_fsqrt(norm_sq);
+    const float norm = (float)duet_ddiv((double)raw, (double)loss_scale);
+    const float coef = duet_fdiv(max_norm, duet_fadd(norm, 1e-6f));
+    const float clip = (max_norm > 0.0f && coef < 1.0f) ? coef : 1.0f;
+    return loss_scale == 1.0f ? clip : (float)duet_ddiv((double)clip, (double)loss_scale);
+}
+
 // ------------------------------------------------------------------------------------ reductions
 // Every cross-lane reduction works in fixed groups of 32 lanes, whatever the wavefront size (a
 // wave64 is two groups; __shfl_xor with width 32 stays inside one), and combines the groups

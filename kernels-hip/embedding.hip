@@ -54,3 +54,16 @@ DUET_FOR_ACT_AND_WIDE(DUET_EMB_FWD)
         }                                                                                        \
     }
 DUET_FOR_ACT_AND_WIDE(DUET_EMB_BWD)
+
+// The id check of every op that reads token ids or targets (HipDevice::queue_id_check): report
+// keeps the smallest (position << 32) | id over the ids outside [0, limit) (negative ids allowed
+// for targets: ignored rows), so the host reports the first bad one of each op at the next
+// synchronize. Grid-stride over n < 2^32 ids; one 64-bit atomic per bad id, none otherwise.
+DUET_KERNEL check_ids(const int* __restrict__ ids, duet_u64 n, int limit, int negative_ok,
+                      unsigned long long* report) {
+    DUET_GRID_STRIDE(i, n) {
+        const int x = ids[i];
+        const bool bad = negative_ok ? x >= limit : (x < 0 || x >= limit);
+        if (bad) atomicMin(report, (i << 32) | (unsigned long long)(unsigned)x);
+    }
+}

@@ -97,3 +97,59 @@ DUET_FOR_ACT(DUET_COLSUM_PARTIAL)
         }                                                                                      \
     }
 DUET_FOR_ACT(DUET_COLSUM_FINISH)
+
+// ------------------------------------------------------------------ multi-tensor passes
+// The chunk tables are built by ops/optim.rs and ops/memory.rs with kernels-cuda/reduce.cu's
+// layouts; one block of DUET_BLOCK (= reduce.cu's SUMSQ_THREADS, 256) per chunk.
+
+// sum_squares_many, pass 1: partial[k] = Σ x² (f64) over chunk k. Thread t adds the chunk's
+// elements t, t + 256, t + 512, ... in order: exactly the order in which reduce.cu's tiled
+// 16-byte path (tile position s·256 + t, tile after tile) and its element tail add them, so the
+// partials, and after sum_squares_finish the result, are CUDA's bits.
+struct DuetSumSqChunk {
+    duet_u64 ptr, offset, len;
+    int dt;  // 0 f32, 1 bf16, 2 f16
+    int pad;
+};
+
+template <typename T> DUET_DEV double duet_sumsq_chunk(const T* x, duet_u64 len) {
+    double acc = 0.0;
+    for (duet_u64 j = threadIdx.x; j < len; j += blockDim.x) {
+        const double a = (double)duet_ld(x, j);
+        acc = duet_dfma(a, a, acc);
+    }
+    return acc;
+}
+
+DUET_KERNEL sum_squares_many_partial(const DuetSumSqChunk* __restrict__ chunks,
+                                     double* __restrict__ partial) {
+    __shared__ double sh[DUET_MAX_GROUPS];
+    const DuetSumSqChunk c = chunks[blockIdx.x];
+    double acc;
+    if (c.dt == 0)
+        acc = duet_sumsq_chunk((const float*)c.ptr + c.offset, c.len);
+    else if (c.dt == 1)
+        acc = duet_sumsq_chunk((const duet_bf16*)c.ptr + c.offset, c.len);
+    else
+        acc = duet_sumsq_chunk((const duet_f16*)c.ptr + c.offset, c.len);
+    acc = duet_block_sum_f64(acc, sh);
+    if (threadIdx.x == 0) partial[blockIdx.x] = acc;
+}
+
+// zero_many: every byte of every chunk (a byte range of one buffer, starting 16-byte aligned)
+// set to 0, in 16-byte stores where whole.
+struct DuetZeroChunk {
+    duet_u64 ptr, len;
+};
+struct alignas(16) DuetZero16 {
+    duet_u64 lo, hi;
+};
+
+DUET_KERNEL zero_many(const DuetZeroChunk* __restrict__ chunks) {
+    const DuetZeroChunk c = chunks[blockIdx.x];
+    unsigned char* p = (unsigned char*)c.ptr;
+    const duet_u64 vecs = c.len / 16;
+    const DuetZero16 z = {0ull, 0ull};
+    for (duet_u64 i = threadIdx.x; i < vecs; i += blockDim.x) ((DuetZero16*)p)[i] = z;
+    for (duet_u64 i = vecs * 16 + threadIdx.x; i < c.len; i += blockDim.x) p[i] = 0;
+}

@@ -305,6 +305,31 @@ run)
     step "generate --fp8 (gfx950)" on 7.2 gfx950 "$D" generate --backend hip --checkpoint "$R" --tokens 1,2,3 --max-new 16 --fp8
     step "bench seed fp32,bf16" on 6.4 gfx942 "$D" bench --backend hip --preset seed --precision fp32,bf16 --json "$OUT/bench-hip-seed.json"
     step "bench seed fp8 gfx950" on 7.2 gfx950 "$D" bench --backend hip --preset seed --precision fp8 --json "$OUT/bench-hip-seed-fp8.json"
+    # The same steps unrecorded (A/B of the hipGraph path), and whether the recorded runs did
+    # replay a recording (every run's "step_recorded").
+    step "bench seed bf16 --no-graphs" on 6.4 gfx942 "$D" bench --backend hip --preset seed --precision bf16 --no-graphs --json "$OUT/bench-hip-seed-nographs.json"
+    step "bench seed fp8 gfx950 --no-graphs" on 7.2 gfx950 "$D" bench --backend hip --preset seed --precision fp8 --no-graphs --json "$OUT/bench-hip-seed-fp8-nographs.json"
+    recorded_check='import json, sys
+def runs(x):
+    if isinstance(x, dict):
+        if "step_recorded" in x:
+            yield x
+        for v in x.values():
+            yield from runs(v)
+    elif isinstance(x, list):
+        for v in x:
+            yield from runs(v)
+rs = [r for f in sys.argv[2:] for r in runs(json.load(open(f)))]
+want = sys.argv[1] == "yes"
+bad = [r.get("precision") for r in rs if bool(r["step_recorded"]) != want]
+print(len(rs), "runs;", "not as expected:", bad)
+sys.exit(0 if rs and not bad else 1)'
+    if python3 -c "$recorded_check" yes "$OUT/bench-hip-seed.json" "$OUT/bench-hip-seed-fp8.json"; then
+      summary+=("ok   hip bench: every step replayed a recorded hipGraph")
+    else summary+=("FAIL hip bench: steps were not recorded"); status=1; fi
+    if python3 -c "$recorded_check" no "$OUT/bench-hip-seed-nographs.json" "$OUT/bench-hip-seed-fp8-nographs.json"; then
+      summary+=("ok   hip bench --no-graphs: unrecorded steps")
+    else summary+=("FAIL hip bench --no-graphs: recorded anyway"); status=1; fi
     # One file for the traces and parity reports (the device tool brings back a few files only).
     tar -czf "$OUT/traces.tar.gz" -C "$OUT" traces && rm -rf "$T"
     ;;

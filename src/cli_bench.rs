@@ -359,6 +359,7 @@ fn bench_one<D: Fused>(
             dev.timer_kind()
         ),
         "graphs": cfg.train.execution.graphs,
+        "step_recorded": trainer.step_recorded(),
         "gemm_autotune": cfg.train.execution.gemm_autotune,
         "fp8_fast_accum": cfg.train.recipe.fp8_fast_accum,
         "weight_grad_dtype": cfg.train.recipe.weight_grad_dtype,

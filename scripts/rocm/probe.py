@@ -41,6 +41,8 @@ C_NAME = {
     "NCCL_AVG": "ncclAvg",
     "HIP_EVENT_DISABLE_TIMING": "hipEventDisableTiming",
     "HIP_STREAM_NON_BLOCKING": "hipStreamNonBlocking",
+    "HIP_STREAM_CAPTURE_MODE_THREAD_LOCAL": "hipStreamCaptureModeThreadLocal",
+    "HIP_EVENT_DEFAULT": "hipEventDefault",
     "ARCH_OFFSET_R0600": "offsetof(hipDeviceProp_tR0600, gcnArchName)",
     "ARCH_OFFSET_R0000": "offsetof(hipDeviceProp_tR0000, gcnArchName)",
 }

@@ -51,6 +51,7 @@ macro_rules! conformance_suite {
         $crate::__conformance_cases!(
             upload_download_copy_fill,
             zero_many_matches_composition,
+            graph_replay_matches_unrecorded,
             gemm_transposes_dtypes_strides,
             gemm_errors,
             gemm_epilogue_matches_composition,

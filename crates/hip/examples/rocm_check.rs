@@ -414,6 +414,7 @@ fn cmd_symbol_list() -> Result<bool, String> {
     use duet_hip::rocblas::sys::RocblasLib;
     let mut all: Vec<&str> = duet_hip::hip::result::required_symbols();
     all.extend(duet_hip::hip::result::HOST_SYMBOLS);
+    all.extend(duet_hip::hip::result::GRAPH_SYMBOLS);
     all.extend(["hipGetDevicePropertiesR0600", "hipGetDeviceProperties"]);
     all.extend(HipSyncLib::SYMBOLS);
     all.extend(duet_hip::hiprtc::result::required_symbols());
@@ -441,6 +442,16 @@ fn cmd_symbols() -> Result<bool, String> {
             &loader::AMDHIP64,
             "hip runtime (hip_functions.txt)",
             hip_rt,
+            true,
+        ),
+        (
+            &loader::AMDHIP64,
+            "staging and graph entry points (declared by hand)",
+            duet_hip::hip::result::HOST_SYMBOLS
+                .iter()
+                .chain(&duet_hip::hip::result::GRAPH_SYMBOLS)
+                .copied()
+                .collect(),
             true,
         ),
         (

@@ -19,6 +19,7 @@ use duet_device::{
     MemoryStats, Result, check_dtype,
 };
 use std::ffi::c_void;
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
 /// Rows per chunk of the two-pass column sums: 64, or more where that would need more than
@@ -60,20 +61,21 @@ pub(crate) fn same_dtype(op: &'static str, want: DType, bufs: &[&HipBuffer]) -> 
     Ok(())
 }
 
-/// A deferred check of the i32 ids an op read on the device (see [`HipDevice::queue_id_check`]).
-pub(crate) struct IdCheck {
+/// What one slot of the device's id report checks (see [`HipDevice::queue_id_check`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) struct IdSlot {
     op: &'static str,
-    /// A stream-ordered copy of the ids.
-    ids: HipBuffer,
     /// The vocabulary size: ids must be below it.
     limit: usize,
     /// Whether negative ids are allowed (ignored cross-entropy targets).
     negative_ok: bool,
 }
 
-/// Most id checks queued before one is run eagerly (a synchronize), so a caller that never
-/// synchronizes does not accumulate copies.
-const MAX_ID_CHECKS: usize = 256;
+/// Slots of the id report: one per (op, vocabulary, kind) checked between two synchronisations
+/// (a training step uses two: the embedding's tokens and the loss's targets).
+const ID_SLOTS: usize = 16;
+/// A report slot with nothing found (every u64 bit set).
+const ID_CLEAN: u64 = u64::MAX;
 
 /// A HIP (ROCm 6/7) GPU.
 pub struct HipDevice {
@@ -92,10 +94,17 @@ pub struct HipDevice {
     pub(crate) api: Arc<HipApi>,
     /// roctx ranges for profiler timelines, when the library is present.
     pub(crate) roctx: Option<crate::roctx::Roctx>,
-    /// Token ids and targets of the ops queued since the last synchronize, copied on the stream
-    /// as the kernels read them, checked against their vocabulary at the next synchronize
-    /// ([`HipDevice::queue_id_check`]).
-    pub(crate) id_checks: Mutex<Vec<IdCheck>>,
+    /// What each slot of `id_report` checks ([`HipDevice::queue_id_check`]).
+    pub(crate) id_slots: Mutex<Vec<IdSlot>>,
+    /// [`ID_SLOTS`] u64 on the device (as bytes): per slot, the smallest `(position << 32) | id` of an id
+    /// outside its vocabulary since the last synchronize, or [`ID_CLEAN`].
+    pub(crate) id_report: HipBuffer,
+    /// What this device runs natively ([`Device::capabilities`]).
+    pub(crate) caps: Capabilities,
+    /// A graph is being recorded on the stream ([`crate::graph`]).
+    pub(crate) capturing: AtomicBool,
+    /// The multi-tensor ops' uploaded chunk tables ([`HipDevice::table`]).
+    pub(crate) tables: Mutex<crate::ops::Tables>,
 }
 
 impl HipDevice {
@@ -211,6 +220,15 @@ impl HipDevice {
             supports_fp8: fp8,
             details,
         };
+        let id_report = HipBuffer::new(&mem, DType::U8, 8 * ID_SLOTS)?;
+        // SAFETY: the report holds ID_SLOTS u64 (8 · ID_SLOTS bytes); 0xff bytes = ID_CLEAN.
+        unsafe {
+            api.memset_async(id_report.ptr(), 0xff, 1, 8 * ID_SLOTS, stream.raw())?;
+        }
+        let caps = Capabilities {
+            graphs: api.graphs_supported(),
+            ..Capabilities::composed()
+        };
         Ok(Self {
             ordinal: ord,
             info,
@@ -224,7 +242,11 @@ impl HipDevice {
             stream,
             api,
             roctx: crate::roctx::Roctx::load(),
-            id_checks: Mutex::new(Vec::new()),
+            id_slots: Mutex::new(Vec::new()),
+            id_report,
+            caps,
+            capturing: AtomicBool::new(false),
+            tables: Mutex::new(Default::default()),
         })
     }
 
@@ -354,7 +376,7 @@ impl HipDevice {
 
 impl Device for HipDevice {
     type Buffer = HipBuffer;
-    type Graph = ();
+    type Graph = crate::graph::HipStepGraph;
 
     fn range_push(&self, name: &str) {
         self.range_push_impl(name)
@@ -365,9 +387,9 @@ impl Device for HipDevice {
     }
 
     fn capabilities(&self) -> &Capabilities {
-        // No native fused path yet: every op of Fused runs its composition of the core ops.
-        static CAPS: std::sync::OnceLock<Capabilities> = std::sync::OnceLock::new();
-        CAPS.get_or_init(Capabilities::composed)
+        // Graphs where the runtime has them; no fused GEMM epilogue or flash attention yet
+        // (those Fused ops run their composition of the core ops).
+        &self.caps
     }
 
     fn info(&self) -> DeviceInfo {
@@ -381,14 +403,17 @@ impl Device for HipDevice {
     }
 
     fn alloc(&self, dtype: DType, len: usize) -> Result<HipBuffer> {
+        self.not_while_capturing("allocating")?;
         self.alloc_impl(dtype, len)
     }
 
     fn upload_bytes(&self, src: &[u8], dst: &mut HipBuffer, offset: usize) -> Result<()> {
+        self.not_while_capturing("uploading")?;
         self.upload_bytes_impl(src, dst, offset)
     }
 
     fn download_bytes(&self, src: &HipBuffer, offset: usize, len: usize) -> Result<Vec<u8>> {
+        self.not_while_capturing("downloading")?;
         self.download_bytes_impl(src, offset, len)
     }
 
@@ -409,6 +434,29 @@ impl Device for HipDevice {
 
     fn synchronize(&self) -> Result<()> {
         self.synchronize_impl()
+    }
+
+    fn time_ms<E: From<DeviceError>>(
+        &self,
+        work: impl FnOnce() -> std::result::Result<(), E>,
+    ) -> std::result::Result<f64, E> {
+        self.time_ms_impl(work)
+    }
+
+    fn timer_kind(&self) -> &'static str {
+        self.timer_kind_impl()
+    }
+
+    fn capture_begin(&self) -> Result<()> {
+        self.capture_begin_impl()
+    }
+
+    fn capture_end(&self) -> Result<crate::graph::HipStepGraph> {
+        self.capture_end_impl()
+    }
+
+    fn replay(&self, graph: &crate::graph::HipStepGraph) -> Result<()> {
+        self.replay_impl(graph)
     }
 
     fn memory_stats(&self) -> MemoryStats {
@@ -642,7 +690,65 @@ impl Device for HipDevice {
 
 /// The fused paths, composed of the core ops (the trait's defaults) until HIP has kernels of
 /// its own for them.
-impl Fused for HipDevice {}
+/// The fused ops HIP has natively (the others run the trait's compositions): the in-place
+/// classifier and the multi-tensor optimizer passes, with the delayed-scaling update on the
+/// device, so a training step queues without host synchronisations and can be recorded.
+impl Fused for HipDevice {
+    fn zero_many(&self, dsts: &mut [&mut HipBuffer]) -> Result<()> {
+        self.zero_many_impl(dsts)
+    }
+
+    fn cross_entropy_in_place(
+        &self,
+        logits: &mut HipBuffer,
+        targets: &HipBuffer,
+        losses: &mut HipBuffer,
+        n: usize,
+        v: usize,
+        ld: usize,
+        grad_scale: f32,
+    ) -> Result<()> {
+        self.cross_entropy_in_place_impl(logits, targets, losses, n, v, ld, grad_scale)
+    }
+
+    fn sum_squares_many(&self, xs: &[&HipBuffer], out: &mut HipBuffer, slot: usize) -> Result<()> {
+        self.sum_squares_many_impl(xs, out, slot)
+    }
+
+    fn adamw_clipped(
+        &self,
+        tensors: &mut [duet_device::AdamWTensor<'_, HipBuffer>],
+        step: &duet_device::AdamWClipStep,
+        scalars: &HipBuffer,
+    ) -> Result<()> {
+        self.adamw_clipped_impl(tensors, step, scalars)
+    }
+
+    fn fp8_scaling_update(
+        &self,
+        amax: &mut HipBuffer,
+        history: &mut HipBuffer,
+        scale: &mut HipBuffer,
+        scale_inv: &mut HipBuffer,
+        inv_stride: usize,
+        fp8_max: &HipBuffer,
+        len: usize,
+        most_recent: bool,
+        margin: i32,
+    ) -> Result<()> {
+        self.fp8_scaling_update_impl(
+            amax,
+            history,
+            scale,
+            scale_inv,
+            inv_stride,
+            fp8_max,
+            len,
+            most_recent,
+            margin,
+        )
+    }
+}
 
 /// The device-level trait methods (no op family).
 impl HipDevice {
@@ -659,6 +765,7 @@ impl HipDevice {
     }
 
     pub(crate) fn synchronize_impl(&self) -> Result<()> {
+        self.not_while_capturing("synchronising")?;
         self.stream.synchronize()?;
         let deferred = self.stream.deferred.take();
         if !deferred.is_empty() {
@@ -672,11 +779,13 @@ impl HipDevice {
     }
 
     /// Queues a check of the i32 ids in `ids` (token ids, or targets with `negative_ok`)
-    /// against `limit`: a stream-ordered copy of them now, checked on the host at the next
-    /// [`Device::synchronize`] (or download), which then reports the first bad id of each op as
-    /// [`DeviceError::InvalidArgument`] in the CPU backend's words. The same deferred report as
-    /// the CUDA backend's error word (the HIP kernels cannot flag it themselves); the kernel
-    /// still runs (NaN rows for bad token ids, a NaN loss and gradient row for a bad target).
+    /// against `limit`: a kernel on the stream (kernels-hip/embedding.hip's `check_ids`) keeps
+    /// the first bad id in the device's id report, which the next [`Device::synchronize`] (or
+    /// download) reads and reports, the first bad id of each op as
+    /// [`DeviceError::InvalidArgument`] in the CPU backend's words: the deferred report of the
+    /// CUDA backend's error word. No host work per call and nothing allocated, so it is recorded
+    /// with a graph and runs at every replay. The op's own kernel still runs (NaN rows for bad
+    /// token ids, a NaN loss and gradient row for a bad target).
     pub(crate) fn queue_id_check(
         &self,
         op: &'static str,
@@ -684,85 +793,105 @@ impl HipDevice {
         limit: usize,
         negative_ok: bool,
     ) -> Result<()> {
-        let copy = HipBuffer::new(&self.mem, DType::I32, ids.len())?;
-        // SAFETY: both are live allocations of ids.len() i32 (checked by the caller); the copy
-        // is stream-ordered, so it sees the ids the next kernel reads.
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let key = IdSlot {
+            op,
+            limit,
+            negative_ok,
+        };
+        let lock = || {
+            self.id_slots
+                .lock()
+                .map_err(|_| DeviceError::InvalidArgument("id check lock poisoned".into()))
+        };
+        let mut slot = lock()?.iter().position(|s| *s == key);
+        if slot.is_none() {
+            if lock()?.len() >= ID_SLOTS {
+                // Every slot is taken: report what they hold, then start the table over.
+                self.not_while_capturing(&format!("{op}: a new vocabulary check"))?;
+                self.stream.synchronize()?;
+                let pending = self.check_deferred();
+                lock()?.clear();
+                pending?;
+            }
+            let mut slots = lock()?;
+            slots.push(key);
+            slot = Some(slots.len() - 1);
+        }
+        let slot = slot.expect("found or added above");
+        let n = ids.len();
+        if n as u64 >= 1 << 32 {
+            return Err(duet_device::args::kernel_too_large("HIP", op, "ids", n));
+        }
+        let limit = dim(op, "vocabulary", limit)?;
+        // SAFETY: check_ids(const int* ids, u64 n, int limit, int negative_ok, u64* report):
+        // `ids` holds n i32 (the caller checked it against the op's shape), `report` points at
+        // slot < ID_SLOTS of the ID_SLOTS-u64 report.
+        unsafe {
+            self.kernel("check_ids")?
+                .grid(self.grid_1d(n))
+                .arg_buf(ids)
+                .arg_u64(n as u64)
+                .arg_i32(limit)
+                .arg_i32(negative_ok as i32)
+                .arg_ptr(self.id_report.ptr_at(8 * slot))
+                .launch()
+        }
+    }
+
+    /// Reads the id report (the stream is synchronized) and clears it: the first bad id of
+    /// each op, in the CPU backend's words, or `Ok`.
+    fn check_deferred(&self) -> Result<()> {
+        let slots: Vec<IdSlot> = self
+            .id_slots
+            .lock()
+            .map_err(|_| DeviceError::InvalidArgument("id check lock poisoned".into()))?
+            .clone();
+        if slots.is_empty() {
+            return Ok(());
+        }
+        let mut found = [0u64; ID_SLOTS];
+        // SAFETY: `found` has room for the report's ID_SLOTS u64 and lives past the synchronize
+        // below; the copy is ordered after every queued check.
         unsafe {
             self.api.memcpy_async(
-                copy.ptr(),
-                ids.ptr(),
-                ids.len() * 4,
-                sys::hipMemcpyKind::hipMemcpyDeviceToDevice,
+                found.as_mut_ptr().cast(),
+                self.id_report.ptr(),
+                8 * ID_SLOTS,
+                sys::hipMemcpyKind::hipMemcpyDeviceToHost,
                 self.stream.raw(),
             )?;
         }
-        let full = {
-            let mut pending = self
-                .id_checks
-                .lock()
-                .map_err(|_| DeviceError::InvalidArgument("id check lock poisoned".into()))?;
-            pending.push(IdCheck {
-                op,
-                ids: copy,
-                limit,
-                negative_ok,
-            });
-            pending.len() >= MAX_ID_CHECKS
-        };
-        if full {
-            self.stream.synchronize()?;
-            self.check_deferred()?;
-        }
-        Ok(())
-    }
-
-    /// Runs the queued id checks (the stream is synchronized): the first bad id of each op, in
-    /// the CPU backend's words, or `Ok`.
-    fn check_deferred(&self) -> Result<()> {
-        let pending = std::mem::take(
-            &mut *self
-                .id_checks
-                .lock()
-                .map_err(|_| DeviceError::InvalidArgument("id check lock poisoned".into()))?,
-        );
+        self.stream.synchronize()?;
         let mut bad = Vec::new();
-        for c in pending {
-            let mut ids = vec![0i32; c.ids.len()];
-            if !ids.is_empty() {
-                // SAFETY: `ids` has room for the copy's ids.len() i32 and lives past the
-                // synchronize below.
-                unsafe {
-                    self.api.memcpy_async(
-                        ids.as_mut_ptr().cast(),
-                        c.ids.ptr(),
-                        ids.len() * 4,
-                        sys::hipMemcpyKind::hipMemcpyDeviceToHost,
-                        self.stream.raw(),
-                    )?;
-                }
-                self.stream.synchronize()?;
+        for (c, &word) in slots.iter().zip(&found) {
+            if word == ID_CLEAN {
+                continue;
             }
-            let first = ids.iter().enumerate().find(|&(_, &x)| {
-                if c.negative_ok {
-                    x >= 0 && x as usize >= c.limit
-                } else {
-                    x < 0 || x as usize >= c.limit
-                }
+            let (i, x) = ((word >> 32) as usize, word as u32 as i32);
+            let (op, v) = (c.op, c.limit);
+            bad.push(if c.negative_ok {
+                format!("{op}: target {x} of row {i} is outside the vocabulary of {v}")
+            } else {
+                format!("{op}: token {x} at position {i} is outside the vocabulary of {v}")
             });
-            if let Some((i, &x)) = first {
-                let (op, v) = (c.op, c.limit);
-                bad.push(if c.negative_ok {
-                    format!("{op}: target {x} of row {i} is outside the vocabulary of {v}")
-                } else {
-                    format!("{op}: token {x} at position {i} is outside the vocabulary of {v}")
-                });
-            }
         }
         if bad.is_empty() {
-            Ok(())
-        } else {
-            Err(DeviceError::InvalidArgument(bad.join("; ")))
+            return Ok(());
         }
+        // SAFETY: the report holds ID_SLOTS u64; 0xff bytes = ID_CLEAN; stream-ordered.
+        unsafe {
+            self.api.memset_async(
+                self.id_report.ptr(),
+                0xff,
+                1,
+                8 * ID_SLOTS,
+                self.stream.raw(),
+            )?;
+        }
+        Err(DeviceError::InvalidArgument(bad.join("; ")))
     }
 }
 

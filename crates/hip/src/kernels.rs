@@ -36,10 +36,11 @@ pub enum KernelModule {
     Layernorm,
     Reduce,
     Fp8,
+    Fp8Scaling,
 }
 
 impl KernelModule {
-    pub const ALL: [KernelModule; 8] = [
+    pub const ALL: [KernelModule; 9] = [
         Self::Adamw,
         Self::Attention,
         Self::CrossEntropy,
@@ -48,6 +49,7 @@ impl KernelModule {
         Self::Layernorm,
         Self::Reduce,
         Self::Fp8,
+        Self::Fp8Scaling,
     ];
 
     pub fn file(self) -> &'static str {
@@ -60,6 +62,7 @@ impl KernelModule {
             Self::Layernorm => "layernorm.hip",
             Self::Reduce => "reduce.hip",
             Self::Fp8 => "fp8.hip",
+            Self::Fp8Scaling => "fp8_scaling.hip",
         }
     }
 
@@ -73,12 +76,13 @@ impl KernelModule {
             Self::Layernorm => include_str!("../../../kernels-hip/layernorm.hip"),
             Self::Reduce => include_str!("../../../kernels-hip/reduce.hip"),
             Self::Fp8 => include_str!("../../../kernels-hip/fp8.hip"),
+            Self::Fp8Scaling => include_str!("../../../kernels-hip/fp8_scaling.hip"),
         }
     }
 
     /// The module holding the kernel `name` (by its op prefix).
     pub fn of(name: &str) -> Option<Self> {
-        const PREFIXES: [(&str, KernelModule); 16] = [
+        const PREFIXES: [(&str, KernelModule); 19] = [
             ("adamw_", KernelModule::Adamw),
             ("split_heads", KernelModule::Attention),
             ("merge_heads", KernelModule::Attention),
@@ -95,6 +99,9 @@ impl KernelModule {
             ("colsum_", KernelModule::Reduce),
             ("add_assign_", KernelModule::Elementwise),
             ("quantize_", KernelModule::Fp8),
+            ("zero_many", KernelModule::Reduce),
+            ("check_ids", KernelModule::Embedding),
+            ("fp8_scaling_", KernelModule::Fp8Scaling),
         ];
         PREFIXES
             .iter()

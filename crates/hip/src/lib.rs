@@ -43,6 +43,7 @@ mod conv;
 mod device;
 mod dynlib;
 pub mod error;
+pub mod graph;
 pub mod hip;
 pub mod hipblaslt;
 pub mod hiprtc;

@@ -1,7 +1,7 @@
 //! Memory: uploads, downloads, copies, fills, zeroing.
 
 use super::*;
-use duet_device::{DType, DeviceExt, Fused};
+use duet_device::{AdamWClipStep, AdamWTensor, DType, DeviceExt, Fused};
 
 /// Every dtype a buffer holds data in: the floats, FP8 included, and i32.
 fn all_dtypes() -> impl Iterator<Item = DType> {
@@ -170,4 +170,171 @@ pub fn zero_many_matches_composition<D: Fused>(h: &Harness<D>) {
         vec![5.0; 9],
         "{case}: a buffer not passed was changed"
     );
+}
+
+/// The buffers of [`graph_replay_matches_unrecorded`]'s step.
+struct GraphState<B> {
+    params: Vec<B>,
+    grads: Vec<B>,
+    ms: Vec<B>,
+    vs: Vec<B>,
+    copies: Vec<B>,
+    norm: B,
+    scalars: B,
+    logits: B,
+    targets: B,
+    losses: B,
+}
+
+impl<B> GraphState<B> {
+    fn new<E: Fused<Buffer = B>>(e: &E, seed: &mut Rng, sizes: &[usize], copy: DType) -> Self {
+        // Two states from the same draws: the caller resets `seed` between them.
+        let f32s = |r: &mut Rng, n: usize, lo: f32, hi: f32| put(e, DType::F32, &r.vec(n, lo, hi));
+        let params = sizes.iter().map(|&n| f32s(seed, n, -1.0, 1.0)).collect();
+        let grads = sizes.iter().map(|&n| f32s(seed, n, -0.5, 0.5)).collect();
+        let ms = sizes.iter().map(|&n| f32s(seed, n, -0.1, 0.1)).collect();
+        let vs = sizes.iter().map(|&n| f32s(seed, n, 0.0, 0.01)).collect();
+        let copies = sizes.iter().map(|&n| put(e, copy, &vec![0.0; n])).collect();
+        let (rows, v) = (37, 301);
+        let logits = put(e, copy, &seed.vec(rows * v, -4.0, 4.0));
+        let tg: Vec<i32> = (0..rows)
+            .map(|i| if i % 7 == 3 { -1 } else { seed.below(v) as i32 })
+            .collect();
+        Self {
+            params,
+            grads,
+            ms,
+            vs,
+            copies,
+            norm: put(e, DType::F32, &[123.0]),
+            scalars: put(e, DType::F32, &[0.0, 1e-3, 0.1, 0.001]),
+            logits,
+            targets: put_i32(e, &tg),
+            losses: put(e, DType::F32, &vec![0.0; rows]),
+        }
+    }
+
+    /// One step as the trainer queues it: zero the norm, the global sum of squares, the clipped
+    /// AdamW reading it from the device, the in-place classifier. Nothing through the host.
+    fn queue<E: Fused<Buffer = B>>(&mut self, e: &E) -> duet_device::Result<()> {
+        e.zero_many(&mut [&mut self.norm])?;
+        let grads: Vec<&B> = self.grads.iter().collect();
+        e.sum_squares_many(&grads, &mut self.norm, 0)?;
+        e.copy(&self.norm, 0, &mut self.scalars, 0, 1)?;
+        let mut tensors: Vec<AdamWTensor<'_, B>> = self
+            .params
+            .iter_mut()
+            .zip(&self.grads)
+            .zip(self.ms.iter_mut().zip(self.vs.iter_mut()))
+            .zip(self.copies.iter_mut())
+            .map(|(((param, grad), (m, v)), copy)| AdamWTensor {
+                param,
+                grad,
+                m,
+                v,
+                copy: Some(copy),
+                weight_decay: 0.1,
+            })
+            .collect();
+        let step = AdamWClipStep {
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            max_norm: 1.0,
+            loss_scale: 1.0,
+        };
+        e.adamw_clipped(&mut tensors, &step, &self.scalars)?;
+        e.cross_entropy_in_place(
+            &mut self.logits,
+            &self.targets,
+            &mut self.losses,
+            37,
+            301,
+            301,
+            1.0 / 37.0,
+        )
+    }
+
+    fn tensors<E: Fused<Buffer = B>>(&self, e: &E) -> Vec<Tensor> {
+        let mut out = Vec::new();
+        for (i, b) in self.params.iter().enumerate() {
+            out.push(get(e, &format!("param {i}"), b));
+            out.push(get(e, &format!("m {i}"), &self.ms[i]));
+            out.push(get(e, &format!("v {i}"), &self.vs[i]));
+            out.push(get(e, &format!("copy {i}"), &self.copies[i]));
+        }
+        out.push(get(e, "norm", &self.norm));
+        out.push(get(e, "scalars", &self.scalars));
+        out.push(get(e, "logits", &self.logits));
+        out.push(get(e, "losses", &self.losses));
+        out
+    }
+}
+
+/// A recorded step replays exactly what the same ops queued unrecorded do: two steps queued
+/// directly against one queued step, then recorded and replayed once (the trainer's cold, warm
+/// and recorded steps), bit for bit; recording runs nothing; allocating, uploading, downloading
+/// and synchronising while recording are refused with an error and leave the recording usable.
+/// A backend without graphs must refuse `capture_begin` with an error instead.
+pub fn graph_replay_matches_unrecorded<D: Fused>(h: &Harness<D>) {
+    let case = "graph_replay_matches_unrecorded";
+    let d = &h.dev;
+    if !d.capabilities().graphs {
+        let e = d
+            .capture_begin()
+            .expect_err("capture_begin on a backend that says it records no graphs");
+        assert!(!e.to_string().is_empty(), "{case}: an empty error");
+        return;
+    }
+    let sizes = [1usize, 1000, 3 * (1 << 14) + 5];
+    for copy in [DType::BF16, DType::F16, DType::F32] {
+        // h.rng(case) gives the same draws each time: two identical states.
+        let mut direct = GraphState::new(d, &mut h.rng(case), &sizes, copy);
+        let mut recorded = GraphState::new(d, &mut h.rng(case), &sizes, copy);
+        direct.queue(d).unwrap();
+        direct.queue(d).unwrap();
+        recorded.queue(d).unwrap();
+        let before = recorded.tensors(d);
+        d.capture_begin().unwrap();
+        let queued = recorded.queue(d);
+        let refused = [
+            d.alloc(DType::F32, 4).err().map(|e| e.to_string()),
+            d.upload_bytes(&[0u8; 4], &mut recorded.norm, 0)
+                .err()
+                .map(|e| e.to_string()),
+            d.download_bytes(&recorded.norm, 0, 1)
+                .err()
+                .map(|e| e.to_string()),
+            d.synchronize().err().map(|e| e.to_string()),
+        ];
+        let graph = d.capture_end();
+        queued.unwrap();
+        let graph = graph.unwrap();
+        for (what, r) in ["alloc", "upload", "download", "synchronize"]
+            .iter()
+            .zip(&refused)
+        {
+            assert!(
+                r.is_some(),
+                "{case}: {what} while recording was not refused"
+            );
+        }
+        let after = recorded.tensors(d);
+        h.same(
+            &format!("{case} {copy} recording runs nothing"),
+            &after,
+            &before,
+            &vec![Tol::Bits; after.len()],
+        );
+        d.replay(&graph).unwrap();
+        d.synchronize().unwrap();
+        let got = recorded.tensors(d);
+        let want = direct.tensors(d);
+        h.same(
+            &format!("{case} {copy} replay vs unrecorded"),
+            &got,
+            &want,
+            &vec![Tol::Bits; got.len()],
+        );
+    }
 }

@@ -36,6 +36,7 @@ pub(crate) use crate::harness::{
 pub const ALL: &[&str] = &[
     "upload_download_copy_fill",
     "zero_many_matches_composition",
+    "graph_replay_matches_unrecorded",
     "gemm_transposes_dtypes_strides",
     "gemm_errors",
     "gemm_epilogue_matches_composition",

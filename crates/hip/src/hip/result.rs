@@ -70,6 +70,66 @@ impl HostFns {
     }
 }
 
+/// Stream capture and graph launch, and timed events: declared by hand like [`HostFns`]
+/// (signatures from HIP `hip_runtime_api.h`, unchanged 5.3 → 6.x → 7.x; `hipGraph_t` and
+/// `hipGraphExec_t` are opaque pointers, the capture mode an `int`-sized enum). Optional: a
+/// runtime without one of them records no graphs ([`HipApi::graphs_supported`]).
+#[derive(Clone, Copy)]
+pub struct GraphFns {
+    begin_capture: unsafe extern "C" fn(sys::hipStream_t, u32) -> sys::hipError_t,
+    end_capture: unsafe extern "C" fn(sys::hipStream_t, *mut HipGraph) -> sys::hipError_t,
+    instantiate: unsafe extern "C" fn(*mut HipGraphExec, HipGraph, u64) -> sys::hipError_t,
+    launch: unsafe extern "C" fn(HipGraphExec, sys::hipStream_t) -> sys::hipError_t,
+    exec_destroy: unsafe extern "C" fn(HipGraphExec) -> sys::hipError_t,
+    destroy: unsafe extern "C" fn(HipGraph) -> sys::hipError_t,
+    elapsed: unsafe extern "C" fn(*mut f32, HipEvent, HipEvent) -> sys::hipError_t,
+}
+
+/// `hipGraph_t`.
+pub type HipGraph = *mut c_void;
+/// `hipGraphExec_t`.
+pub type HipGraphExec = *mut c_void;
+
+/// `hipStreamCaptureModeThreadLocal`: only this thread's calls may not interfere with the
+/// capture (another thread's work on other streams is unaffected).
+const HIP_STREAM_CAPTURE_MODE_THREAD_LOCAL: u32 = 1;
+/// `hipEventDefault`: an event that records time.
+const HIP_EVENT_DEFAULT: u32 = 0;
+
+/// The hand-declared graph and timing symbols ([`GraphFns`]), for the CI's lists.
+pub const GRAPH_SYMBOLS: [&str; 7] = [
+    "hipStreamBeginCapture",
+    "hipStreamEndCapture",
+    "hipGraphInstantiateWithFlags",
+    "hipGraphLaunch",
+    "hipGraphExecDestroy",
+    "hipGraphDestroy",
+    "hipEventElapsedTime",
+];
+
+impl GraphFns {
+    /// Resolves every [`GRAPH_SYMBOLS`] function from `lib`, or `None` when one is missing.
+    fn resolve(lib: &libloading::Library) -> Option<Self> {
+        macro_rules! get {
+            ($name:literal) => {
+                // SAFETY: the declared type is the function's signature in hip_runtime_api.h;
+                // the pointer is only called while the library is loaded (pinned for the
+                // process, `loader::open_pinned`, and also held by `HipLib`).
+                unsafe { *lib.get(concat!($name, "\0").as_bytes()).ok()? }
+            };
+        }
+        Some(Self {
+            begin_capture: get!("hipStreamBeginCapture"),
+            end_capture: get!("hipStreamEndCapture"),
+            instantiate: get!("hipGraphInstantiateWithFlags"),
+            launch: get!("hipGraphLaunch"),
+            exec_destroy: get!("hipGraphExecDestroy"),
+            destroy: get!("hipGraphDestroy"),
+            elapsed: get!("hipEventElapsedTime"),
+        })
+    }
+}
+
 /// The loaded runtime.
 pub struct HipApi {
     lib: sys::HipLib,
@@ -78,6 +138,8 @@ pub struct HipApi {
     /// `None` when the library lacks one of [`HOST_SYMBOLS`] (only a library opened through
     /// [`HipApi::from_library`] can; [`HipApi::load`] refuses it).
     host: Option<HostFns>,
+    /// `None` when the library lacks one of [`GRAPH_SYMBOLS`].
+    graph: Option<GraphFns>,
     /// The name the library was opened by.
     pub name: String,
     /// The file the library was mapped from (through `dladdr`), when known.
@@ -127,6 +189,7 @@ impl HipApi {
         };
         let file = crate::toolchain::library_file(&lib, c"hipInit");
         let host = HostFns::resolve(&lib);
+        let graph = GraphFns::resolve(&lib);
         let props_r0600 = get(b"hipGetDevicePropertiesR0600\0");
         let props_r0000 = get(b"hipGetDeviceProperties\0");
         // SAFETY: every symbol of the generated table was checked above, so no field is an error
@@ -141,6 +204,7 @@ impl HipApi {
             props_r0600,
             props_r0000,
             host,
+            graph,
             name: name.to_string(),
             file,
         })
@@ -485,6 +549,113 @@ impl HipApi {
         let f = self.host_fns("hipEventDestroy")?;
         // SAFETY: guaranteed by the caller.
         self.check("hipEventDestroy", unsafe { (f.event_destroy)(e) })
+    }
+
+    /// Whether the runtime exports every [`GRAPH_SYMBOLS`] function.
+    pub fn graphs_supported(&self) -> bool {
+        self.graph.is_some()
+    }
+
+    fn graph_fns(&self, call: &'static str) -> Result<GraphFns, HipError> {
+        self.graph.ok_or_else(|| HipError::MissingSymbols {
+            library: self.name.clone(),
+            missing: vec![call.to_string()],
+        })
+    }
+
+    /// An event that records time (`hipEventCreateWithFlags(hipEventDefault)`).
+    pub fn timed_event_create(&self) -> Result<HipEvent, HipError> {
+        let f = self.host_fns("hipEventCreateWithFlags")?;
+        let mut e = std::ptr::null_mut();
+        // SAFETY: writes one handle.
+        self.check("hipEventCreateWithFlags", unsafe {
+            (f.event_create)(&mut e, HIP_EVENT_DEFAULT)
+        })?;
+        Ok(e)
+    }
+
+    /// Milliseconds between two completed timed events (`hipEventElapsedTime`).
+    ///
+    /// # Safety
+    /// Both events must be live and made by [`Self::timed_event_create`].
+    pub unsafe fn event_elapsed_ms(&self, start: HipEvent, end: HipEvent) -> Result<f32, HipError> {
+        let f = self.graph_fns("hipEventElapsedTime")?;
+        let mut ms = 0f32;
+        // SAFETY: guaranteed by the caller; writes one float.
+        self.check("hipEventElapsedTime", unsafe {
+            (f.elapsed)(&mut ms, start, end)
+        })?;
+        Ok(ms)
+    }
+
+    /// Starts recording the work queued on `s` by this thread (thread-local capture mode).
+    ///
+    /// # Safety
+    /// `s` must be a live stream that is not already capturing.
+    pub unsafe fn stream_begin_capture(&self, s: sys::hipStream_t) -> Result<(), HipError> {
+        let f = self.graph_fns("hipStreamBeginCapture")?;
+        // SAFETY: guaranteed by the caller.
+        self.check("hipStreamBeginCapture", unsafe {
+            (f.begin_capture)(s, HIP_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+        })
+    }
+
+    /// Ends the capture on `s` and returns the recorded graph.
+    ///
+    /// # Safety
+    /// `s` must be a live stream that is capturing.
+    pub unsafe fn stream_end_capture(&self, s: sys::hipStream_t) -> Result<HipGraph, HipError> {
+        let f = self.graph_fns("hipStreamEndCapture")?;
+        let mut g = std::ptr::null_mut();
+        // SAFETY: guaranteed by the caller; writes one handle.
+        self.check("hipStreamEndCapture", unsafe { (f.end_capture)(s, &mut g) })?;
+        Ok(g)
+    }
+
+    /// Instantiates a recorded graph (flags 0).
+    ///
+    /// # Safety
+    /// `g` must be a live graph.
+    pub unsafe fn graph_instantiate(&self, g: HipGraph) -> Result<HipGraphExec, HipError> {
+        let f = self.graph_fns("hipGraphInstantiateWithFlags")?;
+        let mut e = std::ptr::null_mut();
+        // SAFETY: guaranteed by the caller; writes one handle.
+        self.check("hipGraphInstantiateWithFlags", unsafe {
+            (f.instantiate)(&mut e, g, 0)
+        })?;
+        Ok(e)
+    }
+
+    /// Queues an instantiated graph on `s`.
+    ///
+    /// # Safety
+    /// `e` and `s` must be live, and every buffer the graph's work touches must still be
+    /// allocated.
+    pub unsafe fn graph_launch(
+        &self,
+        e: HipGraphExec,
+        s: sys::hipStream_t,
+    ) -> Result<(), HipError> {
+        let f = self.graph_fns("hipGraphLaunch")?;
+        // SAFETY: guaranteed by the caller.
+        self.check("hipGraphLaunch", unsafe { (f.launch)(e, s) })
+    }
+
+    /// # Safety
+    /// `e` must be live and not used afterwards (no queued launch of it may still be pending
+    /// on a stream that is then destroyed; HIP keeps a launched graph alive until it ran).
+    pub unsafe fn graph_exec_destroy(&self, e: HipGraphExec) -> Result<(), HipError> {
+        let f = self.graph_fns("hipGraphExecDestroy")?;
+        // SAFETY: guaranteed by the caller.
+        self.check("hipGraphExecDestroy", unsafe { (f.exec_destroy)(e) })
+    }
+
+    /// # Safety
+    /// `g` must be live and not used afterwards.
+    pub unsafe fn graph_destroy(&self, g: HipGraph) -> Result<(), HipError> {
+        let f = self.graph_fns("hipGraphDestroy")?;
+        // SAFETY: guaranteed by the caller.
+        self.check("hipGraphDestroy", unsafe { (f.destroy)(g) })
     }
 
     /// # Safety

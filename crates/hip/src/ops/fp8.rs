@@ -74,3 +74,48 @@ impl HipDevice {
         })
     }
 }
+
+impl HipDevice {
+    /// [`duet_device::Fused::fp8_scaling_update`] on the device (kernels-hip/fp8_scaling.hip,
+    /// CUDA's kernel and bits): no download or upload, so a recorded step can include it.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn fp8_scaling_update_impl(
+        &self,
+        amax: &mut HipBuffer,
+        history: &mut HipBuffer,
+        scale: &mut HipBuffer,
+        scale_inv: &mut HipBuffer,
+        inv_stride: usize,
+        fp8_max: &HipBuffer,
+        len: usize,
+        most_recent: bool,
+        margin: i32,
+    ) -> Result<()> {
+        let ops = duet_device::check_fp8_scaling_args(
+            amax, history, scale, scale_inv, inv_stride, fp8_max, len,
+        )?;
+        if ops == 0 {
+            return Ok(());
+        }
+        let blocks = grid_dim("fp8_scaling_update", ops.div_ceil(256))?;
+        // SAFETY: fp8_scaling_update(float* amax, float* history, float* scale,
+        // float* scale_inv, u64 inv_stride, const float* fp8_max, u64 ops, u64 len,
+        // int most_recent, int margin); every buffer is f32 and holds ops (history ops × len,
+        // scale_inv ops × inv_stride) elements (checked above); one thread per operand.
+        unsafe {
+            self.kernel("fp8_scaling_update")?
+                .grid((blocks, 1, 1))
+                .arg_buf(amax)
+                .arg_buf(history)
+                .arg_buf(scale)
+                .arg_buf(scale_inv)
+                .arg_u64(inv_stride as u64)
+                .arg_buf(fp8_max)
+                .arg_u64(ops as u64)
+                .arg_u64(len as u64)
+                .arg_i32(most_recent as i32)
+                .arg_i32(margin)
+                .launch()
+        }
+    }
+}

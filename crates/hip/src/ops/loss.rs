@@ -58,3 +58,45 @@ impl HipDevice {
         }
     }
 }
+
+impl HipDevice {
+    /// [`duet_device::Fused::cross_entropy_in_place`]: kernels-hip/cross_entropy.hip's
+    /// `cross_entropy_in_place_T` (the gradient over the logits, one block per row; the same
+    /// row body, and bits, as `cross_entropy_T`'s dlogits).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn cross_entropy_in_place_impl(
+        &self,
+        logits: &mut HipBuffer,
+        targets: &HipBuffer,
+        losses: &mut HipBuffer,
+        n: usize,
+        v: usize,
+        ld: usize,
+        grad_scale: f32,
+    ) -> Result<()> {
+        const OP: &str = "cross_entropy_in_place";
+        RowsDesc::new(OP, n, ld)?.validate_cross_entropy(&*logits, targets, losses, None, v)?;
+        let s = float_suffix(OP, logits.dtype())?;
+        if n == 0 {
+            return Ok(());
+        }
+        self.queue_id_check("cross_entropy", targets, v, true)?;
+        let block = duet_device::cross_entropy_threads(v);
+        // SAFETY: cross_entropy_in_place_T(T* logits, const int* targets, float* losses, int v,
+        // int ld, float grad_scale): one block per row < n over logits (n·ld, checked, v ≤ ld;
+        // each element read and then overwritten by the same thread, after the block's
+        // reductions and a barrier), targets and losses (n); built for blocks up to 1024.
+        unsafe {
+            self.kernel(&format!("{OP}_{s}"))?
+                .grid(rows_grid(OP, n)?)
+                .block((block, 1, 1))
+                .arg_buf(logits)
+                .arg_buf(targets)
+                .arg_buf(losses)
+                .arg_i32(dim(OP, "v", v)?)
+                .arg_i32(dim(OP, "ld", ld)?)
+                .arg_f32(grad_scale)
+                .launch()
+        }
+    }
+}

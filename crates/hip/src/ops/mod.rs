@@ -13,6 +13,8 @@ mod loss;
 mod memory;
 mod optim;
 
+pub(crate) use optim::Tables;
+
 /// What the op files share.
 mod prelude {
     pub(super) use crate::conv::{self, float_suffix, kernel_suffix, wide_suffix};

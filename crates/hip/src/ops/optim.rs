@@ -1,8 +1,214 @@
-//! The optimizer ops: AdamW and the sum of squares (kernels-hip/adamw.hip, reduce.hip). HIP has
-//! no multi-tensor kernels (the trait's defaults run).
+//! The optimizer ops: AdamW and the sum of squares (kernels-hip/adamw.hip, reduce.hip), per
+//! tensor and multi-tensor. As on CUDA (crates/cuda/src/ops/optim.rs, the same table layouts and
+//! chunk size), the multi-tensor launches read a table of chunks (a piece of one tensor per
+//! block) built on the host, uploaded once and reused while the tensors stay the same, and the
+//! clipped AdamW takes its per-step values from a device buffer: the whole update queues without
+//! a host synchronisation, so a step can be recorded in a graph.
 
 use super::prelude::*;
-use duet_device::AdamWStep;
+use duet_device::{AdamWClipStep, AdamWStep, AdamWTensor};
+
+/// Elements per chunk of the multi-tensor passes: CUDA's `CHUNK`. The sum-of-squares partition
+/// (and so its rounding) depends on it; equal to CUDA's, the partials are CUDA's bits.
+pub(crate) const CHUNK: usize = 1 << 14;
+/// Threads per block of sum_squares_many_partial, adamw_multi and zero_many (DUET_BLOCK; CUDA's
+/// THREADS, which the per-thread order of the sums depends on).
+pub(crate) const THREADS: u32 = 256;
+/// Most tables kept on the device.
+const MAX_TABLES: usize = 8;
+
+/// Uploaded chunk tables, keyed by their bytes.
+#[derive(Default)]
+pub(crate) struct Tables {
+    entries: Vec<(Vec<u8>, HipBuffer)>,
+}
+
+/// `(offset, len)` of each chunk of a tensor of `n` elements.
+pub(crate) fn chunks(n: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..n.div_ceil(CHUNK)).map(move |k| (k * CHUNK, CHUNK.min(n - k * CHUNK)))
+}
+
+/// The kernels' dtype code: 0 f32, 1 bf16, 2 f16 (as on CUDA).
+pub(crate) fn float_code(op: &'static str, d: DType) -> Result<i32> {
+    match d {
+        DType::F32 => Ok(0),
+        DType::BF16 => Ok(1),
+        DType::F16 => Ok(2),
+        dtype => Err(DeviceError::Unsupported {
+            op: op.into(),
+            dtype,
+        }),
+    }
+}
+
+fn push_u64(table: &mut Vec<u8>, v: u64) {
+    table.extend_from_slice(&v.to_le_bytes());
+}
+
+impl HipDevice {
+    /// The device address of `table` (uploading it unless an identical one is cached; never
+    /// while a graph is being recorded: the first, unrecorded step uploads every table).
+    pub(crate) fn table(&self, op: &'static str, table: Vec<u8>) -> Result<*mut std::ffi::c_void> {
+        let mut tables = self
+            .tables
+            .lock()
+            .map_err(|_| DeviceError::InvalidArgument(format!("{op}: table lock poisoned")))?;
+        if let Some((_, mem)) = tables.entries.iter().find(|(k, _)| *k == table) {
+            return Ok(mem.ptr());
+        }
+        self.not_while_capturing(&format!("{op}: uploading a new chunk table"))?;
+        if tables.entries.len() >= MAX_TABLES {
+            tables.entries.remove(0);
+        }
+        let mut mem = self.alloc_impl(DType::U8, table.len())?;
+        self.upload_bytes_impl(&table, &mut mem, 0)?;
+        let ptr = mem.ptr();
+        tables.entries.push((table, mem));
+        Ok(ptr)
+    }
+
+    pub(crate) fn sum_squares_many_impl(
+        &self,
+        xs: &[&HipBuffer],
+        out: &mut HipBuffer,
+        slot: usize,
+    ) -> Result<()> {
+        const OP: &str = "sum_squares_many";
+        args::validate_sum_squares_many(xs, out, slot)?;
+        let mut table = Vec::new();
+        let mut count = 0usize;
+        for x in xs {
+            let dt = float_code(OP, x.dtype())?;
+            for (offset, len) in chunks(x.len()) {
+                push_u64(&mut table, x.ptr() as u64);
+                push_u64(&mut table, offset as u64);
+                push_u64(&mut table, len as u64);
+                table.extend_from_slice(&dt.to_le_bytes());
+                table.extend_from_slice(&0i32.to_le_bytes());
+                count += 1;
+            }
+        }
+        if count == 0 {
+            return Ok(());
+        }
+        let blocks = grid_dim(OP, count)?;
+        let table = self.table(OP, table)?;
+        // One f64 per chunk: two f32 slots each (the scratch is 256-byte aligned).
+        let scratch = self.scratch(2 * count)?;
+        let part = scratch.ptr();
+        // SAFETY: sum_squares_many_partial(const DuetSumSqChunk*, double*): `count` 32-byte
+        // records (ptr, offset, len, dtype code) describing ranges inside the live buffers of
+        // `xs` (each chunk within its buffer's length), and `count` doubles of scratch.
+        unsafe {
+            self.kernel("sum_squares_many_partial")?
+                .grid((blocks, 1, 1))
+                .block((THREADS, 1, 1))
+                .arg_ptr(table)
+                .arg_ptr(part)
+                .launch()?;
+        }
+        // SAFETY: `count` partials just written; slot < out.len() (checked).
+        unsafe { self.sum_squares_finish(OP, part, count, out, slot) }
+    }
+
+    pub(crate) fn adamw_clipped_impl(
+        &self,
+        tensors: &mut [AdamWTensor<'_, HipBuffer>],
+        step: &AdamWClipStep,
+        scalars: &HipBuffer,
+    ) -> Result<()> {
+        const OP: &str = "adamw_clipped";
+        args::validate_adamw_clipped(tensors, scalars)?;
+        let mut table = Vec::new();
+        let mut count = 0usize;
+        let mut fp8_copies = Vec::new();
+        for (i, t) in tensors.iter().enumerate() {
+            let gdt = float_code(OP, t.grad.dtype())?;
+            let (copy, cdt) = match t.copy.as_deref() {
+                None => (0u64, 0i32),
+                // An FP8 copy is written by a cast after the update (as on CUDA).
+                Some(c) if c.dtype().is_fp8() => {
+                    fp8_copies.push(i);
+                    (0, 0)
+                }
+                Some(c) => (c.ptr() as u64, float_code(OP, c.dtype())?),
+            };
+            for (offset, len) in chunks(t.param.len()) {
+                for p in [t.param.ptr(), t.grad.ptr(), t.m.ptr(), t.v.ptr()] {
+                    push_u64(&mut table, p as u64);
+                }
+                push_u64(&mut table, copy);
+                push_u64(&mut table, offset as u64);
+                table.extend_from_slice(&(len as u32).to_le_bytes());
+                table.extend_from_slice(&gdt.to_le_bytes());
+                table.extend_from_slice(&cdt.to_le_bytes());
+                table.extend_from_slice(&t.weight_decay.to_le_bytes());
+                count += 1;
+            }
+        }
+        if count > 0 {
+            let blocks = grid_dim(OP, count)?;
+            let table = self.table(OP, table)?;
+            let s = *step;
+            // SAFETY: adamw_multi(const DuetAdamWChunk*, const float* scalars, 5 floats):
+            // `count` 64-byte records describing ranges inside live f32 param/m/v buffers, a
+            // grad and an optional copy of the recorded dtypes (lengths checked by
+            // validate_adamw_clipped); `scalars` holds ADAMW_SCALARS f32.
+            unsafe {
+                self.kernel("adamw_multi")?
+                    .grid((blocks, 1, 1))
+                    .block((THREADS, 1, 1))
+                    .arg_ptr(table)
+                    .arg_buf(scalars)
+                    .arg_f32(s.beta1)
+                    .arg_f32(s.beta2)
+                    .arg_f32(s.eps)
+                    .arg_f32(s.max_norm)
+                    .arg_f32(s.loss_scale)
+                    .launch()?;
+            }
+        }
+        for i in fp8_copies {
+            let t = &mut tensors[i];
+            if let Some(c) = t.copy.as_deref_mut() {
+                self.cast(t.param, c, 1.0)?;
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn zero_many_impl(&self, dsts: &mut [&mut HipBuffer]) -> Result<()> {
+        const OP: &str = "zero_many";
+        // Chunks of CHUNK · 4 bytes; every chunk start stays 16-byte aligned (allocations are
+        // 256-byte aligned and the chunk size is a multiple of 16).
+        let bytes_per = CHUNK * 4;
+        let mut table = Vec::new();
+        let mut count = 0usize;
+        for d in dsts.iter() {
+            let bytes = d.size_bytes();
+            for k in 0..bytes.div_ceil(bytes_per) {
+                let len = bytes_per.min(bytes - k * bytes_per);
+                push_u64(&mut table, d.ptr() as u64 + (k * bytes_per) as u64);
+                push_u64(&mut table, len as u64);
+                count += 1;
+            }
+        }
+        if count == 0 {
+            return Ok(());
+        }
+        let blocks = grid_dim(OP, count)?;
+        let table = self.table(OP, table)?;
+        // SAFETY: zero_many(const DuetZeroChunk*): `count` 16-byte records, each a byte range
+        // inside one of the live buffers in `dsts`, starting 16-byte aligned.
+        unsafe {
+            self.kernel("zero_many")?
+                .grid((blocks, 1, 1))
+                .block((THREADS, 1, 1))
+                .arg_ptr(table)
+                .launch()
+        }
+    }
+}
 
 /// Most blocks of a `sum_squares` partial pass (fixed by n alone, so results are deterministic).
 const SUMSQ_BLOCKS: usize = 1024;

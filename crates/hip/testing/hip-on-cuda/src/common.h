@@ -32,7 +32,9 @@
     X(cuStreamWaitEvent) X(cuEventCreate) X(cuEventRecord) X(cuEventSynchronize)                \
     X(cuEventDestroy) X(cuMemHostAlloc) X(cuMemFreeHost) X(cuModuleLoadData)                    \
     X(cuModuleGetFunction) X(cuModuleUnload) X(cuLaunchKernel) X(cuFuncSetAttribute)            \
-    X(cuGetErrorName) X(cuGetErrorString)
+    X(cuGetErrorName) X(cuGetErrorString) X(cuStreamBeginCapture) X(cuStreamEndCapture)          \
+    X(cuGraphInstantiateWithFlags) X(cuGraphLaunch) X(cuGraphExecDestroy) X(cuGraphDestroy)     \
+    X(cuEventElapsedTime)
 
 namespace hoc {
 

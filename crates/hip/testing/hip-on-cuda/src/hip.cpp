@@ -2,7 +2,7 @@
 // duet's HIP backend on an NVIDIA GPU; see ../README.md for what it can and cannot show.
 //
 // Exactly the functions duet's HIP backend loads are exported (crates/hip/bindgen/
-// hip_functions.txt, HOST_SYMBOLS in src/hip/result.rs, HipSyncLib in src/rccl.rs, the
+// hip_functions.txt, HOST_SYMBOLS and GRAPH_SYMBOLS in src/hip/result.rs, HipSyncLib in src/rccl.rs, the
 // two device-property entry points); their signatures are checked by the compiler against the
 // real ROCm headers this file is built with. A hipStream_t is a CUstream, a hipEvent_t a
 // CUevent, a hipModule_t a CUmodule, a hipFunction_t a CUfunction, a device pointer a
@@ -430,6 +430,73 @@ HOC_API hipError_t hipEventDestroy(hipEvent_t event) {
     if (!event) return hipErrorInvalidHandle;
     ENTER("hipEventDestroy");
     return CU("hipEventDestroy", d->cuEventDestroy(reinterpret_cast<CUevent>(event)));
+}
+
+HOC_API hipError_t hipEventElapsedTime(float* ms, hipEvent_t start, hipEvent_t stop) {
+    if (!ms) return hipErrorInvalidValue;
+    if (!start || !stop) return hipErrorInvalidHandle;
+    ENTER("hipEventElapsedTime");
+    return CU("hipEventElapsedTime", d->cuEventElapsedTime(ms, reinterpret_cast<CUevent>(start),
+                                                            reinterpret_cast<CUevent>(stop)));
+}
+
+// ---------------------------------------------------------------- stream capture and graphs
+// hipGraph_t = CUgraph, hipGraphExec_t = CUgraphExec; the capture modes have CUDA's values
+// (global 0, thread-local 1, relaxed 2).
+
+HOC_API hipError_t hipStreamBeginCapture(hipStream_t stream, hipStreamCaptureMode mode) {
+    if (mode != hipStreamCaptureModeGlobal && mode != hipStreamCaptureModeThreadLocal &&
+        mode != hipStreamCaptureModeRelaxed) {
+        fail("hipStreamBeginCapture", "capture mode %d", static_cast<int>(mode));
+        return hipErrorInvalidValue;
+    }
+    ENTER("hipStreamBeginCapture");
+    return CU("hipStreamBeginCapture",
+              d->cuStreamBeginCapture(cs(stream), static_cast<CUstreamCaptureMode>(mode)));
+}
+
+HOC_API hipError_t hipStreamEndCapture(hipStream_t stream, hipGraph_t* graph) {
+    if (!graph) return hipErrorInvalidValue;
+    ENTER("hipStreamEndCapture");
+    CUgraph g = nullptr;
+    hipError_t e = CU("hipStreamEndCapture", d->cuStreamEndCapture(cs(stream), &g));
+    *graph = reinterpret_cast<hipGraph_t>(g);
+    return e;
+}
+
+HOC_API hipError_t hipGraphInstantiateWithFlags(hipGraphExec_t* exec, hipGraph_t graph,
+                                                unsigned long long flags) {
+    if (!exec) return hipErrorInvalidValue;
+    if (!graph) return hipErrorInvalidHandle;
+    if (flags != 0) {
+        fail("hipGraphInstantiateWithFlags", "flags 0x%llx are not implemented by the stand-in",
+             flags);
+        return hipErrorInvalidValue;
+    }
+    ENTER("hipGraphInstantiateWithFlags");
+    CUgraphExec x = nullptr;
+    hipError_t e = CU("hipGraphInstantiateWithFlags",
+                      d->cuGraphInstantiateWithFlags(&x, reinterpret_cast<CUgraph>(graph), 0));
+    if (e == hipSuccess) *exec = reinterpret_cast<hipGraphExec_t>(x);
+    return e;
+}
+
+HOC_API hipError_t hipGraphLaunch(hipGraphExec_t exec, hipStream_t stream) {
+    if (!exec) return hipErrorInvalidHandle;
+    ENTER("hipGraphLaunch");
+    return CU("hipGraphLaunch", d->cuGraphLaunch(reinterpret_cast<CUgraphExec>(exec), cs(stream)));
+}
+
+HOC_API hipError_t hipGraphExecDestroy(hipGraphExec_t exec) {
+    if (!exec) return hipErrorInvalidHandle;
+    ENTER("hipGraphExecDestroy");
+    return CU("hipGraphExecDestroy", d->cuGraphExecDestroy(reinterpret_cast<CUgraphExec>(exec)));
+}
+
+HOC_API hipError_t hipGraphDestroy(hipGraph_t graph) {
+    if (!graph) return hipErrorInvalidHandle;
+    ENTER("hipGraphDestroy");
+    return CU("hipGraphDestroy", d->cuGraphDestroy(reinterpret_cast<CUgraph>(graph)));
 }
 
 // ---------------------------------------------------------------- modules and launches

@@ -278,7 +278,10 @@ impl<B> GraphState<B> {
 /// A backend without graphs must refuse `capture_begin` with an error instead.
 pub fn graph_replay_matches_unrecorded<D: Fused>(h: &Harness<D>) {
     let case = "graph_replay_matches_unrecorded";
-    let d = &h.dev;
+    // A device (and stream) of the case's own: a recording takes in whatever is queued on its
+    // stream, so the cases running in parallel on the shared device would land in it.
+    let fresh = h.fresh();
+    let d = &fresh;
     if !d.capabilities().graphs {
         let e = d
             .capture_begin()

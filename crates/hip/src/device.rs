@@ -105,6 +105,8 @@ pub struct HipDevice {
     pub(crate) capturing: AtomicBool,
     /// The multi-tensor ops' uploaded chunk tables ([`HipDevice::table`]).
     pub(crate) tables: Mutex<crate::ops::Tables>,
+    /// The FP8 compositions' kept intermediates (ops/fp8.rs `with_workspace`).
+    pub(crate) workspaces: Mutex<crate::ops::Workspaces>,
 }
 
 impl HipDevice {
@@ -247,6 +249,7 @@ impl HipDevice {
             caps,
             capturing: AtomicBool::new(false),
             tables: Mutex::new(Default::default()),
+            workspaces: Mutex::new(Default::default()),
         })
     }
 
@@ -692,7 +695,8 @@ impl Device for HipDevice {
 /// its own for them.
 /// The fused ops HIP has natively (the others run the trait's compositions): the in-place
 /// classifier and the multi-tensor optimizer passes, with the delayed-scaling update on the
-/// device, so a training step queues without host synchronisations and can be recorded.
+/// device, and the FP8 fusions as their compositions over kept workspaces, so a training step
+/// queues without host synchronisations or allocations and can be recorded.
 impl Fused for HipDevice {
     fn zero_many(&self, dsts: &mut [&mut HipBuffer]) -> Result<()> {
         self.zero_many_impl(dsts)
@@ -722,6 +726,59 @@ impl Fused for HipDevice {
         scalars: &HipBuffer,
     ) -> Result<()> {
         self.adamw_clipped_impl(tensors, step, scalars)
+    }
+
+    fn quantize_fp8_grad(
+        &self,
+        dout: &HipBuffer,
+        gelu_pre: Option<&HipBuffer>,
+        dst: &mut HipBuffer,
+        dst_t: Option<&mut HipBuffer>,
+        dbias: &mut HipBuffer,
+        rows: usize,
+        cols: usize,
+        scale: &HipBuffer,
+        amax: &mut HipBuffer,
+        slot: usize,
+    ) -> Result<()> {
+        self.quantize_fp8_grad_impl(
+            dout, gelu_pre, dst, dst_t, dbias, rows, cols, scale, amax, slot,
+        )
+    }
+
+    fn quantize_fp8_gelu(
+        &self,
+        pre: &HipBuffer,
+        dst: &mut HipBuffer,
+        dst_t: Option<&mut HipBuffer>,
+        rows: usize,
+        cols: usize,
+        scale: &HipBuffer,
+        amax: &mut HipBuffer,
+        slot: usize,
+    ) -> Result<()> {
+        self.quantize_fp8_gelu_impl(pre, dst, dst_t, rows, cols, scale, amax, slot)
+    }
+
+    fn layernorm_forward_fp8(
+        &self,
+        x: &HipBuffer,
+        gamma: &HipBuffer,
+        beta: &HipBuffer,
+        mean: &mut HipBuffer,
+        rstd: &mut HipBuffer,
+        dst: &mut HipBuffer,
+        dst_t: Option<&mut HipBuffer>,
+        n: usize,
+        c: usize,
+        eps: f32,
+        scale: &HipBuffer,
+        amax: &mut HipBuffer,
+        slot: usize,
+    ) -> Result<()> {
+        self.layernorm_forward_fp8_impl(
+            x, gamma, beta, mean, rstd, dst, dst_t, n, c, eps, scale, amax, slot,
+        )
     }
 
     fn fp8_scaling_update(

@@ -119,3 +119,157 @@ impl HipDevice {
         }
     }
 }
+
+/// Most workspaces kept ([`HipDevice::with_workspace`]).
+const MAX_WORKSPACES: usize = 16;
+
+/// Intermediate buffers of the FP8 compositions below, kept between calls.
+#[derive(Default)]
+pub(crate) struct Workspaces {
+    idle: Vec<HipBuffer>,
+}
+
+impl HipDevice {
+    /// Runs `f` on a buffer of `len` elements of `dtype` (contents undefined) that the device
+    /// keeps for the next call of the same size: the compositions of the FP8 fusions allocate
+    /// nothing per call, so a step that uses them can be recorded (the first, unrecorded step
+    /// allocates them; a new size while recording is refused).
+    fn with_workspace<R>(
+        &self,
+        dtype: DType,
+        len: usize,
+        f: impl FnOnce(&mut HipBuffer) -> Result<R>,
+    ) -> Result<R> {
+        let lock = || {
+            self.workspaces
+                .lock()
+                .map_err(|_| DeviceError::InvalidArgument("workspace lock poisoned".into()))
+        };
+        let found = {
+            let mut ws = lock()?;
+            ws.idle
+                .iter()
+                .position(|b| b.dtype() == dtype && b.len() == len)
+                .map(|i| ws.idle.swap_remove(i))
+        };
+        let mut buf = match found {
+            Some(b) => b,
+            None => {
+                self.not_while_capturing("allocating an FP8 workspace")?;
+                self.alloc_impl(dtype, len)?
+            }
+        };
+        let r = f(&mut buf);
+        let mut ws = lock()?;
+        if ws.idle.len() >= MAX_WORKSPACES {
+            ws.idle.remove(0);
+        }
+        ws.idle.push(buf);
+        r
+    }
+
+    /// [`duet_device::Fused::quantize_fp8_grad`]: the composition (GELU backward, bias
+    /// gradient, quantisation) with its intermediate in a kept workspace: the composition's
+    /// bits. The one-pass kernel is issue 29's.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn quantize_fp8_grad_impl(
+        &self,
+        dout: &HipBuffer,
+        gelu_pre: Option<&HipBuffer>,
+        dst: &mut HipBuffer,
+        dst_t: Option<&mut HipBuffer>,
+        dbias: &mut HipBuffer,
+        rows: usize,
+        cols: usize,
+        scale: &HipBuffer,
+        amax: &mut HipBuffer,
+        slot: usize,
+    ) -> Result<()> {
+        RowsDesc::new("quantize_fp8_grad", rows, cols)?.validate_quantize_fp8_grad(
+            dout,
+            gelu_pre,
+            dst,
+            dst_t.as_deref(),
+            dbias,
+            scale,
+            amax,
+            slot,
+        )?;
+        match gelu_pre {
+            Some(pre) => self.with_workspace(dout.dtype(), dout.len(), |g| {
+                self.gelu_backward(pre, dout, g)?;
+                self.bias_backward(g, dbias, rows, cols)?;
+                self.quantize_fp8(g, dst, dst_t, rows, cols, scale, amax, slot)
+            }),
+            None => {
+                self.bias_backward(dout, dbias, rows, cols)?;
+                self.quantize_fp8(dout, dst, dst_t, rows, cols, scale, amax, slot)
+            }
+        }
+    }
+
+    /// [`duet_device::Fused::quantize_fp8_gelu`]: GELU into a kept workspace, then the
+    /// quantisation (the composition's bits).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn quantize_fp8_gelu_impl(
+        &self,
+        pre: &HipBuffer,
+        dst: &mut HipBuffer,
+        dst_t: Option<&mut HipBuffer>,
+        rows: usize,
+        cols: usize,
+        scale: &HipBuffer,
+        amax: &mut HipBuffer,
+        slot: usize,
+    ) -> Result<()> {
+        RowsDesc::new("quantize_fp8_gelu", rows, cols)?.validate_quantize_fp8(
+            Some(pre),
+            dst,
+            dst_t.as_deref(),
+            scale,
+            amax,
+            slot,
+        )?;
+        self.with_workspace(pre.dtype(), pre.len(), |h| {
+            self.gelu_forward(pre, h)?;
+            self.quantize_fp8(h, dst, dst_t, rows, cols, scale, amax, slot)
+        })
+    }
+
+    /// [`duet_device::Fused::layernorm_forward_fp8`]: LayerNorm into a kept workspace, then
+    /// the quantisation (the composition's bits).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn layernorm_forward_fp8_impl(
+        &self,
+        x: &HipBuffer,
+        gamma: &HipBuffer,
+        beta: &HipBuffer,
+        mean: &mut HipBuffer,
+        rstd: &mut HipBuffer,
+        dst: &mut HipBuffer,
+        dst_t: Option<&mut HipBuffer>,
+        n: usize,
+        c: usize,
+        eps: f32,
+        scale: &HipBuffer,
+        amax: &mut HipBuffer,
+        slot: usize,
+    ) -> Result<()> {
+        RowsDesc::new("layernorm_forward_fp8", n, c)?.validate_layernorm_forward_fp8(
+            x,
+            gamma,
+            beta,
+            mean,
+            rstd,
+            dst,
+            dst_t.as_deref(),
+            scale,
+            amax,
+            slot,
+        )?;
+        self.with_workspace(x.dtype(), x.len(), |out| {
+            self.layernorm_forward(x, gamma, beta, out, mean, rstd, n, c, eps)?;
+            self.quantize_fp8(out, dst, dst_t, n, c, scale, amax, slot)
+        })
+    }
+}

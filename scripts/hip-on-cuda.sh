@@ -281,7 +281,12 @@ run)
     measure seed-fp8-cuda-vs-hip-gfx942 "$T/cuda-seed-fp8.jsonl" "$T/hip-seed-fp8-gfx942.jsonl"
     measure seed-fp8-cuda-vs-hip-gfx950 "$T/cuda-seed-fp8.jsonl" "$T/hip-seed-fp8-gfx950.jsonl"
     par default-cpu-vs-hip "$PACK/cpu-default.jsonl" "$T/hip-default.jsonl"
-    par default-bf16-cpu-vs-hip "$PACK/cpu-default-bf16.jsonl" "$T/hip-default-bf16.jsonl"
+    # bf16 against the CPU is measured, not required: at step 1 AdamW turns every gradient into
+    # ±lr, so an element whose bf16 gradient is near zero (c_attn.bias, about 1e-6) takes the
+    # sign of its rounding, and the CPU reference rounds differently from the GPU kernels (its own
+    # exp, softmax and reduction orders). Seen 2026-12-03: CPU vs CUDA and CPU vs HIP flip the same
+    # sample the same way; CUDA vs HIP match.
+    measure default-bf16-cpu-vs-hip "$PACK/cpu-default-bf16.jsonl" "$T/hip-default-bf16.jsonl"
     measure default-bf16-cpu-vs-cuda "$PACK/cpu-default-bf16.jsonl" "$T/cuda-default-bf16.jsonl"
     par default-bf16-cuda-vs-hip "$T/cuda-default-bf16.jsonl" "$T/hip-default-bf16.jsonl"
     measure default-fp8-cpu-vs-cuda "$PACK/cpu-default-fp8.jsonl" "$T/cuda-default-fp8.jsonl"

@@ -32,3 +32,70 @@
     DUET_QUANTIZE(SN, S, f8e4m3fnuz, duet_e4m3fnuz)                                            \
     DUET_QUANTIZE(SN, S, f8e5m2fnuz, duet_e5m2fnuz)
 DUET_FOR_ACT(DUET_QUANTIZE_TO)
+
+// ------------------------------------------------------------------ tiled, with the transpose
+// The same codes and amax as quantize_S_D, for a job that also wants the transposed codes: a
+// 32 x 32 tile per block (DUET_BLOCK threads seen as 32 x 8), read and written along rows, the
+// codes passed through shared memory so the transposed copy is written along its rows too
+// (quantize_S_D scatters it one byte per `rows` bytes). Launch: grid (ceil(cols / 32),
+// ceil(rows / 32)). With GELU (quantize_gelu_*), each element is gelu(pre) rounded to pre's
+// dtype first, exactly gelu_forward_* (elementwise.hip), so the codes equal gelu_forward
+// followed by quantize_S_D without the activation ever being written.
+#define DUET_QTILE 32
+
+template <bool GELU, typename S, typename D>
+DUET_DEV void duet_quantize_tile(const S* __restrict__ src, D* __restrict__ dst,
+                                 D* __restrict__ dst_t, duet_u64 rows, duet_u64 cols,
+                                 const float* __restrict__ scale, float* __restrict__ amax) {
+    __shared__ unsigned char tile[DUET_QTILE][DUET_QTILE + 1];
+    __shared__ float sh[DUET_MAX_GROUPS];
+    const float s = scale[0];
+    const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
+    const duet_u64 r0 = (duet_u64)blockIdx.y * DUET_QTILE, c0 = (duet_u64)blockIdx.x * DUET_QTILE;
+    float m = 0.0f;
+    for (int k = ty; k < DUET_QTILE; k += DUET_BLOCK / 32) {
+        const duet_u64 r = r0 + k, c = c0 + tx;
+        if (r < rows && c < cols) {
+            float x = duet_ld(src, r * cols + c);
+            if (GELU) {
+                S h;
+                duet_st(&h, 0, gelu_f(x));
+                x = duet_ld(&h, 0);
+            }
+            m = fmaxf(m, fabsf(x));
+            D q;
+            duet_st(&q, 0, x * s);
+            dst[r * cols + c] = q;
+            tile[k][tx] = q.bits;
+        }
+    }
+    __syncthreads();
+    if (dst_t != nullptr) {
+        for (int k = ty; k < DUET_QTILE; k += DUET_BLOCK / 32) {
+            const duet_u64 c = c0 + k, r = r0 + tx;
+            if (r < rows && c < cols) dst_t[c * rows + r].bits = tile[tx][k];
+        }
+    }
+    m = duet_block_max(m, sh);
+    if (threadIdx.x == 0) atomicMax(reinterpret_cast<unsigned int*>(amax), duet_f2u(m));
+}
+
+#define DUET_QUANTIZE_TILED(SN, S, DN, D)                                                      \
+    DUET_KERNEL quantize_tiled_##SN##_##DN(const S* __restrict__ src, D* __restrict__ dst,      \
+                                           D* __restrict__ dst_t, duet_u64 rows,               \
+                                           duet_u64 cols, const float* __restrict__ scale,     \
+                                           float* __restrict__ amax) {                         \
+        duet_quantize_tile<false>(src, dst, dst_t, rows, cols, scale, amax);                   \
+    }                                                                                          \
+    DUET_KERNEL quantize_gelu_##SN##_##DN(const S* __restrict__ pre, D* __restrict__ dst,       \
+                                          D* __restrict__ dst_t, duet_u64 rows, duet_u64 cols, \
+                                          const float* __restrict__ scale,                     \
+                                          float* __restrict__ amax) {                          \
+        duet_quantize_tile<true>(pre, dst, dst_t, rows, cols, scale, amax);                    \
+    }
+#define DUET_QUANTIZE_TILED_TO(SN, S)                                                          \
+    DUET_QUANTIZE_TILED(SN, S, f8e4m3, duet_e4m3)                                              \
+    DUET_QUANTIZE_TILED(SN, S, f8e5m2, duet_e5m2)                                              \
+    DUET_QUANTIZE_TILED(SN, S, f8e4m3fnuz, duet_e4m3fnuz)                                      \
+    DUET_QUANTIZE_TILED(SN, S, f8e5m2fnuz, duet_e5m2fnuz)
+DUET_FOR_ACT(DUET_QUANTIZE_TILED_TO)

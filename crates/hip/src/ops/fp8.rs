@@ -26,6 +26,22 @@ impl HipDevice {
         if n == 0 {
             return Ok(());
         }
+        if let (true, Some(grid)) = (dst_t.is_some(), tile_grid(rows, cols)) {
+            // SAFETY: as below; quantize_tiled_S_D takes the same arguments, one block per
+            // 32 × 32 tile of the rows × cols source (grid from tile_grid).
+            return unsafe {
+                self.kernel(&format!("quantize_tiled_{s}_{d}"))?
+                    .grid(grid)
+                    .arg_buf(src)
+                    .arg_buf(dst)
+                    .arg_ptr(dst_t.map_or(std::ptr::null_mut(), |t| t.ptr()))
+                    .arg_u64(rows as u64)
+                    .arg_u64(cols as u64)
+                    .arg_ptr(scale.ptr_at(slot))
+                    .arg_ptr(amax.ptr_at(slot))
+                    .launch()
+            };
+        }
         // SAFETY: quantize_S_D(const S*, D*, D* dst_t (or null), u64 rows, u64 cols,
         // const float*, float*): src, dst (and dst_t) hold rows × cols elements; scale/amax at
         // slot (checked).
@@ -120,6 +136,13 @@ impl HipDevice {
     }
 }
 
+/// The grid of the tiled quantisation kernels (one block per 32 × 32 tile), or `None` past
+/// HIP's 65535 blocks in y (over two million rows: the untiled kernels take those).
+fn tile_grid(rows: usize, cols: usize) -> Option<(u32, u32, u32)> {
+    let (gx, gy) = (cols.div_ceil(32).max(1), rows.div_ceil(32).max(1));
+    (gy <= 65_535 && gx <= i32::MAX as usize).then_some((gx as u32, gy as u32, 1))
+}
+
 /// Most workspaces kept ([`HipDevice::with_workspace`]).
 const MAX_WORKSPACES: usize = 16;
 
@@ -208,8 +231,9 @@ impl HipDevice {
         }
     }
 
-    /// [`duet_device::Fused::quantize_fp8_gelu`]: GELU into a kept workspace, then the
-    /// quantisation (the composition's bits).
+    /// [`duet_device::Fused::quantize_fp8_gelu`] in one pass (kernels-hip/fp8.hip
+    /// `quantize_gelu_S_D`): gelu(pre) rounded to pre's dtype, quantised and transposed through
+    /// a shared-memory tile, the activation never written; the composition's bits.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn quantize_fp8_gelu_impl(
         &self,
@@ -230,10 +254,33 @@ impl HipDevice {
             amax,
             slot,
         )?;
-        self.with_workspace(pre.dtype(), pre.len(), |h| {
-            self.gelu_forward(pre, h)?;
-            self.quantize_fp8(h, dst, dst_t, rows, cols, scale, amax, slot)
-        })
+        let Some(grid) = tile_grid(rows, cols) else {
+            // Past the tiled kernel's grid: GELU into a kept workspace, then the quantisation.
+            return self.with_workspace(pre.dtype(), pre.len(), |h| {
+                self.gelu_forward(pre, h)?;
+                self.quantize_fp8(h, dst, dst_t, rows, cols, scale, amax, slot)
+            });
+        };
+        if rows == 0 || cols == 0 {
+            return Ok(());
+        }
+        let s = float_suffix("quantize_fp8_gelu", pre.dtype())?;
+        let d = kernel_suffix(dst.dtype()).expect("an fp8 dtype");
+        // SAFETY: quantize_gelu_S_D(const S* pre, D* dst, D* dst_t (or null), u64 rows,
+        // u64 cols, const float* scale, float* amax): pre, dst (and dst_t) hold rows × cols
+        // elements, scale/amax at slot (validated above); one block per 32 × 32 tile.
+        unsafe {
+            self.kernel(&format!("quantize_gelu_{s}_{d}"))?
+                .grid(grid)
+                .arg_buf(pre)
+                .arg_buf(dst)
+                .arg_ptr(dst_t.map_or(std::ptr::null_mut(), |t| t.ptr()))
+                .arg_u64(rows as u64)
+                .arg_u64(cols as u64)
+                .arg_ptr(scale.ptr_at(slot))
+                .arg_ptr(amax.ptr_at(slot))
+                .launch()
+        }
     }
 
     /// [`duet_device::Fused::layernorm_forward_fp8`]: LayerNorm into a kept workspace, then

@@ -46,12 +46,12 @@ DUET_FOR_ACT(DUET_QUANTIZE_TO)
 template <bool GELU, typename S, typename D>
 DUET_DEV void duet_quantize_tile(const S* __restrict__ src, D* __restrict__ dst,
                                  D* __restrict__ dst_t, duet_u64 rows, duet_u64 cols,
-                                 const float* __restrict__ scale, float* __restrict__ amax) {
+                                 const float* __restrict__ scale, float* __restrict__ amax,
+                                 duet_u64 r0, duet_u64 c0) {
     __shared__ unsigned char tile[DUET_QTILE][DUET_QTILE + 1];
     __shared__ float sh[DUET_MAX_GROUPS];
     const float s = scale[0];
     const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
-    const duet_u64 r0 = (duet_u64)blockIdx.y * DUET_QTILE, c0 = (duet_u64)blockIdx.x * DUET_QTILE;
     float m = 0.0f;
     for (int k = ty; k < DUET_QTILE; k += DUET_BLOCK / 32) {
         const duet_u64 r = r0 + k, c = c0 + tx;
@@ -85,13 +85,17 @@ DUET_DEV void duet_quantize_tile(const S* __restrict__ src, D* __restrict__ dst,
                                            D* __restrict__ dst_t, duet_u64 rows,               \
                                            duet_u64 cols, const float* __restrict__ scale,     \
                                            float* __restrict__ amax) {                         \
-        duet_quantize_tile<false>(src, dst, dst_t, rows, cols, scale, amax);                   \
+        duet_quantize_tile<false>(src, dst, dst_t, rows, cols, scale, amax,                    \
+                                  (duet_u64)blockIdx.y * DUET_QTILE,                           \
+                                  (duet_u64)blockIdx.x * DUET_QTILE);                          \
     }                                                                                          \
     DUET_KERNEL quantize_gelu_##SN##_##DN(const S* __restrict__ pre, D* __restrict__ dst,       \
                                           D* __restrict__ dst_t, duet_u64 rows, duet_u64 cols, \
                                           const float* __restrict__ scale,                     \
                                           float* __restrict__ amax) {                          \
-        duet_quantize_tile<true>(pre, dst, dst_t, rows, cols, scale, amax);                    \
+        duet_quantize_tile<true>(pre, dst, dst_t, rows, cols, scale, amax,                     \
+                                 (duet_u64)blockIdx.y * DUET_QTILE,                            \
+                                 (duet_u64)blockIdx.x * DUET_QTILE);                           \
     }
 #define DUET_QUANTIZE_TILED_TO(SN, S)                                                          \
     DUET_QUANTIZE_TILED(SN, S, f8e4m3, duet_e4m3)                                              \
@@ -99,3 +103,40 @@ DUET_DEV void duet_quantize_tile(const S* __restrict__ src, D* __restrict__ dst,
     DUET_QUANTIZE_TILED(SN, S, f8e4m3fnuz, duet_e4m3fnuz)                                      \
     DUET_QUANTIZE_TILED(SN, S, f8e5m2fnuz, duet_e5m2fnuz)
 DUET_FOR_ACT(DUET_QUANTIZE_TILED_TO)
+
+// quantize_fp8_many in one launch: block k quantises tile k of the table (ops/fp8.rs builds one
+// record per 32 x 32 tile of every job), the job's dtypes dispatched per block. Each tile is
+// exactly quantize_tiled_S_D's tile, so the codes and every amax equal the jobs run one by one.
+struct DuetQuantTile {
+    duet_u64 src, dst, dst_t;  // dst_t: 0 when the job has no transposed copy
+    duet_u64 rows, cols;
+    unsigned int r0, c0;       // the tile's first row and column
+    int sdt, ddt;              // source 0 f32, 1 bf16, 2 f16; codes 0 e4m3, 1 e5m2, 2 e4m3fnuz, 3 e5m2fnuz
+    unsigned int slot, pad;
+};
+
+template <typename S>
+DUET_DEV void duet_quantize_many_tile(const DuetQuantTile& t, const float* scale, float* amax) {
+    const S* src = (const S*)t.src;
+    const float* sc = scale + t.slot;
+    float* am = amax + t.slot;
+    if (t.ddt == 0)
+        duet_quantize_tile<false>(src, (duet_e4m3*)t.dst, (duet_e4m3*)t.dst_t, t.rows, t.cols, sc, am, t.r0, t.c0);
+    else if (t.ddt == 1)
+        duet_quantize_tile<false>(src, (duet_e5m2*)t.dst, (duet_e5m2*)t.dst_t, t.rows, t.cols, sc, am, t.r0, t.c0);
+    else if (t.ddt == 2)
+        duet_quantize_tile<false>(src, (duet_e4m3fnuz*)t.dst, (duet_e4m3fnuz*)t.dst_t, t.rows, t.cols, sc, am, t.r0, t.c0);
+    else
+        duet_quantize_tile<false>(src, (duet_e5m2fnuz*)t.dst, (duet_e5m2fnuz*)t.dst_t, t.rows, t.cols, sc, am, t.r0, t.c0);
+}
+
+DUET_KERNEL quantize_many(const DuetQuantTile* __restrict__ tiles, const float* __restrict__ scale,
+                          float* __restrict__ amax) {
+    const DuetQuantTile t = tiles[blockIdx.x];
+    if (t.sdt == 0)
+        duet_quantize_many_tile<float>(t, scale, amax);
+    else if (t.sdt == 1)
+        duet_quantize_many_tile<duet_bf16>(t, scale, amax);
+    else
+        duet_quantize_many_tile<duet_f16>(t, scale, amax);
+}

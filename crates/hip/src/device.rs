@@ -728,6 +728,15 @@ impl Fused for HipDevice {
         self.adamw_clipped_impl(tensors, step, scalars)
     }
 
+    fn quantize_fp8_many(
+        &self,
+        jobs: &mut [duet_device::Fp8QuantJob<'_, HipBuffer>],
+        scale: &HipBuffer,
+        amax: &mut HipBuffer,
+    ) -> Result<()> {
+        self.quantize_fp8_many_impl(jobs, scale, amax)
+    }
+
     fn quantize_fp8_grad(
         &self,
         dout: &HipBuffer,

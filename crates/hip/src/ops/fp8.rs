@@ -320,3 +320,83 @@ impl HipDevice {
         })
     }
 }
+
+/// The tile table's codes of an FP8 dtype (kernels-hip/fp8.hip `DuetQuantTile::ddt`).
+fn fp8_code(d: DType) -> Option<i32> {
+    match d {
+        DType::F8E4M3 => Some(0),
+        DType::F8E5M2 => Some(1),
+        DType::F8E4M3Fnuz => Some(2),
+        DType::F8E5M2Fnuz => Some(3),
+        _ => None,
+    }
+}
+
+impl HipDevice {
+    /// [`duet_device::Fused::quantize_fp8_many`] in one launch (kernels-hip/fp8.hip
+    /// `quantize_many`): one block per 32 × 32 tile of every job, the tiles of
+    /// `quantize_tiled_S_D`, so the codes and amaxes are those of the jobs run one by one. The
+    /// tile table is uploaded once and reused while the jobs stay the same (a model's weights
+    /// at every step, also from `adamw_clipped_fp8`'s composition).
+    pub(crate) fn quantize_fp8_many_impl(
+        &self,
+        jobs: &mut [duet_device::Fp8QuantJob<'_, HipBuffer>],
+        scale: &HipBuffer,
+        amax: &mut HipBuffer,
+    ) -> Result<()> {
+        const OP: &str = "quantize_fp8_many";
+        duet_device::check_fp8_quant_jobs(OP, jobs, scale, amax)?;
+        let mut table = Vec::new();
+        let mut count = 0usize;
+        for j in jobs.iter() {
+            let sdt = super::optim::float_code(OP, j.src.dtype())?;
+            let ddt = fp8_code(j.dst.dtype()).ok_or_else(|| unsupported(OP, j.dst.dtype()))?;
+            let (rows, cols) = (j.rows, j.cols);
+            if rows == 0 || cols == 0 {
+                continue;
+            }
+            if u32::try_from(rows).is_err() || u32::try_from(cols).is_err() {
+                return Err(duet_device::args::kernel_too_large(
+                    "HIP",
+                    OP,
+                    "rows or cols",
+                    rows.max(cols),
+                ));
+            }
+            let dst_t = j.dst_t.as_deref().map_or(0, |t| t.ptr() as u64);
+            for r0 in (0..rows).step_by(32) {
+                for c0 in (0..cols).step_by(32) {
+                    for v in [j.src.ptr() as u64, j.dst.ptr() as u64, dst_t] {
+                        table.extend_from_slice(&v.to_le_bytes());
+                    }
+                    table.extend_from_slice(&(rows as u64).to_le_bytes());
+                    table.extend_from_slice(&(cols as u64).to_le_bytes());
+                    table.extend_from_slice(&(r0 as u32).to_le_bytes());
+                    table.extend_from_slice(&(c0 as u32).to_le_bytes());
+                    table.extend_from_slice(&sdt.to_le_bytes());
+                    table.extend_from_slice(&ddt.to_le_bytes());
+                    table.extend_from_slice(&(j.slot as u32).to_le_bytes());
+                    table.extend_from_slice(&0u32.to_le_bytes());
+                    count += 1;
+                }
+            }
+        }
+        if count == 0 {
+            return Ok(());
+        }
+        let blocks = grid_dim(OP, count)?;
+        let table = self.table(OP, table)?;
+        // SAFETY: quantize_many(const DuetQuantTile*, const float* scale, float* amax): `count`
+        // 64-byte records, each a 32 × 32 tile (clipped to the job) of a job whose src, dst and
+        // optional dst_t hold rows × cols elements of the recorded dtypes, and whose slot lies
+        // inside scale and amax (all checked by check_fp8_quant_jobs).
+        unsafe {
+            self.kernel("quantize_many")?
+                .grid((blocks, 1, 1))
+                .arg_ptr(table)
+                .arg_buf(scale)
+                .arg_buf(amax)
+                .launch()
+        }
+    }
+}

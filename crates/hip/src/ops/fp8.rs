@@ -322,7 +322,7 @@ impl HipDevice {
 }
 
 /// The tile table's codes of an FP8 dtype (kernels-hip/fp8.hip `DuetQuantTile::ddt`).
-fn fp8_code(d: DType) -> Option<i32> {
+pub(super) fn fp8_code(d: DType) -> Option<i32> {
     match d {
         DType::F8E4M3 => Some(0),
         DType::F8E5M2 => Some(1),

@@ -6,6 +6,19 @@
 // param -= lr * (m / bc1 / (sqrt(v / bc2) + eps) + wd * param); copy (if not null) = param.
 // The update is adamw_update (duet_hip.h's shared math block): CUDA's roundings, pinned.
 // Entry adamw_<grad dtype>_<copy dtype>.
+// One element: m, v and the f32 weight updated, the copy (if not null) written in its dtype.
+template <typename G, typename C>
+DUET_DEV void duet_adamw_at(float* __restrict__ param, const G* __restrict__ grad,
+                            float* __restrict__ m, float* __restrict__ v, C* __restrict__ copy,
+                            duet_u64 i, const AdamWConsts& k) {
+    float mi = m[i], vi = v[i];
+    const float p = adamw_update(duet_ld(grad, i), mi, vi, param[i], k);
+    m[i] = mi;
+    v[i] = vi;
+    param[i] = p;
+    if (copy) duet_st(copy, i, p);
+}
+
 #define DUET_ADAMW(GN, GT, CN, CT)                                                            \
     DUET_KERNEL adamw_##GN##_##CN(float* __restrict__ param, const GT* __restrict__ grad,      \
                                   float* __restrict__ m, float* __restrict__ v,                \
@@ -21,14 +34,7 @@
         k.bc2 = bc2;                                                                           \
         k.grad_scale = grad_scale;                                                             \
         k.weight_decay = weight_decay;                                                         \
-        DUET_GRID_STRIDE(i, n) {                                                               \
-            float mi = m[i], vi = v[i];                                                        \
-            const float np = adamw_update(duet_ld(grad, i), mi, vi, param[i], k);              \
-            m[i] = mi;                                                                         \
-            v[i] = vi;                                                                         \
-            param[i] = np;                                                                     \
-            if (copy) duet_st(copy, i, np);                                                    \
-        }                                                                                      \
+        DUET_GRID_STRIDE(i, n) { duet_adamw_at(param, grad, m, v, copy, i, k); }               \
     }
 #define DUET_ADAMW_FROM(GN, GT) DUET_FOR_FLOAT_X(DUET_ADAMW, GN, GT)
 DUET_FOR_ACT(DUET_ADAMW_FROM)
@@ -55,14 +61,8 @@ DUET_DEV void duet_adamw_chunk(const DuetAdamWChunk& c, const AdamWConsts& k) {
     float* m = (float*)c.m + c.offset;
     float* v = (float*)c.v + c.offset;
     C* copy = c.copy ? (C*)c.copy + c.offset : nullptr;
-    for (unsigned int j = threadIdx.x; j < c.len; j += blockDim.x) {
-        float mj = m[j], vj = v[j];
-        const float p = adamw_update(duet_ld(grad, j), mj, vj, param[j], k);
-        m[j] = mj;
-        v[j] = vj;
-        param[j] = p;
-        if (copy) duet_st(copy, j, p);
-    }
+    for (unsigned int j = threadIdx.x; j < c.len; j += blockDim.x)
+        duet_adamw_at(param, grad, m, v, copy, j, k);
 }
 
 template <typename G> DUET_DEV void duet_adamw_chunk_copy(const DuetAdamWChunk& c, const AdamWConsts& k) {

@@ -22,21 +22,9 @@ pub(crate) fn kernel_suffix(dtype: DType) -> Option<&'static str> {
 
 /// The f32/f16/bf16 suffix of an activation-type buffer, and that of a parameter or gradient
 /// buffer of the activations' dtype or f32 (shared with the HIP backend).
-pub(crate) use duet_device::args::{float_suffix, wide_suffix};
-
-/// The run-time dtype code of the kernels' `load_dt` / `store_dt` (common.cuh) and of the
-/// multi-tensor chunk tables (`grad_dt`, `copy_dt`): 0 f32, 1 bf16, 2 f16.
-pub(crate) fn float_code(op: &'static str, d: DType) -> Result<i32> {
-    match d {
-        DType::F32 => Ok(0),
-        DType::BF16 => Ok(1),
-        DType::F16 => Ok(2),
-        dtype => Err(DeviceError::Unsupported {
-            op: op.into(),
-            dtype,
-        }),
-    }
-}
+/// `float_code`: the run-time dtype code of the kernels' `load_dt` / `store_dt` (common.cuh) and
+/// of the multi-tensor chunk tables (`grad_dt`, `copy_dt`), shared with the HIP backend.
+pub(crate) use duet_device::args::{float_code, float_suffix, wide_suffix};
 
 /// `(bits, width in bytes)` of one element of `d` holding `value`, for `fill` (a memset of that
 /// width). Floats round like the CPU reference (FP8 saturates); `value` must be an integer in

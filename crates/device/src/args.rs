@@ -264,6 +264,20 @@ pub fn float_suffix(op: &'static str, d: DType) -> Result<&'static str> {
     }
 }
 
+/// The dtype code of a float buffer in a GPU kernel's chunk or job table (the multi-tensor
+/// kernels of both GPU backends): 0 f32, 1 bf16, 2 f16, or [`DeviceError::Unsupported`].
+pub fn float_code(op: &'static str, d: DType) -> Result<i32> {
+    match d {
+        DType::F32 => Ok(0),
+        DType::BF16 => Ok(1),
+        DType::F16 => Ok(2),
+        dtype => Err(DeviceError::Unsupported {
+            op: op.into(),
+            dtype,
+        }),
+    }
+}
+
 /// The kernel-name suffix of a parameter or gradient buffer (`what`) that must be either the
 /// activation dtype `act` or f32 (the `<act>_<param>` kernels, `DUET_FOR_ACT_AND_WIDE`).
 pub fn wide_suffix(op: &'static str, act: DType, what: &str, d: DType) -> Result<&'static str> {

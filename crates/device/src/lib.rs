@@ -458,11 +458,7 @@ pub trait Device: Send + Sync + Sized + 'static {
         &self,
         work: impl FnOnce() -> std::result::Result<(), E>,
     ) -> std::result::Result<f64, E> {
-        self.synchronize()?;
-        let start = std::time::Instant::now();
-        work()?;
-        self.synchronize()?;
-        Ok(start.elapsed().as_secs_f64() * 1e3)
+        time_ms_host_clock(self, work)
     }
 
     /// What [`Device::time_ms`] measures with: "device events" or "host clock".
@@ -1142,6 +1138,19 @@ fn no_graphs<D: Device>(dev: &D) -> DeviceError {
         "the {} backend cannot record graphs",
         dev.info().backend
     ))
+}
+
+/// [`Device::time_ms`] on the host clock between synchronisations (its default; a backend whose
+/// device events are missing at run time falls back to it).
+pub fn time_ms_host_clock<D: Device, E: From<DeviceError>>(
+    dev: &D,
+    work: impl FnOnce() -> std::result::Result<(), E>,
+) -> std::result::Result<f64, E> {
+    dev.synchronize()?;
+    let start = std::time::Instant::now();
+    work()?;
+    dev.synchronize()?;
+    Ok(start.elapsed().as_secs_f64() * 1e3)
 }
 
 /// Typed helpers on top of the byte-level copies.

@@ -872,21 +872,26 @@ impl HipDevice {
                 .lock()
                 .map_err(|_| DeviceError::InvalidArgument("id check lock poisoned".into()))
         };
-        let mut slot = lock()?.iter().position(|s| *s == key);
-        if slot.is_none() {
-            if lock()?.len() >= ID_SLOTS {
-                // Every slot is taken: report what they hold, then start the table over.
-                self.not_while_capturing(&format!("{op}: a new vocabulary check"))?;
-                self.stream.synchronize()?;
-                let pending = self.check_deferred();
-                lock()?.clear();
-                pending?;
+        let mut slots = lock()?;
+        let slot = match slots.iter().position(|s| *s == key) {
+            Some(i) => i,
+            None => {
+                if slots.len() >= ID_SLOTS {
+                    // Every slot is taken: report what they hold, then start the table over
+                    // (check_deferred reads the slots itself, so the lock is let go first).
+                    drop(slots);
+                    self.not_while_capturing(&format!("{op}: a new vocabulary check"))?;
+                    self.stream.synchronize()?;
+                    let pending = self.check_deferred();
+                    slots = lock()?;
+                    slots.clear();
+                    pending?;
+                }
+                slots.push(key);
+                slots.len() - 1
             }
-            let mut slots = lock()?;
-            slots.push(key);
-            slot = Some(slots.len() - 1);
-        }
-        let slot = slot.expect("found or added above");
+        };
+        drop(slots);
         let n = ids.len();
         if n as u64 >= 1 << 32 {
             return Err(duet_device::args::kernel_too_large("HIP", op, "ids", n));

@@ -101,11 +101,7 @@ impl HipDevice {
         self.not_while_capturing("timing")?;
         if !self.api.graphs_supported() {
             // No hipEventElapsedTime: the host clock between synchronisations.
-            self.synchronize_impl()?;
-            let start = std::time::Instant::now();
-            work()?;
-            self.synchronize_impl()?;
-            return Ok(start.elapsed().as_secs_f64() * 1e3);
+            return duet_device::time_ms_host_clock(self, work);
         }
         let events = Events::new(&self.api)?;
         // SAFETY: both events are live (owned by `events`) and the stream is the device's own.

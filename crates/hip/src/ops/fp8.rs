@@ -1,5 +1,6 @@
 //! FP8: quantisation (kernels-hip/fp8.hip) and FP8 GEMMs through hipBLASLt.
 
+use super::optim::push_u64;
 use super::prelude::*;
 use crate::blas;
 use duet_device::GemmDesc;
@@ -26,28 +27,44 @@ impl HipDevice {
         if n == 0 {
             return Ok(());
         }
-        if let (true, Some(grid)) = (dst_t.is_some(), tile_grid(rows, cols)) {
-            // SAFETY: as below; quantize_tiled_S_D takes the same arguments, one block per
-            // 32 × 32 tile of the rows × cols source (grid from tile_grid).
-            return unsafe {
-                self.kernel(&format!("quantize_tiled_{s}_{d}"))?
-                    .grid(grid)
-                    .arg_buf(src)
-                    .arg_buf(dst)
-                    .arg_ptr(dst_t.map_or(std::ptr::null_mut(), |t| t.ptr()))
-                    .arg_u64(rows as u64)
-                    .arg_u64(cols as u64)
-                    .arg_ptr(scale.ptr_at(slot))
-                    .arg_ptr(amax.ptr_at(slot))
-                    .launch()
-            };
-        }
-        // SAFETY: quantize_S_D(const S*, D*, D* dst_t (or null), u64 rows, u64 cols,
-        // const float*, float*): src, dst (and dst_t) hold rows × cols elements; scale/amax at
-        // slot (checked).
+        // With a transposed copy, the tiled kernel (coalesced transposed stores); else, or past
+        // its grid, the grid-stride one. Both take the same arguments.
+        let (name, grid) = match (dst_t.is_some(), tile_grid(rows, cols)) {
+            (true, Some(grid)) => (format!("quantize_tiled_{s}_{d}"), grid),
+            _ => (format!("quantize_{s}_{d}"), self.grid_1d(n)),
+        };
+        // SAFETY: quantize_S_D / quantize_tiled_S_D: src, dst (and dst_t) hold rows × cols
+        // elements; scale/amax at slot (checked); the tiled kernel gets one block per 32 × 32
+        // tile (tile_grid).
+        unsafe { self.launch_quantize(&name, grid, src, dst, dst_t, rows, cols, scale, amax, slot) }
+    }
+
+    /// Launches one of the quantisation kernels that share the argument list `(const S* src,
+    /// D* dst, D* dst_t (or null), u64 rows, u64 cols, const float* scale, float* amax)`:
+    /// quantize_S_D, quantize_tiled_S_D, quantize_gelu_S_D (kernels-hip/fp8.hip), with the
+    /// scale and amax of `slot`.
+    ///
+    /// # Safety
+    /// `src`, `dst` and `dst_t` must hold `rows × cols` elements of the kernel's dtypes, `slot`
+    /// must lie inside `scale` and `amax`, and `grid` must be the kernel's grid for the shape.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn launch_quantize(
+        &self,
+        name: &str,
+        grid: (u32, u32, u32),
+        src: &HipBuffer,
+        dst: &mut HipBuffer,
+        dst_t: Option<&mut HipBuffer>,
+        rows: usize,
+        cols: usize,
+        scale: &HipBuffer,
+        amax: &mut HipBuffer,
+        slot: usize,
+    ) -> Result<()> {
+        // SAFETY: guaranteed by the caller.
         unsafe {
-            self.kernel(&format!("quantize_{s}_{d}"))?
-                .grid(self.grid_1d(n))
+            self.kernel(name)?
+                .grid(grid)
                 .arg_buf(src)
                 .arg_buf(dst)
                 .arg_ptr(dst_t.map_or(std::ptr::null_mut(), |t| t.ptr()))
@@ -270,16 +287,18 @@ impl HipDevice {
         // u64 cols, const float* scale, float* amax): pre, dst (and dst_t) hold rows × cols
         // elements, scale/amax at slot (validated above); one block per 32 × 32 tile.
         unsafe {
-            self.kernel(&format!("quantize_gelu_{s}_{d}"))?
-                .grid(grid)
-                .arg_buf(pre)
-                .arg_buf(dst)
-                .arg_ptr(dst_t.map_or(std::ptr::null_mut(), |t| t.ptr()))
-                .arg_u64(rows as u64)
-                .arg_u64(cols as u64)
-                .arg_ptr(scale.ptr_at(slot))
-                .arg_ptr(amax.ptr_at(slot))
-                .launch()
+            self.launch_quantize(
+                &format!("quantize_gelu_{s}_{d}"),
+                grid,
+                pre,
+                dst,
+                dst_t,
+                rows,
+                cols,
+                scale,
+                amax,
+                slot,
+            )
         }
     }
 
@@ -349,7 +368,7 @@ impl HipDevice {
         let mut table = Vec::new();
         let mut count = 0usize;
         for j in jobs.iter() {
-            let sdt = super::optim::float_code(OP, j.src.dtype())?;
+            let sdt = float_code(OP, j.src.dtype())?;
             let ddt = fp8_code(j.dst.dtype()).ok_or_else(|| unsupported(OP, j.dst.dtype()))?;
             let (rows, cols) = (j.rows, j.cols);
             if rows == 0 || cols == 0 {
@@ -366,11 +385,15 @@ impl HipDevice {
             let dst_t = j.dst_t.as_deref().map_or(0, |t| t.ptr() as u64);
             for r0 in (0..rows).step_by(32) {
                 for c0 in (0..cols).step_by(32) {
-                    for v in [j.src.ptr() as u64, j.dst.ptr() as u64, dst_t] {
-                        table.extend_from_slice(&v.to_le_bytes());
+                    for v in [
+                        j.src.ptr() as u64,
+                        j.dst.ptr() as u64,
+                        dst_t,
+                        rows as u64,
+                        cols as u64,
+                    ] {
+                        push_u64(&mut table, v);
                     }
-                    table.extend_from_slice(&(rows as u64).to_le_bytes());
-                    table.extend_from_slice(&(cols as u64).to_le_bytes());
                     table.extend_from_slice(&(r0 as u32).to_le_bytes());
                     table.extend_from_slice(&(c0 as u32).to_le_bytes());
                     table.extend_from_slice(&sdt.to_le_bytes());

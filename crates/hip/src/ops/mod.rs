@@ -22,6 +22,7 @@ mod prelude {
     pub(super) use crate::device::{HipDevice, rows_grid, same_dtype, unsupported};
     pub(super) use crate::kernels::{dim, grid_dim};
     pub(super) use crate::memory::HipBuffer;
+    pub(super) use duet_device::args::float_code;
     pub(super) use duet_device::{
         Buffer, DType, Device, DeviceError, HeadsDesc, Result, RowsDesc, SoftmaxDesc, TokensDesc,
         args, check_dtype,

@@ -28,20 +28,8 @@ pub(crate) fn chunks(n: usize) -> impl Iterator<Item = (usize, usize)> {
     (0..n.div_ceil(CHUNK)).map(move |k| (k * CHUNK, CHUNK.min(n - k * CHUNK)))
 }
 
-/// The kernels' dtype code: 0 f32, 1 bf16, 2 f16 (as on CUDA).
-pub(crate) fn float_code(op: &'static str, d: DType) -> Result<i32> {
-    match d {
-        DType::F32 => Ok(0),
-        DType::BF16 => Ok(1),
-        DType::F16 => Ok(2),
-        dtype => Err(DeviceError::Unsupported {
-            op: op.into(),
-            dtype,
-        }),
-    }
-}
-
-fn push_u64(table: &mut Vec<u8>, v: u64) {
+/// Appends `v` to a kernel table, little-endian (the layout every table here uses).
+pub(super) fn push_u64(table: &mut Vec<u8>, v: u64) {
     table.extend_from_slice(&v.to_le_bytes());
 }
 

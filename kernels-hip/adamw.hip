@@ -95,3 +95,105 @@ DUET_KERNEL adamw_multi(const DuetAdamWChunk* __restrict__ chunks, const float* 
     else
         duet_adamw_chunk_copy<duet_f16>(c, k);
 }
+
+// ------------------------------------------------------------------ AdamW writing FP8 codes
+// adamw_clipped_fp8 (ops/optim.rs): block k updates tile k (32 x 32, clipped) of a weight that
+// gets FP8 codes, with adamw_update's arithmetic, and quantises its working copy's value (the
+// param's without a copy) from registers: the codes as fp8.hip's quantize_tiled_S_D writes them
+// (the transpose through shared memory), amax[slot] = max(amax[slot], max |value|). The same
+// bits as adamw_multi followed by quantize_fp8_many, without reading the copy back.
+struct DuetAdamWFp8Tile {
+    duet_u64 param, grad, m, v, copy;  // copy: 0 when none
+    duet_u64 dst, dst_t;               // dst_t: 0 when none
+    duet_u64 rows, cols;
+    unsigned int r0, c0;
+    int grad_dt, copy_dt, ddt;         // 0 f32, 1 bf16, 2 f16; codes 0 e4m3, 1 e5m2, 2/3 fnuz
+    unsigned int slot;
+    float weight_decay;
+    unsigned int pad;
+};
+
+DUET_DEV float duet_ld_code(duet_u64 p, int dt, duet_u64 i) {
+    if (dt == 0) return duet_ld((const float*)p, i);
+    if (dt == 1) return duet_ld((const duet_bf16*)p, i);
+    return duet_ld((const duet_f16*)p, i);
+}
+
+/// Stores v at p[i] in dtype dt and returns the stored value as f32.
+DUET_DEV float duet_st_code(duet_u64 p, int dt, duet_u64 i, float v) {
+    if (dt == 0) {
+        duet_st((float*)p, i, v);
+        return v;
+    }
+    if (dt == 1) {
+        duet_st((duet_bf16*)p, i, v);
+        return duet_ld((const duet_bf16*)p, i);
+    }
+    duet_st((duet_f16*)p, i, v);
+    return duet_ld((const duet_f16*)p, i);
+}
+
+template <typename D>
+DUET_DEV void duet_adamw_fp8_tile(const DuetAdamWFp8Tile& t, const AdamWConsts& k,
+                                  const float* __restrict__ scale, float* __restrict__ amax) {
+    __shared__ unsigned char tile[32][33];
+    __shared__ float sh[DUET_MAX_GROUPS];
+    const float s = scale[t.slot];
+    const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
+    float* param = (float*)t.param;
+    float* m = (float*)t.m;
+    float* v = (float*)t.v;
+    D* dst = (D*)t.dst;
+    D* dst_t = (D*)t.dst_t;
+    float mx = 0.0f;
+    for (int kk = ty; kk < 32; kk += DUET_BLOCK / 32) {
+        const duet_u64 r = (duet_u64)t.r0 + kk, c = (duet_u64)t.c0 + tx;
+        if (r < t.rows && c < t.cols) {
+            const duet_u64 i = r * t.cols + c;
+            float mi = m[i], vi = v[i];
+            const float p = adamw_update(duet_ld_code(t.grad, t.grad_dt, i), mi, vi, param[i], k);
+            m[i] = mi;
+            v[i] = vi;
+            param[i] = p;
+            const float x = t.copy ? duet_st_code(t.copy, t.copy_dt, i, p) : p;
+            mx = fmaxf(mx, fabsf(x));
+            D q;
+            duet_st(&q, 0, x * s);
+            dst[i] = q;
+            tile[kk][tx] = q.bits;
+        }
+    }
+    __syncthreads();
+    if (dst_t != nullptr) {
+        for (int kk = ty; kk < 32; kk += DUET_BLOCK / 32) {
+            const duet_u64 c = (duet_u64)t.c0 + kk, r = (duet_u64)t.r0 + tx;
+            if (r < t.rows && c < t.cols) dst_t[c * t.rows + r].bits = tile[tx][kk];
+        }
+    }
+    mx = duet_block_max(mx, sh);
+    if (threadIdx.x == 0) atomicMax(reinterpret_cast<unsigned int*>(amax + t.slot), duet_f2u(mx));
+}
+
+DUET_KERNEL adamw_fp8_tiles(const DuetAdamWFp8Tile* __restrict__ tiles,
+                            const float* __restrict__ scalars, float beta1, float beta2, float eps,
+                            float max_norm, float loss_scale, const float* __restrict__ scale,
+                            float* __restrict__ amax) {
+    const DuetAdamWFp8Tile t = tiles[blockIdx.x];
+    AdamWConsts k;
+    k.grad_scale = duet_clip_grad_scale(scalars[0], max_norm, loss_scale);
+    k.lr = scalars[1];
+    k.bc1 = scalars[2];
+    k.bc2 = scalars[3];
+    k.beta1 = beta1;
+    k.beta2 = beta2;
+    k.eps = eps;
+    k.weight_decay = t.weight_decay;
+    if (t.ddt == 0)
+        duet_adamw_fp8_tile<duet_e4m3>(t, k, scale, amax);
+    else if (t.ddt == 1)
+        duet_adamw_fp8_tile<duet_e5m2>(t, k, scale, amax);
+    else if (t.ddt == 2)
+        duet_adamw_fp8_tile<duet_e4m3fnuz>(t, k, scale, amax);
+    else
+        duet_adamw_fp8_tile<duet_e5m2fnuz>(t, k, scale, amax);
+}

@@ -140,3 +140,81 @@ DUET_KERNEL quantize_many(const DuetQuantTile* __restrict__ tiles, const float* 
     else
         duet_quantize_many_tile<duet_f16>(t, scale, amax);
 }
+
+// quantize_fp8_grad in one pass: g = dout, or with GELU g = gelu'(pre) * dout rounded to dout's
+// dtype (exactly gelu_backward_*), quantised and transposed per 32 x 32 tile as quantize_tiled
+// does, and each tile's column sums of g into partial[tile row * cols + col] (the 8 row phases
+// of the block, each adding its 4 rows in order, then added in order): reduce.hip's
+// colsum_finish adds the tile rows into dbias. g itself is never written. Launch: grid
+// (ceil(cols / 32), ceil(rows / 32)), DUET_BLOCK threads.
+template <bool GELU, typename S, typename D>
+DUET_DEV void duet_quantize_grad_tile(const S* __restrict__ dout, const S* __restrict__ pre,
+                                      D* __restrict__ dst, D* __restrict__ dst_t,
+                                      float* __restrict__ partial, duet_u64 rows, duet_u64 cols,
+                                      const float* __restrict__ scale, float* __restrict__ amax) {
+    __shared__ unsigned char tile[DUET_QTILE][DUET_QTILE + 1];
+    __shared__ float colsum[DUET_BLOCK / 32][DUET_QTILE + 1];
+    __shared__ float sh[DUET_MAX_GROUPS];
+    const float s = scale[0];
+    const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
+    const duet_u64 r0 = (duet_u64)blockIdx.y * DUET_QTILE, c0 = (duet_u64)blockIdx.x * DUET_QTILE;
+    float m = 0.0f, cs = 0.0f;
+    for (int k = ty; k < DUET_QTILE; k += DUET_BLOCK / 32) {
+        const duet_u64 r = r0 + k, c = c0 + tx;
+        if (r < rows && c < cols) {
+            const duet_u64 i = r * cols + c;
+            float x = duet_ld(dout, i);
+            if (GELU) {
+                S h;
+                duet_st(&h, 0, duet_fmul(gelu_grad_f(duet_ld(pre, i)), x));
+                x = duet_ld(&h, 0);
+            }
+            cs = duet_fadd(cs, x);
+            m = fmaxf(m, fabsf(x));
+            D q;
+            duet_st(&q, 0, x * s);
+            dst[i] = q;
+            tile[k][tx] = q.bits;
+        }
+    }
+    colsum[ty][tx] = cs;
+    __syncthreads();
+    if (ty == 0 && c0 + tx < cols) {
+        float t = 0.0f;
+        for (int y = 0; y < DUET_BLOCK / 32; ++y) t = duet_fadd(t, colsum[y][tx]);
+        partial[(duet_u64)blockIdx.y * cols + c0 + tx] = t;
+    }
+    if (dst_t != nullptr) {
+        for (int k = ty; k < DUET_QTILE; k += DUET_BLOCK / 32) {
+            const duet_u64 c = c0 + k, r = r0 + tx;
+            if (r < rows && c < cols) dst_t[c * rows + r].bits = tile[tx][k];
+        }
+    }
+    m = duet_block_max(m, sh);
+    if (threadIdx.x == 0) atomicMax(reinterpret_cast<unsigned int*>(amax), duet_f2u(m));
+}
+
+#define DUET_QUANTIZE_GRAD(SN, S, DN, D)                                                       \
+    DUET_KERNEL quantize_grad_##SN##_##DN(const S* __restrict__ dout, D* __restrict__ dst,      \
+                                          D* __restrict__ dst_t, float* __restrict__ partial,  \
+                                          duet_u64 rows, duet_u64 cols,                        \
+                                          const float* __restrict__ scale,                     \
+                                          float* __restrict__ amax) {                          \
+        duet_quantize_grad_tile<false, S, D>(dout, nullptr, dst, dst_t, partial, rows, cols,   \
+                                             scale, amax);                                     \
+    }                                                                                          \
+    DUET_KERNEL quantize_grad_gelu_##SN##_##DN(const S* __restrict__ dout,                      \
+                                               const S* __restrict__ pre, D* __restrict__ dst, \
+                                               D* __restrict__ dst_t,                          \
+                                               float* __restrict__ partial, duet_u64 rows,     \
+                                               duet_u64 cols, const float* __restrict__ scale, \
+                                               float* __restrict__ amax) {                     \
+        duet_quantize_grad_tile<true, S, D>(dout, pre, dst, dst_t, partial, rows, cols, scale, \
+                                            amax);                                             \
+    }
+#define DUET_QUANTIZE_GRAD_TO(SN, S)                                                           \
+    DUET_QUANTIZE_GRAD(SN, S, f8e4m3, duet_e4m3)                                               \
+    DUET_QUANTIZE_GRAD(SN, S, f8e5m2, duet_e5m2)                                               \
+    DUET_QUANTIZE_GRAD(SN, S, f8e4m3fnuz, duet_e4m3fnuz)                                       \
+    DUET_QUANTIZE_GRAD(SN, S, f8e5m2fnuz, duet_e5m2fnuz)
+DUET_FOR_ACT(DUET_QUANTIZE_GRAD_TO)

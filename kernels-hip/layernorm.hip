@@ -103,3 +103,89 @@ DUET_FOR_ACT_AND_WIDE(DUET_LN_BWD_DX)
         }                                                                                         \
     }
 DUET_FOR_ACT(DUET_LN_DPARAMS)
+
+// layernorm_forward_fp8 in one pass over a stripe of 32 rows per block: the rows' mean and rstd
+// exactly as layernorm_forward_* computes them (the same 32-lane group sums; group g takes rows
+// g, g + 8, ...), then per 32-column tile out = (x - mean) * rstd * gamma + beta rounded to x's
+// dtype (layernorm_forward_*'s out), its FP8 code (quantize_S_D's) along the rows and, through
+// a shared-memory tile, the transposed codes along theirs; amax[0] = max(amax[0], max |out|).
+// out itself is never written. Launch: grid ceil(n / 32), DUET_BLOCK threads.
+template <typename T, typename P, typename D>
+DUET_DEV void duet_ln_fp8(const T* __restrict__ x, const P* __restrict__ gamma,
+                          const P* __restrict__ beta, float* __restrict__ mean,
+                          float* __restrict__ rstd, D* __restrict__ dst, D* __restrict__ dst_t,
+                          int n, int c, float eps, const float* __restrict__ scale,
+                          float* __restrict__ amax) {
+    __shared__ float mus[32], rss[32];
+    __shared__ unsigned char tile[32][33];
+    __shared__ float sh[DUET_MAX_GROUPS];
+    const int lane = threadIdx.x & 31, grp = threadIdx.x >> 5;
+    const int r0 = blockIdx.x * 32;
+    for (int k = grp; k < 32; k += DUET_BLOCK / 32) {
+        const int row = r0 + k;
+        if (row >= n) break;
+        const duet_u64 base = (duet_u64)row * c;
+        float s = 0.0f;
+        for (int j = lane; j < c; j += 32) s = duet_fadd(s, duet_ld(x, base + j));
+        const float mu = duet_fdiv(duet_warp_sum(s), (float)c);
+        float q = 0.0f;
+        for (int j = lane; j < c; j += 32) {
+            const float d = duet_fsub(duet_ld(x, base + j), mu);
+            q = duet_fma(d, d, q);
+        }
+        const float var = duet_fdiv(duet_warp_sum(q), (float)c);
+        const float rs = duet_fdiv(1.0f, duet_fsqrt(duet_fadd(var, eps)));
+        if (lane == 0) {
+            mus[k] = mu;
+            rss[k] = rs;
+            mean[row] = mu;
+            rstd[row] = rs;
+        }
+    }
+    __syncthreads();
+    const float sc = scale[0];
+    float m = 0.0f;
+    for (int c0 = 0; c0 < c; c0 += 32) {
+        const int col = c0 + lane;
+        for (int k = grp; k < 32; k += DUET_BLOCK / 32) {
+            const int row = r0 + k;
+            if (row < n && col < c) {
+                const duet_u64 i = (duet_u64)row * c + col;
+                const float xn = duet_fmul(duet_fsub(duet_ld(x, i), mus[k]), rss[k]);
+                T o;
+                duet_st(&o, 0, duet_fma(xn, duet_ld(gamma, col), duet_ld(beta, col)));
+                const float v = duet_ld(&o, 0);
+                m = fmaxf(m, fabsf(v));
+                D qd;
+                duet_st(&qd, 0, v * sc);
+                dst[i] = qd;
+                tile[k][lane] = qd.bits;
+            }
+        }
+        __syncthreads();
+        if (dst_t != nullptr) {
+            for (int k = grp; k < 32; k += DUET_BLOCK / 32) {
+                const int cc = c0 + k, row = r0 + lane;
+                if (row < n && cc < c) dst_t[(duet_u64)cc * n + row].bits = tile[lane][k];
+            }
+        }
+        __syncthreads();
+    }
+    m = duet_block_max(m, sh);
+    if (threadIdx.x == 0) atomicMax(reinterpret_cast<unsigned int*>(amax), duet_f2u(m));
+}
+
+#define DUET_LN_FP8_ONE(N, T, PN, P, DN, D)                                                     \
+    DUET_KERNEL layernorm_forward_fp8_##N##_##PN##_##DN(                                         \
+        const T* __restrict__ x, const P* __restrict__ gamma, const P* __restrict__ beta,         \
+        float* __restrict__ mean, float* __restrict__ rstd, D* __restrict__ dst,                  \
+        D* __restrict__ dst_t, int n, int c, float eps, const float* __restrict__ scale,          \
+        float* __restrict__ amax) {                                                               \
+        duet_ln_fp8<T, P, D>(x, gamma, beta, mean, rstd, dst, dst_t, n, c, eps, scale, amax);     \
+    }
+#define DUET_LN_FP8(N, T, PN, P)                                                                \
+    DUET_LN_FP8_ONE(N, T, PN, P, f8e4m3, duet_e4m3)                                              \
+    DUET_LN_FP8_ONE(N, T, PN, P, f8e5m2, duet_e5m2)                                              \
+    DUET_LN_FP8_ONE(N, T, PN, P, f8e4m3fnuz, duet_e4m3fnuz)                                      \
+    DUET_LN_FP8_ONE(N, T, PN, P, f8e5m2fnuz, duet_e5m2fnuz)
+DUET_FOR_ACT_AND_WIDE(DUET_LN_FP8)

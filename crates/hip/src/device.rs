@@ -728,6 +728,18 @@ impl Fused for HipDevice {
         self.adamw_clipped_impl(tensors, step, scalars)
     }
 
+    fn adamw_clipped_fp8(
+        &self,
+        tensors: &mut [duet_device::AdamWTensor<'_, HipBuffer>],
+        step: &duet_device::AdamWClipStep,
+        scalars: &HipBuffer,
+        outs: &mut [duet_device::AdamWFp8Out<'_, HipBuffer>],
+        scale: &HipBuffer,
+        amax: &mut HipBuffer,
+    ) -> Result<()> {
+        self.adamw_clipped_fp8_impl(tensors, step, scalars, outs, scale, amax)
+    }
+
     fn quantize_fp8_many(
         &self,
         jobs: &mut [duet_device::Fp8QuantJob<'_, HipBuffer>],

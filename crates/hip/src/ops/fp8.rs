@@ -208,9 +208,12 @@ impl HipDevice {
         r
     }
 
-    /// [`duet_device::Fused::quantize_fp8_grad`]: the composition (GELU backward, bias
-    /// gradient, quantisation) with its intermediate in a kept workspace: the composition's
-    /// bits. The one-pass kernel is issue 29's.
+    /// [`duet_device::Fused::quantize_fp8_grad`] in one pass (kernels-hip/fp8.hip
+    /// `quantize_grad[_gelu]_S_D`, then `colsum_finish` over its per-tile column sums): the
+    /// gradient (with GELU's backward on load) quantised and transposed per 32 × 32 tile, never
+    /// written itself. Codes and amax are the composition's bits; `dbias` adds the rows in tile
+    /// order (32-row tiles, then the tiles), so it may differ from `bias_backward` in the last
+    /// bits, as the trait allows.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn quantize_fp8_grad_impl(
         &self,
@@ -235,16 +238,68 @@ impl HipDevice {
             amax,
             slot,
         )?;
-        match gelu_pre {
-            Some(pre) => self.with_workspace(dout.dtype(), dout.len(), |g| {
-                self.gelu_backward(pre, dout, g)?;
-                self.bias_backward(g, dbias, rows, cols)?;
-                self.quantize_fp8(g, dst, dst_t, rows, cols, scale, amax, slot)
-            }),
-            None => {
-                self.bias_backward(dout, dbias, rows, cols)?;
-                self.quantize_fp8(dout, dst, dst_t, rows, cols, scale, amax, slot)
-            }
+        if rows == 0 || cols == 0 {
+            return Ok(());
+        }
+        let Some(grid) = tile_grid(rows, cols) else {
+            // Past the tiled kernel's grid: the composition, its intermediate kept.
+            return match gelu_pre {
+                Some(pre) => self.with_workspace(dout.dtype(), dout.len(), |g| {
+                    self.gelu_backward(pre, dout, g)?;
+                    self.bias_backward(g, dbias, rows, cols)?;
+                    self.quantize_fp8(g, dst, dst_t, rows, cols, scale, amax, slot)
+                }),
+                None => {
+                    self.bias_backward(dout, dbias, rows, cols)?;
+                    self.quantize_fp8(dout, dst, dst_t, rows, cols, scale, amax, slot)
+                }
+            };
+        };
+        const OP: &str = "quantize_fp8_grad";
+        let s = float_suffix(OP, dout.dtype())?;
+        let d = kernel_suffix(dst.dtype()).expect("an fp8 dtype");
+        let tile_rows = grid.1 as usize;
+        let scratch = self.scratch(tile_rows * cols)?;
+        let part = scratch.ptr();
+        let dst_t = dst_t.map_or(std::ptr::null_mut(), |t| t.ptr());
+        // SAFETY: quantize_grad[_gelu]_S_D(const S* dout, [const S* pre,] D* dst, D* dst_t (or
+        // null), float* partial, u64 rows, u64 cols, const float* scale, float* amax): dout,
+        // pre, dst (and dst_t) hold rows × cols elements, scale/amax at slot (validated above);
+        // `part` holds (tile rows) × cols f32 (just sized, held until the finish below); one
+        // block per 32 × 32 tile.
+        unsafe {
+            let launch = match gelu_pre {
+                Some(pre) => self
+                    .kernel(&format!("quantize_grad_gelu_{s}_{d}"))?
+                    .arg_buf(dout)
+                    .arg_buf(pre),
+                None => self
+                    .kernel(&format!("quantize_grad_{s}_{d}"))?
+                    .arg_buf(dout),
+            };
+            launch
+                .grid(grid)
+                .arg_buf(dst)
+                .arg_ptr(dst_t)
+                .arg_ptr(part)
+                .arg_u64(rows as u64)
+                .arg_u64(cols as u64)
+                .arg_ptr(scale.ptr_at(slot))
+                .arg_ptr(amax.ptr_at(slot))
+                .launch()?;
+        }
+        let so = float_suffix(OP, dbias.dtype())?;
+        // SAFETY: colsum_finish_T(const float* partial, T* out, u64 chunks, u64 cols): the
+        // (tile rows) × cols partials written above; dbias holds cols elements (validated);
+        // 32 columns per block.
+        unsafe {
+            self.kernel(&format!("colsum_finish_{so}"))?
+                .grid((grid_dim(OP, cols.div_ceil(32))?, 1, 1))
+                .arg_ptr(part)
+                .arg_buf(dbias)
+                .arg_u64(tile_rows as u64)
+                .arg_u64(cols as u64)
+                .launch()
         }
     }
 
@@ -302,8 +357,10 @@ impl HipDevice {
         }
     }
 
-    /// [`duet_device::Fused::layernorm_forward_fp8`]: LayerNorm into a kept workspace, then
-    /// the quantisation (the composition's bits).
+    /// [`duet_device::Fused::layernorm_forward_fp8`] in one pass (kernels-hip/layernorm.hip
+    /// `layernorm_forward_fp8_A_P_D`): the rows' statistics as `layernorm_forward` computes
+    /// them, the normalised output rounded to x's dtype and quantised (with the transpose
+    /// through a shared-memory tile), never written: the composition's bits.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn layernorm_forward_fp8_impl(
         &self,
@@ -333,15 +390,40 @@ impl HipDevice {
             amax,
             slot,
         )?;
-        self.with_workspace(x.dtype(), x.len(), |out| {
-            self.layernorm_forward(x, gamma, beta, out, mean, rstd, n, c, eps)?;
-            self.quantize_fp8(out, dst, dst_t, n, c, scale, amax, slot)
-        })
+        const OP: &str = "layernorm_forward_fp8";
+        if n == 0 || c == 0 {
+            return Ok(());
+        }
+        let sa = float_suffix(OP, x.dtype())?;
+        let sp = wide_suffix(OP, x.dtype(), "gamma", gamma.dtype())?;
+        same_dtype(OP, gamma.dtype(), &[beta])?;
+        let d = kernel_suffix(dst.dtype()).expect("an fp8 dtype");
+        // SAFETY: layernorm_forward_fp8_A_P_D(const A* x, const P* gamma, const P* beta,
+        // float* mean, float* rstd, D* dst, D* dst_t (or null), int n, int c, float eps,
+        // const float* scale, float* amax): x, dst (and dst_t) hold n·c elements, gamma/beta c,
+        // mean/rstd n, scale/amax at slot (validated above); one block per 32 rows.
+        unsafe {
+            self.kernel(&format!("{OP}_{sa}_{sp}_{d}"))?
+                .grid((grid_dim(OP, n.div_ceil(32))?, 1, 1))
+                .arg_buf(x)
+                .arg_buf(gamma)
+                .arg_buf(beta)
+                .arg_buf(mean)
+                .arg_buf(rstd)
+                .arg_buf(dst)
+                .arg_ptr(dst_t.map_or(std::ptr::null_mut(), |t| t.ptr()))
+                .arg_i32(dim(OP, "n", n)?)
+                .arg_i32(dim(OP, "c", c)?)
+                .arg_f32(eps)
+                .arg_ptr(scale.ptr_at(slot))
+                .arg_ptr(amax.ptr_at(slot))
+                .launch()
+        }
     }
 }
 
 /// The tile table's codes of an FP8 dtype (kernels-hip/fp8.hip `DuetQuantTile::ddt`).
-fn fp8_code(d: DType) -> Option<i32> {
+pub(super) fn fp8_code(d: DType) -> Option<i32> {
     match d {
         DType::F8E4M3 => Some(0),
         DType::F8E5M2 => Some(1),

@@ -105,12 +105,27 @@ impl HipDevice {
         step: &AdamWClipStep,
         scalars: &HipBuffer,
     ) -> Result<()> {
-        const OP: &str = "adamw_clipped";
         args::validate_adamw_clipped(tensors, scalars)?;
+        self.adamw_clipped_except(tensors, &[], step, scalars)
+    }
+
+    /// [`HipDevice::adamw_clipped_impl`] on every tensor whose `skip` entry is not `true`
+    /// (missing entries count as `false`); the arguments are validated by the caller.
+    pub(crate) fn adamw_clipped_except(
+        &self,
+        tensors: &mut [AdamWTensor<'_, HipBuffer>],
+        skip: &[bool],
+        step: &AdamWClipStep,
+        scalars: &HipBuffer,
+    ) -> Result<()> {
+        const OP: &str = "adamw_clipped";
         let mut table = Vec::new();
         let mut count = 0usize;
         let mut fp8_copies = Vec::new();
         for (i, t) in tensors.iter().enumerate() {
+            if skip.get(i).copied().unwrap_or(false) {
+                continue;
+            }
             let gdt = float_code(OP, t.grad.dtype())?;
             let (copy, cdt) = match t.copy.as_deref() {
                 None => (0u64, 0i32),
@@ -273,5 +288,115 @@ impl HipDevice {
         };
         // SAFETY: `blocks` partials just written; slot < out.len() (checked).
         unsafe { self.sum_squares_finish(OP, part, blocks, out, slot) }
+    }
+}
+
+impl HipDevice {
+    /// [`duet_device::Fused::adamw_clipped_fp8`]: the weights that get FP8 codes are updated by
+    /// `adamw_fp8_tiles` (kernels-hip/adamw.hip), one block per 32 × 32 tile, which writes the
+    /// moments, the master weight and the working copy and, from the copy's value in
+    /// registers, the codes, their transpose (through shared memory) and the amax: the copy is
+    /// not read back. Every other tensor goes through `adamw_multi`. The bits of
+    /// `adamw_clipped` followed by `quantize_fp8_many` (its composition), which runs instead
+    /// when a weight is named twice or has an FP8 working copy.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn adamw_clipped_fp8_impl(
+        &self,
+        tensors: &mut [AdamWTensor<'_, HipBuffer>],
+        step: &AdamWClipStep,
+        scalars: &HipBuffer,
+        outs: &mut [duet_device::AdamWFp8Out<'_, HipBuffer>],
+        scale: &HipBuffer,
+        amax: &mut HipBuffer,
+    ) -> Result<()> {
+        const OP: &str = "adamw_clipped_fp8";
+        args::validate_adamw_clipped(tensors, scalars)?;
+        duet_device::check_adamw_fp8_outs(OP, tensors, outs, scale, amax)?;
+        let mut fused = vec![false; tensors.len()];
+        let mut composed = false;
+        for o in outs.iter() {
+            let t = &tensors[o.tensor];
+            let fp8_copy = t.copy.as_deref().is_some_and(|c| c.dtype().is_fp8());
+            if fused[o.tensor]
+                || fp8_copy
+                || u32::try_from(o.rows).is_err()
+                || u32::try_from(o.cols).is_err()
+            {
+                composed = true;
+            }
+            fused[o.tensor] = true;
+        }
+        if composed {
+            self.adamw_clipped_except(tensors, &[], step, scalars)?;
+            let mut jobs: Vec<_> = outs.iter_mut().map(|o| o.job(&tensors[o.tensor])).collect();
+            return self.quantize_fp8_many_impl(&mut jobs, scale, amax);
+        }
+        let mut table = Vec::new();
+        let mut count = 0usize;
+        for o in outs.iter() {
+            let t = &tensors[o.tensor];
+            let gdt = float_code(OP, t.grad.dtype())?;
+            let (copy, cdt) = match t.copy.as_deref() {
+                None => (0u64, 0i32),
+                Some(c) => (c.ptr() as u64, float_code(OP, c.dtype())?),
+            };
+            let ddt = super::fp8::fp8_code(o.dst.dtype())
+                .ok_or_else(|| unsupported(OP, o.dst.dtype()))?;
+            let dst_t = o.dst_t.as_deref().map_or(0, |d| d.ptr() as u64);
+            for r0 in (0..o.rows).step_by(32) {
+                for c0 in (0..o.cols).step_by(32) {
+                    for p in [t.param.ptr(), t.grad.ptr(), t.m.ptr(), t.v.ptr()] {
+                        push_u64(&mut table, p as u64);
+                    }
+                    for v in [
+                        copy,
+                        o.dst.ptr() as u64,
+                        dst_t,
+                        o.rows as u64,
+                        o.cols as u64,
+                    ] {
+                        push_u64(&mut table, v);
+                    }
+                    for v in [r0 as u32, c0 as u32] {
+                        table.extend_from_slice(&v.to_le_bytes());
+                    }
+                    for v in [gdt, cdt, ddt] {
+                        table.extend_from_slice(&v.to_le_bytes());
+                    }
+                    table.extend_from_slice(&(o.slot as u32).to_le_bytes());
+                    table.extend_from_slice(&t.weight_decay.to_le_bytes());
+                    table.extend_from_slice(&0u32.to_le_bytes());
+                    count += 1;
+                }
+            }
+        }
+        if count > 0 {
+            let blocks = grid_dim(OP, count)?;
+            let table = self.table(OP, table)?;
+            let s = *step;
+            // SAFETY: adamw_fp8_tiles(const DuetAdamWFp8Tile*, const float* scalars, 5 floats,
+            // const float* scale, float* amax): `count` 104-byte records, each a 32 × 32 tile
+            // (clipped to rows × cols) of a weight whose f32 param/m/v, grad and optional copy
+            // hold rows × cols elements of the recorded dtypes and whose dst (and dst_t) hold
+            // as many codes (validate_adamw_clipped, check_adamw_fp8_outs); slot inside scale
+            // and amax; each weight in one job only (checked above), so no element is updated
+            // twice; `scalars` holds ADAMW_SCALARS f32.
+            unsafe {
+                self.kernel("adamw_fp8_tiles")?
+                    .grid((blocks, 1, 1))
+                    .block((THREADS, 1, 1))
+                    .arg_ptr(table)
+                    .arg_buf(scalars)
+                    .arg_f32(s.beta1)
+                    .arg_f32(s.beta2)
+                    .arg_f32(s.eps)
+                    .arg_f32(s.max_norm)
+                    .arg_f32(s.loss_scale)
+                    .arg_buf(scale)
+                    .arg_buf(amax)
+                    .launch()?;
+            }
+        }
+        self.adamw_clipped_except(tensors, &fused, step, scalars)
     }
 }

@@ -232,6 +232,14 @@ run)
       else summary+=("FAIL CUDA vs HIP $a: outputs differ beyond the listed exceptions"); status=1; fi
     done
     gzip -f "$OUT"/digests-*.tsv
+    # The MFMA flash attention is opt-in and needs wave64 CDNA: on this platform (warp 32) asking
+    # for it must be refused with the reason, not run the portable kernels silently.
+    echo; echo "== DUET_HIP_FLASH_MFMA=1 on a wave32 device"
+    out=$(on 6.4 gfx942 env DUET_HIP_FLASH_MFMA=1 "$D" train --backend hip --steps 1 2>&1); st=$?
+    echo "$out" | tail -3
+    if [ $st -ne 0 ] && grep -q "DUET_HIP_FLASH_MFMA needs a wave64" <<<"$out"; then
+      summary+=("ok   DUET_HIP_FLASH_MFMA refused on wave32 (exit $st)")
+    else summary+=("FAIL DUET_HIP_FLASH_MFMA on wave32: exit $st, no clear refusal"); status=1; fi
     ;;
   B)
     T="$OUT/traces"
@@ -317,6 +325,8 @@ run)
     # replay a recording (every run's "step_recorded").
     step "bench seed bf16 --no-graphs" on 6.4 gfx942 "$D" bench --backend hip --preset seed --precision bf16 --no-graphs --json "$OUT/bench-hip-seed-nographs.json"
     step "bench seed fp8 gfx950 --no-graphs" on 7.2 gfx950 "$D" bench --backend hip --preset seed --precision fp8 --no-graphs --json "$OUT/bench-hip-seed-fp8-nographs.json"
+    # Flash attention against the composed attention (T x T buffers), same steps.
+    step "bench seed bf16 DUET_HIP_NO_FLASH" on 6.4 gfx942 env DUET_HIP_NO_FLASH=1 "$D" bench --backend hip --preset seed --precision bf16 --json "$OUT/bench-hip-seed-noflash.json"
     recorded_check='import json, sys
 def runs(x):
     if isinstance(x, dict):

@@ -47,6 +47,10 @@ pub const NCCL_LIB: &str = "DUET_NCCL_LIB";
 pub const HIP_CACHE: &str = "DUET_HIP_CACHE";
 /// The roctx library to load first (crates/hip roctx.rs).
 pub const ROCTX_LIB: &str = "DUET_ROCTX_LIB";
+/// Withholds the HIP device's flash attention (crates/hip ops/attention.rs).
+pub const HIP_NO_FLASH: &str = "DUET_HIP_NO_FLASH";
+/// The HIP flash attention's MFMA score products (crates/hip ops/attention.rs).
+pub const HIP_FLASH_MFMA: &str = "DUET_HIP_FLASH_MFMA";
 /// The port of duet's multi-process handshake instead of `MASTER_PORT` (crates/engine
 /// dist/rendezvous.rs).
 pub const RENDEZVOUS_PORT: &str = "DUET_RENDEZVOUS_PORT";
@@ -72,6 +76,8 @@ pub const ALL: &[&str] = &[
     NCCL_LIB,
     HIP_CACHE,
     ROCTX_LIB,
+    HIP_NO_FLASH,
+    HIP_FLASH_MFMA,
     RENDEZVOUS_PORT,
     RENDEZVOUS_TIMEOUT,
     FP8_CODES_FROM_OPTIMIZER,
@@ -152,6 +158,14 @@ pub struct Knobs {
     pub hip_cache: Option<PathBuf>,
     /// `DUET_ROCTX_LIB`: the roctx library tried before libroctx64 (crates/hip roctx.rs).
     pub roctx_lib: Option<PathBuf>,
+    /// `DUET_HIP_NO_FLASH`: the HIP device starts without flash attention (its capabilities
+    /// list none, so the engine composes attention of the unfused ops; crates/hip
+    /// ops/attention.rs), for A/B runs. Default off.
+    pub hip_no_flash: bool,
+    /// `DUET_HIP_FLASH_MFMA`: the HIP flash attention computes its score products with MFMA
+    /// instructions (gfx90a/gfx942/gfx950, wave64; crates/hip ops/attention.rs). Opt-in until
+    /// it has run on AMD hardware; elsewhere opening the device is refused. Default off.
+    pub hip_flash_mfma: bool,
     /// `DUET_RENDEZVOUS_PORT`: the port of duet's handshake instead of `MASTER_PORT`, the same
     /// on every rank (crates/engine dist/rendezvous.rs; torchrun's agent holds `MASTER_PORT`).
     pub rendezvous_port: Option<u16>,
@@ -182,6 +196,8 @@ impl Default for Knobs {
             nccl_lib: None,
             hip_cache: None,
             roctx_lib: None,
+            hip_no_flash: false,
+            hip_flash_mfma: false,
             rendezvous_port: None,
             rendezvous_timeout: None,
             fp8_codes_from_optimizer: true,
@@ -262,6 +278,8 @@ impl Knobs {
             nccl_lib: path(NCCL_LIB),
             hip_cache: path(HIP_CACHE),
             roctx_lib: path(ROCTX_LIB),
+            hip_no_flash: flag(HIP_NO_FLASH, d.hip_no_flash)?,
+            hip_flash_mfma: flag(HIP_FLASH_MFMA, d.hip_flash_mfma)?,
             rendezvous_port: number(RENDEZVOUS_PORT, "port", get(RENDEZVOUS_PORT))?,
             rendezvous_timeout: number(
                 RENDEZVOUS_TIMEOUT,
@@ -332,6 +350,8 @@ mod tests {
             nccl_lib,
             hip_cache,
             roctx_lib,
+            hip_no_flash,
+            hip_flash_mfma,
             rendezvous_port,
             rendezvous_timeout,
             fp8_codes_from_optimizer,
@@ -365,6 +385,8 @@ mod tests {
             (GEMM_AUTOTUNE_LOG, |k| k.gemm_autotune_log),
             (CUDA_FP8_SCALE_COPY, |k| k.cuda_fp8_scale_copy),
             (FLASH_V1, |k| k.flash_v1),
+            (HIP_NO_FLASH, |k| k.hip_no_flash),
+            (HIP_FLASH_MFMA, |k| k.hip_flash_mfma),
             (FP8_CODES_FROM_OPTIMIZER, |k| k.fp8_codes_from_optimizer),
         ] {
             for v in truthy {

@@ -101,6 +101,8 @@ pub struct HipDevice {
     pub(crate) id_report: HipBuffer,
     /// What this device runs natively ([`Device::capabilities`]).
     pub(crate) caps: Capabilities,
+    /// Flash attention's inner product, or none (crates/hip ops/attention.rs).
+    pub(crate) flash: crate::ops::FlashInner,
     /// A graph is being recorded on the stream ([`crate::graph`]).
     pub(crate) capturing: AtomicBool,
     /// The multi-tensor ops' uploaded chunk tables ([`HipDevice::table`]).
@@ -146,6 +148,13 @@ impl HipDevice {
         let lds = api.attribute(A::hipDeviceAttributeMaxSharedMemoryPerBlock, ord)?;
         let arch = api.arch_name(ord)?;
         let arch_base = arch.split(':').next().unwrap_or(&arch).to_string();
+        let knobs = duet_device::knobs::device_knobs()?;
+        let flash = crate::ops::FlashInner::choose(
+            knobs.hip_no_flash,
+            knobs.hip_flash_mfma,
+            &arch_base,
+            warp,
+        )?;
         let name = api.device_name(ord)?;
         let (_, total) = api.mem_info()?;
         let rtc = RtcApi::load()?;
@@ -193,6 +202,7 @@ impl HipDevice {
             ("wavefront".into(), warp.to_string()),
             ("compute_units".into(), cus.to_string()),
             ("lds_per_block".into(), lds.to_string()),
+            ("flash_attention".into(), flash.describe().to_string()),
             (
                 "hiprtc".into(),
                 format!(
@@ -229,6 +239,7 @@ impl HipDevice {
         }
         let caps = Capabilities {
             graphs: api.graphs_supported(),
+            flash_attention: flash.pairs(),
             ..Capabilities::composed()
         };
         Ok(Self {
@@ -247,6 +258,7 @@ impl HipDevice {
             id_slots: Mutex::new(Vec::new()),
             id_report,
             caps,
+            flash,
             capturing: AtomicBool::new(false),
             tables: Mutex::new(Default::default()),
             workspaces: Mutex::new(Default::default()),
@@ -390,8 +402,8 @@ impl Device for HipDevice {
     }
 
     fn capabilities(&self) -> &Capabilities {
-        // Graphs where the runtime has them; no fused GEMM epilogue or flash attention yet
-        // (those Fused ops run their composition of the core ops).
+        // Graphs where the runtime has them, flash attention unless DUET_HIP_NO_FLASH; no
+        // fused GEMM epilogue yet (those Fused ops run their composition of the core ops).
         &self.caps
     }
 
@@ -698,6 +710,48 @@ impl Device for HipDevice {
 /// device, and the FP8 fusions as their compositions over kept workspaces, so a training step
 /// queues without host synchronisations or allocations and can be recorded.
 impl Fused for HipDevice {
+    #[allow(clippy::too_many_arguments)]
+    fn flash_attention_forward(
+        &self,
+        qkv: &HipBuffer,
+        out: &mut HipBuffer,
+        lse: &mut HipBuffer,
+        b: usize,
+        t: usize,
+        nh: usize,
+        hs: usize,
+        scale: f32,
+    ) -> Result<()> {
+        if !self.caps.flash_attention(qkv.dtype(), hs) {
+            return duet_device::composed::flash_attention_forward(
+                self, qkv, out, lse, b, t, nh, hs, scale,
+            );
+        }
+        self.flash_attention_forward_impl(qkv, out, lse, b, t, nh, hs, scale)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn flash_attention_backward(
+        &self,
+        qkv: &HipBuffer,
+        out: &HipBuffer,
+        dout: &HipBuffer,
+        lse: &HipBuffer,
+        dqkv: &mut HipBuffer,
+        b: usize,
+        t: usize,
+        nh: usize,
+        hs: usize,
+        scale: f32,
+    ) -> Result<()> {
+        if !self.caps.flash_attention(qkv.dtype(), hs) {
+            return duet_device::composed::flash_attention_backward(
+                self, qkv, out, dout, lse, dqkv, b, t, nh, hs, scale,
+            );
+        }
+        self.flash_attention_backward_impl(qkv, out, dout, lse, dqkv, b, t, nh, hs, scale)
+    }
+
     fn zero_many(&self, dsts: &mut [&mut HipBuffer]) -> Result<()> {
         self.zero_many_impl(dsts)
     }

@@ -37,10 +37,11 @@ pub enum KernelModule {
     Reduce,
     Fp8,
     Fp8Scaling,
+    FlashAttention,
 }
 
 impl KernelModule {
-    pub const ALL: [KernelModule; 9] = [
+    pub const ALL: [KernelModule; 10] = [
         Self::Adamw,
         Self::Attention,
         Self::CrossEntropy,
@@ -50,6 +51,7 @@ impl KernelModule {
         Self::Reduce,
         Self::Fp8,
         Self::Fp8Scaling,
+        Self::FlashAttention,
     ];
 
     pub fn file(self) -> &'static str {
@@ -63,6 +65,7 @@ impl KernelModule {
             Self::Reduce => "reduce.hip",
             Self::Fp8 => "fp8.hip",
             Self::Fp8Scaling => "fp8_scaling.hip",
+            Self::FlashAttention => "flash_attention.hip",
         }
     }
 
@@ -77,12 +80,13 @@ impl KernelModule {
             Self::Reduce => include_str!("../../../kernels-hip/reduce.hip"),
             Self::Fp8 => include_str!("../../../kernels-hip/fp8.hip"),
             Self::Fp8Scaling => include_str!("../../../kernels-hip/fp8_scaling.hip"),
+            Self::FlashAttention => include_str!("../../../kernels-hip/flash_attention.hip"),
         }
     }
 
     /// The module holding the kernel `name` (by its op prefix).
     pub fn of(name: &str) -> Option<Self> {
-        const PREFIXES: [(&str, KernelModule); 19] = [
+        const PREFIXES: [(&str, KernelModule); 20] = [
             ("adamw_", KernelModule::Adamw),
             ("split_heads", KernelModule::Attention),
             ("merge_heads", KernelModule::Attention),
@@ -102,6 +106,7 @@ impl KernelModule {
             ("zero_many", KernelModule::Reduce),
             ("check_ids", KernelModule::Embedding),
             ("fp8_scaling_", KernelModule::Fp8Scaling),
+            ("flash_attention_", KernelModule::FlashAttention),
         ];
         PREFIXES
             .iter()

@@ -13,6 +13,7 @@ mod loss;
 mod memory;
 mod optim;
 
+pub(crate) use attention::FlashInner;
 pub(crate) use fp8::Workspaces;
 pub(crate) use optim::Tables;
 

@@ -132,7 +132,7 @@ DUET_DEV void fa_store(unsigned short* dst, const float* v) {
 // per lane. The portable one: lane (r, j) computes c = j + u·TPR.
 struct FaPortable {
     template <typename T, int HS, int BR, int BC, int TPR>
-    static DUET_DEV void scores(float* __restrict__ sp, const unsigned* __restrict__ own,
+    DUET_DEV void scores(float* __restrict__ sp, const unsigned* __restrict__ own,
                                 const unsigned* __restrict__ inner) {
         constexpr int W = HS / 2 + 1, PW = BC + 1;
         const int r = threadIdx.x / TPR, j = threadIdx.x % TPR;
@@ -179,7 +179,7 @@ DUET_DEV fa_short4 fa_operand(const unsigned* w) {
 
 struct FaMfma {
     template <typename T, int HS, int BR, int BC, int TPR>
-    static DUET_DEV void scores(float* __restrict__ sp, const unsigned* __restrict__ own,
+    DUET_DEV void scores(float* __restrict__ sp, const unsigned* __restrict__ own,
                                 const unsigned* __restrict__ inner) {
         static_assert(DUET_WARP == 64, "the MFMA path needs wave64");
         constexpr int W = HS / 2 + 1, PW = BC + 1, TN = BC / 16, TILES = (BR / 16) * TN;

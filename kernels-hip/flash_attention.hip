@@ -13,18 +13,21 @@
 //    lanes (max, sum, D) are xor butterflies of width TPR (4 or 8 lanes, inside any 32-lane
 //    group): no result depends on the wavefront size, so wave32 and wave64 give the same bits.
 //  - MFMA (opt-in, DUET_HIP_FLASH_MFMA; gfx90a, gfx942, gfx950 only): the same kernels with
-//    the score tile S = Q·Kᵀ and the products P·V, dS·K, Pᵀ·dO, dSᵀ·Q through
-//    v_mfma_f32_32x32x8{bf16_1k,f16} (bf16/f16 operands, f32 accumulation; P and dS rounded to
-//    the storage type as they enter a product). Not run on AMD hardware yet: compiled by CI's
-//    real hiprtc only, so not the default.
+//    every product (S = Q·Kᵀ, dP = dO·Vᵀ, P·V, dS·K, Pᵀ·dO, dSᵀ·Q) on v_mfma_f32_16x16x16
+//    {bf16_1k,f16} (16-bit operands, f32 accumulation; P and dS rounded to the storage type as
+//    they enter a product, as CUDA's kernels do); a product's tile goes through shared memory to
+//    the lanes that own its rows. Not run on AMD hardware yet: compiled by CI's real hiprtc
+//    only, so not the default.
 // Softmax and every accumulation are f32; e^x is duet_exp_fma_f32, ln duet_log_f32. Every
 // output element is written by one lane with a fixed summation order and no atomics: results
 // are bit-identical run to run.
 //
 // Tiles (BR rows owned by a block, BC rows of the inner loop; 256 threads):
 //   HS = 64: BR = 64, BC = 32, TPR = 4;   HS = 128: BR = 32, BC = 32, TPR = 8.
-// Shared memory stays under 48 KiB per block (static), in 32-bit words: a 16-bit tile row is
-// HS/2 + 1 words (one word of padding: consecutive rows start in different banks).
+// Shared memory stays under 48 KiB per block (static) on the portable path (the MFMA path adds
+// a BR × (HS + 4) f32 product tile: at most 59 KiB, within CDNA's 64 KiB), in 32-bit words: a
+// 16-bit tile row is HS/2 + 1 words (one word of padding: consecutive rows start in different
+// banks).
 //
 // Entry points (T = bf16 | f16, HS = 64 | 128; grids x = b·nh, y = tile):
 //   flash_attention_forward_hsHS_T(const T* qkv, T* out, float* lse, int t, int nh, float scale)
@@ -142,9 +145,17 @@ struct FaPortable {
             sp[r * PW + c] = fa_dot<T, HS>(own + r * W, inner + c * W);
         }
     }
+    // acc (lane (r, j)'s CPT columns from j·CPT) += Σ_c coef[r][c] · tile[c][cols], c in order.
+    template <typename T, int HS, int BR, int BC, int TPR>
+    DUET_DEV void accumulate(float* acc, const float* __restrict__ coef,
+                             const unsigned* __restrict__ tile) {
+        constexpr int CPT = HS / TPR, PW = BC + 1;
+        const int r = threadIdx.x / TPR, j = threadIdx.x % TPR;
+        fa_accumulate<T, HS, CPT, BC>(acc, coef + r * PW, tile, j * CPT);
+    }
 };
 
-// The MFMA score pass (gfx90a / gfx942 / gfx950, wave64): 16 × 16 output tiles of
+// The MFMA inner products (gfx90a / gfx942 / gfx950, wave64): 16 × 16 output tiles of
 // v_mfma_f32_16x16x16{bf16_1k,f16}, split over the block's four waves; K = HS in steps of 16.
 // Operand layout (AMD's matrix instruction calculator for these instructions): lane l holds
 // A[l % 16][4·(l / 16) .. +4) and B[4·(l / 16) .. +4)[l % 16] (here B = innerᵀ, so both read
@@ -197,6 +208,45 @@ struct FaMfma {
 #pragma unroll
             for (int v = 0; v < 4; ++v) sp[(ti * 16 + lk + v) * PW + tj * 16 + li] = acc[v];
         }
+    }
+    // acc (lane (r, j)'s CPT columns) += (coef · tile)[r][cols]: the BR × HS product by MFMA
+    // (coef, f32, rounded to T as it enters; tile rows at the padded stride), through a shared
+    // f32 tile that the owning lanes then add. Reached by the whole block (it synchronises).
+    template <typename T, int HS, int BR, int BC, int TPR>
+    DUET_DEV void accumulate(float* acc, const float* __restrict__ coef,
+                             const unsigned* __restrict__ tile) {
+        constexpr int W = HS / 2 + 1, PW = BC + 1, CPT = HS / TPR, OW = HS + 4;
+        constexpr int TN = HS / 16, TILES = (BR / 16) * TN, WAVES = DUET_BLOCK / 64;
+        __shared__ float so[BR * OW];
+        const int wave = threadIdx.x / 64, lane = threadIdx.x % 64;
+        const int li = lane % 16, lk = (lane / 16) * 4;
+        const unsigned short* t16 = reinterpret_cast<const unsigned short*>(tile);
+        for (int tl = wave; tl < TILES; tl += WAVES) {
+            const int ti = tl / TN, tj = tl % TN;
+            fa_float4 o = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+            for (int k0 = 0; k0 < BC; k0 += 16) {
+                const float* a = coef + (ti * 16 + li) * PW + k0 + lk;
+                fa_short4 av, bv;
+                av.x = (short)FaBits<T>::r(a[0]);
+                av.y = (short)FaBits<T>::r(a[1]);
+                av.z = (short)FaBits<T>::r(a[2]);
+                av.w = (short)FaBits<T>::r(a[3]);
+                const int col = tj * 16 + li;
+                bv.x = (short)t16[(k0 + lk + 0) * 2 * W + col];
+                bv.y = (short)t16[(k0 + lk + 1) * 2 * W + col];
+                bv.z = (short)t16[(k0 + lk + 2) * 2 * W + col];
+                bv.w = (short)t16[(k0 + lk + 3) * 2 * W + col];
+                o = FaMma<T>::run(av, bv, o);
+            }
+#pragma unroll
+            for (int v = 0; v < 4; ++v) so[(ti * 16 + lk + v) * OW + tj * 16 + li] = o[v];
+        }
+        __syncthreads();
+        const int r = threadIdx.x / TPR, j = threadIdx.x % TPR;
+#pragma unroll
+        for (int c = 0; c < CPT; ++c) acc[c] = duet_fadd(acc[c], so[r * OW + j * CPT + c]);
+        __syncthreads();  // so is reused by the next call
     }
 };
 #endif
@@ -255,7 +305,7 @@ DUET_DEV void fa_forward(const T* __restrict__ qkv, T* __restrict__ out, float* 
 #pragma unroll
         for (int c = 0; c < C::CPT; ++c) o[c] = duet_fmul(o[c], corr);
         __syncthreads();  // the row's P is written by its TPR lanes
-        fa_accumulate<T, HS, C::CPT, C::BC>(o, sp + r * C::PW, sv, j * C::CPT);
+        IP::template accumulate<T, HS, C::BR, C::BC, C::TPR>(o, sp, sv);
     }
     if (qi < t) {
         const float inv_l = duet_fdiv(1.0f, l);
@@ -337,7 +387,7 @@ DUET_DEV void fa_backward_dq(const T* __restrict__ qkv, const T* __restrict__ ou
             sp[r * C::PW + c] = duet_fmul(p, duet_fsub(sdp[r * C::PW + c], di));
         }
         __syncthreads();
-        fa_accumulate<T, HS, C::CPT, C::BC>(dq, sp + r * C::PW, sk, j * C::CPT);
+        IP::template accumulate<T, HS, C::BR, C::BC, C::TPR>(dq, sp, sk);
     }
     if (qi < t) {
 #pragma unroll
@@ -402,8 +452,8 @@ DUET_DEV void fa_backward_dkv(const T* __restrict__ qkv, const T* __restrict__ d
             sds[r * C::PW + i] = duet_fmul(p, duet_fsub(sds[r * C::PW + i], sd[i]));
         }
         __syncthreads();
-        fa_accumulate<T, HS, C::CPT, C::BC>(dv, sp + r * C::PW, sdo, j * C::CPT);
-        fa_accumulate<T, HS, C::CPT, C::BC>(dk, sds + r * C::PW, sq, j * C::CPT);
+        IP::template accumulate<T, HS, C::BR, C::BC, C::TPR>(dv, sp, sdo);
+        IP::template accumulate<T, HS, C::BR, C::BC, C::TPR>(dk, sds, sq);
     }
     if (ki < t) {
 #pragma unroll

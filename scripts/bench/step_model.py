@@ -38,9 +38,14 @@ import sys
 
 DEVICES = {
     # peak dense TFLOP/s (bf16, fp8), HBM TB/s, compute units, boost SM clock (MHz)
-    "h200": dict(name="NVIDIA H200 SXM", bf16=989.4, fp8=1978.9, bw=4.8, cus=132, clock=1980),
-    "h100": dict(name="NVIDIA H100 SXM", bf16=989.4, fp8=1978.9, bw=3.35, cus=132, clock=1980),
-    "mi300x": dict(name="AMD MI300X", bf16=1307.4, fp8=2614.9, bw=5.3, cus=304, clock=2100),
+    # and fp32: the peak of scalar f32 FMAs on the vector units (not packed: MI300X's 163.4
+    # TFLOP/s needs packed FP32, which the portable kernels' scalar FMAs do not use)
+    "h200": dict(name="NVIDIA H200 SXM", bf16=989.4, fp8=1978.9, bw=4.8, cus=132, clock=1980,
+                 fp32=66.9),
+    "h100": dict(name="NVIDIA H100 SXM", bf16=989.4, fp8=1978.9, bw=3.35, cus=132, clock=1980,
+                 fp32=66.9),
+    "mi300x": dict(name="AMD MI300X", bf16=1307.4, fp8=2614.9, bw=5.3, cus=304, clock=2100,
+                   fp32=81.7),
 }
 
 PRESETS = {
@@ -52,13 +57,22 @@ PRESETS = {
 }
 
 GEMM_EFFICIENCY = {"bf16": 0.82, "fp8": 0.76}
+# The fraction of the fp32 peak the flash-attention kernels' scalar inner products reach (HIP's
+# portable path), a guess: their inner loops are an FMA and a
+# shared-memory load per two elements.
+VECTOR_EFFICIENCY = 0.5
+# Which flash attention (--attention): "tensor" (CUDA's mma.sync kernels: every product on the
+# matrix units), "portable" (HIP's default: every product scalar FMAs, whole tiles up to the
+# diagonal, the backward recomputing S and dP in both kernels: 2 + 7 products instead of 2 + 5),
+# "mfma" (HIP's opt-in: the same tiles and products on the matrix units).
+ATTENTION = ("tensor", "portable", "mfma")
 MEMORY_EFFICIENCY = 0.85
 LAUNCH_US = 2.5
 TILE = 128
 K_FILL = 128
 
 
-def kernels(m, precision):
+def kernels(m, precision, attention="tensor"):
     """The step's kernels: (name, count, kind, flops, bytes, gemm shape (m, n) or None)."""
     d, L, f, B, T = m["d_model"], m["layers"], m["ffn"], m["batch"], m["seq"]
     V = math.ceil(m["vocab"] / 128) * 128  # held padded to a multiple of 128 rows
@@ -91,7 +105,23 @@ def kernels(m, precision):
     ln_out = N * d * (2 if fp8 else a)  # FP8: codes and transposed codes, no bf16 output
     k("ln_1 fwd", "mem", 0, N * d * a + ln_out + 8 * N)
     linear("qkv", d, 3 * d, N * 3 * d * a)
-    k("flash attention fwd", "attn", 2 * N * T * d, 4 * N * d * a + 4 * B * heads * T, (N, d, d // heads))
+    hs = d // heads
+    # A product of the causal attention (e.g. Q.K^T over j <= i) is N.T.d FLOPs; HIP's kernels
+    # compute whole tiles up to the diagonal: (n + 1) / n of that with n query tiles of BR rows.
+    n_tiles = math.ceil(T / (64 if hs <= 64 else 32))
+    tiled = (n_tiles + 1) / n_tiles
+    fwd_bytes = 4 * N * d * a + 4 * B * heads * T
+    bwd_bytes = 10 * N * d * a + 8 * B * heads * T
+
+    def attention_kernel(name, products, nbytes):
+        if attention == "tensor":
+            k(name, "attn", products * N * T * d, nbytes, (N, d, hs))
+        elif attention == "portable":
+            k(name, "vec", products * N * T * d * tiled, nbytes)
+        else:
+            k(name, "attn", products * N * T * d * tiled, nbytes, (N, d, hs))
+
+    attention_kernel("flash attention fwd", 2, fwd_bytes)
     if fp8:
         k("quantize attn out", "mem", 0, N * d * (a + 2))
     linear("proj", d, d, 2 * N * d * a)  # + residual (read and write)
@@ -109,7 +139,10 @@ def kernels(m, precision):
     k("fc bias grad", "mem", 0, N * f * a)
     k("ln_2 bwd + colsum", "mem", 0, 4 * N * d * a)
     linear_bwd("proj", d, d, 0)
-    k("flash attention bwd", "attn", 5 * N * T * d, 10 * N * d * a + 8 * B * heads * T, (N, d, d // heads))
+    if attention == "tensor":
+        attention_kernel("flash attention bwd", 5, bwd_bytes)
+    else:
+        attention_kernel("flash attention bwd", 7, bwd_bytes)
     linear_bwd("qkv", d, 3 * d, 0)
     k("qkv bias grad", "mem", 0, N * 3 * d * a)
     k("ln_1 bwd + colsum", "mem", 0, 4 * N * d * a)
@@ -144,8 +177,8 @@ def wave_efficiency(shape, cus):
     return tiles / (math.ceil(tiles / cus) * cus) * k / (k + K_FILL)
 
 
-def model_step(m, precision, dev, clock_ratio=1.0, table=None):
-    ks, params = kernels(m, precision)
+def model_step(m, precision, dev, clock_ratio=1.0, table=None, attention="tensor"):
+    ks, params = kernels(m, precision, attention)
     total = 0.0
     for name, count, kind, flops, nbytes, shape in ks:
         if kind == "gemm8":
@@ -153,6 +186,8 @@ def model_step(m, precision, dev, clock_ratio=1.0, table=None):
         elif kind in ("gemm", "attn"):
             # attention's matmuls run at bf16 rate in both recipes (flash attention in bf16)
             peak = dev["bf16"] * GEMM_EFFICIENCY["bf16"] * (0.6 if kind == "attn" else 1.0)
+        elif kind == "vec":
+            peak = dev["fp32"] * VECTOR_EFFICIENCY
         else:
             peak = None
         t_c = 0.0
@@ -191,6 +226,9 @@ def main():
     ap.add_argument("--gemm-efficiency", metavar="BF16,FP8",
                     help="the GEMM library's fraction of peak at 8192^3 (default: cuBLASLt's on "
                          "the H200, 0.82,0.76); e.g. a measured hipBLASLt figure for the MI300X")
+    ap.add_argument("--attention", choices=ATTENTION, default="tensor",
+                    help="which flash attention the step runs (see ATTENTION; default tensor: "
+                         "CUDA's; HIP runs portable by default, mfma with DUET_HIP_FLASH_MFMA)")
     ap.add_argument("--memory-efficiency", type=float, metavar="F",
                     help=f"the fraction of HBM peak a streaming kernel reaches ({MEMORY_EFFICIENCY})")
     args = ap.parse_args()
@@ -236,18 +274,20 @@ def main():
         for p in args.preset or ["seed", "large"]:
             for prec in args.precision.split(","):
                 table = [] if args.kernels else None
-                ms, params = model_step(PRESETS[p], prec, dev, 1.0, table)
+                ms, params = model_step(PRESETS[p], prec, dev, 1.0, table, args.attention)
                 m = PRESETS[p]
                 tokens = m["batch"] * m["seq"]
-                rows.append(dict(device=args.device, preset=p, precision=prec, model_ms=ms,
+                rows.append(dict(device=args.device, preset=p, precision=prec,
+                                 attention=args.attention, model_ms=ms,
                                  tokens_per_s=tokens / (ms / 1e3), params=params))
-                print(f"{dev['name']}: {p} {prec}: modelled step {ms:.2f} ms "
+                print(f"{dev['name']}: {p} {prec} ({args.attention} attention): modelled step {ms:.2f} ms "
                       f"({tokens / (ms / 1e3) / 1e3:.0f} K tokens/s, {params / 1e6:.1f} M parameters)")
                 if table is not None:
                     print(f"  {'kernel':28} {'n':>3} {'GFLOP':>9} {'MB':>9} {'ms':>8}  bound")
                     for name, n, kind, fl, nb, t, bound in table:
                         print(f"  {name:28} {n:>3} {fl / 1e9:9.1f} {nb / 1e6:9.1f} {t:8.3f}  {bound}")
     print(f"(model: gemm efficiency {GEMM_EFFICIENCY}, memory efficiency {MEMORY_EFFICIENCY}, "
+          f"scalar attention products at {VECTOR_EFFICIENCY} of the fp32 peak, "
           f"{LAUNCH_US} us per launch, {TILE}x{TILE} tiles over {dev['cus']} compute units, "
           f"{K_FILL} of depth per tile for fill and epilogue)")
     if args.json:

@@ -49,7 +49,7 @@ pub const HIP_CACHE: &str = "DUET_HIP_CACHE";
 pub const ROCTX_LIB: &str = "DUET_ROCTX_LIB";
 /// Withholds the HIP device's flash attention (crates/hip ops/attention.rs).
 pub const HIP_NO_FLASH: &str = "DUET_HIP_NO_FLASH";
-/// The HIP flash attention's MFMA score products (crates/hip ops/attention.rs).
+/// The HIP flash attention's MFMA products (crates/hip ops/attention.rs).
 pub const HIP_FLASH_MFMA: &str = "DUET_HIP_FLASH_MFMA";
 /// The port of duet's multi-process handshake instead of `MASTER_PORT` (crates/engine
 /// dist/rendezvous.rs).
@@ -162,7 +162,7 @@ pub struct Knobs {
     /// list none, so the engine composes attention of the unfused ops; crates/hip
     /// ops/attention.rs), for A/B runs. Default off.
     pub hip_no_flash: bool,
-    /// `DUET_HIP_FLASH_MFMA`: the HIP flash attention computes its score products with MFMA
+    /// `DUET_HIP_FLASH_MFMA`: the HIP flash attention computes its products with MFMA
     /// instructions (gfx90a/gfx942/gfx950, wave64; crates/hip ops/attention.rs). Opt-in until
     /// it has run on AMD hardware; elsewhere opening the device is refused. Default off.
     pub hip_flash_mfma: bool,

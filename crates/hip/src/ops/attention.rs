@@ -11,7 +11,7 @@
 //!
 //! Two inner products share the tiling, masking and online softmax ([`FlashInner`]): the
 //! portable one (the default, every target: scalar FMAs in a fixed order, no result depends on
-//! the wavefront size) and MFMA for the score products (`DUET_HIP_FLASH_MFMA`, opt-in: gfx90a,
+//! the wavefront size) and MFMA for every product (`DUET_HIP_FLASH_MFMA`, opt-in: gfx90a,
 //! gfx942, gfx950 with wave64 only, compiled by CI's real hiprtc but not yet run on AMD
 //! hardware). `DUET_HIP_NO_FLASH` withholds flash attention (the engine composes attention
 //! through the unfused ops), for A/B runs. Neither is bit-identical to CUDA's tensor-core
@@ -29,7 +29,7 @@ pub(crate) enum FlashInner {
     Off,
     /// The portable inner product (the default).
     Portable,
-    /// `DUET_HIP_FLASH_MFMA`: MFMA score products (gfx90a / gfx942 / gfx950, wave64).
+    /// `DUET_HIP_FLASH_MFMA`: MFMA products (gfx90a / gfx942 / gfx950, wave64).
     Mfma,
 }
 
@@ -69,11 +69,11 @@ impl FlashInner {
             Self::Off => "off (DUET_HIP_NO_FLASH): attention composed of the unfused ops",
             Self::Portable => {
                 "portable inner product, bf16/f16, head size 64/128 (DUET_HIP_FLASH_MFMA=1: MFMA \
-                 score products, opt-in until run on AMD hardware)"
+                 products, opt-in until run on AMD hardware)"
             }
             Self::Mfma => {
-                "MFMA score products (DUET_HIP_FLASH_MFMA; not yet run on AMD hardware), \
-                 bf16/f16, head size 64/128"
+                "MFMA products (DUET_HIP_FLASH_MFMA; not yet run on AMD hardware), bf16/f16, \
+                 head size 64/128"
             }
         }
     }

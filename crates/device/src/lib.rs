@@ -20,6 +20,7 @@ mod error;
 mod gemm;
 mod host_memory;
 pub mod knobs;
+pub mod layernorm_plan;
 
 pub use args::{HeadsDesc, RowsDesc, SoftmaxDesc, TokensDesc, cross_entropy_threads};
 pub use capabilities::Capabilities;

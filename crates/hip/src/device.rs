@@ -752,6 +752,26 @@ impl Fused for HipDevice {
         self.flash_attention_backward_impl(qkv, out, dout, lse, dqkv, b, t, nh, hs, scale)
     }
 
+    #[allow(clippy::too_many_arguments)]
+    fn layernorm_backward_colsum(
+        &self,
+        dout: &HipBuffer,
+        x: &HipBuffer,
+        gamma: &HipBuffer,
+        mean: &HipBuffer,
+        rstd: &HipBuffer,
+        dx: &mut HipBuffer,
+        dgamma: &mut HipBuffer,
+        dbeta: &mut HipBuffer,
+        dsum: &mut HipBuffer,
+        n: usize,
+        c: usize,
+    ) -> Result<()> {
+        self.layernorm_backward_colsum_impl(
+            dout, x, gamma, mean, rstd, dx, dgamma, dbeta, dsum, n, c,
+        )
+    }
+
     fn zero_many(&self, dsts: &mut [&mut HipBuffer]) -> Result<()> {
         self.zero_many_impl(dsts)
     }

@@ -359,8 +359,9 @@ impl HipDevice {
 
     /// [`duet_device::Fused::layernorm_forward_fp8`] in one pass (kernels-hip/layernorm.hip
     /// `layernorm_forward_fp8_A_P_D`): the rows' statistics as `layernorm_forward` computes
-    /// them, the normalised output rounded to x's dtype and quantised (with the transpose
-    /// through a shared-memory tile), never written: the composition's bits.
+    /// them (for a vectorised plan by `layernorm_stats_*` first), the normalised output rounded
+    /// to x's dtype and quantised (with the transpose through a shared-memory tile), never
+    /// written: the composition's bits.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn layernorm_forward_fp8_impl(
         &self,
@@ -398,10 +399,20 @@ impl HipDevice {
         let sp = wide_suffix(OP, x.dtype(), "gamma", gamma.dtype())?;
         same_dtype(OP, gamma.dtype(), &[beta])?;
         let d = kernel_suffix(dst.dtype()).expect("an fp8 dtype");
+        // Where layernorm_forward runs its vectorised kernels, their statistics (the same plan,
+        // the same bits), then the one-pass kernel reading them.
+        let given = match self.ln_vec_plan(&[x, gamma, beta], x.dtype(), c) {
+            Some(p) => {
+                self.layernorm_stats(OP, p, x, mean, rstd, n, c, eps)?;
+                1
+            }
+            None => 0,
+        };
         // SAFETY: layernorm_forward_fp8_A_P_D(const A* x, const P* gamma, const P* beta,
         // float* mean, float* rstd, D* dst, D* dst_t (or null), int n, int c, float eps,
-        // const float* scale, float* amax): x, dst (and dst_t) hold n·c elements, gamma/beta c,
-        // mean/rstd n, scale/amax at slot (validated above); one block per 32 rows.
+        // const float* scale, float* amax, int given): x, dst (and dst_t) hold n·c elements,
+        // gamma/beta c, mean/rstd n, scale/amax at slot (validated above); with `given` mean
+        // and rstd were written just before on the same stream; one block per 32 rows.
         unsafe {
             self.kernel(&format!("{OP}_{sa}_{sp}_{d}"))?
                 .grid((grid_dim(OP, n.div_ceil(32))?, 1, 1))
@@ -417,6 +428,7 @@ impl HipDevice {
                 .arg_f32(eps)
                 .arg_ptr(scale.ptr_at(slot))
                 .arg_ptr(amax.ptr_at(slot))
+                .arg_i32(given)
                 .launch()
         }
     }

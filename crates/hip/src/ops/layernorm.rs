@@ -191,6 +191,7 @@ impl HipDevice {
 
     /// `layernorm_stats_<act>_v`: the vectorised forward's mean and rstd of the n rows of `x`
     /// (no output), for the one-pass LayerNorm + FP8 kernel (ops/fp8.rs) to read.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn layernorm_stats(
         &self,
         op: &'static str,

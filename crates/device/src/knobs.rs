@@ -47,6 +47,9 @@ pub const NCCL_LIB: &str = "DUET_NCCL_LIB";
 pub const HIP_CACHE: &str = "DUET_HIP_CACHE";
 /// The roctx library to load first (crates/hip roctx.rs).
 pub const ROCTX_LIB: &str = "DUET_ROCTX_LIB";
+/// Starts the HIP device with the fused paths (the hipBLASLt GEMM epilogues) off (crates/hip
+/// device.rs).
+pub const HIP_UNFUSED: &str = "DUET_HIP_UNFUSED";
 /// The port of duet's multi-process handshake instead of `MASTER_PORT` (crates/engine
 /// dist/rendezvous.rs).
 pub const RENDEZVOUS_PORT: &str = "DUET_RENDEZVOUS_PORT";
@@ -72,6 +75,7 @@ pub const ALL: &[&str] = &[
     NCCL_LIB,
     HIP_CACHE,
     ROCTX_LIB,
+    HIP_UNFUSED,
     RENDEZVOUS_PORT,
     RENDEZVOUS_TIMEOUT,
     FP8_CODES_FROM_OPTIMIZER,
@@ -152,6 +156,10 @@ pub struct Knobs {
     pub hip_cache: Option<PathBuf>,
     /// `DUET_ROCTX_LIB`: the roctx library tried before libroctx64 (crates/hip roctx.rs).
     pub roctx_lib: Option<PathBuf>,
+    /// `DUET_HIP_UNFUSED`: the HIP device withholds its fused paths (the hipBLASLt GEMM
+    /// epilogues; the engine runs the separate ops), for A/B comparisons as
+    /// `DUET_CUDA_UNFUSED` on CUDA (crates/hip device.rs). Default off.
+    pub hip_unfused: bool,
     /// `DUET_RENDEZVOUS_PORT`: the port of duet's handshake instead of `MASTER_PORT`, the same
     /// on every rank (crates/engine dist/rendezvous.rs; torchrun's agent holds `MASTER_PORT`).
     pub rendezvous_port: Option<u16>,
@@ -182,6 +190,7 @@ impl Default for Knobs {
             nccl_lib: None,
             hip_cache: None,
             roctx_lib: None,
+            hip_unfused: false,
             rendezvous_port: None,
             rendezvous_timeout: None,
             fp8_codes_from_optimizer: true,
@@ -262,6 +271,7 @@ impl Knobs {
             nccl_lib: path(NCCL_LIB),
             hip_cache: path(HIP_CACHE),
             roctx_lib: path(ROCTX_LIB),
+            hip_unfused: flag(HIP_UNFUSED, d.hip_unfused)?,
             rendezvous_port: number(RENDEZVOUS_PORT, "port", get(RENDEZVOUS_PORT))?,
             rendezvous_timeout: number(
                 RENDEZVOUS_TIMEOUT,
@@ -332,6 +342,7 @@ mod tests {
             nccl_lib,
             hip_cache,
             roctx_lib,
+            hip_unfused,
             rendezvous_port,
             rendezvous_timeout,
             fp8_codes_from_optimizer,
@@ -361,6 +372,7 @@ mod tests {
                 (|k: &Knobs| k.cuda_allow_tf32) as fn(&Knobs) -> bool,
             ),
             (CUDA_UNFUSED, |k| k.cuda_unfused),
+            (HIP_UNFUSED, |k| k.hip_unfused),
             (GEMM_AUTOTUNE, |k| k.gemm_autotune),
             (GEMM_AUTOTUNE_LOG, |k| k.gemm_autotune_log),
             (CUDA_FP8_SCALE_COPY, |k| k.cuda_fp8_scale_copy),

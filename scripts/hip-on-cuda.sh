@@ -326,6 +326,7 @@ run)
     step "bench seed bf16 --no-graphs" on 6.4 gfx942 "$D" bench --backend hip --preset seed --precision bf16 --no-graphs --json "$OUT/bench-hip-seed-nographs.json"
     step "bench seed fp8 gfx950 --no-graphs" on 7.2 gfx950 "$D" bench --backend hip --preset seed --precision fp8 --no-graphs --json "$OUT/bench-hip-seed-fp8-nographs.json"
     # Flash attention against the composed attention (T x T buffers), same steps.
+    step "bench seed bf16 DUET_HIP_UNFUSED" on 6.4 gfx942 env DUET_HIP_UNFUSED=1 "$D" bench --backend hip --preset seed --precision bf16 --json "$OUT/bench-hip-seed-unfused.json"
     step "bench seed bf16 DUET_HIP_NO_FLASH" on 6.4 gfx942 env DUET_HIP_NO_FLASH=1 "$D" bench --backend hip --preset seed --precision bf16 --json "$OUT/bench-hip-seed-noflash.json"
     recorded_check='import json, sys
 def runs(x):

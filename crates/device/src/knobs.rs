@@ -51,6 +51,9 @@ pub const ROCTX_LIB: &str = "DUET_ROCTX_LIB";
 pub const HIP_NO_FLASH: &str = "DUET_HIP_NO_FLASH";
 /// The HIP flash attention's MFMA products (crates/hip ops/attention.rs).
 pub const HIP_FLASH_MFMA: &str = "DUET_HIP_FLASH_MFMA";
+/// Starts the HIP device with the fused paths (the hipBLASLt GEMM epilogues) off (crates/hip
+/// device.rs).
+pub const HIP_UNFUSED: &str = "DUET_HIP_UNFUSED";
 /// The port of duet's multi-process handshake instead of `MASTER_PORT` (crates/engine
 /// dist/rendezvous.rs).
 pub const RENDEZVOUS_PORT: &str = "DUET_RENDEZVOUS_PORT";
@@ -78,6 +81,7 @@ pub const ALL: &[&str] = &[
     ROCTX_LIB,
     HIP_NO_FLASH,
     HIP_FLASH_MFMA,
+    HIP_UNFUSED,
     RENDEZVOUS_PORT,
     RENDEZVOUS_TIMEOUT,
     FP8_CODES_FROM_OPTIMIZER,
@@ -166,6 +170,10 @@ pub struct Knobs {
     /// instructions (gfx90a/gfx942/gfx950, wave64; crates/hip ops/attention.rs). Opt-in until
     /// it has run on AMD hardware; elsewhere opening the device is refused. Default off.
     pub hip_flash_mfma: bool,
+    /// `DUET_HIP_UNFUSED`: the HIP device withholds its fused paths (the hipBLASLt GEMM
+    /// epilogues; the engine runs the separate ops), for A/B comparisons as
+    /// `DUET_CUDA_UNFUSED` on CUDA (crates/hip device.rs). Default off.
+    pub hip_unfused: bool,
     /// `DUET_RENDEZVOUS_PORT`: the port of duet's handshake instead of `MASTER_PORT`, the same
     /// on every rank (crates/engine dist/rendezvous.rs; torchrun's agent holds `MASTER_PORT`).
     pub rendezvous_port: Option<u16>,
@@ -198,6 +206,7 @@ impl Default for Knobs {
             roctx_lib: None,
             hip_no_flash: false,
             hip_flash_mfma: false,
+            hip_unfused: false,
             rendezvous_port: None,
             rendezvous_timeout: None,
             fp8_codes_from_optimizer: true,
@@ -280,6 +289,7 @@ impl Knobs {
             roctx_lib: path(ROCTX_LIB),
             hip_no_flash: flag(HIP_NO_FLASH, d.hip_no_flash)?,
             hip_flash_mfma: flag(HIP_FLASH_MFMA, d.hip_flash_mfma)?,
+            hip_unfused: flag(HIP_UNFUSED, d.hip_unfused)?,
             rendezvous_port: number(RENDEZVOUS_PORT, "port", get(RENDEZVOUS_PORT))?,
             rendezvous_timeout: number(
                 RENDEZVOUS_TIMEOUT,
@@ -352,6 +362,7 @@ mod tests {
             roctx_lib,
             hip_no_flash,
             hip_flash_mfma,
+            hip_unfused,
             rendezvous_port,
             rendezvous_timeout,
             fp8_codes_from_optimizer,
@@ -381,6 +392,7 @@ mod tests {
                 (|k: &Knobs| k.cuda_allow_tf32) as fn(&Knobs) -> bool,
             ),
             (CUDA_UNFUSED, |k| k.cuda_unfused),
+            (HIP_UNFUSED, |k| k.hip_unfused),
             (GEMM_AUTOTUNE, |k| k.gemm_autotune),
             (GEMM_AUTOTUNE_LOG, |k| k.gemm_autotune_log),
             (CUDA_FP8_SCALE_COPY, |k| k.cuda_fp8_scale_copy),

@@ -1,10 +1,11 @@
 //! GEMMs: rocBLAS `gemm_strided_batched_ex` (f32 compute) for f32/f16/bf16 operands, hipBLASLt for
-//! FP8 operands (FNUZ on gfx942, OCP on gfx950) with device scale pointers.
+//! FP8 operands (FNUZ on gfx942, OCP on gfx950) with device scale pointers, and the hipBLASLt
+//! state (handle, workspace, plan cache) that the 16-bit epilogue GEMMs (blaslt.rs) share.
 
 use crate::conv;
 use crate::hip::result::HipApi;
 use crate::hipblaslt::result::LtApi;
-use crate::hipblaslt::safe::{Fp8Ptrs, LtHandle, Operand, Plan, PlanKey};
+use crate::hipblaslt::safe::{EpilogueKey, LtHandle, Operand, Plan, PlanKey, Ptrs};
 use crate::hipblaslt::sys as ltsys;
 use crate::memory::{HipBuffer, MemShared};
 use crate::rocblas::safe::RocblasHandle;
@@ -95,7 +96,7 @@ impl Lt {
     }
 }
 
-/// The FP8 plans of one handle, by key.
+/// The plans of one handle (FP8 GEMMs, 16-bit GEMMs with epilogues), by key.
 #[derive(Default)]
 pub struct PlanCache {
     plans: HashMap<PlanKey, Option<Plan>>,
@@ -104,20 +105,27 @@ pub struct PlanCache {
 }
 
 impl PlanCache {
-    /// The plan of `key`, built on `handle` the first time (`Ok(None)`: no algorithm).
+    /// The plan of `key`, built on `handle` the first time with this call's pointers
+    /// (`Ok(None)`: no algorithm).
     pub fn get(
         &mut self,
         handle: &LtHandle,
         key: &PlanKey,
         workspace: usize,
-        scales: (*const c_void, *const c_void),
+        ptrs: &Ptrs,
     ) -> std::result::Result<Option<&Plan>, crate::error::HipError> {
         if !self.plans.contains_key(key) {
-            let plan = handle.plan(key, workspace, scales)?;
+            let plan = handle.plan(key, workspace, ptrs)?;
             self.built += 1;
             self.plans.insert(*key, plan);
         }
         Ok(self.plans.get(key).and_then(Option::as_ref))
+    }
+
+    /// Remembers that hipBLASLt refused `key`'s algorithm at launch: from now on the key has no
+    /// plan, as when the heuristic finds none.
+    pub fn refuse(&mut self, key: &PlanKey) {
+        self.plans.insert(*key, None);
     }
 }
 
@@ -141,7 +149,8 @@ enum LtState {
 
 /// hipBLASLt, created on the first FP8 GEMM rather than when the device opens: a failure
 /// (library missing, handle creation failing, too little free memory) disables only the paths
-/// that need it, with the cause in their error; rocBLAS stays the bf16/f16/f32 path.
+/// that need it, with the cause in their error (the GEMM epilogues then run their composition);
+/// rocBLAS stays the plain bf16/f16/f32 path.
 pub struct LazyLt {
     /// The library, when it was found at open.
     pub api: Option<Arc<LtApi>>,
@@ -220,7 +229,7 @@ impl LazyLt {
                 Err(e) => format!("version unknown: {e} ({file})"),
             },
             Ok(LtState::Failed(why)) => format!("unavailable: {why} ({file})"),
-            _ => format!("{file} (handle created on the first FP8 GEMM)"),
+            _ => format!("{file} (handle created on the first FP8 GEMM or GEMM epilogue)"),
         }
     }
 }
@@ -266,9 +275,20 @@ pub fn gemm(
     Ok(())
 }
 
-/// The [`PlanKey`] and the hipBLASLt operands of an FP8 `desc` (column-major: hipBLASLt's A is
-/// duet's B, stored (rows, cols) = our (cols, rows)).
+/// The [`PlanKey`] of an FP8 `desc` (unit-less scales through device pointers, no epilogue).
 pub fn fp8_plan_key(desc: &GemmDesc, a: DType, b: DType, c: DType) -> Result<PlanKey> {
+    plan_key(desc, (a, b, c), true, EpilogueKey::NONE)
+}
+
+/// The [`PlanKey`] of `desc` with duet's A, B and C of `types` (column-major: hipBLASLt's A
+/// is duet's B, stored (rows, cols) = our (cols, rows)); `scaled`: A and B have device scale
+/// pointers (FP8).
+pub fn plan_key(
+    desc: &GemmDesc,
+    (a, b, c): (DType, DType, DType),
+    scaled: bool,
+    epilogue: EpilogueKey,
+) -> Result<PlanKey> {
     let g = conv::col_major(desc)?;
     let ty = |d: DType| {
         conv::hip_data_type(d).ok_or_else(|| DeviceError::Unsupported {
@@ -304,7 +324,9 @@ pub fn fp8_plan_key(desc: &GemmDesc, a: DType, b: DType, c: DType) -> Result<Pla
         },
         batch: g.batch,
         accumulate: desc.beta != 0.0,
+        scaled,
         scale_mode: ltsys::HIPBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F,
+        epilogue,
     })
 }
 
@@ -346,18 +368,21 @@ pub fn gemm_fp8(
     let unsupported = |what: String, dtype| DeviceError::Unsupported { op: what, dtype };
     fp8_check(arch_base, a.dtype(), c.dtype())?;
     let key = fp8_plan_key(desc, a.dtype(), b.dtype(), c.dtype())?;
-    let ptrs = Fp8Ptrs {
+    let ptrs = Ptrs {
         a: b.ptr_at(desc.b_offset),
         b: a.ptr_at(desc.a_offset),
         c: c.ptr_at(desc.c_offset),
+        d: c.ptr_at(desc.c_offset),
         // hipBLASLt's A is our B and vice versa.
         a_scale: scales.map_or(lt.ones.ptr_at(0), |(_, sb)| sb),
         b_scale: scales.map_or(lt.ones.ptr_at(1), |(sa, _)| sa),
+        bias: std::ptr::null(),
+        aux: std::ptr::null(),
         workspace: lt.workspace.ptr(),
         workspace_size: LT_WORKSPACE,
     };
     let Lt { handle, plans, .. } = lt;
-    let plan = plans.get(handle, &key, LT_WORKSPACE, (ptrs.a_scale, ptrs.b_scale))?;
+    let plan = plans.get(handle, &key, LT_WORKSPACE, &ptrs)?;
     let Some(plan) = plan else {
         return Err(unsupported(
             format!(
@@ -399,6 +424,8 @@ mod tests {
             k.scale_mode,
             ltsys::HIPBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F
         );
+        assert!(k.scaled);
+        assert_eq!(k.epilogue, EpilogueKey::NONE);
         let mut others = vec![
             key(&d, DType::F32),
             key(&GemmDesc::new(false, true, 128, 256, 128), DType::BF16),
@@ -417,6 +444,16 @@ mod tests {
         let mut batched = d;
         batched.batch = 4;
         others.push(key(&batched, DType::BF16));
+        // The same shape unscaled (a 16-bit GEMM's key) is another plan.
+        others.push(
+            plan_key(
+                &d,
+                (DType::F8E4M3Fnuz, DType::F8E4M3Fnuz, DType::BF16),
+                false,
+                EpilogueKey::NONE,
+            )
+            .unwrap(),
+        );
         for o in &others {
             assert_ne!(&k, o);
         }
@@ -482,19 +519,22 @@ unsigned hipblasLtMatmul(void) { matmuls++; return 0; }
         );
         let mut cache = PlanCache::default();
         let one = std::ptr::dangling::<c_void>();
-        let ptrs = Fp8Ptrs {
+        let ptrs = Ptrs {
             a: one,
             b: one,
-            c: one as *mut c_void,
+            c: one,
+            d: one as *mut c_void,
             a_scale: one,
             b_scale: one,
+            bias: std::ptr::null(),
+            aux: std::ptr::null(),
             workspace: one as *mut c_void,
             workspace_size: LT_WORKSPACE,
         };
         let d = GemmDesc::new(false, true, 128, 256, 64);
         for _ in 0..3 {
             let plan = cache
-                .get(&handle, &key(&d, DType::BF16), LT_WORKSPACE, (one, one))
+                .get(&handle, &key(&d, DType::BF16), LT_WORKSPACE, &ptrs)
                 .unwrap()
                 .expect("an algorithm");
             // SAFETY: the fake matmul reads nothing.
@@ -505,7 +545,7 @@ unsigned hipblasLtMatmul(void) { matmuls++; return 0; }
         assert_eq!(cache.built, 1);
         // Another output type is another plan.
         cache
-            .get(&handle, &key(&d, DType::F32), LT_WORKSPACE, (one, one))
+            .get(&handle, &key(&d, DType::F32), LT_WORKSPACE, &ptrs)
             .unwrap()
             .expect("an algorithm");
         assert_eq!((cache.built, counter(b"fake_heuristics\0")), (2, 2));
@@ -517,7 +557,7 @@ unsigned hipblasLtMatmul(void) { matmuls++; return 0; }
         for _ in 0..2 {
             assert!(
                 cache
-                    .get(&handle, &none, LT_WORKSPACE, (one, one))
+                    .get(&handle, &none, LT_WORKSPACE, &ptrs)
                     .unwrap()
                     .is_none()
             );

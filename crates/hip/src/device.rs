@@ -84,7 +84,7 @@ pub struct HipDevice {
     pub(crate) arch_base: String,
     pub(crate) kernels: Kernels,
     pub(crate) blas: Mutex<RocblasHandle>,
-    /// hipBLASLt, created on the first FP8 GEMM ([`LazyLt`]).
+    /// hipBLASLt, created on the first FP8 GEMM or GEMM epilogue ([`LazyLt`]).
     pub(crate) lt: LazyLt,
     /// Pinned host buffers for uploads ([`crate::memory::Staging`]), made on the first upload.
     pub(crate) staging: Mutex<Option<crate::memory::Staging>>,
@@ -240,6 +240,10 @@ impl HipDevice {
         let caps = Capabilities {
             graphs: api.graphs_supported(),
             flash_attention: flash.pairs(),
+            gemm_epilogue: Self::epilogue_dtypes(
+                lt.api.is_some(),
+                duet_device::knobs::device_knobs()?.hip_unfused,
+            ),
             ..Capabilities::composed()
         };
         Ok(Self {
@@ -402,8 +406,8 @@ impl Device for HipDevice {
     }
 
     fn capabilities(&self) -> &Capabilities {
-        // Graphs where the runtime has them, flash attention unless DUET_HIP_NO_FLASH; no
-        // fused GEMM epilogue yet (those Fused ops run their composition of the core ops).
+        // Graphs where the runtime has them; flash attention unless DUET_HIP_NO_FLASH; the
+        // 16-bit GEMM epilogues when hipBLASLt was found (and DUET_HIP_UNFUSED is not set).
         &self.caps
     }
 
@@ -413,6 +417,20 @@ impl Device for HipDevice {
         info.details.insert(
             info.details.len() - 1,
             ("hipblaslt".into(), self.lt.describe()),
+        );
+        let epilogues = &self.caps.gemm_epilogue;
+        info.details.insert(
+            info.details.len() - 1,
+            (
+                "gemm_epilogue".into(),
+                if !epilogues.is_empty() {
+                    format!("hipBLASLt for {epilogues:?}, composed where it has no algorithm")
+                } else if self.lt.api.is_none() {
+                    "composed (no hipBLASLt)".into()
+                } else {
+                    "composed (DUET_HIP_UNFUSED)".into()
+                },
+            ),
         );
         info
     }
@@ -774,6 +792,20 @@ impl Fused for HipDevice {
 
     fn zero_many(&self, dsts: &mut [&mut HipBuffer]) -> Result<()> {
         self.zero_many_impl(dsts)
+    }
+
+    fn gemm_epilogue(
+        &self,
+        desc: &GemmDesc,
+        a: &HipBuffer,
+        b: &HipBuffer,
+        c: &mut HipBuffer,
+        epilogue: duet_device::Epilogue<'_, HipBuffer>,
+    ) -> Result<()> {
+        if !self.capabilities().gemm_epilogue(a.dtype()) {
+            return duet_device::composed::gemm_epilogue(self, desc, a, b, c, epilogue);
+        }
+        self.gemm_epilogue_impl(desc, a, b, c, epilogue)
     }
 
     fn cross_entropy_in_place(

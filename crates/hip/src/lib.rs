@@ -39,6 +39,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod blas;
+mod blaslt;
 mod conv;
 mod device;
 mod dynlib;

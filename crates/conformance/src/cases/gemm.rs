@@ -167,6 +167,24 @@ pub fn gemm_epilogue_matches_composition<D: Fused>(h: &Harness<D>) {
                     tol,
                 );
             }
+            if bias_dt == DType::F32 && dt != DType::F32 {
+                // 16-bit inputs, f32 C (the bias epilogue allows it).
+                let desc = GemmDesc::new(false, true, n, m, k).beta(1.0);
+                let init = r.vec(n * m, -1.0, 1.0);
+                let mut plain = put(d, DType::F32, &init);
+                d.gemm(&desc, &x, &w, &mut plain).unwrap();
+                d.bias_add(&mut plain, &bias, n, m).unwrap();
+                let mut fused = put(d, DType::F32, &init);
+                d.gemm_epilogue(&desc, &x, &w, &mut fused, Epilogue::Bias(&bias))
+                    .unwrap();
+                h.same_buf(
+                    &format!("{what} bias, f32 C"),
+                    "c",
+                    &fused,
+                    &plain,
+                    Tol::rel(1e-3),
+                );
+            }
             if bias_dt == dt {
                 let desc = GemmDesc::new(false, true, n, m, k);
                 let res = r.vec(n * m, -1.0, 1.0);

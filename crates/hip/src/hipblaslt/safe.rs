@@ -1,4 +1,5 @@
-//! hipBLASLt handle and descriptors that are destroyed in `Drop`, and the FP8 matmul built on them.
+//! hipBLASLt handle and descriptors that are destroyed in `Drop`, and the matmul (FP8 scales,
+//! epilogues) built on them.
 
 use super::result::{LtApi, check};
 use super::sys;
@@ -102,10 +103,10 @@ pub struct Operand {
     pub stride: i64,
 }
 
-/// Everything the descriptors and the algorithm of an FP8 matmul depend on: the operands'
-/// types and layouts, the transposes, the batch, whether C is read (beta ≠ 0) and how A and B
-/// are scaled. One [`Plan`] is built per key; the pointers (data, scales, workspace) change
-/// from call to call and are not part of it.
+/// Everything the descriptors and the algorithm of a matmul depend on: the operands' types and
+/// layouts, the transposes, the batch, whether C is read (beta ≠ 0), how A and B are scaled
+/// (FP8) and the epilogue. One [`Plan`] is built per key; the pointers (data, scales, bias,
+/// auxiliary matrix, workspace) change from call to call and are not part of it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct PlanKey {
     pub trans_a: bool,
@@ -116,9 +117,33 @@ pub struct PlanKey {
     pub batch: i32,
     /// beta ≠ 0 (the heuristic may pick other kernels when C is read).
     pub accumulate: bool,
-    /// `hipblasLtMatmulMatrixScale_t` of A and B: always one f32 scalar per matrix through a
-    /// device pointer ([`sys::HIPBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F`]) today.
+    /// Whether A and B have device scale pointers (the FP8 GEMMs; hipBLASLt picks kernels with
+    /// scale support only when they are set).
+    pub scaled: bool,
+    /// `hipblasLtMatmulMatrixScale_t` of A and B when `scaled`: always one f32 scalar per
+    /// matrix through a device pointer ([`sys::HIPBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F`]) today.
     pub scale_mode: u32,
+    pub epilogue: EpilogueKey,
+}
+
+/// The epilogue part of a [`PlanKey`]: the `hipblasLtEpilogue_t`, the bias type (when the
+/// epilogue reads a bias or writes a bias gradient) and the auxiliary matrix's leading
+/// dimension (when it has one: the GELU pre-activation, written by GELU_AUX_BIAS and read by
+/// DGELU, of D's type).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct EpilogueKey {
+    pub code: u32,
+    pub bias_type: Option<sys::hipDataType>,
+    pub aux_ld: Option<i64>,
+}
+
+impl EpilogueKey {
+    /// No epilogue (`HIPBLASLT_EPILOGUE_DEFAULT`).
+    pub const NONE: Self = Self {
+        code: sys::HIPBLASLT_EPILOGUE_DEFAULT,
+        bias_type: None,
+        aux_ld: None,
+    };
 }
 
 /// The descriptors and the algorithm of one [`PlanKey`], built once ([`LtHandle::plan`]) and
@@ -128,19 +153,29 @@ pub struct Plan {
     a: Layout,
     b: Layout,
     c: Layout,
+    key: PlanKey,
     pub algo: sys::hipblasLtMatmulAlgo_t,
     /// Workspace the algorithm needs (at most the workspace the plan was made for).
     pub workspace_size: usize,
 }
 
-/// Device pointers of one FP8 matmul.
-pub struct Fp8Ptrs {
+/// Device pointers of one matmul. Those the plan's key has no use for (the scales of an
+/// unscaled matmul, the bias or auxiliary matrix of an epilogue without one) are not read and
+/// may be null.
+pub struct Ptrs {
     pub a: *const c_void,
     pub b: *const c_void,
-    pub c: *mut c_void,
+    /// C, read when beta ≠ 0 (D itself, or a separate matrix of D's layout).
+    pub c: *const c_void,
+    /// D, written.
+    pub d: *mut c_void,
     /// Device f32 scale for A and for B (the FP8 dequantisation factors).
     pub a_scale: *const c_void,
     pub b_scale: *const c_void,
+    /// The bias (read), or the bias gradient (written, BGRADB).
+    pub bias: *const c_void,
+    /// The auxiliary matrix (written by GELU_AUX_BIAS, read by DGELU).
+    pub aux: *const c_void,
     pub workspace: *mut c_void,
     pub workspace_size: usize,
 }
@@ -196,15 +231,42 @@ impl LtHandle {
         })
     }
 
+    /// Sets a pointer-valued attribute (a device address passed by value).
+    fn set_ptr(&self, desc: &Desc, attr: u32, p: *const c_void) -> Result<(), HipError> {
+        self.set_desc(
+            desc,
+            attr,
+            (&p as *const *const c_void).cast(),
+            size_of::<*const c_void>(),
+        )
+    }
+
+    /// Sets the per-call pointers `key` uses: the scales of A and B, the bias, the auxiliary
+    /// matrix.
+    fn set_ptrs(&self, desc: &Desc, key: &PlanKey, p: &Ptrs) -> Result<(), HipError> {
+        if key.scaled {
+            self.set_ptr(desc, sys::HIPBLASLT_MATMUL_DESC_A_SCALE_POINTER, p.a_scale)?;
+            self.set_ptr(desc, sys::HIPBLASLT_MATMUL_DESC_B_SCALE_POINTER, p.b_scale)?;
+        }
+        if key.epilogue.bias_type.is_some() {
+            self.set_ptr(desc, sys::HIPBLASLT_MATMUL_DESC_BIAS_POINTER, p.bias)?;
+        }
+        if key.epilogue.aux_ld.is_some() {
+            self.set_ptr(desc, sys::HIPBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, p.aux)?;
+        }
+        Ok(())
+    }
+
     /// Builds the descriptors of `key` (f32 compute and scale type) and asks the heuristic for
-    /// one algorithm that fits in `workspace` bytes. `scales` are the device scale pointers of
-    /// A and B (non-null; only their presence matters here). `Ok(None)` when hipBLASLt has no
-    /// algorithm.
+    /// one algorithm that fits in `workspace` bytes. `p` are this call's pointers: the heuristic
+    /// must see the scale, bias and auxiliary pointers the key uses set (hipBLASLt picks
+    /// kernels by which are non-null); it reads none of them, and every `run` sets its own.
+    /// `Ok(None)` when hipBLASLt has no algorithm.
     pub fn plan(
         &self,
         key: &PlanKey,
         workspace: usize,
-        scales: (*const c_void, *const c_void),
+        p: &Ptrs,
     ) -> Result<Option<Plan>, HipError> {
         let lib = &self.api.lib;
         let mut raw = std::ptr::null_mut();
@@ -236,20 +298,36 @@ impl LtHandle {
             (&tb as *const i32).cast(),
             4,
         )?;
-        // The heuristic must see that A and B are scaled (hipBLASLt picks kernels with scale
-        // support only for non-null scale pointers): this call's pointers, which it does not
-        // read; every `run` sets its own.
-        for (attr, ptr) in [
-            (sys::HIPBLASLT_MATMUL_DESC_A_SCALE_POINTER, scales.0),
-            (sys::HIPBLASLT_MATMUL_DESC_B_SCALE_POINTER, scales.1),
-        ] {
+        let epi = key.epilogue;
+        if epi.code != sys::HIPBLASLT_EPILOGUE_DEFAULT {
+            // EPILOGUE: uint32 hipblasLtEpilogue_t.
             self.set_desc(
                 &desc,
-                attr,
-                (&ptr as *const *const c_void).cast(),
-                size_of::<*const c_void>(),
+                sys::HIPBLASLT_MATMUL_DESC_EPILOGUE,
+                (&epi.code as *const u32).cast(),
+                4,
             )?;
         }
+        if let Some(bt) = epi.bias_type {
+            // BIAS_DATA_TYPE: int32 hipDataType.
+            let bt = bt as i32;
+            self.set_desc(
+                &desc,
+                sys::HIPBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                (&bt as *const i32).cast(),
+                4,
+            )?;
+        }
+        if let Some(ld) = epi.aux_ld {
+            // EPILOGUE_AUX_LD: int64.
+            self.set_desc(
+                &desc,
+                sys::HIPBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
+                (&ld as *const i64).cast(),
+                8,
+            )?;
+        }
+        self.set_ptrs(&desc, key, p)?;
         let (la, lb, lc) = (
             self.layout(&key.a, key.batch)?,
             self.layout(&key.b, key.batch)?,
@@ -299,39 +377,32 @@ impl LtHandle {
             a: la,
             b: lb,
             c: lc,
+            key: *key,
             algo: result.algo,
             workspace_size: result.workspace_size,
         }))
     }
 
-    /// `C = alpha · scaleA·scaleB · op(A) op(B) + beta C` (column-major) with a plan made by
-    /// [`Self::plan`] on this handle: sets this call's scale pointers on the plan's descriptor
-    /// and enqueues the matmul.
+    /// `D = epilogue(alpha · scaleA·scaleB · op(A) op(B) + beta C)` (column-major; the scales
+    /// only when the key is scaled) with a plan made by [`Self::plan`] on this handle: sets this
+    /// call's scale, bias and auxiliary pointers on the plan's descriptor and enqueues the
+    /// matmul. C and D share the plan's C layout.
     ///
     /// # Safety
     /// The plan must describe the operands `p` points to; the pointers must be device memory
-    /// covering every operand and batch described, the scales one f32 each, the workspace
+    /// covering every operand and batch described (C too when beta ≠ 0), the scales one f32
+    /// each, the bias the vector the epilogue reads or writes (of the key's bias type), the
+    /// auxiliary matrix D's extent at the key's leading dimension, the workspace
     /// `workspace_size` bytes (at least the plan's), all valid until the stream gets there.
     pub unsafe fn run(
         &self,
         plan: &Plan,
         alpha: f32,
         beta: f32,
-        p: &Fp8Ptrs,
+        p: &Ptrs,
         stream: crate::hip::sys::hipStream_t,
     ) -> Result<(), HipError> {
-        self.set_desc(
-            &plan.desc,
-            sys::HIPBLASLT_MATMUL_DESC_A_SCALE_POINTER,
-            (&p.a_scale as *const *const c_void).cast(),
-            size_of::<*const c_void>(),
-        )?;
-        self.set_desc(
-            &plan.desc,
-            sys::HIPBLASLT_MATMUL_DESC_B_SCALE_POINTER,
-            (&p.b_scale as *const *const c_void).cast(),
-            size_of::<*const c_void>(),
-        )?;
+        self.set_ptrs(&plan.desc, &plan.key, p)?;
         // SAFETY: guaranteed by the caller; alpha/beta are host f32 (default pointer mode).
         check("hipblasLtMatmul", unsafe {
             (self.api.lib.hipblasLtMatmul)(
@@ -345,7 +416,7 @@ impl LtHandle {
                 (&beta as *const f32).cast(),
                 p.c,
                 plan.c.raw,
-                p.c,
+                p.d,
                 plan.c.raw,
                 &plan.algo,
                 p.workspace,

@@ -19,6 +19,8 @@ pub type hipDataType = u32;
 pub type hipblasComputeType_t = u32;
 
 pub const HIPBLAS_STATUS_SUCCESS: hipblasStatus_t = 0;
+/// What `hipblasLtMatmul` returns for an algorithm it refuses at launch (nothing enqueued).
+pub const HIPBLAS_STATUS_NOT_SUPPORTED: hipblasStatus_t = 7;
 pub const HIPBLAS_OP_N: i32 = 111;
 pub const HIPBLAS_OP_T: i32 = 112;
 pub const HIPBLAS_COMPUTE_32F: hipblasComputeType_t = 2;
@@ -36,8 +38,28 @@ pub const HIP_R_8F_E5M2_FNUZ: hipDataType = 1001;
 // hipblasLtMatmulDescAttributes_t
 pub const HIPBLASLT_MATMUL_DESC_TRANSA: u32 = 0;
 pub const HIPBLASLT_MATMUL_DESC_TRANSB: u32 = 1;
+/// uint32 `hipblasLtEpilogue_t`.
+pub const HIPBLASLT_MATMUL_DESC_EPILOGUE: u32 = 2;
+/// The bias (or, for the BGRAD epilogues, the bias gradient) as a device address by value.
+pub const HIPBLASLT_MATMUL_DESC_BIAS_POINTER: u32 = 3;
+/// int32 `hipDataType` of the bias: D's type or the scale type (f32).
+pub const HIPBLASLT_MATMUL_DESC_BIAS_DATA_TYPE: u32 = 4;
 pub const HIPBLASLT_MATMUL_DESC_A_SCALE_POINTER: u32 = 5;
 pub const HIPBLASLT_MATMUL_DESC_B_SCALE_POINTER: u32 = 6;
+/// The epilogue's auxiliary matrix (the GELU pre-activation) as a device address by value.
+pub const HIPBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER: u32 = 10;
+/// int64 leading dimension of the auxiliary matrix (its type is D's).
+pub const HIPBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD: u32 = 11;
+// hipblasLtEpilogue_t (the values are cuBLASLt's)
+pub const HIPBLASLT_EPILOGUE_DEFAULT: u32 = 1;
+/// `D = alpha·op(A)op(B) + beta·C + bias` (the bias has one value per row of D).
+pub const HIPBLASLT_EPILOGUE_BIAS: u32 = 4;
+/// As BIAS, the sum written to the auxiliary matrix, and `D = gelu(sum)` (tanh approximation).
+pub const HIPBLASLT_EPILOGUE_GELU_AUX_BIAS: u32 = 164;
+/// `D = (alpha·op(A)op(B) + beta·C) ⊙ gelu'(aux)`, the auxiliary matrix read.
+pub const HIPBLASLT_EPILOGUE_DGELU: u32 = 192;
+/// The product as DEFAULT, and the bias pointer written with op(B)'s column sums (over k).
+pub const HIPBLASLT_EPILOGUE_BGRADB: u32 = 512;
 /// `hipblasLtMatmulMatrixScale_t` (7.x): one f32 scalar per matrix, the only mode 6.x has.
 pub const HIPBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F: u32 = 0;
 // hipblasLtMatrixLayoutAttribute_t

@@ -1,8 +1,15 @@
-//! GEMMs through rocBLAS (and FP8 GEMMs through hipBLASLt, see fp8.rs).
+//! GEMMs through rocBLAS (and FP8 GEMMs through hipBLASLt, see fp8.rs), and GEMMs with fused
+//! epilogues through hipBLASLt (bias, bias + residual, bias + GELU with the pre-activation
+//! kept, GELU backward, the bias gradient): see [`duet_device::Fused::gemm_epilogue`]. As on
+//! CUDA, plain 16-bit GEMMs stay on the vendor BLAS (rocBLAS here, cuBLAS there); CUDA moves
+//! them to cuBLASLt only to autotune them, which HIP does not offer.
 
 use super::prelude::*;
 use crate::blas;
-use duet_device::GemmDesc;
+use crate::blaslt::{self, LtEpilogue, Outcome};
+use duet_device::{Epilogue, GemmDesc, composed};
+
+const OP: &str = "gemm_epilogue";
 
 impl HipDevice {
     pub(crate) fn gemm_impl(
@@ -28,5 +35,160 @@ impl HipDevice {
             .lock()
             .map_err(|_| DeviceError::InvalidArgument("rocBLAS lock poisoned".into()))?;
         blas::gemm(&h, desc, a, b, c)
+    }
+
+    /// The dtypes whose GEMM epilogues run on hipBLASLt: bf16 and f16 when the library was
+    /// found at open and `DUET_HIP_UNFUSED` is not set (the capabilities list them).
+    pub(crate) fn epilogue_dtypes(lt_found: bool, unfused: bool) -> Vec<DType> {
+        if lt_found && !unfused {
+            vec![DType::BF16, DType::F16]
+        } else {
+            Vec::new()
+        }
+    }
+
+    /// [`duet_device::Fused::gemm_epilogue`] on hipBLASLt, with the checks and semantics of
+    /// CUDA's (crates/cuda ops/gemm.rs). Where hipBLASLt cannot run it (its handle could not be
+    /// created, or it has no algorithm for the shape and epilogue, remembered per plan key) the
+    /// composition of the core ops runs instead, which computes the same result.
+    pub(crate) fn gemm_epilogue_impl(
+        &self,
+        desc: &GemmDesc,
+        a: &HipBuffer,
+        b: &HipBuffer,
+        c: &mut HipBuffer,
+        epilogue: Epilogue<'_, HipBuffer>,
+    ) -> Result<()> {
+        // A and B share the 16-bit dtype; C is that dtype, or f32 for the epilogues that
+        // allow it (bias, bias gradient).
+        let dt = a.dtype();
+        if !matches!(dt, DType::BF16 | DType::F16) {
+            return Err(DeviceError::Unsupported {
+                op: format!("{OP} on hipBLASLt"),
+                dtype: dt,
+            });
+        }
+        check_dtype(OP, b, dt)?;
+        let f32_out_ok = matches!(epilogue, Epilogue::Bias(_) | Epilogue::BiasGradA { .. });
+        if c.dtype() != dt && !(f32_out_ok && c.dtype() == DType::F32) {
+            return Err(DeviceError::DTypeMismatch {
+                op: OP,
+                expected: dt,
+                got: c.dtype(),
+            });
+        }
+        desc.validate(a.len(), b.len(), c.len())?;
+        if desc.batch != 1 {
+            return Err(DeviceError::InvalidArgument(format!(
+                "{OP}: batched GEMMs have no epilogue (batch {})",
+                desc.batch
+            )));
+        }
+        let fused_only = |what: &str| -> Result<()> {
+            if desc.alpha != 1.0 || desc.beta != 0.0 {
+                return Err(DeviceError::InvalidArgument(format!(
+                    "{OP}: the {what} epilogue needs alpha 1 and beta 0"
+                )));
+            }
+            Ok(())
+        };
+        // The pre-activation shares C's layout; as on CUDA its leading dimension and offset
+        // must be multiples of 8 (16-byte aligned rows).
+        let aux = |pre: &HipBuffer| -> Result<(*const std::ffi::c_void, i64)> {
+            check_dtype(OP, pre, dt)?;
+            duet_device::check_len(OP, "pre", pre, c.len())?;
+            if !(desc.ldc.is_multiple_of(8) && desc.c_offset.is_multiple_of(8)) {
+                return Err(DeviceError::InvalidArgument(format!(
+                    "{OP}: ldc {} and the C offset {} must be multiples of 8 for a GELU epilogue",
+                    desc.ldc, desc.c_offset
+                )));
+            }
+            Ok((pre.ptr_at(desc.c_offset), desc.ldc as i64))
+        };
+        let check_bias = |bias: &HipBuffer| -> Result<()> {
+            duet_device::check_len(OP, "bias", bias, desc.n)?;
+            if bias.dtype() != DType::F32 && bias.dtype() != dt {
+                return Err(DeviceError::DTypeMismatch {
+                    op: OP,
+                    expected: dt,
+                    got: bias.dtype(),
+                });
+            }
+            Ok(())
+        };
+        let lt_epi = match &epilogue {
+            Epilogue::BiasResidual { bias, residual } => {
+                fused_only("bias + residual")?;
+                check_bias(bias)?;
+                check_dtype(OP, *residual, c.dtype())?;
+                duet_device::check_len(OP, "residual", *residual, c.len())?;
+                LtEpilogue::BiasResidual {
+                    bias: bias.ptr(),
+                    dtype: bias.dtype(),
+                    residual: residual.ptr_at(desc.c_offset),
+                }
+            }
+            Epilogue::Bias(bias) => {
+                check_bias(bias)?;
+                LtEpilogue::Bias {
+                    bias: bias.ptr(),
+                    dtype: bias.dtype(),
+                }
+            }
+            Epilogue::BiasGelu { bias, pre } => {
+                fused_only("bias + GELU")?;
+                check_bias(bias)?;
+                let (aux, ld) = aux(pre)?;
+                LtEpilogue::GeluAuxBias {
+                    bias: bias.ptr(),
+                    dtype: bias.dtype(),
+                    aux,
+                    ld,
+                }
+            }
+            Epilogue::DGelu { pre } => {
+                fused_only("GELU backward")?;
+                let (aux, ld) = aux(pre)?;
+                LtEpilogue::DGelu { aux, ld }
+            }
+            Epilogue::BiasGradA { dbias } => {
+                check_dtype(OP, *dbias, DType::F32)?;
+                duet_device::check_len(OP, "dbias", *dbias, desc.m)?;
+                if !desc.trans_a {
+                    return Err(DeviceError::InvalidArgument(format!(
+                        "{OP}: the bias-gradient epilogue needs trans_a (A stored k × m)"
+                    )));
+                }
+                LtEpilogue::BGradB {
+                    bias: dbias.ptr(),
+                    dtype: DType::F32,
+                }
+            }
+        };
+        match self.lt_matmul(desc, a, b, c, lt_epi)? {
+            Outcome::Ran => Ok(()),
+            Outcome::NoAlgorithm => composed::gemm_epilogue(self, desc, a, b, c, epilogue),
+        }
+    }
+
+    /// One 16-bit hipBLASLt matmul with `epi`; [`Outcome::NoAlgorithm`] also when hipBLASLt is
+    /// unavailable (its handle not created: the cause is in `duet info`).
+    fn lt_matmul(
+        &self,
+        desc: &GemmDesc,
+        a: &HipBuffer,
+        b: &HipBuffer,
+        c: &mut HipBuffer,
+        epi: LtEpilogue,
+    ) -> Result<Outcome> {
+        let mut reached = false;
+        let r = self.with_lt(OP, a.dtype(), |lt| {
+            reached = true;
+            blaslt::matmul(lt, self.stream.raw(), desc, a, b, c, epi)
+        });
+        match r {
+            Err(DeviceError::Unsupported { .. }) if !reached => Ok(Outcome::NoAlgorithm),
+            other => other,
+        }
     }
 }

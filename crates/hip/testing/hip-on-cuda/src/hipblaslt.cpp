@@ -1,17 +1,28 @@
-// hip-on-cuda: libhipblaslt's FP8 matmul, emulated over cuBLAS. A TEST DOUBLE (../README.md).
+// hip-on-cuda: libhipblaslt's matmuls, emulated over cuBLAS. A TEST DOUBLE (../README.md).
 //
-// duet uses hipBLASLt for FP8 GEMMs only: A and B FP8 codes (FNUZ on gfx942, OCP on gfx950), one
-// f32 scale per operand through A/B_SCALE_POINTER, f32 compute, and C = D in f32/f16/bf16.
-// cuBLASLt has no FNUZ formats (and takes FP8 only transposed-normal), so every FP8 matmul is
-// emulated the same way, for both families and every layout:
-//   1. the codes of A and B are decoded exactly to bf16 (every value of the four FP8 formats is
+// duet uses hipBLASLt for two kinds of matmul, both with f32 compute and scale type:
+//  - FP8 GEMMs: A and B FP8 codes (FNUZ on gfx942, OCP on gfx950), one f32 scale per operand
+//    through A/B_SCALE_POINTER, C = D in f32/f16/bf16, no epilogue;
+//  - 16-bit GEMMs with an epilogue: A and B both bf16 or both f16, D of their type or f32, C read
+//    from D or from a separate matrix of D's layout (the residual), batch 1, and one of the
+//    epilogues DEFAULT, BIAS, GELU_AUX_BIAS, DGELU, BGRADB.
+// cuBLASLt has no FNUZ formats (and takes FP8 only transposed-normal), so every matmul is
+// emulated the same way, for every layout:
+//   1. FP8 codes of A and B are decoded exactly to bf16 (every value of the four FP8 formats is
 //      a bf16 value; NaN stays NaN, E5M2's infinities stay infinite), by a kernel of this file
-//      compiled with NVRTC;
-//   2. cuBLAS multiplies the bf16 copies with f32 accumulation into an f32 buffer
+//      compiled with NVRTC; 16-bit operands are used as they are;
+//   2. cuBLAS multiplies them with f32 accumulation into an f32 buffer
 //      (cublasGemmStridedBatchedEx, CUBLAS_COMPUTE_32F);
-//   3. an epilogue kernel writes D = (alpha * scaleA * scaleB) * acc + beta * C, rounded to D's
-//      type (nearest even), C read only when beta != 0.
-// The family must be the one the reported architecture has (FNUZ for gfx942, OCP for gfx950),
+//   3. an epilogue kernel forms v = (alpha * scaleA * scaleB) * acc + beta * C (C read only when
+//      beta != 0) in f32, then as hipBLASLt documents each epilogue:
+//        BIAS           v += bias[row]                       (bias of D's type or f32)
+//        GELU_AUX_BIAS  v += bias[row]; aux = v; v = gelu(v)  (tanh approximation; aux of D's
+//                       type at EPILOGUE_AUX_LD, rounded to it; gelu of the unrounded f32 sum)
+//        DGELU          v *= gelu'(aux)                       (aux read, D's type)
+//      and writes D rounded to its type (nearest even);
+//   4. for BGRADB, a kernel writes bias[j] = sum over k of op(B)[k][j] (f32 accumulation in k
+//      order, unscaled by alpha, rounded to the bias type), B being the layout-B operand.
+// The FP8 family must be the one the reported architecture has (FNUZ for gfx942, OCP for gfx950),
 // as on the hardware; anything else duet's calls do not use is refused with a line naming it.
 #include <hip/hip_runtime_api.h>
 #include <hip/library_types.h>
@@ -88,11 +99,25 @@ __device__ __forceinline__ void store(void* p, long long i, int ty, float v) {
     ((unsigned short*)p)[i] = h;
 }
 
-// ty: 0 f32, 1 f16, 2 bf16. acc is m x n x batch, packed column-major.
+// tanh-approximation GELU as x * sigmoid(2u), u = sqrt(2/pi) * (x + 0.044715 x^3), and its
+// derivative (the CPU backend's formulas).
+__device__ __forceinline__ float sigm(float x) { return 1.0f / (1.0f + expf(-x)); }
+__device__ __forceinline__ float gelu_u(float x) {
+    return 0.7978846f * (x + 0.044715f * x * x * x);
+}
+__device__ __forceinline__ float gelu(float x) { return x * sigm(2.0f * gelu_u(x)); }
+__device__ __forceinline__ float gelu_grad(float x) {
+    float s = sigm(2.0f * gelu_u(x));
+    return s + 2.0f * x * s * (1.0f - s) * 0.7978846f * (1.0f + 3.0f * 0.044715f * x * x);
+}
+
+// ty: 0 f32, 1 f16, 2 bf16. acc is m x n x batch, packed column-major. epi: 0 none, 1 bias,
+// 2 bias + gelu with aux written, 3 dgelu with aux read (epilogues only with batch 1).
 extern "C" __global__ void hoc_epilogue(const float* acc, const void* c, void* d, int ty, int m,
                                         int n, int batch, long long ld, long long stride,
                                         float alpha, float beta, const float* sa,
-                                        const float* sb) {
+                                        const float* sb, int epi, const void* bias, int bias_ty,
+                                        void* aux, long long aux_ld) {
     const float s = __fmul_rn(alpha, __fmul_rn(sa ? *sa : 1.0f, sb ? *sb : 1.0f));
     long long mn = (long long)m * n;
     long long total = mn * batch;
@@ -103,7 +128,27 @@ extern "C" __global__ void hoc_epilogue(const float* acc, const void* c, void* d
         long long at = b * stride + j * ld + i;
         float v = __fmul_rn(s, acc[idx]);
         if (beta != 0.0f) v = __fadd_rn(v, __fmul_rn(beta, load(c, at, ty)));
+        if (epi == 1 || epi == 2) v = __fadd_rn(v, load(bias, i, bias_ty));
+        if (epi == 2) {
+            store(aux, j * aux_ld + i, ty, v);
+            v = gelu(v);
+        } else if (epi == 3) {
+            v = __fmul_rn(v, gelu_grad(load(aux, j * aux_ld + i, ty)));
+        }
         store(d, at, ty, v);
+    }
+}
+
+// BGRADB: out[j] = sum over kk of op(B)[kk][j], op(B) k x n; B stored k x n (trans 0) or
+// n x k (trans 1) with leading dimension ld, of type bty (1 f16, 2 bf16).
+extern "C" __global__ void hoc_bgradb(const void* b, int bty, int k, int n, long long ld,
+                                      int trans, void* out, int out_ty) {
+    for (long long j = (long long)blockIdx.x * blockDim.x + threadIdx.x; j < n;
+         j += (long long)gridDim.x * blockDim.x) {
+        float sum = 0.0f;
+        for (long long kk = 0; kk < k; ++kk)
+            sum = __fadd_rn(sum, load(b, trans ? kk * ld + j : j * ld + kk, bty));
+        store(out, j, out_ty, sum);
     }
 }
 )";
@@ -177,6 +222,7 @@ struct Handle {
     CUmodule module = nullptr;
     CUfunction decode = nullptr;
     CUfunction epilogue = nullptr;
+    CUfunction bgradb = nullptr;
 };
 
 struct Layout {
@@ -193,6 +239,11 @@ struct Desc {
     int32_t trans_a = HIPBLAS_OP_N, trans_b = HIPBLAS_OP_N;
     const void* a_scale = nullptr;
     const void* b_scale = nullptr;
+    uint32_t epilogue = HIPBLASLT_EPILOGUE_DEFAULT;
+    const void* bias = nullptr;
+    int32_t bias_type = -1;  // unset: D's type
+    const void* aux = nullptr;
+    int64_t aux_ld = 0;
 };
 
 struct Pref {
@@ -225,10 +276,34 @@ int out_type(hipDataType t) {
     }
 }
 
+// The 16-bit operand type number of the kernels (1 f16, 2 bf16), or -1.
+int half_type(hipDataType t) {
+    switch (t) {
+        case HIP_R_16F: return 1;
+        case HIP_R_16BF: return 2;
+        default: return -1;
+    }
+}
+
 struct Problem {
     int m, n, k, batch;
-    int fa, fb, ty;
+    // fa/fb: FP8 formats (then ha = hb = -1), or -1 with ha/hb the 16-bit types.
+    int fa, fb, ha, hb, ty;
+    // epi: the kernel's epilogue number (0 none, 1 bias, 2 gelu-aux-bias, 3 dgelu, 4 bgradb).
+    int epi, bias_ty;
 };
+
+// The kernel's number of a hipBLASLt epilogue, or -1.
+int epilogue_number(uint32_t e) {
+    switch (e) {
+        case HIPBLASLT_EPILOGUE_DEFAULT: return 0;
+        case HIPBLASLT_EPILOGUE_BIAS: return 1;
+        case HIPBLASLT_EPILOGUE_GELU_AUX_BIAS: return 2;
+        case HIPBLASLT_EPILOGUE_DGELU: return 3;
+        case HIPBLASLT_EPILOGUE_BGRADB: return 4;
+        default: return -1;
+    }
+}
 
 // Checks a matmul against what the emulation implements; false with `why` otherwise.
 bool check(const Desc* d, const Layout* a, const Layout* b, const Layout* c, const Layout* dd,
@@ -239,29 +314,70 @@ bool check(const Desc* d, const Layout* a, const Layout* b, const Layout* c, con
     }
     p->fa = fp8_format(a->type);
     p->fb = fp8_format(b->type);
-    if (p->fa < 0 || p->fb < 0) {
-        *why = "A/B types " + std::to_string(a->type) + "/" + std::to_string(b->type) +
-               " (the stand-in implements FP8 operands only)";
-        return false;
-    }
-    const bool fnuz = p->fa >= 2;
-    if ((p->fb >= 2) != fnuz) {
-        *why = "A and B of different FP8 families";
-        return false;
-    }
-    const std::string arch = hoc::arch_base();
-    const bool arch_fnuz = arch == "gfx942";
-    const bool arch_ocp = arch == "gfx950" || arch.rfind("gfx12", 0) == 0;
-    if ((fnuz && !arch_fnuz) || (!fnuz && !arch_ocp)) {
-        *why = std::string(fnuz ? "FNUZ" : "OCP") + " FP8 operands on " + arch +
-               " (gfx942 has FNUZ, gfx950 OCP)";
-        return false;
-    }
+    p->ha = half_type(a->type);
+    p->hb = half_type(b->type);
     p->ty = out_type(c->type);
-    if (p->ty < 0 || c->type != dd->type) {
-        *why = "C/D types " + std::to_string(c->type) + "/" + std::to_string(dd->type) +
-               " (C = D in f32, f16 or bf16)";
+    if (p->fa >= 0 && p->fb >= 0) {
+        const bool fnuz = p->fa >= 2;
+        if ((p->fb >= 2) != fnuz) {
+            *why = "A and B of different FP8 families";
+            return false;
+        }
+        const std::string arch = hoc::arch_base();
+        const bool arch_fnuz = arch == "gfx942";
+        const bool arch_ocp = arch == "gfx950" || arch.rfind("gfx12", 0) == 0;
+        if ((fnuz && !arch_fnuz) || (!fnuz && !arch_ocp)) {
+            *why = std::string(fnuz ? "FNUZ" : "OCP") + " FP8 operands on " + arch +
+                   " (gfx942 has FNUZ, gfx950 OCP)";
+            return false;
+        }
+        if (p->ty < 0 || c->type != dd->type) {
+            *why = "C/D types " + std::to_string(c->type) + "/" + std::to_string(dd->type) +
+                   " (C = D in f32, f16 or bf16)";
+            return false;
+        }
+    } else if (p->ha >= 0 && a->type == b->type) {
+        p->fa = p->fb = -1;
+        if (c->type != dd->type || (dd->type != a->type && dd->type != HIP_R_32F)) {
+            *why = "C/D types " + std::to_string(c->type) + "/" + std::to_string(dd->type) +
+                   " with 16-bit A/B (C = D of A's type or f32)";
+            return false;
+        }
+    } else {
+        *why = "A/B types " + std::to_string(a->type) + "/" + std::to_string(b->type) +
+               " (the stand-in implements FP8 operands, or A and B both f16 or both bf16)";
         return false;
+    }
+    p->epi = epilogue_number(d->epilogue);
+    p->bias_ty = -1;
+    if (p->epi < 0) {
+        *why = "epilogue " + std::to_string(d->epilogue) +
+               " (the stand-in implements DEFAULT, BIAS, GELU_AUX_BIAS, DGELU, BGRADB)";
+        return false;
+    }
+    if (p->epi != 0) {
+        if (p->fa >= 0) {
+            *why = "an epilogue with FP8 operands (duet's FP8 GEMMs have none)";
+            return false;
+        }
+        if (dd->batch != 1) {
+            *why = "an epilogue on a batched matmul";
+            return false;
+        }
+        if (p->epi != 3) {
+            // BIAS_DATA_TYPE: D's type (the default) or the scale type, f32.
+            const int32_t bt = d->bias_type < 0 ? static_cast<int32_t>(dd->type) : d->bias_type;
+            if (bt != static_cast<int32_t>(dd->type) && bt != HIP_R_32F) {
+                *why = "bias type " + std::to_string(bt) + " (D's type or f32)";
+                return false;
+            }
+            p->bias_ty = out_type(static_cast<hipDataType>(bt));
+        }
+        if ((p->epi == 2 || p->epi == 3) && d->aux_ld < static_cast<int64_t>(dd->rows)) {
+            *why = "EPILOGUE_AUX_LD " + std::to_string(d->aux_ld) + " below D's rows " +
+                   std::to_string(dd->rows);
+            return false;
+        }
     }
     if (c->rows != dd->rows || c->cols != dd->cols || c->ld != dd->ld || c->batch != dd->batch ||
         c->stride != dd->stride) {
@@ -346,7 +462,8 @@ HOC_API hipblasStatus_t hipblasLtCreate(hipblasLtHandle_t* handle) {
     auto* h = new Handle;
     if (hoc::cu_check(fn, "cuModuleLoadData", d->cuModuleLoadData(&h->module, cubin.data())) ||
         hoc::cu_check(fn, "cuModuleGetFunction", d->cuModuleGetFunction(&h->decode, h->module, "hoc_decode_fp8")) ||
-        hoc::cu_check(fn, "cuModuleGetFunction", d->cuModuleGetFunction(&h->epilogue, h->module, "hoc_epilogue"))) {
+        hoc::cu_check(fn, "cuModuleGetFunction", d->cuModuleGetFunction(&h->epilogue, h->module, "hoc_epilogue")) ||
+        hoc::cu_check(fn, "cuModuleGetFunction", d->cuModuleGetFunction(&h->bgradb, h->module, "hoc_bgradb"))) {
         if (h->module) d->cuModuleUnload(h->module);
         delete h;
         return HIPBLAS_STATUS_NOT_INITIALIZED;
@@ -456,6 +573,37 @@ HOC_API hipblasStatus_t hipblasLtMatmulDescSetAttribute(hipblasLtMatmulDesc_t de
             std::memcpy(attr == HIPBLASLT_MATMUL_DESC_A_SCALE_POINTER ? &d->a_scale : &d->b_scale, buf,
                         size);
             return HIPBLAS_STATUS_SUCCESS;
+        case HIPBLASLT_MATMUL_DESC_EPILOGUE: {
+            uint32_t v = 0;
+            if (size != sizeof v) return HIPBLAS_STATUS_INVALID_VALUE;
+            std::memcpy(&v, buf, size);
+            if (epilogue_number(v) < 0) {
+                fail(fn, "epilogue %u (only DEFAULT, BIAS, GELU_AUX_BIAS, DGELU, BGRADB are implemented)", v);
+                return HIPBLAS_STATUS_NOT_SUPPORTED;
+            }
+            d->epilogue = v;
+            return HIPBLAS_STATUS_SUCCESS;
+        }
+        case HIPBLASLT_MATMUL_DESC_BIAS_POINTER:
+        case HIPBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER:
+            if (size != sizeof(void*)) return HIPBLAS_STATUS_INVALID_VALUE;
+            std::memcpy(attr == HIPBLASLT_MATMUL_DESC_BIAS_POINTER ? &d->bias : &d->aux, buf, size);
+            return HIPBLAS_STATUS_SUCCESS;
+        case HIPBLASLT_MATMUL_DESC_BIAS_DATA_TYPE: {
+            int32_t v = 0;
+            if (size != sizeof v) return HIPBLAS_STATUS_INVALID_VALUE;
+            std::memcpy(&v, buf, size);
+            if (out_type(static_cast<hipDataType>(v)) < 0) {
+                fail(fn, "bias type %d (only f32, f16 and bf16 are implemented)", v);
+                return HIPBLAS_STATUS_NOT_SUPPORTED;
+            }
+            d->bias_type = v;
+            return HIPBLAS_STATUS_SUCCESS;
+        }
+        case HIPBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD:
+            if (size != sizeof(int64_t)) return HIPBLAS_STATUS_INVALID_VALUE;
+            std::memcpy(&d->aux_ld, buf, size);
+            return HIPBLAS_STATUS_SUCCESS;
         case HIPBLASLT_MATMUL_DESC_A_SCALE_MODE:
         case HIPBLASLT_MATMUL_DESC_B_SCALE_MODE: {
             uint32_t v = 0;
@@ -548,11 +696,21 @@ HOC_API hipblasStatus_t hipblasLtMatmul(hipblasLtHandle_t handle, hipblasLtMatmu
     const float beta_v = *static_cast<const float*>(beta);
     if (p.m == 0 || p.n == 0 || p.batch == 0) return HIPBLAS_STATUS_SUCCESS;
     if (!Dp || (p.k > 0 && (!A || !B)) || (beta_v != 0.0f && !C)) return HIPBLAS_STATUS_INVALID_VALUE;
+    Desc* dd = D(desc);
+    if ((p.epi == 1 || p.epi == 2 || p.epi == 4) && !dd->bias) {
+        fail(fn, "epilogue %u without a BIAS_POINTER", dd->epilogue);
+        return HIPBLAS_STATUS_INVALID_VALUE;
+    }
+    if ((p.epi == 2 || p.epi == 3) && !dd->aux) {
+        fail(fn, "epilogue %u without an EPILOGUE_AUX_POINTER", dd->epilogue);
+        return HIPBLAS_STATUS_INVALID_VALUE;
+    }
     const hoc::Driver* drv = hoc::driver();
     if (!drv) return HIPBLAS_STATUS_NOT_INITIALIZED;
     Handle* h = H(handle);
     CUstream s = reinterpret_cast<CUstream>(stream);
-    const uint64_t na = span(L(a)), nb = span(L(b));
+    const bool fp8 = p.fa >= 0;
+    const uint64_t na = fp8 ? span(L(a)) : 0, nb = fp8 ? span(L(b)) : 0;
     const uint64_t nacc = static_cast<uint64_t>(p.m) * p.n * p.batch;
     CUdeviceptr a16 = 0, b16 = 0, acc = 0;
     hipblasStatus_t st = HIPBLAS_STATUS_SUCCESS;
@@ -560,8 +718,10 @@ HOC_API hipblasStatus_t hipblasLtMatmul(hipblasLtHandle_t handle, hipblasLtMatmu
         if (st != HIPBLAS_STATUS_SUCCESS) return;
         st = cu_status(fn, "cuMemAllocAsync", drv->cuMemAllocAsync(ptr, bytes ? bytes : 16, s));
     };
-    alloc(&a16, na * 2);
-    alloc(&b16, nb * 2);
+    if (fp8) {
+        alloc(&a16, na * 2);
+        alloc(&b16, nb * 2);
+    }
     alloc(&acc, nacc * 4);
     auto decode = [&](const void* src, CUdeviceptr dst, uint64_t n, int fmt) {
         if (st != HIPBLAS_STATUS_SUCCESS || n == 0) return;
@@ -570,17 +730,23 @@ HOC_API hipblasStatus_t hipblasLtMatmul(hipblasLtHandle_t handle, hipblasLtMatmu
         st = cu_status(fn, "cuLaunchKernel(decode)",
                        drv->cuLaunchKernel(h->decode, grid_for(n), 1, 1, 256, 1, 1, 0, s, args, nullptr));
     };
-    decode(A, a16, na, p.fa);
-    decode(B, b16, nb, p.fb);
+    if (fp8) {
+        decode(A, a16, na, p.fa);
+        decode(B, b16, nb, p.fb);
+    }
+    // The operands cuBLAS multiplies: the decoded copies, or the 16-bit inputs themselves.
+    const void* ga = fp8 ? reinterpret_cast<const void*>(a16) : A;
+    const void* gb = fp8 ? reinterpret_cast<const void*>(b16) : B;
+    const hoc::blas::Ty ta = !fp8 && p.ha == 1 ? hoc::blas::Ty::F16 : hoc::blas::Ty::BF16;
+    const hoc::blas::Ty tb = !fp8 && p.hb == 1 ? hoc::blas::Ty::F16 : hoc::blas::Ty::BF16;
     if (st == HIPBLAS_STATUS_SUCCESS) {
         const float one = 1.0f, zero = 0.0f;
         if (hoc::blas::set_stream(h->cublas, s) != 0) st = HIPBLAS_STATUS_EXECUTION_FAILED;
-        Desc* dd = D(desc);
         int bs = st == HIPBLAS_STATUS_SUCCESS
                      ? hoc::blas::gemm(h->cublas, dd->trans_a == HIPBLAS_OP_T, dd->trans_b == HIPBLAS_OP_T,
-                                       p.m, p.n, p.k, &one, reinterpret_cast<void*>(a16),
-                                       hoc::blas::Ty::BF16, static_cast<int>(L(a)->ld), L(a)->stride,
-                                       reinterpret_cast<void*>(b16), hoc::blas::Ty::BF16,
+                                       p.m, p.n, p.k, &one, ga,
+                                       ta, static_cast<int>(L(a)->ld), L(a)->stride,
+                                       gb, tb,
                                        static_cast<int>(L(b)->ld), L(b)->stride, &zero,
                                        reinterpret_cast<void*>(acc), hoc::blas::Ty::F32, p.m,
                                        static_cast<long long>(p.m) * p.n, p.batch)
@@ -591,16 +757,32 @@ HOC_API hipblasStatus_t hipblasLtMatmul(hipblasLtHandle_t handle, hipblasLtMatmu
         }
     }
     if (st == HIPBLAS_STATUS_SUCCESS) {
-        Desc* dd = D(desc);
         const void* accp = reinterpret_cast<void*>(acc);
         int ty = p.ty, m = p.m, n = p.n, batch = p.batch;
         long long ld = L(d)->ld, stride = L(d)->stride;
         float al = alpha_v, be = beta_v;
-        const void* sa = dd->a_scale;
-        const void* sb = dd->b_scale;
-        void* args[] = {&accp, &C, &Dp, &ty, &m, &n, &batch, &ld, &stride, &al, &be, &sa, &sb};
+        // FP8 scales only when A and B are FP8 (a 16-bit matmul's are never set).
+        const void* sa = fp8 ? dd->a_scale : nullptr;
+        const void* sb = fp8 ? dd->b_scale : nullptr;
+        int epi = p.epi == 4 ? 0 : p.epi, bias_ty = p.bias_ty;
+        const void* bias = dd->bias;
+        void* aux = const_cast<void*>(dd->aux);
+        long long aux_ld = dd->aux_ld;
+        void* args[] = {&accp, &C,   &Dp,      &ty,  &m,   &n,   &batch, &ld,     &stride,
+                        &al,   &be,  &sa,      &sb,  &epi, &bias, &bias_ty, &aux, &aux_ld};
         st = cu_status(fn, "cuLaunchKernel(epilogue)",
                        drv->cuLaunchKernel(h->epilogue, grid_for(nacc), 1, 1, 256, 1, 1, 0, s, args, nullptr));
+    }
+    if (st == HIPBLAS_STATUS_SUCCESS && p.epi == 4) {
+        // hipBLASLt's B is op(B) k x n: stored k x n (N) or n x k (T).
+        const void* bp = B;
+        int bty = p.hb, k = p.k, n = p.n, trans = dd->trans_b == HIPBLAS_OP_T, out_ty = p.bias_ty;
+        long long ldb = L(b)->ld;
+        void* out = const_cast<void*>(dd->bias);
+        void* args[] = {&bp, &bty, &k, &n, &ldb, &trans, &out, &out_ty};
+        st = cu_status(fn, "cuLaunchKernel(bgradb)",
+                       drv->cuLaunchKernel(h->bgradb, grid_for(static_cast<uint64_t>(n)), 1, 1, 256, 1, 1, 0, s,
+                                           args, nullptr));
     }
     for (CUdeviceptr ptr : {a16, b16, acc})
         if (ptr) drv->cuMemFreeAsync(ptr, s);

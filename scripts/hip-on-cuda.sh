@@ -296,7 +296,11 @@ run)
     # sample the same way; CUDA vs HIP match.
     measure default-bf16-cpu-vs-hip "$PACK/cpu-default-bf16.jsonl" "$T/hip-default-bf16.jsonl"
     measure default-bf16-cpu-vs-cuda "$PACK/cpu-default-bf16.jsonl" "$T/cuda-default-bf16.jsonl"
-    par default-bf16-cuda-vs-hip "$T/cuda-default-bf16.jsonl" "$T/hip-default-bf16.jsonl"
+    # CUDA vs HIP on the default preset in bf16 is measured too, for the same reason: HIP's bias
+    # gradients now come from hipBLASLt's BGRADB epilogue (on this platform the stand-in's own
+    # column sums), CUDA's from cuBLASLt's, so the ~1e-6 c_attn.bias sample may round the other
+    # way (seen 2026-12-03). The 100-step seed bf16 comparison above stays required.
+    measure default-bf16-cuda-vs-hip "$T/cuda-default-bf16.jsonl" "$T/hip-default-bf16.jsonl"
     measure default-fp8-cpu-vs-cuda "$PACK/cpu-default-fp8.jsonl" "$T/cuda-default-fp8.jsonl"
     measure default-fp8-cpu-vs-hip-gfx950 "$PACK/cpu-default-fp8.jsonl" "$T/hip-default-fp8-gfx950.jsonl"
     measure default-fp8-cuda-vs-hip-gfx950 "$T/cuda-default-fp8.jsonl" "$T/hip-default-fp8-gfx950.jsonl"

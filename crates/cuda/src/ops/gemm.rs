@@ -35,83 +35,28 @@ impl CudaDevice {
                 dtype: dt,
             });
         }
-        duet_device::check_dtype(OP, b, dt)?;
-        let f32_out_ok = matches!(epilogue, Epilogue::Bias(_) | Epilogue::BiasGradA { .. });
-        if c.dtype() != dt && !(f32_out_ok && c.dtype() == DType::F32) {
-            return Err(DeviceError::DTypeMismatch {
-                op: OP,
-                expected: dt,
-                got: c.dtype(),
-            });
-        }
-        desc.validate(a.len(), b.len(), c.len())?;
-        if desc.batch != 1 {
-            return Err(DeviceError::InvalidArgument(format!(
-                "{OP}: batched GEMMs have no epilogue (batch {})",
-                desc.batch
-            )));
-        }
-        let fused_only = |what: &str| -> Result<()> {
-            if desc.alpha != 1.0 || desc.beta != 0.0 {
-                return Err(DeviceError::InvalidArgument(format!(
-                    "{OP}: the {what} epilogue needs alpha 1 and beta 0"
-                )));
-            }
-            Ok(())
-        };
-        // The pre-activation shares C's layout; cuBLASLt wants its leading dimension a
-        // multiple of 8 and its address 16-byte aligned.
-        let aux = |pre: &CudaBuffer| -> Result<(u64, i64)> {
-            duet_device::check_dtype(OP, pre, dt)?;
-            duet_device::check_len(OP, "pre", pre, c.len())?;
-            if !(desc.ldc.is_multiple_of(8) && desc.c_offset.is_multiple_of(8)) {
-                return Err(DeviceError::InvalidArgument(format!(
-                    "{OP}: ldc {} and the C offset {} must be multiples of 8 for a GELU epilogue",
-                    desc.ldc, desc.c_offset
-                )));
-            }
-            Ok((pre.ptr_at(desc.c_offset), desc.ldc as i64))
-        };
-        let check_bias = |bias: &CudaBuffer| -> Result<()> {
-            duet_device::check_len(OP, "bias", bias, desc.n)?;
-            if bias.dtype() != DType::F32 && bias.dtype() != dt {
-                return Err(DeviceError::DTypeMismatch {
-                    op: OP,
-                    expected: dt,
-                    got: bias.dtype(),
-                });
-            }
-            Ok(())
-        };
+        duet_device::validate_lt_epilogue(OP, desc, a, b, c, &epilogue)?;
+        // The pre-activation shares C's layout (cuBLASLt wants its leading dimension a
+        // multiple of 8 and its address 16-byte aligned: checked above).
+        let aux = |pre: &CudaBuffer| (pre.ptr_at(desc.c_offset), desc.ldc as i64);
         let (lt_epi, bias) = match epilogue {
-            Epilogue::BiasResidual { bias, residual } => {
-                fused_only("bias + residual")?;
-                check_bias(bias)?;
-                duet_device::check_dtype(OP, residual, c.dtype())?;
-                duet_device::check_len(OP, "residual", residual, c.len())?;
-                (
-                    LtEpilogue::BiasResidual {
-                        bias: bias.ptr(),
-                        dtype: bias.dtype(),
-                        residual: residual.ptr_at(desc.c_offset),
-                    },
-                    Some(bias),
-                )
-            }
-            Epilogue::Bias(bias) => {
-                check_bias(bias)?;
-                (
-                    LtEpilogue::Bias {
-                        bias: bias.ptr(),
-                        dtype: bias.dtype(),
-                    },
-                    Some(bias),
-                )
-            }
+            Epilogue::BiasResidual { bias, residual } => (
+                LtEpilogue::BiasResidual {
+                    bias: bias.ptr(),
+                    dtype: bias.dtype(),
+                    residual: residual.ptr_at(desc.c_offset),
+                },
+                Some(bias),
+            ),
+            Epilogue::Bias(bias) => (
+                LtEpilogue::Bias {
+                    bias: bias.ptr(),
+                    dtype: bias.dtype(),
+                },
+                Some(bias),
+            ),
             Epilogue::BiasGelu { bias, pre } => {
-                fused_only("bias + GELU")?;
-                check_bias(bias)?;
-                let (aux, ld) = aux(&*pre)?;
+                let (aux, ld) = aux(&*pre);
                 (
                     LtEpilogue::GeluAuxBias {
                         bias: bias.ptr(),
@@ -123,20 +68,10 @@ impl CudaDevice {
                 )
             }
             Epilogue::DGelu { pre } => {
-                fused_only("GELU backward")?;
-                let (aux, ld) = aux(pre)?;
+                let (aux, ld) = aux(pre);
                 (LtEpilogue::DGelu { aux, ld }, None)
             }
-            Epilogue::BiasGradA { dbias } => {
-                duet_device::check_dtype(OP, &*dbias, DType::F32)?;
-                duet_device::check_len(OP, "dbias", &*dbias, desc.m)?;
-                if !desc.trans_a {
-                    return Err(DeviceError::InvalidArgument(format!(
-                        "{OP}: the bias-gradient epilogue needs trans_a (A stored k × m)"
-                    )));
-                }
-                return self.gemm_bias_grad(desc, a, b, c, dbias);
-            }
+            Epilogue::BiasGradA { dbias } => return self.gemm_bias_grad(desc, a, b, c, dbias),
         };
         let first = self.lt_matmul(desc, a, b, c, lt_epi);
         match (first, bias) {

@@ -47,8 +47,8 @@ impl HipDevice {
         }
     }
 
-    /// [`duet_device::Fused::gemm_epilogue`] on hipBLASLt, with the checks and semantics of
-    /// CUDA's (crates/cuda ops/gemm.rs). Where hipBLASLt cannot run it (its handle could not be
+    /// [`duet_device::Fused::gemm_epilogue`] on hipBLASLt, with CUDA's semantics and checks
+    /// ([`duet_device::validate_lt_epilogue`], shared with crates/cuda ops/gemm.rs). Where hipBLASLt cannot run it (its handle could not be
     /// created, or it has no algorithm for the shape and epilogue, remembered per plan key) the
     /// composition of the core ops runs instead, which computes the same result.
     pub(crate) fn gemm_epilogue_impl(
@@ -68,77 +68,22 @@ impl HipDevice {
                 dtype: dt,
             });
         }
-        check_dtype(OP, b, dt)?;
-        let f32_out_ok = matches!(epilogue, Epilogue::Bias(_) | Epilogue::BiasGradA { .. });
-        if c.dtype() != dt && !(f32_out_ok && c.dtype() == DType::F32) {
-            return Err(DeviceError::DTypeMismatch {
-                op: OP,
-                expected: dt,
-                got: c.dtype(),
-            });
-        }
-        desc.validate(a.len(), b.len(), c.len())?;
-        if desc.batch != 1 {
-            return Err(DeviceError::InvalidArgument(format!(
-                "{OP}: batched GEMMs have no epilogue (batch {})",
-                desc.batch
-            )));
-        }
-        let fused_only = |what: &str| -> Result<()> {
-            if desc.alpha != 1.0 || desc.beta != 0.0 {
-                return Err(DeviceError::InvalidArgument(format!(
-                    "{OP}: the {what} epilogue needs alpha 1 and beta 0"
-                )));
-            }
-            Ok(())
-        };
-        // The pre-activation shares C's layout; as on CUDA its leading dimension and offset
-        // must be multiples of 8 (16-byte aligned rows).
-        let aux = |pre: &HipBuffer| -> Result<(*const std::ffi::c_void, i64)> {
-            check_dtype(OP, pre, dt)?;
-            duet_device::check_len(OP, "pre", pre, c.len())?;
-            if !(desc.ldc.is_multiple_of(8) && desc.c_offset.is_multiple_of(8)) {
-                return Err(DeviceError::InvalidArgument(format!(
-                    "{OP}: ldc {} and the C offset {} must be multiples of 8 for a GELU epilogue",
-                    desc.ldc, desc.c_offset
-                )));
-            }
-            Ok((pre.ptr_at(desc.c_offset), desc.ldc as i64))
-        };
-        let check_bias = |bias: &HipBuffer| -> Result<()> {
-            duet_device::check_len(OP, "bias", bias, desc.n)?;
-            if bias.dtype() != DType::F32 && bias.dtype() != dt {
-                return Err(DeviceError::DTypeMismatch {
-                    op: OP,
-                    expected: dt,
-                    got: bias.dtype(),
-                });
-            }
-            Ok(())
-        };
+        duet_device::validate_lt_epilogue(OP, desc, a, b, c, &epilogue)?;
+        // The pre-activation shares C's layout (its leading dimension and offset multiples of
+        // 8, as on CUDA: checked above).
+        let aux = |pre: &HipBuffer| (pre.ptr_at(desc.c_offset), desc.ldc as i64);
         let lt_epi = match &epilogue {
-            Epilogue::BiasResidual { bias, residual } => {
-                fused_only("bias + residual")?;
-                check_bias(bias)?;
-                check_dtype(OP, *residual, c.dtype())?;
-                duet_device::check_len(OP, "residual", *residual, c.len())?;
-                LtEpilogue::BiasResidual {
-                    bias: bias.ptr(),
-                    dtype: bias.dtype(),
-                    residual: residual.ptr_at(desc.c_offset),
-                }
-            }
-            Epilogue::Bias(bias) => {
-                check_bias(bias)?;
-                LtEpilogue::Bias {
-                    bias: bias.ptr(),
-                    dtype: bias.dtype(),
-                }
-            }
+            Epilogue::BiasResidual { bias, residual } => LtEpilogue::BiasResidual {
+                bias: bias.ptr(),
+                dtype: bias.dtype(),
+                residual: residual.ptr_at(desc.c_offset),
+            },
+            Epilogue::Bias(bias) => LtEpilogue::Bias {
+                bias: bias.ptr(),
+                dtype: bias.dtype(),
+            },
             Epilogue::BiasGelu { bias, pre } => {
-                fused_only("bias + GELU")?;
-                check_bias(bias)?;
-                let (aux, ld) = aux(pre)?;
+                let (aux, ld) = aux(pre);
                 LtEpilogue::GeluAuxBias {
                     bias: bias.ptr(),
                     dtype: bias.dtype(),
@@ -147,23 +92,13 @@ impl HipDevice {
                 }
             }
             Epilogue::DGelu { pre } => {
-                fused_only("GELU backward")?;
-                let (aux, ld) = aux(pre)?;
+                let (aux, ld) = aux(pre);
                 LtEpilogue::DGelu { aux, ld }
             }
-            Epilogue::BiasGradA { dbias } => {
-                check_dtype(OP, *dbias, DType::F32)?;
-                duet_device::check_len(OP, "dbias", *dbias, desc.m)?;
-                if !desc.trans_a {
-                    return Err(DeviceError::InvalidArgument(format!(
-                        "{OP}: the bias-gradient epilogue needs trans_a (A stored k × m)"
-                    )));
-                }
-                LtEpilogue::BGradB {
-                    bias: dbias.ptr(),
-                    dtype: DType::F32,
-                }
-            }
+            Epilogue::BiasGradA { dbias } => LtEpilogue::BGradB {
+                bias: dbias.ptr(),
+                dtype: DType::F32,
+            },
         };
         match self.lt_matmul(desc, a, b, c, lt_epi)? {
             Outcome::Ran => Ok(()),

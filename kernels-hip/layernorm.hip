@@ -213,20 +213,26 @@ struct alignas((V * sizeof(T)) % 16 == 0 ? 16 : sizeof(T)) DuetLnVec {
     T v[V];
 };
 
-// Sum over the row group of G 32-lane groups (CUDA's group_sum<1>); `sh` holds 8 floats.
+// Sums K values over the row group of G 32-lane groups (CUDA's group_sum<K>): each 32-lane
+// butterfly, then (G > 1) the G group sums in group order from 0. `sh` holds 8·K floats.
 // Reached by every thread of the block when G > 1 (it synchronises the block).
-DUET_DEV float duet_ln_group_sum(float s, float* sh, int G) {
-    s = duet_warp_sum(s);
+template <int K> DUET_DEV void duet_ln_group_sum(float (&s)[K], float* sh, int G) {
+#pragma unroll
+    for (int k = 0; k < K; ++k) s[k] = duet_warp_sum(s[k]);
     if (G > 1) {
         const int w = threadIdx.x >> 5, first = w / G * G;
-        if ((threadIdx.x & 31) == 0) sh[w] = s;
+        if ((threadIdx.x & 31) == 0)
+#pragma unroll
+            for (int k = 0; k < K; ++k) sh[k * 8 + w] = s[k];
         __syncthreads();
-        float t = 0.0f;
-        for (int i = 0; i < G; ++i) t = duet_fadd(t, sh[first + i]);
-        s = t;
+#pragma unroll
+        for (int k = 0; k < K; ++k) {
+            float t = 0.0f;
+            for (int i = 0; i < G; ++i) t = duet_fadd(t, sh[k * 8 + first + i]);
+            s[k] = t;
+        }
         __syncthreads();
     }
-    return s;
 }
 
 template <typename A, typename P, int M, bool OUT>
@@ -248,25 +254,25 @@ DUET_DEV void duet_ln_fwd_vec(const A* __restrict__ x, const P* __restrict__ gam
         const int j = k * gt + t;
         if (live && j < nv) xr[k] = reinterpret_cast<const DuetLnVec<A, V>*>(x + base)[j];
     }
-    float s = 0.0f;
+    float s[1] = {0.0f};
 #pragma unroll
     for (int k = 0; k < M; ++k)
         if (live && k * gt + t < nv)
 #pragma unroll
-            for (int e = 0; e < V; ++e) s = duet_fadd(s, duet_ld(xr[k].v, e));
-    s = duet_ln_group_sum(s, sh, G);
-    const float mu = duet_fdiv(s, (float)c);
-    float q = 0.0f;
+            for (int e = 0; e < V; ++e) s[0] = duet_fadd(s[0], duet_ld(xr[k].v, e));
+    duet_ln_group_sum<1>(s, sh, G);
+    const float mu = duet_fdiv(s[0], (float)c);
+    float q[1] = {0.0f};
 #pragma unroll
     for (int k = 0; k < M; ++k)
         if (live && k * gt + t < nv)
 #pragma unroll
             for (int e = 0; e < V; ++e) {
                 const float d = duet_fsub(duet_ld(xr[k].v, e), mu);
-                q = duet_fma(d, d, q);
+                q[0] = duet_fma(d, d, q[0]);
             }
-    q = duet_ln_group_sum(q, sh, G);
-    const float rs = duet_fdiv(1.0f, duet_fsqrt(duet_fadd(duet_fdiv(q, (float)c), eps)));
+    duet_ln_group_sum<1>(q, sh, G);
+    const float rs = duet_fdiv(1.0f, duet_fsqrt(duet_fadd(duet_fdiv(q[0], (float)c), eps)));
     if (OUT) {
 #pragma unroll
         for (int k = 0; k < M; ++k) {
@@ -362,7 +368,7 @@ DUET_DEV void duet_ln_bwd_vec(const A* __restrict__ dout, const A* __restrict__ 
             }
         }
         const float mu = live ? mean[row] : 0.0f, rs = live ? rstd[row] : 0.0f;
-        float s0 = 0.0f, s1 = 0.0f;
+        float sm[2] = {0.0f, 0.0f};  // Σ dnorm, Σ dnorm · x̂
 #pragma unroll
         for (int k = 0; k < M; ++k) {
             const int j = k * gt + t;
@@ -373,31 +379,13 @@ DUET_DEV void duet_ln_bwd_vec(const A* __restrict__ dout, const A* __restrict__ 
                     const float xh = duet_fmul(duet_fsub(duet_ld(cx[k].v, e), mu), rs);
                     const float d = duet_ld(cd[k].v, e), ge = duet_ld(g.v, e);
                     const float dn = duet_fmul(d, ge);
-                    s0 = duet_fma(d, ge, s0);
-                    s1 = duet_fma(dn, xh, s1);
+                    sm[0] = duet_fma(d, ge, sm[0]);
+                    sm[1] = duet_fma(dn, xh, sm[1]);
                 }
             }
         }
-        // CUDA's group_sum<2>: both butterflies, then (G > 1) the groups' sums in order.
-        s0 = duet_warp_sum(s0);
-        s1 = duet_warp_sum(s1);
-        if (G > 1) {
-            const int w = tid >> 5, first = w / G * G;
-            if ((tid & 31) == 0) {
-                sh[w] = s0;
-                sh[8 + w] = s1;
-            }
-            __syncthreads();
-            float u0 = 0.0f, u1 = 0.0f;
-            for (int i = 0; i < G; ++i) {
-                u0 = duet_fadd(u0, sh[first + i]);
-                u1 = duet_fadd(u1, sh[8 + first + i]);
-            }
-            s0 = u0;
-            s1 = u1;
-            __syncthreads();
-        }
-        const float m1 = duet_fdiv(s0, (float)c), m2 = duet_fdiv(s1, (float)c);
+        duet_ln_group_sum<2>(sm, sh, G);
+        const float m1 = duet_fdiv(sm[0], (float)c), m2 = duet_fdiv(sm[1], (float)c);
 #pragma unroll
         for (int k = 0; k < M; ++k) {
             const int j = k * gt + t;

@@ -84,6 +84,12 @@ pub fn plan(c: usize, act: DType, aligned: bool, backward: bool) -> Option<Plan>
     best.map(|(_, p)| p)
 }
 
+/// Whether every address is 16-byte aligned (always true for whole allocations): the vectorised
+/// plans need it of each buffer they touch.
+pub fn aligned16(addrs: &[u64]) -> bool {
+    addrs.iter().all(|p| p.is_multiple_of(16))
+}
+
 /// Rows per chunk of the fused backward: a multiple of 4 (every row group gets the same number
 /// of rows), at least 4, and at most [`LN_MAX_CHUNKS`] chunks. A function of `n` only.
 pub fn ln_rows_per_chunk(n: usize) -> usize {

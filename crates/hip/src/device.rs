@@ -240,10 +240,7 @@ impl HipDevice {
         let caps = Capabilities {
             graphs: api.graphs_supported(),
             flash_attention: flash.pairs(),
-            gemm_epilogue: Self::epilogue_dtypes(
-                lt.api.is_some(),
-                duet_device::knobs::device_knobs()?.hip_unfused,
-            ),
+            gemm_epilogue: Self::epilogue_dtypes(lt.api.is_some(), knobs.hip_unfused),
             ..Capabilities::composed()
         };
         Ok(Self {

@@ -9,13 +9,10 @@
 
 use super::prelude::*;
 
-use duet_device::layernorm_plan::{LN_BWD_WARPS, LN_FWD_MAX_VECTORS, Plan, ln_rows_per_chunk};
+use duet_device::layernorm_plan::{
+    LN_BWD_WARPS, LN_FWD_MAX_VECTORS, Plan, aligned16, ln_rows_per_chunk,
+};
 pub(crate) use duet_device::layernorm_plan::{LN_WARPS, plan};
-
-/// Whether every address is 16-byte aligned (always true for whole allocations).
-fn aligned16(ptrs: &[u64]) -> bool {
-    ptrs.iter().all(|p| p.is_multiple_of(16))
-}
 
 impl CudaDevice {
     /// The row statistics (mean, rstd) of `layernorm_forward` with the vectorised plan `p`, no

@@ -401,7 +401,7 @@ impl HipDevice {
         let d = kernel_suffix(dst.dtype()).expect("an fp8 dtype");
         // Where layernorm_forward runs its vectorised kernels, their statistics (the same plan,
         // the same bits), then the one-pass kernel reading them.
-        let given = match self.ln_vec_plan(&[x, gamma, beta], x.dtype(), c) {
+        let given = match self.ln_vec_plan(&[x, gamma, beta], x.dtype(), c, false) {
             Some(p) => {
                 self.layernorm_stats(OP, p, x, mean, rstd, n, c, eps)?;
                 1

@@ -6,7 +6,9 @@
 
 use super::prelude::*;
 use crate::device::{group_rows_grid, rows_per_chunk};
-use duet_device::layernorm_plan::{LN_BWD_WARPS, LN_WARPS, Plan, ln_rows_per_chunk, plan};
+use duet_device::layernorm_plan::{
+    LN_BWD_WARPS, LN_WARPS, Plan, aligned16, ln_rows_per_chunk, plan,
+};
 use std::ffi::c_void;
 
 impl HipDevice {
@@ -41,7 +43,7 @@ impl HipDevice {
         if n == 0 {
             return Ok(());
         }
-        if let Some(p) = self.ln_vec_plan(&[x, gamma, beta, &*out], x.dtype(), c) {
+        if let Some(p) = self.ln_vec_plan(&[x, gamma, beta, &*out], x.dtype(), c, false) {
             let (groups, threads) = p.block(LN_WARPS);
             // SAFETY: layernorm_fwd_A_P_vM(const A* x, const P* gamma, const P* beta, A* out,
             // float* mean, float* rstd, int n, int c, float eps, int G): rows < n, `groups` rows
@@ -108,7 +110,7 @@ impl HipDevice {
         if n == 0 {
             return Ok(());
         }
-        if let Some(p) = self.ln_bwd_plan(&[dout, x, gamma, &*dx], x.dtype(), c) {
+        if let Some(p) = self.ln_vec_plan(&[dout, x, gamma, &*dx], x.dtype(), c, true) {
             return self.layernorm_backward_vec(
                 OP,
                 p,
@@ -182,11 +184,17 @@ impl HipDevice {
 }
 
 impl HipDevice {
-    /// The forward plan of rows of `c` elements of `act` when it is vectorised (the kernels
-    /// HIP has of CUDA's fast path) and every buffer is 16-byte aligned.
-    pub(crate) fn ln_vec_plan(&self, bufs: &[&HipBuffer], act: DType, c: usize) -> Option<Plan> {
-        let aligned = bufs.iter().all(|b| (b.ptr() as usize).is_multiple_of(16));
-        plan(c, act, aligned, false).filter(|p| p.vec)
+    /// The plan (forward, or `backward`) of rows of `c` elements of `act` when it is vectorised
+    /// (the kernels HIP has of CUDA's fast path) and every buffer is 16-byte aligned.
+    pub(crate) fn ln_vec_plan(
+        &self,
+        bufs: &[&HipBuffer],
+        act: DType,
+        c: usize,
+        backward: bool,
+    ) -> Option<Plan> {
+        let addrs: Vec<u64> = bufs.iter().map(|b| b.ptr() as u64).collect();
+        plan(c, act, aligned16(&addrs), backward).filter(|p| p.vec)
     }
 
     /// `layernorm_stats_<act>_v`: the vectorised forward's mean and rstd of the n rows of `x`
@@ -221,15 +229,6 @@ impl HipDevice {
                 .arg_i32(p.g as i32)
                 .launch()
         }
-    }
-}
-
-impl HipDevice {
-    /// The backward plan of rows of `c` elements of `act` when it is vectorised and every
-    /// buffer 16-byte aligned (HIP has CUDA's fused backward for those plans only).
-    pub(crate) fn ln_bwd_plan(&self, bufs: &[&HipBuffer], act: DType, c: usize) -> Option<Plan> {
-        let aligned = bufs.iter().all(|b| (b.ptr() as usize).is_multiple_of(16));
-        plan(c, act, aligned, true).filter(|p| p.vec)
     }
 
     /// CUDA's fused LayerNorm backward for a vectorised plan `p`: `layernorm_bwd_*` (dx and one
@@ -293,7 +292,7 @@ impl HipDevice {
         // handles rows [b·rpc, min(n, (b+1)·rpc)) of buffers holding n·c / c / n elements
         // (checked by the caller) and writes row b of the chunks × c partial areas (the scratch
         // just sized); at most 128 threads (LN_BWD_WARPS groups); 16-byte accesses only: the
-        // buffers are 16-byte aligned and c a multiple of the vector width (ln_bwd_plan).
+        // buffers are 16-byte aligned and c a multiple of the vector width (ln_vec_plan).
         unsafe {
             launch
                 .arg_i32(ni)
@@ -370,7 +369,7 @@ impl HipDevice {
         same_dtype(OP, dgamma.dtype(), &[dbeta])?;
         same_dtype(OP, x.dtype(), &[dout, dx])?;
         float_suffix(OP, dsum.dtype())?;
-        match self.ln_bwd_plan(&[dout, x, gamma, &*dx], x.dtype(), c) {
+        match self.ln_vec_plan(&[dout, x, gamma, &*dx], x.dtype(), c, true) {
             Some(p) if n > 0 => self.layernorm_backward_vec(
                 OP,
                 p,

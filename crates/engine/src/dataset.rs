@@ -753,17 +753,20 @@ impl DataSet {
         if files.train.is_empty() {
             return Err(EngineError::Config("no training data files".into()));
         }
-        // Shards open (map, check, scan for the largest token, hash) in parallel.
+        // Shards open (map, check, scan for the largest token, hash) in parallel; the error
+        // reported is the first in file order (collecting straight into a Result would return
+        // whichever failing shard a worker reached first).
         use rayon::prelude::*;
         let paths: Vec<&PathBuf> = files.train.iter().chain(&files.val).collect();
-        let shards = paths
+        let opened: Vec<Result<Shard>> = paths
             .par_iter()
             .map(|p| {
                 let path_s = p.display().to_string();
                 let k = known.and_then(|k| k.iter().find(|f| f.path == path_s));
                 Shard::open(p, files.format, k, hash)
             })
-            .collect::<Result<Vec<Shard>>>()?;
+            .collect();
+        let shards = opened.into_iter().collect::<Result<Vec<Shard>>>()?;
         let mut train = Vec::new();
         let mut val = Vec::new();
         let window = seq + 1;

@@ -8,7 +8,11 @@
 // the block reductions (f32). Groups are read with 128-bit accesses where the row is 16-byte
 // aligned (the same elements in the same order otherwise, so the bits never depend on ld or on
 // the alignment). e^x is duet_exp_fma_f32 and ln x duet_log_f32 (common.cuh's shared math), the
-// probability e^(x − max) · (1 / sum): the kernel is bound by memory, not by its arithmetic.
+// probability e^(x − max) · (1 / sum). With `cached` (the host passes it where the row's groups,
+// 16·sizeof(T) bytes each — 100.6 KB for GPT-2's 50257 bf16 logits — fit in the dynamic shared
+// memory a block may have) the row is read from global memory once, into shared memory, and the
+// max, the sum and the gradient are taken from there: one read and one write of the row instead
+// of three reads and a write. Both paths take the same elements in the same order: the same bits.
 // A negative target is ignored (loss 0, gradient 0). A target ≥ v is invalid: its loss is NaN,
 // its gradient row is 0, and it sets bit 2 of the device's error word, which the host reports at
 // the next synchronize. kernels-hip/cross_entropy.hip computes the same bits (scalar loads).
@@ -29,6 +33,114 @@ __device__ __forceinline__ void ce_load8(const T* __restrict__ x, int g, int lim
     }
 }
 
+// Group g's 8 elements as stored (those at or past `lim` are not read: zero bits, which
+// ce_to_f32 turns into −inf), and their f32 values as ce_load8 gives them.
+template <typename T>
+__device__ __forceinline__ Vec<T, 8> ce_load_raw(const T* __restrict__ x, int g, int lim, bool vec) {
+    const int j0 = 8 * g;
+    Vec<T, 8> r;
+    if (vec && j0 + 8 <= lim) {
+        r = load_vec<T, 8>(x + j0);
+    } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) r.v[e] = j0 + e < lim ? x[j0 + e] : from_f32<T>(0.0f);
+    }
+    return r;
+}
+template <typename T>
+__device__ __forceinline__ void ce_to_f32(const Vec<T, 8>& r, int g, int lim, float (&f)[8]) {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) f[e] = 8 * g + e < lim ? to_f32(r.v[e]) : NEG_INF;
+}
+
+// The gradient of the 8 elements of group g from their f32 values, stored at d + 8g.
+template <typename T>
+__device__ __forceinline__ void ce_store_grad(T* d, int g, int v, int ld, bool dvec, bool valid,
+                                              int tgt, float mx, float rinv, float grad_scale,
+                                              const float (&f)[8]) {
+    Vec<T, 8> o;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+        const int j = 8 * g + e;
+        float gr = 0.0f;
+        if (valid && j < v) {
+            const float p = duet_fmul(duet_exp_fma_f32(duet_fsub(f[e], mx)), rinv);
+            gr = duet_fmul(duet_fsub(p, j == tgt ? 1.0f : 0.0f), grad_scale);
+        }
+        o.v[e] = from_f32<T>(gr);
+    }
+    if (dvec && 8 * g + 8 <= ld) {
+        store_vec<T, 8>(d + 8 * g, o);
+    } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e)
+            if (8 * g + e < ld) d[8 * g + e] = o.v[e];
+    }
+}
+
+// The row's loss (thread 0 writes it) from its max, its sum and the target's logit.
+__device__ __forceinline__ void ce_write_loss(float* __restrict__ losses, u64 row, int tgt, int v,
+                                              bool valid, float mx, float sum, float xt,
+                                              unsigned int* err) {
+    if (threadIdx.x != 0) return;
+    float loss = 0.0f;
+    if (valid) loss = duet_fsub(duet_fadd(duet_log_f32(sum), mx), xt);
+    else if (tgt >= v) {
+        loss = __int_as_float(0x7fc00000);
+        atomicOr(err, 2u);
+    }
+    losses[row] = loss;
+}
+
+// The cached path of cross_entropy_row: each thread copies its groups of the row into
+// dynamic shared memory (`cache`, one Vec<T, 8> per group, at the group's index) with one read of
+// global memory, before the first barrier, and takes the max, the sum and the gradient from
+// there. A thread reads back only what it wrote itself, so no barrier guards the cache; in place
+// the writes of the gradient never meet a read of the logits.
+template <typename T>
+__device__ __forceinline__ void cross_entropy_row_cached(const T* x, T* d, u64 row, int tgt,
+                                                         bool valid, float xt, bool vec, int v,
+                                                         int ld, float grad_scale,
+                                                         float* __restrict__ losses,
+                                                         unsigned int* err, float* sh,
+                                                         Vec<T, 8>* cache) {
+    const int ng = (v + 7) / 8;
+    for (int g = threadIdx.x; g < ng; g += blockDim.x) cache[g] = ce_load_raw(x, g, v, vec);
+    float mx = NEG_INF;
+    for (int g = threadIdx.x; g < ng; g += blockDim.x) {
+        float f[8];
+        ce_to_f32(cache[g], g, v, f);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) mx = fmaxf(mx, f[e]);
+    }
+    mx = block_max(mx, sh);
+    float sum = 0.0f;
+    for (int g = threadIdx.x; g < ng; g += blockDim.x) {
+        float f[8];
+        ce_to_f32(cache[g], g, v, f);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) sum = duet_fadd(sum, duet_exp_fma_f32(duet_fsub(f[e], mx)));
+    }
+    sum = block_sum(sum, sh);
+    ce_write_loss(losses, row, tgt, v, valid, mx, sum, xt, err);
+    if (d == nullptr) return;
+    d += row * ld;
+    const bool dvec = (reinterpret_cast<u64>(d) & 15u) == 0;
+    const float rinv = duet_fdiv(1.0f, sum);
+    const int ngl = (ld + 7) / 8;
+    for (int g = threadIdx.x; g < ngl; g += blockDim.x) {
+        float f[8];
+        if (g < ng) {
+            ce_to_f32(cache[g], g, v, f);
+        } else {
+            // The padding's groups (all past v): their gradient is 0.
+#pragma unroll
+            for (int e = 0; e < 8; ++e) f[e] = NEG_INF;
+        }
+        ce_store_grad(d, g, v, ld, dvec, valid, tgt, mx, rinv, grad_scale, f);
+    }
+}
+
 // One row: the loss, and with `d` (which may be `x` itself: the in-place classifier) the
 // gradient (softmax − onehot) · grad_scale over all ld columns (0 past v). In place, every
 // thread reads its groups for the max and the sum before the block reductions' barriers and
@@ -37,7 +149,8 @@ __device__ __forceinline__ void ce_load8(const T* __restrict__ x, int g, int lim
 template <typename T>
 __device__ __forceinline__ void cross_entropy_row(const T* x, T* d, const int* __restrict__ targets,
                                                   float* __restrict__ losses, int v, int ld,
-                                                  float grad_scale, unsigned int* err) {
+                                                  float grad_scale, unsigned int* err,
+                                                  int cached) {
     __shared__ float sh[32];
     const u64 row = blockIdx.x;
     x += row * ld;
@@ -46,6 +159,12 @@ __device__ __forceinline__ void cross_entropy_row(const T* x, T* d, const int* _
     const float xt = (threadIdx.x == 0 && valid) ? to_f32(x[tgt]) : 0.0f;
     const bool vec = (reinterpret_cast<u64>(x) & 15u) == 0;
     const int ng = (v + 7) / 8;
+    if (cached) {
+        extern __shared__ __align__(16) unsigned char ce_cache[];
+        cross_entropy_row_cached<T>(x, d, row, tgt, valid, xt, vec, v, ld, grad_scale, losses, err,
+                                    sh, reinterpret_cast<Vec<T, 8>*>(ce_cache));
+        return;
+    }
     float mx = NEG_INF;
     for (int g = threadIdx.x; g < ng; g += blockDim.x) {
         float f[8];
@@ -63,15 +182,7 @@ __device__ __forceinline__ void cross_entropy_row(const T* x, T* d, const int* _
         for (int e = 0; e < 8; ++e) sum = duet_fadd(sum, duet_exp_fma_f32(duet_fsub(f[e], mx)));
     }
     sum = block_sum(sum, sh);
-    if (threadIdx.x == 0) {
-        float loss = 0.0f;
-        if (valid) loss = duet_fsub(duet_fadd(duet_log_f32(sum), mx), xt);
-        else if (tgt >= v) {
-            loss = __int_as_float(0x7fc00000);
-            atomicOr(err, 2u);
-        }
-        losses[row] = loss;
-    }
+    ce_write_loss(losses, row, tgt, v, valid, mx, sum, xt, err);
     if (d == nullptr) return;
     d += row * ld;
     const bool dvec = (reinterpret_cast<u64>(d) & 15u) == 0;
@@ -80,43 +191,26 @@ __device__ __forceinline__ void cross_entropy_row(const T* x, T* d, const int* _
     for (int g = threadIdx.x; g < ngl; g += blockDim.x) {
         float f[8];
         ce_load8(x, g, v, vec, f);
-        Vec<T, 8> o;
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-            const int j = 8 * g + e;
-            float gr = 0.0f;
-            if (valid && j < v) {
-                const float p = duet_fmul(duet_exp_fma_f32(duet_fsub(f[e], mx)), rinv);
-                gr = duet_fmul(duet_fsub(p, j == tgt ? 1.0f : 0.0f), grad_scale);
-            }
-            o.v[e] = from_f32<T>(gr);
-        }
-        if (dvec && 8 * g + 8 <= ld) {
-            store_vec<T, 8>(d + 8 * g, o);
-        } else {
-#pragma unroll
-            for (int e = 0; e < 8; ++e)
-                if (8 * g + e < ld) d[8 * g + e] = o.v[e];
-        }
+        ce_store_grad(d, g, v, ld, dvec, valid, tgt, mx, rinv, grad_scale, f);
     }
 }
 
 #define CROSS_ENTROPY(T, S)                                                                   \
-    extern "C" __global__ void __launch_bounds__(1024)                                        \
+    extern "C" __global__ void __launch_bounds__(1024, 2)                                      \
         cross_entropy_##S(const T* __restrict__ logits, const int* __restrict__ targets,      \
                           float* __restrict__ losses, T* __restrict__ dlogits, int v, int ld, \
-                          float grad_scale, unsigned int* err) {                              \
-        cross_entropy_row<T>(logits, dlogits, targets, losses, v, ld, grad_scale, err);       \
+                          float grad_scale, unsigned int* err, int cached) {                  \
+        cross_entropy_row<T>(logits, dlogits, targets, losses, v, ld, grad_scale, err, cached); \
     }
 FOR_FLOAT(CROSS_ENTROPY)
 
 // The same with the gradient written over the logits (llm.c's fused classifier: no second
 // n × ld buffer); the same bits as cross_entropy's dlogits.
 #define CROSS_ENTROPY_IN_PLACE(T, S)                                                          \
-    extern "C" __global__ void __launch_bounds__(1024)                                        \
+    extern "C" __global__ void __launch_bounds__(1024, 2)                                      \
         cross_entropy_in_place_##S(T* logits, const int* __restrict__ targets,                \
                                    float* __restrict__ losses, int v, int ld,                 \
-                                   float grad_scale, unsigned int* err) {                     \
-        cross_entropy_row<T>(logits, logits, targets, losses, v, ld, grad_scale, err);        \
+                                   float grad_scale, unsigned int* err, int cached) {         \
+        cross_entropy_row<T>(logits, logits, targets, losses, v, ld, grad_scale, err, cached); \
     }
 FOR_FLOAT(CROSS_ENTROPY_IN_PLACE)

@@ -3,7 +3,8 @@
 // logits in whole 32-lane groups, 32..1024; see ops/loss.rs), and so do the reductions and
 // roundings: kernels-cuda/cross_entropy.cu's bits.
 // Entry names and arguments match kernels-cuda, less its error word (the HIP backend checks the
-// targets on the host side of the stream, ops/loss.rs).
+// targets on the host side of the stream, ops/loss.rs) and its `cached` flag: HIP reads the row
+// once per pass, where CUDA may keep it in shared memory (the same elements in the same order).
 #include "duet_hip.h"
 
 // Rows of ld >= v logits, of which the first v are the vocabulary's (the rest: padding, not read,

@@ -1,6 +1,8 @@
 //! The loss: fused softmax + cross-entropy (kernels-cuda/cross_entropy.cu).
 
 use super::prelude::*;
+use cudarc::driver::CudaFunction;
+use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
 
 impl CudaDevice {
     #[allow(clippy::too_many_arguments)]
@@ -33,11 +35,13 @@ impl CudaDevice {
         }
         let dptr = dlogits.map(|d| d.ptr()).unwrap_or(0);
         let block = duet_device::cross_entropy_threads(v);
+        let (f, cache) = self.ce_func(&format!("cross_entropy_{s}"), logits.dtype(), v)?;
         // SAFETY: cross_entropy(const T*, const int*, float*, T* (nullable), int v, int ld,
-        // float, unsigned*): one block per row < n over logits/dlogits (n·ld, checked, v ≤ ld),
-        // targets and losses (n).
+        // float, unsigned*, int cached): one block per row < n over logits/dlogits (n·ld,
+        // checked, v ≤ ld), targets and losses (n); with `cached`, `cache` bytes of dynamic
+        // shared memory hold the row's ceil(v / 8) groups of 8 elements (allowed by ce_func).
         unsafe {
-            self.kernel(KernelModule::CrossEntropy, &format!("cross_entropy_{s}"))?
+            self.launcher(&f)
                 .grid((grid_dim(OP, n)?, 1, 1))
                 .block((block, 1, 1))
                 .arg_buf(logits)
@@ -48,6 +52,8 @@ impl CudaDevice {
                 .arg_i32(dim(OP, "ld", ld)?)
                 .arg_f32(grad_scale)
                 .arg_ptr(self.err_word.ptr())
+                .arg_i32((cache > 0) as i32)
+                .shared_mem(cache)
                 .launch()
         }
     }
@@ -72,25 +78,51 @@ impl CudaDevice {
             return Ok(());
         }
         let block = duet_device::cross_entropy_threads(v);
+        let (f, cache) = self.ce_func(&format!("cross_entropy_in_place_{s}"), logits.dtype(), v)?;
         // SAFETY: cross_entropy_in_place(T* logits, const int*, float*, int v, int ld, float,
-        // unsigned*): one block per row < n over logits (n·ld, checked, v ≤ ld; each element
-        // read and then overwritten by the same thread, after the block's reductions), targets
-        // and losses (n).
+        // unsigned*, int cached): one block per row < n over logits (n·ld, checked, v ≤ ld;
+        // each element read and then overwritten by the same thread, after the block's
+        // reductions), targets and losses (n); `cache` bytes of dynamic shared memory as in
+        // cross_entropy_impl.
         unsafe {
-            self.kernel(
-                KernelModule::CrossEntropy,
-                &format!("cross_entropy_in_place_{s}"),
-            )?
-            .grid((grid_dim(OP, n)?, 1, 1))
-            .block((block, 1, 1))
-            .arg_buf(logits)
-            .arg_buf(targets)
-            .arg_buf(losses)
-            .arg_i32(dim(OP, "v", v)?)
-            .arg_i32(dim(OP, "ld", ld)?)
-            .arg_f32(grad_scale)
-            .arg_ptr(self.err_word.ptr())
-            .launch()
+            self.launcher(&f)
+                .grid((grid_dim(OP, n)?, 1, 1))
+                .block((block, 1, 1))
+                .arg_buf(logits)
+                .arg_buf(targets)
+                .arg_buf(losses)
+                .arg_i32(dim(OP, "v", v)?)
+                .arg_i32(dim(OP, "ld", ld)?)
+                .arg_f32(grad_scale)
+                .arg_ptr(self.err_word.ptr())
+                .arg_i32((cache > 0) as i32)
+                .shared_mem(cache)
+                .launch()
         }
+    }
+
+    /// The cross-entropy kernel `name` and the dynamic shared memory its rows of `v` logits of
+    /// `dtype` are cached in: ceil(v / 8) groups of 8 elements, where that fits in what a block
+    /// may have beside the kernel's static reduction array (then the function is allowed that
+    /// much), else 0 (the kernel reads the row from global memory once per pass; the same bits).
+    fn ce_func(&self, name: &str, dtype: DType, v: usize) -> Result<(CudaFunction, u32)> {
+        /// The kernels' static shared memory (block_max/block_sum's 32 floats).
+        const STATIC: usize = 32 * 4;
+        let f = self.func(KernelModule::CrossEntropy, name)?;
+        let bytes = v.div_ceil(8) * 8 * dtype.size_bytes();
+        let have = self
+            .ctx
+            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+            .unwrap_or(0)
+            .max(0) as usize;
+        if bytes == 0 || bytes + STATIC > have {
+            return Ok((f, 0));
+        }
+        f.set_attribute(
+            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            bytes as i32,
+        )
+        .map_err(drv("cuFuncSetAttribute"))?;
+        Ok((f, bytes as u32))
     }
 }

@@ -364,6 +364,7 @@ fn bench_one<D: Fused>(
         "fp8_fast_accum": cfg.train.recipe.fp8_fast_accum,
         "weight_grad_dtype": cfg.train.recipe.weight_grad_dtype,
         "recompute_gelu": cfg.train.execution.recompute_gelu,
+        "logits_chunk_rows": trainer.model().logit_rows(),
         "telemetry": telemetry_summary(&samples),
         "git_rev": env!("DUET_GIT_REV"),
     }))

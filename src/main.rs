@@ -265,6 +265,12 @@ pub struct ExecutionFlags {
     /// seq × ffn activations per block more memory, a little faster; no effect in fp8).
     #[arg(long)]
     pub keep_gelu: bool,
+    /// Rows of logits the LM head and the loss handle at once (a divisor of batch × seq; 0,
+    /// the default: the logits whole up to 1 GiB, else the fewest equal chunks that fit).
+    /// Smaller chunks hold less memory; the tied embedding's gradient then sums the chunks one
+    /// after another (the same values up to the last bits).
+    #[arg(long, value_name = "N")]
+    pub logits_chunk_rows: Option<usize>,
 }
 
 #[derive(Args)]

@@ -231,6 +231,9 @@ pub(crate) fn apply_execution_settings(t: &mut ExecutionConfig, a: &ExecutionFla
     if a.keep_gelu {
         t.recompute_gelu = false;
     }
+    if let Some(n) = a.logits_chunk_rows {
+        t.logits_chunk_rows = n;
+    }
     match (a.checkpoint, a.checkpoint_every) {
         (_, Some(n)) => t.checkpoint_every = n,
         (true, None) => t.checkpoint_every = 4,

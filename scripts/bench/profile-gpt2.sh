@@ -3,7 +3,7 @@
 # kernel time by kernel name for duet bench (bf16 and fp8, B 32, T 1024, vocab 50257) under
 # Nsight Systems (graph nodes traced one by one) or, without nsys, Nsight Compute with graphs
 # off; and torch.profiler's kernel table for PyTorch's torch.compile bf16 run of the same model.
-#   bash scripts/bench/profile-gpt2.sh OUT_DIR DUET_BINARY [TORCH_REF_PY]
+#   [PRECISIONS="bf16 fp8"] bash scripts/bench/profile-gpt2.sh OUT_DIR DUET_BINARY [TORCH_REF_PY]
 # Writes OUT_DIR/duet-<precision>-kernels.txt (per-step microseconds by kernel, largest first,
 # with a category total: GEMM, attention, LayerNorm, classifier, optimizer, other) and
 # OUT_DIR/torch-profile.txt. Under nsys: 2 warm-up + 3 timed steps, per-step figures are totals
@@ -59,7 +59,7 @@ print("# by kernel (us per step, launches per step)")
 for k, v in tot.most_common(40): print(f"{v/steps:10.1f} {cnt[k]/steps:6.1f}  {k}")
 PY
 }
-for prec in bf16 fp8; do
+for prec in ${PRECISIONS:-bf16 fp8}; do
     if command -v nsys >/dev/null; then
         timeout 240 nsys profile --cuda-graph-trace=node --trace=cuda -o "$OUT/duet-$prec" -f true \
             "$DUET" bench --backend cuda "${PRESET[@]}" --precision $prec --warmup-steps 2 --iters 3 \

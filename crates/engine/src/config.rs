@@ -339,6 +339,12 @@ pub struct ExecutionConfig {
     /// × ffn activations per block less memory; false: a little faster). FP8 never stores it.
     #[serde(default = "default_true")]
     pub recompute_gelu: bool,
+    /// Rows of logits the LM head and the loss handle at once (0 = automatic: the logits
+    /// whole up to 1 GiB, else in the fewest equal chunks of rows that fit; a divisor of batch
+    /// × seq). Chunks hold less memory; the tied embedding's gradient then sums the chunks'
+    /// contributions one after another, so it may differ in the last bits.
+    #[serde(default)]
+    pub logits_chunk_rows: usize,
 }
 
 fn default_true() -> bool {
@@ -479,6 +485,7 @@ impl Config {
                 graphs: true,
                 gemm_autotune: false,
                 recompute_gelu: true,
+                logits_chunk_rows: 0,
             },
         };
         match p {

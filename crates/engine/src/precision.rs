@@ -261,6 +261,10 @@ pub struct PrecisionPlan {
     /// Ranks the optimizer state is split over (ZeRO-1); 0 or 1 = not split. Only the memory
     /// estimate uses it: the sharded optimizer lives outside the model.
     pub optimizer_shards: usize,
+    /// Rows of logits the LM head and the loss handle at once (0 = automatic: all `b·t` rows
+    /// where their logits take at most [`crate::model::memory::LOGITS_CHUNK_BYTES`], else the
+    /// fewest equal chunks that do; see [`crate::model::memory::logits_chunk_rows`]).
+    pub logits_chunk_rows: usize,
 }
 
 impl PrecisionPlan {

@@ -138,7 +138,7 @@ fn check_memory_first<D: Fused>(dev: &D, cfg: &Config, world: usize, zero: bool)
         batch,
         cfg.train.data.seq,
         &precision_plan(cfg, world > 1, if zero { world } else { 1 }),
-    );
+    )?;
     let info = dev.info();
     if info.backend == "cpu" {
         crate::check_host_memory(weights.saturating_add(plan.total()), || {
@@ -1205,6 +1205,7 @@ fn precision_plan(cfg: &Config, data_parallel: bool, optimizer_shards: usize) ->
         fp8_family: None,
         checkpoint_every: t.execution.checkpoint_every,
         optimizer_shards,
+        logits_chunk_rows: t.execution.logits_chunk_rows,
     }
 }
 

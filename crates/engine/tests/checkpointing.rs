@@ -189,7 +189,7 @@ fn memory_estimate_is_what_is_allocated() {
                 ..PrecisionPlan::new(precision)
             };
             let (b, t) = (cfg.train.data.batch, cfg.train.data.seq);
-            let est = estimate_memory(&*dev, &cfg.model, b, t, &plan);
+            let est = estimate_memory(&*dev, &cfg.model, b, t, &plan).unwrap();
             let before = dev.memory_stats().current;
             let m = Gpt::with_precision(dev.clone(), &cfg.model, b, t, &weights, plan).unwrap();
             let model = dev.memory_stats().current - before;

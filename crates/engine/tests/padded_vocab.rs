@@ -94,7 +94,8 @@ fn gpt2_presets_have_gpt2s_sizes_and_plan_their_memory() {
             cfg.train.data.batch,
             cfg.train.data.seq,
             &PrecisionPlan::new(Precision::Bf16),
-        );
+        )
+        .unwrap();
         assert!(plan.params >= 2 * params, "{name}: {plan:?}");
     }
     // The CPU trains gpt2 itself at a small batch and sequence (a few layers fewer: the same

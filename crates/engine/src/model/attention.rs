@@ -126,7 +126,9 @@ mod tests {
                 max_seq: t,
                 ..Config::preset(Preset::Tiny).model
             };
-            let mut plan = Buffers::plan(&dev, &cfg, b, t, &PrecisionPlan::default()).scratch;
+            let mut plan = Buffers::plan(&dev, &cfg, b, t, &PrecisionPlan::default())
+                .unwrap()
+                .scratch;
             for x in [&mut plan.scores, &mut plan.probs, &mut plan.dprobs] {
                 x.len = ab * t * t;
             }

@@ -121,6 +121,54 @@ pub(super) fn attention_chunk(bh: usize, t: usize) -> usize {
     (1..=fit).rev().find(|d| bh.is_multiple_of(*d)).unwrap_or(1)
 }
 
+/// The most bytes of logits the LM head writes at once by default (1 GiB): a larger `b·t ×
+/// padded vocab` matrix is handled in chunks of rows, each through the LM head, the loss (its
+/// gradient written over the chunk's logits) and the LM head's two backward GEMMs before the
+/// next, so the logits never exist whole (llm.c keeps them whole: 3.3 GB at GPT-2's B 32,
+/// T 1024 in bf16, 0.8 GB a chunk here).
+pub const LOGITS_CHUNK_BYTES: usize = 1 << 30;
+
+/// Chunks are not made smaller than this many rows (the LM head's GEMMs stay large).
+const LOGITS_CHUNK_MIN_ROWS: usize = 512;
+
+/// The rows of logits handled at once for `n` rows of `vp` (padded) columns of `elem_bytes`
+/// each: `requested` if it is positive (at most `n`, and a divisor of `n`: else an error), or
+/// the automatic choice — `n` where the logits fit in [`LOGITS_CHUNK_BYTES`], else `n / k` for
+/// the smallest divisor `k` of `n` that makes a chunk fit, not going below
+/// [`LOGITS_CHUNK_MIN_ROWS`] rows. Every backend chooses the same, so they compute the same
+/// sums.
+pub fn logits_chunk_rows(
+    n: usize,
+    vp: usize,
+    elem_bytes: usize,
+    requested: usize,
+) -> Result<usize, String> {
+    if requested > 0 {
+        if requested > n || !n.is_multiple_of(requested) {
+            return Err(format!(
+                "logits chunk rows {requested} must divide batch × seq = {n}"
+            ));
+        }
+        return Ok(requested);
+    }
+    let fits = |rows: usize| rows * vp * elem_bytes <= LOGITS_CHUNK_BYTES;
+    let mut best = n;
+    for k in 1..=n {
+        if !n.is_multiple_of(k) {
+            continue;
+        }
+        let rows = n / k;
+        if rows < LOGITS_CHUNK_MIN_ROWS.min(n) {
+            break;
+        }
+        best = rows;
+        if fits(rows) {
+            break;
+        }
+    }
+    Ok(best)
+}
+
 /// Which part of the [`MemoryPlan`] a buffer counts towards.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
@@ -176,6 +224,12 @@ pub(super) struct Buffers<B> {
     /// size exists.
     pub(super) logits: B,
     pub(super) losses: B,
+    /// With the logits in chunks ([`logits_chunk_rows`] below `b·t`): one chunk's targets and
+    /// losses (the loss kernels work on whole buffers); empty otherwise.
+    pub(super) chunk_targets: B,
+    pub(super) chunk_losses: B,
+    /// Rows of logits per chunk (`b·t` when they exist whole).
+    pub(super) logit_rows: usize,
     pub(super) zeros_c: B,
     pub(super) scratch: Scratch<B>,
     pub(super) fp8: Option<Fp8Layout<B>>,
@@ -214,6 +268,9 @@ impl<B> Buffers<B> {
             lnf_rstd: f(self.lnf_rstd)?,
             logits: f(self.logits)?,
             losses: f(self.losses)?,
+            chunk_targets: f(self.chunk_targets)?,
+            chunk_losses: f(self.chunk_losses)?,
+            logit_rows: self.logit_rows,
             zeros_c: f(self.zeros_c)?,
             scratch: self.scratch.try_map(f)?,
             fp8: match self.fp8 {
@@ -244,7 +301,7 @@ impl Buffers<BufSpec> {
         b: usize,
         t: usize,
         plan: &PrecisionPlan,
-    ) -> Self {
+    ) -> Result<Self, EngineError> {
         let f32 = DType::F32;
         let act = plan.precision.activation_dtype();
         let is_fp8 = plan.precision == Precision::Fp8;
@@ -278,6 +335,9 @@ impl Buffers<BufSpec> {
             super::params::padded_vocab(cfg),
         );
         let n = b * t;
+        let logit_rows = logits_chunk_rows(n, v, act.size_bytes(), plan.logits_chunk_rows)
+            .map_err(EngineError::Config)?;
+        let chunk = if logit_rows < n { logit_rows } else { 0 };
         // Fused attention where the backend has it for this dtype and head size: then no score
         // matrix and no split q/k/v exist at all.
         let caps = dev.capabilities();
@@ -387,7 +447,7 @@ impl Buffers<BufSpec> {
                 .collect();
             q
         });
-        Buffers {
+        Ok(Buffers {
             params,
             grads,
             tokens: spec(DType::I32, n, Kind::Activations),
@@ -398,13 +458,16 @@ impl Buffers<BufSpec> {
             lnf: a(n * c),
             lnf_mean: a32(n),
             lnf_rstd: a32(n),
-            logits: a(n * v),
+            logits: a(logit_rows * v),
             losses: a32(n),
+            chunk_targets: spec(DType::I32, chunk, Kind::Activations),
+            chunk_losses: a32(chunk),
+            logit_rows,
             zeros_c: spec(f32, c, Kind::Scratch),
             scratch,
             fp8,
             flash,
-        }
+        })
     }
 
     /// Bytes per kind, and the optimizer state AdamW allocates for these parameters: two f32
@@ -451,6 +514,8 @@ impl Buffers<BufSpec> {
             &self.lnf_rstd,
             &self.logits,
             &self.losses,
+            &self.chunk_targets,
+            &self.chunk_losses,
             &self.zeros_c,
         ]
         .into_iter()
@@ -504,8 +569,8 @@ pub fn estimate_memory<D: Fused>(
     b: usize,
     t: usize,
     plan: &PrecisionPlan,
-) -> MemoryPlan {
-    Buffers::plan(dev, cfg, b, t, plan).memory_plan(plan.optimizer_shards)
+) -> Result<MemoryPlan, EngineError> {
+    Ok(Buffers::plan(dev, cfg, b, t, plan)?.memory_plan(plan.optimizer_shards))
 }
 
 pub(crate) fn out_of_memory(needed: u64, free: u64, checkpoint_every: usize) -> EngineError {

@@ -69,10 +69,16 @@ pub struct Gpt<D: Fused> {
     lnf: D::Buffer,
     lnf_mean: D::Buffer,
     lnf_rstd: D::Buffer,
-    /// The logits (activation dtype, `n × padded vocab`); after a loss with its gradient,
-    /// that gradient (written over them).
+    /// The logits (activation dtype, `logit_rows × padded vocab`); after a loss with its
+    /// gradient, that gradient (written over them).
     logits: D::Buffer,
     losses: D::Buffer,
+    /// Rows of logits handled at once: `b·t` (the logits whole), or a divisor of it (see
+    /// [`memory::logits_chunk_rows`]): then the LM head runs in the loss, chunk by chunk.
+    logit_rows: usize,
+    /// Chunked logits only: the chunk's targets and losses.
+    chunk_targets: D::Buffer,
+    chunk_losses: D::Buffer,
     scratch: Scratch<D::Buffer>,
     plan: MemoryPlan,
     /// `d_model` zeros (clears the key-bias gradient).
@@ -120,7 +126,7 @@ impl<D: Fused> Gpt<D> {
                 cfg.max_seq
             )));
         }
-        let table = Buffers::plan(&*dev, cfg, b, t, &plan);
+        let table = Buffers::plan(&*dev, cfg, b, t, &plan)?;
         let memory = table.memory_plan(plan.optimizer_shards);
         let needed = memory.total();
         if let Some((free, _)) = dev.memory_stats().driver
@@ -197,6 +203,9 @@ impl<D: Fused> Gpt<D> {
             lnf_rstd: bufs.lnf_rstd,
             logits: bufs.logits,
             losses: bufs.losses,
+            logit_rows: bufs.logit_rows,
+            chunk_targets: bufs.chunk_targets,
+            chunk_losses: bufs.chunk_losses,
             blocks: bufs.blocks,
             seg_inputs: bufs.seg_inputs,
             checkpoint_every: plan.checkpoint_every,
@@ -312,14 +321,51 @@ impl<D: Fused> Gpt<D> {
 
     /// Logits of the last forward pass (`b·t × vocab`; the padded vocabulary's columns are
     /// dropped). After [`Gpt::loss`] with the gradient, the buffer holds the logits' gradient
-    /// instead (the loss writes it over them, as llm.c's fused classifier does).
+    /// instead (the loss writes it over them, as llm.c's fused classifier does). With the
+    /// logits in chunks ([`Gpt::logits_chunked`]) they are computed again here from the final
+    /// LayerNorm's output, a chunk at a time, into a buffer of one chunk's size.
     pub fn logits(&self) -> Result<Vec<f32>> {
-        let all = self.dev.download_f32(&self.logits)?;
         let (v, vp) = (self.cfg.vocab, padded_vocab(&self.cfg));
+        let all = if self.logits_chunked() {
+            let (n, rows) = (self.b * self.t, self.logit_rows);
+            let mut chunk = self.dev.alloc(self.act, rows * vp)?;
+            let mut all = Vec::with_capacity(n * vp);
+            for r0 in (0..n).step_by(rows) {
+                self.lm_head_chunk(r0, &mut chunk)?;
+                all.extend(self.dev.download_f32(&chunk)?);
+            }
+            all
+        } else {
+            self.dev.download_f32(&self.logits)?
+        };
         if v == vp {
             return Ok(all);
         }
         Ok(all.chunks(vp).flat_map(|row| &row[..v]).copied().collect())
+    }
+
+    /// Whether the logits are handled in chunks of rows (the LM head then runs in the loss).
+    pub fn logits_chunked(&self) -> bool {
+        self.logit_rows < self.b * self.t
+    }
+
+    /// Rows of logits handled at once (`b·t` when they exist whole).
+    pub fn logit_rows(&self) -> usize {
+        self.logit_rows
+    }
+
+    /// The LM head on rows `r0 .. r0 + logit_rows` of the final LayerNorm's output:
+    /// `out = lnf[rows] · wteᵀ`.
+    fn lm_head_chunk(&self, r0: usize, out: &mut D::Buffer) -> Result<()> {
+        lm_head_rows(
+            &*self.dev,
+            &self.cfg,
+            &self.lnf,
+            &self.params[0],
+            r0,
+            self.logit_rows,
+            out,
+        )
     }
 
     fn check_tokens(&self, what: &str, tokens: &[i32], allow_negative: bool) -> Result<()> {
@@ -473,13 +519,15 @@ impl<D: Fused> Gpt<D> {
             d.c,
             LN_EPS,
         )?;
-        // Tied LM head: logits = lnf · wteᵀ.
-        dev.gemm(
-            &GemmDesc::new(false, true, d.n, v, d.c),
-            &self.lnf,
-            &p[0],
-            &mut self.logits,
-        )?;
+        // Tied LM head: logits = lnf · wteᵀ (in chunks the loss runs it, chunk by chunk).
+        if !self.logits_chunked() {
+            dev.gemm(
+                &GemmDesc::new(false, true, d.n, v, d.c),
+                &self.lnf,
+                &p[0],
+                &mut self.logits,
+            )?;
+        }
         Ok(())
     }
 
@@ -511,7 +559,16 @@ impl<D: Fused> Gpt<D> {
     }
 
     /// [`Gpt::queue_loss`] on the targets already on the device ([`Gpt::load_batch`]).
+    ///
+    /// With the logits in chunks ([`Gpt::logits_chunked`]), each chunk of rows goes through the
+    /// LM head, the loss and, with the gradient, the LM head's backward GEMMs before the next:
+    /// the final LayerNorm's input gradient (`d_c`) and the tied embedding's gradient, which
+    /// the first chunk writes and the others add to ([`Gpt::zero_grads`] then leaves it alone;
+    /// the embedding's own backward adds its part in [`Gpt::backward`]).
     pub fn queue_loss_loaded(&mut self, with_grad: bool) -> Result<()> {
+        if self.logits_chunked() {
+            return self.queue_loss_chunked(with_grad);
+        }
         let count = self.last_count.max(1);
         let dev = &*self.dev;
         let n = self.b * self.t;
@@ -547,6 +604,64 @@ impl<D: Fused> Gpt<D> {
         Ok(())
     }
 
+    fn queue_loss_chunked(&mut self, with_grad: bool) -> Result<()> {
+        let count = self.last_count.max(1);
+        let dev = self.dev.clone();
+        let (n, c, rows) = (self.b * self.t, self.cfg.d_model, self.logit_rows);
+        let (v, vp, scale) = (
+            self.cfg.vocab,
+            padded_vocab(&self.cfg),
+            self.loss_scale / count as f32,
+        );
+        for r0 in (0..n).step_by(rows) {
+            lm_head_rows(
+                &*dev,
+                &self.cfg,
+                &self.lnf,
+                &self.params[0],
+                r0,
+                rows,
+                &mut self.logits,
+            )?;
+            dev.copy(&self.targets, r0, &mut self.chunk_targets, 0, rows)?;
+            if with_grad {
+                dev.cross_entropy_in_place(
+                    &mut self.logits,
+                    &self.chunk_targets,
+                    &mut self.chunk_losses,
+                    rows,
+                    v,
+                    vp,
+                    scale,
+                )?;
+                // The LM head's backward for these rows: d_c[rows] = dlogits · wte, and
+                // dwte (+)= dlogitsᵀ · lnf[rows].
+                let mut dx = GemmDesc::new(false, false, rows, c, vp);
+                dx.c_offset = r0 * c;
+                dev.gemm(&dx, &self.logits, &self.params[0], &mut self.scratch.d_c)?;
+                let mut dw = GemmDesc::new(true, false, vp, c, rows);
+                dw.b_offset = r0 * c;
+                if r0 > 0 {
+                    dw = dw.beta(1.0);
+                }
+                dev.gemm(&dw, &self.logits, &self.lnf, &mut self.grads[0])?;
+            } else {
+                dev.cross_entropy_padded(
+                    &self.logits,
+                    &self.chunk_targets,
+                    &mut self.chunk_losses,
+                    None,
+                    rows,
+                    v,
+                    vp,
+                    scale,
+                )?;
+            }
+            dev.copy(&self.chunk_losses, 0, &mut self.losses, r0, rows)?;
+        }
+        Ok(())
+    }
+
     /// The mean loss of the last [`Gpt::queue_loss`] (waits for the device).
     pub fn read_loss(&self) -> Result<f32> {
         let losses: Vec<f32> = self.dev.download(&self.losses)?;
@@ -559,8 +674,10 @@ impl<D: Fused> Gpt<D> {
     pub fn zero_grads(&mut self) -> Result<()> {
         // The linear layers' weight gradients are written (not added) by their weight-gradient
         // GEMMs (beta 0): only the rest needs clearing.
+        // So is the tied embedding's with the logits in chunks: the loss wrote its LM-head part.
         let cfg = &self.cfg;
-        let written = |i: usize| is_linear_weight(cfg, i);
+        let chunked = self.logits_chunked();
+        let written = |i: usize| is_linear_weight(cfg, i) || (chunked && i == 0);
         let mut rest: Vec<&mut D::Buffer> = self
             .grads
             .iter_mut()
@@ -599,22 +716,25 @@ impl<D: Fused> Gpt<D> {
             let p = &self.params;
             let g = &mut self.grads;
             let s = &mut self.scratch;
-            // The loss wrote the logits' gradient over the logits.
+            // The loss wrote the logits' gradient over the logits (in chunks it also ran the LM
+            // head's backward).
             let dlogits = &self.logits;
             let np = p.len();
             // LM head: logits = lnf · wteᵀ.
-            dev.gemm(
-                &GemmDesc::new(false, false, d.n, d.c, v),
-                dlogits,
-                &p[0],
-                &mut s.d_c,
-            )?;
-            dev.gemm(
-                &GemmDesc::new(true, false, v, d.c, d.n).beta(1.0),
-                dlogits,
-                &self.lnf,
-                &mut g[0],
-            )?;
+            if self.logit_rows == d.n {
+                dev.gemm(
+                    &GemmDesc::new(false, false, d.n, d.c, v),
+                    dlogits,
+                    &p[0],
+                    &mut s.d_c,
+                )?;
+                dev.gemm(
+                    &GemmDesc::new(true, false, v, d.c, d.n).beta(1.0),
+                    dlogits,
+                    &self.lnf,
+                    &mut g[0],
+                )?;
+            }
             // Final LayerNorm: its input gradient starts the residual stream gradient.
             dev.fill(&mut s.dresid, 0.0)?;
             let last = match layers {
@@ -704,4 +824,21 @@ impl<D: Fused> Gpt<D> {
     pub fn row_losses(&self) -> &D::Buffer {
         &self.losses
     }
+}
+
+/// The tied LM head on `rows` rows of the final LayerNorm's output from row `r0`:
+/// `out = lnf[r0 .. r0 + rows] · wteᵀ` (`rows × padded vocab`).
+fn lm_head_rows<D: Fused>(
+    dev: &D,
+    cfg: &ModelConfig,
+    lnf: &D::Buffer,
+    wte: &D::Buffer,
+    r0: usize,
+    rows: usize,
+    out: &mut D::Buffer,
+) -> Result<()> {
+    let (c, vp) = (cfg.d_model, padded_vocab(cfg));
+    let mut desc = GemmDesc::new(false, true, rows, vp, c);
+    desc.a_offset = r0 * c;
+    Ok(dev.gemm(&desc, lnf, wte, out)?)
 }

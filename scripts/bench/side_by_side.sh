@@ -5,6 +5,10 @@
 # .whl/, see scripts/bench/README.md), then with the device tool:
 #   run(command="bash .carry-bench/side_by_side.sh", carry=[".carry-bench", ".whl"])
 # Results: $OUT/duet-<preset>.json, $OUT/torch-<preset>.jsonl, $OUT/table.md (also printed last).
+# PRESETS may name the GPT-2 presets (gpt2, gpt2-medium, ...): there duet runs once per precision
+# (duet-<preset>@<precision>.json), PyTorch once per mode of TORCH_GPT2_MODES (default eager-bf16,
+# compile-bf16, compile-bf16-ro), each in its own process with nvidia-smi's device memory in use
+# sampled ($OUT/device-memory-peak-mib.txt, a column of the table).
 # Environment: PRESETS (default "seed large"), TORCH_SEED_MODES / TORCH_LARGE_MODES (comma
 # lists of torch_ref.py modes), DUET_ITERS (default 20), TORCH_ITERS (default 30),
 # DUET_PRECISIONS (default all; a comma list for duet bench --precision). DUET_VARIANTS adds duet
@@ -73,7 +77,44 @@ ITERS="${DUET_ITERS:-20}"
 SEED_MODES="${TORCH_SEED_MODES:-eager-fp32,eager-bf16,eager-fp16,compile-bf16,compile-bf16-ro,fp8-torchao,fp8-torchao-compile}"
 [ -n "${TORCH_MAX_AUTOTUNE:-}" ] && SEED_MODES="$SEED_MODES,compile-bf16-ma"
 LARGE_MODES="${TORCH_LARGE_MODES:-eager-bf16,compile-bf16-ro,fp8-torchao-compile}"
+# GPT-2 presets (issue 30): PyTorch's eager, compile and compile reduce-overhead bf16 (vocab padded
+# to 50304, loss in the graph, fused AdamW), each mode in its own process, and duet per precision,
+# so that each run's device memory in use (nvidia-smi, sampled every 200 ms) is its own.
+GPT2_MODES="${TORCH_GPT2_MODES:-eager-bf16,compile-bf16,compile-bf16-ro}"
+# sampled LABEL COMMAND...: runs COMMAND with nvidia-smi's memory.used sampled; the peak (MiB)
+# goes to $OUT/device-memory-peak-mib.txt as "LABEL PEAK".
+sampled() {
+    local label=$1; shift
+    nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 >"/tmp/mem-$label.txt" &
+    local smi=$!
+    "$@"
+    local rc=$?
+    kill "$smi" 2>/dev/null; wait "$smi" 2>/dev/null
+    echo "$label $(sort -n "/tmp/mem-$label.txt" | tail -1)" >>"$OUT/device-memory-peak-mib.txt"
+    return $rc
+}
 for p in ${PRESETS:-seed large}; do
+    case "$p" in
+    gpt2*)
+        for prec in $(echo "${DUET_PRECISIONS:-bf16,fp8}" | tr ',' ' '); do
+            echo "== duet bench --preset $p --precision $prec"
+            t0=$(date +%s)
+            sampled "$p duet-$prec" "$HERE/duet" bench --backend cuda --preset "$p" --precision "$prec" \
+                --warmup-steps 5 --iters "$ITERS" --json "$OUT/duet-$p@$prec.json" >/dev/null 2>"/tmp/duet-$p.err"
+            cat "/tmp/duet-$p.err"
+            echo "== duet $p $prec: $(( $(date +%s) - t0 )) s"
+        done
+        for mode in $(echo "$GPT2_MODES" | tr ',' ' '); do
+            echo "== torch_ref.py --preset $p --modes $mode"
+            t0=$(date +%s)
+            sampled "$p torch-$mode" python3 "$HERE/torch_ref.py" --preset "$p" --modes "$mode" --warmup 8 \
+                --iters "${TORCH_ITERS:-30}" --json "$OUT/torch-$p.jsonl" >/dev/null 2>"/tmp/torch-$p.err" || true
+            grep -E "Error|error|Traceback" "/tmp/torch-$p.err" | grep -v "autotun\|select_algorithm\|triton configs" | tail -5
+            echo "== torch $p $mode: $(( $(date +%s) - t0 )) s"
+        done
+        continue
+        ;;
+    esac
     echo "== duet bench --preset $p --precision ${DUET_PRECISIONS:-all}"
     t0=$(date +%s)
     "$HERE/duet" bench --backend cuda --preset "$p" --precision "${DUET_PRECISIONS:-all}" --warmup-steps 5 --iters "$ITERS" \

@@ -6,11 +6,37 @@ import os
 import sys
 
 
+PRESETS = ["default", "tiny", "seed", "large", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"]
+
+
+def split_name(stem):
+    """duet-<preset>.json, duet-<preset>@<precision>.json (one precision per process: the GPT-2
+    presets) or duet-<preset>-<variant>.json (runs with extra flags): the preset (the longest
+    known one the name starts with) and the rest."""
+    stem = stem.split("@")[0]
+    preset = max((p for p in PRESETS if stem == p or stem.startswith(p + "-")), key=len, default=None)
+    if preset is None:
+        preset, _, variant = stem.partition("-")
+        return preset, variant
+    return preset, stem[len(preset) + 1:]
+
+
+def device_memory(folder):
+    """(preset, run) -> peak device memory in use (MiB) from device-memory-peak-mib.txt."""
+    out = {}
+    path = os.path.join(folder, "device-memory-peak-mib.txt")
+    if os.path.exists(path):
+        for line in open(path):
+            parts = line.split()
+            if len(parts) == 3 and parts[2].isdigit():
+                out[(parts[0], parts[1].replace("-", " ", 1))] = int(parts[2])
+    return out
+
+
 def rows(folder):
     out = []
     for f in sorted(glob.glob(os.path.join(folder, "duet-*.json"))):
-        # duet-<preset>.json, or duet-<preset>-<variant>.json for runs with extra flags.
-        preset, _, variant = os.path.basename(f)[5:-5].partition("-")
+        preset, variant = split_name(os.path.basename(f)[5:-5])
         data = json.load(open(f))
         for r in data if isinstance(data, list) else [data]:
             # The variant label is the precision and flags with non-alphanumerics as '_'.
@@ -28,22 +54,23 @@ def main():
     folder = sys.argv[1] if len(sys.argv) > 1 else "."
     print(
         "| preset | run | ms/step median | ms/step min | tokens/s | TFLOP/s | MFU | peak memory GiB "
-        "| SM clock, power (timed steps) |"
+        "| device memory in use, peak MiB | SM clock, power (timed steps) |"
     )
-    print("|---|---|---:|---:|---:|---:|---:|---:|---|")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
     found = rows(folder)
+    mem = device_memory(folder)
     for preset, name, r in found:
         if "error" in r:
-            print(f"| {preset} | {name} | error: {r['error'][:60]} | | | | | | |")
+            print(f"| {preset} | {name} | error: {r['error'][:60]} | | | | | | | |")
             continue
         mfu = r.get("mfu")
         print(
             f"| {preset} | {name} | {r['ms_per_step_median']:.2f} | {r['ms_per_step_min']:.2f} | "
             f"{r['tokens_per_s']:.0f} | {r.get('model_tflops', float('nan')):.1f} | "
             f"{'' if mfu is None else f'{100 * mfu:.1f}%'} | {r['peak_memory_bytes'] / 2**30:.2f} | "
-            f"{telemetry(r.get('telemetry'))} |"
+            f"{mem.get((preset, name), '')} | {telemetry(r.get('telemetry'))} |"
         )
-    targets(found)
+    targets(found, mem)
 
 
 def telemetry(t):
@@ -70,10 +97,18 @@ TARGETS = [
     ("seed", "fp8 vs duet bf16", "duet fp8", ["duet bf16"], 0.85),
     ("large", "bf16 vs best torch.compile", "duet bf16", COMPILE, 0.8),
     ("large", "fp8 vs torchao fp8 + compile", "duet fp8", ["torch fp8-torchao-compile"], 0.7),
+    # Issue #30's (GPT-2 at vocab 50257, B 32 / medium B 16).
+    ("gpt2", "bf16 vs best torch.compile", "duet bf16", COMPILE, 0.8),
+    ("gpt2", "fp8 vs best torch.compile", "duet fp8", COMPILE, 0.65),
+    ("gpt2-medium", "bf16 vs best torch.compile", "duet bf16", COMPILE, 0.8),
+    ("gpt2-medium", "fp8 vs best torch.compile", "duet fp8", COMPILE, 0.65),
 ]
+# Issue #30's memory target: device memory in use at the peak (MiB) against llm.c's own report
+# for gpt2 at B 32 (its cudaMemGetInfo, from the issue's run; medium's figure for reference).
+LLMC_DEVICE_MIB = {"gpt2": 13084, "gpt2-medium": 17160}
 
 
-def targets(all_rows):
+def targets(all_rows, mem=None):
     """Prints the step-time ratios against the targets, and duet bf16's peak memory against
     torch eager bf16's, for the runs the folder holds (a target whose runs are missing is left
     out)."""
@@ -94,6 +129,13 @@ def targets(all_rows):
             met = "yes" if ratio <= 1 else "no"
             what = "peak memory, duet bf16 vs torch eager bf16"
             lines.append(f"| {preset} | {what} | {ratio:.3f} × | ≤ 1 × | {met} |")
+    for preset, limit in LLMC_DEVICE_MIB.items():
+        for prec in ("bf16", "fp8"):
+            got = (mem or {}).get((preset, f"duet {prec}"))
+            if got is not None:
+                met = "yes" if got <= limit else "no"
+                what = f"device memory in use, duet {prec} vs llm.c's {limit} MiB"
+                lines.append(f"| {preset} | {what} | {got / limit:.3f} × ({got} MiB) | ≤ 1 × | {met} |")
     if lines:
         print()
         print("| preset | target (median step times) | ratio | limit | met |")

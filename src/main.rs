@@ -133,6 +133,11 @@ pub struct DataFlags {
     /// Sequences per step.
     #[arg(long)]
     pub batch: Option<usize>,
+    /// Gradient accumulation: run each step's batch as K micro-batches of batch / K sequences
+    /// (per process), their gradients summed in f32 before one optimizer step (the same step
+    /// as the whole batch up to rounding, in less activation memory; one process only).
+    #[arg(long, value_name = "K")]
+    pub grad_accum: Option<usize>,
     /// Tokens per training sequence (at most --max-seq).
     #[arg(long)]
     pub seq: Option<usize>,

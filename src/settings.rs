@@ -46,6 +46,7 @@ pub fn build_config(a: &ModelArgs) -> CliResult<Config> {
     set!(m.max_seq, a.arch.max_seq);
     let t = &mut cfg.train;
     set!(t.data.batch, a.data.batch);
+    set!(t.data.grad_accum, a.data.grad_accum);
     set!(t.data.seq, a.data.seq);
     set!(t.steps, a.steps);
     set!(t.optimizer.lr, a.optimizer.lr);

@@ -81,8 +81,9 @@ LARGE_MODES="${TORCH_LARGE_MODES:-eager-bf16,compile-bf16-ro,fp8-torchao-compile
 # to 50304, loss in the graph, fused AdamW), each mode in its own process, and duet per precision,
 # so that each run's device memory in use (nvidia-smi, sampled every 200 ms) is its own.
 GPT2_MODES="${TORCH_GPT2_MODES:-eager-bf16,compile-bf16,compile-bf16-ro}"
-# sampled LABEL COMMAND...: runs COMMAND with nvidia-smi's memory.used sampled; the peak (MiB)
-# goes to $OUT/device-memory-peak-mib.txt as "LABEL PEAK".
+# sampled KEY COMMAND...: runs COMMAND with nvidia-smi's memory.used sampled; the peak (MiB)
+# goes to $OUT/device-memory-peak-mib.txt as "KEY PEAK" (KEY: a duet run's JSON name without
+# .json, torch-<preset>-<mode> for PyTorch; table.py reads them).
 sampled() {
     local label=$1; shift
     nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 >"/tmp/mem-$label.txt" &
@@ -99,7 +100,7 @@ for p in ${PRESETS:-seed large}; do
         for prec in $(echo "${DUET_PRECISIONS:-bf16,fp8}" | tr ',' ' '); do
             echo "== duet bench --preset $p --precision $prec"
             t0=$(date +%s)
-            sampled "$p duet-$prec" "$HERE/duet" bench --backend cuda --preset "$p" --precision "$prec" \
+            sampled "duet-$p@$prec" "$HERE/duet" bench --backend cuda --preset "$p" --precision "$prec" \
                 --warmup-steps 5 --iters "$ITERS" --json "$OUT/duet-$p@$prec.json" >/dev/null 2>"/tmp/duet-$p.err"
             cat "/tmp/duet-$p.err"
             echo "== duet $p $prec: $(( $(date +%s) - t0 )) s"
@@ -107,7 +108,7 @@ for p in ${PRESETS:-seed large}; do
         for mode in $(echo "$GPT2_MODES" | tr ',' ' '); do
             echo "== torch_ref.py --preset $p --modes $mode"
             t0=$(date +%s)
-            sampled "$p torch-$mode" python3 "$HERE/torch_ref.py" --preset "$p" --modes "$mode" --warmup 8 \
+            sampled "torch-$p-$mode" python3 "$HERE/torch_ref.py" --preset "$p" --modes "$mode" --warmup 8 \
                 --iters "${TORCH_ITERS:-30}" --json "$OUT/torch-$p.jsonl" >/dev/null 2>"/tmp/torch-$p.err" || true
             grep -E "Error|error|Traceback" "/tmp/torch-$p.err" | grep -v "autotun\|select_algorithm\|triton configs" | tail -5
             echo "== torch $p $mode: $(( $(date +%s) - t0 )) s"

@@ -22,31 +22,34 @@ def split_name(stem):
 
 
 def device_memory(folder):
-    """(preset, run) -> peak device memory in use (MiB) from device-memory-peak-mib.txt."""
+    """Run key -> peak device memory in use (MiB), from device-memory-peak-mib.txt's "KEY MIB"
+    lines: a duet run's key is its JSON file's name without .json, a PyTorch mode's
+    torch-<preset>-<mode>."""
     out = {}
     path = os.path.join(folder, "device-memory-peak-mib.txt")
     if os.path.exists(path):
         for line in open(path):
             parts = line.split()
-            if len(parts) == 3 and parts[2].isdigit():
-                out[(parts[0], parts[1].replace("-", " ", 1))] = int(parts[2])
+            if len(parts) == 2 and parts[1].isdigit():
+                out[parts[0]] = int(parts[1])
     return out
 
 
 def rows(folder):
     out = []
     for f in sorted(glob.glob(os.path.join(folder, "duet-*.json"))):
-        preset, variant = split_name(os.path.basename(f)[5:-5])
+        stem = os.path.basename(f)[:-5]
+        preset, variant = split_name(stem[5:])
         data = json.load(open(f))
         for r in data if isinstance(data, list) else [data]:
             # The variant label is the precision and flags with non-alphanumerics as '_'.
             label = f" ({variant.split('_', 1)[1].replace('_', '-')})" if "_" in variant else ""
-            out.append((preset, f"duet {r['precision']}{label}", r))
+            out.append((preset, f"duet {r['precision']}{label}", dict(r, mem_key=stem)))
     for f in sorted(glob.glob(os.path.join(folder, "torch-*.jsonl"))):
         preset = os.path.basename(f)[6:-6]
         for line in open(f):
             r = json.loads(line)
-            out.append((preset, f"torch {r['mode']}", r))
+            out.append((preset, f"torch {r['mode']}", dict(r, mem_key=f"torch-{preset}-{r['mode']}")))
     return out
 
 
@@ -68,7 +71,7 @@ def main():
             f"| {preset} | {name} | {r['ms_per_step_median']:.2f} | {r['ms_per_step_min']:.2f} | "
             f"{r['tokens_per_s']:.0f} | {r.get('model_tflops', float('nan')):.1f} | "
             f"{'' if mfu is None else f'{100 * mfu:.1f}%'} | {r['peak_memory_bytes'] / 2**30:.2f} | "
-            f"{mem.get((preset, name), '')} | {telemetry(r.get('telemetry'))} |"
+            f"{mem.get(r['mem_key'], '')} | {telemetry(r.get('telemetry'))} |"
         )
     targets(found, mem)
 
@@ -131,7 +134,8 @@ def targets(all_rows, mem=None):
             lines.append(f"| {preset} | {what} | {ratio:.3f} × | ≤ 1 × | {met} |")
     for preset, limit in LLMC_DEVICE_MIB.items():
         for prec in ("bf16", "fp8"):
-            got = (mem or {}).get((preset, f"duet {prec}"))
+            r = ok.get((preset, f"duet {prec}"))
+            got = (mem or {}).get(r["mem_key"]) if r else None
             if got is not None:
                 met = "yes" if got <= limit else "no"
                 what = f"device memory in use, duet {prec} vs llm.c's {limit} MiB"

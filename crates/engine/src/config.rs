@@ -166,6 +166,11 @@ pub struct TrainConfig {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct DataConfig {
     pub batch: usize,
+    /// Gradient accumulation: each step's batch runs as this many micro-batches of
+    /// batch / (ranks · grad_accum) rows, their gradients summed (in f32) before one optimizer
+    /// step: the step of the whole batch up to rounding (1 = off).
+    #[serde(default = "default_grad_accum")]
+    pub grad_accum: usize,
     /// Tokens per training sequence (≤ model.max_seq).
     pub seq: usize,
     pub seed: u64,
@@ -351,6 +356,10 @@ fn default_true() -> bool {
     true
 }
 
+fn default_grad_accum() -> usize {
+    1
+}
+
 fn default_amax_history_len() -> usize {
     16
 }
@@ -447,6 +456,7 @@ impl Config {
             steps: 600,
             data: DataConfig {
                 batch: 32,
+                grad_accum: 1,
                 seq: 48,
                 seed: 1337,
                 eval_sequences: 256,
@@ -720,6 +730,12 @@ impl Config {
         let t = &self.train;
         if t.data.batch == 0 {
             return Err(EngineError::Config("batch must be at least 1".into()));
+        }
+        if t.data.grad_accum == 0 || !t.data.batch.is_multiple_of(t.data.grad_accum) {
+            return Err(EngineError::Config(format!(
+                "grad_accum ({}) must be at least 1 and divide the batch ({})",
+                t.data.grad_accum, t.data.batch
+            )));
         }
         if t.data.seq == 0 {
             return Err(EngineError::Config("seq must be at least 1".into()));

@@ -99,6 +99,9 @@ pub struct Trainer<D: Fused> {
     /// `--record-batches`: every batch the run trains on, written as it is taken
     /// ([`Trainer::record_batches`]).
     batch_log: Option<(std::path::PathBuf, std::io::BufWriter<std::fs::File>)>,
+    /// Gradient accumulation (`grad_accum` > 1): the f32 sums of the micro-batches' gradients
+    /// before the last one (one buffer per parameter, as the device holds it); empty otherwise.
+    accum: Vec<D::Buffer>,
 }
 
 /// The magic of a batch record file ([`Trainer::record_batches`]).
@@ -131,14 +134,17 @@ enum StepGraph<D: Fused> {
 /// allocation. ([`Gpt::with_precision`] checks the exact plan again before allocating it.)
 fn check_memory_first<D: Fused>(dev: &D, cfg: &Config, world: usize, zero: bool) -> Result<()> {
     let weights = (cfg.model.num_params() as u64).saturating_mul(4);
-    let batch = local_batch(cfg.train.data.batch, world)?;
-    let plan = crate::model::estimate_memory(
+    let batch = micro_batch(cfg, world)?;
+    let mut plan = crate::model::estimate_memory(
         dev,
         &cfg.model,
         batch,
         cfg.train.data.seq,
         &precision_plan(cfg, world > 1, if zero { world } else { 1 }),
     )?;
+    if cfg.train.data.grad_accum > 1 {
+        plan.grads += accum_bytes(&cfg.model);
+    }
     let info = dev.info();
     if info.backend == "cpu" {
         crate::check_host_memory(weights.saturating_add(plan.total()), || {
@@ -231,10 +237,16 @@ impl<D: Fused> Trainer<D> {
                 dev.info().backend
             );
         }
-        // The model is planned for this rank's slice of the batch.
+        // The model is planned for this rank's slice of the batch, and of that one micro-batch.
         let mut local = cfg.clone();
-        if let Some((comm, _)) = &dp {
-            local.train.data.batch = local_batch(cfg.train.data.batch, comm.world_size())?;
+        let world = dp.as_ref().map_or(1, |(comm, _)| comm.world_size());
+        local.train.data.batch = micro_batch(&cfg, world)?;
+        let accumulating = cfg.train.data.grad_accum > 1;
+        if accumulating && dp.is_some() {
+            return Err(EngineError::Config(
+                "grad_accum > 1 with data parallelism is not supported yet (one process only)"
+                    .into(),
+            ));
         }
         // Under ZeRO-1 the replicated optimizer state is never allocated: each rank holds only
         // its shard, and the model's memory plan counts only that.
@@ -242,7 +254,23 @@ impl<D: Fused> Trainer<D> {
             Some((comm, o)) if o.zero => comm.world_size(),
             _ => 1,
         };
-        let model = build_model(dev.clone(), &local, weights, dp.is_some(), zero_shards)?;
+        // Accumulated gradients are summed in f32 (as data-parallel ones are reduced).
+        let model = build_model(
+            dev.clone(),
+            &local,
+            weights,
+            dp.is_some() || accumulating,
+            zero_shards,
+        )?;
+        let accum = if accumulating {
+            model
+                .grads()
+                .iter()
+                .map(|g| dev.alloc(DType::F32, g.len()))
+                .collect::<std::result::Result<Vec<_>, _>>()?
+        } else {
+            Vec::new()
+        };
         let scaler = build_scaler(&local);
         let opt = if matches!(&dp, Some((_, o)) if o.zero) {
             AdamW::new(&*dev, adamw_config(&local), &[])?
@@ -326,6 +354,7 @@ impl<D: Fused> Trainer<D> {
             batch_log: None,
             diverged: None,
             fp8_codes_from_optimizer: duet_device::knobs::device_knobs()?.fp8_codes_from_optimizer,
+            accum,
         })
     }
 
@@ -551,7 +580,7 @@ impl<D: Fused> Trainer<D> {
     /// Whether a step's loss and gradient norm may stay on the device until later: nothing in
     /// the step needs them on the host (no loss scaler deciding skips, no other ranks).
     fn defers_readback(&self) -> bool {
-        self.scaler.is_none() && self.dist.is_none()
+        self.scaler.is_none() && self.dist.is_none() && self.accum.is_empty()
     }
 
     /// `m` steps (1 ≤ m ≤ [`MAX_QUEUED_STEPS`]) queued back to back, each followed by
@@ -691,9 +720,24 @@ impl<D: Fused> Trainer<D> {
             return Ok(s / c.max(1.0));
         }
         let mut total = 0f64;
+        let n = self.model.batch_size() * t;
         for (x, y) in &batches {
-            self.model.forward(x)?;
-            total += self.model.loss(y, false)? as f64;
+            if n == x.len() {
+                self.model.forward(x)?;
+                total += self.model.loss(y, false)? as f64;
+                continue;
+            }
+            // Accumulating: the batch in micro-batches, its mean from theirs by their counts.
+            let (mut sum, mut count) = (0f64, 0usize);
+            for (xs, ys) in x.chunks(n).zip(y.chunks(n)) {
+                let c = ys.iter().filter(|&&v| v >= 0).count();
+                if c > 0 {
+                    self.model.forward(xs)?;
+                    sum += self.model.loss(ys, false)? as f64 * c as f64;
+                    count += c;
+                }
+            }
+            total += sum / count.max(1) as f64;
         }
         Ok((total / batches.len() as f64) as f32)
     }
@@ -845,6 +889,9 @@ impl<D: Fused> Trainer<D> {
         if self.dist.is_some() {
             return self.train_step_dp(inputs, targets);
         }
+        if !self.accum.is_empty() {
+            return self.train_step_accumulated(inputs, targets);
+        }
         if self.graphable() {
             return self.train_step_graphed(inputs, targets);
         }
@@ -859,6 +906,66 @@ impl<D: Fused> Trainer<D> {
         self.model.queue_loss(targets, true)?;
         self.model.zero_grads()?;
         self.model.backward()?;
+        let stats = self.update(lr)?;
+        let loss = self.model.read_loss()?;
+        // The update already ran on non-finite gradients: the run cannot continue (its last
+        // checkpoint on disk is untouched).
+        check_finite(self.step, loss)?;
+        let seconds = start.elapsed().as_secs_f64();
+        self.finish_step(loss, lr, &stats, inputs.len(), seconds)
+    }
+
+    /// A step of `grad_accum` micro-batches (one device): each micro-batch's forward, loss and
+    /// backward pass, its gradient scaled by its share of the batch's counted targets (so the
+    /// sum is the gradient of the batch's mean loss, as data parallelism scales each rank's),
+    /// the sums kept in f32 in `accum` and added onto the last micro-batch's gradients, then one
+    /// update. The loss is the batch's mean (each micro-batch's mean weighted by its count).
+    fn train_step_accumulated(&mut self, inputs: &[i32], targets: &[i32]) -> Result<StepReport> {
+        let start = Instant::now();
+        let lr = self.cfg.lr_at(self.step);
+        let k = self.cfg.train.data.grad_accum;
+        let n = inputs.len() / k;
+        let counts: Vec<usize> = targets
+            .chunks(n)
+            .map(|c| c.iter().filter(|&&t| t >= 0).count())
+            .collect();
+        if let Some(i) = counts.iter().position(|&c| c == 0) {
+            return Err(EngineError::Config(format!(
+                "every target of micro-batch {i} of the batch is ignored"
+            )));
+        }
+        let total: usize = counts.iter().sum();
+        let scale = self.scaler.as_ref().map_or(1.0, |s| s.scale());
+        let dev = self.model.device().clone();
+        let mut loss_sum = 0f64;
+        for (i, &count) in counts.iter().enumerate() {
+            self.model
+                .set_loss_scale((scale as f64 * count as f64 / total as f64) as f32);
+            self.model.forward(&inputs[i * n..(i + 1) * n])?;
+            let loss = self.model.loss(&targets[i * n..(i + 1) * n], true)?;
+            loss_sum += loss as f64 * count as f64;
+            self.model.zero_grads()?;
+            self.model.backward()?;
+            let grads = self.model.grads_mut();
+            for (acc, g) in self.accum.iter_mut().zip(grads.iter_mut()) {
+                match i {
+                    0 if k > 1 => dev.copy(g, 0, acc, 0, g.len())?,
+                    _ if i + 1 < k => dev.add_assign(acc, g)?,
+                    _ => dev.add_assign(g, acc)?,
+                }
+            }
+        }
+        self.model.set_loss_scale(scale);
+        let stats = self.update(lr)?;
+        let loss = (loss_sum / total as f64) as f32;
+        check_finite(self.step, loss)?;
+        let seconds = start.elapsed().as_secs_f64();
+        self.finish_step(loss, lr, &stats, inputs.len(), seconds)
+    }
+
+    /// The update after a step's backward pass(es) on one device: on the device where no loss
+    /// scaler decides skips, else through the host.
+    fn update(&mut self, lr: f32) -> Result<StepStats> {
         let dev = self.model.device().clone();
         let stats = if self.scaler.is_none() {
             self.opt.prepare_device_step(&*dev, lr)?;
@@ -872,12 +979,7 @@ impl<D: Fused> Trainer<D> {
             self.model.fp8_update()?;
             stats
         };
-        let loss = self.model.read_loss()?;
-        // The update already ran on non-finite gradients: the run cannot continue (its last
-        // checkpoint on disk is untouched).
-        check_finite(self.step, loss)?;
-        let seconds = start.elapsed().as_secs_f64();
-        self.finish_step(loss, lr, &stats, inputs.len(), seconds)
+        Ok(stats)
     }
 
     /// Whether the steps now replay a recorded graph.
@@ -895,6 +997,7 @@ impl<D: Fused> Trainer<D> {
         self.cfg.train.execution.graphs
             && self.scaler.is_none()
             && self.dist.is_none()
+            && self.accum.is_empty()
             && self.model.device().capabilities().graphs
     }
 
@@ -1179,6 +1282,27 @@ pub fn argmax(xs: &[f32]) -> usize {
 }
 /// The model alone, for one rank of a data-parallel run if `data_parallel`, planned with the
 /// optimizer state split over `optimizer_shards` ranks (ZeRO-1; 1 otherwise).
+/// Rows of one micro-batch on one rank: the batch over `world` ranks and `grad_accum`
+/// micro-batches (each must divide evenly).
+fn micro_batch(cfg: &Config, world: usize) -> Result<usize> {
+    let local = local_batch(cfg.train.data.batch, world)?;
+    let k = cfg.train.data.grad_accum.max(1);
+    if !local.is_multiple_of(k) {
+        return Err(EngineError::Config(format!(
+            "each rank's batch ({local}) must split evenly into grad_accum ({k}) micro-batches"
+        )));
+    }
+    Ok(local / k)
+}
+
+/// The f32 gradient sums of gradient accumulation: one per parameter, padded as on the device.
+fn accum_bytes(cfg: &crate::config::ModelConfig) -> u64 {
+    crate::model::param_specs(cfg)
+        .iter()
+        .map(|s| 4 * s.device_numel() as u64)
+        .sum()
+}
+
 fn build_model<D: Fused>(
     dev: Arc<D>,
     cfg: &Config,

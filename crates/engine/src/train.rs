@@ -242,12 +242,6 @@ impl<D: Fused> Trainer<D> {
         let world = dp.as_ref().map_or(1, |(comm, _)| comm.world_size());
         local.train.data.batch = micro_batch(&cfg, world)?;
         let accumulating = cfg.train.data.grad_accum > 1;
-        if accumulating && dp.is_some() {
-            return Err(EngineError::Config(
-                "grad_accum > 1 with data parallelism is not supported yet (one process only)"
-                    .into(),
-            ));
-        }
         // Under ZeRO-1 the replicated optimizer state is never allocated: each rank holds only
         // its shard, and the model's memory plan counts only that.
         let zero_shards = match &dp {
@@ -704,15 +698,19 @@ impl<D: Fused> Trainer<D> {
         if let Some(dist) = self.dist.as_mut() {
             // Each rank evaluates its rows of every batch; the sums of losses and the target
             // counts are added over the ranks.
-            let (rank, n) = (dist.rank(), self.model.batch_size() * t);
+            // (With gradient accumulation, each rank's rows in micro-batches.)
+            let m = self.model.batch_size() * t;
+            let (rank, n) = (dist.rank(), m * self.cfg.train.data.grad_accum);
             let (mut sum, mut count) = (0f64, 0f64);
             for (x, y) in &batches {
-                let (xs, ys) = (&x[rank * n..(rank + 1) * n], &y[rank * n..(rank + 1) * n]);
-                let c = ys.iter().filter(|&&v| v >= 0).count();
-                if c > 0 {
-                    self.model.forward(xs)?;
-                    sum += self.model.loss(ys, false)? as f64 * c as f64;
-                    count += c as f64;
+                let (xr, yr) = (&x[rank * n..(rank + 1) * n], &y[rank * n..(rank + 1) * n]);
+                for (xs, ys) in xr.chunks(m).zip(yr.chunks(m)) {
+                    let c = ys.iter().filter(|&&v| v >= 0).count();
+                    if c > 0 {
+                        self.model.forward(xs)?;
+                        sum += self.model.loss(ys, false)? as f64 * c as f64;
+                        count += c as f64;
+                    }
                 }
             }
             let dev = self.model.device().clone();
@@ -946,14 +944,7 @@ impl<D: Fused> Trainer<D> {
             loss_sum += loss as f64 * count as f64;
             self.model.zero_grads()?;
             self.model.backward()?;
-            let grads = self.model.grads_mut();
-            for (acc, g) in self.accum.iter_mut().zip(grads.iter_mut()) {
-                match i {
-                    0 if k > 1 => dev.copy(g, 0, acc, 0, g.len())?,
-                    _ if i + 1 < k => dev.add_assign(acc, g)?,
-                    _ => dev.add_assign(g, acc)?,
-                }
-            }
+            accumulate(&*dev, &mut self.accum, self.model.grads_mut(), i, k)?;
         }
         self.model.set_loss_scale(scale);
         let stats = self.update(lr)?;
@@ -1121,7 +1112,10 @@ impl<D: Fused> Trainer<D> {
         let dev = self.model.device().clone();
         let dist = self.dist.as_mut().expect("data-parallel trainer");
         let (rank, world) = (dist.rank(), dist.world_size());
-        let n = self.model.batch_size() * self.cfg.train.data.seq;
+        // This rank's rows: `k` micro-batches of `m` (gradient accumulation), n = k·m.
+        let k = self.cfg.train.data.grad_accum;
+        let m = self.model.batch_size() * self.cfg.train.data.seq;
+        let n = m * k;
         if inputs.len() != n * world || targets.len() != n * world {
             return Err(EngineError::Config(format!(
                 "data-parallel step: got {} tokens and {} targets, the global batch is {} × {}",
@@ -1131,39 +1125,58 @@ impl<D: Fused> Trainer<D> {
                 self.cfg.train.data.seq
             )));
         }
-        // Every rank sees the global batch, so all take the same decisions here.
+        // Every rank sees the global batch, so all take the same decisions here: the counted
+        // targets of every rank's every micro-batch (rank r's micro-batch i is chunk r·k + i).
         let counts: Vec<usize> = targets
-            .chunks(n)
+            .chunks(m)
             .map(|c| c.iter().filter(|&&y| y >= 0).count())
             .collect();
-        if let Some(r) = counts.iter().position(|&c| c == 0) {
-            return Err(EngineError::Config(format!(
-                "every target of rank {r}'s slice of the batch is ignored"
-            )));
+        if let Some(j) = counts.iter().position(|&c| c == 0) {
+            return Err(EngineError::Config(if k == 1 {
+                format!("every target of rank {j}'s slice of the batch is ignored")
+            } else {
+                format!(
+                    "every target of rank {}'s micro-batch {} of the batch is ignored",
+                    j / k,
+                    j % k
+                )
+            }));
         }
         let global: usize = counts.iter().sum();
-        // Scaling each rank's loss gradient by its share of the targets makes the sum over
-        // the ranks the gradient of the global mean loss.
+        // Scaling each micro-batch's loss gradient by its share of the targets makes the sum
+        // over the micro-batches and the ranks the gradient of the global mean loss.
         let scale = self.scaler.as_ref().map_or(1.0, |s| s.scale());
-        self.model
-            .set_loss_scale((scale as f64 * counts[rank] as f64 / global as f64) as f32);
-        let (x, y) = (
-            &inputs[rank * n..(rank + 1) * n],
-            &targets[rank * n..(rank + 1) * n],
-        );
-        self.model.forward(x)?;
-        let local = self.model.loss(y, true)?;
-        let (sum, _) = dist.sum2(&*dev, local * counts[rank] as f32, 0.0)?;
-        let loss = sum / global as f32;
-        check_finite(self.step, loss)?;
-        self.model.zero_grads()?;
-        let sync = &mut dist.sync;
-        if dist.overlap {
+        let mut local = 0f64;
+        let mut loss = None;
+        for i in 0..k {
+            let c = counts[rank * k + i];
+            let rows = (rank * k + i) * m..(rank * k + i + 1) * m;
             self.model
-                .backward_hooked(&mut |g, grads| sync.group_ready(&*dev, g, grads))?;
-        } else {
-            self.model.backward()?;
+                .set_loss_scale((scale as f64 * c as f64 / global as f64) as f32);
+            self.model.forward(&inputs[rows.clone()])?;
+            local += self.model.loss(&targets[rows], true)? as f64 * c as f64;
+            if i + 1 == k {
+                // The loss is checked before the last backward pass starts reducing.
+                let (sum, _) = dist.sum2(&*dev, local as f32, 0.0)?;
+                let l = sum / global as f32;
+                check_finite(self.step, l)?;
+                loss = Some(l);
+            }
+            self.model.zero_grads()?;
+            let sync = &mut dist.sync;
+            if dist.overlap && k == 1 {
+                self.model
+                    .backward_hooked(&mut |g, grads| sync.group_ready(&*dev, g, grads))?;
+            } else {
+                self.model.backward()?;
+            }
+            // Accumulating: communication only after the last micro-batch, onto whose
+            // gradients the f32 sums of the others are added.
+            accumulate(&*dev, &mut self.accum, self.model.grads_mut(), i, k)?;
         }
+        self.model.set_loss_scale(scale);
+        let loss = loss.expect("k ≥ 1 micro-batches");
+        let sync = &mut dist.sync;
         sync.finish(&*dev, self.model.grads_mut())?;
         let comm = dist.comm().clone();
         let stats = match dist.zero.as_mut() {
@@ -1282,6 +1295,29 @@ pub fn argmax(xs: &[f32]) -> usize {
 }
 /// The model alone, for one rank of a data-parallel run if `data_parallel`, planned with the
 /// optimizer state split over `optimizer_shards` ranks (ZeRO-1; 1 otherwise).
+/// Gradient accumulation after micro-batch `i` of `k`: the first one's gradients are copied
+/// into the f32 sums `acc`, the next ones' added to them, and the sums added onto the last
+/// one's (which the update then reads). Nothing for `k` = 1.
+fn accumulate<D: Fused>(
+    dev: &D,
+    acc: &mut [D::Buffer],
+    grads: &mut [D::Buffer],
+    i: usize,
+    k: usize,
+) -> Result<()> {
+    if k <= 1 {
+        return Ok(());
+    }
+    for (a, g) in acc.iter_mut().zip(grads.iter_mut()) {
+        match i {
+            0 => dev.copy(g, 0, a, 0, g.len())?,
+            _ if i + 1 < k => dev.add_assign(a, g)?,
+            _ => dev.add_assign(g, a)?,
+        }
+    }
+    Ok(())
+}
+
 /// Rows of one micro-batch on one rank: the batch over `world` ranks and `grad_accum`
 /// micro-batches (each must divide evenly).
 fn micro_batch(cfg: &Config, world: usize) -> Result<usize> {

@@ -3,7 +3,8 @@
 //! accumulation sums in): the losses, gradient norms and weights after several steps agree to
 //! rounding in fp32, bf16 and fp8 with clipping engaged; the model is planned for the
 //! micro-batch; validation gives the batch's loss; a resumed accumulating run continues with
-//! the same bits; bad settings are refused with a message.
+//! the same bits; data-parallel ranks that accumulate (communicating once per step) match too;
+//! bad settings are refused with a message.
 
 use duet_cpu::CpuDevice;
 use duet_engine::precision::WeightGradDtype;
@@ -167,26 +168,59 @@ fn bad_accumulation_settings_are_refused() {
     }
 }
 
+/// Two ranks of an in-process group, each accumulating two micro-batches of 4 (communication
+/// after the last), with and without ZeRO-1 and the overlapped reduction, against one device
+/// with the whole batch of 16.
 #[test]
-fn accumulation_with_data_parallelism_is_refused_for_now() {
+fn data_parallel_ranks_accumulate_like_the_whole_batch() {
     use duet_cpu::CpuGroup;
     use duet_engine::dist::DpOptions;
-    let devs: Vec<_> = (0..2)
-        .map(|_| Arc::new(CpuDevice::new(Some(1)).unwrap()))
-        .collect();
-    let mut comms = CpuGroup::communicators(devs.clone()).unwrap();
-    let comm = comms.remove(0);
-    let e = Trainer::new_data_parallel(
-        devs[0].clone(),
-        cfg(Precision::Fp32, 2),
-        Arc::new(comm),
-        DpOptions::default(),
-    )
-    .err()
-    .expect("grad_accum 2 with 2 ranks accepted")
-    .to_string();
-    assert!(
-        e.contains("grad_accum") && e.contains("data parallelism"),
-        "{e}"
-    );
+    let whole = run(&cfg(Precision::Fp32, 1));
+    for (zero, overlap) in [(false, true), (false, false), (true, true)] {
+        let devs: Vec<_> = (0..2)
+            .map(|_| Arc::new(CpuDevice::new(Some(1)).unwrap()))
+            .collect();
+        let comms = CpuGroup::communicators(devs.clone()).unwrap();
+        let handles: Vec<_> = comms
+            .into_iter()
+            .zip(devs)
+            .map(|(comm, dev)| {
+                std::thread::spawn(move || {
+                    let opts = DpOptions {
+                        zero,
+                        overlap,
+                        ..DpOptions::default()
+                    };
+                    let c = cfg(Precision::Fp32, 2);
+                    let mut tr = Trainer::new_data_parallel(dev, c, Arc::new(comm), opts).unwrap();
+                    assert_eq!(tr.model().batch_size(), 4);
+                    let losses: Vec<f32> =
+                        (0..STEPS).map(|_| tr.train_step().unwrap().loss).collect();
+                    let val = tr.validation_loss().unwrap();
+                    (losses, tr.checkpoint().unwrap().weights, val)
+                })
+            })
+            .collect();
+        for h in handles {
+            let (losses, weights, val) = h.join().unwrap();
+            let name = format!("2 ranks × grad_accum 2, zero {zero}, overlap {overlap}");
+            for s in 0..STEPS {
+                let l = rel(losses[s], whole.losses[s]);
+                assert!(
+                    l <= 2e-5,
+                    "{name} step {}: {} vs {}",
+                    s + 1,
+                    losses[s],
+                    whole.losses[s]
+                );
+            }
+            let w = max_weight_diff(&weights, &whole.weights);
+            assert!(w <= 2e-6, "{name}: weights differ by {w:e}");
+            assert!(
+                rel(val, whole.val) <= 2e-5,
+                "{name}: validation {val} vs {}",
+                whole.val
+            );
+        }
+    }
 }

@@ -204,15 +204,9 @@ fn data_parallel_ranks_accumulate_like_the_whole_batch() {
         for h in handles {
             let (losses, weights, val) = h.join().unwrap();
             let name = format!("2 ranks × grad_accum 2, zero {zero}, overlap {overlap}");
-            for s in 0..STEPS {
-                let l = rel(losses[s], whole.losses[s]);
-                assert!(
-                    l <= 2e-5,
-                    "{name} step {}: {} vs {}",
-                    s + 1,
-                    losses[s],
-                    whole.losses[s]
-                );
+            for (s, (got, want)) in losses.iter().zip(&whole.losses).enumerate() {
+                let l = rel(*got, *want);
+                assert!(l <= 2e-5, "{name} step {}: {got} vs {want}", s + 1);
             }
             let w = max_weight_diff(&weights, &whole.weights);
             assert!(w <= 2e-6, "{name}: weights differ by {w:e}");

@@ -6,9 +6,11 @@
 #   run(command="bash .carry-bench/side_by_side.sh", carry=[".carry-bench", ".whl"])
 # Results: $OUT/duet-<preset>.json, $OUT/torch-<preset>.jsonl, $OUT/table.md (also printed last).
 # PRESETS may name the GPT-2 presets (gpt2, gpt2-medium, ...): there duet runs once per precision
-# (duet-<preset>@<precision>.json), PyTorch once per mode of TORCH_GPT2_MODES (default eager-bf16,
-# compile-bf16, compile-bf16-ro), each in its own process with nvidia-smi's device memory in use
-# sampled ($OUT/device-memory-peak-mib.txt, a column of the table).
+# (duet-<preset>.<precision>.json; the device tool brings back no file name holding an @),
+# PyTorch once per mode of TORCH_GPT2_MODES (default eager-bf16, compile-bf16, compile-bf16-ro),
+# each in its own process with nvidia-smi's device memory in use sampled
+# ($OUT/device-memory-peak-mib.txt, a column of the table). Keep $OUT to a few dozen files: the
+# device tool brings back only so many.
 # Environment: PRESETS (default "seed large"), TORCH_SEED_MODES / TORCH_LARGE_MODES (comma
 # lists of torch_ref.py modes), DUET_ITERS (default 20), TORCH_ITERS (default 30),
 # DUET_PRECISIONS (default all; a comma list for duet bench --precision). DUET_VARIANTS adds duet
@@ -100,8 +102,8 @@ for p in ${PRESETS:-seed large}; do
         for prec in $(echo "${DUET_PRECISIONS:-bf16,fp8}" | tr ',' ' '); do
             echo "== duet bench --preset $p --precision $prec"
             t0=$(date +%s)
-            sampled "duet-$p@$prec" "$HERE/duet" bench --backend cuda --preset "$p" --precision "$prec" \
-                --warmup-steps 5 --iters "$ITERS" --json "$OUT/duet-$p@$prec.json" >/dev/null 2>"/tmp/duet-$p.err"
+            sampled "duet-$p.$prec" "$HERE/duet" bench --backend cuda --preset "$p" --precision "$prec" \
+                --warmup-steps 5 --iters "$ITERS" --json "$OUT/duet-$p.$prec.json" >/dev/null 2>"/tmp/duet-$p.err"
             cat "/tmp/duet-$p.err"
             echo "== duet $p $prec: $(( $(date +%s) - t0 )) s"
         done

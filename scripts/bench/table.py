@@ -10,10 +10,10 @@ PRESETS = ["default", "tiny", "seed", "large", "gpt2", "gpt2-medium", "gpt2-larg
 
 
 def split_name(stem):
-    """duet-<preset>.json, duet-<preset>@<precision>.json (one precision per process: the GPT-2
+    """duet-<preset>.json, duet-<preset>.<precision>.json (one precision per process: the GPT-2
     presets) or duet-<preset>-<variant>.json (runs with extra flags): the preset (the longest
     known one the name starts with) and the rest."""
-    stem = stem.split("@")[0]
+    stem = stem.split(".")[0]
     preset = max((p for p in PRESETS if stem == p or stem.startswith(p + "-")), key=len, default=None)
     if preset is None:
         preset, _, variant = stem.partition("-")

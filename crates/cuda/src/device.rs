@@ -61,6 +61,9 @@ pub struct CudaDevice {
     pub(crate) err_word: DeviceMemory,
     pub(crate) info: DeviceInfo,
     pub(crate) sm_count: u32,
+    /// The most shared memory a block may opt in to (bytes; 0 where the driver does not say),
+    /// read once at open for the kernels that ask for more than the default 48 KiB.
+    pub(crate) smem_optin: usize,
     /// Compute capability as major·10 + minor.
     pub(crate) cc: i32,
     /// cuBLASLt for FP8 GEMMs, created on first use.
@@ -231,6 +234,10 @@ impl CudaDevice {
             .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(drv("cuDeviceGetAttribute"))?
             .max(1) as u32;
+        let smem_optin = ctx
+            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+            .unwrap_or(0)
+            .max(0) as usize;
         let name = ctx.name().map_err(drv("cuDeviceGetName"))?;
         let total = ctx.total_mem().map_err(drv("cuDeviceTotalMem"))? as u64;
         let mut driver_version = 0i32;
@@ -277,6 +284,7 @@ impl CudaDevice {
             err_word,
             info,
             sm_count,
+            smem_optin,
             cc,
             blas_lt: Mutex::new(None),
             tables: Mutex::new(Tables::default()),

@@ -923,22 +923,12 @@ impl<D: Fused> Trainer<D> {
         let lr = self.cfg.lr_at(self.step);
         let k = self.cfg.train.data.grad_accum;
         let n = inputs.len() / k;
-        let counts: Vec<usize> = targets
-            .chunks(n)
-            .map(|c| c.iter().filter(|&&t| t >= 0).count())
-            .collect();
-        if let Some(i) = counts.iter().position(|&c| c == 0) {
-            return Err(EngineError::Config(format!(
-                "every target of micro-batch {i} of the batch is ignored"
-            )));
-        }
-        let total: usize = counts.iter().sum();
+        let (counts, total) = micro_batch_counts(targets, n, |i| format!("micro-batch {i}"))?;
         let scale = self.scaler.as_ref().map_or(1.0, |s| s.scale());
         let dev = self.model.device().clone();
         let mut loss_sum = 0f64;
         for (i, &count) in counts.iter().enumerate() {
-            self.model
-                .set_loss_scale((scale as f64 * count as f64 / total as f64) as f32);
+            self.model.set_loss_scale(share_scale(scale, count, total));
             self.model.forward(&inputs[i * n..(i + 1) * n])?;
             let loss = self.model.loss(&targets[i * n..(i + 1) * n], true)?;
             loss_sum += loss as f64 * count as f64;
@@ -1127,22 +1117,13 @@ impl<D: Fused> Trainer<D> {
         }
         // Every rank sees the global batch, so all take the same decisions here: the counted
         // targets of every rank's every micro-batch (rank r's micro-batch i is chunk r·k + i).
-        let counts: Vec<usize> = targets
-            .chunks(m)
-            .map(|c| c.iter().filter(|&&y| y >= 0).count())
-            .collect();
-        if let Some(j) = counts.iter().position(|&c| c == 0) {
-            return Err(EngineError::Config(if k == 1 {
-                format!("every target of rank {j}'s slice of the batch is ignored")
+        let (counts, global) = micro_batch_counts(targets, m, |j| {
+            if k == 1 {
+                format!("rank {j}'s slice")
             } else {
-                format!(
-                    "every target of rank {}'s micro-batch {} of the batch is ignored",
-                    j / k,
-                    j % k
-                )
-            }));
-        }
-        let global: usize = counts.iter().sum();
+                format!("rank {}'s micro-batch {}", j / k, j % k)
+            }
+        })?;
         // Scaling each micro-batch's loss gradient by its share of the targets makes the sum
         // over the micro-batches and the ranks the gradient of the global mean loss.
         let scale = self.scaler.as_ref().map_or(1.0, |s| s.scale());
@@ -1151,8 +1132,7 @@ impl<D: Fused> Trainer<D> {
         for i in 0..k {
             let c = counts[rank * k + i];
             let rows = (rank * k + i) * m..(rank * k + i + 1) * m;
-            self.model
-                .set_loss_scale((scale as f64 * c as f64 / global as f64) as f32);
+            self.model.set_loss_scale(share_scale(scale, c, global));
             self.model.forward(&inputs[rows.clone()])?;
             local += self.model.loss(&targets[rows], true)? as f64 * c as f64;
             if i + 1 == k {
@@ -1293,8 +1273,34 @@ pub fn argmax(xs: &[f32]) -> usize {
     }
     best
 }
-/// The model alone, for one rank of a data-parallel run if `data_parallel`, planned with the
-/// optimizer state split over `optimizer_shards` ranks (ZeRO-1; 1 otherwise).
+/// The counted targets (those ≥ 0) of each `m`-token micro-batch of `targets`, and their sum;
+/// an error naming the micro-batch (`name(j)`) when every target of one is ignored.
+fn micro_batch_counts(
+    targets: &[i32],
+    m: usize,
+    name: impl Fn(usize) -> String,
+) -> Result<(Vec<usize>, usize)> {
+    let counts: Vec<usize> = targets
+        .chunks(m)
+        .map(|c| c.iter().filter(|&&y| y >= 0).count())
+        .collect();
+    if let Some(j) = counts.iter().position(|&c| c == 0) {
+        return Err(EngineError::Config(format!(
+            "every target of {} of the batch is ignored",
+            name(j)
+        )));
+    }
+    let total = counts.iter().sum();
+    Ok((counts, total))
+}
+
+/// The loss-gradient scale of a micro-batch holding `count` of the step's `total` counted
+/// targets: its share of `scale`, so the micro-batches' gradients sum to the gradient of the
+/// step's mean loss.
+fn share_scale(scale: f32, count: usize, total: usize) -> f32 {
+    (scale as f64 * count as f64 / total as f64) as f32
+}
+
 /// Gradient accumulation after micro-batch `i` of `k`: the first one's gradients are copied
 /// into the f32 sums `acc`, the next ones' added to them, and the sums added onto the last
 /// one's (which the update then reads). Nothing for `k` = 1.
@@ -1339,6 +1345,8 @@ fn accum_bytes(cfg: &crate::config::ModelConfig) -> u64 {
         .sum()
 }
 
+/// The model alone, for one rank of a data-parallel run if `data_parallel`, planned with the
+/// optimizer state split over `optimizer_shards` ranks (ZeRO-1; 1 otherwise).
 fn build_model<D: Fused>(
     dev: Arc<D>,
     cfg: &Config,

@@ -35,7 +35,7 @@
 
 use super::prelude::*;
 use cudarc::driver::CudaFunction;
-use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
+use cudarc::driver::sys::CUfunction_attribute;
 use std::cell::Cell;
 
 /// Threads per block of the attention kernels (4 warps of 16 rows each).
@@ -170,11 +170,7 @@ impl CudaDevice {
             .max(v.smem_dkv)
             .max(v.smem_dq)
             .max(v.smem_dq3);
-        let have = self
-            .ctx
-            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
-            .unwrap_or(0)
-            .max(0) as u32;
+        let have = self.smem_optin as u32;
         if have < need {
             return Err(format!(
                 "{have} bytes of shared memory per block (needs {need})"

@@ -46,7 +46,7 @@ use super::gemm::{REFUSED_FP8_BIAS, REFUSED_FP8_GELU};
 use super::layernorm;
 use super::prelude::*;
 use crate::blaslt::{self, LtEpilogue};
-use cudarc::driver::sys::{self as cu, CUdevice_attribute};
+use cudarc::driver::sys::{self as cu};
 use duet_device::{
     AdamWClipStep, AdamWFp8Out, AdamWTensor, Fp8QuantJob, check_adamw_fp8_outs,
     check_fp8_quant_jobs,
@@ -588,12 +588,9 @@ impl CudaDevice {
     /// Dynamic shared memory the fused LayerNorm kernel may use on this GPU: the opt-in
     /// maximum per block less [`SMEM_STATIC_RESERVE`] (at least the default 48 KiB).
     fn lnq_smem_cap(&self) -> usize {
-        let optin = self
-            .ctx
-            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
-            .unwrap_or(0)
-            .max(0) as usize;
-        optin.saturating_sub(SMEM_STATIC_RESERVE).max(SMEM_DEFAULT)
+        self.smem_optin
+            .saturating_sub(SMEM_STATIC_RESERVE)
+            .max(SMEM_DEFAULT)
     }
 
     /// How many weight matrices [`Fused::adamw_clipped_fp8`](duet_device::Fused::adamw_clipped_fp8) has updated and quantised in its

@@ -2,7 +2,7 @@
 
 use super::prelude::*;
 use cudarc::driver::CudaFunction;
-use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
+use cudarc::driver::sys::CUfunction_attribute;
 
 impl CudaDevice {
     #[allow(clippy::too_many_arguments)]
@@ -110,11 +110,7 @@ impl CudaDevice {
         const STATIC: usize = 32 * 4;
         let f = self.func(KernelModule::CrossEntropy, name)?;
         let bytes = v.div_ceil(8) * 8 * dtype.size_bytes();
-        let have = self
-            .ctx
-            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
-            .unwrap_or(0)
-            .max(0) as usize;
+        let have = self.smem_optin;
         if bytes == 0 || bytes + STATIC > have {
             return Ok((f, 0));
         }

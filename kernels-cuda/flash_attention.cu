@@ -1075,4 +1075,377 @@ FA_ENTRIES3(bf16_t, bf16, 128, 2, 3)
 FA_ENTRIES3(f16_t, f16, 64, 3, 4)
 FA_ENTRIES3(f16_t, f16, 128, 2, 3)
 
+// ------------------------------------------------------------------ version 4 backward
+//
+// Version 2's backward with each warp owning 32 rows (two 16-row mma tiles) instead of 16, so
+// every fragment of the other side read from shared memory (Q and dO in the dK/dV kernel, K
+// and V in the dQ kernel) feeds two tensor-core products instead of one: version 2's backward
+// is bound by ldmatrix traffic, as version 1's forward was. Blocks of 128 keys (dK/dV) or 128
+// queries (dQ); the other side in tiles of 32 rows, double-buffered with cp.async. The
+// accumulators of 32 rows fit the registers for HS = 64 only.
+//
+// Every element takes the same products in the same order as in version 2 (the sums run over
+// the same 16-row chunks one after another; a warp only skips the tiles that lie wholly on the
+// masked side of the diagonal, which add exact zeros in version 2), and D is summed as
+// fa_backward_dq2 sums it: the results are version 2's.
+
+// dQ for 128 queries of one head (each warp 32), writing D for fa_backward_dkv4 first, as
+// fa_backward_dq2 does: loops over key tiles of 32 up to the diagonal.
+template <typename T, int HS>
+__device__ __forceinline__ void fa_backward_dq4(const T* __restrict__ qkv,
+                                                const T* __restrict__ out,
+                                                const T* __restrict__ dout,
+                                                const float* __restrict__ lse,
+                                                float* __restrict__ dd,
+                                                T* __restrict__ dqkv, int t, int nh,
+                                                float scale) {
+    constexpr int BQ = 128, BK = 32;
+    extern __shared__ __align__(128) unsigned char fa_smem[];
+    T* sQ = (T*)fa_smem;
+    T* sO = sQ + BQ * HS;
+    T* sK = sO + BQ * HS;       // [2][BK × HS]
+    T* sV = sK + 2 * BK * HS;   // [2][BK × HS]
+
+    const int bh = blockIdx.x, bb = bh / nh, h = bh % nh;
+    const int qt = gridDim.y - 1 - blockIdx.y, q0 = qt * BQ;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tg = lane & 3;
+    const i64 rs = 3ll * nh * HS, os = (i64)nh * HS;
+    const T* gq = qkv + (i64)bb * t * rs + (i64)h * HS;
+    const T* gk = gq + (i64)nh * HS;
+    const T* gv = gk + (i64)nh * HS;
+    const T* go = dout + (i64)bb * t * os + (i64)h * HS;
+    const float sl2 = scale * FA_LOG2E;
+
+    const int qvalid = min(BQ, t - q0);
+    load_tile<T, HS, BQ>(sQ, gq + q0 * rs, rs, qvalid);
+    load_tile<T, HS, BQ>(sO, go + q0 * os, os, qvalid);
+    load_tile<T, HS, BK>(sK, gk, rs, min(BK, t));
+    load_tile<T, HS, BK>(sV, gv, rs, min(BK, t));
+    cp_commit();
+
+    const int wr0 = warp * 32;          // the warp's first row in the tile
+    const int row0 = q0 + wr0 + g;      // this thread's rows: row0 + 16·mi + 8·r
+    const int wlast = q0 + wr0 + 31;    // the warp's last row
+    float l2[2][2], drow[2][2];
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi) {
+        // D of the warp's rows 16·mi.. as fa_backward_dq2 sums it: two lanes per row, each
+        // half of the row in order, then one exchange.
+        const int j = lane >> 1, half = lane & 1, row = q0 + wr0 + 16 * mi + j;
+        float acc = 0.0f;
+        if (row < t) {
+            const i64 off = ((i64)bb * t + row) * os + (i64)h * HS + half * (HS / 2);
+#pragma unroll
+            for (int c = 0; c < HS / 16; ++c) {
+                const Pack<T> a = load_pack(out + off + c * 8);
+                const Pack<T> b = load_pack(dout + off + c * 8);
+#pragma unroll
+                for (int i = 0; i < 8; ++i) acc = fmaf(to_f32(a.v[i]), to_f32(b.v[i]), acc);
+            }
+        }
+        acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+        if (half == 0 && row < t) dd[(i64)bh * t + row] = acc;
+        drow[mi][0] = __shfl_sync(0xffffffffu, acc, 2 * g);
+        drow[mi][1] = __shfl_sync(0xffffffffu, acc, 2 * g + 16);
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const int rr = row0 + 16 * mi + 8 * r;
+            l2[mi][r] = rr < t ? lse[(i64)bh * t + rr] * FA_LOG2E : 0.0f;
+        }
+    }
+    float dq[2][HS / 8][4];
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+        for (int i = 0; i < HS / 8; ++i)
+            dq[mi][i][0] = dq[mi][i][1] = dq[mi][i][2] = dq[mi][i][3] = 0.0f;
+    const int kend = min(t, q0 + BQ), nkt = (kend + BK - 1) / BK;
+
+    for (int kt = 0; kt < nkt; ++kt) {
+        const int st = kt & 1, k0 = kt * BK;
+        if (kt + 1 < nkt) {
+            const int k1 = k0 + BK;
+            load_tile<T, HS, BK>(sK + (st ^ 1) * BK * HS, gk + k1 * rs, rs, min(BK, t - k1));
+            load_tile<T, HS, BK>(sV + (st ^ 1) * BK * HS, gv + k1 * rs, rs, min(BK, t - k1));
+        }
+        cp_commit();
+        cp_wait1();
+        __syncthreads();
+        if (k0 <= wlast) {
+            const T* cK = sK + st * BK * HS;
+            const T* cV = sV + st * BK * HS;
+
+            // S = Q·Kᵀ and dP = dO·Vᵀ (32 queries × BK keys per warp).
+            float p[2][BK / 8][4], dp[2][BK / 8][4];
+#pragma unroll
+            for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+                for (int i = 0; i < BK / 8; ++i) {
+                    p[mi][i][0] = p[mi][i][1] = p[mi][i][2] = p[mi][i][3] = 0.0f;
+                    dp[mi][i][0] = dp[mi][i][1] = dp[mi][i][2] = dp[mi][i][3] = 0.0f;
+                }
+#pragma unroll
+            for (int kc = 0; kc < HS / 16; ++kc) {
+                u32 a0[4], a1[4], o0[4], o1[4];
+                ld_a<HS>(a0, sQ, wr0, kc, lane);
+                ld_a<HS>(a1, sQ, wr0 + 16, kc, lane);
+                ld_a<HS>(o0, sO, wr0, kc, lane);
+                ld_a<HS>(o1, sO, wr0 + 16, kc, lane);
+#pragma unroll
+                for (int nb = 0; nb < BK / 8; nb += 2) {
+                    u32 b[4];
+                    ld_bt<HS>(b, cK, nb * 8, kc, lane);
+                    Mma<T>::run(p[0][nb], a0, b[0], b[1]);
+                    Mma<T>::run(p[0][nb + 1], a0, b[2], b[3]);
+                    Mma<T>::run(p[1][nb], a1, b[0], b[1]);
+                    Mma<T>::run(p[1][nb + 1], a1, b[2], b[3]);
+                    ld_bt<HS>(b, cV, nb * 8, kc, lane);
+                    Mma<T>::run(dp[0][nb], o0, b[0], b[1]);
+                    Mma<T>::run(dp[0][nb + 1], o0, b[2], b[3]);
+                    Mma<T>::run(dp[1][nb], o1, b[0], b[1]);
+                    Mma<T>::run(dp[1][nb + 1], o1, b[2], b[3]);
+                }
+            }
+            const bool mask = k0 + BK - 1 > q0 + wr0;
+#pragma unroll
+            for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+                for (int nb = 0; nb < BK / 8; ++nb) {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        float pv = fa_exp2(fmaf(p[mi][nb][e], sl2, -l2[mi][e >> 1]));
+                        if (mask) {
+                            const int key = k0 + nb * 8 + 2 * tg + (e & 1);
+                            if (key > row0 + 16 * mi + 8 * (e >> 1)) pv = 0.0f;
+                        }
+                        dp[mi][nb][e] = pv * (dp[mi][nb][e] - drow[mi][e >> 1]);
+                    }
+                }
+            // dQ += dS·K (scale applied at the end).
+#pragma unroll
+            for (int kc = 0; kc < BK / 16; ++kc) {
+                u32 a0[4], a1[4];
+                a0[0] = Mma<T>::pack(dp[0][2 * kc][0], dp[0][2 * kc][1]);
+                a0[1] = Mma<T>::pack(dp[0][2 * kc][2], dp[0][2 * kc][3]);
+                a0[2] = Mma<T>::pack(dp[0][2 * kc + 1][0], dp[0][2 * kc + 1][1]);
+                a0[3] = Mma<T>::pack(dp[0][2 * kc + 1][2], dp[0][2 * kc + 1][3]);
+                a1[0] = Mma<T>::pack(dp[1][2 * kc][0], dp[1][2 * kc][1]);
+                a1[1] = Mma<T>::pack(dp[1][2 * kc][2], dp[1][2 * kc][3]);
+                a1[2] = Mma<T>::pack(dp[1][2 * kc + 1][0], dp[1][2 * kc + 1][1]);
+                a1[3] = Mma<T>::pack(dp[1][2 * kc + 1][2], dp[1][2 * kc + 1][3]);
+#pragma unroll
+                for (int nb = 0; nb < HS / 8; nb += 2) {
+                    u32 b[4];
+                    ld_b<HS>(b, cK, kc, nb, lane);
+                    Mma<T>::run(dq[0][nb], a0, b[0], b[1]);
+                    Mma<T>::run(dq[0][nb + 1], a0, b[2], b[3]);
+                    Mma<T>::run(dq[1][nb], a1, b[0], b[1]);
+                    Mma<T>::run(dq[1][nb + 1], a1, b[2], b[3]);
+                }
+            }
+        }
+        __syncthreads();
+    }
+
+    // The warp's own Q rows are free now (each warp reads only its rows of sQ).
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi) {
+        const int r0 = wr0 + 16 * mi;
+        store_rows<T, HS>(sQ, dq[mi], scale, r0,
+                          dqkv + ((i64)bb * t + q0 + r0) * rs + (i64)h * HS, rs, t - q0 - r0,
+                          lane);
+    }
+}
+
+// dK, dV for 128 keys of one head (each warp 32): loops over query tiles of 32 from the block's
+// first key to the end, recomputing Pᵀ = exp(scale·K·Qᵀ − lse); a warp skips the tiles before
+// its first key.
+template <typename T, int HS>
+__device__ __forceinline__ void fa_backward_dkv4(const T* __restrict__ qkv,
+                                                 const T* __restrict__ dout,
+                                                 const float* __restrict__ lse,
+                                                 const float* __restrict__ dd,
+                                                 T* __restrict__ dqkv, int t, int nh,
+                                                 float scale) {
+    constexpr int BK = 128, BQ = 32;
+    extern __shared__ __align__(128) unsigned char fa_smem[];
+    T* sK = (T*)fa_smem;
+    T* sV = sK + BK * HS;
+    T* sQ = sV + BK * HS;       // [2][BQ × HS]
+    T* sO = sQ + 2 * BQ * HS;   // [2][BQ × HS] (dout)
+    float* sL = (float*)(sO + 2 * BQ * HS);  // [2][BQ] lse
+    float* sD = sL + 2 * BQ;                 // [2][BQ] d
+
+    const int bh = blockIdx.x, bb = bh / nh, h = bh % nh;
+    const int kt = blockIdx.y, k0 = kt * BK;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tg = lane & 3;
+    const i64 rs = 3ll * nh * HS, os = (i64)nh * HS;
+    const T* gq = qkv + (i64)bb * t * rs + (i64)h * HS;
+    const T* gk = gq + (i64)nh * HS;
+    const T* gv = gk + (i64)nh * HS;
+    const T* go = dout + (i64)bb * t * os + (i64)h * HS;
+    const float* gl = lse + (i64)bh * t;
+    const float* gd = dd + (i64)bh * t;
+    const float sl2 = scale * FA_LOG2E;
+
+    const int qt0 = k0 / BQ, nqt = (t + BQ - 1) / BQ;
+    auto load_q = [&](int qi, int st) {
+        const int qs = qi * BQ, valid = min(BQ, t - qs);
+        load_tile<T, HS, BQ>(sQ + st * BQ * HS, gq + qs * rs, rs, valid);
+        load_tile<T, HS, BQ>(sO + st * BQ * HS, go + qs * os, os, valid);
+        const int i = threadIdx.x;
+        if (i < 2 * BQ) {
+            const int r = i % BQ;
+            const bool ok = r < valid;
+            const float* src = (i < BQ ? gl : gd) + qs + (ok ? r : 0);
+            cp_async4(smem_u32((i < BQ ? sL : sD) + st * BQ + r), src, ok ? 4 : 0);
+        }
+    };
+    load_tile<T, HS, BK>(sK, gk + k0 * rs, rs, min(BK, t - k0));
+    load_tile<T, HS, BK>(sV, gv + k0 * rs, rs, min(BK, t - k0));
+    load_q(qt0, 0);
+    cp_commit();
+
+    float dk[2][HS / 8][4], dv[2][HS / 8][4];
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+        for (int i = 0; i < HS / 8; ++i) {
+            dk[mi][i][0] = dk[mi][i][1] = dk[mi][i][2] = dk[mi][i][3] = 0.0f;
+            dv[mi][i][0] = dv[mi][i][1] = dv[mi][i][2] = dv[mi][i][3] = 0.0f;
+        }
+    const int wr0 = warp * 32;            // the warp's first row (key) in the tile
+    const int wfirst = k0 + wr0;          // the warp's first key
+    const int key0 = wfirst + g;          // this thread's keys: key0 + 16·mi + 8·r
+
+    for (int qi = qt0; qi < nqt; ++qi) {
+        const int st = (qi - qt0) & 1, qs = qi * BQ;
+        if (qi + 1 < nqt) load_q(qi + 1, st ^ 1);
+        cp_commit();
+        cp_wait1();
+        __syncthreads();
+        if (qs + BQ > wfirst) {
+            const T* cQ = sQ + st * BQ * HS;
+            const T* cO = sO + st * BQ * HS;
+            const float* cL = sL + st * BQ;
+            const float* cD = sD + st * BQ;
+
+            // Sᵀ = K·Qᵀ (32 keys × BQ queries per warp) and dPᵀ = V·dOᵀ.
+            float p[2][BQ / 8][4], dp[2][BQ / 8][4];
+#pragma unroll
+            for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+                for (int i = 0; i < BQ / 8; ++i) {
+                    p[mi][i][0] = p[mi][i][1] = p[mi][i][2] = p[mi][i][3] = 0.0f;
+                    dp[mi][i][0] = dp[mi][i][1] = dp[mi][i][2] = dp[mi][i][3] = 0.0f;
+                }
+#pragma unroll
+            for (int kc = 0; kc < HS / 16; ++kc) {
+                u32 a0[4], a1[4], v0[4], v1[4];
+                ld_a<HS>(a0, sK, wr0, kc, lane);
+                ld_a<HS>(a1, sK, wr0 + 16, kc, lane);
+                ld_a<HS>(v0, sV, wr0, kc, lane);
+                ld_a<HS>(v1, sV, wr0 + 16, kc, lane);
+#pragma unroll
+                for (int nb = 0; nb < BQ / 8; nb += 2) {
+                    u32 b[4];
+                    ld_bt<HS>(b, cQ, nb * 8, kc, lane);
+                    Mma<T>::run(p[0][nb], a0, b[0], b[1]);
+                    Mma<T>::run(p[0][nb + 1], a0, b[2], b[3]);
+                    Mma<T>::run(p[1][nb], a1, b[0], b[1]);
+                    Mma<T>::run(p[1][nb + 1], a1, b[2], b[3]);
+                    ld_bt<HS>(b, cO, nb * 8, kc, lane);
+                    Mma<T>::run(dp[0][nb], v0, b[0], b[1]);
+                    Mma<T>::run(dp[0][nb + 1], v0, b[2], b[3]);
+                    Mma<T>::run(dp[1][nb], v1, b[0], b[1]);
+                    Mma<T>::run(dp[1][nb + 1], v1, b[2], b[3]);
+                }
+            }
+            const bool mask = qs < wfirst + 32 || qs + BQ > t;
+#pragma unroll
+            for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+                for (int nb = 0; nb < BQ / 8; ++nb) {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int c = nb * 8 + 2 * tg + (e & 1);
+                        float pv = fa_exp2(fmaf(p[mi][nb][e], sl2, -cL[c] * FA_LOG2E));
+                        if (mask) {
+                            const int q = qs + c, key = key0 + 16 * mi + 8 * (e >> 1);
+                            if (q < key || q >= t) pv = 0.0f;
+                        }
+                        p[mi][nb][e] = pv;
+                        dp[mi][nb][e] = pv * (dp[mi][nb][e] - cD[c]);
+                    }
+                }
+            // dV += Pᵀ·dO, dK += dSᵀ·Q (scale applied at the end).
+#pragma unroll
+            for (int kc = 0; kc < BQ / 16; ++kc) {
+                u32 a0[4], a1[4], d0[4], d1[4];
+#pragma unroll
+                for (int mi = 0; mi < 2; ++mi) {
+                    u32* a = mi ? a1 : a0;
+                    u32* ad = mi ? d1 : d0;
+                    a[0] = Mma<T>::pack(p[mi][2 * kc][0], p[mi][2 * kc][1]);
+                    a[1] = Mma<T>::pack(p[mi][2 * kc][2], p[mi][2 * kc][3]);
+                    a[2] = Mma<T>::pack(p[mi][2 * kc + 1][0], p[mi][2 * kc + 1][1]);
+                    a[3] = Mma<T>::pack(p[mi][2 * kc + 1][2], p[mi][2 * kc + 1][3]);
+                    ad[0] = Mma<T>::pack(dp[mi][2 * kc][0], dp[mi][2 * kc][1]);
+                    ad[1] = Mma<T>::pack(dp[mi][2 * kc][2], dp[mi][2 * kc][3]);
+                    ad[2] = Mma<T>::pack(dp[mi][2 * kc + 1][0], dp[mi][2 * kc + 1][1]);
+                    ad[3] = Mma<T>::pack(dp[mi][2 * kc + 1][2], dp[mi][2 * kc + 1][3]);
+                }
+#pragma unroll
+                for (int nb = 0; nb < HS / 8; nb += 2) {
+                    u32 b[4];
+                    ld_b<HS>(b, cO, kc, nb, lane);
+                    Mma<T>::run(dv[0][nb], a0, b[0], b[1]);
+                    Mma<T>::run(dv[0][nb + 1], a0, b[2], b[3]);
+                    Mma<T>::run(dv[1][nb], a1, b[0], b[1]);
+                    Mma<T>::run(dv[1][nb + 1], a1, b[2], b[3]);
+                    ld_b<HS>(b, cQ, kc, nb, lane);
+                    Mma<T>::run(dk[0][nb], d0, b[0], b[1]);
+                    Mma<T>::run(dk[0][nb + 1], d0, b[2], b[3]);
+                    Mma<T>::run(dk[1][nb], d1, b[0], b[1]);
+                    Mma<T>::run(dk[1][nb + 1], d1, b[2], b[3]);
+                }
+            }
+        }
+        __syncthreads();
+    }
+
+    // Each warp reads only its own rows of sK and sV: reuse them to stage the results.
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi) {
+        const int r0 = wr0 + 16 * mi, valid = t - k0 - r0;
+        T* gdk = dqkv + ((i64)bb * t + k0 + r0) * rs + (i64)(nh + h) * HS;
+        store_rows<T, HS>(sK, dk[mi], scale, r0, gdk, rs, valid, lane);
+        store_rows<T, HS>(sV, dv[mi], 1.0f, r0, gdk + (i64)nh * HS, rs, valid, lane);
+    }
+}
+
+// Version 4 entry points (HS = 64):
+//   flash_attention_backward_dq4_hs64_T(const T* qkv, const T* out, const T* dout,
+//                                       const float* lse, float* d, T* dqkv, int t, int nh,
+//                                       float scale)       (128-query tiles; writes d)
+//   flash_attention_backward_dkv4_hs64_T(const T* qkv, const T* dout, const float* lse,
+//                                        const float* d, T* dqkv, int t, int nh, float scale)
+//                                                          (128-key tiles; after _dq4)
+#define FA_ENTRIES4(T, S, HS, MB_DQ, MB_DKV)                                                   \
+    extern "C" __global__ void __launch_bounds__(FA_THREADS, MB_DQ)                           \
+        flash_attention_backward_dq4_hs##HS##_##S(const T* qkv, const T* out, const T* dout,  \
+                                                  const float* lse, float* d, T* dqkv, int t, \
+                                                  int nh, float scale) {                      \
+        fa_backward_dq4<T, HS>(qkv, out, dout, lse, d, dqkv, t, nh, scale);                   \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(FA_THREADS, MB_DKV)                          \
+        flash_attention_backward_dkv4_hs##HS##_##S(const T* qkv, const T* dout,               \
+                                                   const float* lse, const float* d,          \
+                                                   T* dqkv, int t, int nh, float scale) {     \
+        fa_backward_dkv4<T, HS>(qkv, dout, lse, d, dqkv, t, nh, scale);                       \
+    }
+
+FA_ENTRIES4(bf16_t, bf16, 64, 2, 2)
+FA_ENTRIES4(f16_t, f16, 64, 2, 2)
+
 #endif  // __CUDA_ARCH__ >= 800

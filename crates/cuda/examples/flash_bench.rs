@@ -1,7 +1,7 @@
-//! Times the fused causal attention (kernel versions 3, 2 and 1, see crates/cuda/src/ops/attention.rs)
-//! against the unfused CUDA composition (split heads, batched GEMMs, causal softmax, merge
-//! heads) at the seed (b=32, t=256, nh=12, hs=64) and large (b=32, t=256, nh=16, hs=128)
-//! shapes: `cargo run -p duet-cuda --release --example flash_bench [bf16|f16]`. Each variant is
+//! Times the fused causal attention (kernel versions 3, 2 and 1, and version 4's backward for
+//! head size 64, see crates/cuda/src/ops/attention.rs) against the unfused CUDA composition
+//! (split heads, batched GEMMs, causal softmax, merge heads) at the seed (b=32, t=256, nh=12,
+//! hs=64), large (b=32, t=256, nh=16, hs=128) and gpt2 (b=32, t=1024, nh=12, hs=64) shapes: `cargo run -p duet-cuda --release --example flash_bench [bf16|f16]`. Each variant is
 //! warmed up, then run 50 times inside one `Device::time_ms` (device events); the table gives
 //! the mean time per call and the causal TFLOP/s (forward 2·2·b·nh·t²·hs/2 FLOPs, backward
 //! 2.5× that). No pass/fail.
@@ -49,13 +49,18 @@ fn bench(dev: &CudaDevice, dtype: DType, name: &str, b: usize, t: usize, nh: usi
     let bwd_flop = 2.5 * fwd_flop;
     let tflops = |flop: f64, us: f64| flop / (us * 1e-6) / 1e12;
     let mut flash = Vec::new();
-    for (version, v1, v3) in [
-        ("v3", false, true),
-        ("v2", false, false),
-        ("v1", true, false),
-    ] {
+    let mut versions = vec![
+        ("v3", false, true, false),
+        ("v2", false, false, false),
+        ("v1", true, false, false),
+    ];
+    if hs == 64 {
+        versions.push(("v4", false, false, true));
+    }
+    for (version, v1, v3, v4) in versions {
         CudaDevice::flash_attention_v1_on_this_thread(Some(v1));
         CudaDevice::flash_backward_v3_on_this_thread(Some(v3));
+        CudaDevice::flash_backward_v4_on_this_thread(Some(v4));
         let fwd = time(dev, || {
             dev.flash_attention_forward(&qkv, &mut out, &mut lse, b, t, nh, hs, scale)
                 .unwrap()
@@ -73,6 +78,13 @@ fn bench(dev: &CudaDevice, dtype: DType, name: &str, b: usize, t: usize, nh: usi
     }
     CudaDevice::flash_attention_v1_on_this_thread(None);
     CudaDevice::flash_backward_v3_on_this_thread(None);
+    CudaDevice::flash_backward_v4_on_this_thread(None);
+    if let Some(&(_, v4_bwd)) = flash.get(3) {
+        println!(
+            "{name:<6} {dtype:<5} version 4 backward vs version 2's: {:4.2}x",
+            flash[1].1 / v4_bwd
+        );
+    }
     let (flash_fwd, flash_bwd) = flash[0];
     let (v2_bwd, (v1_fwd, v1_bwd)) = (flash[1].1, flash[2]);
 
@@ -145,5 +157,6 @@ fn main() {
     for dtype in dtypes {
         bench(&dev, dtype, "seed", 32, 256, 12, 64);
         bench(&dev, dtype, "large", 32, 256, 16, 128);
+        bench(&dev, dtype, "gpt2", 32, 1024, 12, 64);
     }
 }

@@ -30,6 +30,13 @@
 //! share: head size 64 keeps version 2's backward. A thread that called
 //! [`CudaDevice::flash_backward_v3_on_this_thread`] picks either for every head size.
 //!
+//! Version 4 backward (the default for head size 64, with version 2's forward): version 2's
+//! backward with each warp owning 32 rows instead of 16 (`backward_dq4`: a block per 128
+//! queries, key tiles of 32; `backward_dkv4`: a block per 128 keys, query tiles of 32), so each
+//! fragment read from shared memory feeds two tensor-core products. The same products in the
+//! same order per element: the results are version 2's. A thread that called
+//! [`CudaDevice::flash_backward_v4_on_this_thread`] picks either.
+//!
 //! Every output element is written by exactly one thread with a fixed summation order: no
 //! atomics, results are bit-identical run to run (for a given version).
 
@@ -53,12 +60,18 @@ const DS_MAX_BYTES: usize = 512 << 20;
 const V3_MIN_HS: usize = 128;
 /// Query and key rows per block of the version-3 dQ kernel (its dSᵀ tiles are 64 × 64).
 const TILE3: usize = 64;
+/// Query rows per block of the version-4 dQ kernel, key rows per block of its dK/dV kernel.
+const TILE4: usize = 128;
+/// The head size version 4's backward is built for (its 32-row accumulators fit the registers).
+const V4_HS: usize = 64;
 
 thread_local! {
     /// Per-thread override of the kernel version (`Some(true)`: version 1).
     static V1_ON_THREAD: Cell<Option<bool>> = const { Cell::new(None) };
     /// Per-thread override of the version-3 backward (`Some(false)`: version 2's).
     static V3_ON_THREAD: Cell<Option<bool>> = const { Cell::new(None) };
+    /// Per-thread override of the version-4 backward (`Some(false)`: version 2's).
+    static V4_ON_THREAD: Cell<Option<bool>> = const { Cell::new(None) };
 }
 
 /// Whether the attention calls made on this thread use the version-1 kernels: the thread's
@@ -80,6 +93,9 @@ struct Variant {
     smem_dkv: u32,
     smem_dq: u32,
     smem_dq3: u32,
+    /// Version 4's dQ and dK/dV kernels (0 where the head size has none).
+    smem_dq4: u32,
+    smem_dkv4: u32,
 }
 
 /// Bytes of one `rows × hs` tile of a 16-bit type.
@@ -101,6 +117,18 @@ const fn variant(name: &'static str, hs: usize, inner: usize) -> Variant {
         smem_dkv: 2 * tile_bytes(TILE, hs) + 4 * tile_bytes(inner, hs) + (4 * inner * 4) as u32,
         smem_dq: 2 * tile_bytes(TILE, hs) + 4 * tile_bytes(inner, hs),
         smem_dq3: 2 * tile_bytes(TILE3, hs) + 2 * tile_bytes(TILE3, TILE3),
+        // Version 4 (hs 64): Q, dO (128 rows) and two stages of K, V (32 rows); K, V (128 rows)
+        // and two stages of Q, dO (32 rows) plus lse and D (f32, 32 each).
+        smem_dq4: if hs == V4_HS {
+            2 * tile_bytes(TILE4, hs) + 4 * tile_bytes(32, hs)
+        } else {
+            0
+        },
+        smem_dkv4: if hs == V4_HS {
+            2 * tile_bytes(TILE4, hs) + 4 * tile_bytes(32, hs) + (4 * 32 * 4) as u32
+        } else {
+            0
+        },
     }
 }
 
@@ -133,6 +161,14 @@ impl CudaDevice {
     /// (dQ not bit-identical: version 3 takes dS from the dK/dV kernel's products).
     pub fn flash_backward_v3_on_this_thread(v3: Option<bool>) {
         V3_ON_THREAD.with(|c| c.set(v3));
+    }
+
+    /// Selects version 2's backward in its version-4 form (32 rows per warp; head size 64)
+    /// for the calls made on the calling thread: `Some(true)` version 4, `Some(false)` version
+    /// 2's, `None` the default (version 4 for head size 64). Both give the same results. For
+    /// A/B tests and benchmarks; version 3 (where selected) and version 1 take precedence.
+    pub fn flash_backward_v4_on_this_thread(v4: Option<bool>) {
+        V4_ON_THREAD.with(|c| c.set(v4));
     }
 
     /// Every (dtype, head size) pair a flash kernel variant runs on this GPU.
@@ -169,7 +205,9 @@ impl CudaDevice {
             .max(v.smem_forward2)
             .max(v.smem_dkv)
             .max(v.smem_dq)
-            .max(v.smem_dq3);
+            .max(v.smem_dq3)
+            .max(v.smem_dq4)
+            .max(v.smem_dkv4);
         let have = self.smem_optin as u32;
         if have < need {
             return Err(format!(
@@ -292,27 +330,36 @@ impl CudaDevice {
                 scale,
             );
         }
-        let fkv = self.flash_func(
-            &format!("flash_attention_backward_dkv_{}_{sfx}", v.name),
-            v.smem_dkv,
-        )?;
         if !use_v1()? {
+            // Version 2's backward, or its version-4 form (32 rows per warp) for head size 64.
+            let v4 = hs == V4_HS && V4_ON_THREAD.with(Cell::get).unwrap_or(true);
+            let (dq, dkv, smem_dq, smem_dkv, tiles) = if v4 {
+                let tiles = tile_count(OP, t, TILE4)?;
+                ("dq4", "dkv4", v.smem_dq4, v.smem_dkv4, tiles)
+            } else {
+                ("dq2", "dkv", v.smem_dq, v.smem_dkv, tiles)
+            };
+            let fkv = self.flash_func(
+                &format!("flash_attention_backward_{dkv}_{}_{sfx}", v.name),
+                smem_dkv,
+            )?;
             let fq = self.flash_func(
-                &format!("flash_attention_backward_dq2_{}_{sfx}", v.name),
-                v.smem_dq,
+                &format!("flash_attention_backward_{dq}_{}_{sfx}", v.name),
+                smem_dq,
             )?;
             let mut scratch = lock(&self.scratch, OP)?;
             let d = scratch.get(&self.ctx, &self.stream, rows * 4, &self.mem)?;
-            // SAFETY: backward_dq2(const T* qkv, const T* out, const T* dout, const float* lse,
-            // float* d, T* dqkv, int t, int nh, float scale): qkv and dqkv hold b·t·3·nh·hs
-            // elements, out and dout b·t·nh·hs, lse b·nh·t (checked), `d` b·nh·t f32 (scratch
-            // just sized); one block per head and 64-query tile, writing d for and the q part
-            // of its rows before t only.
+            // SAFETY: backward_dq2 / dq4(const T* qkv, const T* out, const T* dout,
+            // const float* lse, float* d, T* dqkv, int t, int nh, float scale): qkv and dqkv
+            // hold b·t·3·nh·hs elements, out and dout b·t·nh·hs, lse b·nh·t (checked), `d`
+            // b·nh·t f32 (scratch just sized); one block per head and query tile (64 or 128
+            // rows, the kernel's), writing d for and the q part of its rows before t only; the
+            // dynamic shared memory is the size the kernel's tiles need.
             unsafe {
                 self.launcher(&fq)
                     .grid((heads, tiles, 1))
                     .block((THREADS, 1, 1))
-                    .shared_mem(v.smem_dq)
+                    .shared_mem(smem_dq)
                     .arg_buf(qkv)
                     .arg_buf(out)
                     .arg_buf(dout)
@@ -324,16 +371,16 @@ impl CudaDevice {
                     .arg_f32(scale)
                     .launch()?;
             }
-            // SAFETY: backward_dkv(const T* qkv, const T* dout, const float* lse,
+            // SAFETY: backward_dkv / dkv4(const T* qkv, const T* dout, const float* lse,
             // const float* d, T* dqkv, int t, int nh, float scale): sizes as above; `d` was
-            // written for every row before t by backward_dq2 earlier on the same stream; one
-            // block per head and 64-key tile, writing only the k and v parts of its rows
-            // before t.
+            // written for every row before t by backward_dq2 / dq4 earlier on the same stream;
+            // one block per head and key tile (64 or 128 rows, the kernel's), writing only the
+            // k and v parts of its rows before t.
             return unsafe {
                 self.launcher(&fkv)
                     .grid((heads, tiles, 1))
                     .block((THREADS, 1, 1))
-                    .shared_mem(v.smem_dkv)
+                    .shared_mem(smem_dkv)
                     .arg_buf(qkv)
                     .arg_buf(dout)
                     .arg_buf(lse)
@@ -345,6 +392,10 @@ impl CudaDevice {
                     .launch()
             };
         }
+        let fkv = self.flash_func(
+            &format!("flash_attention_backward_dkv_{}_{sfx}", v.name),
+            v.smem_dkv,
+        )?;
         let fq = self.flash_func(
             &format!("flash_attention_backward_dq_{}_{sfx}", v.name),
             v.smem_dq,

@@ -335,7 +335,7 @@ fn bench_one<D: Fused>(
     let flops = train_flops(cfg);
     let info = dev.info();
     let mem = dev.memory_stats();
-    let plan = trainer.model().memory_plan().clone();
+    let plan = trainer.memory_plan();
     Ok(serde_json::json!({
         "backend": info.backend,
         "device": info.name,

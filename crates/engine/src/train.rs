@@ -142,9 +142,7 @@ fn check_memory_first<D: Fused>(dev: &D, cfg: &Config, world: usize, zero: bool)
         cfg.train.data.seq,
         &precision_plan(cfg, world > 1, if zero { world } else { 1 }),
     )?;
-    if cfg.train.data.grad_accum > 1 {
-        plan.grads += accum_bytes(&cfg.model);
-    }
+    add_accum_buffers(&mut plan, cfg);
     let info = dev.info();
     if info.backend == "cpu" {
         crate::check_host_memory(weights.saturating_add(plan.total()), || {
@@ -383,6 +381,13 @@ impl<D: Fused> Trainer<D> {
 
     pub fn model(&self) -> &Gpt<D> {
         &self.model
+    }
+
+    /// The run's device memory plan: the model's, plus the f32 sums of gradient accumulation.
+    pub fn memory_plan(&self) -> crate::model::MemoryPlan {
+        let mut plan = self.model.memory_plan().clone();
+        add_accum_buffers(&mut plan, &self.cfg);
+        plan
     }
 
     pub fn model_mut(&mut self) -> &mut Gpt<D> {
@@ -1337,12 +1342,15 @@ fn micro_batch(cfg: &Config, world: usize) -> Result<usize> {
     Ok(local / k)
 }
 
-/// The f32 gradient sums of gradient accumulation: one per parameter, padded as on the device.
-fn accum_bytes(cfg: &crate::config::ModelConfig) -> u64 {
-    crate::model::param_specs(cfg)
-        .iter()
-        .map(|s| 4 * s.device_numel() as u64)
-        .sum()
+/// Counts the f32 gradient sums of gradient accumulation (one per parameter, padded as on the
+/// device) in `plan`'s gradients, where `cfg` accumulates.
+fn add_accum_buffers(plan: &mut crate::model::MemoryPlan, cfg: &Config) {
+    if cfg.train.data.grad_accum > 1 {
+        plan.grads += crate::model::param_specs(&cfg.model)
+            .iter()
+            .map(|s| 4 * s.device_numel() as u64)
+            .sum::<u64>();
+    }
 }
 
 /// The model alone, for one rank of a data-parallel run if `data_parallel`, planned with the

@@ -168,6 +168,23 @@ fn bad_accumulation_settings_are_refused() {
     }
 }
 
+/// The run's memory plan (what `duet bench` reports) counts the f32 sums of accumulation: one
+/// f32 per (padded) parameter element beside the model's plan for the micro-batch, none at K 1.
+#[test]
+fn the_memory_plan_counts_the_accumulation_sums() {
+    let dev = Arc::new(CpuDevice::new(Some(1)).unwrap());
+    for k in [1, 4] {
+        let tr = Trainer::new(dev.clone(), cfg(Precision::Fp32, k)).unwrap();
+        let sums: u64 = duet_engine::model::param_specs(&tr.config().model)
+            .iter()
+            .map(|s| 4 * s.device_numel() as u64)
+            .sum();
+        let extra = tr.memory_plan().total() - tr.model().memory_plan().total();
+        assert_eq!(extra, if k > 1 { sums } else { 0 }, "grad_accum {k}");
+        assert!(sums > 0);
+    }
+}
+
 /// Two ranks of an in-process group, each accumulating two micro-batches of 4 (communication
 /// after the last), with and without ZeRO-1 and the overlapped reduction, against one device
 /// with the whole batch of 16.

@@ -267,9 +267,14 @@ pub struct ExecutionFlags {
     #[arg(long, value_name = "N")]
     pub loss_every: Option<u64>,
     /// Keep the MLP's GELU output for the backward pass instead of recomputing it (batch ×
-    /// seq × ffn activations per block more memory, a little faster; no effect in fp8).
-    #[arg(long)]
+    /// seq × ffn activations per block more memory, a little faster; no effect in fp8; the
+    /// default with `--preset gpt2`).
+    #[arg(long, conflicts_with = "recompute_gelu")]
     pub keep_gelu: bool,
+    /// Recompute the MLP's GELU output in the backward pass instead of keeping it (the
+    /// default but for `--preset gpt2`, which keeps it): less memory, a little slower.
+    #[arg(long)]
+    pub recompute_gelu: bool,
     /// Rows of logits the LM head and the loss handle at once (a divisor of batch × seq; 0,
     /// the default: the logits whole up to 1 GiB, else the fewest equal chunks that fit).
     /// Smaller chunks hold less memory; the tied embedding's gradient then sums the chunks one

@@ -232,6 +232,9 @@ pub(crate) fn apply_execution_settings(t: &mut ExecutionConfig, a: &ExecutionFla
     if a.keep_gelu {
         t.recompute_gelu = false;
     }
+    if a.recompute_gelu {
+        t.recompute_gelu = true;
+    }
     if let Some(n) = a.logits_chunk_rows {
         t.logits_chunk_rows = n;
     }

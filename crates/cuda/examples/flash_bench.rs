@@ -157,6 +157,7 @@ fn main() {
     for dtype in dtypes {
         bench(&dev, dtype, "seed", 32, 256, 12, 64);
         bench(&dev, dtype, "large", 32, 256, 16, 128);
+        bench(&dev, dtype, "t512", 32, 512, 12, 64);
         bench(&dev, dtype, "gpt2", 32, 1024, 12, 64);
     }
 }

@@ -7,7 +7,9 @@
 //! automatic choice of chunk size; a size that does not divide batch × seq is refused.
 
 use duet_cpu::CpuDevice;
-use duet_engine::model::memory::{LOGITS_CHUNK_BYTES, logits_chunk_rows};
+use duet_engine::model::memory::{
+    LOGITS_CHUNK_BYTES, LOGITS_CHUNK_BYTES_KEPT_GELU, logits_chunk_rows,
+};
 use duet_engine::model::{Gpt, init_weights};
 use duet_engine::precision::{Precision, PrecisionPlan};
 use duet_engine::{Config, ModelConfig, Preset, Trainer};
@@ -147,22 +149,48 @@ fn training_with_chunked_logits_follows_whole_logits() {
 fn chunk_rows_are_chosen_alike_everywhere_and_checked() {
     // GPT-2 at B 32, T 1024 (50304 padded columns): 3.3 GB of bf16 logits → 4 chunks of
     // 8192 rows (0.82 GB each); f32 → 8 of 4096.
-    assert_eq!(logits_chunk_rows(32768, 50304, 2, 0), Ok(8192));
-    assert_eq!(logits_chunk_rows(32768, 50304, 4, 0), Ok(4096));
+    assert_eq!(
+        logits_chunk_rows(32768, 50304, 2, 0, LOGITS_CHUNK_BYTES),
+        Ok(8192)
+    );
+    assert_eq!(
+        logits_chunk_rows(32768, 50304, 4, 0, LOGITS_CHUNK_BYTES),
+        Ok(4096)
+    );
+    // Where the GELU outputs are kept, half the budget: gpt2 bf16 in chunks of 4096.
+    assert_eq!(
+        logits_chunk_rows(32768, 50304, 2, 0, LOGITS_CHUNK_BYTES_KEPT_GELU),
+        Ok(4096)
+    );
     const { assert!(8192 * 50304 * 2 <= LOGITS_CHUNK_BYTES && 16384 * 50304 * 2 > LOGITS_CHUNK_BYTES) };
     // Small logits stay whole.
-    assert_eq!(logits_chunk_rows(64, 384, 4, 0), Ok(64));
-    assert_eq!(logits_chunk_rows(8192, 128, 2, 0), Ok(8192));
+    assert_eq!(logits_chunk_rows(64, 384, 4, 0, LOGITS_CHUNK_BYTES), Ok(64));
+    assert_eq!(
+        logits_chunk_rows(8192, 128, 2, 0, LOGITS_CHUNK_BYTES),
+        Ok(8192)
+    );
     // Chunks do not go below 512 rows (the GEMMs stay large), nor below n when n is smaller.
-    assert_eq!(logits_chunk_rows(4096, 1 << 20, 4, 0), Ok(512));
-    assert_eq!(logits_chunk_rows(300, 1 << 22, 4, 0), Ok(300));
+    assert_eq!(
+        logits_chunk_rows(4096, 1 << 20, 4, 0, LOGITS_CHUNK_BYTES),
+        Ok(512)
+    );
+    assert_eq!(
+        logits_chunk_rows(300, 1 << 22, 4, 0, LOGITS_CHUNK_BYTES),
+        Ok(300)
+    );
     // An n with few divisors: the smallest divisor that fits (3 · 1021 rows).
-    assert_eq!(logits_chunk_rows(3 * 1021, 200_000, 2, 0), Ok(1021));
+    assert_eq!(
+        logits_chunk_rows(3 * 1021, 200_000, 2, 0, LOGITS_CHUNK_BYTES),
+        Ok(1021)
+    );
     // Requested sizes must divide n.
-    assert_eq!(logits_chunk_rows(64, 384, 4, 16), Ok(16));
-    let e = logits_chunk_rows(64, 384, 4, 10).unwrap_err();
+    assert_eq!(
+        logits_chunk_rows(64, 384, 4, 16, LOGITS_CHUNK_BYTES),
+        Ok(16)
+    );
+    let e = logits_chunk_rows(64, 384, 4, 10, LOGITS_CHUNK_BYTES).unwrap_err();
     assert!(e.contains("must divide") && e.contains("64"), "{e}");
-    assert!(logits_chunk_rows(64, 384, 4, 128).is_err());
+    assert!(logits_chunk_rows(64, 384, 4, 128, LOGITS_CHUNK_BYTES).is_err());
     let cfg = cfg();
     let dev = Arc::new(CpuDevice::new(Some(1)).unwrap());
     let plan = PrecisionPlan {

@@ -30,7 +30,8 @@
 //! share: head size 64 keeps version 2's backward. A thread that called
 //! [`CudaDevice::flash_backward_v3_on_this_thread`] picks either for every head size.
 //!
-//! Version 4 backward (the default for head size 64, with version 2's forward): version 2's
+//! Version 4 backward (the default for head size 64 from [`V4_MIN_T`] tokens on, with version
+//! 2's forward): version 2's
 //! backward with each warp owning 32 rows instead of 16 (`backward_dq4`: a block per 128
 //! queries, key tiles of 32; `backward_dkv4`: a block per 128 keys, query tiles of 32), so each
 //! fragment read from shared memory feeds two tensor-core products. The same products in the
@@ -64,6 +65,9 @@ const TILE3: usize = 64;
 const TILE4: usize = 128;
 /// The head size version 4's backward is built for (its 32-row accumulators fit the registers).
 const V4_HS: usize = 64;
+/// Shortest sequence whose default backward is version 4: its 128-row blocks leave too few
+/// blocks per head below (H100, flash_bench: t 256 0.92×, t 1024 1.07× version 2's time).
+const V4_MIN_T: usize = 512;
 
 thread_local! {
     /// Per-thread override of the kernel version (`Some(true)`: version 1).
@@ -165,7 +169,8 @@ impl CudaDevice {
 
     /// Selects version 2's backward in its version-4 form (32 rows per warp; head size 64)
     /// for the calls made on the calling thread: `Some(true)` version 4, `Some(false)` version
-    /// 2's, `None` the default (version 4 for head size 64). Both give the same results. For
+    /// 2's, `None` the default (version 4 for head size 64 from [`V4_MIN_T`] tokens on). Both
+    /// give the same results. For
     /// A/B tests and benchmarks; version 3 (where selected) and version 1 take precedence.
     pub fn flash_backward_v4_on_this_thread(v4: Option<bool>) {
         V4_ON_THREAD.with(|c| c.set(v4));
@@ -332,7 +337,7 @@ impl CudaDevice {
         }
         if !use_v1()? {
             // Version 2's backward, or its version-4 form (32 rows per warp) for head size 64.
-            let v4 = hs == V4_HS && V4_ON_THREAD.with(Cell::get).unwrap_or(true);
+            let v4 = hs == V4_HS && V4_ON_THREAD.with(Cell::get).unwrap_or(t >= V4_MIN_T);
             let (dq, dkv, smem_dq, smem_dkv, tiles) = if v4 {
                 let tiles = tile_count(OP, t, TILE4)?;
                 ("dq4", "dkv4", v.smem_dq4, v.smem_dkv4, tiles)

@@ -915,7 +915,9 @@ impl CudaDevice {
                         dtype: dt,
                     },
                 };
-                let fused = self.lt_unless_refused(REFUSED_FP8_BIAS, || {
+                let what =
+                    "the FP8 GEMM's bias epilogue (the bias then added by a separate kernel)";
+                let fused = self.lt_unless_refused(REFUSED_FP8_BIAS, what, || {
                     self.with_lt(OP8, |lt| {
                         lt.gemm_fp8(&self.stream, desc, a, b, c, scales, slots, epi)
                     })
@@ -948,7 +950,9 @@ impl CudaDevice {
                     aux: pre.ptr(),
                     ld: desc.ldc as i64,
                 };
-                let fused = self.lt_unless_refused(REFUSED_FP8_GELU, || {
+                let what =
+                    "the FP8 GEMM's bias + GELU epilogue (bias and GELU then by separate kernels)";
+                let fused = self.lt_unless_refused(REFUSED_FP8_GELU, what, || {
                     self.with_lt(OP8, |lt| {
                         lt.gemm_fp8(&self.stream, desc, a, b, c, scales, slots, epi)
                     })

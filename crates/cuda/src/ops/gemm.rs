@@ -133,7 +133,9 @@ impl CudaDevice {
             bias: dbias.ptr(),
             dtype: DType::F32,
         };
-        if self.lt_unless_refused(REFUSED_BGRAD, || self.lt_matmul(desc, a, b, c, epi)) {
+        let what =
+            "the bias-gradient epilogue (BGRADB; the bias gradients then run as column sums)";
+        if self.lt_unless_refused(REFUSED_BGRAD, what, || self.lt_matmul(desc, a, b, c, epi)) {
             return Ok(());
         }
         self.gemm(desc, a, b, c)?;
@@ -143,16 +145,27 @@ impl CudaDevice {
     }
 
     /// Runs `matmul` (a cuBLASLt epilogue) unless cuBLASLt refused `bit` before; an error is
-    /// remembered as a refusal, so the caller's separate ops run from then on. Whether it ran.
-    pub(crate) fn lt_unless_refused(&self, bit: u8, matmul: impl FnOnce() -> Result<()>) -> bool {
+    /// remembered as a refusal, so the caller's separate ops run from then on (the same
+    /// results, slower), and said once on stderr with the library's error, so that a profile
+    /// showing the separate ops can be explained. Whether it ran.
+    pub(crate) fn lt_unless_refused(
+        &self,
+        bit: u8,
+        what: &str,
+        matmul: impl FnOnce() -> Result<()>,
+    ) -> bool {
         use std::sync::atomic::Ordering;
         if self.lt_refused.load(Ordering::Relaxed) & bit != 0 {
             return false;
         }
         match matmul() {
             Ok(()) => true,
-            Err(_) => {
-                self.lt_refused.fetch_or(bit, Ordering::Relaxed);
+            Err(e) => {
+                if self.lt_refused.fetch_or(bit, Ordering::Relaxed) & bit == 0 {
+                    eprintln!(
+                        "duet-cuda: cuBLASLt refused {what}: {e}; the separate ops run from now on (the same results)"
+                    );
+                }
                 false
             }
         }

@@ -31,12 +31,11 @@
 //! [`CudaDevice::flash_backward_v3_on_this_thread`] picks either for every head size.
 //!
 //! Version 4 backward (the default for head size 64 from [`V4_MIN_T`] tokens on, with version
-//! 2's forward): version 2's
-//! backward with each warp owning 32 rows instead of 16 (`backward_dq4`: a block per 128
-//! queries, key tiles of 32; `backward_dkv4`: a block per 128 keys, query tiles of 32), so each
-//! fragment read from shared memory feeds two tensor-core products. The same products in the
-//! same order per element: the results are version 2's. A thread that called
-//! [`CudaDevice::flash_backward_v4_on_this_thread`] picks either.
+//! 2's forward): version 2's backward with each warp owning 32 rows instead of 16
+//! (`backward_dq4`: a block per 128 queries, key tiles of 32; `backward_dkv4`: a block per 128
+//! keys, query tiles of 32), so each fragment read from shared memory feeds two tensor-core
+//! products. The same products in the same order per element: the results are version 2's. A
+//! thread that called [`CudaDevice::flash_backward_v4_on_this_thread`] picks either.
 //!
 //! Every output element is written by exactly one thread with a fixed summation order: no
 //! atomics, results are bit-identical run to run (for a given version).
@@ -170,8 +169,8 @@ impl CudaDevice {
     /// Selects version 2's backward in its version-4 form (32 rows per warp; head size 64)
     /// for the calls made on the calling thread: `Some(true)` version 4, `Some(false)` version
     /// 2's, `None` the default (version 4 for head size 64 from [`V4_MIN_T`] tokens on). Both
-    /// give the same results. For
-    /// A/B tests and benchmarks; version 3 (where selected) and version 1 take precedence.
+    /// give the same results. For A/B tests and benchmarks; version 3 (where selected) and
+    /// version 1 take precedence.
     pub fn flash_backward_v4_on_this_thread(v4: Option<bool>) {
         V4_ON_THREAD.with(|c| c.set(v4));
     }

@@ -276,7 +276,8 @@ pub struct ExecutionFlags {
     #[arg(long)]
     pub recompute_gelu: bool,
     /// Rows of logits the LM head and the loss handle at once (a divisor of batch × seq; 0,
-    /// the default: the logits whole up to 1 GiB, else the fewest equal chunks that fit).
+    /// the default: the logits whole up to 1 GiB, 512 MiB where the GELU outputs are kept, else
+    /// the fewest equal chunks that fit).
     /// Smaller chunks hold less memory; the tied embedding's gradient then sums the chunks one
     /// after another (the same values up to the last bits).
     #[arg(long, value_name = "N")]

@@ -2,9 +2,9 @@
 //! per CUDA kernel version, selected for the test's thread with
 //! `CudaDevice::flash_attention_v1_on_this_thread`, `flash_backward_v3_on_this_thread` and
 //! `flash_backward_v4_on_this_thread` (tests/conformance.rs runs them with the default
-//! selection only), and version 4's backward against version 2's, value for value. Also the CUDA support table
-//! the kernels are built for. Without a usable CUDA device (or one older than sm_80, which has no
-//! flash attention) every test prints `SKIP <test>: <reason>`.
+//! selection only), and version 4's backward against version 2's, value for value. Also the
+//! CUDA support table the kernels are built for. Without a usable CUDA device (or one older than
+//! sm_80, which has no flash attention) every test prints `SKIP <test>: <reason>`.
 
 use duet_conformance::harness::{get, put, skip};
 use duet_conformance::{Harness, cases};

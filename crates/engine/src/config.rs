@@ -346,8 +346,9 @@ pub struct ExecutionConfig {
     pub recompute_gelu: bool,
     /// Rows of logits the LM head and the loss handle at once (0 = automatic: the logits
     /// whole up to 1 GiB, 512 MiB where the GELU outputs are kept, else in the fewest equal
-    /// chunks of rows that fit; a divisor of batch × seq). Chunks hold less memory; the tied embedding's gradient then sums the chunks'
-    /// contributions one after another, so it may differ in the last bits.
+    /// chunks of rows that fit; a divisor of batch × seq). Chunks hold less memory; the tied
+    /// embedding's gradient then sums the chunks' contributions one after another, so it may
+    /// differ in the last bits.
     #[serde(default)]
     pub logits_chunk_rows: usize,
 }

@@ -46,7 +46,7 @@ use super::gemm::{REFUSED_FP8_BIAS, REFUSED_FP8_GELU};
 use super::layernorm;
 use super::prelude::*;
 use crate::blaslt::{self, LtEpilogue};
-use cudarc::driver::sys::{self as cu};
+use cudarc::driver::sys as cu;
 use duet_device::{
     AdamWClipStep, AdamWFp8Out, AdamWTensor, Fp8QuantJob, check_adamw_fp8_outs,
     check_fp8_quant_jobs,

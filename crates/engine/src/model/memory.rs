@@ -312,6 +312,8 @@ impl Buffers<BufSpec> {
         let f32 = DType::F32;
         let act = plan.precision.activation_dtype();
         let is_fp8 = plan.precision == Precision::Fp8;
+        // The MLP's GELU outputs stay for the backward pass (FP8 never stores them).
+        let keeps_gelu = plan.keep_gelu_output && !is_fp8;
         let spec = |dtype: DType, len: usize, kind: Kind| BufSpec { dtype, len, kind };
         let specs = param_specs(cfg);
         let mut params = Vec::with_capacity(specs.len());
@@ -342,7 +344,7 @@ impl Buffers<BufSpec> {
             super::params::padded_vocab(cfg),
         );
         let n = b * t;
-        let budget = if plan.keep_gelu_output && !is_fp8 {
+        let budget = if keeps_gelu {
             LOGITS_CHUNK_BYTES_KEPT_GELU
         } else {
             LOGITS_CHUNK_BYTES
@@ -388,11 +390,7 @@ impl Buffers<BufSpec> {
             ln2_mean: a32(n),
             ln2_rstd: a32(n),
             fch: a(n * f),
-            gelu: a(if plan.keep_gelu_output && !is_fp8 {
-                n * f
-            } else {
-                0
-            }),
+            gelu: a(if keeps_gelu { n * f } else { 0 }),
             res3: a(n * c),
             lse: a32(if flash { b * nh * t } else { 0 }),
         };

@@ -12,7 +12,11 @@
 // 16·sizeof(T) bytes each — 100.6 KB for GPT-2's 50257 bf16 logits — fit in the dynamic shared
 // memory a block may have) the row is read from global memory once, into shared memory, and the
 // max, the sum and the gradient are taken from there: one read and one write of the row instead
-// of three reads and a write. Both paths take the same elements in the same order: the same bits.
+// of three reads and a write. With `cached` 2 (where the row's values in f32, 32 bytes per group —
+// 201 KB for GPT-2's vocabulary — fit) shared memory holds the row in f32 and then each element's
+// e^(x − max), so e^x is computed once per element instead of twice (the sum's and the
+// gradient's; it bounded the kernel at GPT-2's vocabulary, not memory). Every path takes the same
+// elements in the same order and computes the same values: the same bits.
 // A negative target is ignored (loss 0, gradient 0). A target ≥ v is invalid: its loss is NaN,
 // its gradient row is 0, and it sets bit 2 of the device's error word, which the host reports at
 // the next synchronize. kernels-hip/cross_entropy.hip computes the same bits (scalar loads).
@@ -141,6 +145,89 @@ __device__ __forceinline__ void cross_entropy_row_cached(const T* x, T* d, u64 r
     }
 }
 
+// The gradient of the 8 elements of group g from their e^(x − max) (`ex`; 0 past v), stored at
+// d + 8g: ce_store_grad's values without the second e^x.
+template <typename T>
+__device__ __forceinline__ void ce_store_grad_e(T* d, int g, int v, int ld, bool dvec, bool valid,
+                                                int tgt, float rinv, float grad_scale,
+                                                const float (&ex)[8]) {
+    Vec<T, 8> o;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+        const int j = 8 * g + e;
+        float gr = 0.0f;
+        if (valid && j < v) {
+            const float p = duet_fmul(ex[e], rinv);
+            gr = duet_fmul(duet_fsub(p, j == tgt ? 1.0f : 0.0f), grad_scale);
+        }
+        o.v[e] = from_f32<T>(gr);
+    }
+    if (dvec && 8 * g + 8 <= ld) {
+        store_vec<T, 8>(d + 8 * g, o);
+    } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e)
+            if (8 * g + e < ld) d[8 * g + e] = o.v[e];
+    }
+}
+
+// The f32 path of cross_entropy_row (`cached` 2): each thread reads its groups of the row from
+// global memory once, as f32, into dynamic shared memory (group g's first four values at lo[g],
+// its last four at hi[g] = lo[ng + g], so a warp's 16-byte accesses are consecutive), replaces
+// them there by e^(x − max) while it sums them, and takes the gradient from those. As in the
+// cached path a thread reads back only what it wrote itself, and in place the writes of the
+// gradient come after every read of the logits (before the first barrier).
+template <typename T>
+__device__ __forceinline__ void cross_entropy_row_exp_cached(const T* x, T* d, u64 row, int tgt,
+                                                             bool valid, float xt, bool vec, int v,
+                                                             int ld, float grad_scale,
+                                                             float* __restrict__ losses,
+                                                             unsigned int* err, float* sh,
+                                                             float4* lo) {
+    const int ng = (v + 7) / 8;
+    float4* hi = lo + ng;
+    float mx = NEG_INF;
+    for (int g = threadIdx.x; g < ng; g += blockDim.x) {
+        float f[8];
+        ce_load8(x, g, v, vec, f);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) mx = fmaxf(mx, f[e]);
+        lo[g] = make_float4(f[0], f[1], f[2], f[3]);
+        hi[g] = make_float4(f[4], f[5], f[6], f[7]);
+    }
+    mx = block_max(mx, sh);
+    float sum = 0.0f;
+    for (int g = threadIdx.x; g < ng; g += blockDim.x) {
+        const float4 a = lo[g], b = hi[g];
+        float f[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+        // Past v: e^(−inf) = 0, which leaves the sum's bits as they are.
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            f[e] = duet_exp_fma_f32(duet_fsub(f[e], mx));
+            sum = duet_fadd(sum, f[e]);
+        }
+        lo[g] = make_float4(f[0], f[1], f[2], f[3]);
+        hi[g] = make_float4(f[4], f[5], f[6], f[7]);
+    }
+    sum = block_sum(sum, sh);
+    ce_write_loss(losses, row, tgt, v, valid, mx, sum, xt, err);
+    if (d == nullptr) return;
+    d += row * ld;
+    const bool dvec = (reinterpret_cast<u64>(d) & 15u) == 0;
+    const float rinv = duet_fdiv(1.0f, sum);
+    const int ngl = (ld + 7) / 8;
+    for (int g = threadIdx.x; g < ngl; g += blockDim.x) {
+        float ex[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+        if (g < ng) {
+            // (The padding's groups, all past v, keep 0: their gradient is 0.)
+            const float4 a = lo[g], b = hi[g];
+            ex[0] = a.x, ex[1] = a.y, ex[2] = a.z, ex[3] = a.w;
+            ex[4] = b.x, ex[5] = b.y, ex[6] = b.z, ex[7] = b.w;
+        }
+        ce_store_grad_e(d, g, v, ld, dvec, valid, tgt, rinv, grad_scale, ex);
+    }
+}
+
 // One row: the loss, and with `d` (which may be `x` itself: the in-place classifier) the
 // gradient (softmax − onehot) · grad_scale over all ld columns (0 past v). In place, every
 // thread reads its groups for the max and the sum before the block reductions' barriers and
@@ -161,8 +248,12 @@ __device__ __forceinline__ void cross_entropy_row(const T* x, T* d, const int* _
     const int ng = (v + 7) / 8;
     if (cached) {
         extern __shared__ __align__(16) unsigned char ce_cache[];
-        cross_entropy_row_cached<T>(x, d, row, tgt, valid, xt, vec, v, ld, grad_scale, losses, err,
-                                    sh, reinterpret_cast<Vec<T, 8>*>(ce_cache));
+        if (cached == 2)
+            cross_entropy_row_exp_cached<T>(x, d, row, tgt, valid, xt, vec, v, ld, grad_scale,
+                                            losses, err, sh, reinterpret_cast<float4*>(ce_cache));
+        else
+            cross_entropy_row_cached<T>(x, d, row, tgt, valid, xt, vec, v, ld, grad_scale, losses,
+                                        err, sh, reinterpret_cast<Vec<T, 8>*>(ce_cache));
         return;
     }
     float mx = NEG_INF;

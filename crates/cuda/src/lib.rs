@@ -45,6 +45,7 @@ pub use graph::CudaStepGraph;
 pub use kernels::{KernelModule, compile};
 pub use memory::CudaBuffer;
 pub use nccl::NcclComm;
+pub use ops::loss::CrossEntropyCache;
 
 // device.rs spells these two names itself; they must be the knobs' (duet_device::knobs).
 const _: () = assert!(

@@ -274,6 +274,28 @@ pub fn gemm_epilogue_matches_composition<D: Fused>(h: &Harness<D>) {
             &[get(d, "dw", &pdw), get(d, "db", &pdb)],
             &[Tol::rel(1e-3), Tol::rel(1e-3)],
         );
+        // The weight gradient in the 16-bit dtype, written (the training step's case), with the
+        // f32 bias gradient: a library that writes the bias gradient in the weight gradient's
+        // dtype (CUDA's fallback, crates/cuda/src/ops/gemm.rs) stays within that rounding.
+        let wdesc16 = GemmDesc::new(true, false, m, k, n);
+        let mut pdw = nan(d, dt, m * k);
+        d.gemm(&wdesc16, &dy, &x, &mut pdw).unwrap();
+        let mut fdw = nan(d, dt, m * k);
+        let mut fdb = nan(d, DType::F32, m);
+        d.gemm_epilogue(
+            &wdesc16,
+            &dy,
+            &x,
+            &mut fdw,
+            Epilogue::BiasGradA { dbias: &mut fdb },
+        )
+        .unwrap();
+        h.same(
+            &format!("{case} {dt} weight gradient in {dt} and bias gradient"),
+            &[get(d, "dw", &fdw), get(d, "db", &fdb)],
+            &[get(d, "dw", &pdw), get(d, "db", &pdb)],
+            &[tol, tol],
+        );
         let bad = GemmDesc::new(false, false, n, k, m).beta(1.0);
         assert!(
             d.gemm_epilogue(&bad, &dy, &w, &mut fdx, Epilogue::DGelu { pre: &pre })

@@ -12,6 +12,8 @@ const OP: &str = "gemm_epilogue";
 const REFUSED_BGRAD: u8 = 1;
 pub(crate) const REFUSED_FP8_BIAS: u8 = 2;
 pub(crate) const REFUSED_FP8_GELU: u8 = 4;
+const REFUSED_BGRAD_LOW: u8 = 8;
+const REFUSED_BGRAD_F32_OUT: u8 = 16;
 
 impl CudaDevice {
     pub(crate) fn epilogue_supported(&self, dtype: DType) -> bool {
@@ -119,8 +121,12 @@ impl CudaDevice {
         })
     }
 
-    /// The weight-gradient GEMM with cuBLASLt's BGRADB epilogue; where this cuBLASLt cannot
-    /// (remembered after the first refusal), the plain GEMM and a column sum.
+    /// The weight-gradient GEMM with cuBLASLt's BGRADB epilogue writing the f32 bias gradient.
+    /// Where this cuBLASLt refuses an f32 bias gradient (remembered after the first refusal)
+    /// and the weight gradient C is itself 16-bit, the epilogue writes the bias gradient in C's
+    /// dtype and a cast widens it (the bias gradient then has its weight gradient's precision:
+    /// one rounding of the f32 sum); otherwise, or where that is refused too, the plain GEMM and
+    /// a column sum.
     fn gemm_bias_grad(
         &self,
         desc: &GemmDesc,
@@ -133,10 +139,35 @@ impl CudaDevice {
             bias: dbias.ptr(),
             dtype: DType::F32,
         };
-        let what =
-            "the bias-gradient epilogue (BGRADB; the bias gradients then run as column sums)";
-        if self.lt_unless_refused(REFUSED_BGRAD, what, || self.lt_matmul(desc, a, b, c, epi)) {
+        // (Refusals are remembered per C dtype: an f32 bias gradient may be refused for a
+        // 16-bit weight gradient and not for an f32 one.)
+        let (bit, what) = if c.dtype() == DType::F32 {
+            (
+                REFUSED_BGRAD_F32_OUT,
+                "the bias-gradient epilogue (BGRADB) with an f32 bias gradient and weight gradient",
+            )
+        } else {
+            (
+                REFUSED_BGRAD,
+                "the bias-gradient epilogue (BGRADB) with an f32 bias gradient and a 16-bit weight gradient",
+            )
+        };
+        if self.lt_unless_refused(bit, what, || self.lt_matmul(desc, a, b, c, epi)) {
             return Ok(());
+        }
+        let low_dt = c.dtype();
+        if low_dt == a.dtype() {
+            let low = self.alloc(low_dt, desc.m)?;
+            let epi = LtEpilogue::BGradB {
+                bias: low.ptr(),
+                dtype: low_dt,
+            };
+            let what = "the bias-gradient epilogue (BGRADB) with a 16-bit bias gradient (the bias gradients then run as column sums)";
+            if self.lt_unless_refused(REFUSED_BGRAD_LOW, what, || {
+                self.lt_matmul(desc, a, b, c, epi)
+            }) {
+                return self.cast(&low, dbias, 1.0);
+            }
         }
         self.gemm(desc, a, b, c)?;
         self.fill(dbias, 0.0)?;

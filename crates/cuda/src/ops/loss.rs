@@ -3,6 +3,26 @@
 use super::prelude::*;
 use cudarc::driver::CudaFunction;
 use cudarc::driver::sys::CUfunction_attribute;
+use std::cell::Cell;
+
+/// Where the cross-entropy kernels keep a row while they work on it (kernels-cuda/
+/// cross_entropy.cu's `cached` argument). Every choice gives the same bits; the default is the
+/// first of `Exp`, `Logits`, `None` whose shared memory a block may have.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CrossEntropyCache {
+    /// No cache: the row is read from global memory once per pass (max, sum, gradient).
+    None = 0,
+    /// The row's logits as stored (16 bytes per 8 bf16 logits: 100.6 KB at vocabulary 50257):
+    /// one read of global memory, e^x computed twice per element (sum and gradient).
+    Logits = 1,
+    /// The row in f32, then its e^(x − max) (32 bytes per 8 logits: 201 KB at 50257): one read
+    /// of global memory and e^x once per element, at one block per SM for GPT-2's vocabulary.
+    Exp = 2,
+}
+
+thread_local! {
+    static CE_CACHE_ON_THREAD: Cell<Option<CrossEntropyCache>> = const { Cell::new(None) };
+}
 
 impl CudaDevice {
     #[allow(clippy::too_many_arguments)]
@@ -35,11 +55,12 @@ impl CudaDevice {
         }
         let dptr = dlogits.map(|d| d.ptr()).unwrap_or(0);
         let block = duet_device::cross_entropy_threads(v);
-        let (f, cache) = self.ce_func(&format!("cross_entropy_{s}"), logits.dtype(), v)?;
+        let (f, mode, cache) = self.ce_func(&format!("cross_entropy_{s}"), logits.dtype(), v)?;
         // SAFETY: cross_entropy(const T*, const int*, float*, T* (nullable), int v, int ld,
         // float, unsigned*, int cached): one block per row < n over logits/dlogits (n·ld,
-        // checked, v ≤ ld), targets and losses (n); with `cached`, `cache` bytes of dynamic
-        // shared memory hold the row's ceil(v / 8) groups of 8 elements (allowed by ce_func).
+        // checked, v ≤ ld), targets and losses (n); with `cached` 1 or 2, `cache` bytes of
+        // dynamic shared memory hold the row's ceil(v / 8) groups of 8 elements as stored or in
+        // f32 (the mode and the bytes from ce_func, which allowed the function that much).
         unsafe {
             self.launcher(&f)
                 .grid((grid_dim(OP, n)?, 1, 1))
@@ -52,10 +73,17 @@ impl CudaDevice {
                 .arg_i32(dim(OP, "ld", ld)?)
                 .arg_f32(grad_scale)
                 .arg_ptr(self.err_word.ptr())
-                .arg_i32((cache > 0) as i32)
+                .arg_i32(mode as i32)
                 .shared_mem(cache)
                 .launch()
         }
+    }
+
+    /// Selects where the cross-entropy kernels keep a row for the calls made on the calling
+    /// thread: `Some(c)` that cache where its shared memory fits (else the next one down),
+    /// `None` the default. Every choice gives the same bits. For A/B tests and benchmarks.
+    pub fn cross_entropy_cache_on_this_thread(cache: Option<CrossEntropyCache>) {
+        CE_CACHE_ON_THREAD.with(|c| c.set(cache));
     }
 
     /// [`duet_device::Fused::cross_entropy_in_place`]: kernels-cuda/cross_entropy.cu's
@@ -78,7 +106,8 @@ impl CudaDevice {
             return Ok(());
         }
         let block = duet_device::cross_entropy_threads(v);
-        let (f, cache) = self.ce_func(&format!("cross_entropy_in_place_{s}"), logits.dtype(), v)?;
+        let (f, mode, cache) =
+            self.ce_func(&format!("cross_entropy_in_place_{s}"), logits.dtype(), v)?;
         // SAFETY: cross_entropy_in_place(T* logits, const int*, float*, int v, int ld, float,
         // unsigned*, int cached): one block per row < n over logits (n·ld, checked, v ≤ ld;
         // each element read and then overwritten by the same thread, after the block's
@@ -95,30 +124,46 @@ impl CudaDevice {
                 .arg_i32(dim(OP, "ld", ld)?)
                 .arg_f32(grad_scale)
                 .arg_ptr(self.err_word.ptr())
-                .arg_i32((cache > 0) as i32)
+                .arg_i32(mode as i32)
                 .shared_mem(cache)
                 .launch()
         }
     }
 
-    /// The cross-entropy kernel `name` and the dynamic shared memory its rows of `v` logits of
-    /// `dtype` are cached in: ceil(v / 8) groups of 8 elements, where that fits in what a block
-    /// may have beside the kernel's static reduction array (then the function is allowed that
-    /// much), else 0 (the kernel reads the row from global memory once per pass; the same bits).
-    fn ce_func(&self, name: &str, dtype: DType, v: usize) -> Result<(CudaFunction, u32)> {
+    /// The cross-entropy kernel `name`, where it keeps a row of `v` logits of `dtype`
+    /// ([`CrossEntropyCache`]) and the dynamic shared memory that takes: ceil(v / 8) groups of 8
+    /// elements, in f32 for `Exp`, as stored for `Logits`. The first of the thread's choice (or
+    /// `Exp` by default), `Logits`, `None` whose bytes fit in what a block may have beside the
+    /// kernel's static reduction array (then the function is allowed that much).
+    fn ce_func(
+        &self,
+        name: &str,
+        dtype: DType,
+        v: usize,
+    ) -> Result<(CudaFunction, CrossEntropyCache, u32)> {
         /// The kernels' static shared memory (block_max/block_sum's 32 floats).
         const STATIC: usize = 32 * 4;
         let f = self.func(KernelModule::CrossEntropy, name)?;
-        let bytes = v.div_ceil(8) * 8 * dtype.size_bytes();
+        let want = CE_CACHE_ON_THREAD
+            .with(Cell::get)
+            .unwrap_or(CrossEntropyCache::Exp);
+        let groups = v.div_ceil(8) * 8;
+        let choices = [
+            (CrossEntropyCache::Exp, groups * 4),
+            (CrossEntropyCache::Logits, groups * dtype.size_bytes()),
+        ];
         let have = self.smem_optin;
-        if bytes == 0 || bytes + STATIC > have {
-            return Ok((f, 0));
+        for (mode, bytes) in choices {
+            if (mode as u8) > (want as u8) || bytes == 0 || bytes + STATIC > have {
+                continue;
+            }
+            f.set_attribute(
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                bytes as i32,
+            )
+            .map_err(drv("cuFuncSetAttribute"))?;
+            return Ok((f, mode, bytes as u32));
         }
-        f.set_attribute(
-            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            bytes as i32,
-        )
-        .map_err(drv("cuFuncSetAttribute"))?;
-        Ok((f, bytes as u32))
+        Ok((f, CrossEntropyCache::None, 0))
     }
 }

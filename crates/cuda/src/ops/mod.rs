@@ -14,7 +14,7 @@ mod embedding;
 mod fp8;
 mod gemm;
 mod layernorm;
-mod loss;
+pub(crate) mod loss;
 mod memory;
 mod optim;
 

@@ -12,10 +12,10 @@
 // 16·sizeof(T) bytes each — 100.6 KB for GPT-2's 50257 bf16 logits — fit in the dynamic shared
 // memory a block may have) the row is read from global memory once, into shared memory, and the
 // max, the sum and the gradient are taken from there: one read and one write of the row instead
-// of three reads and a write. With `cached` 2 (where the row's values in f32, 32 bytes per group —
-// 201 KB for GPT-2's vocabulary — fit) shared memory holds the row in f32 and then each element's
-// e^(x − max), so e^x is computed once per element instead of twice (the sum's and the
-// gradient's; it bounded the kernel at GPT-2's vocabulary, not memory). Every path takes the same
+// of three reads and a write. The *_exp_* entry points (the host takes them where the row's values
+// in f32, 32 bytes per group — 201 KB for GPT-2's vocabulary — fit) hold the row in f32 in shared
+// memory and then each element's e^(x − max), so e^x is computed once per element instead of
+// twice (the sum's and the gradient's). Every path takes the same
 // elements in the same order and computes the same values: the same bits.
 // A negative target is ignored (loss 0, gradient 0). A target ≥ v is invalid: its loss is NaN,
 // its gradient row is 0, and it sets bit 2 of the device's error word, which the host reports at
@@ -55,6 +55,25 @@ template <typename T>
 __device__ __forceinline__ void ce_to_f32(const Vec<T, 8>& r, int g, int lim, float (&f)[8]) {
 #pragma unroll
     for (int e = 0; e < 8; ++e) f[e] = 8 * g + e < lim ? to_f32(r.v[e]) : NEG_INF;
+}
+
+// Groups a thread of the cached paths loads at once (its groups g0, g0 + B, g0 + 2B, ... with
+// B threads) before it stores any: one load's latency per batch instead of one per group (a loop
+// of load-then-store waited on each load: the logits cache ran slower than none, ce_bench). The
+// same groups in the same order as one at a time. The logits cache's kernels keep 2 blocks of
+// 1024 threads per SM (32 registers a thread): 8 registers of raw data; the f32 cache's, one
+// block per SM anyway (its shared memory), have 64: 32 registers of raw data.
+template <typename T> constexpr int CE_BATCH_LOGITS = sizeof(T) == 2 ? 2 : 1;
+template <typename T> constexpr int CE_BATCH_EXP = sizeof(T) == 2 ? 4 : 2;
+
+template <typename T, int N>
+__device__ __forceinline__ void ce_load_batch(const T* __restrict__ x, int g0, int ng, int lim,
+                                              bool vec, Vec<T, 8> (&raw)[N]) {
+#pragma unroll
+    for (int u = 0; u < N; ++u) {
+        const int g = g0 + u * (int)blockDim.x;
+        if (g < ng) raw[u] = ce_load_raw(x, g, lim, vec);
+    }
 }
 
 // The gradient of the 8 elements of group g from their f32 values, stored at d + 8g.
@@ -109,7 +128,16 @@ __device__ __forceinline__ void cross_entropy_row_cached(const T* x, T* d, u64 r
                                                          unsigned int* err, float* sh,
                                                          Vec<T, 8>* cache) {
     const int ng = (v + 7) / 8;
-    for (int g = threadIdx.x; g < ng; g += blockDim.x) cache[g] = ce_load_raw(x, g, v, vec);
+    constexpr int N = CE_BATCH_LOGITS<T>;
+    for (int g0 = threadIdx.x; g0 < ng; g0 += N * blockDim.x) {
+        Vec<T, 8> raw[N];
+        ce_load_batch<T, N>(x, g0, ng, v, vec, raw);
+#pragma unroll
+        for (int u = 0; u < N; ++u) {
+            const int g = g0 + u * blockDim.x;
+            if (g < ng) cache[g] = raw[u];
+        }
+    }
     float mx = NEG_INF;
     for (int g = threadIdx.x; g < ng; g += blockDim.x) {
         float f[8];
@@ -171,7 +199,7 @@ __device__ __forceinline__ void ce_store_grad_e(T* d, int g, int v, int ld, bool
     }
 }
 
-// The f32 path of cross_entropy_row (`cached` 2): each thread reads its groups of the row from
+// The f32 path of cross_entropy_row (the *_exp_* entry points): each thread reads its groups of the row from
 // global memory once, as f32, into dynamic shared memory (group g's first four values at lo[g],
 // its last four at hi[g] = lo[ng + g], so a warp's 16-byte accesses are consecutive), replaces
 // them there by e^(x − max) while it sums them, and takes the gradient from those. As in the
@@ -187,13 +215,22 @@ __device__ __forceinline__ void cross_entropy_row_exp_cached(const T* x, T* d, u
     const int ng = (v + 7) / 8;
     float4* hi = lo + ng;
     float mx = NEG_INF;
-    for (int g = threadIdx.x; g < ng; g += blockDim.x) {
-        float f[8];
-        ce_load8(x, g, v, vec, f);
+    constexpr int N = CE_BATCH_EXP<T>;
+    for (int g0 = threadIdx.x; g0 < ng; g0 += N * blockDim.x) {
+        Vec<T, 8> raw[N];
+        ce_load_batch<T, N>(x, g0, ng, v, vec, raw);
 #pragma unroll
-        for (int e = 0; e < 8; ++e) mx = fmaxf(mx, f[e]);
-        lo[g] = make_float4(f[0], f[1], f[2], f[3]);
-        hi[g] = make_float4(f[4], f[5], f[6], f[7]);
+        for (int u = 0; u < N; ++u) {
+            const int g = g0 + u * blockDim.x;
+            if (g < ng) {
+                float f[8];
+                ce_to_f32(raw[u], g, v, f);
+#pragma unroll
+                for (int e = 0; e < 8; ++e) mx = fmaxf(mx, f[e]);
+                lo[g] = make_float4(f[0], f[1], f[2], f[3]);
+                hi[g] = make_float4(f[4], f[5], f[6], f[7]);
+            }
+        }
     }
     mx = block_max(mx, sh);
     float sum = 0.0f;
@@ -233,7 +270,8 @@ __device__ __forceinline__ void cross_entropy_row_exp_cached(const T* x, T* d, u
 // thread reads its groups for the max and the sum before the block reductions' barriers and
 // overwrites a group only after reading it again; the target's logit is read before the first
 // barrier. So in place and out of place give the same bits.
-template <typename T>
+// EXP: the f32 cache (`cached` 2; the *_exp entry points), else `cached` 1 or 0.
+template <typename T, bool EXP>
 __device__ __forceinline__ void cross_entropy_row(const T* x, T* d, const int* __restrict__ targets,
                                                   float* __restrict__ losses, int v, int ld,
                                                   float grad_scale, unsigned int* err,
@@ -246,9 +284,9 @@ __device__ __forceinline__ void cross_entropy_row(const T* x, T* d, const int* _
     const float xt = (threadIdx.x == 0 && valid) ? to_f32(x[tgt]) : 0.0f;
     const bool vec = (reinterpret_cast<u64>(x) & 15u) == 0;
     const int ng = (v + 7) / 8;
-    if (cached) {
+    if (EXP || cached) {
         extern __shared__ __align__(16) unsigned char ce_cache[];
-        if (cached == 2)
+        if constexpr (EXP)
             cross_entropy_row_exp_cached<T>(x, d, row, tgt, valid, xt, vec, v, ld, grad_scale,
                                             losses, err, sh, reinterpret_cast<float4*>(ce_cache));
         else
@@ -286,12 +324,22 @@ __device__ __forceinline__ void cross_entropy_row(const T* x, T* d, const int* _
     }
 }
 
+// cross_entropy_T: `cached` 0 or 1; cross_entropy_exp_T: the f32 cache (`cached` ignored; one
+// block per SM by its shared memory at large vocabularies, so 64 registers a thread).
 #define CROSS_ENTROPY(T, S)                                                                   \
     extern "C" __global__ void __launch_bounds__(1024, 2)                                      \
         cross_entropy_##S(const T* __restrict__ logits, const int* __restrict__ targets,      \
                           float* __restrict__ losses, T* __restrict__ dlogits, int v, int ld, \
                           float grad_scale, unsigned int* err, int cached) {                  \
-        cross_entropy_row<T>(logits, dlogits, targets, losses, v, ld, grad_scale, err, cached); \
+        cross_entropy_row<T, false>(logits, dlogits, targets, losses, v, ld, grad_scale, err,  \
+                                    cached);                                                   \
+    }                                                                                         \
+    extern "C" __global__ void __launch_bounds__(1024, 1)                                      \
+        cross_entropy_exp_##S(const T* __restrict__ logits, const int* __restrict__ targets,  \
+                              float* __restrict__ losses, T* __restrict__ dlogits, int v,     \
+                              int ld, float grad_scale, unsigned int* err, int cached) {      \
+        cross_entropy_row<T, true>(logits, dlogits, targets, losses, v, ld, grad_scale, err,   \
+                                   cached);                                                    \
     }
 FOR_FLOAT(CROSS_ENTROPY)
 
@@ -302,6 +350,14 @@ FOR_FLOAT(CROSS_ENTROPY)
         cross_entropy_in_place_##S(T* logits, const int* __restrict__ targets,                \
                                    float* __restrict__ losses, int v, int ld,                 \
                                    float grad_scale, unsigned int* err, int cached) {         \
-        cross_entropy_row<T>(logits, logits, targets, losses, v, ld, grad_scale, err, cached); \
+        cross_entropy_row<T, false>(logits, logits, targets, losses, v, ld, grad_scale, err,   \
+                                    cached);                                                   \
+    }                                                                                         \
+    extern "C" __global__ void __launch_bounds__(1024, 1)                                      \
+        cross_entropy_in_place_exp_##S(T* logits, const int* __restrict__ targets,            \
+                                       float* __restrict__ losses, int v, int ld,             \
+                                       float grad_scale, unsigned int* err, int cached) {     \
+        cross_entropy_row<T, true>(logits, logits, targets, losses, v, ld, grad_scale, err,    \
+                                   cached);                                                    \
     }
 FOR_FLOAT(CROSS_ENTROPY_IN_PLACE)

@@ -157,16 +157,37 @@ impl CudaDevice {
         }
         let low_dt = c.dtype();
         if low_dt == a.dtype() {
-            let low = self.alloc(low_dt, desc.m)?;
+            // The 16-bit bias gradient goes to the backend scratch (no allocation: the step
+            // may be recording a graph), held locked until the cast that widens it is queued.
+            let mut scratch = lock(&self.scratch, OP)?;
+            let low = scratch.get(
+                &self.ctx,
+                &self.stream,
+                desc.m * low_dt.size_bytes(),
+                &self.mem,
+            )?;
             let epi = LtEpilogue::BGradB {
-                bias: low.ptr(),
+                bias: low,
                 dtype: low_dt,
             };
             let what = "the bias-gradient epilogue (BGRADB) with a 16-bit bias gradient (the bias gradients then run as column sums)";
             if self.lt_unless_refused(REFUSED_BGRAD_LOW, what, || {
                 self.lt_matmul(desc, a, b, c, epi)
             }) {
-                return self.cast(&low, dbias, 1.0);
+                let s = float_suffix(OP, low_dt)?;
+                // SAFETY: cast_S_f32(const S*, float*, u64 n, float): `low` holds m values of
+                // S in the scratch (sized above, still locked), `dbias` m f32 (validated);
+                // queued on the stream after the GEMM that wrote `low`.
+                return unsafe {
+                    self.kernel(KernelModule::Reduce, &format!("cast_{s}_f32"))?
+                        .grid(self.grid_1d(desc.m))
+                        .block((EW_BLOCK, 1, 1))
+                        .arg_ptr(low)
+                        .arg_buf(dbias)
+                        .arg_u64(desc.m as u64)
+                        .arg_f32(1.0)
+                        .launch()
+                };
             }
         }
         self.gemm(desc, a, b, c)?;

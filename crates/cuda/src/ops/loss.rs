@@ -55,12 +55,13 @@ impl CudaDevice {
         }
         let dptr = dlogits.map(|d| d.ptr()).unwrap_or(0);
         let block = duet_device::cross_entropy_threads(v);
-        let (f, mode, cache) = self.ce_func(&format!("cross_entropy_{s}"), logits.dtype(), v)?;
-        // SAFETY: cross_entropy(const T*, const int*, float*, T* (nullable), int v, int ld,
-        // float, unsigned*, int cached): one block per row < n over logits/dlogits (n·ld,
-        // checked, v ≤ ld), targets and losses (n); with `cached` 1 or 2, `cache` bytes of
-        // dynamic shared memory hold the row's ceil(v / 8) groups of 8 elements as stored or in
-        // f32 (the mode and the bytes from ce_func, which allowed the function that much).
+        let (f, mode, cache) = self.ce_func("cross_entropy", s, logits.dtype(), v)?;
+        // SAFETY: cross_entropy[_exp](const T*, const int*, float*, T* (nullable), int v, int
+        // ld, float, unsigned*, int cached): one block per row < n over logits/dlogits (n·ld,
+        // checked, v ≤ ld), targets and losses (n); with `cached` 1 (the logits cache) or the
+        // _exp kernel, `cache` bytes of dynamic shared memory hold the row's ceil(v / 8) groups
+        // of 8 elements as stored or in f32 (the mode, the kernel and the bytes from ce_func,
+        // which allowed the function that much).
         unsafe {
             self.launcher(&f)
                 .grid((grid_dim(OP, n)?, 1, 1))
@@ -106,9 +107,8 @@ impl CudaDevice {
             return Ok(());
         }
         let block = duet_device::cross_entropy_threads(v);
-        let (f, mode, cache) =
-            self.ce_func(&format!("cross_entropy_in_place_{s}"), logits.dtype(), v)?;
-        // SAFETY: cross_entropy_in_place(T* logits, const int*, float*, int v, int ld, float,
+        let (f, mode, cache) = self.ce_func("cross_entropy_in_place", s, logits.dtype(), v)?;
+        // SAFETY: cross_entropy_in_place[_exp](T* logits, const int*, float*, int v, int ld, float,
         // unsigned*, int cached): one block per row < n over logits (n·ld, checked, v ≤ ld;
         // each element read and then overwritten by the same thread, after the block's
         // reductions), targets and losses (n); `cache` bytes of dynamic shared memory as in
@@ -130,20 +130,21 @@ impl CudaDevice {
         }
     }
 
-    /// The cross-entropy kernel `name`, where it keeps a row of `v` logits of `dtype`
-    /// ([`CrossEntropyCache`]) and the dynamic shared memory that takes: ceil(v / 8) groups of 8
-    /// elements, in f32 for `Exp`, as stored for `Logits`. The first of the thread's choice (or
-    /// `Exp` by default), `Logits`, `None` whose bytes fit in what a block may have beside the
-    /// kernel's static reduction array (then the function is allowed that much).
+    /// The cross-entropy kernel `<name>_<sfx>` (`<name>_exp_<sfx>` for the f32 cache), where it
+    /// keeps a row of `v` logits of `dtype` ([`CrossEntropyCache`]) and the dynamic shared
+    /// memory that takes: ceil(v / 8) groups of 8 elements, in f32 for `Exp`, as stored for
+    /// `Logits`. The first of the thread's choice (or `Exp` by default), `Logits`, `None` whose
+    /// bytes fit in what a block may have beside the kernel's static reduction array (then the
+    /// function is allowed that much).
     fn ce_func(
         &self,
         name: &str,
+        sfx: &str,
         dtype: DType,
         v: usize,
     ) -> Result<(CudaFunction, CrossEntropyCache, u32)> {
         /// The kernels' static shared memory (block_max/block_sum's 32 floats).
         const STATIC: usize = 32 * 4;
-        let f = self.func(KernelModule::CrossEntropy, name)?;
         let want = CE_CACHE_ON_THREAD
             .with(Cell::get)
             .unwrap_or(CrossEntropyCache::Exp);
@@ -157,6 +158,12 @@ impl CudaDevice {
             if (mode as u8) > (want as u8) || bytes == 0 || bytes + STATIC > have {
                 continue;
             }
+            let f = match mode {
+                CrossEntropyCache::Exp => {
+                    self.func(KernelModule::CrossEntropy, &format!("{name}_exp_{sfx}"))?
+                }
+                _ => self.func(KernelModule::CrossEntropy, &format!("{name}_{sfx}"))?,
+            };
             f.set_attribute(
                 CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                 bytes as i32,
@@ -164,6 +171,7 @@ impl CudaDevice {
             .map_err(drv("cuFuncSetAttribute"))?;
             return Ok((f, mode, bytes as u32));
         }
+        let f = self.func(KernelModule::CrossEntropy, &format!("{name}_{sfx}"))?;
         Ok((f, CrossEntropyCache::None, 0))
     }
 }

@@ -58,8 +58,8 @@ __device__ __forceinline__ void ce_to_f32(const Vec<T, 8>& r, int g, int lim, fl
 }
 
 // Groups a thread of the cached paths loads at once (its groups g0, g0 + B, g0 + 2B, ... with
-// B threads) before it stores any: one load's latency per batch instead of one per group (a loop
-// of load-then-store waited on each load: the logits cache ran slower than none, ce_bench). The
+// B threads) before it stores any: one load's latency per batch instead of one per group (with
+// one group per load-then-store the logits cache ran slower than no cache: ce_bench, H100). The
 // same groups in the same order as one at a time. The logits cache's kernels keep 2 blocks of
 // 1024 threads per SM (32 registers a thread): 8 registers of raw data; the f32 cache's, one
 // block per SM anyway (its shared memory), have 64: 32 registers of raw data.
@@ -199,10 +199,11 @@ __device__ __forceinline__ void ce_store_grad_e(T* d, int g, int v, int ld, bool
     }
 }
 
-// The f32 path of cross_entropy_row (the *_exp_* entry points): each thread reads its groups of the row from
-// global memory once, as f32, into dynamic shared memory (group g's first four values at lo[g],
-// its last four at hi[g] = lo[ng + g], so a warp's 16-byte accesses are consecutive), replaces
-// them there by e^(x − max) while it sums them, and takes the gradient from those. As in the
+// The f32 path of cross_entropy_row (the *_exp_* entry points): each thread reads its groups of
+// the row from global memory once, as f32, into dynamic shared memory (group g's first four
+// values at lo[g], its last four at hi[g] = lo[ng + g], so a warp's 16-byte accesses are
+// consecutive), replaces them there by e^(x − max) while it sums them, and takes the gradient
+// from those. As in the
 // cached path a thread reads back only what it wrote itself, and in place the writes of the
 // gradient come after every read of the logits (before the first barrier).
 template <typename T>

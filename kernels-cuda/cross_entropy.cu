@@ -76,18 +76,19 @@ __device__ __forceinline__ void ce_load_batch(const T* __restrict__ x, int g0, i
     }
 }
 
-// The gradient of the 8 elements of group g from their f32 values, stored at d + 8g.
+// The gradient of the 8 elements of group g from their e^(x − max) (`ex`; 0 past v), stored at
+// d + 8g.
 template <typename T>
-__device__ __forceinline__ void ce_store_grad(T* d, int g, int v, int ld, bool dvec, bool valid,
-                                              int tgt, float mx, float rinv, float grad_scale,
-                                              const float (&f)[8]) {
+__device__ __forceinline__ void ce_store_grad_e(T* d, int g, int v, int ld, bool dvec, bool valid,
+                                                int tgt, float rinv, float grad_scale,
+                                                const float (&ex)[8]) {
     Vec<T, 8> o;
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
         const int j = 8 * g + e;
         float gr = 0.0f;
         if (valid && j < v) {
-            const float p = duet_fmul(duet_exp_fma_f32(duet_fsub(f[e], mx)), rinv);
+            const float p = duet_fmul(ex[e], rinv);
             gr = duet_fmul(duet_fsub(p, j == tgt ? 1.0f : 0.0f), grad_scale);
         }
         o.v[e] = from_f32<T>(gr);
@@ -99,6 +100,19 @@ __device__ __forceinline__ void ce_store_grad(T* d, int g, int v, int ld, bool d
         for (int e = 0; e < 8; ++e)
             if (8 * g + e < ld) d[8 * g + e] = o.v[e];
     }
+}
+
+// The gradient of the 8 elements of group g from their f32 values, stored at d + 8g: their
+// e^(x − max) (only where the gradient uses it), then ce_store_grad_e.
+template <typename T>
+__device__ __forceinline__ void ce_store_grad(T* d, int g, int v, int ld, bool dvec, bool valid,
+                                              int tgt, float mx, float rinv, float grad_scale,
+                                              const float (&f)[8]) {
+    float ex[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e)
+        ex[e] = valid && 8 * g + e < v ? duet_exp_fma_f32(duet_fsub(f[e], mx)) : 0.0f;
+    ce_store_grad_e(d, g, v, ld, dvec, valid, tgt, rinv, grad_scale, ex);
 }
 
 // The row's loss (thread 0 writes it) from its max, its sum and the target's logit.
@@ -170,32 +184,6 @@ __device__ __forceinline__ void cross_entropy_row_cached(const T* x, T* d, u64 r
             for (int e = 0; e < 8; ++e) f[e] = NEG_INF;
         }
         ce_store_grad(d, g, v, ld, dvec, valid, tgt, mx, rinv, grad_scale, f);
-    }
-}
-
-// The gradient of the 8 elements of group g from their e^(x − max) (`ex`; 0 past v), stored at
-// d + 8g: ce_store_grad's values without the second e^x.
-template <typename T>
-__device__ __forceinline__ void ce_store_grad_e(T* d, int g, int v, int ld, bool dvec, bool valid,
-                                                int tgt, float rinv, float grad_scale,
-                                                const float (&ex)[8]) {
-    Vec<T, 8> o;
-#pragma unroll
-    for (int e = 0; e < 8; ++e) {
-        const int j = 8 * g + e;
-        float gr = 0.0f;
-        if (valid && j < v) {
-            const float p = duet_fmul(ex[e], rinv);
-            gr = duet_fmul(duet_fsub(p, j == tgt ? 1.0f : 0.0f), grad_scale);
-        }
-        o.v[e] = from_f32<T>(gr);
-    }
-    if (dvec && 8 * g + 8 <= ld) {
-        store_vec<T, 8>(d + 8 * g, o);
-    } else {
-#pragma unroll
-        for (int e = 0; e < 8; ++e)
-            if (8 * g + e < ld) d[8 * g + e] = o.v[e];
     }
 }
 

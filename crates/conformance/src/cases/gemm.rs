@@ -251,51 +251,51 @@ pub fn gemm_epilogue_matches_composition<D: Fused>(h: &Harness<D>) {
         d.gemm_epilogue(&desc, &dy, &w, &mut fdx, Epilogue::DGelu { pre: &pre })
             .unwrap();
         h.same_buf(&format!("{case} {dt} dgelu"), "dx", &fdx, &pdx, tol);
-        // Weight gradient accumulated into f32 with the bias gradient (overwritten).
-        let dw0 = r.vec(m * k, -1.0, 1.0);
-        let wdesc = GemmDesc::new(true, false, m, k, n).beta(1.0);
-        let mut pdw = put(d, DType::F32, &dw0);
-        d.gemm(&wdesc, &dy, &x, &mut pdw).unwrap();
+        // The bias gradient (f32, overwritten) with the weight gradient: accumulated into f32;
+        // and in the 16-bit dtype, written (the training step's case), where a library that
+        // writes the bias gradient in the weight gradient's dtype (CUDA's fallback,
+        // crates/cuda/src/ops/gemm.rs) stays within that rounding.
         let mut pdb = put(d, DType::F32, &vec![0.0; m]);
         d.bias_backward(&dy, &mut pdb, n, m).unwrap();
-        let mut fdw = put(d, DType::F32, &dw0);
-        let mut fdb = nan(d, DType::F32, m);
-        d.gemm_epilogue(
-            &wdesc,
-            &dy,
-            &x,
-            &mut fdw,
-            Epilogue::BiasGradA { dbias: &mut fdb },
-        )
-        .unwrap();
-        h.same(
-            &format!("{case} {dt} weight and bias gradients"),
-            &[get(d, "dw", &fdw), get(d, "db", &fdb)],
-            &[get(d, "dw", &pdw), get(d, "db", &pdb)],
-            &[Tol::rel(1e-3), Tol::rel(1e-3)],
-        );
-        // The weight gradient in the 16-bit dtype, written (the training step's case), with the
-        // f32 bias gradient: a library that writes the bias gradient in the weight gradient's
-        // dtype (CUDA's fallback, crates/cuda/src/ops/gemm.rs) stays within that rounding.
-        let wdesc16 = GemmDesc::new(true, false, m, k, n);
-        let mut pdw = nan(d, dt, m * k);
-        d.gemm(&wdesc16, &dy, &x, &mut pdw).unwrap();
-        let mut fdw = nan(d, dt, m * k);
-        let mut fdb = nan(d, DType::F32, m);
-        d.gemm_epilogue(
-            &wdesc16,
-            &dy,
-            &x,
-            &mut fdw,
-            Epilogue::BiasGradA { dbias: &mut fdb },
-        )
-        .unwrap();
-        h.same(
-            &format!("{case} {dt} weight gradient in {dt} and bias gradient"),
-            &[get(d, "dw", &fdw), get(d, "db", &fdb)],
-            &[get(d, "dw", &pdw), get(d, "db", &pdb)],
-            &[tol, tol],
-        );
+        for (dw_dt, beta, dw_tol, what) in [
+            (
+                DType::F32,
+                1.0,
+                Tol::rel(1e-3),
+                "weight and bias gradients".to_string(),
+            ),
+            (
+                dt,
+                0.0,
+                tol,
+                format!("weight gradient in {dt} and bias gradient"),
+            ),
+        ] {
+            let wdesc = GemmDesc::new(true, false, m, k, n).beta(beta);
+            let dw0 = if beta == 0.0 {
+                vec![f32::NAN; m * k]
+            } else {
+                r.vec(m * k, -1.0, 1.0)
+            };
+            let mut pdw = put(d, dw_dt, &dw0);
+            d.gemm(&wdesc, &dy, &x, &mut pdw).unwrap();
+            let mut fdw = put(d, dw_dt, &dw0);
+            let mut fdb = nan(d, DType::F32, m);
+            d.gemm_epilogue(
+                &wdesc,
+                &dy,
+                &x,
+                &mut fdw,
+                Epilogue::BiasGradA { dbias: &mut fdb },
+            )
+            .unwrap();
+            h.same(
+                &format!("{case} {dt} {what}"),
+                &[get(d, "dw", &fdw), get(d, "db", &fdb)],
+                &[get(d, "dw", &pdw), get(d, "db", &pdb)],
+                &[dw_tol, dw_tol],
+            );
+        }
         let bad = GemmDesc::new(false, false, n, k, m).beta(1.0);
         assert!(
             d.gemm_epilogue(&bad, &dy, &w, &mut fdx, Epilogue::DGelu { pre: &pre })

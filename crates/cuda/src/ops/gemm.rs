@@ -175,19 +175,10 @@ impl CudaDevice {
                 self.lt_matmul(desc, a, b, c, epi)
             }) {
                 let s = float_suffix(OP, low_dt)?;
-                // SAFETY: cast_S_f32(const S*, float*, u64 n, float): `low` holds m values of
-                // S in the scratch (sized above, still locked), `dbias` m f32 (validated);
-                // queued on the stream after the GEMM that wrote `low`.
-                return unsafe {
-                    self.kernel(KernelModule::Reduce, &format!("cast_{s}_f32"))?
-                        .grid(self.grid_1d(desc.m))
-                        .block((EW_BLOCK, 1, 1))
-                        .arg_ptr(low)
-                        .arg_buf(dbias)
-                        .arg_u64(desc.m as u64)
-                        .arg_f32(1.0)
-                        .launch()
-                };
+                // SAFETY: `low` holds m values of the 16-bit dtype in the scratch (sized above,
+                // still locked), `dbias` m f32 (validated); the cast is queued on the stream
+                // after the GEMM that wrote `low`.
+                return unsafe { self.cast_launch(low, s, dbias.ptr(), "f32", desc.m, 1.0) };
             }
         }
         self.gemm(desc, a, b, c)?;

@@ -154,24 +154,22 @@ impl CudaDevice {
             (CrossEntropyCache::Logits, groups * dtype.size_bytes()),
         ];
         let have = self.smem_optin;
-        for (mode, bytes) in choices {
-            if (mode as u8) > (want as u8) || bytes == 0 || bytes + STATIC > have {
-                continue;
-            }
-            let f = match mode {
-                CrossEntropyCache::Exp => {
-                    self.func(KernelModule::CrossEntropy, &format!("{name}_exp_{sfx}"))?
-                }
-                _ => self.func(KernelModule::CrossEntropy, &format!("{name}_{sfx}"))?,
-            };
+        let (mode, bytes) = choices
+            .into_iter()
+            .find(|&(mode, bytes)| mode as u8 <= want as u8 && bytes > 0 && bytes + STATIC <= have)
+            .unwrap_or((CrossEntropyCache::None, 0));
+        let kernel = match mode {
+            CrossEntropyCache::Exp => format!("{name}_exp_{sfx}"),
+            _ => format!("{name}_{sfx}"),
+        };
+        let f = self.func(KernelModule::CrossEntropy, &kernel)?;
+        if bytes > 0 {
             f.set_attribute(
                 CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                 bytes as i32,
             )
             .map_err(drv("cuFuncSetAttribute"))?;
-            return Ok((f, mode, bytes as u32));
         }
-        let f = self.func(KernelModule::CrossEntropy, &format!("{name}_{sfx}"))?;
-        Ok((f, CrossEntropyCache::None, 0))
+        Ok((f, mode, bytes as u32))
     }
 }

@@ -1,9 +1,8 @@
 // Fused softmax + cross-entropy over logits (n rows of ld ≥ v; only the first v are the
 // vocabulary's, the rest a padding that takes no part and gets a zero gradient) with i32 targets.
 //
-// One block per row (the f32 cache's kernels: persistent blocks taking rows in turn); the host
-// picks the block size from v (duet_device::cross_entropy_threads: one warp for the 96-token
-// vocabulary, 1024 threads for large vocabularies). Row layout: the
+// One block per row; the host picks the block size from v (duet_device::cross_entropy_threads:
+// one warp for the 96-token vocabulary, 1024 threads for large vocabularies). Row layout: the
 // row is cut into groups of 8 consecutive elements, and thread t owns the groups t, t + B,
 // t + 2B, ... (B threads); its partial max and sum run over its elements in that order, then
 // the block reductions (f32). Groups are read with 128-bit accesses where the row is 16-byte
@@ -63,12 +62,9 @@ __device__ __forceinline__ void ce_to_f32(const Vec<T, 8>& r, int g, int lim, fl
 // one group per load-then-store the logits cache ran slower than no cache: ce_bench, H100). The
 // same groups in the same order as one at a time. The logits cache's kernels keep 2 blocks of
 // 1024 threads per SM (32 registers a thread): 8 registers of raw data; the f32 cache's, one
-// block per SM anyway (its shared memory), have 64, of which the next row's groups loaded ahead
-// (CE_PREFETCH, held through the current row) and a batch take 8 each at 16-bit types (more of
-// either spills at sm_90: ptxas -v).
+// block per SM anyway (its shared memory), have 64: 32 registers of raw data.
 template <typename T> constexpr int CE_BATCH_LOGITS = sizeof(T) == 2 ? 2 : 1;
-template <typename T> constexpr int CE_BATCH_EXP = 2;
-template <typename T> constexpr int CE_PREFETCH = 2;
+template <typename T> constexpr int CE_BATCH_EXP = sizeof(T) == 2 ? 4 : 2;
 
 template <typename T, int N>
 __device__ __forceinline__ void ce_load_batch(const T* __restrict__ x, int g0, int ng, int lim,
@@ -191,25 +187,6 @@ __device__ __forceinline__ void cross_entropy_row_cached(const T* x, T* d, u64 r
     }
 }
 
-// The f32 cache: a batch's groups (g0, g0 + B, ... < ng) in f32 into the cache (group g's
-// first four values at lo[g], its last four at hi[g]), and their max into mx.
-template <typename T, int M>
-__device__ __forceinline__ void ce_absorb_f32(const Vec<T, 8> (&raw)[M], int g0, int ng, int v,
-                                              float& mx, float4* lo, float4* hi) {
-#pragma unroll
-    for (int u = 0; u < M; ++u) {
-        const int g = g0 + u * (int)blockDim.x;
-        if (g < ng) {
-            float f[8];
-            ce_to_f32(raw[u], g, v, f);
-#pragma unroll
-            for (int e = 0; e < 8; ++e) mx = fmaxf(mx, f[e]);
-            lo[g] = make_float4(f[0], f[1], f[2], f[3]);
-            hi[g] = make_float4(f[4], f[5], f[6], f[7]);
-        }
-    }
-}
-
 // The f32 path of cross_entropy_row (the *_exp_* entry points): each thread reads its groups of
 // the row from global memory once, as f32, into dynamic shared memory (group g's first four
 // values at lo[g], its last four at hi[g] = lo[ng + g], so a warp's 16-byte accesses are
@@ -217,27 +194,33 @@ __device__ __forceinline__ void ce_absorb_f32(const Vec<T, 8> (&raw)[M], int g0,
 // from those. As in the
 // cached path a thread reads back only what it wrote itself, and in place the writes of the
 // gradient come after every read of the logits (before the first barrier).
-// `pre`: this row's first batch (the groups threadIdx.x + u·B), already loaded by the caller;
-// `xnext` (null for none): the row this block takes next, whose first batch goes into `pre`
-// as soon as this row's batches are all in shared memory, so its loads are in flight while this
-// row's max, sum and gradient are computed and stored (same loads, same values: same bits).
 template <typename T>
-__device__ __forceinline__ void cross_entropy_row_exp_cached(
-    const T* x, T* d, u64 row, int tgt, bool valid, float xt, bool vec, int v, int ld,
-    float grad_scale, float* __restrict__ losses, unsigned int* err, float* sh, float4* lo,
-    Vec<T, 8> (&pre)[CE_PREFETCH<T>], const T* xnext, bool vecnext) {
+__device__ __forceinline__ void cross_entropy_row_exp_cached(const T* x, T* d, u64 row, int tgt,
+                                                             bool valid, float xt, bool vec, int v,
+                                                             int ld, float grad_scale,
+                                                             float* __restrict__ losses,
+                                                             unsigned int* err, float* sh,
+                                                             float4* lo) {
     const int ng = (v + 7) / 8;
     float4* hi = lo + ng;
     float mx = NEG_INF;
     constexpr int N = CE_BATCH_EXP<T>;
-    constexpr int P = CE_PREFETCH<T>;
-    ce_absorb_f32<T, P>(pre, threadIdx.x, ng, v, mx, lo, hi);
-    for (int g0 = threadIdx.x + P * blockDim.x; g0 < ng; g0 += N * blockDim.x) {
+    for (int g0 = threadIdx.x; g0 < ng; g0 += N * blockDim.x) {
         Vec<T, 8> raw[N];
         ce_load_batch<T, N>(x, g0, ng, v, vec, raw);
-        ce_absorb_f32<T, N>(raw, g0, ng, v, mx, lo, hi);
+#pragma unroll
+        for (int u = 0; u < N; ++u) {
+            const int g = g0 + u * blockDim.x;
+            if (g < ng) {
+                float f[8];
+                ce_to_f32(raw[u], g, v, f);
+#pragma unroll
+                for (int e = 0; e < 8; ++e) mx = fmaxf(mx, f[e]);
+                lo[g] = make_float4(f[0], f[1], f[2], f[3]);
+                hi[g] = make_float4(f[4], f[5], f[6], f[7]);
+            }
+        }
     }
-    if (xnext != nullptr) ce_load_batch<T, P>(xnext, threadIdx.x, ng, v, vecnext, pre);
     mx = block_max(mx, sh);
     float sum = 0.0f;
     for (int g = threadIdx.x; g < ng; g += blockDim.x) {
@@ -276,8 +259,8 @@ __device__ __forceinline__ void cross_entropy_row_exp_cached(
 // thread reads its groups for the max and the sum before the block reductions' barriers and
 // overwrites a group only after reading it again; the target's logit is read before the first
 // barrier. So in place and out of place give the same bits.
-// `cached` 1: the logits cache, 0: none (the f32 cache's rows: cross_entropy_rows_exp).
-template <typename T>
+// EXP: the f32 cache (`cached` 2; the *_exp entry points), else `cached` 1 or 0.
+template <typename T, bool EXP>
 __device__ __forceinline__ void cross_entropy_row(const T* x, T* d, const int* __restrict__ targets,
                                                   float* __restrict__ losses, int v, int ld,
                                                   float grad_scale, unsigned int* err,
@@ -290,10 +273,14 @@ __device__ __forceinline__ void cross_entropy_row(const T* x, T* d, const int* _
     const float xt = (threadIdx.x == 0 && valid) ? to_f32(x[tgt]) : 0.0f;
     const bool vec = (reinterpret_cast<u64>(x) & 15u) == 0;
     const int ng = (v + 7) / 8;
-    if (cached) {
+    if (EXP || cached) {
         extern __shared__ __align__(16) unsigned char ce_cache[];
-        cross_entropy_row_cached<T>(x, d, row, tgt, valid, xt, vec, v, ld, grad_scale, losses, err,
-                                    sh, reinterpret_cast<Vec<T, 8>*>(ce_cache));
+        if constexpr (EXP)
+            cross_entropy_row_exp_cached<T>(x, d, row, tgt, valid, xt, vec, v, ld, grad_scale,
+                                            losses, err, sh, reinterpret_cast<float4*>(ce_cache));
+        else
+            cross_entropy_row_cached<T>(x, d, row, tgt, valid, xt, vec, v, ld, grad_scale, losses,
+                                        err, sh, reinterpret_cast<Vec<T, 8>*>(ce_cache));
         return;
     }
     float mx = NEG_INF;
@@ -326,56 +313,22 @@ __device__ __forceinline__ void cross_entropy_row(const T* x, T* d, const int* _
     }
 }
 
-// The f32 cache's rows (the *_exp_* entry points): persistent blocks (the host launches as many
-// as are resident at once, at most n), block b taking rows b, b + gridDim.x, ...; each loads its
-// next row's first batch while it finishes the current one (cross_entropy_row_exp_cached's
-// `pre`), instead of a block per row that loads nothing until it starts. Each row is computed
-// as cross_entropy_row computes it: the same bits.
-template <typename T>
-__device__ __forceinline__ void cross_entropy_rows_exp(const T* x0, T* d, const int* __restrict__ targets,
-                                                       float* __restrict__ losses, int n, int v,
-                                                       int ld, float grad_scale,
-                                                       unsigned int* err) {
-    __shared__ float sh[32];
-    extern __shared__ __align__(16) unsigned char ce_cache[];
-    const int ng = (v + 7) / 8;
-    constexpr int P = CE_PREFETCH<T>;
-    u64 row = blockIdx.x;
-    if (row >= (u64)n) return;
-    Vec<T, 8> pre[P];
-    const T* x = x0 + row * ld;
-    bool vec = (reinterpret_cast<u64>(x) & 15u) == 0;
-    ce_load_batch<T, P>(x, threadIdx.x, ng, v, vec, pre);
-    for (; row < (u64)n; row += gridDim.x) {
-        x = x0 + row * ld;
-        vec = (reinterpret_cast<u64>(x) & 15u) == 0;
-        const int tgt = targets[row];
-        const bool valid = tgt >= 0 && tgt < v;
-        const float xt = (threadIdx.x == 0 && valid) ? to_f32(x[tgt]) : 0.0f;
-        const u64 next = row + gridDim.x;
-        const T* xnext = next < (u64)n ? x0 + next * ld : nullptr;
-        const bool vecnext = (reinterpret_cast<u64>(xnext) & 15u) == 0;
-        cross_entropy_row_exp_cached<T>(x, d, row, tgt, valid, xt, vec, v, ld, grad_scale, losses,
-                                        err, sh, reinterpret_cast<float4*>(ce_cache), pre, xnext,
-                                        vecnext);
-    }
-}
-
-// cross_entropy_T: `cached` 0 or 1, one block per row; cross_entropy_exp_T: the f32 cache,
-// persistent blocks over n rows (one block per SM by its shared memory at large vocabularies,
-// so 64 registers a thread).
+// cross_entropy_T: `cached` 0 or 1; cross_entropy_exp_T: the f32 cache (`cached` ignored; one
+// block per SM by its shared memory at large vocabularies, so 64 registers a thread).
 #define CROSS_ENTROPY(T, S)                                                                   \
     extern "C" __global__ void __launch_bounds__(1024, 2)                                      \
         cross_entropy_##S(const T* __restrict__ logits, const int* __restrict__ targets,      \
                           float* __restrict__ losses, T* __restrict__ dlogits, int v, int ld, \
                           float grad_scale, unsigned int* err, int cached) {                  \
-        cross_entropy_row<T>(logits, dlogits, targets, losses, v, ld, grad_scale, err, cached); \
+        cross_entropy_row<T, false>(logits, dlogits, targets, losses, v, ld, grad_scale, err,  \
+                                    cached);                                                   \
     }                                                                                         \
     extern "C" __global__ void __launch_bounds__(1024, 1)                                      \
         cross_entropy_exp_##S(const T* __restrict__ logits, const int* __restrict__ targets,  \
                               float* __restrict__ losses, T* __restrict__ dlogits, int v,     \
-                              int ld, float grad_scale, unsigned int* err, int n) {           \
-        cross_entropy_rows_exp<T>(logits, dlogits, targets, losses, n, v, ld, grad_scale, err); \
+                              int ld, float grad_scale, unsigned int* err, int cached) {      \
+        cross_entropy_row<T, true>(logits, dlogits, targets, losses, v, ld, grad_scale, err,   \
+                                   cached);                                                    \
     }
 FOR_FLOAT(CROSS_ENTROPY)
 
@@ -386,12 +339,14 @@ FOR_FLOAT(CROSS_ENTROPY)
         cross_entropy_in_place_##S(T* logits, const int* __restrict__ targets,                \
                                    float* __restrict__ losses, int v, int ld,                 \
                                    float grad_scale, unsigned int* err, int cached) {         \
-        cross_entropy_row<T>(logits, logits, targets, losses, v, ld, grad_scale, err, cached);  \
+        cross_entropy_row<T, false>(logits, logits, targets, losses, v, ld, grad_scale, err,   \
+                                    cached);                                                   \
     }                                                                                         \
     extern "C" __global__ void __launch_bounds__(1024, 1)                                      \
         cross_entropy_in_place_exp_##S(T* logits, const int* __restrict__ targets,            \
                                        float* __restrict__ losses, int v, int ld,             \
-                                       float grad_scale, unsigned int* err, int n) {          \
-        cross_entropy_rows_exp<T>(logits, logits, targets, losses, n, v, ld, grad_scale, err);  \
+                                       float grad_scale, unsigned int* err, int cached) {     \
+        cross_entropy_row<T, true>(logits, logits, targets, losses, v, ld, grad_scale, err,    \
+                                   cached);                                                    \
     }
 FOR_FLOAT(CROSS_ENTROPY_IN_PLACE)

@@ -30,21 +30,13 @@ fn cross_entropy_caches_give_the_same_bits() {
     ];
     for dt in [DType::BF16, DType::F16, DType::F32] {
         // (rows, vocabulary, row stride): the seed's 96, a small and a mid vocabulary, GPT-2's
-        // padded and unpadded (an odd stride: unaligned rows, the scalar path). The f32 cache's
-        // blocks take rows in turn, as many blocks as the GPU holds at once (one per SM at
-        // 50257, about 7 at 8191, dozens of one-warp blocks at 96): the second set has more
-        // rows than that, so blocks take several rows and load their next rows ahead (rows of
-        // every alignment at the odd strides).
+        // padded and unpadded (an odd stride: unaligned rows, the scalar path).
         for (n, v, ld) in [
             (9, 96, 96),
             (5, 1000, 1024),
             (3, 8191, 8199),
             (4, 50257, 50304),
             (3, 50257, 50257),
-            (9000, 96, 96),
-            (1500, 8191, 8199),
-            (400, 50257, 50304),
-            (400, 50257, 50257),
         ] {
             let logits: Vec<f32> = (0..n * ld)
                 .map(|i| {

@@ -56,18 +56,15 @@ impl CudaDevice {
         let dptr = dlogits.map(|d| d.ptr()).unwrap_or(0);
         let block = duet_device::cross_entropy_threads(v);
         let (f, mode, cache) = self.ce_func("cross_entropy", s, logits.dtype(), v)?;
-        let (blocks, last) = self.ce_grid(OP, &f, mode, n, block, cache)?;
-        // SAFETY: cross_entropy(const T*, const int*, float*, T* (nullable), int v, int ld,
-        // float, unsigned*, int cached): one block per row < n over logits/dlogits (n·ld,
-        // checked, v ≤ ld), targets and losses (n); with `cached` 1 (the logits cache) `cache`
-        // bytes of dynamic shared memory hold the row's ceil(v / 8) groups of 8 elements as
-        // stored. cross_entropy_exp (the same arguments, the last `int n`): `blocks` ≤ n blocks
-        // take the rows < n in turn, with the row's groups in f32 in `cache` bytes (the mode, the
-        // kernel and the bytes from ce_func, which allowed the function that much; `last` from
-        // ce_grid).
+        // SAFETY: cross_entropy[_exp](const T*, const int*, float*, T* (nullable), int v, int
+        // ld, float, unsigned*, int cached): one block per row < n over logits/dlogits (n·ld,
+        // checked, v ≤ ld), targets and losses (n); with `cached` 1 (the logits cache) or the
+        // _exp kernel, `cache` bytes of dynamic shared memory hold the row's ceil(v / 8) groups
+        // of 8 elements as stored or in f32 (the mode, the kernel and the bytes from ce_func,
+        // which allowed the function that much).
         unsafe {
             self.launcher(&f)
-                .grid((blocks, 1, 1))
+                .grid((grid_dim(OP, n)?, 1, 1))
                 .block((block, 1, 1))
                 .arg_buf(logits)
                 .arg_buf(targets)
@@ -77,7 +74,7 @@ impl CudaDevice {
                 .arg_i32(dim(OP, "ld", ld)?)
                 .arg_f32(grad_scale)
                 .arg_ptr(self.err_word.ptr())
-                .arg_i32(last)
+                .arg_i32(mode as i32)
                 .shared_mem(cache)
                 .launch()
         }
@@ -111,15 +108,14 @@ impl CudaDevice {
         }
         let block = duet_device::cross_entropy_threads(v);
         let (f, mode, cache) = self.ce_func("cross_entropy_in_place", s, logits.dtype(), v)?;
-        let (blocks, last) = self.ce_grid(OP, &f, mode, n, block, cache)?;
         // SAFETY: cross_entropy_in_place[_exp](T* logits, const int*, float*, int v, int ld, float,
-        // unsigned*, int cached or, _exp, int n): one block per row < n (_exp: `blocks` ≤ n
-        // blocks taking the rows < n in turn) over logits (n·ld, checked, v ≤ ld; each element
-        // read and then overwritten by the same thread, after the block's reductions), targets
-        // and losses (n); `cache` bytes of dynamic shared memory as in cross_entropy_impl.
+        // unsigned*, int cached): one block per row < n over logits (n·ld, checked, v ≤ ld;
+        // each element read and then overwritten by the same thread, after the block's
+        // reductions), targets and losses (n); `cache` bytes of dynamic shared memory as in
+        // cross_entropy_impl.
         unsafe {
             self.launcher(&f)
-                .grid((blocks, 1, 1))
+                .grid((grid_dim(OP, n)?, 1, 1))
                 .block((block, 1, 1))
                 .arg_buf(logits)
                 .arg_buf(targets)
@@ -128,33 +124,10 @@ impl CudaDevice {
                 .arg_i32(dim(OP, "ld", ld)?)
                 .arg_f32(grad_scale)
                 .arg_ptr(self.err_word.ptr())
-                .arg_i32(last)
+                .arg_i32(mode as i32)
                 .shared_mem(cache)
                 .launch()
         }
-    }
-
-    /// The grid of a cross-entropy launch and its last argument: a block per row and the cache
-    /// mode, or for the f32 cache's persistent kernels (`Exp`) as many blocks as the device holds
-    /// at once (at most `n`) and the row count.
-    fn ce_grid(
-        &self,
-        op: &'static str,
-        f: &CudaFunction,
-        mode: CrossEntropyCache,
-        n: usize,
-        block: u32,
-        cache: u32,
-    ) -> Result<(u32, i32)> {
-        if mode != CrossEntropyCache::Exp {
-            return Ok((grid_dim(op, n)?, mode as i32));
-        }
-        let per_sm = f
-            .occupancy_max_active_blocks_per_multiprocessor(block, cache as usize, None)
-            .map_err(drv("cuOccupancyMaxActiveBlocksPerMultiprocessor"))?
-            .max(1);
-        let resident = (per_sm as usize).saturating_mul(self.sm_count as usize);
-        Ok((grid_dim(op, n.min(resident))?, dim(op, "n", n)?))
     }
 
     /// The cross-entropy kernel `<name>_<sfx>` (`<name>_exp_<sfx>` for the f32 cache), where it

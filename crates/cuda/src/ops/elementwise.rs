@@ -21,32 +21,14 @@ impl CudaDevice {
         if n == 0 {
             return Ok(());
         }
-        // SAFETY: both buffers hold n elements (validated), of the dtypes the suffixes name.
-        unsafe { self.cast_launch(src.ptr(), s, dst.ptr(), d, n, scale) }
-    }
-
-    /// Queues reduce.cu's `cast_<s>_<d>(const S*, D*, u64 n, float scale)` over `n > 0`
-    /// elements.
-    ///
-    /// # Safety
-    /// `src` and `dst` must be device addresses of at least `n` elements of the types the
-    /// kernel suffixes `s` and `d` name, alive until the stream has run the kernel.
-    pub(crate) unsafe fn cast_launch(
-        &self,
-        src: u64,
-        s: &str,
-        dst: u64,
-        d: &str,
-        n: usize,
-        scale: f32,
-    ) -> Result<()> {
-        // SAFETY: the caller's contract: n elements of S at src and of D at dst.
+        // SAFETY: reduce.cu's cast_<s>_<d>(const S*, D*, u64 n, float scale): both buffers hold
+        // n elements (validated), of the dtypes the suffixes name.
         unsafe {
             self.kernel(KernelModule::Reduce, &format!("cast_{s}_{d}"))?
                 .grid(self.grid_1d(n))
                 .block((EW_BLOCK, 1, 1))
-                .arg_ptr(src)
-                .arg_ptr(dst)
+                .arg_buf(src)
+                .arg_buf(dst)
                 .arg_u64(n as u64)
                 .arg_f32(scale)
                 .launch()

@@ -12,8 +12,7 @@ const OP: &str = "gemm_epilogue";
 const REFUSED_BGRAD: u8 = 1;
 pub(crate) const REFUSED_FP8_BIAS: u8 = 2;
 pub(crate) const REFUSED_FP8_GELU: u8 = 4;
-const REFUSED_BGRAD_LOW: u8 = 8;
-const REFUSED_BGRAD_F32_OUT: u8 = 16;
+const REFUSED_BGRAD_F32_OUT: u8 = 8;
 
 impl CudaDevice {
     pub(crate) fn epilogue_supported(&self, dtype: DType) -> bool {
@@ -121,12 +120,12 @@ impl CudaDevice {
         })
     }
 
-    /// The weight-gradient GEMM with cuBLASLt's BGRADB epilogue writing the f32 bias gradient.
-    /// Where this cuBLASLt refuses an f32 bias gradient (remembered after the first refusal)
-    /// and the weight gradient C is itself 16-bit, the epilogue writes the bias gradient in C's
-    /// dtype and a cast widens it (the bias gradient then has its weight gradient's precision:
-    /// one rounding of the f32 sum); otherwise, or where that is refused too, the plain GEMM and
-    /// a column sum.
+    /// The weight-gradient GEMM with cuBLASLt's BGRADB epilogue writing the f32 bias gradient;
+    /// where this cuBLASLt refuses it (remembered after the first refusal), the plain GEMM and a
+    /// column sum. (CUDA 13.0's cuBLASLt refuses an f32 bias gradient beside a 16-bit weight
+    /// gradient. It accepts a 16-bit one, but ran that as a separate kernel slower than the
+    /// column sum, and it would round the bias gradient to 16 bits: not taken. H100 profile,
+    /// results/2026-12-07-h100-gpt2-side-by-side-s46.)
     fn gemm_bias_grad(
         &self,
         desc: &GemmDesc,
@@ -154,32 +153,6 @@ impl CudaDevice {
         };
         if self.lt_unless_refused(bit, what, || self.lt_matmul(desc, a, b, c, epi)) {
             return Ok(());
-        }
-        let low_dt = c.dtype();
-        if low_dt == a.dtype() {
-            // The 16-bit bias gradient goes to the backend scratch (no allocation: the step
-            // may be recording a graph), held locked until the cast that widens it is queued.
-            let mut scratch = lock(&self.scratch, OP)?;
-            let low = scratch.get(
-                &self.ctx,
-                &self.stream,
-                desc.m * low_dt.size_bytes(),
-                &self.mem,
-            )?;
-            let epi = LtEpilogue::BGradB {
-                bias: low,
-                dtype: low_dt,
-            };
-            let what = "the bias-gradient epilogue (BGRADB) with a 16-bit bias gradient (the bias gradients then run as column sums)";
-            if self.lt_unless_refused(REFUSED_BGRAD_LOW, what, || {
-                self.lt_matmul(desc, a, b, c, epi)
-            }) {
-                let s = float_suffix(OP, low_dt)?;
-                // SAFETY: `low` holds m values of the 16-bit dtype in the scratch (sized above,
-                // still locked), `dbias` m f32 (validated); the cast is queued on the stream
-                // after the GEMM that wrote `low`.
-                return unsafe { self.cast_launch(low, s, dbias.ptr(), "f32", desc.m, 1.0) };
-            }
         }
         self.gemm(desc, a, b, c)?;
         self.fill(dbias, 0.0)?;

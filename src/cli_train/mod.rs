@@ -1,6 +1,8 @@
 //! `duet train`: the options, their checks, and the run (see [`task`]).
 
 mod outputs;
+mod progress;
+mod report;
 mod task;
 
 use crate::backends::dispatch;

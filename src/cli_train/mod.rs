@@ -14,6 +14,7 @@ use crate::{CliResult, ModelArgs};
 use duet_engine::checkpoint::{Checkpoint, files};
 pub(crate) use outputs::checkpoint_path;
 use outputs::{check_no_overwrite, check_writable, lock_out, same_file};
+use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use task::TrainTask;
@@ -143,6 +144,8 @@ pub static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 /// to be swallowed there).
 pub static TRAINING_LOOPS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
+/// `duet train`: checks the options, resolves the run's configuration (a resumed run's from its
+/// checkpoint) and runs it here, as one rank of a launch, or over `--gpus` processes.
 pub fn train(opts: &TrainOptions) -> CliResult<TrainOutcome> {
     if let (Some(init), Some(resume)) = (&opts.init_from, &opts.resume) {
         return Err(format!(
@@ -154,97 +157,53 @@ pub fn train(opts: &TrainOptions) -> CliResult<TrainOutcome> {
         )
         .into());
     }
+    let run = resolve_run(opts)?;
+    if opts.print_config {
+        print!("{}", run.cfg.to_toml());
+        println!(
+            "# run settings (not part of the model's configuration; stored in checkpoints)\n# {}",
+            serde_json::to_string(&run.settings)?
+        );
+        return Ok(TrainOutcome::Finished);
+    }
+    // Data parallelism: `--gpus N` starts one process per GPU running this same command line;
+    // each of those (and each process of a torchrun-style multi-node launch) is one rank.
+    let launch = duet_engine::dist::rendezvous::LaunchEnv::from_env()?;
+    check_run_flags(opts)?;
+    warn_about_run(opts, &run.cfg, launch.is_some());
+    if launch.is_none()
+        && let Some(n) = opts.gpus
+    {
+        let interrupted = spawn_ranks(n, run.cfg.train.data.batch, backend_kind(&opts.model)?)?;
+        return Ok(if interrupted {
+            TrainOutcome::Interrupted
+        } else {
+            TrainOutcome::Finished
+        });
+    }
+    run_here(opts, run, launch.as_ref())
+}
+
+/// A run as the options (and the checkpoint it resumes) resolve it.
+struct ResolvedRun {
+    cfg: duet_engine::Config,
+    resume: Option<Checkpoint>,
+    /// `--init-from`: the initial weights.
+    init: Option<Vec<Vec<f32>>>,
+    settings: RunSettings,
+}
+
+/// The run's checkpoint (`--resume`), configuration, initial weights (`--init-from`) and
+/// settings.
+fn resolve_run(opts: &TrainOptions) -> CliResult<ResolvedRun> {
     let mut init = None;
     let resume = match &opts.resume {
-        Some(p) => {
-            let mut ck = Checkpoint::load(&checkpoint_path(p))?;
-            // The data file as the run read it: size and time, hashed again only when one of
-            // them changed; changed content is refused unless accepted.
-            if opts.accept_changed_data {
-                for change in duet_engine::train::forget_data_files(&mut ck)? {
-                    eprintln!(
-                        "warning: data file {change}; continuing on its new content \
-                         (--accept-changed-data)"
-                    );
-                }
-            } else if let Some(note) = duet_engine::train::check_data_unchanged(&mut ck)? {
-                eprintln!("note: {note}");
-            }
-            // `--preset P` restating the checkpoint's own model is no change: accepted (and the
-            // checkpoint's config used, as always); another preset's model is refused below.
-            let mut fixed = opts.fixed_flags.clone();
-            if let Some(i) = fixed.iter().position(|f| f == "--preset") {
-                let preset: duet_engine::Preset = opts.model.base.preset.parse()?;
-                if duet_engine::Config::preset(preset).model == ck.config.model {
-                    fixed.remove(i);
-                } else {
-                    return Err(format!(
-                        "cannot resume with --preset {}: the checkpoint's model is not that \
-                         preset's (the checkpoint's config is used; drop --preset)",
-                        opts.model.base.preset
-                    )
-                    .into());
-                }
-            }
-            if !fixed.is_empty() {
-                return Err(format!(
-                    "cannot change {} when resuming: the checkpoint's config is used (only --steps \
-                     and the device and execution flags may be given: --backend, --threads, \
-                     --strict, --loss-every, --no-graphs, --gemm-autotune, \
-                     --checkpoint/--checkpoint-every, --keep-gelu)",
-                    fixed.join(", ")
-                )
-                .into());
-            }
-            Some(ck)
-        }
+        Some(p) => Some(load_resume(p, opts)?),
         None => None,
     };
     let cfg = match &resume {
-        Some(ck) => {
-            let mut cfg = ck.config.clone();
-            // The schedule's length is the one the run started with (checkpoints from before
-            // duet stored it: their steps); more --steps continue at the final lr.
-            cfg.train.optimizer.schedule_steps = cfg.schedule_steps();
-            if let Some(steps) = opts.model.steps {
-                cfg.train.steps = steps;
-            }
-            let sched = cfg.train.optimizer.schedule_steps;
-            if sched == cfg.train.steps {
-                // The schedule is the run's own length: the usual, unwritten case.
-                cfg.train.optimizer.schedule_steps = 0;
-            } else if cfg.train.steps > sched {
-                eprintln!(
-                    "note: the run's learning-rate schedule spans {sched} steps; steps {}..{} \
-                     continue at its final rate {:.3e} (lr × min_lr_ratio)",
-                    sched + 1,
-                    cfg.train.steps,
-                    cfg.lr_at(sched)
-                );
-            }
-            // How a step runs changes no number: a resumed run may change it.
-            apply_execution_settings(&mut cfg.train.execution, &opts.model.execution);
-            cfg.validate()?;
-            if cfg.train.steps <= ck.step {
-                return Err(format!(
-                    "the checkpoint is at step {} and the run has {} steps: nothing to do (raise --steps)",
-                    ck.step, cfg.train.steps
-                )
-                .into());
-            }
-            cfg
-        }
-        None => {
-            let mut cfg = build_config(&opts.model)?;
-            if let Some(path) = &opts.init_from {
-                init = Some(init_weights_from(path, &opts.model, &mut cfg)?);
-            }
-            warn_unused_fp8_flags(&opts.model, &[cfg.train.recipe.precision]);
-            if cfg.train.steps == 0 {
-                return Err("--steps is 0: nothing to train (give at least 1)".into());
-            }
-            cfg
-        }
+        Some(ck) => resumed_config(ck, opts)?,
+        None => new_config(opts, &mut init)?,
     };
     let settings = RunSettings::resolve(
         resume
@@ -253,17 +212,181 @@ pub fn train(opts: &TrainOptions) -> CliResult<TrainOutcome> {
             .map(String::as_str),
         opts,
     )?;
-    if opts.print_config {
-        print!("{}", cfg.to_toml());
-        println!(
-            "# run settings (not part of the model's configuration; stored in checkpoints)\n# {}",
-            serde_json::to_string(&settings)?
-        );
-        return Ok(TrainOutcome::Finished);
+    Ok(ResolvedRun {
+        cfg,
+        resume,
+        init,
+        settings,
+    })
+}
+
+/// Runs `run` in this process: alone, or as one rank of `launch`. Rank 0 checks and prepares
+/// the files it writes first.
+fn run_here(
+    opts: &TrainOptions,
+    run: ResolvedRun,
+    launch: Option<&duet_engine::dist::rendezvous::LaunchEnv>,
+) -> CliResult<TrainOutcome> {
+    let ResolvedRun {
+        cfg,
+        resume,
+        init,
+        settings,
+    } = run;
+    let dp = launch.map(|_| duet_engine::dist::DpOptions {
+        zero: opts.zero == 1,
+        bucket_bytes: (opts.bucket_mb * 1048576.0).max(1.0) as usize,
+        overlap: opts.overlap,
+    });
+    // Only rank 0 writes files and logs.
+    let is_main = launch.is_none_or(|l| l.rank == 0);
+    let metrics_path = opts
+        .metrics
+        .clone()
+        .or_else(|| opts.out.as_ref().map(|d| d.join(files::METRICS)))
+        .filter(|_| is_main);
+    let trace = opts.trace.clone().filter(|_| is_main);
+    // Before anything is written.
+    if is_main {
+        check_no_overwrite(opts, &cfg, metrics_path.as_deref(), trace.as_deref())?;
     }
-    // Data parallelism: `--gpus N` starts one process per GPU running this same command line;
-    // each of those (and each process of a torchrun-style multi-node launch) is one rank.
-    let launch = duet_engine::dist::rendezvous::LaunchEnv::from_env()?;
+    // --out's lock, held until the run ends.
+    let _out_lock = match opts.out.as_ref().filter(|_| is_main) {
+        Some(dir) => Some(prepare_out(dir, opts, &cfg)?),
+        None => None,
+    };
+    // Open the logs before any work so a bad path fails fast. Resumed runs append.
+    if let Some(p) = &metrics_path {
+        check_writable(p, "metrics")?;
+    }
+    if let Some(p) = &trace {
+        check_writable(p, "trace")?;
+    }
+    let kind = backend_kind(&opts.model)?;
+    let task = TrainTask {
+        cfg,
+        resume,
+        init,
+        metrics: None,
+        metrics_path,
+        trace,
+        out: opts.out.clone(),
+        settings,
+        stop_after: opts.stop_after,
+        strict: opts.model.device.strict,
+        fp8_report: opts.fp8_report,
+        record_batches: opts.record_batches.clone(),
+        dp,
+        is_main,
+    };
+    match launch {
+        Some(env) => run_rank(kind, env, task),
+        None => dispatch(kind, opts.model.device.threads, task),
+    }
+}
+
+/// `--resume`: the checkpoint at `path`, its data files checked (or, with
+/// `--accept-changed-data`, accepted as they are now), and the flags given checked against
+/// what a resume may change.
+fn load_resume(path: &Path, opts: &TrainOptions) -> CliResult<Checkpoint> {
+    let mut ck = Checkpoint::load(&checkpoint_path(path))?;
+    // The data file as the run read it: size and time, hashed again only when one of
+    // them changed; changed content is refused unless accepted.
+    if opts.accept_changed_data {
+        for change in duet_engine::train::forget_data_files(&mut ck)? {
+            eprintln!(
+                "warning: data file {change}; continuing on its new content \
+                 (--accept-changed-data)"
+            );
+        }
+    } else if let Some(note) = duet_engine::train::check_data_unchanged(&mut ck)? {
+        eprintln!("note: {note}");
+    }
+    // `--preset P` restating the checkpoint's own model is no change: accepted (and the
+    // checkpoint's config used, as always); another preset's model is refused below.
+    let mut fixed = opts.fixed_flags.clone();
+    if let Some(i) = fixed.iter().position(|f| f == "--preset") {
+        let preset: duet_engine::Preset = opts.model.base.preset.parse()?;
+        if duet_engine::Config::preset(preset).model == ck.config.model {
+            fixed.remove(i);
+        } else {
+            return Err(format!(
+                "cannot resume with --preset {}: the checkpoint's model is not that \
+                 preset's (the checkpoint's config is used; drop --preset)",
+                opts.model.base.preset
+            )
+            .into());
+        }
+    }
+    if !fixed.is_empty() {
+        return Err(format!(
+            "cannot change {} when resuming: the checkpoint's config is used (only --steps \
+             and the device and execution flags may be given: --backend, --threads, \
+             --strict, --loss-every, --no-graphs, --gemm-autotune, \
+             --checkpoint/--checkpoint-every, --keep-gelu)",
+            fixed.join(", ")
+        )
+        .into());
+    }
+    Ok(ck)
+}
+
+/// A resumed run's configuration: the checkpoint's, with `--steps` and the execution flags
+/// given over it (the learning-rate schedule keeps the length the run started with).
+fn resumed_config(ck: &Checkpoint, opts: &TrainOptions) -> CliResult<duet_engine::Config> {
+    let mut cfg = ck.config.clone();
+    // The schedule's length is the one the run started with (checkpoints from before
+    // duet stored it: their steps); more --steps continue at the final lr.
+    cfg.train.optimizer.schedule_steps = cfg.schedule_steps();
+    if let Some(steps) = opts.model.steps {
+        cfg.train.steps = steps;
+    }
+    let sched = cfg.train.optimizer.schedule_steps;
+    if sched == cfg.train.steps {
+        // The schedule is the run's own length: the usual, unwritten case.
+        cfg.train.optimizer.schedule_steps = 0;
+    } else if cfg.train.steps > sched {
+        eprintln!(
+            "note: the run's learning-rate schedule spans {sched} steps; steps {}..{} \
+             continue at its final rate {:.3e} (lr × min_lr_ratio)",
+            sched + 1,
+            cfg.train.steps,
+            cfg.lr_at(sched)
+        );
+    }
+    // How a step runs changes no number: a resumed run may change it.
+    apply_execution_settings(&mut cfg.train.execution, &opts.model.execution);
+    cfg.validate()?;
+    if cfg.train.steps <= ck.step {
+        return Err(format!(
+            "the checkpoint is at step {} and the run has {} steps: nothing to do (raise --steps)",
+            ck.step, cfg.train.steps
+        )
+        .into());
+    }
+    Ok(cfg)
+}
+
+/// A new run's configuration from the flags; with `--init-from`, its model's shape from the
+/// file and the file's weights put into `init`.
+fn new_config(
+    opts: &TrainOptions,
+    init: &mut Option<Vec<Vec<f32>>>,
+) -> CliResult<duet_engine::Config> {
+    let mut cfg = build_config(&opts.model)?;
+    if let Some(path) = &opts.init_from {
+        *init = Some(init_weights_from(path, &opts.model, &mut cfg)?);
+    }
+    warn_unused_fp8_flags(&opts.model, &[cfg.train.recipe.precision]);
+    if cfg.train.steps == 0 {
+        return Err("--steps is 0: nothing to train (give at least 1)".into());
+    }
+    Ok(cfg)
+}
+
+/// Refuses `--zero` above 1 and the flags that need `--out` without it; warns that a resumed
+/// run without `--out` saves nothing.
+fn check_run_flags(opts: &TrainOptions) -> CliResult<()> {
     if opts.zero > 1 {
         return Err("--zero takes 0 or 1 (optimizer-state sharding)".into());
     }
@@ -293,6 +416,13 @@ pub fn train(opts: &TrainOptions) -> CliResult<TrainOutcome> {
             );
         }
     }
+    Ok(())
+}
+
+/// Warnings about the run's configuration: relative data paths (older checkpoints), a warmup
+/// longer than the run, `--zero 1` on a single rank (`launched`: a rank of a multi-process
+/// launch).
+fn warn_about_run(opts: &TrainOptions, cfg: &duet_engine::Config, launched: bool) {
     let data = &cfg.train.data;
     for data in data.data.iter().chain(&data.val_data) {
         if !Path::new(data).is_relative() {
@@ -310,106 +440,55 @@ pub fn train(opts: &TrainOptions) -> CliResult<TrainOutcome> {
              learning rate never reaches its peak (lower --warmup or raise --steps)"
         );
     }
-    if opts.zero == 1 && launch.is_none() && opts.gpus.is_none() {
+    if opts.zero == 1 && !launched && opts.gpus.is_none() {
         eprintln!(
             "warning: --zero 1 shards the optimizer state across data-parallel ranks; this run \
              has one (add --gpus N)"
         );
     }
-    if launch.is_none()
-        && let Some(n) = opts.gpus
-    {
-        let interrupted = spawn_ranks(n, cfg.train.data.batch, backend_kind(&opts.model)?)?;
-        return Ok(if interrupted {
-            TrainOutcome::Interrupted
-        } else {
-            TrainOutcome::Finished
-        });
+}
+
+/// Takes `--out` (`dir`) for this run: creates and locks it (the lock returned: held until
+/// the process exits), removes the temporaries of interrupted saves, refuses a checkpoint
+/// there that this run does not resume, and writes the configuration and the tokenizer.
+fn prepare_out(dir: &Path, opts: &TrainOptions, cfg: &duet_engine::Config) -> CliResult<File> {
+    std::fs::create_dir_all(dir)
+        .map_err(|e| format!("cannot create output folder {}: {e}", dir.display()))?;
+    // One run at a time per folder (released when this process exits, however it ends).
+    let lock = lock_out(dir)?;
+    // Saves killed mid-write (SIGKILL, preemption) leave their temporary files behind; the
+    // folder is ours now, so none of them belongs to a save in flight.
+    match duet_engine::checkpoint::remove_stale_temporaries(dir) {
+        Ok((removed, bytes)) if !removed.is_empty() => eprintln!(
+            "note: removed {} temporary file(s) of interrupted saves from {} ({:.1} MB)",
+            removed.len(),
+            dir.display(),
+            bytes as f64 / 1e6
+        ),
+        Ok(_) => {}
+        Err(e) => eprintln!(
+            "warning: could not look for temporary files of interrupted saves in {}: {e}",
+            dir.display()
+        ),
     }
-    let dp = launch.as_ref().map(|_| duet_engine::dist::DpOptions {
-        zero: opts.zero == 1,
-        bucket_bytes: (opts.bucket_mb * 1048576.0).max(1.0) as usize,
-        overlap: opts.overlap,
-    });
-    // Only rank 0 writes files and logs.
-    let is_main = launch.as_ref().is_none_or(|l| l.rank == 0);
-    let metrics_path = opts
-        .metrics
-        .clone()
-        .or_else(|| opts.out.as_ref().map(|d| d.join(files::METRICS)))
-        .filter(|_| is_main);
-    let trace = opts.trace.clone().filter(|_| is_main);
-    // Before anything is written.
-    if is_main {
-        check_no_overwrite(opts, &cfg, metrics_path.as_deref(), trace.as_deref())?;
+    let ck = dir.join(files::CHECKPOINT);
+    let resuming_here = opts
+        .resume
+        .as_deref()
+        .map(checkpoint_path)
+        .is_some_and(|p| same_file(&p, &ck));
+    if ck.exists() && !resuming_here {
+        return Err(format!(
+            "{} already holds a checkpoint; resume it with --resume {} or choose another --out",
+            dir.display(),
+            dir.display()
+        )
+        .into());
     }
-    let mut _out_lock = None;
-    if let Some(dir) = opts.out.as_ref().filter(|_| is_main) {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| format!("cannot create output folder {}: {e}", dir.display()))?;
-        // One run at a time per folder (released when this process exits, however it ends).
-        _out_lock = Some(lock_out(dir)?);
-        // Saves killed mid-write (SIGKILL, preemption) leave their temporary files behind; the
-        // folder is ours now, so none of them belongs to a save in flight.
-        match duet_engine::checkpoint::remove_stale_temporaries(dir) {
-            Ok((removed, bytes)) if !removed.is_empty() => eprintln!(
-                "note: removed {} temporary file(s) of interrupted saves from {} ({:.1} MB)",
-                removed.len(),
-                dir.display(),
-                bytes as f64 / 1e6
-            ),
-            Ok(_) => {}
-            Err(e) => eprintln!(
-                "warning: could not look for temporary files of interrupted saves in {}: {e}",
-                dir.display()
-            ),
-        }
-        let ck = dir.join(files::CHECKPOINT);
-        let resuming_here = opts
-            .resume
-            .as_deref()
-            .map(checkpoint_path)
-            .is_some_and(|p| same_file(&p, &ck));
-        if ck.exists() && !resuming_here {
-            return Err(format!(
-                "{} already holds a checkpoint; resume it with --resume {} or choose another --out",
-                dir.display(),
-                dir.display()
-            )
-            .into());
-        }
-        std::fs::write(dir.join(files::CONFIG), cfg.to_toml())
-            .map_err(|e| format!("cannot write {}: {e}", dir.join(files::CONFIG).display()))?;
-        crate::cli_tokenize::copy_run_tokenizer(&cfg, dir)?;
-    }
-    // Open the logs before any work so a bad path fails fast. Resumed runs append.
-    if let Some(p) = &metrics_path {
-        check_writable(p, "metrics")?;
-    }
-    if let Some(p) = &trace {
-        check_writable(p, "trace")?;
-    }
-    let kind = backend_kind(&opts.model)?;
-    let task = TrainTask {
-        cfg,
-        resume,
-        init,
-        metrics: None,
-        metrics_path,
-        trace,
-        out: opts.out.clone(),
-        settings,
-        stop_after: opts.stop_after,
-        strict: opts.model.device.strict,
-        fp8_report: opts.fp8_report,
-        record_batches: opts.record_batches.clone(),
-        dp,
-        is_main,
-    };
-    match &launch {
-        Some(env) => run_rank(kind, env, task),
-        None => dispatch(kind, opts.model.device.threads, task),
-    }
+    std::fs::write(dir.join(files::CONFIG), cfg.to_toml())
+        .map_err(|e| format!("cannot write {}: {e}", dir.join(files::CONFIG).display()))?;
+    crate::cli_tokenize::copy_run_tokenizer(cfg, dir)?;
+    Ok(lock)
 }
 
 /// `--init-from`: the file's weights, and its model's shape put into `cfg` (the shape flags

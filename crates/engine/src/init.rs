@@ -287,37 +287,66 @@ fn check_given(
     }
 }
 
-/// A nanoGPT or Hugging Face state dict.
-fn state_dict(
-    st: &SafeTensors<'_>,
-    config_json: Option<&(PathBuf, serde_json::Value)>,
-    given: &ShapeRequest,
-    configured: Option<&ModelConfig>,
-) -> std::result::Result<InitWeights, String> {
-    // canonical name → name in the file
-    let mut names: BTreeMap<String, String> = BTreeMap::new();
-    for name in st.names() {
-        let c = canonical(name);
-        if let Some(prev) = names.insert(c.clone(), name.to_string()) {
-            return Err(format!(
-                "tensors '{prev}' and '{name}' are the same weight ({c}) twice"
-            ));
+/// A state dict's tensors under their canonical names ([`canonical`]).
+struct Tensors<'a, 'data> {
+    st: &'a SafeTensors<'data>,
+    /// canonical name → name in the file
+    names: BTreeMap<String, String>,
+}
+
+impl<'a, 'data> Tensors<'a, 'data> {
+    /// The tensors of `st`; two names of the same weight are refused.
+    fn new(st: &'a SafeTensors<'data>) -> std::result::Result<Self, String> {
+        // canonical name → name in the file
+        let mut names: BTreeMap<String, String> = BTreeMap::new();
+        for name in st.names() {
+            let c = canonical(name);
+            if let Some(prev) = names.insert(c.clone(), name.to_string()) {
+                return Err(format!(
+                    "tensors '{prev}' and '{name}' are the same weight ({c}) twice"
+                ));
+            }
         }
+        Ok(Self { st, names })
     }
-    let tensor = |canon: &str| -> std::result::Result<(String, TensorView<'_>), String> {
-        let name = names
+
+    /// The tensor of canonical name `canon`, with its name in the file.
+    fn get(&self, canon: &str) -> std::result::Result<(String, TensorView<'data>), String> {
+        let name = self
+            .names
             .get(canon)
             .ok_or_else(|| format!("tensor '{canon}' is missing (not a GPT-2 state dict?)"))?;
-        Ok((name.clone(), st.tensor(name).map_err(|e| e.to_string())?))
-    };
-    let (wte_name, wte) = tensor("transformer.wte.weight")?;
+        Ok((
+            name.clone(),
+            self.st.tensor(name).map_err(|e| e.to_string())?,
+        ))
+    }
+}
+
+/// The model's shape as the tensors give it (all but the head count), and the layout.
+struct FileShape {
+    vocab: usize,
+    /// d_model.
+    c: usize,
+    max_seq: usize,
+    layers: usize,
+    ffn: usize,
+    format: SourceFormat,
+    /// The token embedding's name in the file.
+    wte_name: String,
+}
+
+/// The shape from the token and position embeddings, the block indices and the first block's
+/// attention and MLP weights (whose layout tells nanoGPT's from Hugging Face's).
+fn file_shape(tensors: &Tensors<'_, '_>) -> std::result::Result<FileShape, String> {
+    let (wte_name, wte) = tensors.get("transformer.wte.weight")?;
     let &[vocab, c] = wte.shape() else {
         return Err(format!(
             "tensor '{wte_name}' has shape {:?}, expected (vocab, d_model)",
             wte.shape()
         ));
     };
-    let (wpe_name, wpe) = tensor("transformer.wpe.weight")?;
+    let (wpe_name, wpe) = tensors.get("transformer.wpe.weight")?;
     let max_seq = match wpe.shape() {
         &[t, cc] if cc == c => t,
         s => {
@@ -327,6 +356,49 @@ fn state_dict(
             ));
         }
     };
+    let layers = block_count(&tensors.names)?;
+    let (attn_name, attn) = tensors.get("transformer.h.0.attn.c_attn.weight")?;
+    let format = match attn.shape() {
+        &[a, b] if a == 3 * c && b == c => SourceFormat::NanoGpt,
+        &[a, b] if a == c && b == 3 * c => SourceFormat::HuggingFace,
+        s => {
+            return Err(format!(
+                "tensor '{attn_name}' has shape {s:?}: expected ({}, {c}) (nanoGPT's nn.Linear) \
+                 or ({c}, {}) (Hugging Face's Conv1D) for d_model {c}",
+                3 * c,
+                3 * c
+            ));
+        }
+    };
+    let (fc_name, fc) = tensors.get("transformer.h.0.mlp.c_fc.weight")?;
+    let ffn = match (format, fc.shape()) {
+        (SourceFormat::HuggingFace, &[cc, f]) if cc == c => f,
+        (SourceFormat::NanoGpt, &[f, cc]) if cc == c => f,
+        (_, s) => {
+            return Err(format!(
+                "tensor '{fc_name}' has shape {s:?}, expected {} for d_model {c}",
+                if format == SourceFormat::HuggingFace {
+                    format!("({c}, ffn)")
+                } else {
+                    format!("(ffn, {c})")
+                }
+            ));
+        }
+    };
+    Ok(FileShape {
+        vocab,
+        c,
+        max_seq,
+        layers,
+        ffn,
+        format,
+        wte_name,
+    })
+}
+
+/// The number of transformer blocks (`transformer.h.N.`) among the canonical `names`: at least
+/// one, numbered from 0 without a gap.
+fn block_count(names: &BTreeMap<String, String>) -> std::result::Result<usize, String> {
     let mut blocks = BTreeSet::new();
     for canon in names.keys() {
         if let Some(rest) = canon.strip_prefix("transformer.h.") {
@@ -348,87 +420,79 @@ fn state_dict(
             blocks
         ));
     }
-    let (attn_name, attn) = tensor("transformer.h.0.attn.c_attn.weight")?;
-    let format = match attn.shape() {
-        &[a, b] if a == 3 * c && b == c => SourceFormat::NanoGpt,
-        &[a, b] if a == c && b == 3 * c => SourceFormat::HuggingFace,
-        s => {
-            return Err(format!(
-                "tensor '{attn_name}' has shape {s:?}: expected ({}, {c}) (nanoGPT's nn.Linear) \
-                 or ({c}, {}) (Hugging Face's Conv1D) for d_model {c}",
-                3 * c,
-                3 * c
-            ));
-        }
+    Ok(layers)
+}
+
+/// A `config.json` beside the file (its path and value): its sizes must be the tensors'; an
+/// activation or LayerNorm epsilon other than duet's goes into `notes`. Its head count
+/// (`n_head`) and where it came from, when it has one.
+fn config_json_heads(
+    config_json: Option<&(PathBuf, serde_json::Value)>,
+    shape: &FileShape,
+    notes: &mut Vec<String>,
+) -> std::result::Result<Option<(usize, String)>, String> {
+    let Some((p, v)) = config_json else {
+        return Ok(None);
     };
-    let (fc_name, fc) = tensor("transformer.h.0.mlp.c_fc.weight")?;
-    let ffn = match (format, fc.shape()) {
-        (SourceFormat::HuggingFace, &[cc, f]) if cc == c => f,
-        (SourceFormat::NanoGpt, &[f, cc]) if cc == c => f,
-        (_, s) => {
-            return Err(format!(
-                "tensor '{fc_name}' has shape {s:?}, expected {} for d_model {c}",
-                if format == SourceFormat::HuggingFace {
-                    format!("({c}, ffn)")
-                } else {
-                    format!("(ffn, {c})")
-                }
-            ));
-        }
-    };
-    // The head count: config.json, else --heads, else the configured model if it is this wide.
-    let mut notes = Vec::new();
-    let mut heads = None;
-    let mut heads_from = String::new();
-    if let Some((p, v)) = config_json {
-        let field = |k: &str| v.get(k).and_then(serde_json::Value::as_u64);
-        for (key, have) in [
-            ("vocab_size", vocab),
-            ("n_embd", c),
-            ("n_layer", layers),
-            ("n_positions", max_seq),
-            ("block_size", max_seq),
-        ] {
-            if let Some(want) = field(key)
-                && want != have as u64
-            {
-                return Err(format!(
-                    "{} says {key} {want}, but the weights have {have}",
-                    p.display()
-                ));
-            }
-        }
-        if let Some(f) = field("n_inner")
-            && f != ffn as u64
+    let field = |k: &str| v.get(k).and_then(serde_json::Value::as_u64);
+    for (key, have) in [
+        ("vocab_size", shape.vocab),
+        ("n_embd", shape.c),
+        ("n_layer", shape.layers),
+        ("n_positions", shape.max_seq),
+        ("block_size", shape.max_seq),
+    ] {
+        if let Some(want) = field(key)
+            && want != have as u64
         {
             return Err(format!(
-                "{} says n_inner {f}, but the weights have ffn {ffn}",
+                "{} says {key} {want}, but the weights have {have}",
                 p.display()
             ));
-        }
-        if let Some(act) = v.get("activation_function").and_then(|a| a.as_str())
-            && !matches!(act, "gelu_new" | "gelu_pytorch_tanh")
-        {
-            notes.push(format!(
-                "{} names the activation '{act}'; duet's MLP uses GELU's tanh approximation \
-                 (gelu_new)",
-                p.display()
-            ));
-        }
-        if let Some(eps) = v.get("layer_norm_epsilon").and_then(|e| e.as_f64())
-            && (eps - crate::model::LN_EPS as f64).abs() > 1e-12
-        {
-            notes.push(format!(
-                "{} has layer_norm_epsilon {eps}; duet's LayerNorm uses {}",
-                p.display(),
-                crate::model::LN_EPS
-            ));
-        }
-        if let Some(h) = field("n_head") {
-            heads = Some(h as usize);
-            heads_from = format!("n_head in {}", p.display());
         }
     }
+    let ffn = shape.ffn;
+    if let Some(f) = field("n_inner")
+        && f != ffn as u64
+    {
+        return Err(format!(
+            "{} says n_inner {f}, but the weights have ffn {ffn}",
+            p.display()
+        ));
+    }
+    if let Some(act) = v.get("activation_function").and_then(|a| a.as_str())
+        && !matches!(act, "gelu_new" | "gelu_pytorch_tanh")
+    {
+        notes.push(format!(
+            "{} names the activation '{act}'; duet's MLP uses GELU's tanh approximation \
+             (gelu_new)",
+            p.display()
+        ));
+    }
+    if let Some(eps) = v.get("layer_norm_epsilon").and_then(|e| e.as_f64())
+        && (eps - crate::model::LN_EPS as f64).abs() > 1e-12
+    {
+        notes.push(format!(
+            "{} has layer_norm_epsilon {eps}; duet's LayerNorm uses {}",
+            p.display(),
+            crate::model::LN_EPS
+        ));
+    }
+    Ok(field("n_head").map(|h| (h as usize, format!("n_head in {}", p.display()))))
+}
+
+/// The head count and where it came from: config.json's (`from_json`), else `--heads`, else
+/// the configured model's if it is `c` wide.
+fn resolve_heads(
+    from_json: Option<(usize, String)>,
+    given: &ShapeRequest,
+    configured: Option<&ModelConfig>,
+    c: usize,
+) -> std::result::Result<(usize, String), String> {
+    let (mut heads, mut heads_from) = match from_json {
+        Some((h, from)) => (Some(h), from),
+        None => (None, String::new()),
+    };
     match (heads, given.heads) {
         (Some(h), Some(g)) if h != g => {
             return Err(format!(
@@ -452,26 +516,25 @@ fn state_dict(
              file"
         ));
     };
-    let model = ModelConfig {
-        vocab,
-        d_model: c,
-        heads,
-        ffn,
-        layers,
-        max_seq,
-    };
-    model
-        .validate()
-        .map_err(|e| format!("the file's model is not valid: {e} (heads from {heads_from})"))?;
-    check_given(&model, given, "the file's")?;
-    let specs = param_specs(&model);
-    let conv1d: BTreeSet<usize> = (0..layers)
+    Ok((heads, heads_from))
+}
+
+/// The weights of `model` in [`param_specs`] order (HF's `Conv1D` matrices transposed), each
+/// tensor's shape checked; and the canonical names read.
+fn read_params(
+    tensors: &Tensors<'_, '_>,
+    model: &ModelConfig,
+    format: SourceFormat,
+) -> std::result::Result<(Vec<Vec<f32>>, BTreeSet<String>), String> {
+    let (c, ffn, vocab, max_seq) = (model.d_model, model.ffn, model.vocab, model.max_seq);
+    let specs = param_specs(model);
+    let conv1d: BTreeSet<usize> = (0..model.layers)
         .flat_map(|l| CONV1D.map(|p| param_index(l, p)))
         .collect();
     let mut weights = Vec::with_capacity(specs.len());
     let mut used = BTreeSet::new();
     for (i, s) in specs.iter().enumerate() {
-        let (name, t) = tensor(&s.name)?;
+        let (name, t) = tensors.get(&s.name)?;
         let transposed = format == SourceFormat::HuggingFace && conv1d.contains(&i);
         let want: Vec<usize> = if transposed {
             vec![s.shape[1], s.shape[0]]
@@ -494,8 +557,20 @@ fn state_dict(
         });
         used.insert(s.name.clone());
     }
-    if let Some(head) = names.get("lm_head.weight") {
-        let t = st.tensor(head).map_err(|e| e.to_string())?;
+    Ok((weights, used))
+}
+
+/// An `lm_head.weight` in the file must be the token embedding (`wte`, read): duet ties them.
+/// Marked in `used` when present.
+fn check_lm_head(
+    tensors: &Tensors<'_, '_>,
+    shape: &FileShape,
+    wte: &[f32],
+    used: &mut BTreeSet<String>,
+) -> std::result::Result<(), String> {
+    let (vocab, c, wte_name) = (shape.vocab, shape.c, &shape.wte_name);
+    if let Some(head) = tensors.names.get("lm_head.weight") {
+        let t = tensors.st.tensor(head).map_err(|e| e.to_string())?;
         if t.shape() != [vocab, c] {
             return Err(format!(
                 "tensor '{head}' has shape {:?}, expected [{vocab}, {c}] (the tied token \
@@ -503,7 +578,7 @@ fn state_dict(
                 t.shape()
             ));
         }
-        if to_f32(head, &t)? != weights[0] {
+        if to_f32(head, &t)? != wte {
             return Err(format!(
                 "tensor '{head}' differs from the token embedding '{wte_name}': duet ties the \
                  LM head to the embedding and cannot load an untied head"
@@ -511,7 +586,39 @@ fn state_dict(
         }
         used.insert("lm_head.weight".into());
     }
-    if let Some(name) = names
+    Ok(())
+}
+
+/// A nanoGPT or Hugging Face state dict.
+fn state_dict(
+    st: &SafeTensors<'_>,
+    config_json: Option<&(PathBuf, serde_json::Value)>,
+    given: &ShapeRequest,
+    configured: Option<&ModelConfig>,
+) -> std::result::Result<InitWeights, String> {
+    let tensors = Tensors::new(st)?;
+    let shape = file_shape(&tensors)?;
+    // The head count: config.json, else --heads, else the configured model if it is this wide.
+    let mut notes = Vec::new();
+    let from_json = config_json_heads(config_json, &shape, &mut notes)?;
+    let (heads, heads_from) = resolve_heads(from_json, given, configured, shape.c)?;
+    let layers = shape.layers;
+    let model = ModelConfig {
+        vocab: shape.vocab,
+        d_model: shape.c,
+        heads,
+        ffn: shape.ffn,
+        layers,
+        max_seq: shape.max_seq,
+    };
+    model
+        .validate()
+        .map_err(|e| format!("the file's model is not valid: {e} (heads from {heads_from})"))?;
+    check_given(&model, given, "the file's")?;
+    let (weights, mut used) = read_params(&tensors, &model, shape.format)?;
+    check_lm_head(&tensors, &shape, &weights[0], &mut used)?;
+    if let Some(name) = tensors
+        .names
         .iter()
         .find(|(canon, _)| !used.contains(*canon) && !is_buffer(canon))
         .map(|(_, name)| name)
@@ -523,7 +630,7 @@ fn state_dict(
         ));
     }
     Ok(InitWeights {
-        format,
+        format: shape.format,
         path: PathBuf::new(),
         model,
         weights,

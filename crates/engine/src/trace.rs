@@ -593,9 +593,78 @@ fn fp8_operand_max(family: Fp8Family, recipe: Fp8Recipe, name: &str) -> f64 {
     duet_device::Fp8Format::of(dt).map_or(1.0, |f| f.max_finite() as f64)
 }
 
+/// One quantity compared: (quantity, a, b, scale the error is relative to).
+type Check = (String, f64, f64, f64);
+
+/// How the FP8 scales of two traces compare: the traces' FP8 families where they differ, and
+/// the recipe (which picks each operand's format).
+#[derive(Clone, Copy)]
+struct Fp8Scales {
+    families: Option<(Fp8Family, Fp8Family)>,
+    recipe: Fp8Recipe,
+}
+
 /// Compares two traces step by step. `precision` picks the tolerance; when the traces' precisions
 /// differ, the looser one applies. Configs must agree except in the [`execution_settings`].
 pub fn compare(a: &Trace, b: &Trace) -> std::result::Result<ParityOutcome, Incompatible> {
+    check_comparable(a, b)?;
+    // The tolerance comes from the configuration's precision (the same in both, checked
+    // above).
+    let precision = a.header.config.train.recipe.precision.as_str();
+    let tol_of = |step| tolerance(precision, step);
+    let family = |h: &TraceHeader| h.fp8_family.as_deref().and_then(Fp8Family::parse);
+    let families = match (family(&a.header), family(&b.header)) {
+        (Some(x), Some(y)) if x != y => Some((x, y)),
+        _ => None,
+    };
+    let scales = Fp8Scales {
+        families,
+        recipe: a.header.config.train.recipe.fp8_format,
+    };
+    let n = a.steps.len().min(b.steps.len());
+    if n == 0 {
+        let which = match (a.steps.is_empty(), b.steps.is_empty()) {
+            (true, true) => "neither trace has",
+            (true, false) => "the first trace has",
+            _ => "the second trace has",
+        };
+        return Err(Incompatible(format!("{which} no step records")));
+    }
+    let mut tally = Tally::default();
+    for (sa, sb) in a.steps.iter().zip(&b.steps).take(n) {
+        if sa.step != sb.step {
+            return Err(Incompatible(format!(
+                "step numbers differ: {} vs {}",
+                sa.step, sb.step
+            )));
+        }
+        let tol = tol_of(sa.step);
+        let checks = step_checks(sa, sb, scales)?;
+        if let Some(diverged) = tally.judge(sa.step, checks, tol) {
+            return Ok(diverged);
+        }
+    }
+    if a.steps.len() != b.steps.len() {
+        return Ok(ParityOutcome::LengthDiffers {
+            steps: n,
+            a_steps: a.steps.len(),
+            b_steps: b.steps.len(),
+            a_last: a.steps.last().map_or(0, |s| s.step),
+            b_last: b.steps.last().map_or(0, |s| s.step),
+        });
+    }
+    let mut worst: Vec<(f64, String)> = tally.worst.into_iter().map(|(k, v)| (v, k)).collect();
+    worst.sort_by(|x, y| y.0.total_cmp(&x.0));
+    Ok(ParityOutcome::Match {
+        steps: n,
+        worst,
+        nonfinite: tally.nonfinite,
+    })
+}
+
+/// Two traces are comparable when their seeds and configurations agree (but for the
+/// [`execution_settings`]) and each header's precision label is its configuration's.
+fn check_comparable(a: &Trace, b: &Trace) -> std::result::Result<(), Incompatible> {
     if a.header.seed != b.header.seed {
         return Err(Incompatible(format!(
             "field 'seed' differs: {} vs {}",
@@ -610,7 +679,6 @@ pub fn compare(a: &Trace, b: &Trace) -> std::result::Result<ParityOutcome, Incom
     // The tolerance comes from the configuration's precision (the same in both, checked
     // above); a header whose `precision` label disagrees with its own configuration is refused
     // (two fp32 traces labelled fp8 would otherwise be judged at FP8's 5%).
-    let precision = a.header.config.train.recipe.precision.as_str();
     for (which, t) in [("first", a), ("second", b)] {
         let own = t.header.config.train.recipe.precision.as_str();
         if t.header.precision != own {
@@ -620,147 +688,175 @@ pub fn compare(a: &Trace, b: &Trace) -> std::result::Result<ParityOutcome, Incom
             )));
         }
     }
-    let tol_of = |step| tolerance(precision, step);
-    let family = |h: &TraceHeader| h.fp8_family.as_deref().and_then(Fp8Family::parse);
-    let families = match (family(&a.header), family(&b.header)) {
-        (Some(x), Some(y)) if x != y => Some((x, y)),
-        _ => None,
-    };
-    let recipe = a.header.config.train.recipe.fp8_format;
-    let n = a.steps.len().min(b.steps.len());
-    if n == 0 {
-        let which = match (a.steps.is_empty(), b.steps.is_empty()) {
-            (true, true) => "neither trace has",
-            (true, false) => "the first trace has",
-            _ => "the second trace has",
-        };
-        return Err(Incompatible(format!("{which} no step records")));
+    Ok(())
+}
+
+/// The quantities of one step to compare: loss, gradient norm, learning rate, the loss scale,
+/// the FP8 scaling state and every tensor's norm and samples. What one trace records the
+/// other must record too.
+fn step_checks(
+    sa: &StepTrace,
+    sb: &StepTrace,
+    scales: Fp8Scales,
+) -> std::result::Result<Vec<Check>, Incompatible> {
+    let mut checks: Vec<Check> = vec![
+        (
+            "loss".into(),
+            widen(sa.loss),
+            widen(sb.loss),
+            (sb.loss as f64).abs(),
+        ),
+        (
+            "grad_norm".into(),
+            widen(sa.grad_norm),
+            widen(sb.grad_norm),
+            (sb.grad_norm as f64).abs(),
+        ),
+        (
+            "lr".into(),
+            widen(sa.lr),
+            widen(sb.lr),
+            (sb.lr as f64).abs(),
+        ),
+    ];
+    check_recorded_alike(sa, sb)?;
+    if let (Some(x), Some(y)) = (sa.loss_scale, sb.loss_scale) {
+        checks.push(("loss_scale".into(), widen(x), widen(y), (y as f64).abs()));
     }
-    let mut worst: BTreeMap<String, f64> = BTreeMap::new();
-    let mut nonfinite = 0;
-    for (sa, sb) in a.steps.iter().zip(&b.steps).take(n) {
-        if sa.step != sb.step {
-            return Err(Incompatible(format!(
-                "step numbers differ: {} vs {}",
-                sa.step, sb.step
-            )));
-        }
-        let tol = tol_of(sa.step);
-        // (quantity, a, b, scale the error is relative to)
-        let mut checks: Vec<(String, f64, f64, f64)> = vec![
-            (
-                "loss".into(),
-                widen(sa.loss),
-                widen(sb.loss),
-                (sb.loss as f64).abs(),
-            ),
-            (
-                "grad_norm".into(),
-                widen(sa.grad_norm),
-                widen(sb.grad_norm),
-                (sb.grad_norm as f64).abs(),
-            ),
-            (
-                "lr".into(),
-                widen(sa.lr),
-                widen(sb.lr),
-                (sb.lr as f64).abs(),
-            ),
-        ];
-        // What one trace records the other must record too, in both directions.
-        if sa.loss_scale.is_some() != sb.loss_scale.is_some() {
-            return Err(Incompatible(format!(
-                "step {}: the loss scale is recorded in only the {} trace",
-                sa.step,
-                if sa.loss_scale.is_some() {
-                    "first"
-                } else {
-                    "second"
-                }
-            )));
-        }
-        if sa.fp8.is_some() != sb.fp8.is_some() {
-            return Err(Incompatible(format!(
-                "step {}: FP8 scaling is recorded in only the {} trace",
-                sa.step,
-                if sa.fp8.is_some() { "first" } else { "second" }
-            )));
-        }
-        if let (Some(fa), Some(fb)) = (&sa.fp8, &sb.fp8)
-            && let Some(name) = fb.keys().find(|k| !fa.contains_key(*k))
-        {
-            return Err(Incompatible(format!(
-                "FP8 operand {name} is missing from the first trace"
-            )));
-        }
-        if let Some(name) = sb.params.keys().find(|k| !sa.params.contains_key(*k)) {
-            return Err(Incompatible(format!(
-                "tensor {name} is missing from the first trace"
-            )));
-        }
-        if let (Some(x), Some(y)) = (sa.loss_scale, sb.loss_scale) {
-            checks.push(("loss_scale".into(), widen(x), widen(y), (y as f64).abs()));
-        }
-        if let (Some(fa), Some(fb)) = (&sa.fp8, &sb.fp8) {
-            for (name, x) in fa {
-                let Some(y) = fb.get(name) else {
-                    return Err(Incompatible(format!(
-                        "FP8 operand {name} is missing from the second trace"
-                    )));
-                };
-                // Across FP8 families (an OCP device against an FNUZ one) the same amax gives
-                // scales in the ratio of the formats' maxima (E4M3: 448 vs 240): the scales
-                // are compared as fractions of their format's max.
-                let (xs, ys, what) = match families {
-                    Some((fam_a, fam_b)) => {
-                        let max = |f: Fp8Family| fp8_operand_max(f, recipe, name);
-                        (
-                            widen(x.scale) / max(fam_a),
-                            widen(y.scale) / max(fam_b),
-                            format!("fp8 {name}.scale / format max"),
-                        )
-                    }
-                    None => (widen(x.scale), widen(y.scale), format!("fp8 {name}.scale")),
-                };
-                checks.push((what, xs, ys, ys.abs()));
-                checks.push((
-                    format!("fp8 {name}.amax"),
-                    widen(x.amax),
-                    widen(y.amax),
-                    (y.amax as f64).abs(),
-                ));
+    if let (Some(fa), Some(fb)) = (&sa.fp8, &sb.fp8) {
+        fp8_checks(fa, fb, scales, &mut checks)?;
+    }
+    param_checks(sa, sb, &mut checks)?;
+    Ok(checks)
+}
+
+/// What one step records in one trace it records in the other, in both directions: the loss
+/// scale, FP8 scaling; the first trace has every FP8 operand and tensor of the second (the
+/// other direction is checked as they are compared).
+fn check_recorded_alike(sa: &StepTrace, sb: &StepTrace) -> std::result::Result<(), Incompatible> {
+    // What one trace records the other must record too, in both directions.
+    if sa.loss_scale.is_some() != sb.loss_scale.is_some() {
+        return Err(Incompatible(format!(
+            "step {}: the loss scale is recorded in only the {} trace",
+            sa.step,
+            if sa.loss_scale.is_some() {
+                "first"
+            } else {
+                "second"
             }
-        }
-        for (name, ta) in &sa.params {
-            let Some(tb) = sb.params.get(name) else {
-                return Err(Incompatible(format!(
-                    "tensor {name} is missing from the second trace"
-                )));
-            };
-            if ta.samples.len() != tb.samples.len() || ta.numel != tb.numel {
-                return Err(Incompatible(format!(
-                    "tensor {name}: {} elements and {} samples vs {} elements and {} samples",
-                    ta.numel,
-                    ta.samples.len(),
-                    tb.numel,
-                    tb.samples.len()
-                )));
+        )));
+    }
+    if sa.fp8.is_some() != sb.fp8.is_some() {
+        return Err(Incompatible(format!(
+            "step {}: FP8 scaling is recorded in only the {} trace",
+            sa.step,
+            if sa.fp8.is_some() { "first" } else { "second" }
+        )));
+    }
+    if let (Some(fa), Some(fb)) = (&sa.fp8, &sb.fp8)
+        && let Some(name) = fb.keys().find(|k| !fa.contains_key(*k))
+    {
+        return Err(Incompatible(format!(
+            "FP8 operand {name} is missing from the first trace"
+        )));
+    }
+    if let Some(name) = sb.params.keys().find(|k| !sa.params.contains_key(*k)) {
+        return Err(Incompatible(format!(
+            "tensor {name} is missing from the first trace"
+        )));
+    }
+    Ok(())
+}
+
+/// Each FP8 operand's scale and amax (`fa` against `fb`) into `checks`.
+fn fp8_checks(
+    fa: &BTreeMap<String, Fp8Trace>,
+    fb: &BTreeMap<String, Fp8Trace>,
+    scales: Fp8Scales,
+    checks: &mut Vec<Check>,
+) -> std::result::Result<(), Incompatible> {
+    for (name, x) in fa {
+        let Some(y) = fb.get(name) else {
+            return Err(Incompatible(format!(
+                "FP8 operand {name} is missing from the second trace"
+            )));
+        };
+        // Across FP8 families (an OCP device against an FNUZ one) the same amax gives
+        // scales in the ratio of the formats' maxima (E4M3: 448 vs 240): the scales
+        // are compared as fractions of their format's max.
+        let (xs, ys, what) = match scales.families {
+            Some((fam_a, fam_b)) => {
+                let max = |f: Fp8Family| fp8_operand_max(f, scales.recipe, name);
+                (
+                    widen(x.scale) / max(fam_a),
+                    widen(y.scale) / max(fam_b),
+                    format!("fp8 {name}.scale / format max"),
+                )
             }
-            checks.push((format!("{name}.norm"), ta.norm, tb.norm, tb.norm.abs()));
-            // Samples are judged against the tensor's RMS so a value near zero cannot blow up
-            // the relative error; a non-finite norm gives no RMS to judge by (an infinite one
-            // would pass any sample).
-            let rms = tb.norm / (tb.numel.max(1) as f64).sqrt();
-            let rms = if rms.is_finite() { rms } else { 0.0 };
-            for (k, (x, y)) in ta.samples.iter().zip(&tb.samples).enumerate() {
-                checks.push((
-                    format!("{name}[sample {k}]"),
-                    widen(*x),
-                    widen(*y),
-                    (*y as f64).abs().max(rms),
-                ));
-            }
+            None => (widen(x.scale), widen(y.scale), format!("fp8 {name}.scale")),
+        };
+        checks.push((what, xs, ys, ys.abs()));
+        checks.push((
+            format!("fp8 {name}.amax"),
+            widen(x.amax),
+            widen(y.amax),
+            (y.amax as f64).abs(),
+        ));
+    }
+    Ok(())
+}
+
+/// Each tensor's norm and samples (`sa`'s against `sb`'s) into `checks`.
+fn param_checks(
+    sa: &StepTrace,
+    sb: &StepTrace,
+    checks: &mut Vec<Check>,
+) -> std::result::Result<(), Incompatible> {
+    for (name, ta) in &sa.params {
+        let Some(tb) = sb.params.get(name) else {
+            return Err(Incompatible(format!(
+                "tensor {name} is missing from the second trace"
+            )));
+        };
+        if ta.samples.len() != tb.samples.len() || ta.numel != tb.numel {
+            return Err(Incompatible(format!(
+                "tensor {name}: {} elements and {} samples vs {} elements and {} samples",
+                ta.numel,
+                ta.samples.len(),
+                tb.numel,
+                tb.samples.len()
+            )));
         }
+        checks.push((format!("{name}.norm"), ta.norm, tb.norm, tb.norm.abs()));
+        // Samples are judged against the tensor's RMS so a value near zero cannot blow up
+        // the relative error; a non-finite norm gives no RMS to judge by (an infinite one
+        // would pass any sample).
+        let rms = tb.norm / (tb.numel.max(1) as f64).sqrt();
+        let rms = if rms.is_finite() { rms } else { 0.0 };
+        for (k, (x, y)) in ta.samples.iter().zip(&tb.samples).enumerate() {
+            checks.push((
+                format!("{name}[sample {k}]"),
+                widen(*x),
+                widen(*y),
+                (*y as f64).abs().max(rms),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The comparison so far: per kind of quantity the worst error as a fraction of the
+/// tolerance, and how many values were non-finite alike in both traces.
+#[derive(Default)]
+struct Tally {
+    worst: BTreeMap<String, f64>,
+    nonfinite: usize,
+}
+
+impl Tally {
+    /// Judges the `checks` of `step` at tolerance `tol`: the first out of tolerance is the
+    /// divergence returned; the others go into the tally.
+    fn judge(&mut self, step: u64, checks: Vec<Check>, tol: f64) -> Option<ParityOutcome> {
         for (quantity, x, y, scale) in checks {
             let (kx, ky) = (Kind::of(x), Kind::of(y));
             // Finite values are judged by relative error. Non-finite ones carry no magnitude:
@@ -770,14 +866,14 @@ pub fn compare(a: &Trace, b: &Trace) -> std::result::Result<ParityOutcome, Incom
                 (Kind::Finite, Kind::Finite) => (x - y).abs() / scale.max(1e-30),
                 (Kind::Finite, _) | (_, Kind::Finite) => f64::INFINITY,
                 _ if kx.agrees(ky) => {
-                    nonfinite += 1;
+                    self.nonfinite += 1;
                     continue;
                 }
                 _ => f64::INFINITY,
             };
             if err > tol {
-                return Ok(ParityOutcome::Diverged {
-                    step: sa.step,
+                return Some(ParityOutcome::Diverged {
+                    step,
                     quantity,
                     a: x,
                     b: y,
@@ -797,26 +893,11 @@ pub fn compare(a: &Trace, b: &Trace) -> std::result::Result<ParityOutcome, Incom
             } else {
                 key
             };
-            let e = worst.entry(key).or_insert(0.0);
+            let e = self.worst.entry(key).or_insert(0.0);
             *e = e.max(err / tol);
         }
+        None
     }
-    if a.steps.len() != b.steps.len() {
-        return Ok(ParityOutcome::LengthDiffers {
-            steps: n,
-            a_steps: a.steps.len(),
-            b_steps: b.steps.len(),
-            a_last: a.steps.last().map_or(0, |s| s.step),
-            b_last: b.steps.last().map_or(0, |s| s.step),
-        });
-    }
-    let mut worst: Vec<(f64, String)> = worst.into_iter().map(|(k, v)| (v, k)).collect();
-    worst.sort_by(|x, y| y.0.total_cmp(&x.0));
-    Ok(ParityOutcome::Match {
-        steps: n,
-        worst,
-        nonfinite,
-    })
 }
 
 /// The dotted path of the first field where two JSON values differ.

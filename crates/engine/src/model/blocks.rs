@@ -9,6 +9,15 @@ use super::params::{BlockParam, param_index};
 use crate::Result;
 use duet_device::{Buffer, DeviceError, Fused};
 
+/// What every part of one block's pass reads: the device, the parameters, the block's index
+/// and the model's dimensions.
+struct Block<'a, D: Fused> {
+    dev: &'a D,
+    p: &'a [D::Buffer],
+    l: usize,
+    d: Dims,
+}
+
 /// One block's forward pass from `x` into its activations `a`.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn block_forward<D: Fused>(
@@ -22,15 +31,24 @@ pub(super) fn block_forward<D: Fused>(
     s: &mut Scratch<D::Buffer>,
     d: Dims,
 ) -> Result<()> {
+    let blk = Block { dev, p, l, d };
+    attention_forward_part(&blk, q8, record, x, a, s)?;
+    mlp_forward_part(&blk, q8, record, a, s)
+}
+
+/// The attention half of a block's forward pass: `x` → LayerNorm → qkv → attention → attc,
+/// and `res2 = x + attc · ProjWᵀ + ProjB`.
+fn attention_forward_part<D: Fused>(
+    blk: &Block<'_, D>,
+    q8: &mut Option<Fp8Bufs<D>>,
+    record: bool,
+    x: &D::Buffer,
+    a: &mut BlockActs<D::Buffer>,
+    s: &mut Scratch<D::Buffer>,
+) -> Result<()> {
+    let Block { dev, p, l, d } = *blk;
     let Dims {
-        b,
-        t,
-        c,
-        nh,
-        hs,
-        f,
-        n,
-        ..
+        b, t, c, nh, hs, n, ..
     } = d;
     let scale = 1.0 / (hs as f32).sqrt();
     let w = |bp: BlockParam| &p[param_index(l, bp)];
@@ -93,6 +111,22 @@ pub(super) fn block_forward<D: Fused>(
         c,
         c,
     )?;
+    Ok(())
+}
+
+/// The MLP half of a block's forward pass: `res2` → LayerNorm → fch → GELU →
+/// `res3 = res2 + gelu(fch) · FcProjWᵀ + FcProjB`.
+fn mlp_forward_part<D: Fused>(
+    blk: &Block<'_, D>,
+    q8: &mut Option<Fp8Bufs<D>>,
+    record: bool,
+    a: &mut BlockActs<D::Buffer>,
+    s: &mut Scratch<D::Buffer>,
+) -> Result<()> {
+    let Block { dev, p, l, d } = *blk;
+    let Dims { c, f, n, .. } = d;
+    let w = |bp: BlockParam| &p[param_index(l, bp)];
+    let fp8 = q8.is_some();
     // MLP.
     // gelu(fch) lives in the block's activations where the plan keeps it, else in scratch (the
     // backward pass recomputes it). FP8 never writes it: the GELU runs inside the quantisation
@@ -182,17 +216,22 @@ pub(super) fn block_backward<D: Fused>(
     a: &BlockActs<D::Buffer>,
     d: Dims,
 ) -> Result<()> {
-    let Dims {
-        b,
-        t,
-        c,
-        nh,
-        hs,
-        f,
-        n,
-        ..
-    } = d;
-    let scale = 1.0 / (hs as f32).sqrt();
+    let blk = Block { dev, p, l, d };
+    mlp_backward_part(&blk, g, s, q8, a)?;
+    attention_backward_part(&blk, g, s, q8, zeros_c, x, a)
+}
+
+/// The MLP half of a block's backward pass: `s.dresid` (the gradient of res3) back through
+/// the MLP and the second LayerNorm into the gradient of res2 (in `s.dresid`).
+fn mlp_backward_part<D: Fused>(
+    blk: &Block<'_, D>,
+    g: &mut [D::Buffer],
+    s: &mut Scratch<D::Buffer>,
+    q8: &mut Option<Fp8Bufs<D>>,
+    a: &BlockActs<D::Buffer>,
+) -> Result<()> {
+    let Block { dev, p, l, d } = *blk;
+    let Dims { c, f, n, .. } = d;
     let w = |bp: BlockParam| &p[param_index(l, bp)];
     let gi = |bp: BlockParam| param_index(l, bp);
     // res3 = res2 + gelu(fch) · FcProjWᵀ + FcProjB; dresid passes through unchanged. The weight
@@ -293,6 +332,29 @@ pub(super) fn block_backward<D: Fused>(
             c,
         )?;
     }
+    Ok(())
+}
+
+/// The attention half of a block's backward pass: `s.dresid` (the gradient of res2) back
+/// through attention and the first LayerNorm into the gradient of the block's input `x` (in
+/// `s.dresid`).
+fn attention_backward_part<D: Fused>(
+    blk: &Block<'_, D>,
+    g: &mut [D::Buffer],
+    s: &mut Scratch<D::Buffer>,
+    q8: &mut Option<Fp8Bufs<D>>,
+    zeros_c: &D::Buffer,
+    x: &D::Buffer,
+    a: &BlockActs<D::Buffer>,
+) -> Result<()> {
+    let Block { dev, p, l, d } = *blk;
+    let Dims {
+        b, t, c, nh, hs, n, ..
+    } = d;
+    let scale = 1.0 / (hs as f32).sqrt();
+    let w = |bp: BlockParam| &p[param_index(l, bp)];
+    let gi = |bp: BlockParam| param_index(l, bp);
+    let fp8 = q8.is_some();
     // res2 = x + attc · ProjWᵀ + ProjB.
     {
         let (gw, gb) = two_mut(g, gi(BlockParam::ProjW), gi(BlockParam::ProjB));

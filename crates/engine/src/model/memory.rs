@@ -315,27 +315,7 @@ impl Buffers<BufSpec> {
         // The MLP's GELU outputs stay for the backward pass (FP8 never stores them).
         let keeps_gelu = plan.keep_gelu_output && !is_fp8;
         let spec = |dtype: DType, len: usize, kind: Kind| BufSpec { dtype, len, kind };
-        let specs = param_specs(cfg);
-        let mut params = Vec::with_capacity(specs.len());
-        let mut grads = Vec::with_capacity(specs.len());
-        for (i, s) in specs.iter().enumerate() {
-            // FP8: the linear layers' weights reach the GEMMs only as FP8 codes, quantised
-            // from these f32 weights (which the optimizer updates in place: no master copy,
-            // no 16-bit copy).
-            let fp8_weight = is_fp8 && is_linear_weight(cfg, i);
-            let dtype = if s.low_precision() && !fp8_weight {
-                act
-            } else {
-                f32
-            };
-            params.push(spec(dtype, s.device_numel(), Kind::Params));
-            let low_grad = plan.low_precision_weight_grads && is_linear_weight(cfg, i);
-            grads.push(spec(
-                if low_grad { act } else { f32 },
-                s.device_numel(),
-                Kind::Grads,
-            ));
-        }
+        let (params, grads) = Self::param_and_grad_specs(cfg, plan);
         // The logits have the padded vocabulary's columns (see `VOCAB_PAD`).
         let (c, f, nh, v) = (
             cfg.d_model,
@@ -415,48 +395,7 @@ impl Buffers<BufSpec> {
             d_f: s(if one_mlp_grad { 0 } else { n * f }),
             d_f2: s(n * f),
         };
-        let fp8 = is_fp8.then(|| {
-            let family = plan
-                .fp8_family
-                .unwrap_or_else(|| Fp8Family::of_device(&dev.info()));
-            let (fwd, bwd) = family.dtypes(plan.fp8.recipe);
-            let mut q = Fp8Layout {
-                x8: vec![],
-                x8t: vec![],
-                w8: vec![],
-                w8t: vec![],
-                dy8: vec![],
-                dy8t: vec![],
-                amax_discard: spec(f32, 0, Kind::Scratch),
-                state: vec![],
-                family,
-            };
-            for _ in 0..cfg.layers {
-                for k in 0..LINEARS.len() {
-                    let (fi, fo) = linear_dims(cfg, k);
-                    q.x8t.push(spec(fwd, n * fi, Kind::Activations));
-                    q.w8.push(spec(fwd, fo * fi, Kind::Scratch));
-                    q.w8t.push(spec(fwd, fo * fi, Kind::Scratch));
-                }
-            }
-            for k in 0..LINEARS.len() {
-                let (fi, fo) = linear_dims(cfg, k);
-                q.x8.push(spec(fwd, n * fi, Kind::Scratch));
-                q.dy8.push(spec(bwd, n * fo, Kind::Scratch));
-                q.dy8t.push(spec(bwd, n * fo, Kind::Scratch));
-            }
-            let lens = Fp8State::<D>::buffer_lens(
-                &plan.fp8,
-                cfg.layers * LINEARS.len(),
-                caps.fp8_scale_inv_stride,
-            );
-            q.amax_discard.len = lens[2];
-            q.state = lens
-                .iter()
-                .map(|&len| spec(f32, len, Kind::Scratch))
-                .collect();
-            q
-        });
+        let fp8 = is_fp8.then(|| Self::fp8_layout(dev, cfg, plan, n));
         Ok(Buffers {
             params,
             grads,
@@ -478,6 +417,93 @@ impl Buffers<BufSpec> {
             fp8,
             flash,
         })
+    }
+
+    /// The parameters' and their gradients' buffers, in [`param_specs`] order: each in the
+    /// activation dtype where its kind and the precision plan allow, else f32.
+    fn param_and_grad_specs(
+        cfg: &ModelConfig,
+        plan: &PrecisionPlan,
+    ) -> (Vec<BufSpec>, Vec<BufSpec>) {
+        let f32 = DType::F32;
+        let act = plan.precision.activation_dtype();
+        let is_fp8 = plan.precision == Precision::Fp8;
+        let spec = |dtype: DType, len: usize, kind: Kind| BufSpec { dtype, len, kind };
+        let specs = param_specs(cfg);
+        let mut params = Vec::with_capacity(specs.len());
+        let mut grads = Vec::with_capacity(specs.len());
+        for (i, s) in specs.iter().enumerate() {
+            // FP8: the linear layers' weights reach the GEMMs only as FP8 codes, quantised
+            // from these f32 weights (which the optimizer updates in place: no master copy,
+            // no 16-bit copy).
+            let fp8_weight = is_fp8 && is_linear_weight(cfg, i);
+            let dtype = if s.low_precision() && !fp8_weight {
+                act
+            } else {
+                f32
+            };
+            params.push(spec(dtype, s.device_numel(), Kind::Params));
+            let low_grad = plan.low_precision_weight_grads && is_linear_weight(cfg, i);
+            grads.push(spec(
+                if low_grad { act } else { f32 },
+                s.device_numel(),
+                Kind::Grads,
+            ));
+        }
+        (params, grads)
+    }
+
+    /// FP8's buffers for `n` rows on `dev`: the FP8 codes of every linear layer's input,
+    /// weight and output gradient (and their transposes), and the scaling state.
+    fn fp8_layout<D: Fused>(
+        dev: &D,
+        cfg: &ModelConfig,
+        plan: &PrecisionPlan,
+        n: usize,
+    ) -> Fp8Layout<BufSpec> {
+        let f32 = DType::F32;
+        let spec = |dtype: DType, len: usize, kind: Kind| BufSpec { dtype, len, kind };
+        let caps = dev.capabilities();
+        let family = plan
+            .fp8_family
+            .unwrap_or_else(|| Fp8Family::of_device(&dev.info()));
+        let (fwd, bwd) = family.dtypes(plan.fp8.recipe);
+        let mut q = Fp8Layout {
+            x8: vec![],
+            x8t: vec![],
+            w8: vec![],
+            w8t: vec![],
+            dy8: vec![],
+            dy8t: vec![],
+            amax_discard: spec(f32, 0, Kind::Scratch),
+            state: vec![],
+            family,
+        };
+        for _ in 0..cfg.layers {
+            for k in 0..LINEARS.len() {
+                let (fi, fo) = linear_dims(cfg, k);
+                q.x8t.push(spec(fwd, n * fi, Kind::Activations));
+                q.w8.push(spec(fwd, fo * fi, Kind::Scratch));
+                q.w8t.push(spec(fwd, fo * fi, Kind::Scratch));
+            }
+        }
+        for k in 0..LINEARS.len() {
+            let (fi, fo) = linear_dims(cfg, k);
+            q.x8.push(spec(fwd, n * fi, Kind::Scratch));
+            q.dy8.push(spec(bwd, n * fo, Kind::Scratch));
+            q.dy8t.push(spec(bwd, n * fo, Kind::Scratch));
+        }
+        let lens = Fp8State::<D>::buffer_lens(
+            &plan.fp8,
+            cfg.layers * LINEARS.len(),
+            caps.fp8_scale_inv_stride,
+        );
+        q.amax_discard.len = lens[2];
+        q.state = lens
+            .iter()
+            .map(|&len| spec(f32, len, Kind::Scratch))
+            .collect();
+        q
     }
 
     /// Bytes per kind, and the optimizer state AdamW allocates for these parameters: two f32

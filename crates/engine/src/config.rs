@@ -451,54 +451,101 @@ impl std::str::FromStr for Preset {
     }
 }
 
+/// The training settings every preset starts from (each changes a few of them).
+fn preset_train() -> TrainConfig {
+    TrainConfig {
+        steps: 600,
+        data: DataConfig {
+            batch: 32,
+            grad_accum: 1,
+            seq: 48,
+            seed: 1337,
+            eval_sequences: 256,
+            max_stride: 8,
+            data: Vec::new(),
+            val_data: Vec::new(),
+            data_format: DataFormat::Auto,
+            val_batches: crate::dataset::DEFAULT_VAL_BATCHES,
+            tokenizer: String::new(),
+            tokenizer_hash: String::new(),
+        },
+        optimizer: OptimizerConfig {
+            lr: 2e-3,
+            warmup: 50,
+            min_lr_ratio: 0.1,
+            weight_decay: 0.01,
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            grad_clip: 1.0,
+            schedule_steps: 0,
+        },
+        recipe: PrecisionRecipe {
+            precision: Precision::Fp32,
+            loss_scale: 0.0,
+            fp8_format: Fp8Recipe::Hybrid,
+            fp8_amax_history_len: default_amax_history_len(),
+            fp8_amax_compute_algo: AmaxAlgo::Max,
+            fp8_margin: 0,
+            fp8_fast_accum: Fp8FastAccum::default(),
+            weight_grad_dtype: WeightGradDtype::Auto,
+        },
+        execution: ExecutionConfig {
+            checkpoint_every: 0,
+            loss_every: default_loss_every(),
+            graphs: true,
+            gemm_autotune: false,
+            recompute_gelu: true,
+            logits_chunk_rows: 0,
+        },
+    }
+}
+
+/// The GPT-2 presets (`p`, from `train`): GPT-2's sizes (OpenAI's release: vocab 50257,
+/// context 1024, the residual projections initialised with std 0.02/√(2·layers) as every duet
+/// model) with the optimizer of nanoGPT / llm.c's GPT-2 runs: AdamW β (0.9, 0.95), weight decay
+/// 0.1 on matrices and embeddings, clipping at 1.0, warm-up 700 steps then cosine to 10% of the
+/// peak; the peak learning rates of the GPT-3 paper's table for these sizes (6e-4, 3e-4,
+/// 2.5e-4, 2e-4). Batch × 1024 tokens per step; the synthetic task by default (give --data for
+/// text or llm.c shards).
+fn gpt2_preset(p: Preset, train: &TrainConfig) -> Config {
+    let (d_model, heads, layers, batch, lr) = match p {
+        Preset::Gpt2 => (768, 12, 12, 32, 6e-4),
+        Preset::Gpt2Medium => (1024, 16, 24, 16, 3e-4),
+        Preset::Gpt2Large => (1280, 20, 36, 8, 2.5e-4),
+        _ => (1600, 25, 48, 4, 2e-4),
+    };
+    Config {
+        model: ModelConfig {
+            vocab: 50257,
+            d_model,
+            heads,
+            ffn: 4 * d_model,
+            layers,
+            max_seq: 1024,
+        },
+        train: with(train, |t| {
+            t.data.batch = batch;
+            t.data.seq = 1024;
+            t.data.eval_sequences = 0;
+            t.steps = 5000;
+            t.optimizer.lr = lr;
+            t.optimizer.warmup = 700;
+            t.optimizer.min_lr_ratio = 0.1;
+            t.optimizer.weight_decay = 0.1;
+            // gpt2 keeps the MLP's GELU outputs (no recompute in the backward
+            // pass: 2.3 ms of 69 a step on an H100 at B 32); its logits then go
+            // in chunks of 4096 rows, and device memory stays under llm.c's
+            // (results/2026-12-07-h100-gpt2-flash-v4/). The larger sizes recompute.
+            t.execution.recompute_gelu = p != Preset::Gpt2;
+        }),
+    }
+}
+
 impl Config {
+    /// The configuration of preset `p`.
     pub fn preset(p: Preset) -> Config {
-        let train = TrainConfig {
-            steps: 600,
-            data: DataConfig {
-                batch: 32,
-                grad_accum: 1,
-                seq: 48,
-                seed: 1337,
-                eval_sequences: 256,
-                max_stride: 8,
-                data: Vec::new(),
-                val_data: Vec::new(),
-                data_format: DataFormat::Auto,
-                val_batches: crate::dataset::DEFAULT_VAL_BATCHES,
-                tokenizer: String::new(),
-                tokenizer_hash: String::new(),
-            },
-            optimizer: OptimizerConfig {
-                lr: 2e-3,
-                warmup: 50,
-                min_lr_ratio: 0.1,
-                weight_decay: 0.01,
-                beta1: 0.9,
-                beta2: 0.95,
-                eps: 1e-8,
-                grad_clip: 1.0,
-                schedule_steps: 0,
-            },
-            recipe: PrecisionRecipe {
-                precision: Precision::Fp32,
-                loss_scale: 0.0,
-                fp8_format: Fp8Recipe::Hybrid,
-                fp8_amax_history_len: default_amax_history_len(),
-                fp8_amax_compute_algo: AmaxAlgo::Max,
-                fp8_margin: 0,
-                fp8_fast_accum: Fp8FastAccum::default(),
-                weight_grad_dtype: WeightGradDtype::Auto,
-            },
-            execution: ExecutionConfig {
-                checkpoint_every: 0,
-                loss_every: default_loss_every(),
-                graphs: true,
-                gemm_autotune: false,
-                recompute_gelu: true,
-                logits_chunk_rows: 0,
-            },
-        };
+        let train = preset_train();
         match p {
             Preset::Default => Config {
                 model: ModelConfig {
@@ -548,45 +595,9 @@ impl Config {
                     t.optimizer.warmup = 30;
                 }),
             },
-            // GPT-2's sizes (OpenAI's release: vocab 50257, context 1024, the residual
-            // projections initialised with std 0.02/√(2·layers) as every duet model) with the
-            // optimizer of nanoGPT / llm.c's GPT-2 runs: AdamW β (0.9, 0.95), weight decay 0.1
-            // on matrices and embeddings, clipping at 1.0, warm-up 700 steps then cosine to
-            // 10% of the peak; the peak learning rates of the GPT-3 paper's table for these
-            // sizes (6e-4, 3e-4, 2.5e-4, 2e-4). Batch × 1024 tokens per step; the synthetic
-            // task by default (give --data for text or llm.c shards).
+            // GPT-2's sizes with the optimizer of nanoGPT / llm.c's GPT-2 runs.
             Preset::Gpt2 | Preset::Gpt2Medium | Preset::Gpt2Large | Preset::Gpt2Xl => {
-                let (d_model, heads, layers, batch, lr) = match p {
-                    Preset::Gpt2 => (768, 12, 12, 32, 6e-4),
-                    Preset::Gpt2Medium => (1024, 16, 24, 16, 3e-4),
-                    Preset::Gpt2Large => (1280, 20, 36, 8, 2.5e-4),
-                    _ => (1600, 25, 48, 4, 2e-4),
-                };
-                Config {
-                    model: ModelConfig {
-                        vocab: 50257,
-                        d_model,
-                        heads,
-                        ffn: 4 * d_model,
-                        layers,
-                        max_seq: 1024,
-                    },
-                    train: with(&train, |t| {
-                        t.data.batch = batch;
-                        t.data.seq = 1024;
-                        t.data.eval_sequences = 0;
-                        t.steps = 5000;
-                        t.optimizer.lr = lr;
-                        t.optimizer.warmup = 700;
-                        t.optimizer.min_lr_ratio = 0.1;
-                        t.optimizer.weight_decay = 0.1;
-                        // gpt2 keeps the MLP's GELU outputs (no recompute in the backward
-                        // pass: 2.3 ms of 69 a step on an H100 at B 32); its logits then go
-                        // in chunks of 4096 rows, and device memory stays under llm.c's
-                        // (results/2026-12-07-h100-gpt2-flash-v4/). The larger sizes recompute.
-                        t.execution.recompute_gelu = p != Preset::Gpt2;
-                    }),
-                }
+                gpt2_preset(p, &train)
             }
             Preset::Tiny => Config {
                 model: ModelConfig {

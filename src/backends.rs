@@ -1,13 +1,14 @@
 //! Run-time backend selection: `--backend` / `DUET_BACKEND` = cpu | cuda | hip | auto.
 
 use crate::CliResult;
-use duet_device::{BackendKind, Device, DeviceError, DeviceInfo, Fused, human_bytes};
+use duet_device::Runtime;
+use duet_device::{BackendKind, Device, DeviceError, DeviceInfo, human_bytes};
 use std::sync::Arc;
 
 /// Work that runs on whichever backend was chosen (a generic closure, monomorphised per backend).
 pub trait OnDevice {
     type Output;
-    fn run<D: Fused>(self, dev: Arc<D>) -> CliResult<Self::Output>;
+    fn run<D: Device>(self, dev: Arc<D>) -> CliResult<Self::Output>;
 }
 
 pub fn open_cpu(threads: Option<usize>) -> Result<duet_cpu::CpuDevice, DeviceError> {

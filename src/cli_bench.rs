@@ -4,7 +4,7 @@
 use crate::backends::{OnDevice, dispatch};
 use crate::settings::{backend_kind, build_config, resolve_precision, warn_unused_fp8_flags};
 use crate::{CliResult, ModelArgs};
-use duet_device::{DType, DeviceError, DeviceExt, Fused, GemmDesc, Telemetry, human_bytes};
+use duet_device::{DType, Device, DeviceError, DeviceExt, GemmDesc, Telemetry, human_bytes};
 use duet_engine::{Config, Precision, Trainer};
 use std::path::Path;
 use std::sync::Arc;
@@ -133,7 +133,7 @@ struct BenchTask {
 impl OnDevice for BenchTask {
     type Output = Vec<serde_json::Value>;
 
-    fn run<D: Fused>(self, dev: Arc<D>) -> CliResult<Vec<serde_json::Value>> {
+    fn run<D: Device>(self, dev: Arc<D>) -> CliResult<Vec<serde_json::Value>> {
         let mut out = Vec::with_capacity(self.cfgs.len());
         let mut ceilings: Vec<(DType, Result<Option<f64>, String>)> = Vec::new();
         for cfg in &self.cfgs {
@@ -227,7 +227,7 @@ pub fn nominal_peak_tflops(info: &duet_device::DeviceInfo, p: Precision) -> Opti
 }
 
 /// The GEMM input dtype a precision's linear layers run in.
-fn ceiling_dtype<D: Fused>(dev: &D, p: Precision, cfg: &Config) -> DType {
+fn ceiling_dtype<D: Device>(dev: &D, p: Precision, cfg: &Config) -> DType {
     match p {
         Precision::Fp8 => {
             duet_engine::fp8::Fp8Family::of_device(&dev.info())
@@ -241,7 +241,7 @@ fn ceiling_dtype<D: Fused>(dev: &D, p: Precision, cfg: &Config) -> DType {
 /// TFLOP/s of one large square GEMM `C = X·Xᵀ` in `dtype` (random data; FP8 through
 /// `gemm_fp8` with unit scales), timed over repeated launches between two synchronisations.
 /// `None` when the backend cannot run that GEMM.
-fn gemm_ceiling<D: Fused>(dev: &D, dtype: DType) -> CliResult<Option<f64>> {
+fn gemm_ceiling<D: Device>(dev: &D, dtype: DType) -> CliResult<Option<f64>> {
     let info = dev.info();
     let size: usize = if info.backend == "cpu" { 256 } else { 8192 };
     let reps = if info.backend == "cpu" { 3 } else { 20 };
@@ -295,7 +295,7 @@ fn gemm_ceiling<D: Fused>(dev: &D, dtype: DType) -> CliResult<Option<f64>> {
 /// afterwards). Every step is timed on the host clock between two device synchronisations
 /// (a step ends with the device idle, so this is the step's wall time); the steps are also
 /// timed back to back with one synchronisation at the end, which gives the mean.
-fn bench_one<D: Fused>(
+fn bench_one<D: Device>(
     dev: &Arc<D>,
     cfg: &Config,
     warmup: u64,

@@ -4,7 +4,7 @@
 //! collective library's unique id over TCP (`MASTER_ADDR:MASTER_PORT`).
 
 use crate::CliResult;
-use duet_device::{BackendKind, Collective, Fused};
+use duet_device::{BackendKind, Collective, Device};
 use duet_engine::dist::rendezvous::{LaunchEnv, tag_of};
 use std::process::{Child, Command};
 use std::time::Duration;
@@ -27,7 +27,7 @@ pub trait RankTask {
     /// Runs on `dev` as one rank of the group that `comm` connects (called for the GPU
     /// backends only: unused in a build without them).
     #[cfg_attr(not(any(feature = "cuda", feature = "hip")), allow(dead_code))]
-    fn run_in_group<D: Fused>(
+    fn run_in_group<D: Device>(
         self,
         dev: std::sync::Arc<D>,
         comm: std::sync::Arc<dyn Collective<D>>,

@@ -3,7 +3,7 @@
 use crate::CliResult;
 use crate::backends::{OnDevice, dispatch};
 use clap::Args;
-use duet_device::{BackendKind, Fused};
+use duet_device::{BackendKind, Device};
 use duet_engine::EngineError;
 use duet_engine::checkpoint::Checkpoint;
 use duet_engine::config::Config;
@@ -289,7 +289,7 @@ struct GenTask {
 impl OnDevice for GenTask {
     type Output = Vec<i32>;
 
-    fn run<D: Fused>(self, dev: Arc<D>) -> CliResult<Vec<i32>> {
+    fn run<D: Device>(self, dev: Arc<D>) -> CliResult<Vec<i32>> {
         let mut g =
             Generator::from_weights(dev, &self.ck.config.model, &self.ck.weights, self.format)?;
         eprintln!(

@@ -3,13 +3,13 @@
 //! change.
 
 use crate::{CliResult, ExecutionFlags, ModelArgs};
-use duet_device::{BackendKind, Fused};
+use duet_device::{BackendKind, Device};
 use duet_engine::config::ExecutionConfig;
 use duet_engine::{Config, Precision, Preset};
 
 /// Resolves the configured precision against the device (fallback with a warning, or an error
 /// with `--strict`) and writes the result back into `cfg`.
-pub(crate) fn resolve_precision<D: Fused>(
+pub(crate) fn resolve_precision<D: Device>(
     cfg: &mut Config,
     dev: &D,
     strict: bool,

@@ -7,7 +7,7 @@
 
 use duet_cpu::CpuDevice;
 use duet_cuda::CudaDevice;
-use duet_device::Fused;
+use duet_device::Device;
 
 use duet_engine::trace::{ParityOutcome, Trace, TraceHeader, TraceWriter, compare};
 use duet_engine::{Config, Preset, Trainer};
@@ -34,7 +34,7 @@ fn small_config() -> Config {
     cfg
 }
 
-fn run<D: Fused>(dev: Arc<D>, cfg: &Config, steps: u64) -> (Vec<f32>, Trace) {
+fn run<D: Device>(dev: Arc<D>, cfg: &Config, steps: u64) -> (Vec<f32>, Trace) {
     let info = dev.info();
     let header = TraceHeader {
         kind: "header".into(),

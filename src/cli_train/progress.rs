@@ -3,7 +3,7 @@
 
 use super::DEFAULT_LOG_EVERY;
 use super::report::print_fp8_report;
-use duet_device::Fused;
+use duet_device::Device;
 use duet_engine::Trainer;
 use duet_engine::run::{CurvePoint, StepLog};
 use duet_engine::saves::Saved;
@@ -77,7 +77,7 @@ pub(super) struct Progress {
 impl Progress {
     /// After each step (and its save, if it had one): the bar or the log line, the validation
     /// loss and the save's line, the loss plot redrawn at a save.
-    pub(super) fn on_step<D: Fused>(
+    pub(super) fn on_step<D: Device>(
         &mut self,
         trainer: &Trainer<D>,
         s: &StepLog,

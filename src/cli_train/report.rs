@@ -2,7 +2,7 @@
 //! run's shape and how it runs) and the report at its end (what was trained, the checkpoint,
 //! the validation loss, the generation check). The run ([`super::task`]) decides when.
 
-use duet_device::{DeviceInfo, Fused, human_bytes};
+use duet_device::{Device, DeviceInfo, human_bytes};
 use duet_engine::run::{FP8_REPORT_ENTRIES, RunSummary};
 use duet_engine::saves::{CheckpointDir, Saved};
 use duet_engine::train::GenerationEval;
@@ -43,7 +43,7 @@ pub(super) fn print_banner(info: &DeviceInfo, cfg: &Config) {
 
 /// The banner's lines about the built trainer: data parallelism (when it has ranks), the
 /// memory plan and activation checkpointing (when on).
-pub(super) fn print_setup<D: Fused>(trainer: &Trainer<D>, t: &TrainConfig) {
+pub(super) fn print_setup<D: Device>(trainer: &Trainer<D>, t: &TrainConfig) {
     if let Some(d) = trainer.dist() {
         let w = d.world_size();
         eprintln!(
@@ -84,7 +84,7 @@ pub(super) fn print_setup<D: Fused>(trainer: &Trainer<D>, t: &TrainConfig) {
 }
 
 /// One line per FP8 operand: scale and the first amax-history entries.
-pub(super) fn print_fp8_report<D: Fused>(trainer: &Trainer<D>) {
+pub(super) fn print_fp8_report<D: Device>(trainer: &Trainer<D>) {
     let report = match trainer.model().fp8_report(FP8_REPORT_ENTRIES) {
         Ok(r) => r,
         Err(e) => {
@@ -109,7 +109,7 @@ pub(super) fn print_fp8_report<D: Fused>(trainer: &Trainer<D>) {
 
 /// The report's first lines: the steps trained, the time and speed, the final loss and the
 /// peak memory (`peak`, bytes); with loss scaling, the last scale and the skipped steps.
-pub(super) fn print_trained<D: Fused>(
+pub(super) fn print_trained<D: Device>(
     trainer: &Trainer<D>,
     summary: &RunSummary,
     t: &TrainConfig,

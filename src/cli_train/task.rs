@@ -9,7 +9,7 @@ use crate::CliResult;
 use crate::backends::OnDevice;
 use crate::cli_dist::RankTask;
 use crate::settings::resolve_precision;
-use duet_device::{Collective, DeviceInfo, Fused};
+use duet_device::{Collective, Device, DeviceInfo};
 use duet_engine::checkpoint::{Checkpoint, files};
 use duet_engine::run::{
     CurvePoint, LogFailure, LogKind, MetricsLog, RunPlan, RunSummary, StepLog, save_checkpoint,
@@ -58,7 +58,7 @@ impl RankTask for TrainTask {
         )
     }
 
-    fn run_in_group<D: Fused>(
+    fn run_in_group<D: Device>(
         self,
         dev: Arc<D>,
         comm: Arc<dyn duet_device::Collective<D>>,
@@ -70,7 +70,7 @@ impl RankTask for TrainTask {
 impl OnDevice for TrainTask {
     type Output = TrainOutcome;
 
-    fn run<D: Fused>(self, dev: Arc<D>) -> CliResult<TrainOutcome> {
+    fn run<D: Device>(self, dev: Arc<D>) -> CliResult<TrainOutcome> {
         self.run_with(dev, None)
     }
 }
@@ -93,7 +93,7 @@ struct RunEnd {
 
 impl TrainTask {
     /// The training run on `dev`; with `comm`, as one rank of a data-parallel group.
-    fn run_with<D: Fused>(
+    fn run_with<D: Device>(
         mut self,
         dev: Arc<D>,
         comm: Option<Arc<dyn Collective<D>>>,
@@ -191,7 +191,7 @@ impl TrainTask {
 
     /// The training loop ([`duet_engine::run::run`]) to the plan's last step, counted in
     /// [`super::TRAINING_LOOPS`] while it runs, with `progress` after every step.
-    fn run_loop<D: Fused>(
+    fn run_loop<D: Device>(
         &mut self,
         trainer: &mut Trainer<D>,
         plan: &RunPlan,
@@ -215,7 +215,7 @@ impl TrainTask {
 
     /// The trainer: from the checkpoint (`--resume`), from `--init-from`'s weights or from the
     /// seed; with `comm` and the task's options, as one rank of a data-parallel group.
-    fn build_trainer<D: Fused>(
+    fn build_trainer<D: Device>(
         &mut self,
         dev: &Arc<D>,
         comm: Option<&Arc<dyn Collective<D>>>,
@@ -252,7 +252,7 @@ impl TrainTask {
 
     /// Opens the metrics log (when there is one) into `self.metrics`: truncated, or when
     /// `resuming` kept up to the trainer's step and appended to.
-    fn open_metrics<D: Fused>(&mut self, trainer: &Trainer<D>, resuming: bool) -> CliResult<()> {
+    fn open_metrics<D: Device>(&mut self, trainer: &Trainer<D>, resuming: bool) -> CliResult<()> {
         let Some(p) = &self.metrics_path else {
             return Ok(());
         };
@@ -278,7 +278,7 @@ impl TrainTask {
     }
 
     /// Creates the `--trace` file (when given) and writes its header.
-    fn open_trace<D: Fused>(
+    fn open_trace<D: Device>(
         &mut self,
         info: &DeviceInfo,
         trainer: &Trainer<D>,
@@ -308,7 +308,7 @@ impl TrainTask {
     /// Whether the run has validation data, and its validation cadence (`--val-every`, else
     /// the default for its length): notes on them, and an error where a cadence was asked of
     /// a run that cannot validate.
-    fn validation_cadence<D: Fused>(&self, trainer: &Trainer<D>) -> CliResult<(bool, u64)> {
+    fn validation_cadence<D: Device>(&self, trainer: &Trainer<D>) -> CliResult<(bool, u64)> {
         let t = &self.cfg.train;
         let main = self.is_main;
         let has_val = trainer.has_validation_data();
@@ -384,7 +384,7 @@ impl TrainTask {
 
     /// After the loop: the report, the final validation and save, the loss plot and the
     /// generation check; a failed log write or an interrupt ends the run after its save.
-    fn end_run<D: Fused>(
+    fn end_run<D: Device>(
         &self,
         dev: &D,
         trainer: &mut Trainer<D>,
@@ -463,7 +463,7 @@ impl TrainTask {
     /// The error of a run stopped by a failed write to its metrics log or trace (`f`): the
     /// loss plot drawn and the checkpoint saved to `ck_path` first, then what failed, what
     /// was kept and how to resume.
-    fn stopped_by_log_failure<D: Fused>(
+    fn stopped_by_log_failure<D: Device>(
         &self,
         trainer: &Trainer<D>,
         f: &LogFailure,
@@ -513,7 +513,7 @@ impl TrainTask {
 
     /// Saves the checkpoint: into `--out` (`saves`: step-numbered, latest and best names),
     /// elsewhere to the one file `p`.
-    fn save<D: Fused>(
+    fn save<D: Device>(
         &self,
         trainer: &Trainer<D>,
         saves: Option<&CheckpointDir>,
@@ -550,7 +550,7 @@ impl TrainTask {
 
     /// The generation check of the synthetic task, at the run's last step: generation uses no
     /// collectives, so rank 0 alone runs it.
-    fn evaluate_generation<D: Fused>(&self, trainer: &mut Trainer<D>) -> CliResult<()> {
+    fn evaluate_generation<D: Device>(&self, trainer: &mut Trainer<D>) -> CliResult<()> {
         let t = &self.cfg.train;
         if self.is_main
             && t.data.eval_sequences > 0

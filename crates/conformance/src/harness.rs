@@ -2,7 +2,7 @@
 //! encodings, the `SKIP <test>: <reason>` convention and the comparison against the oracle.
 
 use duet_cpu::CpuDevice;
-use duet_device::{Buffer, DType, Device, Fp8Format, Fused};
+use duet_device::{Buffer, DType, Device, Fp8Format};
 use half::{bf16, f16};
 use std::sync::OnceLock;
 
@@ -256,13 +256,13 @@ pub fn want(name: &str, dtype: DType, values: Vec<f64>) -> Want {
 }
 
 /// The device a suite instance tests, with what its cases share.
-pub struct Harness<D: Fused> {
+pub struct Harness<D: Device> {
     pub dev: D,
     backend: String,
     open: fn() -> Result<D, String>,
 }
 
-impl<D: Fused> Harness<D> {
+impl<D: Device> Harness<D> {
     /// The harness of `dev`, which `open` opened (and opens again for [`Harness::fresh`]).
     pub fn new(dev: D, open: fn() -> Result<D, String>) -> Self {
         let backend = dev.info().backend;

@@ -2,7 +2,7 @@
 //! Optional arguments: M N K [threads].
 
 use duet_cpu::CpuDevice;
-use duet_device::{DType, Device, GemmDesc};
+use duet_device::{DType, GemmDesc, GemmOps, Runtime};
 use std::time::Instant;
 
 fn main() -> duet_device::Result<()> {

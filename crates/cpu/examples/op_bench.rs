@@ -2,7 +2,10 @@
 //! FFN 512, vocab 96): `cargo run -p duet-cpu --release --example op_bench [threads]`.
 
 use duet_cpu::CpuDevice;
-use duet_device::{AdamWStep, DType, Device, DeviceExt};
+use duet_device::{
+    AdamWStep, AttentionOps, DType, DeviceExt, ElementwiseOps, EmbeddingOps, LossOps, NormOps,
+    OptimOps, Runtime,
+};
 use std::time::Instant;
 
 fn time(name: &str, mut f: impl FnMut()) {

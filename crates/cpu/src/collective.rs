@@ -11,7 +11,7 @@
 
 use crate::{CpuBuffer, CpuDevice};
 use duet_device::{
-    Buffer, Collective, DType, Device, DeviceError, ReduceOp, Result, check_collective_lens,
+    Buffer, Collective, DType, DeviceError, ReduceOp, Result, Runtime, check_collective_lens,
 };
 use half::{bf16, f16};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};

@@ -6,7 +6,7 @@
 //! - **Memory.** A [`CpuBuffer`] is a `Vec` of its element type: `f32`, `half::f16`,
 //!   `half::bf16`, `i32`, or raw `u8` codes for the four FP8 formats (and `U8`). Every buffer
 //!   holds an `Arc` to its device's byte counter, incremented on allocation and decremented on
-//!   drop, which feeds [`Device::memory_stats`] (`driver` is `None`: there is no driver view).
+//!   drop, which feeds [`Runtime::memory_stats`] (`driver` is `None`: there is no driver view).
 //! - **Arithmetic.** Always f32. f16/bf16 (and FP8 for `cast`, `fill`, `copy`, uploads and
 //!   downloads, and AdamW's `param_copy`) are storage formats: an op loads the rows it works on
 //!   into f32, computes, and rounds the results once when storing them. f32 buffers are used in
@@ -24,7 +24,7 @@
 //! - **Threads.** Each device owns a rayon `ThreadPool` (size from [`CpuDevice::new`], else the
 //!   `DUET_CPU_THREADS` environment variable, else all cores) and runs every op inside it, so
 //!   several devices or an embedding application do not fight over rayon's global pool. Ops
-//!   run synchronously; [`Device::synchronize`] has nothing to wait for.
+//!   run synchronously; [`Runtime::synchronize`] has nothing to wait for.
 //! - **GEMM.** Through the `gemm` crate (f32 kernels; f16/bf16 operands widened to f32 first),
 //!   built with its `x86-v4` feature so AVX-512 kernels are used where the CPU has them (chosen
 //!   at run time; AVX2/FMA and SSE kernels otherwise). Large single matrices use the crate's own
@@ -49,12 +49,16 @@
 //!   shapes). Across *machines* GEMM bits can differ: the kernel (AVX-512, AVX2/FMA, ...) and
 //!   the cache-derived blocking are chosen per CPU. No floating-point contraction is enabled, so
 //!   every other op gives the same bits on any x86-64 CPU.
+//!
+//! [`Runtime::memory_stats`]: duet_device::Runtime::memory_stats
+//! [`Runtime::synchronize`]: duet_device::Runtime::synchronize
 #![deny(unsafe_code)]
 
 mod buffer;
 mod collective;
 mod info;
 mod ops;
+mod runtime;
 
 /// The CPU reference's e^x, public so that other backends' shared math can be checked against it
 /// bit for bit (duet-hip's `tests/shared_math.rs`).
@@ -65,10 +69,7 @@ pub use collective::{CpuComm, CpuGroup};
 
 use buffer::MemCounter;
 use duet_device::knobs::{KnobError, Knobs};
-use duet_device::{
-    AdamWStep, Capabilities, DType, Device, DeviceError, DeviceInfo, Fused, GemmDesc, MemoryStats,
-    Result,
-};
+use duet_device::{DeviceError, Result};
 use std::sync::Arc;
 
 /// Environment variable that sets the thread count when [`CpuDevice::new`] gets `None`
@@ -163,307 +164,6 @@ impl Default for CpuDevice {
             .expect("the CPU backend could not start a worker thread")
     }
 }
-
-impl Device for CpuDevice {
-    type Buffer = CpuBuffer;
-    type Graph = ();
-
-    fn info(&self) -> DeviceInfo {
-        DeviceInfo {
-            backend: "cpu".into(),
-            name: info::cpu_name(),
-            arch: info::arch_summary(),
-            total_memory: info::total_memory().unwrap_or(0),
-            supports_bf16: true,
-            supports_fp8: true,
-            details: vec![
-                ("threads".into(), self.threads.to_string()),
-                ("gemm".into(), "gemm 0.19 (f32 accumulation)".into()),
-                (
-                    "fp8".into(),
-                    "emulated (codecs, quantisation, GEMM on decoded values)".into(),
-                ),
-            ],
-        }
-    }
-
-    fn capabilities(&self) -> &Capabilities {
-        static CAPS: std::sync::OnceLock<Capabilities> = std::sync::OnceLock::new();
-        CAPS.get_or_init(Capabilities::composed)
-    }
-
-    fn alloc(&self, dtype: DType, len: usize) -> Result<CpuBuffer> {
-        CpuBuffer::new(dtype, len, &self.mem)
-    }
-
-    fn upload_bytes(&self, src: &[u8], dst: &mut CpuBuffer, offset: usize) -> Result<()> {
-        ops::memory::upload_bytes(src, dst, offset)
-    }
-
-    fn download_bytes(&self, src: &CpuBuffer, offset: usize, len: usize) -> Result<Vec<u8>> {
-        ops::memory::download_bytes(src, offset, len)
-    }
-
-    fn copy(
-        &self,
-        src: &CpuBuffer,
-        src_offset: usize,
-        dst: &mut CpuBuffer,
-        dst_offset: usize,
-        len: usize,
-    ) -> Result<()> {
-        self.run(|| ops::memory::copy(src, src_offset, dst, dst_offset, len))
-    }
-
-    fn fill(&self, dst: &mut CpuBuffer, value: f32) -> Result<()> {
-        self.run(|| ops::memory::fill(dst, value))
-    }
-
-    fn synchronize(&self) -> Result<()> {
-        Ok(())
-    }
-
-    fn memory_stats(&self) -> MemoryStats {
-        MemoryStats {
-            current: self.mem.current(),
-            peak: self.mem.peak(),
-            // The host's memory, which the model's memory plan is checked against.
-            driver: duet_device::host_memory(),
-        }
-    }
-
-    fn reset_peak_memory(&self) {
-        self.mem.reset_peak();
-    }
-
-    fn gemm(&self, desc: &GemmDesc, a: &CpuBuffer, b: &CpuBuffer, c: &mut CpuBuffer) -> Result<()> {
-        let threads = self.threads;
-        self.run(|| ops::gemm::gemm(desc, a, b, c, threads))
-    }
-
-    fn cast(&self, src: &CpuBuffer, dst: &mut CpuBuffer, scale: f32) -> Result<()> {
-        self.run(|| ops::elementwise::cast(src, dst, scale))
-    }
-
-    fn scale(&self, x: &mut CpuBuffer, alpha: f32) -> Result<()> {
-        self.run(|| ops::elementwise::scale(x, alpha))
-    }
-
-    fn add(&self, a: &CpuBuffer, b: &CpuBuffer, out: &mut CpuBuffer) -> Result<()> {
-        self.run(|| ops::elementwise::add(a, b, out))
-    }
-
-    fn add_assign(&self, dst: &mut CpuBuffer, src: &CpuBuffer) -> Result<()> {
-        self.run(|| ops::elementwise::add_assign(dst, src))
-    }
-
-    fn embedding_forward(
-        &self,
-        tokens: &CpuBuffer,
-        wte: &CpuBuffer,
-        wpe: &CpuBuffer,
-        out: &mut CpuBuffer,
-        b: usize,
-        t: usize,
-        c: usize,
-    ) -> Result<()> {
-        self.run(|| ops::embedding::forward(tokens, wte, wpe, out, b, t, c))
-    }
-
-    fn embedding_backward(
-        &self,
-        tokens: &CpuBuffer,
-        dout: &CpuBuffer,
-        dwte: &mut CpuBuffer,
-        dwpe: &mut CpuBuffer,
-        b: usize,
-        t: usize,
-        c: usize,
-    ) -> Result<()> {
-        self.run(|| ops::embedding::backward(tokens, dout, dwte, dwpe, b, t, c))
-    }
-
-    fn layernorm_forward(
-        &self,
-        x: &CpuBuffer,
-        gamma: &CpuBuffer,
-        beta: &CpuBuffer,
-        out: &mut CpuBuffer,
-        mean: &mut CpuBuffer,
-        rstd: &mut CpuBuffer,
-        n: usize,
-        c: usize,
-        eps: f32,
-    ) -> Result<()> {
-        self.run(|| ops::layernorm::forward(x, gamma, beta, out, mean, rstd, n, c, eps))
-    }
-
-    fn layernorm_backward(
-        &self,
-        dout: &CpuBuffer,
-        x: &CpuBuffer,
-        gamma: &CpuBuffer,
-        mean: &CpuBuffer,
-        rstd: &CpuBuffer,
-        dx: &mut CpuBuffer,
-        dgamma: &mut CpuBuffer,
-        dbeta: &mut CpuBuffer,
-        n: usize,
-        c: usize,
-    ) -> Result<()> {
-        self.run(|| ops::layernorm::backward(dout, x, gamma, mean, rstd, dx, dgamma, dbeta, n, c))
-    }
-
-    fn bias_add(&self, x: &mut CpuBuffer, bias: &CpuBuffer, rows: usize, c: usize) -> Result<()> {
-        self.run(|| ops::elementwise::bias_add(x, bias, rows, c))
-    }
-
-    fn bias_backward(
-        &self,
-        dout: &CpuBuffer,
-        dbias: &mut CpuBuffer,
-        rows: usize,
-        c: usize,
-    ) -> Result<()> {
-        self.run(|| ops::elementwise::bias_backward(dout, dbias, rows, c))
-    }
-
-    fn gelu_forward(&self, x: &CpuBuffer, out: &mut CpuBuffer) -> Result<()> {
-        self.run(|| ops::elementwise::gelu_forward(x, out))
-    }
-
-    fn gelu_backward(&self, x: &CpuBuffer, dout: &CpuBuffer, dx: &mut CpuBuffer) -> Result<()> {
-        self.run(|| ops::elementwise::gelu_backward(x, dout, dx))
-    }
-
-    fn split_heads(
-        &self,
-        qkv: &CpuBuffer,
-        q: &mut CpuBuffer,
-        k: &mut CpuBuffer,
-        v: &mut CpuBuffer,
-        b: usize,
-        t: usize,
-        nh: usize,
-        hs: usize,
-    ) -> Result<()> {
-        self.run(|| ops::attention::split_heads(qkv, q, k, v, b, t, nh, hs))
-    }
-
-    fn split_heads_backward(
-        &self,
-        dq: &CpuBuffer,
-        dk: &CpuBuffer,
-        dv: &CpuBuffer,
-        dqkv: &mut CpuBuffer,
-        b: usize,
-        t: usize,
-        nh: usize,
-        hs: usize,
-    ) -> Result<()> {
-        self.run(|| ops::attention::split_heads_backward(dq, dk, dv, dqkv, b, t, nh, hs))
-    }
-
-    fn merge_heads(
-        &self,
-        y: &CpuBuffer,
-        out: &mut CpuBuffer,
-        b: usize,
-        t: usize,
-        nh: usize,
-        hs: usize,
-        backward: bool,
-    ) -> Result<()> {
-        self.run(|| ops::attention::merge_heads(y, out, b, t, nh, hs, backward))
-    }
-
-    fn softmax_causal_forward(
-        &self,
-        scores: &CpuBuffer,
-        probs: &mut CpuBuffer,
-        rows: usize,
-        t: usize,
-        scale: f32,
-    ) -> Result<()> {
-        self.run(|| ops::attention::softmax_causal_forward(scores, probs, rows, t, scale))
-    }
-
-    fn softmax_causal_backward(
-        &self,
-        probs: &CpuBuffer,
-        dprobs: &CpuBuffer,
-        dscores: &mut CpuBuffer,
-        rows: usize,
-        t: usize,
-        scale: f32,
-    ) -> Result<()> {
-        self.run(|| ops::attention::softmax_causal_backward(probs, dprobs, dscores, rows, t, scale))
-    }
-
-    fn cross_entropy_padded(
-        &self,
-        logits: &CpuBuffer,
-        targets: &CpuBuffer,
-        losses: &mut CpuBuffer,
-        dlogits: Option<&mut CpuBuffer>,
-        n: usize,
-        v: usize,
-        ld: usize,
-        grad_scale: f32,
-    ) -> Result<()> {
-        self.run(|| {
-            ops::loss::cross_entropy(logits, targets, losses, dlogits, n, v, ld, grad_scale)
-        })
-    }
-
-    fn adamw(
-        &self,
-        param: &mut CpuBuffer,
-        grad: &CpuBuffer,
-        m: &mut CpuBuffer,
-        v: &mut CpuBuffer,
-        step: &AdamWStep,
-        param_copy: Option<&mut CpuBuffer>,
-    ) -> Result<()> {
-        self.run(|| ops::optim::adamw(param, grad, m, v, step, param_copy))
-    }
-
-    fn sum_squares(&self, x: &CpuBuffer, out: &mut CpuBuffer, slot: usize) -> Result<()> {
-        self.run(|| ops::optim::sum_squares(x, out, slot))
-    }
-
-    fn quantize_fp8(
-        &self,
-        src: &CpuBuffer,
-        dst: &mut CpuBuffer,
-        dst_t: Option<&mut CpuBuffer>,
-        rows: usize,
-        cols: usize,
-        scale: &CpuBuffer,
-        amax: &mut CpuBuffer,
-        slot: usize,
-    ) -> Result<()> {
-        self.run(|| ops::fp8::quantize(src, dst, dst_t, rows, cols, scale, amax, slot))
-    }
-
-    fn gemm_fp8(
-        &self,
-        desc: &GemmDesc,
-        a: &CpuBuffer,
-        b: &CpuBuffer,
-        c: &mut CpuBuffer,
-        scale_inv: &CpuBuffer,
-        a_slot: usize,
-        b_slot: usize,
-    ) -> Result<()> {
-        let threads = self.threads;
-        self.run(|| ops::gemm::gemm_fp8(desc, a, b, c, scale_inv, a_slot, b_slot, threads))
-    }
-}
-
-/// Every fused path composed of the core ops (the trait's defaults): the CPU is the reference
-/// the backends' native paths are checked against.
-impl Fused for CpuDevice {}
 
 #[cfg(test)]
 mod tests {

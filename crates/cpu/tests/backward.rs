@@ -15,7 +15,9 @@ mod common;
 
 use common::reference as r;
 use common::*;
-use duet_device::{DType, Device, GemmDesc};
+use duet_device::{
+    AttentionOps, DType, ElementwiseOps, EmbeddingOps, GemmDesc, GemmOps, LossOps, NormOps,
+};
 
 const H: f64 = 1e-4;
 

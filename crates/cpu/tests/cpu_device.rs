@@ -5,7 +5,7 @@
 mod common;
 
 use common::*;
-use duet_device::{DType, Device};
+use duet_device::{DType, Runtime};
 
 #[test]
 fn memory_stats_track_allocations() {

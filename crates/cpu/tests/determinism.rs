@@ -5,7 +5,9 @@ mod common;
 
 use common::*;
 use duet_cpu::{CpuBuffer, CpuDevice};
-use duet_device::{DType, Device};
+use duet_device::{
+    AttentionOps, DType, ElementwiseOps, EmbeddingOps, LossOps, NormOps, OptimOps, Runtime,
+};
 
 const THREADS: [usize; 3] = [2, 3, 4];
 

@@ -4,7 +4,10 @@ mod common;
 
 use common::*;
 use duet_cpu::CpuDevice;
-use duet_device::{AdamWStep, DType, Device, DeviceError, DeviceExt, GemmDesc};
+use duet_device::{
+    AdamWStep, AttentionOps, DType, DeviceError, DeviceExt, ElementwiseOps, EmbeddingOps, GemmDesc,
+    GemmOps, LossOps, NormOps, OptimOps, Runtime,
+};
 
 #[track_caller]
 fn shape<T: std::fmt::Debug>(r: Result<T, DeviceError>) {

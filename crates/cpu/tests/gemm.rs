@@ -6,7 +6,7 @@ mod common;
 
 use common::*;
 use duet_cpu::CpuDevice;
-use duet_device::{Device, GemmDesc};
+use duet_device::{GemmDesc, GemmOps, Runtime};
 
 /// Runs the f32 `desc` on random data and compares with the f64 reference GEMM (batches in
 /// order) from the same inputs.

@@ -6,7 +6,7 @@ mod common;
 
 use common::*;
 use duet_cpu::{CpuBuffer, CpuDevice};
-use duet_device::{DType, Device};
+use duet_device::{AttentionOps, DType, ElementwiseOps, EmbeddingOps, LossOps, NormOps};
 
 const HALF: [DType; 2] = [DType::BF16, DType::F16];
 

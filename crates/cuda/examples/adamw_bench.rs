@@ -7,16 +7,15 @@
 //! them and writes bf16 working copies of the matrices and linear biases (weight decay 0.1 on the
 //! matrices), as a training step does. Rows with f32 gradients (the seed model's) and bf16
 //! gradients. Each op is warmed up, then called 100 times between two device events
-//! (`Device::time_ms`): "µs" is the device time per call and "GB/s" the bytes the op must move
+//! (`Runtime::time_ms`): "µs" is the device time per call and "GB/s" the bytes the op must move
 //! (every element read and written once) over that time; "host µs" is the host clock over the
 //! same loop including the final wait: much above "µs" means the host, not the GPU, set the
 //! pace. No pass/fail.
 
 use duet_cuda::CudaDevice;
-use duet_device::Fused;
 use duet_device::{
-    ADAMW_SCALARS, AdamWClipStep, AdamWStep, AdamWTensor, Buffer, DType, Device, DeviceError,
-    DeviceExt,
+    ADAMW_SCALARS, AdamWClipStep, AdamWStep, AdamWTensor, Buffer, DType, DeviceError, DeviceExt,
+    Fp8Ops, OptimOps, Runtime,
 };
 use half::bf16;
 use std::time::Instant;

@@ -3,11 +3,11 @@
 //! the logits as stored, the row in f32 with e^(x − max)) at GPT-2's shapes (8192- and 4096-row
 //! chunks of the padded 50304-wide logits, vocabulary 50257) and the seed's (32768 rows of 96):
 //! `cargo run -p duet-cuda --release --example ce_bench [bf16|f16]`. Each is warmed up, then run
-//! 20 times inside one `Device::time_ms` (device events); the table gives the mean time per call
+//! 20 times inside one `Runtime::time_ms` (device events); the table gives the mean time per call
 //! and the logits' bytes read and written per second. No pass/fail.
 
 use duet_cuda::{CrossEntropyCache, CudaDevice};
-use duet_device::{DType, Device, DeviceError, DeviceExt, Fused};
+use duet_device::{DType, DeviceError, DeviceExt, LossOps, Runtime};
 
 const ITERS: usize = 20;
 

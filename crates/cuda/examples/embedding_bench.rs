@@ -8,7 +8,7 @@
 //! overhead). The c = 8 rows show the sort and launch cost alone.
 
 use duet_cuda::CudaDevice;
-use duet_device::{DType, Device, DeviceExt};
+use duet_device::{DType, DeviceExt, EmbeddingOps, Runtime};
 use std::time::Instant;
 
 const CALLS: usize = 100;

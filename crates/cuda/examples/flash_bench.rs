@@ -4,13 +4,12 @@
 //! hs=64), large (b=32, t=256, nh=16, hs=128), t512 (b=32, t=512, nh=12, hs=64) and gpt2
 //! (b=32, t=1024, nh=12, hs=64) shapes:
 //! `cargo run -p duet-cuda --release --example flash_bench [bf16|f16]`. Each variant is
-//! warmed up, then run 50 times inside one `Device::time_ms` (device events); the table gives
+//! warmed up, then run 50 times inside one `Runtime::time_ms` (device events); the table gives
 //! the mean time per call and the causal TFLOP/s (forward 2·2·b·nh·t²·hs/2 FLOPs, backward
 //! 2.5× that). No pass/fail.
 
 use duet_cuda::CudaDevice;
-use duet_device::Fused;
-use duet_device::{DType, Device, DeviceError, GemmDesc};
+use duet_device::{AttentionOps, DType, DeviceError, GemmDesc, GemmOps, Runtime};
 
 const ITERS: usize = 50;
 

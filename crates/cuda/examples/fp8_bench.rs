@@ -28,15 +28,16 @@
 //! * `weights_many` — one `quantize_fp8_many` over the 16 matrices;
 //! * `weights_each` — 16 `quantize_fp8` calls.
 //!
-//! Each op is warmed up, then called `ITERS` times inside one [`Device::time_ms`] (device events
+//! Each op is warmed up, then called `ITERS` times inside one [`Runtime::time_ms`] (device events
 //! on CUDA). The table gives µs per call and the effective bandwidth: bytes the op must read and
 //! write once (bf16 inputs, FP8 outputs, and for the gradient the f32 column-sum partials and
 //! dbias), divided by the time. `separate` is charged the fused op's bytes, so its GB/s compare
 //! directly. No pass/fail.
 
 use duet_cuda::CudaDevice;
-use duet_device::Fused;
-use duet_device::{DType, Device, DeviceError, DeviceExt, Fp8QuantJob};
+use duet_device::{
+    DType, DeviceError, DeviceExt, ElementwiseOps, Fp8Ops, Fp8QuantJob, NormOps, Runtime,
+};
 use half::bf16;
 
 const ITERS: usize = 100;

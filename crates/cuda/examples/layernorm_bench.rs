@@ -6,8 +6,7 @@
 //! the same in one op (`layernorm_backward_colsum`). No pass/fail.
 
 use duet_cuda::CudaDevice;
-use duet_device::Fused;
-use duet_device::{DType, Device, DeviceExt};
+use duet_device::{DType, DeviceExt, ElementwiseOps, NormOps, Runtime};
 use half::bf16;
 use std::time::Instant;
 

@@ -4,7 +4,10 @@
 //! mean time per call and the bytes it must move at least, over that time.
 
 use duet_cuda::CudaDevice;
-use duet_device::{AdamWStep, DType, Device, DeviceExt, GemmDesc};
+use duet_device::{
+    AdamWStep, AttentionOps, DType, DeviceExt, ElementwiseOps, EmbeddingOps, GemmDesc, GemmOps,
+    LossOps, NormOps, OptimOps, Runtime,
+};
 use std::time::Instant;
 
 fn time<F: FnMut()>(dev: &CudaDevice, mut f: F) -> f64 {

@@ -24,7 +24,7 @@ pub(crate) fn kernel_suffix(dtype: DType) -> Option<&'static str> {
 /// buffer of the activations' dtype or f32 (shared with the HIP backend).
 /// `float_code`: the run-time dtype code of the kernels' `load_dt` / `store_dt` (common.cuh) and
 /// of the multi-tensor chunk tables (`grad_dt`, `copy_dt`), shared with the HIP backend.
-pub(crate) use duet_device::args::{float_code, float_suffix, wide_suffix};
+pub(crate) use duet_gpu::launch::{float_code, float_suffix, wide_suffix};
 
 /// `(bits, width in bytes)` of one element of `d` holding `value`, for `fill` (a memset of that
 /// width). Floats round like the CPU reference (FP8 saturates); `value` must be an integer in

@@ -1,4 +1,5 @@
-//! [`CudaDevice`]: the `Device` implementation on one NVIDIA GPU.
+//! [`CudaDevice`]: the device on one NVIDIA GPU, its construction and the helpers its ops share
+//! ([`duet_device::Runtime`] is implemented in runtime.rs, each op family in `ops/<family>.rs`).
 //!
 //! Everything runs on one non-blocking stream in call order. cudarc's per-buffer event tracking
 //! is switched off (it only matters with several streams), and buffers are handled as raw
@@ -6,24 +7,20 @@
 //! before anything is queued.
 //!
 //! Deferred errors: kernels that meet an out-of-range token id or target set a bit in a device
-//! word; [`Device::synchronize`] and the downloads read it back and report
-//! [`DeviceError::InvalidArgument`] (the CPU backend checks these on the host before running).
+//! word; [`Runtime::synchronize`](duet_device::Runtime::synchronize) and the downloads read it
+//! back and report [`DeviceError::InvalidArgument`] (the CPU backend checks these on the host
+//! before running).
 
 use crate::blas::Blas;
 use crate::blaslt::BlasLt;
 use crate::conv;
 use crate::error::{self, BACKEND, drv};
-use crate::graph::CudaStepGraph;
 use crate::kernels::{KernelModule, Kernels, Launch, grid_dim};
 use crate::loader::{self, CudaLib};
-use crate::memory::{CudaBuffer, DeviceMemory, MemTracker, Scratch, Staging};
-use crate::ops::{FP8_COUNTERS, QuantOf, Tables};
+use crate::memory::{CudaBuffer, DeviceMemory, MemTracker, Scratch, Staging, Tables};
 use cudarc::driver::sys::{self as cu, CUdevice_attribute};
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream};
-use duet_device::{
-    AdamWStep, Buffer, Capabilities, DType, Device, DeviceError, DeviceInfo, Fused, GemmDesc,
-    MemoryStats, Result, check_dtype, composed,
-};
+use duet_device::{Capabilities, DType, DeviceError, DeviceInfo, Result, check_dtype};
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -48,6 +45,10 @@ pub(crate) const EW_BLOCK: u32 = 256;
 pub(crate) const ERR_TOKEN: u32 = 1;
 pub(crate) const ERR_TARGET: u32 = 2;
 
+/// Column-tile counters of the FP8 gradient kernels (u32 each): one per grid y index, of which
+/// `CudaDevice::tile_grid` (ops/fp8.rs) allows at most 65535.
+pub(crate) const FP8_COUNTERS: usize = 65536;
+
 /// An NVIDIA GPU driven through the CUDA driver API, NVRTC kernels and cuBLAS.
 pub struct CudaDevice {
     pub(crate) ctx: Arc<CudaContext>,
@@ -68,7 +69,7 @@ pub struct CudaDevice {
     pub(crate) cc: i32,
     /// cuBLASLt for FP8 GEMMs, created on first use.
     pub(crate) blas_lt: Mutex<Option<BlasLt>>,
-    /// Chunk tables of the multi-tensor kernels (see ops/optim.rs).
+    /// Chunk tables of the multi-tensor kernels (see ops/optim.rs `CudaDevice::table`).
     pub(crate) tables: Mutex<Tables>,
     /// Epilogues cuBLASLt refused once (`ops/gemm.rs` `REFUSED_*` bits): from then on the plain
     /// GEMM and the separate ops run (see `CudaDevice::lt_unless_refused`).
@@ -77,25 +78,28 @@ pub struct CudaDevice {
     pub(crate) fp8_counters: DeviceMemory,
     /// NVTX ranges for profiler timelines, when the library is present.
     pub(crate) nvtx: Option<crate::nvtx::Nvtx>,
-    /// NVML for [`Device::telemetry`], loaded on first use (None when it does not load).
+    /// NVML for [`Runtime::telemetry`](duet_device::Runtime::telemetry), loaded on first use
+    /// (None when it does not load).
     pub(crate) nvml: std::sync::OnceLock<Option<crate::nvml::Nvml>>,
     /// A graph is being recorded (see graph.rs).
     pub(crate) capturing: std::sync::atomic::AtomicBool,
     /// Whether the fused paths (flash attention, GEMM epilogues) are offered.
     pub(crate) fused: std::sync::atomic::AtomicBool,
-    /// What [`Device::capabilities`] answers with the fused paths off (`[0]`) and on (`[1]`),
-    /// made once at start.
+    /// What [`Runtime::capabilities`](duet_device::Runtime::capabilities) answers with the fused
+    /// paths off (`[0]`) and on (`[1]`), made once at start.
     pub(crate) caps: [Capabilities; 2],
-    /// GEMM autotuning ([`Device::set_gemm_autotune`]; `DUET_GEMM_AUTOTUNE=1` starts on).
+    /// GEMM autotuning ([`GemmOps::set_gemm_autotune`](duet_device::GemmOps::set_gemm_autotune);
+    /// `DUET_GEMM_AUTOTUNE=1` starts on).
     pub(crate) autotune: std::sync::atomic::AtomicBool,
-    /// Weight matrices [`Fused::adamw_clipped_fp8`] has updated and quantised in its fused
-    /// kernel so far ([`CudaDevice::adamw_fp8_fused_count`]).
+    /// Weight matrices [`Fp8Ops::adamw_clipped_fp8`](duet_device::Fp8Ops::adamw_clipped_fp8) has
+    /// updated and quantised in its fused kernel so far ([`CudaDevice::adamw_fp8_fused_count`]).
     pub(crate) adamw_fp8_fused: std::sync::atomic::AtomicU64,
 }
 
 /// Set to 1 to start with the fused paths off ([`CudaDevice::set_fused_ops`]).
 pub const UNFUSED_ENV: &str = "DUET_CUDA_UNFUSED";
-/// Set to 1 to start with GEMM autotuning on ([`Device::set_gemm_autotune`]).
+/// Set to 1 to start with GEMM autotuning on
+/// ([`GemmOps::set_gemm_autotune`](duet_device::GemmOps::set_gemm_autotune)).
 pub const AUTOTUNE_ENV: &str = "DUET_GEMM_AUTOTUNE";
 
 impl std::fmt::Debug for CudaDevice {
@@ -516,654 +520,5 @@ impl CudaDevice {
         lt.may_tune =
             self.gemm_autotune() && !self.capturing.load(std::sync::atomic::Ordering::Relaxed);
         f(lt)
-    }
-}
-
-impl Device for CudaDevice {
-    type Buffer = CudaBuffer;
-    type Graph = CudaStepGraph;
-
-    fn range_push(&self, name: &str) {
-        self.range_push_impl(name)
-    }
-
-    fn range_pop(&self) {
-        self.range_pop_impl()
-    }
-
-    fn capabilities(&self) -> &Capabilities {
-        // Both sets are made at start; set_fused_ops switches between them.
-        if self.fused_ops() {
-            &self.caps[1]
-        } else {
-            &self.caps[0]
-        }
-    }
-
-    fn info(&self) -> DeviceInfo {
-        self.info_impl()
-    }
-
-    fn alloc(&self, dtype: DType, len: usize) -> Result<CudaBuffer> {
-        self.alloc_impl(dtype, len)
-    }
-
-    fn upload_bytes(&self, src: &[u8], dst: &mut CudaBuffer, offset: usize) -> Result<()> {
-        self.upload_bytes_impl(src, dst, offset)
-    }
-
-    fn download_bytes(&self, src: &CudaBuffer, offset: usize, len: usize) -> Result<Vec<u8>> {
-        self.download_bytes_impl(src, offset, len)
-    }
-
-    fn copy(
-        &self,
-        src: &CudaBuffer,
-        src_offset: usize,
-        dst: &mut CudaBuffer,
-        dst_offset: usize,
-        len: usize,
-    ) -> Result<()> {
-        self.copy_impl(src, src_offset, dst, dst_offset, len)
-    }
-
-    fn fill(&self, dst: &mut CudaBuffer, value: f32) -> Result<()> {
-        self.fill_impl(dst, value)
-    }
-
-    fn time_ms<E: From<DeviceError>>(
-        &self,
-        work: impl FnOnce() -> std::result::Result<(), E>,
-    ) -> std::result::Result<f64, E> {
-        self.time_ms_impl(work)
-    }
-
-    fn timer_kind(&self) -> &'static str {
-        "device events"
-    }
-
-    fn capture_begin(&self) -> Result<()> {
-        self.capture_begin_impl()
-    }
-
-    fn capture_end(&self) -> Result<CudaStepGraph> {
-        self.capture_end_impl()
-    }
-
-    fn replay(&self, graph: &CudaStepGraph) -> Result<()> {
-        self.replay_impl(graph)
-    }
-
-    fn synchronize(&self) -> Result<()> {
-        self.synchronize_impl()
-    }
-
-    fn memory_stats(&self) -> MemoryStats {
-        self.memory_stats_impl()
-    }
-
-    fn reset_peak_memory(&self) {
-        self.mem.reset_peak();
-    }
-
-    fn telemetry(&self) -> Option<duet_device::Telemetry> {
-        self.telemetry_impl()
-    }
-
-    fn gemm(
-        &self,
-        desc: &GemmDesc,
-        a: &CudaBuffer,
-        b: &CudaBuffer,
-        c: &mut CudaBuffer,
-    ) -> Result<()> {
-        self.gemm_impl(desc, a, b, c)
-    }
-
-    fn set_gemm_autotune(&self, on: bool) -> bool {
-        self.set_gemm_autotune_impl(on)
-    }
-
-    fn cast(&self, src: &CudaBuffer, dst: &mut CudaBuffer, scale: f32) -> Result<()> {
-        self.cast_impl(src, dst, scale)
-    }
-
-    fn scale(&self, x: &mut CudaBuffer, alpha: f32) -> Result<()> {
-        self.scale_impl(x, alpha)
-    }
-
-    fn add(&self, a: &CudaBuffer, b: &CudaBuffer, out: &mut CudaBuffer) -> Result<()> {
-        self.add_impl(a, b, out)
-    }
-
-    fn add_assign(&self, dst: &mut CudaBuffer, src: &CudaBuffer) -> Result<()> {
-        self.add_assign_impl(dst, src)
-    }
-
-    fn embedding_forward(
-        &self,
-        tokens: &CudaBuffer,
-        wte: &CudaBuffer,
-        wpe: &CudaBuffer,
-        out: &mut CudaBuffer,
-        b: usize,
-        t: usize,
-        c: usize,
-    ) -> Result<()> {
-        self.embedding_forward_impl(tokens, wte, wpe, out, b, t, c)
-    }
-
-    fn embedding_backward(
-        &self,
-        tokens: &CudaBuffer,
-        dout: &CudaBuffer,
-        dwte: &mut CudaBuffer,
-        dwpe: &mut CudaBuffer,
-        b: usize,
-        t: usize,
-        c: usize,
-    ) -> Result<()> {
-        self.embedding_backward_impl(tokens, dout, dwte, dwpe, b, t, c)
-    }
-
-    fn layernorm_forward(
-        &self,
-        x: &CudaBuffer,
-        gamma: &CudaBuffer,
-        beta: &CudaBuffer,
-        out: &mut CudaBuffer,
-        mean: &mut CudaBuffer,
-        rstd: &mut CudaBuffer,
-        n: usize,
-        c: usize,
-        eps: f32,
-    ) -> Result<()> {
-        self.layernorm_forward_impl(x, gamma, beta, out, mean, rstd, n, c, eps)
-    }
-
-    fn layernorm_backward(
-        &self,
-        dout: &CudaBuffer,
-        x: &CudaBuffer,
-        gamma: &CudaBuffer,
-        mean: &CudaBuffer,
-        rstd: &CudaBuffer,
-        dx: &mut CudaBuffer,
-        dgamma: &mut CudaBuffer,
-        dbeta: &mut CudaBuffer,
-        n: usize,
-        c: usize,
-    ) -> Result<()> {
-        self.layernorm_backward_impl(dout, x, gamma, mean, rstd, dx, dgamma, dbeta, None, n, c)
-    }
-
-    fn bias_add(&self, x: &mut CudaBuffer, bias: &CudaBuffer, rows: usize, c: usize) -> Result<()> {
-        self.bias_add_impl(x, bias, rows, c)
-    }
-
-    fn bias_backward(
-        &self,
-        dout: &CudaBuffer,
-        dbias: &mut CudaBuffer,
-        rows: usize,
-        c: usize,
-    ) -> Result<()> {
-        self.bias_backward_impl(dout, dbias, rows, c)
-    }
-
-    fn gelu_forward(&self, x: &CudaBuffer, out: &mut CudaBuffer) -> Result<()> {
-        self.gelu_forward_impl(x, out)
-    }
-
-    fn gelu_backward(&self, x: &CudaBuffer, dout: &CudaBuffer, dx: &mut CudaBuffer) -> Result<()> {
-        self.gelu_backward_impl(x, dout, dx)
-    }
-
-    fn split_heads(
-        &self,
-        qkv: &CudaBuffer,
-        q: &mut CudaBuffer,
-        k: &mut CudaBuffer,
-        v: &mut CudaBuffer,
-        b: usize,
-        t: usize,
-        nh: usize,
-        hs: usize,
-    ) -> Result<()> {
-        self.split_heads_impl(qkv, q, k, v, b, t, nh, hs)
-    }
-
-    fn split_heads_backward(
-        &self,
-        dq: &CudaBuffer,
-        dk: &CudaBuffer,
-        dv: &CudaBuffer,
-        dqkv: &mut CudaBuffer,
-        b: usize,
-        t: usize,
-        nh: usize,
-        hs: usize,
-    ) -> Result<()> {
-        self.split_heads_backward_impl(dq, dk, dv, dqkv, b, t, nh, hs)
-    }
-
-    fn merge_heads(
-        &self,
-        y: &CudaBuffer,
-        out: &mut CudaBuffer,
-        b: usize,
-        t: usize,
-        nh: usize,
-        hs: usize,
-        backward: bool,
-    ) -> Result<()> {
-        self.merge_heads_impl(y, out, b, t, nh, hs, backward)
-    }
-
-    fn softmax_causal_forward(
-        &self,
-        scores: &CudaBuffer,
-        probs: &mut CudaBuffer,
-        rows: usize,
-        t: usize,
-        scale: f32,
-    ) -> Result<()> {
-        self.softmax_causal_forward_impl(scores, probs, rows, t, scale)
-    }
-
-    fn softmax_causal_backward(
-        &self,
-        probs: &CudaBuffer,
-        dprobs: &CudaBuffer,
-        dscores: &mut CudaBuffer,
-        rows: usize,
-        t: usize,
-        scale: f32,
-    ) -> Result<()> {
-        self.softmax_causal_backward_impl(probs, dprobs, dscores, rows, t, scale)
-    }
-
-    fn cross_entropy_padded(
-        &self,
-        logits: &CudaBuffer,
-        targets: &CudaBuffer,
-        losses: &mut CudaBuffer,
-        dlogits: Option<&mut CudaBuffer>,
-        n: usize,
-        v: usize,
-        ld: usize,
-        grad_scale: f32,
-    ) -> Result<()> {
-        self.cross_entropy_impl(logits, targets, losses, dlogits, n, v, ld, grad_scale)
-    }
-
-    fn adamw(
-        &self,
-        param: &mut CudaBuffer,
-        grad: &CudaBuffer,
-        m: &mut CudaBuffer,
-        v: &mut CudaBuffer,
-        step: &AdamWStep,
-        param_copy: Option<&mut CudaBuffer>,
-    ) -> Result<()> {
-        self.adamw_impl(param, grad, m, v, step, param_copy)
-    }
-
-    fn quantize_fp8(
-        &self,
-        src: &CudaBuffer,
-        dst: &mut CudaBuffer,
-        dst_t: Option<&mut CudaBuffer>,
-        rows: usize,
-        cols: usize,
-        scale: &CudaBuffer,
-        amax: &mut CudaBuffer,
-        slot: usize,
-    ) -> Result<()> {
-        self.quantize_fp8_impl(QuantOf::Src, src, dst, dst_t, rows, cols, scale, amax, slot)
-    }
-
-    fn gemm_fp8(
-        &self,
-        desc: &GemmDesc,
-        a: &CudaBuffer,
-        b: &CudaBuffer,
-        c: &mut CudaBuffer,
-        scale_inv: &CudaBuffer,
-        a_slot: usize,
-        b_slot: usize,
-    ) -> Result<()> {
-        self.gemm_fp8_impl(desc, a, b, c, scale_inv, a_slot, b_slot)
-    }
-
-    fn sum_squares(&self, x: &CudaBuffer, out: &mut CudaBuffer, slot: usize) -> Result<()> {
-        self.sum_squares_impl(x, out, slot)
-    }
-}
-
-impl Fused for CudaDevice {
-    fn cross_entropy_in_place(
-        &self,
-        logits: &mut CudaBuffer,
-        targets: &CudaBuffer,
-        losses: &mut CudaBuffer,
-        n: usize,
-        v: usize,
-        ld: usize,
-        grad_scale: f32,
-    ) -> Result<()> {
-        self.cross_entropy_in_place_impl(logits, targets, losses, n, v, ld, grad_scale)
-    }
-
-    fn gemm_epilogue(
-        &self,
-        desc: &GemmDesc,
-        a: &CudaBuffer,
-        b: &CudaBuffer,
-        c: &mut CudaBuffer,
-        epilogue: duet_device::Epilogue<'_, CudaBuffer>,
-    ) -> Result<()> {
-        if !self.capabilities().gemm_epilogue(a.dtype()) {
-            return composed::gemm_epilogue(self, desc, a, b, c, epilogue);
-        }
-        self.gemm_epilogue_impl(desc, a, b, c, epilogue)
-    }
-
-    fn layernorm_backward_colsum(
-        &self,
-        dout: &CudaBuffer,
-        x: &CudaBuffer,
-        gamma: &CudaBuffer,
-        mean: &CudaBuffer,
-        rstd: &CudaBuffer,
-        dx: &mut CudaBuffer,
-        dgamma: &mut CudaBuffer,
-        dbeta: &mut CudaBuffer,
-        dsum: &mut CudaBuffer,
-        n: usize,
-        c: usize,
-    ) -> Result<()> {
-        self.layernorm_backward_impl(
-            dout,
-            x,
-            gamma,
-            mean,
-            rstd,
-            dx,
-            dgamma,
-            dbeta,
-            Some(dsum),
-            n,
-            c,
-        )
-    }
-
-    fn flash_attention_forward(
-        &self,
-        qkv: &CudaBuffer,
-        out: &mut CudaBuffer,
-        lse: &mut CudaBuffer,
-        b: usize,
-        t: usize,
-        nh: usize,
-        hs: usize,
-        scale: f32,
-    ) -> Result<()> {
-        if !self.capabilities().flash_attention(qkv.dtype(), hs) {
-            return composed::flash_attention_forward(self, qkv, out, lse, b, t, nh, hs, scale);
-        }
-        self.flash_attention_forward_impl(qkv, out, lse, b, t, nh, hs, scale)
-    }
-
-    fn flash_attention_backward(
-        &self,
-        qkv: &CudaBuffer,
-        out: &CudaBuffer,
-        dout: &CudaBuffer,
-        lse: &CudaBuffer,
-        dqkv: &mut CudaBuffer,
-        b: usize,
-        t: usize,
-        nh: usize,
-        hs: usize,
-        scale: f32,
-    ) -> Result<()> {
-        if !self.capabilities().flash_attention(qkv.dtype(), hs) {
-            return composed::flash_attention_backward(
-                self, qkv, out, dout, lse, dqkv, b, t, nh, hs, scale,
-            );
-        }
-        self.flash_attention_backward_impl(qkv, out, dout, lse, dqkv, b, t, nh, hs, scale)
-    }
-
-    fn zero_many(&self, dsts: &mut [&mut CudaBuffer]) -> Result<()> {
-        self.zero_many_impl(dsts)
-    }
-
-    fn sum_squares_many(
-        &self,
-        xs: &[&CudaBuffer],
-        out: &mut CudaBuffer,
-        slot: usize,
-    ) -> Result<()> {
-        self.sum_squares_many_impl(xs, out, slot)
-    }
-
-    fn adamw_clipped(
-        &self,
-        tensors: &mut [duet_device::AdamWTensor<'_, CudaBuffer>],
-        step: &duet_device::AdamWClipStep,
-        scalars: &CudaBuffer,
-    ) -> Result<()> {
-        self.adamw_clipped_impl(tensors, step, scalars)
-    }
-
-    fn adamw_clipped_fp8(
-        &self,
-        tensors: &mut [duet_device::AdamWTensor<'_, CudaBuffer>],
-        step: &duet_device::AdamWClipStep,
-        scalars: &CudaBuffer,
-        outs: &mut [duet_device::AdamWFp8Out<'_, CudaBuffer>],
-        scale: &CudaBuffer,
-        amax: &mut CudaBuffer,
-    ) -> Result<()> {
-        self.adamw_clipped_fp8_impl(tensors, step, scalars, outs, scale, amax)
-    }
-
-    fn quantize_fp8_many(
-        &self,
-        jobs: &mut [duet_device::Fp8QuantJob<'_, CudaBuffer>],
-        scale: &CudaBuffer,
-        amax: &mut CudaBuffer,
-    ) -> Result<()> {
-        self.quantize_fp8_many_impl(jobs, scale, amax)
-    }
-
-    fn quantize_fp8_grad(
-        &self,
-        dout: &CudaBuffer,
-        gelu_pre: Option<&CudaBuffer>,
-        dst: &mut CudaBuffer,
-        dst_t: Option<&mut CudaBuffer>,
-        dbias: &mut CudaBuffer,
-        rows: usize,
-        cols: usize,
-        scale: &CudaBuffer,
-        amax: &mut CudaBuffer,
-        slot: usize,
-    ) -> Result<()> {
-        self.quantize_fp8_grad_impl(
-            dout, gelu_pre, dst, dst_t, dbias, rows, cols, scale, amax, slot,
-        )
-    }
-
-    fn quantize_fp8_gelu(
-        &self,
-        pre: &CudaBuffer,
-        dst: &mut CudaBuffer,
-        dst_t: Option<&mut CudaBuffer>,
-        rows: usize,
-        cols: usize,
-        scale: &CudaBuffer,
-        amax: &mut CudaBuffer,
-        slot: usize,
-    ) -> Result<()> {
-        self.quantize_fp8_impl(
-            QuantOf::Gelu,
-            pre,
-            dst,
-            dst_t,
-            rows,
-            cols,
-            scale,
-            amax,
-            slot,
-        )
-    }
-
-    fn layernorm_forward_fp8(
-        &self,
-        x: &CudaBuffer,
-        gamma: &CudaBuffer,
-        beta: &CudaBuffer,
-        mean: &mut CudaBuffer,
-        rstd: &mut CudaBuffer,
-        dst: &mut CudaBuffer,
-        dst_t: Option<&mut CudaBuffer>,
-        n: usize,
-        c: usize,
-        eps: f32,
-        scale: &CudaBuffer,
-        amax: &mut CudaBuffer,
-        slot: usize,
-    ) -> Result<()> {
-        self.layernorm_forward_fp8_impl(
-            x, gamma, beta, mean, rstd, dst, dst_t, n, c, eps, scale, amax, slot,
-        )
-    }
-
-    fn gemm_fp8_epilogue(
-        &self,
-        desc: &GemmDesc,
-        a: &CudaBuffer,
-        b: &CudaBuffer,
-        c: &mut CudaBuffer,
-        scale_inv: &CudaBuffer,
-        a_slot: usize,
-        b_slot: usize,
-        epilogue: duet_device::Epilogue<'_, CudaBuffer>,
-    ) -> Result<()> {
-        if !self.capabilities().fp8_gemm_epilogue(c.dtype()) {
-            return composed::gemm_fp8_epilogue(
-                self, desc, a, b, c, scale_inv, a_slot, b_slot, epilogue,
-            );
-        }
-        self.gemm_fp8_epilogue_impl(desc, a, b, c, scale_inv, a_slot, b_slot, epilogue)
-    }
-
-    fn fp8_scaling_update(
-        &self,
-        amax: &mut CudaBuffer,
-        history: &mut CudaBuffer,
-        scale: &mut CudaBuffer,
-        scale_inv: &mut CudaBuffer,
-        inv_stride: usize,
-        fp8_max: &CudaBuffer,
-        len: usize,
-        most_recent: bool,
-        margin: i32,
-    ) -> Result<()> {
-        self.fp8_scaling_update_impl(
-            amax,
-            history,
-            scale,
-            scale_inv,
-            inv_stride,
-            fp8_max,
-            len,
-            most_recent,
-            margin,
-        )
-    }
-}
-
-impl CudaDevice {}
-
-/// The device-level trait methods (no op family).
-impl CudaDevice {
-    pub(crate) fn range_push_impl(&self, name: &str) {
-        if let Some(n) = &self.nvtx {
-            n.push(name);
-        }
-    }
-
-    pub(crate) fn range_pop_impl(&self) {
-        if let Some(n) = &self.nvtx {
-            n.pop();
-        }
-    }
-
-    pub(crate) fn info_impl(&self) -> DeviceInfo {
-        let mut info = self.info.clone();
-        info.details.push((
-            "f32 gemm".into(),
-            if self.blas.allow_tf32() {
-                "TF32 tensor cores (allowed)".into()
-            } else {
-                "FP32 (no TF32)".into()
-            },
-        ));
-        info
-    }
-
-    pub(crate) fn time_ms_impl<E: From<DeviceError>>(
-        &self,
-        work: impl FnOnce() -> std::result::Result<(), E>,
-    ) -> std::result::Result<f64, E> {
-        self.not_while_capturing("timing")?;
-        let timed = Some(cu::CUevent_flags::CU_EVENT_DEFAULT);
-        let start = self.ctx.new_event(timed).map_err(drv("cuEventCreate"))?;
-        let end = self.ctx.new_event(timed).map_err(drv("cuEventCreate"))?;
-        start.record(&self.stream).map_err(drv("cuEventRecord"))?;
-        work()?;
-        end.record(&self.stream).map_err(drv("cuEventRecord"))?;
-        end.synchronize().map_err(drv("cuEventSynchronize"))?;
-        let ms = start.elapsed_ms(&end).map_err(drv("cuEventElapsedTime"))?;
-        Ok(ms as f64)
-    }
-
-    pub(crate) fn synchronize_impl(&self) -> Result<()> {
-        self.not_while_capturing("synchronising")?;
-        self.stream
-            .synchronize()
-            .map_err(drv("cuStreamSynchronize"))?;
-        self.ctx.check_err().map_err(drv("deferred"))?;
-        self.check_deferred()
-    }
-
-    pub(crate) fn memory_stats_impl(&self) -> MemoryStats {
-        MemoryStats {
-            current: self.mem.current(),
-            peak: self.mem.peak(),
-            driver: self
-                .ctx
-                .mem_get_info()
-                .ok()
-                .map(|(free, total)| (free as u64, total as u64)),
-        }
-    }
-
-    pub(crate) fn telemetry_impl(&self) -> Option<duet_device::Telemetry> {
-        self.nvml
-            .get_or_init(|| {
-                let attr = |a| self.ctx.attribute(a).ok().map(|v| v as u32);
-                crate::nvml::Nvml::load(
-                    attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID)?,
-                    attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_PCI_BUS_ID)?,
-                    attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID)?,
-                )
-            })
-            .as_ref()?
-            .sample()
     }
 }

@@ -526,17 +526,17 @@ impl<'a> Launch<'a> {
 
 /// An argument a kernel cannot take (e.g. a dimension beyond 32 bits).
 pub(crate) fn too_large(op: &'static str, what: &str, v: usize) -> DeviceError {
-    duet_device::args::kernel_too_large("CUDA", op, what, v)
+    duet_gpu::launch::kernel_too_large("CUDA", op, what, v)
 }
 
 /// Converts a dimension to the `int` a kernel takes, or [`too_large`].
 pub(crate) fn dim(op: &'static str, what: &str, v: usize) -> Result<i32> {
-    duet_device::args::kernel_int("CUDA", op, what, v)
+    duet_gpu::launch::kernel_int("CUDA", op, what, v)
 }
 
 /// A grid dimension of `blocks` blocks (at most `i32::MAX`), or [`too_large`].
 pub(crate) fn grid_dim(op: &'static str, blocks: usize) -> Result<u32> {
-    duet_device::args::kernel_grid_dim("CUDA", op, blocks)
+    duet_gpu::launch::kernel_grid_dim("CUDA", op, blocks)
 }
 
 /// The product of `dims` (an element count), or [`DeviceError::Shape`] when it overflows.

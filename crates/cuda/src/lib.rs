@@ -15,11 +15,12 @@
 //!   `sum_squares` use fixed partitions and ordered two-pass reductions, so they are identical
 //!   run to run. cuBLAS is deterministic for a given GPU model, library version and stream.
 //!
-//! Module layout mirrors the HIP backend: `device` (the device, its construction, the shared
-//! launch helpers and `impl Device` as a dispatch table), `ops/` (one file per op family, the
-//! CPU backend's names), `memory`, `blas`, `kernels` (modules, the [`kernels`] launch builder
-//! and the launch-argument checks), `error`, `conv` (every dtype/enum mapping), plus `graph`,
-//! `loader`, `blaslt`, `nccl`, `nvml`, `nvtx`.
+//! Module layout mirrors the HIP backend: `device` (the device, its construction and the shared
+//! launch helpers), `runtime` (`impl Runtime`: memory, copies, casts, synchronisation, graphs,
+//! timing), `ops/` (one file per op family, each implementing its family trait: elementwise,
+//! gemm, embedding, norm, attention, loss, optim, fp8), `memory`, `blas`, `kernels` (modules,
+//! the [`kernels`] launch builder and the launch-argument checks), `error`, `conv` (every
+//! dtype/enum mapping), plus `graph`, `loader`, `blaslt`, `nccl`, `nvml`, `nvtx`.
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
@@ -35,6 +36,7 @@ mod memory;
 mod nvml;
 mod nvtx;
 mod ops;
+mod runtime;
 pub use nvml::NVML_LIB_ENV;
 pub use nvtx::NVTX_LIB_ENV;
 pub mod nccl;

@@ -1,5 +1,5 @@
-//! Device buffers, allocation accounting, the pinned staging ring for uploads, and the scratch
-//! buffer used by two-pass reductions.
+//! Device buffers, allocation accounting, the pinned staging ring for uploads, the scratch
+//! buffer used by two-pass reductions, and the cache of uploaded chunk tables.
 
 use crate::error::{self, drv};
 use cudarc::driver::sys::CUdeviceptr;
@@ -297,4 +297,13 @@ impl Scratch {
 /// Rounds `x` up to a multiple of [`SCRATCH_ALIGN`].
 pub(crate) fn align_up(x: usize) -> usize {
     x.div_ceil(SCRATCH_ALIGN) * SCRATCH_ALIGN
+}
+
+// ---------------------------------------------------------------------- chunk tables
+
+/// Uploaded chunk tables of the multi-tensor kernels, keyed by their bytes (filled and read by
+/// `CudaDevice::table`, ops/optim.rs).
+#[derive(Default)]
+pub(crate) struct Tables {
+    pub(crate) entries: Vec<(Vec<u8>, DeviceMemory)>,
 }

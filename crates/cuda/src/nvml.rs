@@ -1,5 +1,5 @@
 //! Clocks, power and temperature through NVML (libnvidia-ml, installed with the NVIDIA driver),
-//! loaded at run time for [`duet_device::Device::telemetry`]. The GPU is found by its PCI bus id,
+//! loaded at run time for [`duet_device::Runtime::telemetry`]. The GPU is found by its PCI bus id,
 //! so NVML's device order (which need not be CUDA's) does not matter. Without the library, or
 //! when a call fails, there is no telemetry; nothing else depends on it.
 //!

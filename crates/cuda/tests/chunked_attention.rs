@@ -6,7 +6,7 @@
 
 use duet_cpu::CpuDevice;
 use duet_cuda::CudaDevice;
-use duet_device::Fused;
+use duet_device::Device;
 
 use duet_engine::ModelConfig;
 use duet_engine::model::{Gpt, init_weights};
@@ -27,7 +27,7 @@ fn cfg() -> ModelConfig {
 }
 
 /// Loss, logits and gradients after one forward and backward pass on a fixed batch.
-fn run<D: Fused>(dev: Arc<D>) -> (f32, Vec<f32>, Vec<Vec<f32>>) {
+fn run<D: Device>(dev: Arc<D>) -> (f32, Vec<f32>, Vec<Vec<f32>>) {
     let cfg = cfg();
     let weights = init_weights(&cfg, 11);
     let mut m = Gpt::new(dev, &cfg, B, T, &weights).unwrap();

@@ -8,7 +8,7 @@ use duet_conformance::Harness;
 use duet_conformance::harness::Rng;
 use duet_conformance::harness::{get, put, put_i32, skip};
 use duet_cuda::{CrossEntropyCache, CudaDevice};
-use duet_device::{DType, Device, Fused};
+use duet_device::{DType, LossOps, Runtime};
 
 #[test]
 fn cross_entropy_caches_give_the_same_bits() {

@@ -8,7 +8,9 @@ use duet_conformance::Harness;
 use duet_conformance::harness::{Rng, Tensor, Tol, base_seed, compare, get, nan, put, skip};
 use duet_cpu::CpuDevice;
 use duet_cuda::CudaDevice;
-use duet_device::{DType, Device, DeviceError, DeviceExt, Fused, GemmDesc};
+use duet_device::{
+    DType, DeviceError, DeviceExt, ElementwiseOps, GemmDesc, GemmOps, OptimOps, Runtime,
+};
 use half::bf16;
 use std::sync::OnceLock;
 

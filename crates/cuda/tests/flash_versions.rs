@@ -9,7 +9,7 @@
 use duet_conformance::harness::{get, put, skip};
 use duet_conformance::{Harness, cases};
 use duet_cuda::CudaDevice;
-use duet_device::{DType, Device, Fused};
+use duet_device::{AttentionOps, DType, Runtime};
 
 fn open() -> Result<CudaDevice, String> {
     CudaDevice::new(0).map_err(|e| e.to_string())

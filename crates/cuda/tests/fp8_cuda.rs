@@ -8,9 +8,9 @@
 
 use duet_cpu::CpuDevice;
 use duet_cuda::CudaDevice;
-use duet_device::Fused;
 use duet_device::{
-    Buffer, DType, Device, DeviceError, DeviceExt, Fp8Format, Fp8QuantJob, GemmDesc,
+    Buffer, DType, Device, DeviceError, DeviceExt, Fp8Format, Fp8Ops, Fp8QuantJob, GemmDesc,
+    NormOps, Runtime,
 };
 use half::{bf16, f16};
 use std::sync::OnceLock;
@@ -74,7 +74,7 @@ fn values(n: usize, seed: u64, nan: bool) -> Vec<f32> {
         .collect()
 }
 
-fn upload_as<D: Fused>(dev: &D, x: &[f32], dtype: DType) -> D::Buffer {
+fn upload_as<D: Device>(dev: &D, x: &[f32], dtype: DType) -> D::Buffer {
     match dtype {
         DType::F32 => dev.upload_new(x).unwrap(),
         DType::BF16 => {
@@ -112,7 +112,7 @@ fn fp8_gemm_both(
     inv_stride: usize,
 ) -> Result<(Vec<f32>, Vec<f32>), DeviceError> {
     #[allow(clippy::too_many_arguments)]
-    fn run<D: Fused>(
+    fn run<D: Device>(
         dev: &D,
         desc: &GemmDesc,
         dt: (DType, DType, DType),
@@ -354,8 +354,8 @@ fn quantize_fp8_grad_accumulates() {
 #[allow(clippy::too_many_arguments)]
 fn grad_dbias_bytes(
     g: &CudaDevice,
-    d: &<CudaDevice as Device>::Buffer,
-    p: Option<&<CudaDevice as Device>::Buffer>,
+    d: &<CudaDevice as Runtime>::Buffer,
+    p: Option<&<CudaDevice as Runtime>::Buffer>,
     fmt: DType,
     rows: usize,
     cols: usize,
@@ -540,7 +540,7 @@ fn fp8_fused_ops_replay_in_a_graph() {
         .collect();
     let d = upload_as(&g, &dout, DType::BF16);
     let p = upload_as(&g, &pre, DType::BF16);
-    type Buf = <CudaDevice as Device>::Buffer;
+    type Buf = <CudaDevice as Runtime>::Buffer;
     let mut dst = g.alloc(DType::F8E5M2, n).unwrap();
     let mut dt = g.alloc(DType::F8E5M2, n).unwrap();
     let mut hq = g.alloc(DType::F8E4M3, n).unwrap();
@@ -752,7 +752,7 @@ fn ln_fp8_on(
         )
         .unwrap();
     }
-    let bits = |b: &<CudaDevice as Device>::Buffer| -> Vec<u32> {
+    let bits = |b: &<CudaDevice as Runtime>::Buffer| -> Vec<u32> {
         g.download::<f32>(b)
             .unwrap()
             .iter()
@@ -917,7 +917,7 @@ fn layernorm_forward_fp8_replays_in_a_graph() {
         let mut rstd = g.alloc(DType::F32, n).unwrap();
         let mut dst = g.alloc(DType::F8E4M3, n * c).unwrap();
         let mut dt = g.alloc(DType::F8E4M3, n * c).unwrap();
-        type Buf = <CudaDevice as Device>::Buffer;
+        type Buf = <CudaDevice as Runtime>::Buffer;
         let step = |[mean, rstd, dst, dt, amax]: [&mut Buf; 5]| {
             g.layernorm_forward_fp8(
                 &x,
@@ -978,8 +978,8 @@ fn layernorm_forward_fp8_checks_its_arguments() {
     let mut rstd = g.alloc(DType::F32, n).unwrap();
     let mut dst = g.alloc(DType::F8E4M3, n * c).unwrap();
     let mut dst_bf16 = g.alloc(DType::BF16, n * c).unwrap();
-    let mut run = |gm: &<CudaDevice as Device>::Buffer,
-                   dst: &mut <CudaDevice as Device>::Buffer,
+    let mut run = |gm: &<CudaDevice as Runtime>::Buffer,
+                   dst: &mut <CudaDevice as Runtime>::Buffer,
                    slot: usize| {
         g.layernorm_forward_fp8(
             &x, gm, &beta, &mut mean, &mut rstd, dst, None, n, c, 1e-5, &scale, &mut amax, slot,
@@ -1020,7 +1020,7 @@ fn seed_weights(slot0: usize) -> Vec<Spec> {
 }
 
 /// The jobs' sources on `g` (deterministic values with NaNs, zeros and overflowing values).
-fn many_srcs(g: &CudaDevice, specs: &[Spec]) -> Vec<<CudaDevice as Device>::Buffer> {
+fn many_srcs(g: &CudaDevice, specs: &[Spec]) -> Vec<<CudaDevice as Runtime>::Buffer> {
     specs
         .iter()
         .enumerate()
@@ -1042,7 +1042,7 @@ fn quantize_fp8_many_replays_in_a_graph() {
         skip!("SKIP {test}: no graph capture");
         return;
     }
-    type Buf = <CudaDevice as Device>::Buffer;
+    type Buf = <CudaDevice as Runtime>::Buffer;
     let mut specs = seed_weights(0);
     specs.extend(seed_weights(4));
     specs.push((37, 45, DType::BF16, DType::F8E5M2, true, 8)); // per-job path
@@ -1120,15 +1120,15 @@ struct AdamWFp8Case {
 /// The buffers of one run of adamw_clipped_fp8 (param, grad, m, v, bf16 copy if any; codes and
 /// transposed codes per case; scale, amax, scalars).
 struct AdamWFp8Run {
-    t: Vec<[<CudaDevice as Device>::Buffer; 4]>,
-    copies: Vec<Option<<CudaDevice as Device>::Buffer>>,
-    codes: Vec<Option<[<CudaDevice as Device>::Buffer; 2]>>,
-    scale: <CudaDevice as Device>::Buffer,
-    amax: <CudaDevice as Device>::Buffer,
-    scalars: <CudaDevice as Device>::Buffer,
+    t: Vec<[<CudaDevice as Runtime>::Buffer; 4]>,
+    copies: Vec<Option<<CudaDevice as Runtime>::Buffer>>,
+    codes: Vec<Option<[<CudaDevice as Runtime>::Buffer; 2]>>,
+    scale: <CudaDevice as Runtime>::Buffer,
+    amax: <CudaDevice as Runtime>::Buffer,
+    scalars: <CudaDevice as Runtime>::Buffer,
 }
 
-/// Fused::adamw_clipped_fp8 with its fused kernels (adamw_fp8_<D>, then transpose_codes_many)
+/// Fp8Ops::adamw_clipped_fp8 with its fused kernels (adamw_fp8_<D>, then transpose_codes_many)
 /// against the separate ops (adamw_multi, then quantize_fp8_many of the updated weights), both
 /// on the GPU: weights, moments, copies, codes, transposed codes and amaxes bit for bit, over
 /// five steps (the moments build up) with clipping active. The cases: several chunks and tiles
@@ -1252,7 +1252,7 @@ fn adamw_clipped_fp8_matches_the_separate_ops() {
         )
         .unwrap();
     };
-    let bytes = |b: &<CudaDevice as Device>::Buffer| g.download_bytes(b, 0, b.len()).unwrap();
+    let bytes = |b: &<CudaDevice as Runtime>::Buffer| g.download_bytes(b, 0, b.len()).unwrap();
     let mut fused = setup();
     let mut separate = setup();
     let before = g.adamw_fp8_fused_count();

@@ -11,7 +11,7 @@ macro_rules! skip {
         let _ = writeln!(std::io::stderr(), $($arg)*);
     }};
 }
-use duet_device::Device;
+use duet_device::Runtime;
 
 /// Also looks for NVRTC in the repository's `.venv-nvrtc` (made by
 /// scripts/check-cuda-kernels.sh), so the compile test runs on machines without the toolkit.

@@ -8,7 +8,7 @@
 
 use duet_cpu::CpuDevice;
 use duet_cuda::CudaDevice;
-use duet_device::Fused;
+use duet_device::Device;
 use duet_engine::ModelConfig;
 use duet_engine::model::{Gpt, init_weights};
 use duet_engine::precision::{Precision, PrecisionPlan};
@@ -30,7 +30,11 @@ fn cfg() -> ModelConfig {
 
 /// Loss, logits and gradients after one forward and backward pass on a fixed batch, the logits
 /// in chunks of `rows` (B·T: whole).
-fn run<D: Fused>(dev: Arc<D>, precision: Precision, rows: usize) -> (f32, Vec<f32>, Vec<Vec<f32>>) {
+fn run<D: Device>(
+    dev: Arc<D>,
+    precision: Precision,
+    rows: usize,
+) -> (f32, Vec<f32>, Vec<Vec<f32>>) {
     let cfg = cfg();
     let weights = init_weights(&cfg, 3);
     let plan = PrecisionPlan {

@@ -4,7 +4,7 @@
 //! Without a CUDA device or NCCL the tests print why they skip.
 
 use duet_cuda::{CudaDevice, NcclComm};
-use duet_device::{Collective, DType, Device, DeviceExt, ReduceOp};
+use duet_device::{Collective, DType, DeviceExt, ReduceOp, Runtime};
 use duet_engine::dist::DpOptions;
 use duet_engine::precision::WeightGradDtype;
 use duet_engine::{Config, Precision, Preset, Trainer};

@@ -5,8 +5,7 @@
 
 use duet_cpu::CpuDevice;
 use duet_cuda::CudaDevice;
-use duet_device::Device;
-use duet_device::Fused;
+use duet_device::{Device, Runtime};
 use duet_engine::{Config, Precision, Preset, Trainer};
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -42,7 +41,7 @@ struct Run {
     skipped: u64,
 }
 
-fn train<D: Fused>(dev: Arc<D>, p: Precision) -> Run {
+fn train<D: Device>(dev: Arc<D>, p: Precision) -> Run {
     let mut cfg = Config::preset(Preset::Default);
     cfg.train.steps = STEPS;
     cfg.train.data.max_stride = 8;

@@ -2,29 +2,29 @@
 
 use crate::DType;
 
-/// The paths a device has of its own, read once ([`crate::Device::capabilities`]) instead of
+/// The paths a device has of its own, read once ([`crate::Runtime::capabilities`]) instead of
 /// probed op by op.
 ///
-/// Every op of [`crate::Fused`] runs on every backend: its default body composes the core ops
-/// of [`crate::Device`]. A capability says the backend has its own (fused, faster) path for it,
+/// Every op of [`crate::Device`] runs on every backend: where other ops can express it, its
+/// default body composes them (see [`crate::ops`]). A capability says the backend has its own (fused, faster) path for it,
 /// which callers may plan around — the engine sizes its memory plan for flash attention or the
 /// composed attention, and records a step as a graph only where the device can replay one.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Capabilities {
-    /// Activation dtypes (A, B and C) of the native [`crate::Fused::gemm_epilogue`].
+    /// Activation dtypes (A, B and C) of the native [`crate::GemmOps::gemm_epilogue`].
     pub gemm_epilogue: Vec<DType>,
-    /// C dtypes of the native [`crate::Fused::gemm_fp8_epilogue`].
+    /// C dtypes of the native [`crate::Fp8Ops::gemm_fp8_epilogue`].
     pub fp8_gemm_epilogue: Vec<DType>,
     /// (activation dtype, head size) pairs of the native flash attention
-    /// ([`crate::Fused::flash_attention_forward`] and `_backward`).
+    /// ([`crate::AttentionOps::flash_attention_forward`] and `_backward`).
     pub flash_attention: Vec<(DType, usize)>,
-    /// Steps can be recorded and replayed ([`crate::Device::capture_begin`]).
+    /// Steps can be recorded and replayed ([`crate::Runtime::capture_begin`]).
     pub graphs: bool,
-    /// GEMMs can time their algorithms and keep the fastest ([`crate::Device::set_gemm_autotune`]).
+    /// GEMMs can time their algorithms and keep the fastest ([`crate::GemmOps::set_gemm_autotune`]).
     pub gemm_autotune: bool,
     /// The element distance at which FP8 GEMMs best read their inverse scales: the engine
     /// keeps operand `i`'s inverse scale at `scale_inv[i · stride]` (the `inv_stride` of
-    /// [`crate::Fused::fp8_scaling_update`]). 1 (packed) unless the backend says otherwise; CUDA
+    /// [`crate::Fp8Ops::fp8_scaling_update`]). 1 (packed) unless the backend says otherwise; CUDA
     /// answers 64 (256 bytes), the alignment at which cuBLASLt reads a scale in place instead
     /// of from a copy made before each GEMM.
     pub fp8_scale_inv_stride: usize,
@@ -39,12 +39,12 @@ impl Capabilities {
         }
     }
 
-    /// Whether [`crate::Fused::gemm_epilogue`] is native for operands of `dtype`.
+    /// Whether [`crate::GemmOps::gemm_epilogue`] is native for operands of `dtype`.
     pub fn gemm_epilogue(&self, dtype: DType) -> bool {
         self.gemm_epilogue.contains(&dtype)
     }
 
-    /// Whether [`crate::Fused::gemm_fp8_epilogue`] is native for C of `dtype`.
+    /// Whether [`crate::Fp8Ops::gemm_fp8_epilogue`] is native for C of `dtype`.
     pub fn fp8_gemm_epilogue(&self, dtype: DType) -> bool {
         self.fp8_gemm_epilogue.contains(&dtype)
     }

@@ -138,7 +138,7 @@ pub struct Knobs {
     /// epilogues) withheld (crates/cuda device.rs; `CudaDevice::set_fused_ops`). Default off.
     pub cuda_unfused: bool,
     /// `DUET_GEMM_AUTOTUNE`: the CUDA device starts with GEMM autotuning on (crates/cuda
-    /// device.rs; `Device::set_gemm_autotune`). Default off.
+    /// device.rs; `GemmOps::set_gemm_autotune`). Default off.
     pub gemm_autotune: bool,
     /// `DUET_GEMM_AUTOTUNE_LOG`: print each autotuned GEMM's candidate timings and choice on
     /// stderr (crates/cuda blaslt.rs). Default off.

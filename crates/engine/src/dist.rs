@@ -26,7 +26,7 @@ pub mod zero;
 
 use crate::model::{BlockParam, param_index};
 use crate::{EngineError, Result};
-use duet_device::{Collective, DType, DeviceExt, Fused, ReduceOp};
+use duet_device::{Collective, DType, Device, DeviceExt, ReduceOp};
 use std::sync::Arc;
 
 /// Bucket size in bytes of f32 gradients (PyTorch DDP's default, 25 MiB).
@@ -160,7 +160,7 @@ pub fn plan_buckets(
 }
 
 /// Bucketed gradient reduction for one rank.
-pub struct GradSync<D: Fused> {
+pub struct GradSync<D: Device> {
     comm: Arc<dyn Collective<D>>,
     buckets: Vec<Bucket>,
     /// Per bucket: the flat f32 gradients (all-reduced in place, or reduce-scattered).
@@ -170,7 +170,7 @@ pub struct GradSync<D: Fused> {
     launched: Vec<bool>,
 }
 
-impl<D: Fused> GradSync<D> {
+impl<D: Device> GradSync<D> {
     pub fn new(
         dev: &D,
         comm: Arc<dyn Collective<D>>,
@@ -267,7 +267,7 @@ impl<D: Fused> GradSync<D> {
 }
 
 /// Everything a data-parallel rank adds to a trainer.
-pub struct Dist<D: Fused> {
+pub struct Dist<D: Device> {
     pub(crate) sync: GradSync<D>,
     pub(crate) overlap: bool,
     pub(crate) zero: Option<zero::ShardedAdamW<D>>,
@@ -275,7 +275,7 @@ pub struct Dist<D: Fused> {
     scalars: D::Buffer,
 }
 
-impl<D: Fused> Dist<D> {
+impl<D: Device> Dist<D> {
     pub(crate) fn new(
         dev: &D,
         comm: Arc<dyn Collective<D>>,

@@ -15,11 +15,11 @@
 //! Where things live: the scales, their inverses, the amaxes of the current step and the amax
 //! histories are f32 buffers on the device (one slot per operand; the inverses `stride` apart,
 //! [`Capabilities::fp8_scale_inv_stride`](duet_device::Capabilities), so the GEMM library reads them in place), updated by
-//! [`Fused::fp8_scaling_update`] with no host round trip; the host keeps a copy of the histories
+//! [`Fp8Ops::fp8_scaling_update`] with no host round trip; the host keeps a copy of the histories
 //! and scales, brought up to date when asked for (checkpoints, reports).
 
 use crate::{EngineError, Result};
-use duet_device::{Buffer, DType, DeviceExt, DeviceInfo, Fused};
+use duet_device::{Buffer, DType, Device, DeviceExt, DeviceInfo};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::sync::{Mutex, MutexGuard};
@@ -280,7 +280,7 @@ impl OperandScaling {
     pub fn update(&mut self, amax: f32, cfg: &DelayedScaling) {
         self.history.insert(0, amax);
         self.history.truncate(cfg.amax_history_len);
-        // The rule every backend's `Fused::fp8_scaling_update` applies (a NaN entry poisons
+        // The rule every backend's `Fp8Ops::fp8_scaling_update` applies (a NaN entry poisons
         // the max like torch.max does, and the previous scale stays).
         self.scale = duet_device::fp8_history_scale(
             &self.history,
@@ -324,7 +324,7 @@ pub struct OperandReport {
 }
 
 /// Per-operand FP8 metadata of a model: device-side scales/amaxes and host-side histories.
-pub struct Fp8State<D: Fused> {
+pub struct Fp8State<D: Device> {
     pub cfg: DelayedScaling,
     pub fwd: DType,
     pub bwd: DType,
@@ -355,7 +355,7 @@ struct HostView {
     unsynced: usize,
 }
 
-impl<D: Fused> Fp8State<D> {
+impl<D: Device> Fp8State<D> {
     /// The lengths (f32 elements) of the metadata buffers [`Fp8State::new`] takes for
     /// `linears` linear layers: scale, scale_inv (`inv_stride` per operand, see
     /// [`duet_device::Capabilities::fp8_scale_inv_stride`]), amax, amax history and fp8_max.
@@ -469,7 +469,7 @@ impl<D: Fused> Fp8State<D> {
         Ok(self.synced(dev)?.ops.clone())
     }
 
-    /// The delayed-scaling update after a step, on the device ([`Fused::fp8_scaling_update`]):
+    /// The delayed-scaling update after a step, on the device ([`Fp8Ops::fp8_scaling_update`]):
     /// every operand's amax goes into its history, the scales follow, the amaxes restart at 0.
     /// Queues device work only (a recorded step can include it).
     pub fn update(&mut self, dev: &D) -> Result<()> {
@@ -575,6 +575,7 @@ impl<D: Fused> Fp8State<D> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use duet_device::Fp8Ops;
 
     fn cfg(len: usize, algo: AmaxAlgo, margin: i32) -> DelayedScaling {
         DelayedScaling {

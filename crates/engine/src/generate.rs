@@ -15,7 +15,7 @@ use crate::model::{BlockParam, Gpt, LN_EPS, check_weights, param_index, param_sp
 use crate::rng::Rng;
 use crate::train::argmax;
 use crate::{EngineError, Result};
-use duet_device::{Buffer, DType, DeviceExt, Fp8Format, Fused, GemmDesc};
+use duet_device::{Buffer, DType, Device, DeviceExt, Fp8Format, GemmDesc};
 use std::sync::Arc;
 
 /// How the generator stores the linear layers' weight matrices.
@@ -28,7 +28,7 @@ pub enum WeightFormat {
 
 /// The weight matrix of linear kind `kind` in layer `l`, as f32 (dequantised into its scratch
 /// matrix when stored in FP8).
-fn linear_weight<'a, D: Fused>(
+fn linear_weight<'a, D: Device>(
     dev: &D,
     params: &'a [D::Buffer],
     wtmp: &'a mut [D::Buffer],
@@ -99,7 +99,7 @@ pub fn sample(logits: &[f32], s: &Sampling, rng: &mut Rng) -> usize {
 }
 
 /// Weights, per-layer key/value caches and one-position activations.
-pub struct Generator<D: Fused> {
+pub struct Generator<D: Device> {
     dev: Arc<D>,
     cfg: ModelConfig,
     /// [`param_specs`] order; the linear matrices in FP8 with [`WeightFormat::Fp8`].
@@ -128,7 +128,7 @@ pub struct Generator<D: Fused> {
     len: usize,
 }
 
-impl<D: Fused> Generator<D> {
+impl<D: Device> Generator<D> {
     /// A generator with f32 copies of `model`'s weights.
     pub fn new(model: &Gpt<D>) -> Result<Self> {
         let weights = model.weights()?;
@@ -429,7 +429,7 @@ impl<D: Fused> Generator<D> {
     }
 }
 
-impl<D: Fused> Generator<D> {
+impl<D: Device> Generator<D> {
     /// Like [`Generator::generate`] but past the context: a sliding window. Starting from an
     /// empty cache, it feeds the prompt's last `keep` tokens when the prompt does not fit the
     /// context (`max_seq`), else the whole prompt; whenever the cache is full, it empties it and

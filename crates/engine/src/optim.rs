@@ -15,7 +15,7 @@ use crate::model::{Fp8WeightCodes, ParamSpec};
 use crate::precision::LossScaler;
 use crate::{EngineError, Result};
 use duet_device::{
-    AdamWClipStep, AdamWStep, AdamWTensor, Buffer, Collective, DType, DeviceExt, Fused, ReduceOp,
+    AdamWClipStep, AdamWStep, AdamWTensor, Buffer, Collective, DType, Device, DeviceExt, ReduceOp,
 };
 
 /// Optimizer hyper-parameters that do not change during a run.
@@ -82,7 +82,7 @@ impl AdamWConfig {
 }
 
 /// Per-parameter first and second moments, on the device.
-pub struct AdamW<D: Fused> {
+pub struct AdamW<D: Device> {
     cfg: AdamWConfig,
     m: Vec<D::Buffer>,
     v: Vec<D::Buffer>,
@@ -113,7 +113,7 @@ pub struct StepStats {
     pub loss_scale: f32,
 }
 
-impl<D: Fused> AdamW<D> {
+impl<D: Device> AdamW<D> {
     pub fn new(dev: &D, cfg: AdamWConfig, specs: &[ParamSpec]) -> Result<Self> {
         let mut m = Vec::with_capacity(specs.len());
         let mut v = Vec::with_capacity(specs.len());
@@ -285,7 +285,7 @@ impl<D: Fused> AdamW<D> {
     }
 
     /// [`AdamW::queue_device_step`] (one rank) that also writes an FP8 model's weight codes
-    /// ([`Fused::adamw_clipped_fp8`], after the model's scaling update), as
+    /// ([`Fp8Ops::adamw_clipped_fp8`], after the model's scaling update), as
     /// [`crate::model::Gpt::update_params_with_fp8_codes`] hands them over; with `None` it is
     /// `queue_device_step`.
     pub fn queue_device_step_fp8(

@@ -16,7 +16,7 @@
 
 use crate::fp8::{DelayedScaling, Fp8Family};
 use crate::{EngineError, Result};
-use duet_device::{DType, DeviceInfo, Fused};
+use duet_device::{DType, Device, DeviceInfo};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
@@ -178,7 +178,7 @@ pub fn resolve_precision(
 /// only chosen when the backend actually implements the FP8 ops (a 16 × 16 quantisation and
 /// FP8 GEMM are tried once); a backend that answers `Unsupported` falls back like hardware
 /// without FP8 does (or fails with `strict`).
-pub fn resolve_precision_on<D: Fused>(
+pub fn resolve_precision_on<D: Device>(
     dev: &D,
     requested: Precision,
     strict: bool,
@@ -208,7 +208,7 @@ pub fn resolve_precision_on<D: Fused>(
 }
 
 /// Tries the FP8 ops once: `Ok(Err(reason))` when the backend reports them unsupported.
-fn probe_fp8<D: Fused>(dev: &D, info: &DeviceInfo) -> Result<std::result::Result<(), String>> {
+fn probe_fp8<D: Device>(dev: &D, info: &DeviceInfo) -> Result<std::result::Result<(), String>> {
     use duet_device::{DeviceError, GemmDesc};
     let (fwd, _) = crate::fp8::Fp8Family::of_device(info).dtypes(crate::fp8::Fp8Recipe::Hybrid);
     let n = 16;

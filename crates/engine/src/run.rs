@@ -8,7 +8,7 @@ use crate::saves::{CheckpointDir, Saved, save_to};
 use crate::trace::TraceWriter;
 use crate::train::{StepReport, Trainer};
 use crate::{EngineError, Result};
-use duet_device::Fused;
+use duet_device::Device;
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
@@ -126,7 +126,7 @@ pub fn steps_to_read_back(step: u64, last_step: u64, loss_every: u64, events: &[
 
 /// Writes a checkpoint from rank 0. Under ZeRO every rank takes part in gathering the
 /// optimizer state, so every rank must call this.
-pub fn save_checkpoint<D: Fused>(trainer: &Trainer<D>, path: &Path, is_main: bool) -> Result<()> {
+pub fn save_checkpoint<D: Device>(trainer: &Trainer<D>, path: &Path, is_main: bool) -> Result<()> {
     let zero = trainer.dist().is_some_and(|d| d.zero());
     if is_main || zero {
         let ck = trainer.checkpoint()?;
@@ -337,7 +337,7 @@ impl MetricsLog {
         std::mem::take(&mut self.curve)
     }
 
-    fn write<D: Fused>(&mut self, trainer: &Trainer<D>, s: &StepLog) -> Result<()> {
+    fn write<D: Device>(&mut self, trainer: &Trainer<D>, s: &StepLog) -> Result<()> {
         let r = &s.report;
         let mut line = serde_json::json!({
             "step": r.step, "loss": r.loss, "lr": r.lr, "grad_norm": r.grad_norm,
@@ -382,7 +382,7 @@ pub type OnStep<'a, D> = dyn FnMut(&Trainer<D>, &StepLog, Option<&Saved>) -> Res
 /// for each step after its save (the caller's progress display; with what the save did), and
 /// stops early, after a step every rank
 /// finished, once `interrupt` is set.
-pub fn run<D: Fused, W: Write>(
+pub fn run<D: Device, W: Write>(
     trainer: &mut Trainer<D>,
     plan: &RunPlan,
     mut metrics: Option<&mut MetricsLog>,

@@ -12,7 +12,7 @@
 use crate::checkpoint::{Checkpoint, files, write_atomic};
 use crate::train::Trainer;
 use crate::{EngineError, Result};
-use duet_device::Fused;
+use duet_device::Device;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
@@ -138,7 +138,7 @@ impl CheckpointDir {
 
 /// Saves the trainer's checkpoint into `saves` from rank 0 (every rank calls it: under ZeRO
 /// each takes part in gathering the optimizer state); `None` on the other ranks.
-pub fn save_to<D: Fused>(
+pub fn save_to<D: Device>(
     trainer: &Trainer<D>,
     saves: &CheckpointDir,
     val_loss: Option<f32>,

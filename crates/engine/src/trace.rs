@@ -12,7 +12,7 @@ use crate::config::Config;
 use crate::fp8::{Fp8Family, Fp8Recipe};
 use crate::model::Gpt;
 use crate::{EngineError, Result};
-use duet_device::{Buffer, DType, DeviceExt, Fused};
+use duet_device::{Buffer, DType, Device, DeviceExt};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::io::{BufRead, Write};
@@ -258,7 +258,7 @@ impl<W: Write> TraceWriter<W> {
     }
 
     /// Records the state of `model` after a step.
-    pub fn record<D: Fused>(
+    pub fn record<D: Device>(
         &mut self,
         model: &Gpt<D>,
         step: u64,

@@ -12,7 +12,7 @@ use crate::optim::{AdamW, StepStats};
 use crate::precision::{LossScaler, Precision, PrecisionPlan};
 use crate::rng::Rng;
 use crate::{EngineError, Result};
-use duet_device::{Buffer, Collective, DType, DeviceExt, Fused, ReduceOp};
+use duet_device::{Buffer, Collective, DType, Device, DeviceExt, ReduceOp};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -72,7 +72,7 @@ impl GenerationEval {
 }
 
 /// Owns the model, the optimizer and the data stream of one run.
-pub struct Trainer<D: Fused> {
+pub struct Trainer<D: Device> {
     cfg: Config,
     model: Gpt<D>,
     opt: AdamW<D>,
@@ -113,7 +113,7 @@ pub const BATCH_RECORD_MAGIC: &[u8; 8] = b"DUETBAT1";
 pub use duet_device::knobs::FP8_CODES_FROM_OPTIMIZER as FP8_CODES_FROM_OPTIMIZER_ENV;
 
 /// Where the recording of the training step stands.
-enum StepGraph<D: Fused> {
+enum StepGraph<D: Device> {
     /// Not recorded yet, and no step run: the first step runs unrecorded, warming every
     /// buffer, table and library plan up so that the recording allocates nothing.
     Cold,
@@ -132,7 +132,7 @@ enum StepGraph<D: Fused> {
 /// included), and on a GPU the plan against the device's free memory. A run too large for its
 /// machine, container or `ulimit -v` stops here with the sizes, not with an aborted
 /// allocation. ([`Gpt::with_precision`] checks the exact plan again before allocating it.)
-fn check_memory_first<D: Fused>(dev: &D, cfg: &Config, world: usize, zero: bool) -> Result<()> {
+fn check_memory_first<D: Device>(dev: &D, cfg: &Config, world: usize, zero: bool) -> Result<()> {
     let weights = (cfg.model.num_params() as u64).saturating_mul(4);
     let batch = micro_batch(cfg, world)?;
     let mut plan = crate::model::estimate_memory(
@@ -173,7 +173,7 @@ fn check_memory_first<D: Fused>(dev: &D, cfg: &Config, world: usize, zero: bool)
     }
 }
 
-impl<D: Fused> Trainer<D> {
+impl<D: Device> Trainer<D> {
     /// A fresh run: weights initialised from the config's seed.
     pub fn new(dev: Arc<D>, cfg: Config) -> Result<Self> {
         cfg.validate()?;
@@ -1309,7 +1309,7 @@ fn share_scale(scale: f32, count: usize, total: usize) -> f32 {
 /// Gradient accumulation after micro-batch `i` of `k`: the first one's gradients are copied
 /// into the f32 sums `acc`, the next ones' added to them, and the sums added onto the last
 /// one's (which the update then reads). Nothing for `k` = 1.
-fn accumulate<D: Fused>(
+fn accumulate<D: Device>(
     dev: &D,
     acc: &mut [D::Buffer],
     grads: &mut [D::Buffer],
@@ -1355,7 +1355,7 @@ fn add_accum_buffers(plan: &mut crate::model::MemoryPlan, cfg: &Config) {
 
 /// The model alone, for one rank of a data-parallel run if `data_parallel`, planned with the
 /// optimizer state split over `optimizer_shards` ranks (ZeRO-1; 1 otherwise).
-fn build_model<D: Fused>(
+fn build_model<D: Device>(
     dev: Arc<D>,
     cfg: &Config,
     weights: &[Vec<f32>],
@@ -1399,7 +1399,7 @@ fn adamw_config(cfg: &Config) -> AdamWConfig {
 
 /// The replicated optimizer for `model`: FP32 moments, and FP32 masters for every weight whose
 /// working copy is not f32.
-fn build_optimizer<D: Fused>(
+fn build_optimizer<D: Device>(
     dev: &D,
     cfg: &Config,
     model: &Gpt<D>,

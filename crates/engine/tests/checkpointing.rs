@@ -3,6 +3,7 @@
 //! metadata is identical too, because the recompute records no amax.
 
 use duet_cpu::CpuDevice;
+use duet_device::Runtime;
 use duet_engine::precision::Precision;
 use duet_engine::{Config, Preset, Trainer};
 use std::sync::Arc;
@@ -164,7 +165,6 @@ fn fp8_recompute_records_no_amax() {
 /// the optimizer adds exactly its optimizer part, in every precision and plan.
 #[test]
 fn memory_estimate_is_what_is_allocated() {
-    use duet_device::Device;
     use duet_engine::model::{Gpt, estimate_memory, init_weights};
     use duet_engine::optim::{AdamW, AdamWConfig};
     use duet_engine::precision::PrecisionPlan;

@@ -5,7 +5,7 @@
 //! one), for groups that do not divide the run, and for calls longer than the device ring.
 
 use duet_cpu::CpuDevice;
-use duet_device::Device;
+use duet_device::Runtime;
 use duet_engine::checkpoint::Checkpoint;
 use duet_engine::train::{MAX_QUEUED_STEPS, StepReport};
 use duet_engine::{Config, EngineError, Precision, Preset, Trainer};

@@ -3,7 +3,8 @@
 //! metadata driven by amaxes the device records.
 
 use duet_cpu::CpuDevice;
-use duet_device::{DType, Device, DeviceExt, Fp8Format, GemmDesc};
+use duet_device::{DType, DeviceExt, Fp8Format, GemmDesc};
+use duet_device::{Fp8Ops, Runtime};
 use duet_engine::fp8::{AmaxAlgo, DelayedScaling, Fp8Family, Fp8Recipe, Fp8State};
 
 /// What a code means, computed from the format definition alone (not from the codec):

@@ -1,7 +1,7 @@
 //! Trainer behaviour on the CPU reference backend.
 
 use duet_cpu::CpuDevice;
-use duet_device::Device;
+use duet_device::Runtime;
 use duet_engine::{Config, Preset, Trainer};
 use std::sync::Arc;
 

@@ -11,7 +11,10 @@
 //! 0 = input / 1 = expected, u64 byte count, bytes); a str is a u32 length and UTF-8 bytes.
 
 use duet_cpu::CpuDevice;
-use duet_device::{AdamWStep, Buffer, DType, Device, DeviceExt, Result};
+use duet_device::{
+    AdamWStep, AttentionOps, Buffer, DType, DeviceExt, ElementwiseOps, EmbeddingOps, LossOps,
+    NormOps, OptimOps, Result, Runtime,
+};
 use std::io::Write;
 
 const FLOATS: [DType; 7] = [
@@ -86,7 +89,7 @@ struct Gen {
     cases: Vec<Case>,
 }
 
-type Buf = <CpuDevice as Device>::Buffer;
+type Buf = <CpuDevice as Runtime>::Buffer;
 
 impl Gen {
     fn buf(&mut self, dtype: DType, n: usize, std: f32) -> Result<Buf> {

@@ -94,7 +94,7 @@ pub fn kernel_suffix(d: DType) -> Option<&'static str> {
 /// The f32/f16/bf16 suffix of an activation-type buffer (the kernels' `DUET_FOR_ACT`), and that
 /// of a parameter or gradient buffer of the activations' dtype or f32 (`DUET_FOR_ACT_AND_WIDE`),
 /// shared with the CUDA backend.
-pub use duet_device::args::{float_suffix, wide_suffix};
+pub use duet_gpu::launch::{float_suffix, wide_suffix};
 
 #[cfg(test)]
 mod tests {

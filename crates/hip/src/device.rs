@@ -1,10 +1,13 @@
-//! [`HipDevice`]: the `Device` implementation. Every op validates shapes and dtypes first (the
-//! same rules as the CPU reference where the kernels have the variant, else a typed
-//! `Unsupported`), then enqueues its kernels on the device's stream.
+//! [`HipDevice`]: the device, its construction and the helpers its ops share (kernel launches,
+//! the scratch area, column sums, the checks of token ids); the contract's traits are implemented
+//! in runtime.rs ([`duet_device::Runtime`]) and ops/ (one family trait per file). Every op
+//! validates shapes and dtypes first (the same rules as the CPU reference where the kernels have
+//! the variant, else a typed `Unsupported`), then enqueues its kernels on the device's stream.
 
 use crate::blas::{LazyLt, Lt};
 use crate::conv;
 use crate::error::{HipError, unavailable};
+use crate::flash::FlashInner;
 use crate::hip::result::{HipApi, version_string};
 use crate::hip::safe::Stream;
 use crate::hip::sys;
@@ -14,12 +17,9 @@ use crate::kernels::{BLOCK, Kernels, Launch, dim, grid_dim};
 use crate::memory::{HipBuffer, MemShared};
 use crate::rocblas::{result::RocblasApi, safe::RocblasHandle};
 use crate::toolchain::{Comgr, Toolchain};
-use duet_device::{
-    AdamWStep, Buffer, Capabilities, DType, Device, DeviceError, DeviceInfo, Fused, GemmDesc,
-    MemoryStats, Result, check_dtype,
-};
+use duet_device::{Buffer, Capabilities, DType, DeviceError, DeviceInfo, Result, check_dtype};
 use std::ffi::c_void;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Rows per chunk of the two-pass column sums: 64, or more where that would need more than
@@ -99,16 +99,16 @@ pub struct HipDevice {
     /// [`ID_SLOTS`] u64 on the device (as bytes): per slot, the smallest `(position << 32) | id` of an id
     /// outside its vocabulary since the last synchronize, or [`ID_CLEAN`].
     pub(crate) id_report: HipBuffer,
-    /// What this device runs natively ([`Device::capabilities`]).
+    /// What this device runs natively ([`duet_device::Runtime::capabilities`]).
     pub(crate) caps: Capabilities,
     /// Flash attention's inner product, or none (crates/hip ops/attention.rs).
-    pub(crate) flash: crate::ops::FlashInner,
-    /// A graph is being recorded on the stream ([`crate::graph`]).
+    pub(crate) flash: FlashInner,
+    /// A graph is being recorded on the stream ([`duet_device::Runtime::capture_begin`]).
     pub(crate) capturing: AtomicBool,
     /// The multi-tensor ops' uploaded chunk tables ([`HipDevice::table`]).
-    pub(crate) tables: Mutex<crate::ops::Tables>,
+    pub(crate) tables: Mutex<Tables>,
     /// The FP8 compositions' kept intermediates (ops/fp8.rs `with_workspace`).
-    pub(crate) workspaces: Mutex<crate::ops::Workspaces>,
+    pub(crate) workspaces: Mutex<Workspaces>,
 }
 
 impl HipDevice {
@@ -149,12 +149,7 @@ impl HipDevice {
         let arch = api.arch_name(ord)?;
         let arch_base = arch.split(':').next().unwrap_or(&arch).to_string();
         let knobs = duet_device::knobs::device_knobs()?;
-        let flash = crate::ops::FlashInner::choose(
-            knobs.hip_no_flash,
-            knobs.hip_flash_mfma,
-            &arch_base,
-            warp,
-        )?;
+        let flash = FlashInner::choose(knobs.hip_no_flash, knobs.hip_flash_mfma, &arch_base, warp)?;
         let name = api.device_name(ord)?;
         let (_, total) = api.mem_info()?;
         let rtc = RtcApi::load()?;
@@ -388,585 +383,28 @@ impl HipDevice {
     pub fn ordinal(&self) -> usize {
         self.ordinal as usize
     }
-}
 
-impl Device for HipDevice {
-    type Buffer = HipBuffer;
-    type Graph = crate::graph::HipStepGraph;
-
-    fn range_push(&self, name: &str) {
-        self.range_push_impl(name)
-    }
-
-    fn range_pop(&self) {
-        self.range_pop_impl()
-    }
-
-    fn capabilities(&self) -> &Capabilities {
-        // Graphs where the runtime has them; flash attention unless DUET_HIP_NO_FLASH; the
-        // 16-bit GEMM epilogues when hipBLASLt was found (and DUET_HIP_UNFUSED is not set).
-        &self.caps
-    }
-
-    fn info(&self) -> DeviceInfo {
-        let mut info = self.info.clone();
-        // hipBLASLt is created lazily, so its line says what it is now.
-        info.details.insert(
-            info.details.len() - 1,
-            ("hipblaslt".into(), self.lt.describe()),
-        );
-        let epilogues = &self.caps.gemm_epilogue;
-        info.details.insert(
-            info.details.len() - 1,
-            (
-                "gemm_epilogue".into(),
-                if !epilogues.is_empty() {
-                    format!("hipBLASLt for {epilogues:?}, composed where it has no algorithm")
-                } else if self.lt.api.is_none() {
-                    "composed (no hipBLASLt)".into()
-                } else {
-                    "composed (DUET_HIP_UNFUSED)".into()
-                },
-            ),
-        );
-        info
-    }
-
-    fn alloc(&self, dtype: DType, len: usize) -> Result<HipBuffer> {
-        self.not_while_capturing("allocating")?;
-        self.alloc_impl(dtype, len)
-    }
-
-    fn upload_bytes(&self, src: &[u8], dst: &mut HipBuffer, offset: usize) -> Result<()> {
-        self.not_while_capturing("uploading")?;
-        self.upload_bytes_impl(src, dst, offset)
-    }
-
-    fn download_bytes(&self, src: &HipBuffer, offset: usize, len: usize) -> Result<Vec<u8>> {
-        self.not_while_capturing("downloading")?;
-        self.download_bytes_impl(src, offset, len)
-    }
-
-    fn copy(
-        &self,
-        src: &HipBuffer,
-        src_offset: usize,
-        dst: &mut HipBuffer,
-        dst_offset: usize,
-        len: usize,
-    ) -> Result<()> {
-        self.copy_impl(src, src_offset, dst, dst_offset, len)
-    }
-
-    fn fill(&self, dst: &mut HipBuffer, value: f32) -> Result<()> {
-        self.fill_impl(dst, value)
-    }
-
-    fn synchronize(&self) -> Result<()> {
-        self.synchronize_impl()
-    }
-
-    fn time_ms<E: From<DeviceError>>(
-        &self,
-        work: impl FnOnce() -> std::result::Result<(), E>,
-    ) -> std::result::Result<f64, E> {
-        self.time_ms_impl(work)
-    }
-
-    fn timer_kind(&self) -> &'static str {
-        self.timer_kind_impl()
-    }
-
-    fn capture_begin(&self) -> Result<()> {
-        self.capture_begin_impl()
-    }
-
-    fn capture_end(&self) -> Result<crate::graph::HipStepGraph> {
-        self.capture_end_impl()
-    }
-
-    fn replay(&self, graph: &crate::graph::HipStepGraph) -> Result<()> {
-        self.replay_impl(graph)
-    }
-
-    fn memory_stats(&self) -> MemoryStats {
-        self.mem.stats(self.api.mem_info().ok())
-    }
-
-    fn reset_peak_memory(&self) {
-        self.mem.reset_peak();
-    }
-
-    fn gemm(&self, desc: &GemmDesc, a: &HipBuffer, b: &HipBuffer, c: &mut HipBuffer) -> Result<()> {
-        self.gemm_impl(desc, a, b, c)
-    }
-
-    fn cast(&self, src: &HipBuffer, dst: &mut HipBuffer, scale: f32) -> Result<()> {
-        self.cast_impl(src, dst, scale)
-    }
-
-    fn scale(&self, x: &mut HipBuffer, alpha: f32) -> Result<()> {
-        self.scale_impl(x, alpha)
-    }
-
-    fn add(&self, a: &HipBuffer, b: &HipBuffer, out: &mut HipBuffer) -> Result<()> {
-        self.add_impl(a, b, out)
-    }
-
-    fn add_assign(&self, dst: &mut HipBuffer, src: &HipBuffer) -> Result<()> {
-        self.add_assign_impl(dst, src)
-    }
-
-    fn embedding_forward(
-        &self,
-        tokens: &HipBuffer,
-        wte: &HipBuffer,
-        wpe: &HipBuffer,
-        out: &mut HipBuffer,
-        b: usize,
-        t: usize,
-        c: usize,
-    ) -> Result<()> {
-        self.embedding_forward_impl(tokens, wte, wpe, out, b, t, c)
-    }
-
-    fn embedding_backward(
-        &self,
-        tokens: &HipBuffer,
-        dout: &HipBuffer,
-        dwte: &mut HipBuffer,
-        dwpe: &mut HipBuffer,
-        b: usize,
-        t: usize,
-        c: usize,
-    ) -> Result<()> {
-        self.embedding_backward_impl(tokens, dout, dwte, dwpe, b, t, c)
-    }
-
-    fn layernorm_forward(
-        &self,
-        x: &HipBuffer,
-        gamma: &HipBuffer,
-        beta: &HipBuffer,
-        out: &mut HipBuffer,
-        mean: &mut HipBuffer,
-        rstd: &mut HipBuffer,
-        n: usize,
-        c: usize,
-        eps: f32,
-    ) -> Result<()> {
-        self.layernorm_forward_impl(x, gamma, beta, out, mean, rstd, n, c, eps)
-    }
-
-    fn layernorm_backward(
-        &self,
-        dout: &HipBuffer,
-        x: &HipBuffer,
-        gamma: &HipBuffer,
-        mean: &HipBuffer,
-        rstd: &HipBuffer,
-        dx: &mut HipBuffer,
-        dgamma: &mut HipBuffer,
-        dbeta: &mut HipBuffer,
-        n: usize,
-        c: usize,
-    ) -> Result<()> {
-        self.layernorm_backward_impl(dout, x, gamma, mean, rstd, dx, dgamma, dbeta, n, c)
-    }
-
-    fn bias_add(&self, x: &mut HipBuffer, bias: &HipBuffer, rows: usize, c: usize) -> Result<()> {
-        self.bias_add_impl(x, bias, rows, c)
-    }
-
-    fn bias_backward(
-        &self,
-        dout: &HipBuffer,
-        dbias: &mut HipBuffer,
-        rows: usize,
-        c: usize,
-    ) -> Result<()> {
-        self.bias_backward_impl(dout, dbias, rows, c)
-    }
-
-    fn gelu_forward(&self, x: &HipBuffer, out: &mut HipBuffer) -> Result<()> {
-        self.gelu_forward_impl(x, out)
-    }
-
-    fn gelu_backward(&self, x: &HipBuffer, dout: &HipBuffer, dx: &mut HipBuffer) -> Result<()> {
-        self.gelu_backward_impl(x, dout, dx)
-    }
-
-    fn split_heads(
-        &self,
-        qkv: &HipBuffer,
-        q: &mut HipBuffer,
-        k: &mut HipBuffer,
-        v: &mut HipBuffer,
-        b: usize,
-        t: usize,
-        nh: usize,
-        hs: usize,
-    ) -> Result<()> {
-        self.split_heads_impl(qkv, q, k, v, b, t, nh, hs)
-    }
-
-    fn split_heads_backward(
-        &self,
-        dq: &HipBuffer,
-        dk: &HipBuffer,
-        dv: &HipBuffer,
-        dqkv: &mut HipBuffer,
-        b: usize,
-        t: usize,
-        nh: usize,
-        hs: usize,
-    ) -> Result<()> {
-        self.split_heads_backward_impl(dq, dk, dv, dqkv, b, t, nh, hs)
-    }
-
-    fn merge_heads(
-        &self,
-        y: &HipBuffer,
-        out: &mut HipBuffer,
-        b: usize,
-        t: usize,
-        nh: usize,
-        hs: usize,
-        backward: bool,
-    ) -> Result<()> {
-        self.merge_heads_impl(y, out, b, t, nh, hs, backward)
-    }
-
-    fn softmax_causal_forward(
-        &self,
-        scores: &HipBuffer,
-        probs: &mut HipBuffer,
-        rows: usize,
-        t: usize,
-        scale: f32,
-    ) -> Result<()> {
-        self.softmax_causal_forward_impl(scores, probs, rows, t, scale)
-    }
-
-    fn softmax_causal_backward(
-        &self,
-        probs: &HipBuffer,
-        dprobs: &HipBuffer,
-        dscores: &mut HipBuffer,
-        rows: usize,
-        t: usize,
-        scale: f32,
-    ) -> Result<()> {
-        self.softmax_causal_backward_impl(probs, dprobs, dscores, rows, t, scale)
-    }
-
-    fn cross_entropy_padded(
-        &self,
-        logits: &HipBuffer,
-        targets: &HipBuffer,
-        losses: &mut HipBuffer,
-        dlogits: Option<&mut HipBuffer>,
-        n: usize,
-        v: usize,
-        ld: usize,
-        grad_scale: f32,
-    ) -> Result<()> {
-        self.cross_entropy_impl(logits, targets, losses, dlogits, n, v, ld, grad_scale)
-    }
-
-    fn adamw(
-        &self,
-        param: &mut HipBuffer,
-        grad: &HipBuffer,
-        m: &mut HipBuffer,
-        v: &mut HipBuffer,
-        step: &AdamWStep,
-        param_copy: Option<&mut HipBuffer>,
-    ) -> Result<()> {
-        self.adamw_impl(param, grad, m, v, step, param_copy)
-    }
-
-    fn sum_squares(&self, x: &HipBuffer, out: &mut HipBuffer, slot: usize) -> Result<()> {
-        self.sum_squares_impl(x, out, slot)
-    }
-
-    fn quantize_fp8(
-        &self,
-        src: &HipBuffer,
-        dst: &mut HipBuffer,
-        dst_t: Option<&mut HipBuffer>,
-        rows: usize,
-        cols: usize,
-        scale: &HipBuffer,
-        amax: &mut HipBuffer,
-        slot: usize,
-    ) -> Result<()> {
-        self.quantize_fp8_impl(src, dst, dst_t, rows, cols, scale, amax, slot)
-    }
-
-    fn gemm_fp8(
-        &self,
-        desc: &GemmDesc,
-        a: &HipBuffer,
-        b: &HipBuffer,
-        c: &mut HipBuffer,
-        scale_inv: &HipBuffer,
-        a_slot: usize,
-        b_slot: usize,
-    ) -> Result<()> {
-        self.gemm_fp8_impl(desc, a, b, c, scale_inv, a_slot, b_slot)
+    /// An error when a graph is being recorded (`what` may not happen then).
+    pub(crate) fn not_while_capturing(&self, what: &str) -> Result<()> {
+        if self.capturing.load(Ordering::Relaxed) {
+            return Err(DeviceError::InvalidArgument(format!(
+                "{what} while recording a HIP graph: the recording may only queue device work"
+            )));
+        }
+        Ok(())
     }
 }
 
-/// The fused paths, composed of the core ops (the trait's defaults) until HIP has kernels of
-/// its own for them.
-/// The fused ops HIP has natively (the others run the trait's compositions): the in-place
-/// classifier and the multi-tensor optimizer passes, with the delayed-scaling update on the
-/// device, and the FP8 fusions as their compositions over kept workspaces, so a training step
-/// queues without host synchronisations or allocations and can be recorded.
-impl Fused for HipDevice {
-    #[allow(clippy::too_many_arguments)]
-    fn flash_attention_forward(
-        &self,
-        qkv: &HipBuffer,
-        out: &mut HipBuffer,
-        lse: &mut HipBuffer,
-        b: usize,
-        t: usize,
-        nh: usize,
-        hs: usize,
-        scale: f32,
-    ) -> Result<()> {
-        if !self.caps.flash_attention(qkv.dtype(), hs) {
-            return duet_device::composed::flash_attention_forward(
-                self, qkv, out, lse, b, t, nh, hs, scale,
-            );
-        }
-        self.flash_attention_forward_impl(qkv, out, lse, b, t, nh, hs, scale)
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn flash_attention_backward(
-        &self,
-        qkv: &HipBuffer,
-        out: &HipBuffer,
-        dout: &HipBuffer,
-        lse: &HipBuffer,
-        dqkv: &mut HipBuffer,
-        b: usize,
-        t: usize,
-        nh: usize,
-        hs: usize,
-        scale: f32,
-    ) -> Result<()> {
-        if !self.caps.flash_attention(qkv.dtype(), hs) {
-            return duet_device::composed::flash_attention_backward(
-                self, qkv, out, dout, lse, dqkv, b, t, nh, hs, scale,
-            );
-        }
-        self.flash_attention_backward_impl(qkv, out, dout, lse, dqkv, b, t, nh, hs, scale)
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn layernorm_backward_colsum(
-        &self,
-        dout: &HipBuffer,
-        x: &HipBuffer,
-        gamma: &HipBuffer,
-        mean: &HipBuffer,
-        rstd: &HipBuffer,
-        dx: &mut HipBuffer,
-        dgamma: &mut HipBuffer,
-        dbeta: &mut HipBuffer,
-        dsum: &mut HipBuffer,
-        n: usize,
-        c: usize,
-    ) -> Result<()> {
-        self.layernorm_backward_colsum_impl(
-            dout, x, gamma, mean, rstd, dx, dgamma, dbeta, dsum, n, c,
-        )
-    }
-
-    fn zero_many(&self, dsts: &mut [&mut HipBuffer]) -> Result<()> {
-        self.zero_many_impl(dsts)
-    }
-
-    fn gemm_epilogue(
-        &self,
-        desc: &GemmDesc,
-        a: &HipBuffer,
-        b: &HipBuffer,
-        c: &mut HipBuffer,
-        epilogue: duet_device::Epilogue<'_, HipBuffer>,
-    ) -> Result<()> {
-        if !self.capabilities().gemm_epilogue(a.dtype()) {
-            return duet_device::composed::gemm_epilogue(self, desc, a, b, c, epilogue);
-        }
-        self.gemm_epilogue_impl(desc, a, b, c, epilogue)
-    }
-
-    fn cross_entropy_in_place(
-        &self,
-        logits: &mut HipBuffer,
-        targets: &HipBuffer,
-        losses: &mut HipBuffer,
-        n: usize,
-        v: usize,
-        ld: usize,
-        grad_scale: f32,
-    ) -> Result<()> {
-        self.cross_entropy_in_place_impl(logits, targets, losses, n, v, ld, grad_scale)
-    }
-
-    fn sum_squares_many(&self, xs: &[&HipBuffer], out: &mut HipBuffer, slot: usize) -> Result<()> {
-        self.sum_squares_many_impl(xs, out, slot)
-    }
-
-    fn adamw_clipped(
-        &self,
-        tensors: &mut [duet_device::AdamWTensor<'_, HipBuffer>],
-        step: &duet_device::AdamWClipStep,
-        scalars: &HipBuffer,
-    ) -> Result<()> {
-        self.adamw_clipped_impl(tensors, step, scalars)
-    }
-
-    fn adamw_clipped_fp8(
-        &self,
-        tensors: &mut [duet_device::AdamWTensor<'_, HipBuffer>],
-        step: &duet_device::AdamWClipStep,
-        scalars: &HipBuffer,
-        outs: &mut [duet_device::AdamWFp8Out<'_, HipBuffer>],
-        scale: &HipBuffer,
-        amax: &mut HipBuffer,
-    ) -> Result<()> {
-        self.adamw_clipped_fp8_impl(tensors, step, scalars, outs, scale, amax)
-    }
-
-    fn quantize_fp8_many(
-        &self,
-        jobs: &mut [duet_device::Fp8QuantJob<'_, HipBuffer>],
-        scale: &HipBuffer,
-        amax: &mut HipBuffer,
-    ) -> Result<()> {
-        self.quantize_fp8_many_impl(jobs, scale, amax)
-    }
-
-    fn quantize_fp8_grad(
-        &self,
-        dout: &HipBuffer,
-        gelu_pre: Option<&HipBuffer>,
-        dst: &mut HipBuffer,
-        dst_t: Option<&mut HipBuffer>,
-        dbias: &mut HipBuffer,
-        rows: usize,
-        cols: usize,
-        scale: &HipBuffer,
-        amax: &mut HipBuffer,
-        slot: usize,
-    ) -> Result<()> {
-        self.quantize_fp8_grad_impl(
-            dout, gelu_pre, dst, dst_t, dbias, rows, cols, scale, amax, slot,
-        )
-    }
-
-    fn quantize_fp8_gelu(
-        &self,
-        pre: &HipBuffer,
-        dst: &mut HipBuffer,
-        dst_t: Option<&mut HipBuffer>,
-        rows: usize,
-        cols: usize,
-        scale: &HipBuffer,
-        amax: &mut HipBuffer,
-        slot: usize,
-    ) -> Result<()> {
-        self.quantize_fp8_gelu_impl(pre, dst, dst_t, rows, cols, scale, amax, slot)
-    }
-
-    fn layernorm_forward_fp8(
-        &self,
-        x: &HipBuffer,
-        gamma: &HipBuffer,
-        beta: &HipBuffer,
-        mean: &mut HipBuffer,
-        rstd: &mut HipBuffer,
-        dst: &mut HipBuffer,
-        dst_t: Option<&mut HipBuffer>,
-        n: usize,
-        c: usize,
-        eps: f32,
-        scale: &HipBuffer,
-        amax: &mut HipBuffer,
-        slot: usize,
-    ) -> Result<()> {
-        self.layernorm_forward_fp8_impl(
-            x, gamma, beta, mean, rstd, dst, dst_t, n, c, eps, scale, amax, slot,
-        )
-    }
-
-    fn fp8_scaling_update(
-        &self,
-        amax: &mut HipBuffer,
-        history: &mut HipBuffer,
-        scale: &mut HipBuffer,
-        scale_inv: &mut HipBuffer,
-        inv_stride: usize,
-        fp8_max: &HipBuffer,
-        len: usize,
-        most_recent: bool,
-        margin: i32,
-    ) -> Result<()> {
-        self.fp8_scaling_update_impl(
-            amax,
-            history,
-            scale,
-            scale_inv,
-            inv_stride,
-            fp8_max,
-            len,
-            most_recent,
-            margin,
-        )
-    }
-}
-
-/// The device-level trait methods (no op family).
+/// The checks of token ids and targets, reported at the next synchronisation.
 impl HipDevice {
-    pub(crate) fn range_push_impl(&self, name: &str) {
-        if let Some(r) = &self.roctx {
-            r.push(name);
-        }
-    }
-
-    pub(crate) fn range_pop_impl(&self) {
-        if let Some(r) = &self.roctx {
-            r.pop();
-        }
-    }
-
-    pub(crate) fn synchronize_impl(&self) -> Result<()> {
-        self.not_while_capturing("synchronising")?;
-        self.stream.synchronize()?;
-        let deferred = self.stream.deferred.take();
-        if !deferred.is_empty() {
-            return Err(DeviceError::Driver {
-                backend: "hip",
-                call: "deferred (buffer drop)".into(),
-                message: deferred.join("; "),
-            });
-        }
-        self.check_deferred()
-    }
-
     /// Queues a check of the i32 ids in `ids` (token ids, or targets with `negative_ok`)
     /// against `limit`: a kernel on the stream (kernels-hip/embedding.hip's `check_ids`) keeps
-    /// the first bad id in the device's id report, which the next [`Device::synchronize`] (or
-    /// download) reads and reports, the first bad id of each op as
-    /// [`DeviceError::InvalidArgument`] in the CPU backend's words: the deferred report of the
-    /// CUDA backend's error word. No host work per call and nothing allocated, so it is recorded
-    /// with a graph and runs at every replay. The op's own kernel still runs (NaN rows for bad
-    /// token ids, a NaN loss and gradient row for a bad target).
+    /// the first bad id in the device's id report, which the next
+    /// [`duet_device::Runtime::synchronize`] (or download) reads and reports, the first bad id of
+    /// each op as [`DeviceError::InvalidArgument`] in the CPU backend's words: the deferred report
+    /// of the CUDA backend's error word. No host work per call and nothing allocated, so it is
+    /// recorded with a graph and runs at every replay. The op's own kernel still runs (NaN rows
+    /// for bad token ids, a NaN loss and gradient row for a bad target).
     pub(crate) fn queue_id_check(
         &self,
         op: &'static str,
@@ -1009,7 +447,7 @@ impl HipDevice {
         drop(slots);
         let n = ids.len();
         if n as u64 >= 1 << 32 {
-            return Err(duet_device::args::kernel_too_large("HIP", op, "ids", n));
+            return Err(duet_gpu::launch::kernel_too_large("HIP", op, "ids", n));
         }
         let limit = dim(op, "vocabulary", limit)?;
         // SAFETY: check_ids(const int* ids, u64 n, int limit, int negative_ok, u64* report):
@@ -1029,7 +467,7 @@ impl HipDevice {
 
     /// Reads the id report (the stream is synchronized) and clears it: the first bad id of
     /// each op, in the CPU backend's words, or `Ok`.
-    fn check_deferred(&self) -> Result<()> {
+    pub(crate) fn check_deferred(&self) -> Result<()> {
         let slots: Vec<IdSlot> = self
             .id_slots
             .lock()
@@ -1079,6 +517,18 @@ impl HipDevice {
         }
         Err(DeviceError::InvalidArgument(bad.join("; ")))
     }
+}
+
+/// Uploaded chunk tables, keyed by their bytes ([`HipDevice::table`], ops/mod.rs).
+#[derive(Default)]
+pub(crate) struct Tables {
+    pub(crate) entries: Vec<(Vec<u8>, HipBuffer)>,
+}
+
+/// Intermediate buffers of the FP8 compositions (ops/fp8.rs), kept between calls.
+#[derive(Default)]
+pub(crate) struct Workspaces {
+    pub(crate) idle: Vec<HipBuffer>,
 }
 
 /// The device's scratch area, locked for one op ([`HipDevice::scratch`]).

@@ -448,15 +448,15 @@ impl<'a> Launch<'a> {
 }
 
 /// Converts a dimension to the `int` a kernel takes, or
-/// [`duet_device::args::kernel_too_large`].
+/// [`duet_gpu::launch::kernel_too_large`].
 pub(crate) fn dim(op: &'static str, what: &str, v: usize) -> Result<i32> {
-    duet_device::args::kernel_int("HIP", op, what, v)
+    duet_gpu::launch::kernel_int("HIP", op, what, v)
 }
 
 /// A grid dimension of `blocks` blocks (at most `i32::MAX`), or
-/// [`duet_device::args::kernel_too_large`].
+/// [`duet_gpu::launch::kernel_too_large`].
 pub(crate) fn grid_dim(op: &'static str, blocks: usize) -> Result<u32> {
-    duet_device::args::kernel_grid_dim("HIP", op, blocks)
+    duet_gpu::launch::kernel_grid_dim("HIP", op, blocks)
 }
 
 #[cfg(test)]

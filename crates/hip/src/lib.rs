@@ -32,10 +32,12 @@
 //!   stream-ordered copy of the ids (as the CUDA backend reports its device error word):
 //!   `DeviceError::InvalidArgument` in the CPU backend's words.
 //!
-//! Module layout mirrors the CUDA crate: `device` (the device, its construction, the shared
-//! launch helpers and `impl Device` as a dispatch table), `ops/` (one file per op family the
-//! backend has, the CPU and CUDA backends' names), `memory`, `blas`, `kernels` (modules, the
-//! launch builder and the launch-argument checks), `error`, `conv` (every dtype/enum mapping).
+//! Module layout mirrors the CUDA crate: `device` (the device, its construction and the shared
+//! launch helpers), `runtime` (`impl Runtime`: buffers, copies, casts, synchronisation, graphs,
+//! timing), `ops/` (one file per op family, the CPU and CUDA backends' names, each implementing
+//! its family trait), `graph`, `memory`, `blas`, `kernels` (modules, the launch builder and the
+//! launch-argument checks), `error`, `conv` (every dtype/enum mapping); `flash` holds the choice
+//! of flash attention's inner product.
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod blas;
@@ -44,6 +46,7 @@ mod conv;
 mod device;
 mod dynlib;
 pub mod error;
+mod flash;
 pub mod graph;
 pub mod hip;
 pub mod hipblaslt;
@@ -56,6 +59,7 @@ mod roctx;
 pub use roctx::ROCTX_LIB_ENV;
 pub mod rccl;
 pub mod rocblas;
+mod runtime;
 pub mod toolchain;
 
 pub use device::HipDevice;

@@ -159,7 +159,7 @@ fn debian_rocm5_runtime_exports_every_runtime_and_hiprtc_symbol() {
 fn opening_a_device_without_rocm6_is_unavailable() {
     match duet_hip::HipDevice::new(0) {
         Ok(dev) => {
-            use duet_device::Device;
+            use duet_device::Runtime;
             assert_eq!(dev.info().backend, "hip");
         }
         Err(DeviceError::Unavailable {

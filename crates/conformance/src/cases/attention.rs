@@ -5,9 +5,9 @@
 use super::*;
 use crate::harness::compare_values;
 use crate::reference;
-use duet_device::{DType, DeviceError, Fused, GemmDesc};
+use duet_device::{DType, Device, DeviceError, GemmDesc};
 
-fn run_perms<E: Fused>(
+fn run_perms<E: Device>(
     e: &E,
     dt: DType,
     qkv: &[f32],
@@ -46,7 +46,7 @@ fn run_perms<E: Fused>(
 }
 
 /// `split_heads`, its backward and `merge_heads` both ways move every element exactly.
-pub fn head_permutations_exact<D: Fused>(h: &Harness<D>) {
+pub fn head_permutations_exact<D: Device>(h: &Harness<D>) {
     let case = "head_permutations_exact";
     let mut r = h.rng(case);
     for dt in FLOATS {
@@ -118,7 +118,7 @@ pub fn head_permutations_exact<D: Fused>(h: &Harness<D>) {
     }
 }
 
-fn run_softmax<E: Fused>(
+fn run_softmax<E: Device>(
     e: &E,
     dt: DType,
     s: &[f32],
@@ -140,7 +140,7 @@ fn run_softmax<E: Fused>(
 
 /// The causal scaled softmax (0 above the diagonal, whatever the scores there: NaN) and its
 /// backward.
-pub fn softmax_causal_forward_backward<D: Fused>(h: &Harness<D>) {
+pub fn softmax_causal_forward_backward<D: Device>(h: &Harness<D>) {
     let case = "softmax_causal_forward_backward";
     let mut r = h.rng(case);
     let scale = 1.0 / 8.0f32;
@@ -180,7 +180,7 @@ pub fn softmax_causal_forward_backward<D: Fused>(h: &Harness<D>) {
 
 /// A batched GEMM (`trans_a`, `trans_b`, m, n, k, batch) of dense operands into a fresh
 /// NaN-filled C.
-fn batched_gemm<E: Fused>(
+fn batched_gemm<E: Device>(
     e: &E,
     dt: DType,
     (ta, tb, m, n, k, batch): (bool, bool, usize, usize, usize, usize),
@@ -196,7 +196,7 @@ fn batched_gemm<E: Fused>(
 /// Attention through the unfused ops, as the engine composes it without flash attention:
 /// returns (out, lse, dqkv).
 #[allow(clippy::too_many_arguments)]
-fn composed_attention<E: Fused>(
+fn composed_attention<E: Device>(
     e: &E,
     dt: DType,
     qkv: &E::Buffer,
@@ -252,7 +252,7 @@ fn composed_attention<E: Fused>(
 /// (split heads, batched GEMMs, causal softmax, merge heads) on the same device, for the dtypes
 /// and head sizes the backend runs it (natively, or through the trait's composed default);
 /// odd sequence lengths; deterministic backward.
-pub fn flash_attention_matches_composition<D: Fused>(h: &Harness<D>) {
+pub fn flash_attention_matches_composition<D: Device>(h: &Harness<D>) {
     let case = "flash_attention_matches_composition";
     let d = &h.dev;
     let mut r = h.rng(case);
@@ -304,7 +304,7 @@ pub fn flash_attention_matches_composition<D: Fused>(h: &Harness<D>) {
 
 /// Flash attention forward and backward on `e`: (out, lse, dqkv), or `None` where the backend
 /// refuses the (dtype, head size) as `Unsupported` (any other error fails the case).
-fn try_flash<E: Fused>(
+fn try_flash<E: Device>(
     e: &E,
     dt: DType,
     qkv: &E::Buffer,
@@ -459,7 +459,7 @@ fn flash_tols(dt: DType, native: bool) -> [f64; 3] {
 /// trait's composed default (at the tolerance of its stored intermediates), so the case runs,
 /// and can fail, on the CPU too; a (dtype, head size) the backend refuses as `Unsupported`
 /// (it must not be one it reports native) prints a SKIP line.
-pub fn flash_attention_matches_f64_reference<D: Fused>(h: &Harness<D>) {
+pub fn flash_attention_matches_f64_reference<D: Device>(h: &Harness<D>) {
     let case = "flash_attention_matches_f64_reference";
     let d = &h.dev;
     let mut r = h.rng(case);
@@ -512,7 +512,7 @@ pub fn flash_attention_matches_f64_reference<D: Fused>(h: &Harness<D>) {
 /// Flash attention gives the same bits twice (out, lse, dqkv), on shapes with many heads and
 /// query tiles (so many blocks would race if the backward accumulated with atomics), for bf16
 /// and f16 at head sizes 64 and 128 wherever the backend runs them.
-pub fn flash_attention_is_deterministic<D: Fused>(h: &Harness<D>) {
+pub fn flash_attention_is_deterministic<D: Device>(h: &Harness<D>) {
     let case = "flash_attention_is_deterministic";
     let d = &h.dev;
     let mut r = h.rng(case);
@@ -553,7 +553,7 @@ pub fn flash_attention_is_deterministic<D: Fused>(h: &Harness<D>) {
 /// or out of the wrong dtype, a short lse or dqkv are `Shape` or `DTypeMismatch` (or
 /// `Unsupported` where the backend refuses the configuration anyway), and an empty batch is a
 /// no-op where it runs. A refused forward leaves its outputs as they were.
-pub fn flash_attention_refuses_what_it_does_not_support<D: Fused>(h: &Harness<D>) {
+pub fn flash_attention_refuses_what_it_does_not_support<D: Device>(h: &Harness<D>) {
     let case = "flash_attention_refuses_what_it_does_not_support";
     let d = &h.dev;
     let (b, t, nh) = (1usize, 8usize, 2usize);

@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::reference;
-use duet_device::{Buffer, DType, DeviceError, Fp8Format, Fused};
+use duet_device::{Buffer, DType, Device, DeviceError, Fp8Format};
 
 /// Values that exercise every corner of the FP8 and 16-bit codecs: saturation, subnormals,
 /// ties, signs, infinities, the largest finite values.
@@ -53,7 +53,7 @@ pub fn codec_corners(r: &mut Rng, n: usize) -> Vec<f32> {
 /// (saturating FP8); every FP8 code decodes to its value (NaN codes to NaN) and survives a
 /// round trip through bf16 (the finite ones); values past an FP8 maximum and ±∞ saturate to
 /// ±max; NaN stays NaN in every dtype.
-pub fn cast_every_pair_bit_exact<D: Fused>(h: &Harness<D>) {
+pub fn cast_every_pair_bit_exact<D: Device>(h: &Harness<D>) {
     let case = "cast_every_pair_bit_exact";
     let d = &h.dev;
     let mut r = h.rng(case);
@@ -89,7 +89,7 @@ pub fn cast_every_pair_bit_exact<D: Fused>(h: &Harness<D>) {
 }
 
 /// The FP8 and NaN parts of [`cast_every_pair_bit_exact`].
-fn fp8_codes_saturation_nan<D: Fused>(h: &Harness<D>) {
+fn fp8_codes_saturation_nan<D: Device>(h: &Harness<D>) {
     let case = "cast_every_pair_bit_exact";
     let d = &h.dev;
     let cast = |src: &D::Buffer, dst: DType| {
@@ -145,7 +145,13 @@ fn fp8_codes_saturation_nan<D: Fused>(h: &Harness<D>) {
     }
 }
 
-fn run_elementwise<E: Fused>(e: &E, dt: DType, src_dt: DType, a: &[f32], b: &[f32]) -> Vec<Tensor> {
+fn run_elementwise<E: Device>(
+    e: &E,
+    dt: DType,
+    src_dt: DType,
+    a: &[f32],
+    b: &[f32],
+) -> Vec<Tensor> {
     let n = a.len();
     let mut ba = put(e, dt, a);
     let bb = put(e, dt, b);
@@ -164,7 +170,7 @@ fn run_elementwise<E: Fused>(e: &E, dt: DType, src_dt: DType, a: &[f32], b: &[f3
 
 /// `scale`, `add` and `add_assign` (every source dtype into every destination dtype) on odd
 /// and aligned lengths.
-pub fn scale_add_add_assign<D: Fused>(h: &Harness<D>) {
+pub fn scale_add_add_assign<D: Device>(h: &Harness<D>) {
     let case = "scale_add_add_assign";
     let mut r = h.rng(case);
     for dt in FLOATS {
@@ -221,7 +227,7 @@ pub fn scale_add_add_assign<D: Fused>(h: &Harness<D>) {
     );
 }
 
-fn run_gelu<E: Fused>(e: &E, dt: DType, x: &[f32], dy: &[f32]) -> Vec<Tensor> {
+fn run_gelu<E: Device>(e: &E, dt: DType, x: &[f32], dy: &[f32]) -> Vec<Tensor> {
     let bx = put(e, dt, x);
     let bdy = put(e, dt, dy);
     let mut y = nan(e, dt, x.len());
@@ -232,7 +238,7 @@ fn run_gelu<E: Fused>(e: &E, dt: DType, x: &[f32], dy: &[f32]) -> Vec<Tensor> {
 }
 
 /// GELU (tanh approximation) and its gradient against the analytic f64 forms.
-pub fn gelu_forward_backward<D: Fused>(h: &Harness<D>) {
+pub fn gelu_forward_backward<D: Device>(h: &Harness<D>) {
     let case = "gelu_forward_backward";
     let mut r = h.rng(case);
     for dt in FLOATS {
@@ -276,7 +282,7 @@ pub fn gelu_forward_backward<D: Fused>(h: &Harness<D>) {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn run_bias<E: Fused>(
+fn run_bias<E: Device>(
     e: &E,
     act: DType,
     pdt: DType,
@@ -297,7 +303,7 @@ fn run_bias<E: Fused>(
 
 /// `bias_add` and `bias_backward` (accumulating) for every activation dtype with a bias of
 /// that dtype or f32, on odd and large shapes; `bias_backward` is deterministic.
-pub fn bias_add_and_backward<D: Fused>(h: &Harness<D>) {
+pub fn bias_add_and_backward<D: Device>(h: &Harness<D>) {
     let case = "bias_add_and_backward";
     let mut r = h.rng(case);
     for act in FLOATS {

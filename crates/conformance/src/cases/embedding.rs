@@ -4,7 +4,7 @@
 
 use super::*;
 use crate::reference;
-use duet_device::{DType, DeviceError, Fused};
+use duet_device::{DType, Device, DeviceError};
 
 /// The inputs of one forward + backward run: tokens, tables, output gradient and the gradients'
 /// starts, for activations of `act` and parameters of `pdt`.
@@ -23,7 +23,7 @@ struct EmbInputs {
 impl EmbInputs {
     /// `embedding_forward`, then `embedding_backward` accumulating into the starts: (out, dwte,
     /// dwpe).
-    fn run<E: Fused>(&self, e: &E) -> Vec<Tensor> {
+    fn run<E: Device>(&self, e: &E) -> Vec<Tensor> {
         let (b, t, c) = self.shape;
         let bt = put_i32(e, &self.toks);
         let bwte = put(e, self.pdt, &self.wte);
@@ -48,7 +48,7 @@ impl EmbInputs {
 /// Forward (gather + add) and backward (scatter-add into dwte by token, sum over the batch into
 /// dwpe, both accumulating) for every activation dtype with parameters of that dtype or f32;
 /// few distinct tokens so many positions share a row; the backward is deterministic.
-pub fn embedding_forward_backward<D: Fused>(h: &Harness<D>) {
+pub fn embedding_forward_backward<D: Device>(h: &Harness<D>) {
     let case = "embedding_forward_backward";
     let mut r = h.rng(case);
     for act in FLOATS {
@@ -123,7 +123,7 @@ pub fn embedding_forward_backward<D: Fused>(h: &Harness<D>) {
 /// `InvalidArgument` naming it — from the call itself (the CPU checks before it runs) or from
 /// the next `synchronize` (a GPU checks in the kernel and reports it deferred) — reported
 /// once; nothing is silently read out of bounds.
-pub fn embedding_bad_token_is_an_error<D: Fused>(h: &Harness<D>) {
+pub fn embedding_bad_token_is_an_error<D: Device>(h: &Harness<D>) {
     let case = "embedding_bad_token_is_an_error";
     let d = h.fresh();
     let expect_error = |call: duet_device::Result<()>, d: &D, what: &str| {
@@ -229,7 +229,7 @@ fn model_dwte(pdt: DType, toks: &[i32], dout: &[f32], w0: &[f32], c: usize) -> V
 
 /// `embedding_backward` alone: (dwte, dwpe).
 #[allow(clippy::too_many_arguments)]
-fn run_backward<E: Fused>(
+fn run_backward<E: Device>(
     e: &E,
     act: DType,
     pdt: DType,
@@ -296,7 +296,7 @@ const EMB_SHAPES: [(usize, usize, usize, usize, bool); 16] = [
 /// bf16 tables), vocabularies of 3 to 50257, n = 14 to 20000 with hot tokens, even and odd c,
 /// and one token at every position (n = 8192 and 20000). dwpe (a nonzero start) within the
 /// reduction tolerance; a nonzero start everywhere within it too, and deterministic.
-pub fn embedding_backward_bits_follow_position_order<D: Fused>(h: &Harness<D>) {
+pub fn embedding_backward_bits_follow_position_order<D: Device>(h: &Harness<D>) {
     let case = "embedding_backward_bits_follow_position_order";
     let mut r = h.rng(case);
     let mut runs: Vec<(usize, usize, usize, usize, DType, DType, bool)> = Vec::new();
@@ -383,7 +383,7 @@ pub fn embedding_backward_bits_follow_position_order<D: Fused>(h: &Harness<D>) {
 /// writes, so a refused call leaves dwte and dwpe as they were; a GPU checks in the kernel,
 /// adds the valid ids' rows (dwte then equals the host model of the position order with the bad
 /// ids left out, bit for bit, from a zero start on the rows hit) and reports the error deferred.
-pub fn embedding_backward_bad_tokens_contribute_nothing<D: Fused>(h: &Harness<D>) {
+pub fn embedding_backward_bad_tokens_contribute_nothing<D: Device>(h: &Harness<D>) {
     let case = "embedding_backward_bad_tokens_contribute_nothing";
     let d = h.fresh();
     let mut r = h.rng(case);

@@ -1,12 +1,12 @@
 //! Misuse is a typed error, never a wrong answer or a panic.
 
-use duet_device::{DType, DeviceError, Fused};
+use duet_device::{DType, Device, DeviceError};
 
 use super::*;
 
 /// Integer and FP8 buffers where an op needs float activations are `Unsupported` or
 /// `DTypeMismatch`; lengths that do not match the shape are `Shape`; nothing is written.
-pub fn unsupported_dtypes_are_typed_errors<D: Fused>(h: &Harness<D>) {
+pub fn unsupported_dtypes_are_typed_errors<D: Device>(h: &Harness<D>) {
     let case = "unsupported_dtypes_are_typed_errors";
     let d = &h.dev;
     let typed = |r: duet_device::Result<()>, what: &str| match r {

@@ -4,7 +4,7 @@
 use super::*;
 use crate::reference;
 use duet_device::{
-    DType, DeviceError, Epilogue, Fp8Format, Fp8QuantJob, Fused, GemmDesc, fp8_history_step,
+    DType, Device, DeviceError, Epilogue, Fp8Format, Fp8QuantJob, GemmDesc, fp8_history_step,
     fp8_scale_inv,
 };
 
@@ -25,7 +25,7 @@ pub(crate) fn step_tol(dt: DType) -> Tol {
 }
 
 /// Whether the backend quantises to FP8 at all; prints the skip when not.
-fn fp8_or_skip<D: Fused>(h: &Harness<D>, case: &str) -> bool {
+fn fp8_or_skip<D: Device>(h: &Harness<D>, case: &str) -> bool {
     let info = h.dev.info();
     if !info.supports_fp8 {
         skip(
@@ -38,7 +38,7 @@ fn fp8_or_skip<D: Fused>(h: &Harness<D>, case: &str) -> bool {
 
 /// Whether `gemm_fp8_epilogue` runs natively for C of `dt` (the one place to change when the
 /// capability moves).
-fn fp8_epilogue_native<D: Fused>(d: &D, dt: DType) -> bool {
+fn fp8_epilogue_native<D: Device>(d: &D, dt: DType) -> bool {
     d.capabilities().fp8_gemm_epilogue(dt)
 }
 
@@ -52,7 +52,7 @@ fn codes_want(name: &str, dt: DType, codes: &[u8]) -> Want {
 /// step away: at most 2% of them (5% on a GPU, whose GELU or LayerNorm rounds differently from
 /// the f64 oracle more often), and at least one, may differ at all.
 #[track_caller]
-fn codes_mostly_exact<D: Fused>(h: &Harness<D>, what: &str, got: &[Tensor], wants: &[Want]) {
+fn codes_mostly_exact<D: Device>(h: &Harness<D>, what: &str, got: &[Tensor], wants: &[Want]) {
     let pct = if h.is_reference() { 2 } else { 5 };
     for g in got.iter().filter(|g| g.name.starts_with("codes")) {
         let w = wants
@@ -267,7 +267,7 @@ struct QuantBufs<B> {
 
 impl<B> QuantBufs<B> {
     /// NaN-filled codes of `fmt` for `n` elements, the scale `scale` in slot 1, amax `amax0`.
-    fn new<E: Fused<Buffer = B>>(
+    fn new<E: Device<Buffer = B>>(
         e: &E,
         fmt: DType,
         n: usize,
@@ -284,7 +284,7 @@ impl<B> QuantBufs<B> {
     }
 
     /// `quantize_fp8` of the `rows × cols` `src` into these outputs.
-    fn quantize<E: Fused<Buffer = B>>(&mut self, e: &E, src: &B, rows: usize, cols: usize) {
+    fn quantize<E: Device<Buffer = B>>(&mut self, e: &E, src: &B, rows: usize, cols: usize) {
         e.quantize_fp8(
             src,
             &mut self.dst,
@@ -299,7 +299,7 @@ impl<B> QuantBufs<B> {
     }
 
     /// Downloads the codes (and transposed codes) and the amax.
-    fn outs<E: Fused<Buffer = B>>(&self, e: &E) -> Vec<Tensor> {
+    fn outs<E: Device<Buffer = B>>(&self, e: &E) -> Vec<Tensor> {
         let mut out = vec![get(e, "codes", &self.dst)];
         if let Some(t) = &self.dt {
             out.push(get(e, "codes_t", t));
@@ -311,7 +311,7 @@ impl<B> QuantBufs<B> {
 
 /// One `quantize_fp8` of `x` (stored as `src`) into slot 1.
 #[allow(clippy::too_many_arguments)]
-fn quantize_on<E: Fused>(
+fn quantize_on<E: Device>(
     e: &E,
     x: &[f32],
     src: DType,
@@ -331,7 +331,7 @@ fn quantize_on<E: Fused>(
 /// bit for bit the host codec's of `x · scale`, the amax bit for bit `max(prior, max |x|)`
 /// ignoring NaN (other slots untouched), the transposed codes the transpose; and a hand-checked
 /// table of codes (which guards the host codec too).
-pub fn quantize_fp8_codes_amax_transpose<D: Fused>(h: &Harness<D>) {
+pub fn quantize_fp8_codes_amax_transpose<D: Device>(h: &Harness<D>) {
     const CASE: &str = "quantize_fp8_codes_amax_transpose";
     if !fp8_or_skip(h, CASE) {
         return;
@@ -373,7 +373,7 @@ pub fn quantize_fp8_codes_amax_transpose<D: Fused>(h: &Harness<D>) {
 }
 
 /// A hand-checked table of codes: the host codec must give these, and so must the device.
-fn known_codes<D: Fused>(h: &Harness<D>) {
+fn known_codes<D: Device>(h: &Harness<D>) {
     const CASE: &str = "quantize_fp8_codes_amax_transpose";
     let nan_neg = f32::from_bits(0xffc0_0000);
     // (input, e4m3, e5m2)
@@ -437,7 +437,7 @@ type Spec = (usize, usize, DType, DType, bool, usize);
 
 /// `quantize_fp8_many` of the jobs (`many`) or one `quantize_fp8` per job in order, into fresh
 /// NaN-filled outputs; the amax starts at `amax0`.
-fn many_on<E: Fused>(
+fn many_on<E: Device>(
     e: &E,
     specs: &[Spec],
     xs: &[Vec<f32>],
@@ -492,7 +492,7 @@ fn many_on<E: Fused>(
 /// by several jobs, an unnamed slot, an empty job), two scale sets: bit for bit one
 /// `quantize_fp8` per job in order on the same device, and the host codec's codes and amax; a
 /// bad job anywhere refuses the call before any job runs.
-pub fn quantize_fp8_many_matches_composition<D: Fused>(h: &Harness<D>) {
+pub fn quantize_fp8_many_matches_composition<D: Device>(h: &Harness<D>) {
     const CASE: &str = "quantize_fp8_many_matches_composition";
     if !fp8_or_skip(h, CASE) {
         return;
@@ -586,7 +586,7 @@ fn find_amax(ts: &[Tensor]) -> Vec<f32> {
 /// transposed codes of the wrong length (`Shape`) or of another FP8 dtype (`DTypeMismatch`), a
 /// slot past the end (`Shape`); so do a short scale (`Shape`) and a bf16 one (`DTypeMismatch`).
 /// No jobs at all is a no-op.
-fn many_checks_every_job_first<D: Fused>(h: &Harness<D>) {
+fn many_checks_every_job_first<D: Device>(h: &Harness<D>) {
     const CASE: &str = "quantize_fp8_many_matches_composition";
     let e = &h.dev;
     let (rows, cols) = (64usize, 64usize);
@@ -704,7 +704,7 @@ fn many_checks_every_job_first<D: Fused>(h: &Harness<D>) {
 /// `dout` (and `pre`) stored as `act`, into slot 1; `dbias` (f32) starts at `dbias0`. Outputs
 /// codes, [codes_t], amax, dbias.
 #[allow(clippy::too_many_arguments)]
-fn grad_on<E: Fused>(
+fn grad_on<E: Device>(
     e: &E,
     dout: &[f32],
     pre: Option<&[f32]>,
@@ -762,7 +762,7 @@ fn grad_on<E: Fused>(
 /// the same bits on a second call); against the oracle (without the GELU codes and amax bit for
 /// bit the host codec's of the stored dout, with it within a code step; dbias accumulated onto
 /// its start).
-pub fn quantize_fp8_grad_matches_composition<D: Fused>(h: &Harness<D>) {
+pub fn quantize_fp8_grad_matches_composition<D: Device>(h: &Harness<D>) {
     const CASE: &str = "quantize_fp8_grad_matches_composition";
     if !fp8_or_skip(h, CASE) {
         return;
@@ -864,7 +864,7 @@ pub fn quantize_fp8_grad_matches_composition<D: Fused>(h: &Harness<D>) {
 /// `quantize_fp8_gelu` (or, with `composed`, gelu_forward + quantize_fp8) of `pre` stored as
 /// `act`, into slot 1 with scale `scale`.
 #[allow(clippy::too_many_arguments)]
-fn gelu_on<E: Fused>(
+fn gelu_on<E: Device>(
     e: &E,
     pre: &[f32],
     act: DType,
@@ -900,7 +900,7 @@ fn gelu_on<E: Fused>(
 /// (every encoder branch, ±∞, NaN): codes, transposed codes and amax bit for bit
 /// gelu_forward + quantize_fp8 on the same device; against the oracle (the f64 GELU rounded to
 /// the activation dtype) within a code step.
-pub fn quantize_fp8_gelu_matches_composition<D: Fused>(h: &Harness<D>) {
+pub fn quantize_fp8_gelu_matches_composition<D: Device>(h: &Harness<D>) {
     const CASE: &str = "quantize_fp8_gelu_matches_composition";
     if !fp8_or_skip(h, CASE) {
         return;
@@ -1020,7 +1020,7 @@ const LN_EPS: f32 = 1e-5;
 /// quantize_fp8 of it) into slot 1, whose amax starts at 0.5. Outputs mean, rstd, codes,
 /// [codes_t], amax.
 #[allow(clippy::too_many_arguments)]
-fn ln_fp8_on<E: Fused>(
+fn ln_fp8_on<E: Device>(
     e: &E,
     (x, gamma, beta): (&[f32], &[f32], &[f32]),
     (act, param, fmt): (DType, DType, DType),
@@ -1072,7 +1072,7 @@ const LN_AMAX0: [f32; 3] = [0.0, 0.5, 0.0];
 /// codes, transposed codes and amax bit for bit layernorm_forward + quantize_fp8 on the same
 /// device; against the oracle (statistics within a reduction's rounding, codes within a code
 /// step); the separate ops' argument errors.
-pub fn layernorm_forward_fp8_matches_composition<D: Fused>(h: &Harness<D>) {
+pub fn layernorm_forward_fp8_matches_composition<D: Device>(h: &Harness<D>) {
     const CASE: &str = "layernorm_forward_fp8_matches_composition";
     if !fp8_or_skip(h, CASE) {
         return;
@@ -1174,7 +1174,7 @@ pub fn layernorm_forward_fp8_matches_composition<D: Fused>(h: &Harness<D>) {
 
 /// `layernorm_forward_fp8` gives the separate ops' errors: a short β (`Shape`), a float
 /// destination (`Unsupported`), a slot past the scale and amax (`Shape`); a valid call runs.
-fn ln_fp8_refuses<D: Fused>(h: &Harness<D>) {
+fn ln_fp8_refuses<D: Device>(h: &Harness<D>) {
     const CASE: &str = "layernorm_forward_fp8_matches_composition";
     let d = &h.dev;
     let (n, c) = (4usize, 16usize);
@@ -1220,7 +1220,7 @@ fn gemm_operand(r: &mut Rng, n: usize, mag: f32) -> Vec<f32> {
 /// The FP8 GEMMs' tolerance: against the f64 oracle (the CPU) a reduction's; against the CPU
 /// (a GPU) what FP8 tensor cores give, which do not accumulate in full f32 on Hopper (the CUDA
 /// tests' 2e-3 for an f32 C, 1e-2 for 16-bit ones; twice that with fast accumulation).
-fn gemm_fp8_tol<D: Fused>(h: &Harness<D>, cd: DType, fast: bool) -> Tol {
+fn gemm_fp8_tol<D: Device>(h: &Harness<D>, cd: DType, fast: bool) -> Tol {
     let k = if fast { 2.0 } else { 1.0 };
     match (h.is_reference(), cd) {
         (true, DType::F32) => Tol::REDUCTION,
@@ -1238,7 +1238,7 @@ fn gemm_fp8_tol<D: Fused>(h: &Harness<D>, cd: DType, fast: bool) -> Tol {
 /// One `gemm_fp8` with A and B the host codes of `a` and `b`, C of `cd` (NaN-filled when beta is
 /// 0, else `c0`), the inverse scales `inv[0]` and `inv[stride]` (the elements between NaN).
 #[allow(clippy::too_many_arguments)]
-fn gemm_fp8_on<E: Fused>(
+fn gemm_fp8_on<E: Device>(
     e: &E,
     desc: &GemmDesc,
     (ad, bd, cd): (DType, DType, DType),
@@ -1290,7 +1290,7 @@ fn gemm_fp8_want(
 /// refuse a format with `Unsupported` (not the CPU); other layouts (A transposed, B not, k not
 /// a multiple of 16) give the right answer or `Unsupported`/`InvalidArgument`; OCP and FNUZ
 /// operands mixed are refused.
-pub fn gemm_fp8_matches_reference<D: Fused>(h: &Harness<D>) {
+pub fn gemm_fp8_matches_reference<D: Device>(h: &Harness<D>) {
     const CASE: &str = "gemm_fp8_matches_reference";
     if !fp8_or_skip(h, CASE) {
         return;
@@ -1414,7 +1414,7 @@ pub fn gemm_fp8_matches_reference<D: Fused>(h: &Harness<D>) {
 /// bias_add, add and gelu_forward on the same device (same codes and scales), C bf16 and f16 —
 /// natively fused where the backend's capabilities say so, else through the trait's composed
 /// default; an epilogue FP8 GEMMs do not take (DGelu) and a bias of another dtype are refused.
-pub fn gemm_fp8_epilogue_matches_composition<D: Fused>(h: &Harness<D>) {
+pub fn gemm_fp8_epilogue_matches_composition<D: Device>(h: &Harness<D>) {
     const CASE: &str = "gemm_fp8_epilogue_matches_composition";
     if !fp8_or_skip(h, CASE) {
         return;
@@ -1543,7 +1543,7 @@ struct ScalingInit {
 }
 
 /// Steps of `fp8_scaling_update`; after each, history, scale, scale_inv and amax.
-fn scaling_on<E: Fused>(
+fn scaling_on<E: Device>(
     e: &E,
     s: &ScalingInit,
     amaxes: &[Vec<f32>],
@@ -1582,7 +1582,7 @@ fn scaling_on<E: Fused>(
 /// most-recent mode, four steps; inverse scales packed, 3 apart and at the backend's stride (the
 /// elements in between untouched); the amaxes cleared; a zero stride or a short `scale_inv`
 /// refused before anything is written.
-pub fn fp8_scaling_update_matches_host<D: Fused>(h: &Harness<D>) {
+pub fn fp8_scaling_update_matches_host<D: Device>(h: &Harness<D>) {
     const CASE: &str = "fp8_scaling_update_matches_host";
     let mut r = h.rng(CASE);
     if h.backend() == "cuda" {
@@ -1666,7 +1666,7 @@ pub fn fp8_scaling_update_matches_host<D: Fused>(h: &Harness<D>) {
 
 /// `fp8_scaling_update` with an inverse-scale stride of 0 (`InvalidArgument`) or a `scale_inv`
 /// shorter than `ops · inv_stride` (`Shape`) is refused before anything is written.
-fn scaling_refuses<D: Fused>(h: &Harness<D>) {
+fn scaling_refuses<D: Device>(h: &Harness<D>) {
     const CASE: &str = "fp8_scaling_update_matches_host";
     let d = &h.dev;
     let (ops, len) = (5usize, 3usize);

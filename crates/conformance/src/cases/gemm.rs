@@ -2,9 +2,9 @@
 
 use super::*;
 use crate::reference;
-use duet_device::{DType, DeviceError, Epilogue, Fused, GemmDesc};
+use duet_device::{DType, Device, DeviceError, Epilogue, GemmDesc};
 
-fn run_gemm<E: Fused>(
+fn run_gemm<E: Device>(
     e: &E,
     desc: &GemmDesc,
     ab: DType,
@@ -24,7 +24,7 @@ fn run_gemm<E: Fused>(
 /// and aligned shapes × batched GEMMs with padded leading dimensions, strides and offsets
 /// (what lies between the matrices must stay as it was) × alpha and beta (negative, alpha 0,
 /// beta above 1 among them). beta = 0 ignores C (NaN-prefilled there).
-pub fn gemm_transposes_dtypes_strides<D: Fused>(h: &Harness<D>) {
+pub fn gemm_transposes_dtypes_strides<D: Device>(h: &Harness<D>) {
     let case = "gemm_transposes_dtypes_strides";
     let mut r = h.rng(case);
     let combos = [
@@ -93,7 +93,7 @@ pub fn gemm_transposes_dtypes_strides<D: Fused>(h: &Harness<D>) {
 }
 
 /// Mismatched operand dtypes, short buffers and bad descriptors are typed errors.
-pub fn gemm_errors<D: Fused>(h: &Harness<D>) {
+pub fn gemm_errors<D: Device>(h: &Harness<D>) {
     let d = &h.dev;
     let desc = GemmDesc::new(false, false, 4, 4, 4);
     let a = d.alloc(DType::F32, 16).unwrap();
@@ -131,7 +131,7 @@ pub fn gemm_errors<D: Fused>(h: &Harness<D>) {
 /// activation-dtype biases, overwrite and accumulate), bias + residual (the residual
 /// untouched), bias + GELU keeping the pre-activation, GELU backward, and the weight gradient
 /// with its bias gradient; misuse is an error.
-pub fn gemm_epilogue_matches_composition<D: Fused>(h: &Harness<D>) {
+pub fn gemm_epilogue_matches_composition<D: Device>(h: &Harness<D>) {
     let case = "gemm_epilogue_matches_composition";
     let d = &h.dev;
     let mut r = h.rng(case);

@@ -2,10 +2,10 @@
 
 use super::*;
 use crate::reference;
-use duet_device::{DType, Fused};
+use duet_device::{DType, Device};
 
 #[allow(clippy::too_many_arguments)]
-fn run_ce<E: Fused>(
+fn run_ce<E: Device>(
     e: &E,
     dt: DType,
     logits: &[f32],
@@ -34,7 +34,7 @@ fn run_ce<E: Fused>(
 /// (negative: −1, −100) targets give loss 0 and a zero gradient row; GPT-2's vocabulary among the
 /// shapes, and a 150,000-token one whose rows (600 KB in f32, 300 KB in 16 bits) are too long for
 /// a GPU's shared memory (CUDA then reads the row once per pass instead of caching it).
-pub fn cross_entropy_losses_and_gradients<D: Fused>(h: &Harness<D>) {
+pub fn cross_entropy_losses_and_gradients<D: Device>(h: &Harness<D>) {
     let case = "cross_entropy_losses_and_gradients";
     let mut r = h.rng(case);
     for dt in FLOATS {
@@ -94,7 +94,7 @@ pub fn cross_entropy_losses_and_gradients<D: Fused>(h: &Harness<D>) {
 /// bit for bit, whatever the padding holds (huge values here, which would dominate a softmax
 /// that read them) — and the padded columns' gradient is exactly 0 (prefilled NaN). A `v`
 /// above `ld` is refused.
-pub fn cross_entropy_padded_rows_ignore_the_padding<D: Fused>(h: &Harness<D>) {
+pub fn cross_entropy_padded_rows_ignore_the_padding<D: Device>(h: &Harness<D>) {
     let case = "cross_entropy_padded_rows_ignore_the_padding";
     let mut r = h.rng(case);
     let e = &h.dev;
@@ -156,11 +156,11 @@ pub fn cross_entropy_padded_rows_ignore_the_padding<D: Fused>(h: &Harness<D>) {
     }
 }
 
-/// [`Fused::cross_entropy_in_place`] (the gradient written over the logits, llm.c's fused
+/// [`LossOps::cross_entropy_in_place`] (the gradient written over the logits, llm.c's fused
 /// classifier) gives exactly the losses and the gradient of
-/// [`duet_device::Device::cross_entropy_padded`] — bit for bit, every float dtype, padded and
+/// [`duet_device::LossOps::cross_entropy_padded`] — bit for bit, every float dtype, padded and
 /// unpadded rows, ignored targets.
-pub fn cross_entropy_in_place_matches_padded<D: Fused>(h: &Harness<D>) {
+pub fn cross_entropy_in_place_matches_padded<D: Device>(h: &Harness<D>) {
     let case = "cross_entropy_in_place_matches_padded";
     let mut r = h.rng(case);
     let e = &h.dev;

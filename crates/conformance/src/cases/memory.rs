@@ -1,7 +1,7 @@
 //! Memory: uploads, downloads, copies, fills, zeroing.
 
 use super::*;
-use duet_device::{AdamWClipStep, AdamWTensor, DType, DeviceExt, Fused};
+use duet_device::{AdamWClipStep, AdamWTensor, DType, Device, DeviceExt};
 
 /// Every dtype a buffer holds data in: the floats, FP8 included, and i32.
 fn all_dtypes() -> impl Iterator<Item = DType> {
@@ -11,7 +11,7 @@ fn all_dtypes() -> impl Iterator<Item = DType> {
 /// Every dtype goes up and comes back bit for bit; `copy` moves exactly the range asked for
 /// (offsets on both sides) and nothing else; `fill` writes every element as the host encodes
 /// the value. The expectations are host models, the same for every backend.
-pub fn upload_download_copy_fill<D: Fused>(h: &Harness<D>) {
+pub fn upload_download_copy_fill<D: Device>(h: &Harness<D>) {
     let case = "upload_download_copy_fill";
     let d = &h.dev;
     let mut r = h.rng(case);
@@ -96,7 +96,7 @@ pub fn upload_download_copy_fill<D: Fused>(h: &Harness<D>) {
 /// The typed helpers of `DeviceExt` over the byte copies: an f32 upload at an offset and a
 /// ranged download, raw FP8 codes up and down as u8 (decoding to the format's values), i32
 /// round trips, and a host type that does not match the buffer refused.
-fn typed_host_copies<D: Fused>(h: &Harness<D>) {
+fn typed_host_copies<D: Device>(h: &Harness<D>) {
     let case = "upload_download_copy_fill";
     let d = &h.dev;
     let mut dst = d.upload_new(&[0.0f32; 6]).unwrap();
@@ -128,7 +128,7 @@ fn typed_host_copies<D: Fused>(h: &Harness<D>) {
 }
 
 /// `zero_many` clears buffers of every size and dtype completely, as `fill(0)` per buffer does.
-pub fn zero_many_matches_composition<D: Fused>(h: &Harness<D>) {
+pub fn zero_many_matches_composition<D: Device>(h: &Harness<D>) {
     let case = "zero_many_matches_composition";
     let d = &h.dev;
     let mut r = h.rng(case);
@@ -187,7 +187,7 @@ struct GraphState<B> {
 }
 
 impl<B> GraphState<B> {
-    fn new<E: Fused<Buffer = B>>(e: &E, seed: &mut Rng, sizes: &[usize], copy: DType) -> Self {
+    fn new<E: Device<Buffer = B>>(e: &E, seed: &mut Rng, sizes: &[usize], copy: DType) -> Self {
         // Two states from the same draws: the caller resets `seed` between them.
         let f32s = |r: &mut Rng, n: usize, lo: f32, hi: f32| put(e, DType::F32, &r.vec(n, lo, hi));
         let params = sizes.iter().map(|&n| f32s(seed, n, -1.0, 1.0)).collect();
@@ -216,7 +216,7 @@ impl<B> GraphState<B> {
 
     /// One step as the trainer queues it: zero the norm, the global sum of squares, the clipped
     /// AdamW reading it from the device, the in-place classifier. Nothing through the host.
-    fn queue<E: Fused<Buffer = B>>(&mut self, e: &E) -> duet_device::Result<()> {
+    fn queue<E: Device<Buffer = B>>(&mut self, e: &E) -> duet_device::Result<()> {
         e.zero_many(&mut [&mut self.norm])?;
         let grads: Vec<&B> = self.grads.iter().collect();
         e.sum_squares_many(&grads, &mut self.norm, 0)?;
@@ -255,7 +255,7 @@ impl<B> GraphState<B> {
         )
     }
 
-    fn tensors<E: Fused<Buffer = B>>(&self, e: &E) -> Vec<Tensor> {
+    fn tensors<E: Device<Buffer = B>>(&self, e: &E) -> Vec<Tensor> {
         let mut out = Vec::new();
         for (i, b) in self.params.iter().enumerate() {
             out.push(get(e, &format!("param {i}"), b));
@@ -276,7 +276,7 @@ impl<B> GraphState<B> {
 /// and recorded steps), bit for bit; recording runs nothing; allocating, uploading, downloading
 /// and synchronising while recording are refused with an error and leave the recording usable.
 /// A backend without graphs must refuse `capture_begin` with an error instead.
-pub fn graph_replay_matches_unrecorded<D: Fused>(h: &Harness<D>) {
+pub fn graph_replay_matches_unrecorded<D: Device>(h: &Harness<D>) {
     let case = "graph_replay_matches_unrecorded";
     // A device (and stream) of the case's own: a recording takes in whatever is queued on its
     // stream, so the cases running in parallel on the shared device would land in it.

@@ -1,6 +1,6 @@
 //! The suite's cases, one module per op family (the backends' `ops/` module names).
 //!
-//! Every case is `pub fn <case><D: Fused>(h: &Harness<D>)`. A case runs the op on `h.dev`
+//! Every case is `pub fn <case><D: Device>(h: &Harness<D>)`. A case runs the op on `h.dev`
 //! through a generic helper and hands the same helper the CPU backend as the oracle
 //! ([`Harness::verify`]); fused paths are compared with their composition ([`Harness::same`]).
 
@@ -10,9 +10,9 @@ pub mod embedding;
 pub mod errors;
 pub mod fp8;
 pub mod gemm;
-pub mod layernorm;
 pub mod loss;
 pub mod memory;
+pub mod norm;
 pub mod optim;
 
 pub use attention::*;
@@ -21,9 +21,9 @@ pub use embedding::*;
 pub use errors::*;
 pub use fp8::*;
 pub use gemm::*;
-pub use layernorm::*;
 pub use loss::*;
 pub use memory::*;
+pub use norm::*;
 pub use optim::*;
 
 #[allow(unused_imports)]

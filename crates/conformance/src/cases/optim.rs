@@ -4,8 +4,8 @@
 use super::*;
 use crate::reference;
 use duet_device::{
-    ADAMW_SCALARS, AdamWClipStep, AdamWFp8Out, AdamWStep, AdamWTensor, Buffer, DType, DeviceError,
-    Fp8QuantJob, Fused, clip_grad_scale,
+    ADAMW_SCALARS, AdamWClipStep, AdamWFp8Out, AdamWStep, AdamWTensor, Buffer, DType, Device,
+    DeviceError, Fp8QuantJob, clip_grad_scale,
 };
 
 /// The copy kinds of a working copy: none, every float and every FP8 dtype.
@@ -94,7 +94,7 @@ struct Bufs<B> {
     c: Option<B>,
 }
 
-fn bufs<E: Fused>(e: &E, init: &Init, gdt: DType, copy: Option<DType>) -> Bufs<E::Buffer> {
+fn bufs<E: Device>(e: &E, init: &Init, gdt: DType, copy: Option<DType>) -> Bufs<E::Buffer> {
     Bufs {
         p: put(e, DType::F32, &init.p),
         g: put(e, gdt, &init.g),
@@ -120,7 +120,7 @@ fn adamw_tensors<'a, B>(bs: &'a mut [Bufs<B>], wds: &[f32]) -> Vec<AdamWTensor<'
 
 /// Downloads param, m, v (and the copy) of tensor `i` after step `t` under names
 /// `t{i} param step {t}` etc.
-fn push_state<E: Fused>(e: &E, out: &mut Vec<Tensor>, b: &Bufs<E::Buffer>, i: usize, t: usize) {
+fn push_state<E: Device>(e: &E, out: &mut Vec<Tensor>, b: &Bufs<E::Buffer>, i: usize, t: usize) {
     out.push(get(e, &format!("t{i} param step {t}"), &b.p));
     out.push(get(e, &format!("t{i} m step {t}"), &b.m));
     out.push(get(e, &format!("t{i} v step {t}"), &b.v));
@@ -193,7 +193,7 @@ fn state_tols(tols: &mut Vec<Tol>, copy: Option<DType>) {
 }
 
 /// One tensor updated by `adamw` over `steps`.
-fn adamw_on<E: Fused>(
+fn adamw_on<E: Device>(
     e: &E,
     init: &Init,
     gdt: DType,
@@ -215,7 +215,7 @@ fn adamw_on<E: Fused>(
 /// [`AdamWStep::bias_corrections`]: param, m, v against the oracle (f32 element-wise), the copy
 /// bit for bit the device's own parameter rounded on the host, and a wrong parameter dtype
 /// refused.
-pub fn adamw_all_grad_and_copy_dtypes<D: Fused>(h: &Harness<D>) {
+pub fn adamw_all_grad_and_copy_dtypes<D: Device>(h: &Harness<D>) {
     const CASE: &str = "adamw_all_grad_and_copy_dtypes";
     let mut r = h.rng(CASE);
     let fp8 = h.dev.info().supports_fp8;
@@ -288,7 +288,7 @@ pub fn adamw_all_grad_and_copy_dtypes<D: Fused>(h: &Harness<D>) {
 }
 
 /// `sum_squares` of `x` (dtype `dt`) into slots 0 and 2 of `[0.5, -1, 2]`.
-fn sum_squares_on<E: Fused>(e: &E, dt: DType, x: &[f32]) -> Vec<Tensor> {
+fn sum_squares_on<E: Device>(e: &E, dt: DType, x: &[f32]) -> Vec<Tensor> {
     let xb = put(e, dt, x);
     let mut o = put(e, DType::F32, &[0.5, -1.0, 2.0]);
     for slot in [0usize, 2] {
@@ -300,7 +300,7 @@ fn sum_squares_on<E: Fused>(e: &E, dt: DType, x: &[f32]) -> Vec<Tensor> {
 /// `sum_squares` of every float dtype and odd lengths accumulating into two slots of a buffer
 /// with values (the slot between untouched) against the f64 sum, the same bits on a second run,
 /// and a slot past the end refused.
-pub fn sum_squares_matches_and_is_deterministic<D: Fused>(h: &Harness<D>) {
+pub fn sum_squares_matches_and_is_deterministic<D: Device>(h: &Harness<D>) {
     const CASE: &str = "sum_squares_matches_and_is_deterministic";
     let mut r = h.rng(CASE);
     for dt in FLOATS {
@@ -344,7 +344,7 @@ const MULTI_SIZES: [usize; 18] = [
 
 /// `sum_squares_many` (`many`) or one `sum_squares` per tensor into slot 1 of a buffer with
 /// values.
-fn sum_squares_many_on<E: Fused>(
+fn sum_squares_many_on<E: Device>(
     e: &E,
     xs: &[(DType, Vec<f32>)],
     init: &[f32],
@@ -368,7 +368,7 @@ fn sum_squares_many_on<E: Fused>(
 /// slot with a value, against one `sum_squares` per tensor on the same device (within a
 /// reduction's rounding: the op may sum in another order) and against the oracle; on CUDA also
 /// bit for bit against a host replay of its fixed reduction order.
-pub fn sum_squares_many_matches_composition<D: Fused>(h: &Harness<D>) {
+pub fn sum_squares_many_matches_composition<D: Device>(h: &Harness<D>) {
     const CASE: &str = "sum_squares_many_matches_composition";
     let mut r = h.rng(CASE);
     let xs: Vec<(DType, Vec<f32>)> = MULTI_SIZES
@@ -484,7 +484,7 @@ fn step_scalars(steps: u64) -> Vec<[f32; 3]> {
 /// The sum of squares of the gradients (`sum_squares_many` into slot 0 of the scalars), then
 /// per step the step's values in the scalars and `adamw_clipped` (or, with `per_tensor`, one
 /// `adamw` per tensor with the step `clip_grad_scale` derives from the scalars read back).
-fn clipped_on<E: Fused>(
+fn clipped_on<E: Device>(
     e: &E,
     specs: &[Spec],
     inits: &[Init],
@@ -543,7 +543,7 @@ fn clipped_on<E: Fused>(
 /// (active and inactive): bit for bit one `adamw` per tensor with the `AdamWStep` that
 /// `clip_grad_scale` derives from the scalars, and against the oracle (the f64 reference with
 /// the clipping factor computed in f64); the copies are the rounded parameters.
-pub fn adamw_clipped_matches_composition<D: Fused>(h: &Harness<D>) {
+pub fn adamw_clipped_matches_composition<D: Device>(h: &Harness<D>) {
     const CASE: &str = "adamw_clipped_matches_composition";
     let mut r = h.rng(CASE);
     let fp8 = h.dev.info().supports_fp8;
@@ -687,7 +687,7 @@ struct Fp8Bufs<B> {
     scalars: B,
 }
 
-fn fp8_bufs<E: Fused>(
+fn fp8_bufs<E: Device>(
     e: &E,
     cases: &[Fp8Case],
     inits: &[Init],
@@ -746,7 +746,7 @@ fn fp8_clip() -> AdamWClipStep {
 /// Steps of `adamw_clipped_fp8` (or, with `composed`, `adamw_clipped` followed by
 /// `quantize_fp8_many` of the outputs' jobs); after each, every tensor's state, the codes and
 /// the amax.
-fn clipped_fp8_on<E: Fused>(
+fn clipped_fp8_on<E: Device>(
     e: &E,
     cases: &[Fp8Case],
     inits: &[Init],
@@ -815,7 +815,7 @@ fn clipped_fp8_on<E: Fused>(
 /// within a code step); the codes and amax bit for bit the host quantisation of the device's own
 /// updated weights (their copy where they have one); and outputs `check_adamw_fp8_outs` refuses
 /// rejected before anything changes.
-pub fn adamw_clipped_fp8_matches_composition<D: Fused>(h: &Harness<D>) {
+pub fn adamw_clipped_fp8_matches_composition<D: Device>(h: &Harness<D>) {
     const CASE: &str = "adamw_clipped_fp8_matches_composition";
     if !h.dev.info().supports_fp8 {
         skip(CASE, &format!("{} has no FP8 support", h.dev.info().name));
@@ -955,7 +955,7 @@ pub fn adamw_clipped_fp8_matches_composition<D: Fused>(h: &Harness<D>) {
 /// length, codes of a float dtype, transposed codes of another FP8 dtype, a slot past the end)
 /// give its error and change nothing: the valid output before the bad one is not written and
 /// the update does not run.
-fn bad_outs_are_refused_first<D: Fused>(h: &Harness<D>, cases: &[Fp8Case], inits: &[Init]) {
+fn bad_outs_are_refused_first<D: Device>(h: &Harness<D>, cases: &[Fp8Case], inits: &[Init]) {
     const CASE: &str = "adamw_clipped_fp8_matches_composition";
     let e = &h.dev;
     let slots = 3 * cases.len();
@@ -1057,7 +1057,7 @@ fn bad_outs_are_refused_first<D: Fused>(h: &Harness<D>, cases: &[Fp8Case], inits
 /// eight threads at once on the one shared device give, call for call, the bits the same calls
 /// give one at a time: a device is `Sync`, and an op's passes must not meet another thread's
 /// (the HIP backend's shared scratch area did, found on the HIP-on-CUDA platform).
-pub fn reductions_from_many_threads_are_exact<D: Fused>(h: &Harness<D>) {
+pub fn reductions_from_many_threads_are_exact<D: Device>(h: &Harness<D>) {
     const CASE: &str = "reductions_from_many_threads_are_exact";
     const THREADS: usize = 8;
     const ROUNDS: usize = 12;

@@ -1,65 +1,11 @@
-//! Element-wise ops: casts, scaling, residual adds, GELU and bias.
+//! Implements [`ElementwiseOps`] for the CPU: scaling, residual adds, GELU and bias.
 
 use super::math::sigmoid_f32;
 use super::{ELEM_CHUNK, REDUCE_BLOCK_ROWS, par_chunks_f32, read, rows_per_task};
+use crate::CpuDevice;
 use crate::buffer::CpuBuffer;
-use duet_device::{Result, RowsDesc};
+use duet_device::{ElementwiseOps, Result, RowsDesc};
 use rayon::prelude::*;
-
-pub(crate) fn cast(src: &CpuBuffer, dst: &mut CpuBuffer, scale: f32) -> Result<()> {
-    const OP: &str = "cast";
-    duet_device::args::validate_cast(src, dst)?;
-    let s = src.any_float(OP)?;
-    let d = dst.any_float_mut(OP)?;
-    par_chunks_f32(d, false, ELEM_CHUNK, |start, out| {
-        s.load(start, out);
-        if scale != 1.0 {
-            for x in out.iter_mut() {
-                *x *= scale;
-            }
-        }
-    });
-    Ok(())
-}
-
-pub(crate) fn scale(x: &mut CpuBuffer, alpha: f32) -> Result<()> {
-    let xv = x.act_mut("scale")?;
-    par_chunks_f32(xv, true, ELEM_CHUNK, |_, s| {
-        for v in s.iter_mut() {
-            *v *= alpha;
-        }
-    });
-    Ok(())
-}
-
-pub(crate) fn add(a: &CpuBuffer, b: &CpuBuffer, out: &mut CpuBuffer) -> Result<()> {
-    const OP: &str = "add";
-    duet_device::args::validate_add(a, b, out)?;
-    let (av, bv) = (a.act(OP)?, b.act(OP)?);
-    par_chunks_f32(out.act_mut(OP)?, false, ELEM_CHUNK, |start, o| {
-        let (mut s1, mut s2) = (Vec::new(), Vec::new());
-        let x = read(av, start, o.len(), &mut s1);
-        let y = read(bv, start, o.len(), &mut s2);
-        for ((o, &x), &y) in o.iter_mut().zip(x).zip(y) {
-            *o = x + y;
-        }
-    });
-    Ok(())
-}
-
-pub(crate) fn add_assign(dst: &mut CpuBuffer, src: &CpuBuffer) -> Result<()> {
-    const OP: &str = "add_assign";
-    duet_device::args::validate_add_assign(dst, src)?;
-    let sv = src.act(OP)?;
-    par_chunks_f32(dst.act_mut(OP)?, true, ELEM_CHUNK, |start, d| {
-        let mut s1 = Vec::new();
-        let x = read(sv, start, d.len(), &mut s1);
-        for (d, &x) in d.iter_mut().zip(x) {
-            *d += x;
-        }
-    });
-    Ok(())
-}
 
 const GELU_K: f32 = 0.797_884_6; // sqrt(2/pi)
 const GELU_C: f32 = 0.044_715;
@@ -93,52 +39,6 @@ fn gelu_backward_kernel(x: &[f32], dout: &[f32], dx: &mut [f32]) {
     for ((o, &x), &d) in dx.iter_mut().zip(x).zip(dout) {
         *o = gelu_grad(x) * d;
     }
-}
-
-pub(crate) fn gelu_forward(x: &CpuBuffer, out: &mut CpuBuffer) -> Result<()> {
-    const OP: &str = "gelu_forward";
-    duet_device::args::validate_gelu_forward(x, out)?;
-    let xv = x.act(OP)?;
-    par_chunks_f32(out.act_mut(OP)?, false, ELEM_CHUNK, |start, o| {
-        let mut s1 = Vec::new();
-        let xs = read(xv, start, o.len(), &mut s1);
-        gelu_kernel(xs, o);
-    });
-    Ok(())
-}
-
-pub(crate) fn gelu_backward(x: &CpuBuffer, dout: &CpuBuffer, dx: &mut CpuBuffer) -> Result<()> {
-    const OP: &str = "gelu_backward";
-    duet_device::args::validate_gelu_backward(x, dout, dx)?;
-    let xv = x.act(OP)?;
-    let dv = dout.act(OP)?;
-    par_chunks_f32(dx.act_mut(OP)?, false, ELEM_CHUNK, |start, o| {
-        let (mut s1, mut s2) = (Vec::new(), Vec::new());
-        let xs = read(xv, start, o.len(), &mut s1);
-        let ds = read(dv, start, o.len(), &mut s2);
-        gelu_backward_kernel(xs, ds, o);
-    });
-    Ok(())
-}
-
-pub(crate) fn bias_add(x: &mut CpuBuffer, bias: &CpuBuffer, rows: usize, c: usize) -> Result<()> {
-    const OP: &str = "bias_add";
-    let desc = RowsDesc::new(OP, rows, c)?;
-    desc.validate_bias_add(x, bias)?;
-    let total = desc.total;
-    let bv = bias.act(OP)?.to_f32();
-    let xv = x.act_mut(OP)?;
-    if total == 0 {
-        return Ok(());
-    }
-    par_chunks_f32(xv, true, rows_per_task(c) * c, |_, xs| {
-        for row in xs.chunks_mut(c) {
-            for (v, &b) in row.iter_mut().zip(bv.iter()) {
-                *v += b;
-            }
-        }
-    });
-    Ok(())
 }
 
 /// Column sums of `rows × c` data in fixed blocks of [`REDUCE_BLOCK_ROWS`] rows: returns one
@@ -179,23 +79,125 @@ pub(crate) fn combine_partials(
     }
 }
 
-pub(crate) fn bias_backward(
-    dout: &CpuBuffer,
-    dbias: &mut CpuBuffer,
-    rows: usize,
-    c: usize,
-) -> Result<()> {
-    const OP: &str = "bias_backward";
-    RowsDesc::new(OP, rows, c)?.validate_bias_backward(dout, dbias)?;
-    let dv = dout.act(OP)?;
-    let mut db = dbias.act_mut(OP)?;
-    let partials = block_partials(rows, c, |r, acc| {
-        let mut s = Vec::new();
-        let row = read(dv, r * c, c, &mut s);
-        for (a, &x) in acc.iter_mut().zip(row) {
-            *a += x;
-        }
-    });
-    db.with_f32_local(true, |d| combine_partials(&partials, 0, c, d));
-    Ok(())
+impl ElementwiseOps for CpuDevice {
+    fn scale(&self, x: &mut CpuBuffer, alpha: f32) -> Result<()> {
+        self.run(|| {
+            let xv = x.act_mut("scale")?;
+            par_chunks_f32(xv, true, ELEM_CHUNK, |_, s| {
+                for v in s.iter_mut() {
+                    *v *= alpha;
+                }
+            });
+            Ok(())
+        })
+    }
+
+    fn add(&self, a: &CpuBuffer, b: &CpuBuffer, out: &mut CpuBuffer) -> Result<()> {
+        self.run(|| {
+            const OP: &str = "add";
+            duet_device::args::validate_add(a, b, out)?;
+            let (av, bv) = (a.act(OP)?, b.act(OP)?);
+            par_chunks_f32(out.act_mut(OP)?, false, ELEM_CHUNK, |start, o| {
+                let (mut s1, mut s2) = (Vec::new(), Vec::new());
+                let x = read(av, start, o.len(), &mut s1);
+                let y = read(bv, start, o.len(), &mut s2);
+                for ((o, &x), &y) in o.iter_mut().zip(x).zip(y) {
+                    *o = x + y;
+                }
+            });
+            Ok(())
+        })
+    }
+
+    fn add_assign(&self, dst: &mut CpuBuffer, src: &CpuBuffer) -> Result<()> {
+        self.run(|| {
+            const OP: &str = "add_assign";
+            duet_device::args::validate_add_assign(dst, src)?;
+            let sv = src.act(OP)?;
+            par_chunks_f32(dst.act_mut(OP)?, true, ELEM_CHUNK, |start, d| {
+                let mut s1 = Vec::new();
+                let x = read(sv, start, d.len(), &mut s1);
+                for (d, &x) in d.iter_mut().zip(x) {
+                    *d += x;
+                }
+            });
+            Ok(())
+        })
+    }
+
+    fn gelu_forward(&self, x: &CpuBuffer, out: &mut CpuBuffer) -> Result<()> {
+        self.run(|| {
+            const OP: &str = "gelu_forward";
+            duet_device::args::validate_gelu_forward(x, out)?;
+            let xv = x.act(OP)?;
+            par_chunks_f32(out.act_mut(OP)?, false, ELEM_CHUNK, |start, o| {
+                let mut s1 = Vec::new();
+                let xs = read(xv, start, o.len(), &mut s1);
+                gelu_kernel(xs, o);
+            });
+            Ok(())
+        })
+    }
+
+    fn gelu_backward(&self, x: &CpuBuffer, dout: &CpuBuffer, dx: &mut CpuBuffer) -> Result<()> {
+        self.run(|| {
+            const OP: &str = "gelu_backward";
+            duet_device::args::validate_gelu_backward(x, dout, dx)?;
+            let xv = x.act(OP)?;
+            let dv = dout.act(OP)?;
+            par_chunks_f32(dx.act_mut(OP)?, false, ELEM_CHUNK, |start, o| {
+                let (mut s1, mut s2) = (Vec::new(), Vec::new());
+                let xs = read(xv, start, o.len(), &mut s1);
+                let ds = read(dv, start, o.len(), &mut s2);
+                gelu_backward_kernel(xs, ds, o);
+            });
+            Ok(())
+        })
+    }
+
+    fn bias_add(&self, x: &mut CpuBuffer, bias: &CpuBuffer, rows: usize, c: usize) -> Result<()> {
+        self.run(|| {
+            const OP: &str = "bias_add";
+            let desc = RowsDesc::new(OP, rows, c)?;
+            desc.validate_bias_add(x, bias)?;
+            let total = desc.total;
+            let bv = bias.act(OP)?.to_f32();
+            let xv = x.act_mut(OP)?;
+            if total == 0 {
+                return Ok(());
+            }
+            par_chunks_f32(xv, true, rows_per_task(c) * c, |_, xs| {
+                for row in xs.chunks_mut(c) {
+                    for (v, &b) in row.iter_mut().zip(bv.iter()) {
+                        *v += b;
+                    }
+                }
+            });
+            Ok(())
+        })
+    }
+
+    fn bias_backward(
+        &self,
+        dout: &CpuBuffer,
+        dbias: &mut CpuBuffer,
+        rows: usize,
+        c: usize,
+    ) -> Result<()> {
+        self.run(|| {
+            const OP: &str = "bias_backward";
+            RowsDesc::new(OP, rows, c)?.validate_bias_backward(dout, dbias)?;
+            let dv = dout.act(OP)?;
+            let mut db = dbias.act_mut(OP)?;
+            let partials = block_partials(rows, c, |r, acc| {
+                let mut s = Vec::new();
+                let row = read(dv, r * c, c, &mut s);
+                for (a, &x) in acc.iter_mut().zip(row) {
+                    *a += x;
+                }
+            });
+            db.with_f32_local(true, |d| combine_partials(&partials, 0, c, d));
+            Ok(())
+        })
+    }
 }

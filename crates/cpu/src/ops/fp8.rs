@@ -1,8 +1,11 @@
-//! FP8 quantisation with a device-resident scale and amax recording (delayed scaling).
+//! Implements [`Fp8Ops`] for the CPU: FP8 quantisation with a device-resident scale and amax
+//! recording (delayed scaling), and the FP8 GEMM on decoded values.
 
+use super::gemm::{extent, gemm_widened, span};
 use super::{ELEM_CHUNK, max_f32, read};
+use crate::CpuDevice;
 use crate::buffer::{CpuBuffer, Storage, unsupported};
-use duet_device::{Buffer, Fp8Format, Result, RowsDesc};
+use duet_device::{Buffer, Fp8Format, Fp8Ops, GemmDesc, Result, RowsDesc};
 use rayon::prelude::*;
 
 /// Rows per task of the transposed store.
@@ -64,65 +67,110 @@ impl FastEncoder {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn quantize(
-    src: &CpuBuffer,
-    dst: &mut CpuBuffer,
-    dst_t: Option<&mut CpuBuffer>,
-    rows: usize,
-    cols: usize,
-    scale: &CpuBuffer,
-    amax: &mut CpuBuffer,
-    slot: usize,
-) -> Result<()> {
-    const OP: &str = "quantize_fp8";
-    let desc = RowsDesc::new(OP, rows, cols)?;
-    desc.validate_quantize_fp8(Some(src), dst, dst_t.as_deref(), scale, amax, slot)?;
-    let sv = src.act(OP)?;
-    let fmt = Fp8Format::of(dst.dtype()).ok_or_else(|| unsupported(OP, dst.dtype()))?;
-    let s = scale.f32s(OP)?[slot];
-    let codes = match &mut dst.storage {
-        Storage::Bytes(v) => v,
-        _ => return Err(unsupported(OP, dst.dtype())),
-    };
-    let enc = FastEncoder::new(fmt);
-    // Encode in fixed chunks; each chunk also reports its max |x| (NaN ignored by f32::max).
-    let maxes: Vec<f32> = codes
-        .par_chunks_mut(ELEM_CHUNK)
-        .enumerate()
-        .map(|(i, out)| {
-            let mut scratch = Vec::new();
-            let xs = read(sv, i * ELEM_CHUNK, out.len(), &mut scratch);
-            let mut abs = Vec::with_capacity(xs.len());
-            for (o, &x) in out.iter_mut().zip(xs) {
-                *o = enc.encode(x * s);
-                abs.push(x.abs());
-            }
-            max_f32(&abs)
-        })
-        .collect();
-    let m = maxes.into_iter().fold(0.0f32, f32::max);
-    if let Some(t) = dst_t {
-        let codes: &[u8] = codes;
-        let tc = match &mut t.storage {
-            Storage::Bytes(v) => v,
-            _ => return Err(unsupported(OP, t.dtype())),
-        };
-        // dst_t[c, r] = dst[r, c]: tasks own blocks of output rows (source columns).
-        tc.par_chunks_mut(T_ROWS * rows.max(1))
-            .enumerate()
-            .for_each(|(bi, out)| {
-                for (j, orow) in out.chunks_mut(rows.max(1)).enumerate() {
-                    let c = bi * T_ROWS + j;
-                    for (r, o) in orow.iter_mut().enumerate() {
-                        *o = codes[r * cols + c];
+impl Fp8Ops for CpuDevice {
+    fn quantize_fp8(
+        &self,
+        src: &CpuBuffer,
+        dst: &mut CpuBuffer,
+        dst_t: Option<&mut CpuBuffer>,
+        rows: usize,
+        cols: usize,
+        scale: &CpuBuffer,
+        amax: &mut CpuBuffer,
+        slot: usize,
+    ) -> Result<()> {
+        self.run(|| {
+            const OP: &str = "quantize_fp8";
+            let desc = RowsDesc::new(OP, rows, cols)?;
+            desc.validate_quantize_fp8(Some(src), dst, dst_t.as_deref(), scale, amax, slot)?;
+            let sv = src.act(OP)?;
+            let fmt = Fp8Format::of(dst.dtype()).ok_or_else(|| unsupported(OP, dst.dtype()))?;
+            let s = scale.f32s(OP)?[slot];
+            let codes = match &mut dst.storage {
+                Storage::Bytes(v) => v,
+                _ => return Err(unsupported(OP, dst.dtype())),
+            };
+            let enc = FastEncoder::new(fmt);
+            // Encode in fixed chunks; each chunk also reports its max |x| (NaN ignored by
+            // f32::max).
+            let maxes: Vec<f32> = codes
+                .par_chunks_mut(ELEM_CHUNK)
+                .enumerate()
+                .map(|(i, out)| {
+                    let mut scratch = Vec::new();
+                    let xs = read(sv, i * ELEM_CHUNK, out.len(), &mut scratch);
+                    let mut abs = Vec::with_capacity(xs.len());
+                    for (o, &x) in out.iter_mut().zip(xs) {
+                        *o = enc.encode(x * s);
+                        abs.push(x.abs());
                     }
-                }
-            });
+                    max_f32(&abs)
+                })
+                .collect();
+            let m = maxes.into_iter().fold(0.0f32, f32::max);
+            if let Some(t) = dst_t {
+                let codes: &[u8] = codes;
+                let tc = match &mut t.storage {
+                    Storage::Bytes(v) => v,
+                    _ => return Err(unsupported(OP, t.dtype())),
+                };
+                // dst_t[c, r] = dst[r, c]: tasks own blocks of output rows (source columns).
+                tc.par_chunks_mut(T_ROWS * rows.max(1))
+                    .enumerate()
+                    .for_each(|(bi, out)| {
+                        for (j, orow) in out.chunks_mut(rows.max(1)).enumerate() {
+                            let c = bi * T_ROWS + j;
+                            for (r, o) in orow.iter_mut().enumerate() {
+                                *o = codes[r * cols + c];
+                            }
+                        }
+                    });
+            }
+            let a = &mut amax.f32s_mut(OP)?[slot];
+            *a = a.max(m);
+            Ok(())
+        })
     }
-    let a = &mut amax.f32s_mut(OP)?[slot];
-    *a = a.max(m);
-    Ok(())
+
+    /// FP8 GEMM emulation: the codes are decoded exactly to f32 with the format's codec, the
+    /// product accumulates in f32 like any other GEMM, and the two inverse scales are folded into
+    /// alpha — `C = (alpha·sa·sb)·op(A)·op(B) + beta·C`, which is what
+    /// cuBLASLt's scale pointers compute.
+    fn gemm_fp8(
+        &self,
+        desc: &GemmDesc,
+        a: &CpuBuffer,
+        b: &CpuBuffer,
+        c: &mut CpuBuffer,
+        scale_inv: &CpuBuffer,
+        a_slot: usize,
+        b_slot: usize,
+    ) -> Result<()> {
+        let threads = self.threads;
+        self.run(|| {
+            const OP: &str = "gemm_fp8";
+            duet_device::args::validate_gemm_fp8(desc, a, b, c, scale_inv, a_slot, b_slot)?;
+            let s = scale_inv.f32s(OP)?;
+            let d = GemmDesc {
+                alpha: desc.alpha * s[a_slot] * s[b_slot],
+                ..*desc
+            };
+            if d.batch == 0 || d.m == 0 || d.n == 0 {
+                return Ok(());
+            }
+            let (ar, ac) = d.a_stored();
+            let (br, bc) = d.b_stored();
+            let a32 = a
+                .any_float(OP)?
+                .slice(d.a_offset, span(d.batch, d.stride_a, extent(ar, ac, d.lda)))
+                .to_f32();
+            let b32 = b
+                .any_float(OP)?
+                .slice(d.b_offset, span(d.batch, d.stride_b, extent(br, bc, d.ldb)))
+                .to_f32();
+            gemm_widened(OP, &d, &a32, &b32, c, threads)
+        })
+    }
 }
 
 #[cfg(test)]

@@ -1,4 +1,4 @@
-//! Batched strided GEMM on top of the `gemm` crate.
+//! Implements [`GemmOps`] for the CPU: batched strided GEMM on top of the `gemm` crate.
 //!
 //! f16/bf16 operands are widened to f32 scratch first (only the range the descriptor touches),
 //! so every product accumulates in f32; a non-f32 C is widened, updated and rounded back once.
@@ -11,8 +11,11 @@
 //! the model's shapes (`gemm_thread_count_independent`).
 #![allow(unsafe_code)]
 
+use crate::CpuDevice;
 use crate::buffer::CpuBuffer;
-use duet_device::{Buffer, DType, DeviceError, GemmDesc, Result, check_dtype, check_float};
+use duet_device::{
+    Buffer, DType, DeviceError, GemmDesc, GemmOps, Result, check_dtype, check_float,
+};
 use gemm::Parallelism;
 use rayon::prelude::*;
 
@@ -20,7 +23,7 @@ use rayon::prelude::*;
 const PAR_MIN_FLOPS: usize = 64 * 64 * 64;
 
 /// Elements spanned by one stored `rows × cols` matrix with leading dimension `ld`.
-fn extent(rows: usize, cols: usize, ld: usize) -> usize {
+pub(crate) fn extent(rows: usize, cols: usize, ld: usize) -> usize {
     if rows == 0 || cols == 0 {
         0
     } else {
@@ -29,7 +32,7 @@ fn extent(rows: usize, cols: usize, ld: usize) -> usize {
 }
 
 /// Elements from the first batch's offset to the end of the last batch's matrix.
-fn span(batch: usize, stride: usize, ext: usize) -> usize {
+pub(crate) fn span(batch: usize, stride: usize, ext: usize) -> usize {
     if ext == 0 {
         0
     } else {
@@ -37,84 +40,9 @@ fn span(batch: usize, stride: usize, ext: usize) -> usize {
     }
 }
 
-pub(crate) fn gemm(
-    desc: &GemmDesc,
-    a: &CpuBuffer,
-    b: &CpuBuffer,
-    c: &mut CpuBuffer,
-    threads: usize,
-) -> Result<()> {
-    const OP: &str = "gemm";
-    check_float(OP, a)?;
-    check_dtype(OP, b, a.dtype())?;
-    if c.dtype() != a.dtype() && c.dtype() != DType::F32 {
-        return Err(DeviceError::DTypeMismatch {
-            op: OP,
-            expected: a.dtype(),
-            got: c.dtype(),
-        });
-    }
-    desc.validate(a.len(), b.len(), c.len())?;
-    let d = desc;
-    if d.batch == 0 || d.m == 0 || d.n == 0 {
-        return Ok(());
-    }
-    let (ar, ac) = d.a_stored();
-    let (br, bc) = d.b_stored();
-    let a_ext = extent(ar, ac, d.lda);
-    let b_ext = extent(br, bc, d.ldb);
-    let a32 = a
-        .act(OP)?
-        .slice(d.a_offset, span(d.batch, d.stride_a, a_ext))
-        .to_f32();
-    let b32 = b
-        .act(OP)?
-        .slice(d.b_offset, span(d.batch, d.stride_b, b_ext))
-        .to_f32();
-    gemm_widened(OP, d, &a32, &b32, c, threads)
-}
-
-/// FP8 GEMM emulation: the codes are decoded exactly to f32 with the format's codec, the
-/// product accumulates in f32 like any other GEMM, and the two inverse scales are folded into
-/// alpha — `C = (alpha·sa·sb)·op(A)·op(B) + beta·C`, which is what
-/// cuBLASLt's scale pointers compute.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn gemm_fp8(
-    desc: &GemmDesc,
-    a: &CpuBuffer,
-    b: &CpuBuffer,
-    c: &mut CpuBuffer,
-    scale_inv: &CpuBuffer,
-    a_slot: usize,
-    b_slot: usize,
-    threads: usize,
-) -> Result<()> {
-    const OP: &str = "gemm_fp8";
-    duet_device::args::validate_gemm_fp8(desc, a, b, c, scale_inv, a_slot, b_slot)?;
-    let s = scale_inv.f32s(OP)?;
-    let d = GemmDesc {
-        alpha: desc.alpha * s[a_slot] * s[b_slot],
-        ..*desc
-    };
-    if d.batch == 0 || d.m == 0 || d.n == 0 {
-        return Ok(());
-    }
-    let (ar, ac) = d.a_stored();
-    let (br, bc) = d.b_stored();
-    let a32 = a
-        .any_float(OP)?
-        .slice(d.a_offset, span(d.batch, d.stride_a, extent(ar, ac, d.lda)))
-        .to_f32();
-    let b32 = b
-        .any_float(OP)?
-        .slice(d.b_offset, span(d.batch, d.stride_b, extent(br, bc, d.ldb)))
-        .to_f32();
-    gemm_widened(OP, &d, &a32, &b32, c, threads)
-}
-
 /// The part of a GEMM after its operands are f32: C is widened (when not f32), updated and
 /// rounded back once. `a32`/`b32` start at batch 0's matrices.
-fn gemm_widened(
+pub(crate) fn gemm_widened(
     op: &'static str,
     d: &GemmDesc,
     a32: &[f32],
@@ -228,5 +156,41 @@ fn gemm_one(d: &GemmDesc, a: &[f32], b: &[f32], c: &mut [f32], par: Parallelism)
             false,
             par,
         );
+    }
+}
+
+impl GemmOps for CpuDevice {
+    fn gemm(&self, desc: &GemmDesc, a: &CpuBuffer, b: &CpuBuffer, c: &mut CpuBuffer) -> Result<()> {
+        let threads = self.threads;
+        self.run(|| {
+            const OP: &str = "gemm";
+            check_float(OP, a)?;
+            check_dtype(OP, b, a.dtype())?;
+            if c.dtype() != a.dtype() && c.dtype() != DType::F32 {
+                return Err(DeviceError::DTypeMismatch {
+                    op: OP,
+                    expected: a.dtype(),
+                    got: c.dtype(),
+                });
+            }
+            desc.validate(a.len(), b.len(), c.len())?;
+            let d = desc;
+            if d.batch == 0 || d.m == 0 || d.n == 0 {
+                return Ok(());
+            }
+            let (ar, ac) = d.a_stored();
+            let (br, bc) = d.b_stored();
+            let a_ext = extent(ar, ac, d.lda);
+            let b_ext = extent(br, bc, d.ldb);
+            let a32 = a
+                .act(OP)?
+                .slice(d.a_offset, span(d.batch, d.stride_a, a_ext))
+                .to_f32();
+            let b32 = b
+                .act(OP)?
+                .slice(d.b_offset, span(d.batch, d.stride_b, b_ext))
+                .to_f32();
+            gemm_widened(OP, d, &a32, &b32, c, threads)
+        })
     }
 }

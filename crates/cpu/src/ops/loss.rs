@@ -1,9 +1,10 @@
-//! Fused softmax + cross-entropy.
+//! Implements [`LossOps`] for the CPU: fused softmax + cross-entropy.
 
 use super::math::exp_f32;
 use super::{max_f32, read, rows_per_task, sum_f32};
+use crate::CpuDevice;
 use crate::buffer::{CpuBuffer, FMut, FRef};
-use duet_device::{DeviceError, Result, RowsDesc};
+use duet_device::{DeviceError, LossOps, Result, RowsDesc};
 use rayon::prelude::*;
 
 /// Loss of one row (0 for an ignored target). When `grad` is given, writes
@@ -44,83 +45,87 @@ fn row(
     loss
 }
 
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn cross_entropy(
-    logits: &CpuBuffer,
-    targets: &CpuBuffer,
-    losses: &mut CpuBuffer,
-    dlogits: Option<&mut CpuBuffer>,
-    n: usize,
-    v: usize,
-    ld: usize,
-    grad_scale: f32,
-) -> Result<()> {
-    const OP: &str = "cross_entropy";
-    let desc = RowsDesc::new(OP, n, ld)?;
-    desc.validate_cross_entropy(logits, targets, losses, dlogits.as_deref(), v)?;
-    let lv = logits.act(OP)?;
-    let tg = targets.i32s(OP)?;
-    let dl = match dlogits {
-        Some(d) => Some(d.act_mut(OP)?),
-        None => None,
-    };
-    if let Some((i, &tgt)) = tg
-        .iter()
-        .enumerate()
-        .find(|&(_, &x)| x >= 0 && x as usize >= v)
-    {
-        return Err(DeviceError::InvalidArgument(format!(
-            "{OP}: target {tgt} of row {i} is outside the vocabulary of {v}"
-        )));
-    }
-    let ls = losses.f32s_mut(OP)?;
-    if n == 0 {
-        return Ok(());
-    }
-    let rpt = rows_per_task(v);
-    let task = |i: usize, ls: &mut [f32], dl: Option<FMut<'_>>, lv: FRef<'_>| {
-        let (mut s, mut scratch) = (Vec::new(), Vec::new());
-        match dl {
-            Some(mut d) => d.with_f32_local(false, |d| {
-                for (k, (l, g)) in ls.iter_mut().zip(d.chunks_mut(ld)).enumerate() {
-                    let r = i * rpt + k;
-                    // The padded columns (v..ld) take no part; their gradient is 0.
-                    let (g, pad) = g.split_at_mut(v);
-                    pad.fill(0.0);
-                    *l = row(
-                        read(lv, r * ld, v, &mut s),
-                        tg[r],
-                        Some(g),
-                        grad_scale,
-                        &mut scratch,
-                    );
-                }
-            }),
-            None => {
-                for (k, l) in ls.iter_mut().enumerate() {
-                    let r = i * rpt + k;
-                    *l = row(
-                        read(lv, r * ld, v, &mut s),
-                        tg[r],
-                        None,
-                        grad_scale,
-                        &mut scratch,
-                    );
-                }
+impl LossOps for CpuDevice {
+    fn cross_entropy_padded(
+        &self,
+        logits: &CpuBuffer,
+        targets: &CpuBuffer,
+        losses: &mut CpuBuffer,
+        dlogits: Option<&mut CpuBuffer>,
+        n: usize,
+        v: usize,
+        ld: usize,
+        grad_scale: f32,
+    ) -> Result<()> {
+        self.run(|| {
+            const OP: &str = "cross_entropy";
+            let desc = RowsDesc::new(OP, n, ld)?;
+            desc.validate_cross_entropy(logits, targets, losses, dlogits.as_deref(), v)?;
+            let lv = logits.act(OP)?;
+            let tg = targets.i32s(OP)?;
+            let dl = match dlogits {
+                Some(d) => Some(d.act_mut(OP)?),
+                None => None,
+            };
+            if let Some((i, &tgt)) = tg
+                .iter()
+                .enumerate()
+                .find(|&(_, &x)| x >= 0 && x as usize >= v)
+            {
+                return Err(DeviceError::InvalidArgument(format!(
+                    "{OP}: target {tgt} of row {i} is outside the vocabulary of {v}"
+                )));
             }
-        }
-    };
-    match dl {
-        Some(d) => d
-            .into_chunks(rpt * ld)
-            .into_par_iter()
-            .zip(ls.par_chunks_mut(rpt))
-            .enumerate()
-            .for_each(|(i, (d, l))| task(i, l, Some(d), lv)),
-        None => ls
-            .par_chunks_mut(rpt)
-            .enumerate()
-            .for_each(|(i, l)| task(i, l, None, lv)),
+            let ls = losses.f32s_mut(OP)?;
+            if n == 0 {
+                return Ok(());
+            }
+            let rpt = rows_per_task(v);
+            let task = |i: usize, ls: &mut [f32], dl: Option<FMut<'_>>, lv: FRef<'_>| {
+                let (mut s, mut scratch) = (Vec::new(), Vec::new());
+                match dl {
+                    Some(mut d) => d.with_f32_local(false, |d| {
+                        for (k, (l, g)) in ls.iter_mut().zip(d.chunks_mut(ld)).enumerate() {
+                            let r = i * rpt + k;
+                            // The padded columns (v..ld) take no part; their gradient is 0.
+                            let (g, pad) = g.split_at_mut(v);
+                            pad.fill(0.0);
+                            *l = row(
+                                read(lv, r * ld, v, &mut s),
+                                tg[r],
+                                Some(g),
+                                grad_scale,
+                                &mut scratch,
+                            );
+                        }
+                    }),
+                    None => {
+                        for (k, l) in ls.iter_mut().enumerate() {
+                            let r = i * rpt + k;
+                            *l = row(
+                                read(lv, r * ld, v, &mut s),
+                                tg[r],
+                                None,
+                                grad_scale,
+                                &mut scratch,
+                            );
+                        }
+                    }
+                }
+            };
+            match dl {
+                Some(d) => d
+                    .into_chunks(rpt * ld)
+                    .into_par_iter()
+                    .zip(ls.par_chunks_mut(rpt))
+                    .enumerate()
+                    .for_each(|(i, (d, l))| task(i, l, Some(d), lv)),
+                None => ls
+                    .par_chunks_mut(rpt)
+                    .enumerate()
+                    .for_each(|(i, l)| task(i, l, None, lv)),
+            }
+            Ok(())
+        })
     }
-    Ok(())
 }

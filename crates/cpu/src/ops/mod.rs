@@ -1,19 +1,22 @@
-//! The CPU implementations of the `Device` ops, one module per family.
+//! The CPU implementations of the op family traits, one module per family (`<family>.rs` holds
+//! `impl <Family>Ops for CpuDevice`), plus the shared math and chunking helpers.
 //!
-//! Every op validates its arguments first, then runs on the device's rayon pool (the caller
-//! wraps it in `ThreadPool::install`). Work is split into tasks whose boundaries depend only on
+//! Every op validates its arguments first, then runs on the device's rayon pool (its body is
+//! wrapped in `ThreadPool::install`). Work is split into tasks whose boundaries depend only on
 //! the problem shape, never on the thread count, and every reduction across tasks is combined in
 //! task order, so results are bit-identical for any number of threads.
+//!
+//! Every fused path is composed of the core ops (the family traits' defaults): the CPU is the
+//! reference the backends' native paths are checked against.
 
 pub(crate) mod attention;
 pub(crate) mod elementwise;
 pub(crate) mod embedding;
 pub(crate) mod fp8;
 pub(crate) mod gemm;
-pub(crate) mod layernorm;
 pub(crate) mod loss;
 pub(crate) mod math;
-pub(crate) mod memory;
+pub(crate) mod norm;
 pub(crate) mod optim;
 
 use crate::buffer::{FMut, FRef};

@@ -7,7 +7,7 @@
 pub use duet_conformance::reference;
 
 use duet_cpu::{CpuBuffer, CpuDevice};
-use duet_device::{DType, Device, DeviceExt};
+use duet_device::{DType, DeviceExt, Runtime};
 
 /// The conformance suite's seeded RNG with the draws these tests use: values uniform in
 /// [-1, 1) and indices.

@@ -1,5 +1,7 @@
+//! [`AttentionOps`] for [`CudaDevice`]: head permutations, causal softmax, fused attention.
+//!
 //! Fused causal attention (kernels-cuda/flash_attention.cu): see
-//! [`duet_device::Fused::flash_attention_forward`].
+//! [`duet_device::AttentionOps::flash_attention_forward`].
 //!
 //! Two versions of the kernels; version 2 is the default, version 1 runs when the environment
 //! variable `DUET_FLASH_V1` is true (`1`, `true`, `yes`, `on`; read once per process, see
@@ -43,6 +45,7 @@
 use super::prelude::*;
 use cudarc::driver::CudaFunction;
 use cudarc::driver::sys::CUfunction_attribute;
+use duet_device::composed;
 use std::cell::Cell;
 
 /// Threads per block of the attention kernels (4 warps of 16 rows each).
@@ -244,9 +247,118 @@ impl CudaDevice {
         .map_err(drv("cuFuncSetAttribute"))?;
         Ok(f)
     }
+}
 
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn flash_attention_forward_impl(
+impl AttentionOps for CudaDevice {
+    fn split_heads(
+        &self,
+        qkv: &CudaBuffer,
+        q: &mut CudaBuffer,
+        k: &mut CudaBuffer,
+        v: &mut CudaBuffer,
+        b: usize,
+        t: usize,
+        nh: usize,
+        hs: usize,
+    ) -> Result<()> {
+        const OP: &str = "split_heads";
+        let h = HeadsDesc::new(OP, b, t, nh, hs)?;
+        h.validate_split(("qkv", qkv), [("q", &*q), ("k", &*k), ("v", &*v)])?;
+        // SAFETY: split_heads(const T*, T*, T*, T*, int b, int t, int nh, int hs): qkv holds
+        // 3·b·t·nh·hs elements, q/k/v b·t·nh·hs each (checked); gridDim.y = 3 selects the output.
+        unsafe { self.permute_heads(OP, "split_heads", qkv.dtype(), &h, 3, &[qkv, q, k, v]) }
+    }
+
+    fn split_heads_backward(
+        &self,
+        dq: &CudaBuffer,
+        dk: &CudaBuffer,
+        dv: &CudaBuffer,
+        dqkv: &mut CudaBuffer,
+        b: usize,
+        t: usize,
+        nh: usize,
+        hs: usize,
+    ) -> Result<()> {
+        const OP: &str = "split_heads_backward";
+        let h = HeadsDesc::new(OP, b, t, nh, hs)?;
+        h.validate_split(("dqkv", &*dqkv), [("dq", dq), ("dk", dk), ("dv", dv)])?;
+        let bufs = [dq, dk, dv, &*dqkv];
+        // SAFETY: split_heads_backward(const T*, const T*, const T*, T*, int b, int t, int nh,
+        // int hs): sizes as in split_heads (checked).
+        unsafe { self.permute_heads(OP, "split_heads_backward", dqkv.dtype(), &h, 3, &bufs) }
+    }
+
+    fn merge_heads(
+        &self,
+        y: &CudaBuffer,
+        out: &mut CudaBuffer,
+        b: usize,
+        t: usize,
+        nh: usize,
+        hs: usize,
+        backward: bool,
+    ) -> Result<()> {
+        const OP: &str = "merge_heads";
+        let h = HeadsDesc::new(OP, b, t, nh, hs)?;
+        h.validate_merge(y, out)?;
+        let kernel = if backward {
+            "merge_heads_backward"
+        } else {
+            "merge_heads"
+        };
+        // SAFETY: merge_heads[_backward](const T*, T*, int b, int t, int nh, int hs): both hold
+        // b·t·nh·hs elements (checked).
+        unsafe { self.permute_heads(OP, kernel, y.dtype(), &h, 1, &[y, out]) }
+    }
+
+    fn softmax_causal_forward(
+        &self,
+        scores: &CudaBuffer,
+        probs: &mut CudaBuffer,
+        rows: usize,
+        t: usize,
+        scale: f32,
+    ) -> Result<()> {
+        const OP: &str = "softmax_causal_forward";
+        let desc = SoftmaxDesc::new(OP, rows, t)?;
+        desc.validate(&[("scores", scores), ("probs", &*probs)])?;
+        let total = desc.total;
+        let s = float_suffix(OP, scores.dtype())?;
+        // The kernels write probs in the scores' dtype.
+        check_dtype(OP, probs, scores.dtype())?;
+        if total == 0 {
+            return Ok(());
+        }
+        // SAFETY: softmax_causal_forward(const T*, T*, u64 rows·t, int t, float): one warp per
+        // line < rows·t, each touching t elements of buffers holding rows·t·t (checked).
+        unsafe { self.softmax_rows(OP, s, rows, t, scale, &[scores, probs]) }
+    }
+
+    fn softmax_causal_backward(
+        &self,
+        probs: &CudaBuffer,
+        dprobs: &CudaBuffer,
+        dscores: &mut CudaBuffer,
+        rows: usize,
+        t: usize,
+        scale: f32,
+    ) -> Result<()> {
+        const OP: &str = "softmax_causal_backward";
+        let desc = SoftmaxDesc::new(OP, rows, t)?;
+        desc.validate(&[("probs", probs), ("dprobs", dprobs), ("dscores", &*dscores)])?;
+        let total = desc.total;
+        let s = float_suffix(OP, probs.dtype())?;
+        // The kernels take all three in one dtype.
+        same_dtype(OP, probs.dtype(), &[dprobs, dscores])?;
+        if total == 0 {
+            return Ok(());
+        }
+        // SAFETY: softmax_causal_backward(const T*, const T*, T*, u64, int, float): as forward.
+        unsafe { self.softmax_rows(OP, s, rows, t, scale, &[probs, dprobs, dscores]) }
+    }
+
+    fn flash_attention_forward(
         &self,
         qkv: &CudaBuffer,
         out: &mut CudaBuffer,
@@ -257,6 +369,9 @@ impl CudaDevice {
         hs: usize,
         scale: f32,
     ) -> Result<()> {
+        if !self.capabilities().flash_attention(qkv.dtype(), hs) {
+            return composed::flash_attention_forward(self, qkv, out, lse, b, t, nh, hs, scale);
+        }
         const OP: &str = "flash_attention_forward";
         let h = HeadsDesc::new(OP, b, t, nh, hs)?;
         h.validate_flash(qkv, &[("out", &*out)], lse)?;
@@ -293,8 +408,7 @@ impl CudaDevice {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn flash_attention_backward_impl(
+    fn flash_attention_backward(
         &self,
         qkv: &CudaBuffer,
         out: &CudaBuffer,
@@ -307,6 +421,11 @@ impl CudaDevice {
         hs: usize,
         scale: f32,
     ) -> Result<()> {
+        if !self.capabilities().flash_attention(qkv.dtype(), hs) {
+            return composed::flash_attention_backward(
+                self, qkv, out, dout, lse, dqkv, b, t, nh, hs, scale,
+            );
+        }
         const OP: &str = "flash_attention_backward";
         let h = HeadsDesc::new(OP, b, t, nh, hs)?;
         h.validate_flash(qkv, &[("out", out), ("dout", dout), ("dqkv", &*dqkv)], lse)?;
@@ -570,117 +689,6 @@ fn tile_count(op: &'static str, t: usize, tile: usize) -> Result<u32> {
 }
 
 impl CudaDevice {
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn split_heads_impl(
-        &self,
-        qkv: &CudaBuffer,
-        q: &mut CudaBuffer,
-        k: &mut CudaBuffer,
-        v: &mut CudaBuffer,
-        b: usize,
-        t: usize,
-        nh: usize,
-        hs: usize,
-    ) -> Result<()> {
-        const OP: &str = "split_heads";
-        let h = HeadsDesc::new(OP, b, t, nh, hs)?;
-        h.validate_split(("qkv", qkv), [("q", &*q), ("k", &*k), ("v", &*v)])?;
-        // SAFETY: split_heads(const T*, T*, T*, T*, int b, int t, int nh, int hs): qkv holds
-        // 3·b·t·nh·hs elements, q/k/v b·t·nh·hs each (checked); gridDim.y = 3 selects the output.
-        unsafe { self.permute_heads(OP, "split_heads", qkv.dtype(), &h, 3, &[qkv, q, k, v]) }
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn split_heads_backward_impl(
-        &self,
-        dq: &CudaBuffer,
-        dk: &CudaBuffer,
-        dv: &CudaBuffer,
-        dqkv: &mut CudaBuffer,
-        b: usize,
-        t: usize,
-        nh: usize,
-        hs: usize,
-    ) -> Result<()> {
-        const OP: &str = "split_heads_backward";
-        let h = HeadsDesc::new(OP, b, t, nh, hs)?;
-        h.validate_split(("dqkv", &*dqkv), [("dq", dq), ("dk", dk), ("dv", dv)])?;
-        let bufs = [dq, dk, dv, &*dqkv];
-        // SAFETY: split_heads_backward(const T*, const T*, const T*, T*, int b, int t, int nh,
-        // int hs): sizes as in split_heads (checked).
-        unsafe { self.permute_heads(OP, "split_heads_backward", dqkv.dtype(), &h, 3, &bufs) }
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn merge_heads_impl(
-        &self,
-        y: &CudaBuffer,
-        out: &mut CudaBuffer,
-        b: usize,
-        t: usize,
-        nh: usize,
-        hs: usize,
-        backward: bool,
-    ) -> Result<()> {
-        const OP: &str = "merge_heads";
-        let h = HeadsDesc::new(OP, b, t, nh, hs)?;
-        h.validate_merge(y, out)?;
-        let kernel = if backward {
-            "merge_heads_backward"
-        } else {
-            "merge_heads"
-        };
-        // SAFETY: merge_heads[_backward](const T*, T*, int b, int t, int nh, int hs): both hold
-        // b·t·nh·hs elements (checked).
-        unsafe { self.permute_heads(OP, kernel, y.dtype(), &h, 1, &[y, out]) }
-    }
-
-    pub(crate) fn softmax_causal_forward_impl(
-        &self,
-        scores: &CudaBuffer,
-        probs: &mut CudaBuffer,
-        rows: usize,
-        t: usize,
-        scale: f32,
-    ) -> Result<()> {
-        const OP: &str = "softmax_causal_forward";
-        let desc = SoftmaxDesc::new(OP, rows, t)?;
-        desc.validate(&[("scores", scores), ("probs", &*probs)])?;
-        let total = desc.total;
-        let s = float_suffix(OP, scores.dtype())?;
-        // The kernels write probs in the scores' dtype.
-        check_dtype(OP, probs, scores.dtype())?;
-        if total == 0 {
-            return Ok(());
-        }
-        // SAFETY: softmax_causal_forward(const T*, T*, u64 rows·t, int t, float): one warp per
-        // line < rows·t, each touching t elements of buffers holding rows·t·t (checked).
-        unsafe { self.softmax_rows(OP, s, rows, t, scale, &[scores, probs]) }
-    }
-
-    pub(crate) fn softmax_causal_backward_impl(
-        &self,
-        probs: &CudaBuffer,
-        dprobs: &CudaBuffer,
-        dscores: &mut CudaBuffer,
-        rows: usize,
-        t: usize,
-        scale: f32,
-    ) -> Result<()> {
-        const OP: &str = "softmax_causal_backward";
-        let desc = SoftmaxDesc::new(OP, rows, t)?;
-        desc.validate(&[("probs", probs), ("dprobs", dprobs), ("dscores", &*dscores)])?;
-        let total = desc.total;
-        let s = float_suffix(OP, probs.dtype())?;
-        // The kernels take all three in one dtype.
-        same_dtype(OP, probs.dtype(), &[dprobs, dscores])?;
-        if total == 0 {
-            return Ok(());
-        }
-        // SAFETY: softmax_causal_backward(const T*, const T*, T*, u64, int, float): as forward.
-        unsafe { self.softmax_rows(OP, s, rows, t, scale, &[probs, dprobs, dscores]) }
-    }
-
     /// Launches the head permutation `<kernel>_<T>` (attention.cu) of `dtype` elements, `h.n`
     /// per head tensor, in a grid-stride loop (16-byte packs where `hs` is whole packs, else
     /// single elements) with `ys` blocks along y: the pointer parameters `bufs`, then

@@ -1,41 +1,10 @@
-//! Element-wise ops and casts, bias add and its gradient, GELU (kernels-cuda/elementwise.cu,
-//! reduce.cu).
+//! [`ElementwiseOps`] for [`CudaDevice`]: element-wise ops, bias add and its gradient, GELU
+//! (kernels-cuda/elementwise.cu, reduce.cu).
 
 use super::prelude::*;
 
-impl CudaDevice {
-    pub(crate) fn cast_impl(
-        &self,
-        src: &CudaBuffer,
-        dst: &mut CudaBuffer,
-        scale: f32,
-    ) -> Result<()> {
-        const OP: &str = "cast";
-        let n = args::validate_cast(src, dst)?;
-        let unsupported = |dtype| DeviceError::Unsupported {
-            op: OP.into(),
-            dtype,
-        };
-        let s = conv::kernel_suffix(src.dtype()).ok_or_else(|| unsupported(src.dtype()))?;
-        let d = conv::kernel_suffix(dst.dtype()).ok_or_else(|| unsupported(dst.dtype()))?;
-        if n == 0 {
-            return Ok(());
-        }
-        // SAFETY: reduce.cu's cast_<s>_<d>(const S*, D*, u64 n, float scale): both buffers hold
-        // n elements (validated), of the dtypes the suffixes name.
-        unsafe {
-            self.kernel(KernelModule::Reduce, &format!("cast_{s}_{d}"))?
-                .grid(self.grid_1d(n))
-                .block((EW_BLOCK, 1, 1))
-                .arg_buf(src)
-                .arg_buf(dst)
-                .arg_u64(n as u64)
-                .arg_f32(scale)
-                .launch()
-        }
-    }
-
-    pub(crate) fn scale_impl(&self, x: &mut CudaBuffer, alpha: f32) -> Result<()> {
+impl ElementwiseOps for CudaDevice {
+    fn scale(&self, x: &mut CudaBuffer, alpha: f32) -> Result<()> {
         const OP: &str = "scale";
         let s = float_suffix(OP, x.dtype())?;
         let n = x.len();
@@ -54,12 +23,7 @@ impl CudaDevice {
         }
     }
 
-    pub(crate) fn add_impl(
-        &self,
-        a: &CudaBuffer,
-        b: &CudaBuffer,
-        out: &mut CudaBuffer,
-    ) -> Result<()> {
+    fn add(&self, a: &CudaBuffer, b: &CudaBuffer, out: &mut CudaBuffer) -> Result<()> {
         const OP: &str = "add";
         let n = args::validate_add(a, b, out)?;
         let s = float_suffix(OP, a.dtype())?;
@@ -79,7 +43,7 @@ impl CudaDevice {
         }
     }
 
-    pub(crate) fn add_assign_impl(&self, dst: &mut CudaBuffer, src: &CudaBuffer) -> Result<()> {
+    fn add_assign(&self, dst: &mut CudaBuffer, src: &CudaBuffer) -> Result<()> {
         const OP: &str = "add_assign";
         let n = args::validate_add_assign(dst, src)?;
         let d = float_suffix(OP, dst.dtype())?;
@@ -99,13 +63,7 @@ impl CudaDevice {
         }
     }
 
-    pub(crate) fn bias_add_impl(
-        &self,
-        x: &mut CudaBuffer,
-        bias: &CudaBuffer,
-        rows: usize,
-        c: usize,
-    ) -> Result<()> {
+    fn bias_add(&self, x: &mut CudaBuffer, bias: &CudaBuffer, rows: usize, c: usize) -> Result<()> {
         const OP: &str = "bias_add";
         let desc = RowsDesc::new(OP, rows, c)?;
         desc.validate_bias_add(x, bias)?;
@@ -130,7 +88,7 @@ impl CudaDevice {
         }
     }
 
-    pub(crate) fn bias_backward_impl(
+    fn bias_backward(
         &self,
         dout: &CudaBuffer,
         dbias: &mut CudaBuffer,
@@ -155,7 +113,7 @@ impl CudaDevice {
         }
     }
 
-    pub(crate) fn gelu_forward_impl(&self, x: &CudaBuffer, out: &mut CudaBuffer) -> Result<()> {
+    fn gelu_forward(&self, x: &CudaBuffer, out: &mut CudaBuffer) -> Result<()> {
         const OP: &str = "gelu_forward";
         let n = args::validate_gelu_forward(x, out)?;
         let s = float_suffix(OP, x.dtype())?;
@@ -176,12 +134,7 @@ impl CudaDevice {
         }
     }
 
-    pub(crate) fn gelu_backward_impl(
-        &self,
-        x: &CudaBuffer,
-        dout: &CudaBuffer,
-        dx: &mut CudaBuffer,
-    ) -> Result<()> {
+    fn gelu_backward(&self, x: &CudaBuffer, dout: &CudaBuffer, dx: &mut CudaBuffer) -> Result<()> {
         const OP: &str = "gelu_backward";
         let n = args::validate_gelu_backward(x, dout, dx)?;
         let s = float_suffix(OP, x.dtype())?;

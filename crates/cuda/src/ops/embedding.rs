@@ -1,11 +1,12 @@
-//! Token and position embedding backward (kernels-cuda/embedding.cu).
+//! [`EmbeddingOps`] for [`CudaDevice`]: token and position embeddings (kernels-cuda/embedding.cu).
 //!
-//! Deterministic without floating-point atomics: a stable radix sort of the positions by token
-//! (one 8-bit pass for a vocabulary below 256, two below 65536; O(n) work per pass), the runs of
-//! equal tokens, then one warp per (run, column chunk) adding the run's rows in position order
-//! to a zeroed accumulator that is added to `dwte` once — the summation order of the previous
-//! implementation, so the results are bit-identical to it. The position gradient is a column
-//! sum. Launches: 1–2 per pass, 0–2 for the runs, 1 for the token rows, 2 for the column sum.
+//! The backward is deterministic without floating-point atomics: a stable radix sort of the
+//! positions by token (one 8-bit pass for a vocabulary below 256, two below 65536; O(n) work per
+//! pass), the runs of equal tokens, then one warp per (run, column chunk) adding the run's rows in
+//! position order to a zeroed accumulator that is added to `dwte` once — the summation order of the
+//! previous implementation, so the results are bit-identical to it. The position gradient is a
+//! column sum. Launches: 1–2 per pass, 0–2 for the runs, 1 for the token rows, 2 for the column
+//! sum.
 
 use super::prelude::*;
 
@@ -18,9 +19,54 @@ const EMB_RADIX: usize = 256;
 /// Warps per block of embedding_backward_wte (one run each).
 const WTE_WARPS: usize = 8;
 
-impl CudaDevice {
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn embedding_backward_impl(
+impl EmbeddingOps for CudaDevice {
+    fn embedding_forward(
+        &self,
+        tokens: &CudaBuffer,
+        wte: &CudaBuffer,
+        wpe: &CudaBuffer,
+        out: &mut CudaBuffer,
+        b: usize,
+        t: usize,
+        c: usize,
+    ) -> Result<()> {
+        const OP: &str = "embedding_forward";
+        let vocab = TokensDesc::new(OP, b, t, c)?.validate(tokens, wte, wpe, out)?;
+        let act = out.dtype();
+        let sa = float_suffix(OP, act)?;
+        // The kernels take the tables in the activations' dtype or in f32, both in one.
+        let sp = wide_suffix(OP, act, "wte", wte.dtype())?;
+        check_dtype(OP, wpe, wte.dtype())?;
+        let bt = b * t;
+        if bt == 0 {
+            return Ok(());
+        }
+        let vocab = dim(OP, "vocab", vocab)?;
+        let f = self.func(
+            KernelModule::Embedding,
+            &format!("embedding_forward_{sa}_{sp}"),
+        )?;
+        let block = (c.div_ceil(32) * 32).clamp(32, 256) as u32;
+        // SAFETY: embedding_forward(const int*, const P*, const P*, A*, int t, int c, int vocab,
+        // unsigned*): tokens hold b·t ids, each row reads wte[tok·c..] (tok checked < vocab in
+        // the kernel) and wpe[(r % t)·c..] (wpe ≥ t·c), writes out[r·c..] (out = b·t·c).
+        unsafe {
+            self.launcher(&f)
+                .grid((grid_dim(OP, bt)?, 1, 1))
+                .block((block, 1, 1))
+                .arg_buf(tokens)
+                .arg_buf(wte)
+                .arg_buf(wpe)
+                .arg_buf(out)
+                .arg_i32(dim(OP, "t", t)?)
+                .arg_i32(dim(OP, "c", c)?)
+                .arg_i32(vocab)
+                .arg_ptr(self.err_word.ptr())
+                .launch()
+        }
+    }
+
+    fn embedding_backward(
         &self,
         tokens: &CudaBuffer,
         dout: &CudaBuffer,
@@ -236,55 +282,6 @@ impl CudaDevice {
                 b,
                 tc,
             )
-        }
-    }
-}
-
-impl CudaDevice {
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn embedding_forward_impl(
-        &self,
-        tokens: &CudaBuffer,
-        wte: &CudaBuffer,
-        wpe: &CudaBuffer,
-        out: &mut CudaBuffer,
-        b: usize,
-        t: usize,
-        c: usize,
-    ) -> Result<()> {
-        const OP: &str = "embedding_forward";
-        let vocab = TokensDesc::new(OP, b, t, c)?.validate(tokens, wte, wpe, out)?;
-        let act = out.dtype();
-        let sa = float_suffix(OP, act)?;
-        // The kernels take the tables in the activations' dtype or in f32, both in one.
-        let sp = wide_suffix(OP, act, "wte", wte.dtype())?;
-        check_dtype(OP, wpe, wte.dtype())?;
-        let bt = b * t;
-        if bt == 0 {
-            return Ok(());
-        }
-        let vocab = dim(OP, "vocab", vocab)?;
-        let f = self.func(
-            KernelModule::Embedding,
-            &format!("embedding_forward_{sa}_{sp}"),
-        )?;
-        let block = (c.div_ceil(32) * 32).clamp(32, 256) as u32;
-        // SAFETY: embedding_forward(const int*, const P*, const P*, A*, int t, int c, int vocab,
-        // unsigned*): tokens hold b·t ids, each row reads wte[tok·c..] (tok checked < vocab in
-        // the kernel) and wpe[(r % t)·c..] (wpe ≥ t·c), writes out[r·c..] (out = b·t·c).
-        unsafe {
-            self.launcher(&f)
-                .grid((grid_dim(OP, bt)?, 1, 1))
-                .block((block, 1, 1))
-                .arg_buf(tokens)
-                .arg_buf(wte)
-                .arg_buf(wpe)
-                .arg_buf(out)
-                .arg_i32(dim(OP, "t", t)?)
-                .arg_i32(dim(OP, "c", c)?)
-                .arg_i32(vocab)
-                .arg_ptr(self.err_word.ptr())
-                .launch()
         }
     }
 }

@@ -1,5 +1,7 @@
-//! FP8 quantisation (kernels-cuda/fp8.cu): [`Device::quantize_fp8`], the fused gradient
-//! variant [`Fused::quantize_fp8_grad`] and the fused GELU variant [`Fused::quantize_fp8_gelu`].
+//! [`Fp8Ops`] for [`CudaDevice`]: every op that reads or writes FP8 codes.
+//!
+//! FP8 quantisation (kernels-cuda/fp8.cu): [`Fp8Ops::quantize_fp8`], the fused gradient
+//! variant [`Fp8Ops::quantize_fp8_grad`] and the fused GELU variant [`Fp8Ops::quantize_fp8_gelu`].
 //!
 //! Paths, chosen from the shape only (buffers are allocation-aligned):
 //! * no transposed copy: `quantize_<S>_<D>`, a grid-stride loop over 8-element vectors with a
@@ -19,17 +21,17 @@
 //! not a multiple of 8, or rows not a multiple of 8 with `dst_t`) run the separate ops, like the
 //! trait's default.
 //!
-//! The multi-matrix variant [`Fused::quantize_fp8_many`] runs `quantize_t_many_<S>_<D>`, the
+//! The multi-matrix variant [`Fp8Ops::quantize_fp8_many`] runs `quantize_t_many_<S>_<D>`, the
 //! 64 × 64 tile kernel over a table of jobs, one tile per block, one launch per (source, FP8)
 //! dtype pair among the jobs (one for a model's bf16 weights). The table (64-byte records:
 //! pointers, shape, the slot's scale/amax addresses, first block) goes through the multi-tensor
 //! table cache of ops/optim.rs: uploaded on the first call with these buffers and reused
 //! afterwards, so a call recorded into a CUDA graph with the same jobs as an earlier eager call
 //! uploads nothing. Jobs the tiles cannot take (cols not a multiple of 8, or rows not a multiple
-//! of 8 with `dst_t`, or unaligned buffers) run [`Device::quantize_fp8`] one by one.
+//! of 8 with `dst_t`, or unaligned buffers) run [`Fp8Ops::quantize_fp8`] one by one.
 //!
-//! The LayerNorm variant [`Fused::layernorm_forward_fp8`] runs `layernorm_fp8_<A>_<P>_<v|s>_<D>`:
-//! the fast LayerNorm forward's block and row layout (`super::layernorm::plan`, chosen exactly
+//! The LayerNorm variant [`Fp8Ops::layernorm_forward_fp8`] runs `layernorm_fp8_<A>_<P>_<v|s>_<D>`:
+//! the fast LayerNorm forward's block and row layout (`super::norm::plan`, chosen exactly
 //! as `layernorm_forward` chooses it for the same operands), so mean, rstd and the normalised
 //! values are its bits, then the codes of each value rounded to `x`'s dtype, as `quantize_fp8`
 //! computes them. One block per 32 rows; with `dst_t` the block's codes go through a 32-row
@@ -43,9 +45,10 @@
 //! run the separate ops, like the trait's default.
 
 use super::gemm::{REFUSED_FP8_BIAS, REFUSED_FP8_GELU};
-use super::layernorm;
+use super::norm;
 use super::prelude::*;
 use crate::blaslt::{self, LtEpilogue};
+use crate::device::FP8_COUNTERS;
 use cudarc::driver::sys as cu;
 use duet_device::{
     AdamWClipStep, AdamWFp8Out, AdamWTensor, Fp8QuantJob, check_adamw_fp8_outs,
@@ -76,7 +79,7 @@ const SMEM_STATIC_RESERVE: usize = 1024;
 const ADAMW_CHUNK_BYTES: usize = 80;
 const CODES_JOB_BYTES: usize = 40;
 
-/// Row width from which [`Fused::layernorm_forward_fp8`] runs the split kernels (statistics,
+/// Row width from which [`Fp8Ops::layernorm_forward_fp8`] runs the split kernels (statistics,
 /// then the 64 × 64 tile kernel) instead of the one-pass kernel.
 const LN_SPLIT_MIN_COLS: usize = 1024;
 
@@ -84,7 +87,7 @@ thread_local! {
     /// Per-thread override of the LayerNorm + FP8 path (`Some(true)`: split whenever possible).
     static LN_SPLIT_ON_THREAD: std::cell::Cell<Option<bool>> =
         const { std::cell::Cell::new(None) };
-    /// Per-thread switch of [`Fused::adamw_clipped_fp8`]'s fused kernel (`false`: the
+    /// Per-thread switch of [`Fp8Ops::adamw_clipped_fp8`]'s fused kernel (`false`: the
     /// separate ops, as the trait's default runs them).
     static ADAMW_FP8_FUSED_ON_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(true) };
 }
@@ -96,14 +99,10 @@ fn use_ln_split(c: usize) -> bool {
         .unwrap_or(c >= LN_SPLIT_MIN_COLS)
 }
 
-/// Column-tile counters of the gradient kernels (u32 each): one per grid y index, of which
-/// [`CudaDevice::tile_grid`] allows at most 65535.
-pub(crate) const FP8_COUNTERS: usize = 65536;
-
-/// What [`CudaDevice::quantize_fp8_impl`] quantises: the source as is (`quantize_*` kernels) or
+/// What [`CudaDevice::quantize_from`] quantises: the source as is (`quantize_*` kernels) or
 /// its GELU, computed on load (`quantize_gelu_*`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum QuantOf {
+enum QuantOf {
     Src,
     Gelu,
 }
@@ -140,11 +139,11 @@ impl CudaDevice {
         ))
     }
 
-    /// FP8 quantisation of `src` or of `gelu(src)` (see [`Device::quantize_fp8`] and
-    /// [`Fused::quantize_fp8_gelu`]): the three paths of the module docs, of the kernel family
+    /// FP8 quantisation of `src` or of `gelu(src)` (see [`Fp8Ops::quantize_fp8`] and
+    /// [`Fp8Ops::quantize_fp8_gelu`]): the three paths of the module docs, of the kernel family
     /// `quantize` or `quantize_gelu`.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn quantize_fp8_impl(
+    fn quantize_from(
         &self,
         of: QuantOf,
         src: &CudaBuffer,
@@ -234,8 +233,81 @@ impl CudaDevice {
         }
     }
 
-    /// Many FP8 quantisations (see [`Fused::quantize_fp8_many`] and the module docs).
-    pub(crate) fn quantize_fp8_many_impl(
+    /// Selects the [`Fp8Ops::layernorm_forward_fp8`] kernels for the calls made on the calling
+    /// thread: `Some(true)` the split kernels (statistics, then the tile kernel) wherever they
+    /// apply, `Some(false)` the one-pass kernel, `None` by row width. For A/B tests and
+    /// benchmarks; both give the same bits.
+    pub fn layernorm_fp8_split_on_this_thread(split: Option<bool>) {
+        LN_SPLIT_ON_THREAD.with(|c| c.set(split));
+    }
+
+    /// Dynamic shared memory the fused LayerNorm kernel may use on this GPU: the opt-in
+    /// maximum per block less [`SMEM_STATIC_RESERVE`] (at least the default 48 KiB).
+    fn lnq_smem_cap(&self) -> usize {
+        self.smem_optin
+            .saturating_sub(SMEM_STATIC_RESERVE)
+            .max(SMEM_DEFAULT)
+    }
+
+    /// How many weight matrices [`Fp8Ops::adamw_clipped_fp8`] has updated and quantised in its
+    /// fused kernel on this device (each call adds the matrices it took), so that a test or a
+    /// benchmark can tell that the fused path ran.
+    pub fn adamw_fp8_fused_count(&self) -> u64 {
+        self.adamw_fp8_fused
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Turns [`Fp8Ops::adamw_clipped_fp8`]'s fused kernel off (or back on) for calls from the
+    /// current thread, so that tests and benchmarks can compare it with the separate ops in one
+    /// process; both give the same bits.
+    pub fn adamw_fp8_fused_on_this_thread(fused: bool) {
+        ADAMW_FP8_FUSED_ON_THREAD.with(|c| c.set(fused));
+    }
+}
+
+impl Fp8Ops for CudaDevice {
+    fn quantize_fp8(
+        &self,
+        src: &CudaBuffer,
+        dst: &mut CudaBuffer,
+        dst_t: Option<&mut CudaBuffer>,
+        rows: usize,
+        cols: usize,
+        scale: &CudaBuffer,
+        amax: &mut CudaBuffer,
+        slot: usize,
+    ) -> Result<()> {
+        self.quantize_from(QuantOf::Src, src, dst, dst_t, rows, cols, scale, amax, slot)
+    }
+
+    /// FP8 GEMM through cuBLASLt (see [`Fp8Ops::gemm_fp8`] and `crate::blaslt`).
+    fn gemm_fp8(
+        &self,
+        desc: &GemmDesc,
+        a: &CudaBuffer,
+        b: &CudaBuffer,
+        c: &mut CudaBuffer,
+        scale_inv: &CudaBuffer,
+        a_slot: usize,
+        b_slot: usize,
+    ) -> Result<()> {
+        blaslt::validate(desc, a, b, c, scale_inv, a_slot, b_slot, self.cc)?;
+        self.with_lt("gemm_fp8", |lt| {
+            lt.gemm_fp8(
+                &self.stream,
+                desc,
+                a,
+                b,
+                c,
+                scale_inv,
+                (a_slot, b_slot),
+                blaslt::LtEpilogue::None,
+            )
+        })
+    }
+
+    /// Many FP8 quantisations (see [`Fp8Ops::quantize_fp8_many`] and the module docs).
+    fn quantize_fp8_many(
         &self,
         jobs: &mut [Fp8QuantJob<'_, CudaBuffer>],
         scale: &CudaBuffer,
@@ -328,9 +400,8 @@ impl CudaDevice {
         Ok(())
     }
 
-    /// Fused gradient quantisation (see [`Fused::quantize_fp8_grad`]).
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn quantize_fp8_grad_impl(
+    /// Fused gradient quantisation (see [`Fp8Ops::quantize_fp8_grad`]).
+    fn quantize_fp8_grad(
         &self,
         dout: &CudaBuffer,
         gelu_pre: Option<&CudaBuffer>,
@@ -422,10 +493,33 @@ impl CudaDevice {
         }
     }
 
+    fn quantize_fp8_gelu(
+        &self,
+        pre: &CudaBuffer,
+        dst: &mut CudaBuffer,
+        dst_t: Option<&mut CudaBuffer>,
+        rows: usize,
+        cols: usize,
+        scale: &CudaBuffer,
+        amax: &mut CudaBuffer,
+        slot: usize,
+    ) -> Result<()> {
+        self.quantize_from(
+            QuantOf::Gelu,
+            pre,
+            dst,
+            dst_t,
+            rows,
+            cols,
+            scale,
+            amax,
+            slot,
+        )
+    }
+
     /// LayerNorm forward with the FP8 quantisation of its output (see
-    /// [`Fused::layernorm_forward_fp8`]).
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn layernorm_forward_fp8_impl(
+    /// [`Fp8Ops::layernorm_forward_fp8`]).
+    fn layernorm_forward_fp8(
         &self,
         x: &CudaBuffer,
         gamma: &CudaBuffer,
@@ -465,7 +559,7 @@ impl CudaDevice {
         let (ni, ci) = (dim(OP, "n", n)?, dim(OP, "c", c)?);
         // layernorm_forward's plan for these operands (its `out` would be a fresh, aligned
         // allocation), so the row statistics are computed in its order.
-        let plan = layernorm::plan(
+        let plan = norm::plan(
             c,
             act,
             aligned16(&[x.ptr(), gamma.ptr(), beta.ptr()]),
@@ -543,7 +637,7 @@ impl CudaDevice {
             )
             .map_err(drv("cuFuncSetAttribute"))?;
         }
-        let (_, threads) = p.block(layernorm::LN_WARPS);
+        let (_, threads) = p.block(norm::LN_WARPS);
         let grid = (grid_dim(OP, n.div_ceil(LNQ_ROWS))?, 1, 1);
         // SAFETY: layernorm_fp8_A_P_{v|s}_D(const A* x, const P* gamma, const P* beta,
         // float* mean, float* rstd, D* dst, D* dst_t, int n, int c, float eps, int G,
@@ -577,38 +671,160 @@ impl CudaDevice {
         }
     }
 
-    /// Selects the [`Fused::layernorm_forward_fp8`](duet_device::Fused::layernorm_forward_fp8) kernels for the calls made on the calling
-    /// thread: `Some(true)` the split kernels (statistics, then the tile kernel) wherever they
-    /// apply, `Some(false)` the one-pass kernel, `None` by row width. For A/B tests and
-    /// benchmarks; both give the same bits.
-    pub fn layernorm_fp8_split_on_this_thread(split: Option<bool>) {
-        LN_SPLIT_ON_THREAD.with(|c| c.set(split));
+    /// An FP8 GEMM with a bias, bias + residual or bias + GELU epilogue (bias, residual and
+    /// pre-activation in C's dtype). Where cuBLASLt refuses one (remembered), the FP8 GEMM and
+    /// the separate ops.
+    fn gemm_fp8_epilogue(
+        &self,
+        desc: &GemmDesc,
+        a: &CudaBuffer,
+        b: &CudaBuffer,
+        c: &mut CudaBuffer,
+        scale_inv: &CudaBuffer,
+        a_slot: usize,
+        b_slot: usize,
+        epilogue: Epilogue<'_, CudaBuffer>,
+    ) -> Result<()> {
+        if !self.capabilities().fp8_gemm_epilogue(c.dtype()) {
+            return composed::gemm_fp8_epilogue(
+                self, desc, a, b, c, scale_inv, a_slot, b_slot, epilogue,
+            );
+        }
+        const OP8: &str = "gemm_fp8_epilogue";
+        blaslt::validate(desc, a, b, c, scale_inv, a_slot, b_slot, self.cc)?;
+        let dt = c.dtype();
+        if !matches!(dt, DType::BF16 | DType::F16) {
+            return Err(DeviceError::Unsupported {
+                op: format!("{OP8} (C must be bf16 or f16)"),
+                dtype: dt,
+            });
+        }
+        // One dense C (the fallback adds the bias over whole rows of C); alpha 1 and beta 0,
+        // and residual and pre of C's length, where the epilogue needs them.
+        epilogue_shape(OP8, desc, &epilogue, c.len())?;
+        // The epilogues take the bias (n elements), residual and pre in C's dtype.
+        let check_bias = |bias: &CudaBuffer| -> Result<()> {
+            check_dtype(OP8, bias, dt)?;
+            duet_device::check_len(OP8, "bias", bias, desc.n)
+        };
+        let (slots, scales) = ((a_slot, b_slot), scale_inv);
+        match epilogue {
+            Epilogue::Bias(bias) | Epilogue::BiasResidual { bias, .. } => {
+                check_bias(bias)?;
+                let residual = match epilogue {
+                    Epilogue::BiasResidual { residual, .. } => {
+                        check_dtype(OP8, residual, dt)?;
+                        Some(residual)
+                    }
+                    _ => None,
+                };
+                let epi = match residual {
+                    Some(r) => LtEpilogue::BiasResidual {
+                        bias: bias.ptr(),
+                        dtype: dt,
+                        residual: r.ptr(),
+                    },
+                    None => LtEpilogue::Bias {
+                        bias: bias.ptr(),
+                        dtype: dt,
+                    },
+                };
+                let what =
+                    "the FP8 GEMM's bias epilogue (the bias then added by a separate kernel)";
+                let fused = self.lt_unless_refused(REFUSED_FP8_BIAS, what, || {
+                    self.with_lt(OP8, |lt| {
+                        lt.gemm_fp8(&self.stream, desc, a, b, c, scales, slots, epi)
+                    })
+                });
+                if fused {
+                    return Ok(());
+                }
+                match residual {
+                    Some(r) => {
+                        self.copy(r, 0, c, 0, c.len())?;
+                        let acc = GemmDesc { beta: 1.0, ..*desc };
+                        self.gemm_fp8(&acc, a, b, c, scales, a_slot, b_slot)?;
+                    }
+                    None => self.gemm_fp8(desc, a, b, c, scales, a_slot, b_slot)?,
+                }
+                self.bias_add(c, bias, desc.m, desc.n)
+            }
+            Epilogue::BiasGelu { bias, pre } => {
+                check_bias(bias)?;
+                check_dtype(OP8, &*pre, dt)?;
+                if !desc.n.is_multiple_of(8) {
+                    return Err(DeviceError::InvalidArgument(format!(
+                        "{OP8}: n {} must be a multiple of 8 for a GELU epilogue",
+                        desc.n
+                    )));
+                }
+                let epi = LtEpilogue::GeluAuxBias {
+                    bias: bias.ptr(),
+                    dtype: dt,
+                    aux: pre.ptr(),
+                    ld: desc.ldc as i64,
+                };
+                let what =
+                    "the FP8 GEMM's bias + GELU epilogue (bias and GELU then by separate kernels)";
+                let fused = self.lt_unless_refused(REFUSED_FP8_GELU, what, || {
+                    self.with_lt(OP8, |lt| {
+                        lt.gemm_fp8(&self.stream, desc, a, b, c, scales, slots, epi)
+                    })
+                });
+                if fused {
+                    return Ok(());
+                }
+                self.gemm_fp8(desc, a, b, pre, scales, a_slot, b_slot)?;
+                self.bias_add(pre, bias, desc.m, desc.n)?;
+                self.gelu_forward(pre, c)
+            }
+            _ => Err(DeviceError::InvalidArgument(format!(
+                "{OP8}: only the bias, bias + residual and bias + GELU epilogues run on FP8 GEMMs"
+            ))),
+        }
     }
 
-    /// Dynamic shared memory the fused LayerNorm kernel may use on this GPU: the opt-in
-    /// maximum per block less [`SMEM_STATIC_RESERVE`] (at least the default 48 KiB).
-    fn lnq_smem_cap(&self) -> usize {
-        self.smem_optin
-            .saturating_sub(SMEM_STATIC_RESERVE)
-            .max(SMEM_DEFAULT)
+    fn fp8_scaling_update(
+        &self,
+        amax: &mut CudaBuffer,
+        history: &mut CudaBuffer,
+        scale: &mut CudaBuffer,
+        scale_inv: &mut CudaBuffer,
+        inv_stride: usize,
+        fp8_max: &CudaBuffer,
+        len: usize,
+        most_recent: bool,
+        margin: i32,
+    ) -> Result<()> {
+        let ops = duet_device::check_fp8_scaling_args(
+            amax, history, scale, scale_inv, inv_stride, fp8_max, len,
+        )?;
+        if ops == 0 {
+            return Ok(());
+        }
+        // SAFETY: fp8_scaling_update(float* amax, float* history, float* scale,
+        // float* scale_inv, u64 inv_stride, const float* fp8_max, u64 ops, u64 len,
+        // int most_recent, int margin); every buffer is f32 and holds ops (history ops × len,
+        // scale_inv ops × inv_stride) elements (checked above); one thread per operand.
+        unsafe {
+            self.kernel(KernelModule::Fp8Scaling, "fp8_scaling_update")?
+                .grid((ops.div_ceil(128) as u32, 1, 1))
+                .block((128, 1, 1))
+                .arg_buf(amax)
+                .arg_buf(history)
+                .arg_buf(scale)
+                .arg_buf(scale_inv)
+                .arg_u64(inv_stride as u64)
+                .arg_buf(fp8_max)
+                .arg_u64(ops as u64)
+                .arg_u64(len as u64)
+                .arg_i32(most_recent as i32)
+                .arg_i32(margin)
+                .launch()
+        }
     }
 
-    /// How many weight matrices [`Fused::adamw_clipped_fp8`](duet_device::Fused::adamw_clipped_fp8) has updated and quantised in its
-    /// fused kernel on this device (each call adds the matrices it took), so that a test or a
-    /// benchmark can tell that the fused path ran.
-    pub fn adamw_fp8_fused_count(&self) -> u64 {
-        self.adamw_fp8_fused
-            .load(std::sync::atomic::Ordering::Relaxed)
-    }
-
-    /// Turns [`Fused::adamw_clipped_fp8`](duet_device::Fused::adamw_clipped_fp8)'s fused kernel off (or back on) for calls from the
-    /// current thread, so that tests and benchmarks can compare it with the separate ops in one
-    /// process; both give the same bits.
-    pub fn adamw_fp8_fused_on_this_thread(fused: bool) {
-        ADAMW_FP8_FUSED_ON_THREAD.with(|c| c.set(fused));
-    }
-
-    /// [`Fused::adamw_clipped_fp8`]: every output the fused kernel takes (a weight with no
+    /// [`Fp8Ops::adamw_clipped_fp8`]: every output the fused kernel takes (a weight with no
     /// working copy, i.e. its f32 `param` is the weight, f32 moments, a gradient of f32, bf16 or
     /// f16, one output per tensor) is updated by `adamw_fp8_<D>` (one launch per FP8 dtype, the
     /// chunks of `adamw_multi`), which also writes its codes and records its amax; their
@@ -617,7 +833,7 @@ impl CudaDevice {
     /// go through `adamw_multi`, and the other outputs are quantised from their updated weights
     /// afterwards (`quantize_fp8_many`), as the trait's default does. Every operand is checked
     /// before anything is launched.
-    pub(crate) fn adamw_clipped_fp8_impl(
+    fn adamw_clipped_fp8(
         &self,
         tensors: &mut [AdamWTensor<'_, CudaBuffer>],
         step: &AdamWClipStep,
@@ -720,7 +936,7 @@ impl CudaDevice {
                 weight_decay: t.weight_decay,
             })
             .collect();
-        self.adamw_clipped_impl(&mut rest, step, scalars)?;
+        self.adamw_clipped(&mut rest, step, scalars)?;
         drop(rest);
         let s = *step;
         for (ds, records, count) in groups {
@@ -786,187 +1002,6 @@ impl CudaDevice {
         if jobs.is_empty() {
             return Ok(());
         }
-        self.quantize_fp8_many_impl(&mut jobs, scale, amax)
-    }
-}
-
-impl CudaDevice {
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn fp8_scaling_update_impl(
-        &self,
-        amax: &mut CudaBuffer,
-        history: &mut CudaBuffer,
-        scale: &mut CudaBuffer,
-        scale_inv: &mut CudaBuffer,
-        inv_stride: usize,
-        fp8_max: &CudaBuffer,
-        len: usize,
-        most_recent: bool,
-        margin: i32,
-    ) -> Result<()> {
-        let ops = duet_device::check_fp8_scaling_args(
-            amax, history, scale, scale_inv, inv_stride, fp8_max, len,
-        )?;
-        if ops == 0 {
-            return Ok(());
-        }
-        // SAFETY: fp8_scaling_update(float* amax, float* history, float* scale,
-        // float* scale_inv, u64 inv_stride, const float* fp8_max, u64 ops, u64 len,
-        // int most_recent, int margin); every buffer is f32 and holds ops (history ops × len,
-        // scale_inv ops × inv_stride) elements (checked above); one thread per operand.
-        unsafe {
-            self.kernel(KernelModule::Fp8Scaling, "fp8_scaling_update")?
-                .grid((ops.div_ceil(128) as u32, 1, 1))
-                .block((128, 1, 1))
-                .arg_buf(amax)
-                .arg_buf(history)
-                .arg_buf(scale)
-                .arg_buf(scale_inv)
-                .arg_u64(inv_stride as u64)
-                .arg_buf(fp8_max)
-                .arg_u64(ops as u64)
-                .arg_u64(len as u64)
-                .arg_i32(most_recent as i32)
-                .arg_i32(margin)
-                .launch()
-        }
-    }
-}
-
-impl CudaDevice {
-    /// FP8 GEMM through cuBLASLt (see [`Device::gemm_fp8`] and [`crate::blaslt`]).
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn gemm_fp8_impl(
-        &self,
-        desc: &GemmDesc,
-        a: &CudaBuffer,
-        b: &CudaBuffer,
-        c: &mut CudaBuffer,
-        scale_inv: &CudaBuffer,
-        a_slot: usize,
-        b_slot: usize,
-    ) -> Result<()> {
-        blaslt::validate(desc, a, b, c, scale_inv, a_slot, b_slot, self.cc)?;
-        self.with_lt("gemm_fp8", |lt| {
-            lt.gemm_fp8(
-                &self.stream,
-                desc,
-                a,
-                b,
-                c,
-                scale_inv,
-                (a_slot, b_slot),
-                blaslt::LtEpilogue::None,
-            )
-        })
-    }
-
-    /// An FP8 GEMM with a bias, bias + residual or bias + GELU epilogue (bias, residual and
-    /// pre-activation in C's dtype). Where cuBLASLt refuses one (remembered), the FP8 GEMM and
-    /// the separate ops.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn gemm_fp8_epilogue_impl(
-        &self,
-        desc: &GemmDesc,
-        a: &CudaBuffer,
-        b: &CudaBuffer,
-        c: &mut CudaBuffer,
-        scale_inv: &CudaBuffer,
-        a_slot: usize,
-        b_slot: usize,
-        epilogue: Epilogue<'_, CudaBuffer>,
-    ) -> Result<()> {
-        const OP8: &str = "gemm_fp8_epilogue";
-        blaslt::validate(desc, a, b, c, scale_inv, a_slot, b_slot, self.cc)?;
-        let dt = c.dtype();
-        if !matches!(dt, DType::BF16 | DType::F16) {
-            return Err(DeviceError::Unsupported {
-                op: format!("{OP8} (C must be bf16 or f16)"),
-                dtype: dt,
-            });
-        }
-        // One dense C (the fallback adds the bias over whole rows of C); alpha 1 and beta 0,
-        // and residual and pre of C's length, where the epilogue needs them.
-        epilogue_shape(OP8, desc, &epilogue, c.len())?;
-        // The epilogues take the bias (n elements), residual and pre in C's dtype.
-        let check_bias = |bias: &CudaBuffer| -> Result<()> {
-            check_dtype(OP8, bias, dt)?;
-            duet_device::check_len(OP8, "bias", bias, desc.n)
-        };
-        let (slots, scales) = ((a_slot, b_slot), scale_inv);
-        match epilogue {
-            Epilogue::Bias(bias) | Epilogue::BiasResidual { bias, .. } => {
-                check_bias(bias)?;
-                let residual = match epilogue {
-                    Epilogue::BiasResidual { residual, .. } => {
-                        check_dtype(OP8, residual, dt)?;
-                        Some(residual)
-                    }
-                    _ => None,
-                };
-                let epi = match residual {
-                    Some(r) => LtEpilogue::BiasResidual {
-                        bias: bias.ptr(),
-                        dtype: dt,
-                        residual: r.ptr(),
-                    },
-                    None => LtEpilogue::Bias {
-                        bias: bias.ptr(),
-                        dtype: dt,
-                    },
-                };
-                let what =
-                    "the FP8 GEMM's bias epilogue (the bias then added by a separate kernel)";
-                let fused = self.lt_unless_refused(REFUSED_FP8_BIAS, what, || {
-                    self.with_lt(OP8, |lt| {
-                        lt.gemm_fp8(&self.stream, desc, a, b, c, scales, slots, epi)
-                    })
-                });
-                if fused {
-                    return Ok(());
-                }
-                match residual {
-                    Some(r) => {
-                        self.copy(r, 0, c, 0, c.len())?;
-                        let acc = GemmDesc { beta: 1.0, ..*desc };
-                        self.gemm_fp8(&acc, a, b, c, scales, a_slot, b_slot)?;
-                    }
-                    None => self.gemm_fp8(desc, a, b, c, scales, a_slot, b_slot)?,
-                }
-                self.bias_add(c, bias, desc.m, desc.n)
-            }
-            Epilogue::BiasGelu { bias, pre } => {
-                check_bias(bias)?;
-                check_dtype(OP8, &*pre, dt)?;
-                if !desc.n.is_multiple_of(8) {
-                    return Err(DeviceError::InvalidArgument(format!(
-                        "{OP8}: n {} must be a multiple of 8 for a GELU epilogue",
-                        desc.n
-                    )));
-                }
-                let epi = LtEpilogue::GeluAuxBias {
-                    bias: bias.ptr(),
-                    dtype: dt,
-                    aux: pre.ptr(),
-                    ld: desc.ldc as i64,
-                };
-                let what =
-                    "the FP8 GEMM's bias + GELU epilogue (bias and GELU then by separate kernels)";
-                let fused = self.lt_unless_refused(REFUSED_FP8_GELU, what, || {
-                    self.with_lt(OP8, |lt| {
-                        lt.gemm_fp8(&self.stream, desc, a, b, c, scales, slots, epi)
-                    })
-                });
-                if fused {
-                    return Ok(());
-                }
-                self.gemm_fp8(desc, a, b, pre, scales, a_slot, b_slot)?;
-                self.bias_add(pre, bias, desc.m, desc.n)?;
-                self.gelu_forward(pre, c)
-            }
-            _ => Err(DeviceError::InvalidArgument(format!(
-                "{OP8}: only the bias, bias + residual and bias + GELU epilogues run on FP8 GEMMs"
-            ))),
-        }
+        self.quantize_fp8_many(&mut jobs, scale, amax)
     }
 }

@@ -1,10 +1,12 @@
+//! [`GemmOps`] for [`CudaDevice`]: GEMMs (cuBLAS, or cuBLASLt when autotuned) and their epilogues.
+//!
 //! GEMMs with fused epilogues through cuBLASLt (bias, bias + GELU with the pre-activation kept,
-//! GELU backward): see [`duet_device::Fused::gemm_epilogue`]; and the FP8 GEMMs' bias and
-//! bias + GELU epilogues ([`duet_device::Fused::gemm_fp8_epilogue`]).
+//! GELU backward): see [`duet_device::GemmOps::gemm_epilogue`]; and the FP8 GEMMs' bias and
+//! bias + GELU epilogues ([`duet_device::Fp8Ops::gemm_fp8_epilogue`]).
 
 use super::prelude::*;
 use crate::blaslt::{self, LtEpilogue, float_type};
-use duet_device::{Epilogue, GemmDesc};
+use duet_device::{Epilogue, GemmDesc, composed};
 
 const OP: &str = "gemm_epilogue";
 
@@ -17,92 +19,6 @@ const REFUSED_BGRAD_F32_OUT: u8 = 8;
 impl CudaDevice {
     pub(crate) fn epilogue_supported(&self, dtype: DType) -> bool {
         self.cc >= 80 && matches!(dtype, DType::BF16 | DType::F16)
-    }
-
-    pub(crate) fn gemm_epilogue_impl(
-        &self,
-        desc: &GemmDesc,
-        a: &CudaBuffer,
-        b: &CudaBuffer,
-        c: &mut CudaBuffer,
-        epilogue: Epilogue<'_, CudaBuffer>,
-    ) -> Result<()> {
-        // A and B share the 16-bit dtype; C is that dtype, or f32 for the epilogues that
-        // allow it (bias, bias gradient).
-        let dt = a.dtype();
-        if !self.epilogue_supported(dt) {
-            return Err(DeviceError::Unsupported {
-                op: format!("{OP} on sm_{}", self.cc),
-                dtype: dt,
-            });
-        }
-        duet_device::validate_lt_epilogue(OP, desc, a, b, c, &epilogue)?;
-        // The pre-activation shares C's layout (cuBLASLt wants its leading dimension a
-        // multiple of 8 and its address 16-byte aligned: checked above).
-        let aux = |pre: &CudaBuffer| (pre.ptr_at(desc.c_offset), desc.ldc as i64);
-        let (lt_epi, bias) = match epilogue {
-            Epilogue::BiasResidual { bias, residual } => (
-                LtEpilogue::BiasResidual {
-                    bias: bias.ptr(),
-                    dtype: bias.dtype(),
-                    residual: residual.ptr_at(desc.c_offset),
-                },
-                Some(bias),
-            ),
-            Epilogue::Bias(bias) => (
-                LtEpilogue::Bias {
-                    bias: bias.ptr(),
-                    dtype: bias.dtype(),
-                },
-                Some(bias),
-            ),
-            Epilogue::BiasGelu { bias, pre } => {
-                let (aux, ld) = aux(&*pre);
-                (
-                    LtEpilogue::GeluAuxBias {
-                        bias: bias.ptr(),
-                        dtype: bias.dtype(),
-                        aux,
-                        ld,
-                    },
-                    Some(bias),
-                )
-            }
-            Epilogue::DGelu { pre } => {
-                let (aux, ld) = aux(pre);
-                (LtEpilogue::DGelu { aux, ld }, None)
-            }
-            Epilogue::BiasGradA { dbias } => return self.gemm_bias_grad(desc, a, b, c, dbias),
-        };
-        let first = self.lt_matmul(desc, a, b, c, lt_epi);
-        match (first, bias) {
-            (Ok(()), _) => Ok(()),
-            // cuBLASLt versions without f32 bias for 16-bit outputs: the bias goes in C's dtype.
-            (Err(_), Some(bias)) if bias.dtype() == DType::F32 => {
-                let mut low = self.alloc(dt, desc.n)?;
-                self.cast(bias, &mut low, 1.0)?;
-                let lt_epi = match lt_epi {
-                    LtEpilogue::Bias { .. } => LtEpilogue::Bias {
-                        bias: low.ptr(),
-                        dtype: dt,
-                    },
-                    LtEpilogue::BiasResidual { residual, .. } => LtEpilogue::BiasResidual {
-                        bias: low.ptr(),
-                        dtype: dt,
-                        residual,
-                    },
-                    LtEpilogue::GeluAuxBias { aux, ld, .. } => LtEpilogue::GeluAuxBias {
-                        bias: low.ptr(),
-                        dtype: dt,
-                        aux,
-                        ld,
-                    },
-                    other => other,
-                };
-                self.lt_matmul(desc, a, b, c, lt_epi)
-            }
-            (Err(e), _) => Err(e),
-        }
     }
 
     /// One 16-bit cuBLASLt matmul (A and B of A's dtype, no scales) with `epi`.
@@ -188,8 +104,8 @@ impl CudaDevice {
     }
 }
 
-impl CudaDevice {
-    pub(crate) fn gemm_impl(
+impl GemmOps for CudaDevice {
+    fn gemm(
         &self,
         desc: &GemmDesc,
         a: &CudaBuffer,
@@ -208,9 +124,98 @@ impl CudaDevice {
         self.blas.gemm(desc, a, b, c)
     }
 
-    pub(crate) fn set_gemm_autotune_impl(&self, on: bool) -> bool {
+    fn set_gemm_autotune(&self, on: bool) -> bool {
         self.autotune
             .store(on, std::sync::atomic::Ordering::Relaxed);
         true
+    }
+
+    fn gemm_epilogue(
+        &self,
+        desc: &GemmDesc,
+        a: &CudaBuffer,
+        b: &CudaBuffer,
+        c: &mut CudaBuffer,
+        epilogue: Epilogue<'_, CudaBuffer>,
+    ) -> Result<()> {
+        if !self.capabilities().gemm_epilogue(a.dtype()) {
+            return composed::gemm_epilogue(self, desc, a, b, c, epilogue);
+        }
+        // A and B share the 16-bit dtype; C is that dtype, or f32 for the epilogues that
+        // allow it (bias, bias gradient).
+        let dt = a.dtype();
+        if !self.epilogue_supported(dt) {
+            return Err(DeviceError::Unsupported {
+                op: format!("{OP} on sm_{}", self.cc),
+                dtype: dt,
+            });
+        }
+        duet_gpu::validate_lt_epilogue(OP, desc, a, b, c, &epilogue)?;
+        // The pre-activation shares C's layout (cuBLASLt wants its leading dimension a
+        // multiple of 8 and its address 16-byte aligned: checked above).
+        let aux = |pre: &CudaBuffer| (pre.ptr_at(desc.c_offset), desc.ldc as i64);
+        let (lt_epi, bias) = match epilogue {
+            Epilogue::BiasResidual { bias, residual } => (
+                LtEpilogue::BiasResidual {
+                    bias: bias.ptr(),
+                    dtype: bias.dtype(),
+                    residual: residual.ptr_at(desc.c_offset),
+                },
+                Some(bias),
+            ),
+            Epilogue::Bias(bias) => (
+                LtEpilogue::Bias {
+                    bias: bias.ptr(),
+                    dtype: bias.dtype(),
+                },
+                Some(bias),
+            ),
+            Epilogue::BiasGelu { bias, pre } => {
+                let (aux, ld) = aux(&*pre);
+                (
+                    LtEpilogue::GeluAuxBias {
+                        bias: bias.ptr(),
+                        dtype: bias.dtype(),
+                        aux,
+                        ld,
+                    },
+                    Some(bias),
+                )
+            }
+            Epilogue::DGelu { pre } => {
+                let (aux, ld) = aux(pre);
+                (LtEpilogue::DGelu { aux, ld }, None)
+            }
+            Epilogue::BiasGradA { dbias } => return self.gemm_bias_grad(desc, a, b, c, dbias),
+        };
+        let first = self.lt_matmul(desc, a, b, c, lt_epi);
+        match (first, bias) {
+            (Ok(()), _) => Ok(()),
+            // cuBLASLt versions without f32 bias for 16-bit outputs: the bias goes in C's dtype.
+            (Err(_), Some(bias)) if bias.dtype() == DType::F32 => {
+                let mut low = self.alloc(dt, desc.n)?;
+                self.cast(bias, &mut low, 1.0)?;
+                let lt_epi = match lt_epi {
+                    LtEpilogue::Bias { .. } => LtEpilogue::Bias {
+                        bias: low.ptr(),
+                        dtype: dt,
+                    },
+                    LtEpilogue::BiasResidual { residual, .. } => LtEpilogue::BiasResidual {
+                        bias: low.ptr(),
+                        dtype: dt,
+                        residual,
+                    },
+                    LtEpilogue::GeluAuxBias { aux, ld, .. } => LtEpilogue::GeluAuxBias {
+                        bias: low.ptr(),
+                        dtype: dt,
+                        aux,
+                        ld,
+                    },
+                    other => other,
+                };
+                self.lt_matmul(desc, a, b, c, lt_epi)
+            }
+            (Err(e), _) => Err(e),
+        }
     }
 }

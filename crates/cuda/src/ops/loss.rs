@@ -1,4 +1,4 @@
-//! The loss: fused softmax + cross-entropy (kernels-cuda/cross_entropy.cu).
+//! [`LossOps`] for [`CudaDevice`]: fused softmax + cross-entropy (kernels-cuda/cross_entropy.cu).
 
 use super::prelude::*;
 use cudarc::driver::CudaFunction;
@@ -25,109 +25,11 @@ thread_local! {
 }
 
 impl CudaDevice {
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn cross_entropy_impl(
-        &self,
-        logits: &CudaBuffer,
-        targets: &CudaBuffer,
-        losses: &mut CudaBuffer,
-        dlogits: Option<&mut CudaBuffer>,
-        n: usize,
-        v: usize,
-        ld: usize,
-        grad_scale: f32,
-    ) -> Result<()> {
-        const OP: &str = "cross_entropy";
-        RowsDesc::new(OP, n, ld)?.validate_cross_entropy(
-            logits,
-            targets,
-            losses,
-            dlogits.as_deref(),
-            v,
-        )?;
-        let s = float_suffix(OP, logits.dtype())?;
-        if let Some(d) = &dlogits {
-            // The kernels write dlogits in the logits' dtype.
-            check_dtype(OP, *d, logits.dtype())?;
-        }
-        if n == 0 {
-            return Ok(());
-        }
-        let dptr = dlogits.map(|d| d.ptr()).unwrap_or(0);
-        let block = duet_device::cross_entropy_threads(v);
-        let (f, mode, cache) = self.ce_func("cross_entropy", s, logits.dtype(), v)?;
-        // SAFETY: cross_entropy[_exp](const T*, const int*, float*, T* (nullable), int v, int
-        // ld, float, unsigned*, int cached): one block per row < n over logits/dlogits (n·ld,
-        // checked, v ≤ ld), targets and losses (n); with `cached` 1 (the logits cache) or the
-        // _exp kernel, `cache` bytes of dynamic shared memory hold the row's ceil(v / 8) groups
-        // of 8 elements as stored or in f32 (the mode, the kernel and the bytes from ce_func,
-        // which allowed the function that much).
-        unsafe {
-            self.launcher(&f)
-                .grid((grid_dim(OP, n)?, 1, 1))
-                .block((block, 1, 1))
-                .arg_buf(logits)
-                .arg_buf(targets)
-                .arg_buf(losses)
-                .arg_ptr(dptr)
-                .arg_i32(dim(OP, "v", v)?)
-                .arg_i32(dim(OP, "ld", ld)?)
-                .arg_f32(grad_scale)
-                .arg_ptr(self.err_word.ptr())
-                .arg_i32(mode as i32)
-                .shared_mem(cache)
-                .launch()
-        }
-    }
-
     /// Selects where the cross-entropy kernels keep a row for the calls made on the calling
     /// thread: `Some(c)` that cache where its shared memory fits (else the next one down),
     /// `None` the default. Every choice gives the same bits. For A/B tests and benchmarks.
     pub fn cross_entropy_cache_on_this_thread(cache: Option<CrossEntropyCache>) {
         CE_CACHE_ON_THREAD.with(|c| c.set(cache));
-    }
-
-    /// [`duet_device::Fused::cross_entropy_in_place`]: kernels-cuda/cross_entropy.cu's
-    /// `cross_entropy_in_place_T` (the gradient over the logits, one block per row).
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn cross_entropy_in_place_impl(
-        &self,
-        logits: &mut CudaBuffer,
-        targets: &CudaBuffer,
-        losses: &mut CudaBuffer,
-        n: usize,
-        v: usize,
-        ld: usize,
-        grad_scale: f32,
-    ) -> Result<()> {
-        const OP: &str = "cross_entropy_in_place";
-        RowsDesc::new(OP, n, ld)?.validate_cross_entropy(&*logits, targets, losses, None, v)?;
-        let s = float_suffix(OP, logits.dtype())?;
-        if n == 0 {
-            return Ok(());
-        }
-        let block = duet_device::cross_entropy_threads(v);
-        let (f, mode, cache) = self.ce_func("cross_entropy_in_place", s, logits.dtype(), v)?;
-        // SAFETY: cross_entropy_in_place[_exp](T* logits, const int*, float*, int v, int ld, float,
-        // unsigned*, int cached): one block per row < n over logits (n·ld, checked, v ≤ ld;
-        // each element read and then overwritten by the same thread, after the block's
-        // reductions), targets and losses (n); `cache` bytes of dynamic shared memory as in
-        // cross_entropy_impl.
-        unsafe {
-            self.launcher(&f)
-                .grid((grid_dim(OP, n)?, 1, 1))
-                .block((block, 1, 1))
-                .arg_buf(logits)
-                .arg_buf(targets)
-                .arg_buf(losses)
-                .arg_i32(dim(OP, "v", v)?)
-                .arg_i32(dim(OP, "ld", ld)?)
-                .arg_f32(grad_scale)
-                .arg_ptr(self.err_word.ptr())
-                .arg_i32(mode as i32)
-                .shared_mem(cache)
-                .launch()
-        }
     }
 
     /// The cross-entropy kernel `<name>_<sfx>` (`<name>_exp_<sfx>` for the f32 cache), where it
@@ -171,5 +73,103 @@ impl CudaDevice {
             .map_err(drv("cuFuncSetAttribute"))?;
         }
         Ok((f, mode, bytes as u32))
+    }
+}
+
+impl LossOps for CudaDevice {
+    fn cross_entropy_padded(
+        &self,
+        logits: &CudaBuffer,
+        targets: &CudaBuffer,
+        losses: &mut CudaBuffer,
+        dlogits: Option<&mut CudaBuffer>,
+        n: usize,
+        v: usize,
+        ld: usize,
+        grad_scale: f32,
+    ) -> Result<()> {
+        const OP: &str = "cross_entropy";
+        RowsDesc::new(OP, n, ld)?.validate_cross_entropy(
+            logits,
+            targets,
+            losses,
+            dlogits.as_deref(),
+            v,
+        )?;
+        let s = float_suffix(OP, logits.dtype())?;
+        if let Some(d) = &dlogits {
+            // The kernels write dlogits in the logits' dtype.
+            check_dtype(OP, *d, logits.dtype())?;
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let dptr = dlogits.map(|d| d.ptr()).unwrap_or(0);
+        let block = duet_gpu::cross_entropy_threads(v);
+        let (f, mode, cache) = self.ce_func("cross_entropy", s, logits.dtype(), v)?;
+        // SAFETY: cross_entropy[_exp](const T*, const int*, float*, T* (nullable), int v, int
+        // ld, float, unsigned*, int cached): one block per row < n over logits/dlogits (n·ld,
+        // checked, v ≤ ld), targets and losses (n); with `cached` 1 (the logits cache) or the
+        // _exp kernel, `cache` bytes of dynamic shared memory hold the row's ceil(v / 8) groups
+        // of 8 elements as stored or in f32 (the mode, the kernel and the bytes from ce_func,
+        // which allowed the function that much).
+        unsafe {
+            self.launcher(&f)
+                .grid((grid_dim(OP, n)?, 1, 1))
+                .block((block, 1, 1))
+                .arg_buf(logits)
+                .arg_buf(targets)
+                .arg_buf(losses)
+                .arg_ptr(dptr)
+                .arg_i32(dim(OP, "v", v)?)
+                .arg_i32(dim(OP, "ld", ld)?)
+                .arg_f32(grad_scale)
+                .arg_ptr(self.err_word.ptr())
+                .arg_i32(mode as i32)
+                .shared_mem(cache)
+                .launch()
+        }
+    }
+
+    /// [`duet_device::LossOps::cross_entropy_in_place`]: kernels-cuda/cross_entropy.cu's
+    /// `cross_entropy_in_place_T` (the gradient over the logits, one block per row).
+    fn cross_entropy_in_place(
+        &self,
+        logits: &mut CudaBuffer,
+        targets: &CudaBuffer,
+        losses: &mut CudaBuffer,
+        n: usize,
+        v: usize,
+        ld: usize,
+        grad_scale: f32,
+    ) -> Result<()> {
+        const OP: &str = "cross_entropy_in_place";
+        RowsDesc::new(OP, n, ld)?.validate_cross_entropy(&*logits, targets, losses, None, v)?;
+        let s = float_suffix(OP, logits.dtype())?;
+        if n == 0 {
+            return Ok(());
+        }
+        let block = duet_gpu::cross_entropy_threads(v);
+        let (f, mode, cache) = self.ce_func("cross_entropy_in_place", s, logits.dtype(), v)?;
+        // SAFETY: cross_entropy_in_place[_exp](T* logits, const int*, float*, int v, int ld, float,
+        // unsigned*, int cached): one block per row < n over logits (n·ld, checked, v ≤ ld;
+        // each element read and then overwritten by the same thread, after the block's
+        // reductions), targets and losses (n); `cache` bytes of dynamic shared memory as in
+        // cross_entropy_padded.
+        unsafe {
+            self.launcher(&f)
+                .grid((grid_dim(OP, n)?, 1, 1))
+                .block((block, 1, 1))
+                .arg_buf(logits)
+                .arg_buf(targets)
+                .arg_buf(losses)
+                .arg_i32(dim(OP, "v", v)?)
+                .arg_i32(dim(OP, "ld", ld)?)
+                .arg_f32(grad_scale)
+                .arg_ptr(self.err_word.ptr())
+                .arg_i32(mode as i32)
+                .shared_mem(cache)
+                .launch()
+        }
     }
 }

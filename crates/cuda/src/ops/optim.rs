@@ -1,3 +1,5 @@
+//! [`OptimOps`] for [`CudaDevice`]: AdamW and the gradient sum of squares.
+//!
 //! Multi-tensor optimizer kernels: the global gradient sum of squares and AdamW over every
 //! parameter in one launch each (kernels-cuda/reduce.cu `sum_squares_many_partial`,
 //! kernels-cuda/adamw.cu `adamw_multi`). Each launch reads a table of chunks (a piece of one
@@ -21,12 +23,6 @@ pub(crate) const CHUNK: usize = 1 << 14;
 pub(crate) const THREADS: u32 = 256;
 /// Most tables kept on the device.
 const MAX_TABLES: usize = 8;
-
-/// Uploaded chunk tables, keyed by their bytes.
-#[derive(Default)]
-pub(crate) struct Tables {
-    entries: Vec<(Vec<u8>, DeviceMemory)>,
-}
 
 /// `(offset, len)` of each chunk of a tensor of `n` elements.
 pub(crate) fn chunks(n: usize) -> impl Iterator<Item = (usize, usize)> {
@@ -60,8 +56,93 @@ impl CudaDevice {
         tables.entries.push((table, mem));
         Ok(ptr)
     }
+}
 
-    pub(crate) fn sum_squares_many_impl(
+impl OptimOps for CudaDevice {
+    fn adamw(
+        &self,
+        param: &mut CudaBuffer,
+        grad: &CudaBuffer,
+        m: &mut CudaBuffer,
+        v: &mut CudaBuffer,
+        step: &AdamWStep,
+        param_copy: Option<&mut CudaBuffer>,
+    ) -> Result<()> {
+        const OP: &str = "adamw";
+        let n = args::validate_adamw(param, grad, m, v, param_copy.as_deref())?;
+        let sg = float_suffix(OP, grad.dtype())?;
+        // The fused kernel writes f32/f16/bf16 copies; an fp8 copy is a cast afterwards.
+        let (fused_copy, cast_copy) = match param_copy {
+            None => (None, None),
+            Some(pc) if pc.dtype().is_fp8() => (None, Some(pc)),
+            Some(pc) => (Some(pc), None),
+        };
+        if n == 0 {
+            return Ok(());
+        }
+        let sc = fused_copy
+            .as_ref()
+            .map(|pc| float_suffix(OP, pc.dtype()))
+            .transpose()?
+            .unwrap_or("f32");
+        let copy_ptr = fused_copy.as_ref().map(|pc| pc.ptr()).unwrap_or(0);
+        let st = *step;
+        // SAFETY: adamw_G_C(float*, const G*, float*, float*, C* (nullable), u64 n, 8 floats):
+        // param/m/v are f32 × n, grad and the copy n elements of their dtypes.
+        unsafe {
+            self.kernel(KernelModule::AdamW, &format!("adamw_{sg}_{sc}"))?
+                .grid(self.grid_1d(n))
+                .block((EW_BLOCK, 1, 1))
+                .arg_buf(param)
+                .arg_buf(grad)
+                .arg_buf(m)
+                .arg_buf(v)
+                .arg_ptr(copy_ptr)
+                .arg_u64(n as u64)
+                .arg_f32(st.lr)
+                .arg_f32(st.beta1)
+                .arg_f32(st.beta2)
+                .arg_f32(st.eps)
+                .arg_f32(st.weight_decay)
+                .arg_f32(st.bias_correction1)
+                .arg_f32(st.bias_correction2)
+                .arg_f32(st.grad_scale)
+                .launch()?;
+        }
+        if let Some(pc) = cast_copy {
+            self.cast(param, pc, 1.0)?;
+        }
+        Ok(())
+    }
+
+    fn sum_squares(&self, x: &CudaBuffer, out: &mut CudaBuffer, slot: usize) -> Result<()> {
+        const OP: &str = "sum_squares";
+        let n = args::validate_sum_squares(x, out, slot)?;
+        // The kernels read f32, f16 and bf16 (no FP8).
+        let s = float_suffix(OP, x.dtype())?;
+        if n == 0 {
+            return Ok(());
+        }
+        // The partition depends on n only (never on the GPU), so results are reproducible.
+        let blocks = n.div_ceil(256 * 16).clamp(1, 1024);
+        let mut scratch = lock(&self.scratch, OP)?;
+        let partial = scratch.get(&self.ctx, &self.stream, blocks * 8, &self.mem)?;
+        // SAFETY: sum_squares_partial(const T*, u64 n, double*): x holds n elements, the
+        // scratch `blocks` doubles (one per block).
+        unsafe {
+            self.kernel(KernelModule::Reduce, &format!("sum_squares_partial_{s}"))?
+                .grid((blocks as u32, 1, 1))
+                .block((256, 1, 1))
+                .arg_buf(x)
+                .arg_u64(n as u64)
+                .arg_ptr(partial)
+                .launch()?;
+        }
+        // SAFETY: `blocks` partials just written; slot < out.len() (checked).
+        unsafe { self.sum_squares_finish(OP, partial, blocks, out, slot) }
+    }
+
+    fn sum_squares_many(
         &self,
         xs: &[&CudaBuffer],
         out: &mut CudaBuffer,
@@ -106,7 +187,7 @@ impl CudaDevice {
         unsafe { self.sum_squares_finish(OP, partial, count, out, slot) }
     }
 
-    pub(crate) fn adamw_clipped_impl(
+    fn adamw_clipped(
         &self,
         tensors: &mut [AdamWTensor<'_, CudaBuffer>],
         step: &AdamWClipStep,
@@ -176,96 +257,6 @@ impl CudaDevice {
             }
         }
         Ok(())
-    }
-}
-
-impl CudaDevice {
-    pub(crate) fn adamw_impl(
-        &self,
-        param: &mut CudaBuffer,
-        grad: &CudaBuffer,
-        m: &mut CudaBuffer,
-        v: &mut CudaBuffer,
-        step: &AdamWStep,
-        param_copy: Option<&mut CudaBuffer>,
-    ) -> Result<()> {
-        const OP: &str = "adamw";
-        let n = args::validate_adamw(param, grad, m, v, param_copy.as_deref())?;
-        let sg = float_suffix(OP, grad.dtype())?;
-        // The fused kernel writes f32/f16/bf16 copies; an fp8 copy is a cast afterwards.
-        let (fused_copy, cast_copy) = match param_copy {
-            None => (None, None),
-            Some(pc) if pc.dtype().is_fp8() => (None, Some(pc)),
-            Some(pc) => (Some(pc), None),
-        };
-        if n == 0 {
-            return Ok(());
-        }
-        let sc = fused_copy
-            .as_ref()
-            .map(|pc| float_suffix(OP, pc.dtype()))
-            .transpose()?
-            .unwrap_or("f32");
-        let copy_ptr = fused_copy.as_ref().map(|pc| pc.ptr()).unwrap_or(0);
-        let st = *step;
-        // SAFETY: adamw_G_C(float*, const G*, float*, float*, C* (nullable), u64 n, 8 floats):
-        // param/m/v are f32 × n, grad and the copy n elements of their dtypes.
-        unsafe {
-            self.kernel(KernelModule::AdamW, &format!("adamw_{sg}_{sc}"))?
-                .grid(self.grid_1d(n))
-                .block((EW_BLOCK, 1, 1))
-                .arg_buf(param)
-                .arg_buf(grad)
-                .arg_buf(m)
-                .arg_buf(v)
-                .arg_ptr(copy_ptr)
-                .arg_u64(n as u64)
-                .arg_f32(st.lr)
-                .arg_f32(st.beta1)
-                .arg_f32(st.beta2)
-                .arg_f32(st.eps)
-                .arg_f32(st.weight_decay)
-                .arg_f32(st.bias_correction1)
-                .arg_f32(st.bias_correction2)
-                .arg_f32(st.grad_scale)
-                .launch()?;
-        }
-        if let Some(pc) = cast_copy {
-            self.cast(param, pc, 1.0)?;
-        }
-        Ok(())
-    }
-
-    pub(crate) fn sum_squares_impl(
-        &self,
-        x: &CudaBuffer,
-        out: &mut CudaBuffer,
-        slot: usize,
-    ) -> Result<()> {
-        const OP: &str = "sum_squares";
-        let n = args::validate_sum_squares(x, out, slot)?;
-        // The kernels read f32, f16 and bf16 (no FP8).
-        let s = float_suffix(OP, x.dtype())?;
-        if n == 0 {
-            return Ok(());
-        }
-        // The partition depends on n only (never on the GPU), so results are reproducible.
-        let blocks = n.div_ceil(256 * 16).clamp(1, 1024);
-        let mut scratch = lock(&self.scratch, OP)?;
-        let partial = scratch.get(&self.ctx, &self.stream, blocks * 8, &self.mem)?;
-        // SAFETY: sum_squares_partial(const T*, u64 n, double*): x holds n elements, the
-        // scratch `blocks` doubles (one per block).
-        unsafe {
-            self.kernel(KernelModule::Reduce, &format!("sum_squares_partial_{s}"))?
-                .grid((blocks as u32, 1, 1))
-                .block((256, 1, 1))
-                .arg_buf(x)
-                .arg_u64(n as u64)
-                .arg_ptr(partial)
-                .launch()?;
-        }
-        // SAFETY: `blocks` partials just written; slot < out.len() (checked).
-        unsafe { self.sum_squares_finish(OP, partial, blocks, out, slot) }
     }
 }
 

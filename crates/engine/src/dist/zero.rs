@@ -16,7 +16,7 @@ use super::{Bucket, GradSync};
 use crate::optim::{AdamWConfig, StepStats};
 use crate::precision::LossScaler;
 use crate::{EngineError, Result};
-use duet_device::{AdamWStep, Collective, DType, DeviceExt, Fused, ReduceOp};
+use duet_device::{AdamWStep, Collective, DType, Device, DeviceExt, ReduceOp};
 use std::sync::Arc;
 
 /// One parameter's part of this rank's shard of one bucket.
@@ -54,7 +54,7 @@ pub fn segments(buckets: &[Bucket], rank: usize, world: usize) -> Vec<Segment> {
 }
 
 /// AdamW on this rank's shard of the parameters.
-pub struct ShardedAdamW<D: Fused> {
+pub struct ShardedAdamW<D: Device> {
     cfg: AdamWConfig,
     comm: Arc<dyn Collective<D>>,
     buckets: Vec<Bucket>,
@@ -75,7 +75,7 @@ pub struct ShardedAdamW<D: Fused> {
     step: u64,
 }
 
-impl<D: Fused> ShardedAdamW<D> {
+impl<D: Device> ShardedAdamW<D> {
     /// Shards for `comm`'s rank, the masters initialised from `weights` (host f32, all
     /// parameters); `decay[i]` says whether parameter `i` takes weight decay.
     pub fn new(

@@ -1,11 +1,11 @@
 use super::memory::{Dims, Scratch};
 use crate::Result;
-use duet_device::{Fused, GemmDesc};
+use duet_device::{Device, GemmDesc};
 
 /// Causal attention `y = softmax(scale · q·kᵀ) · v` over the `b·nh` heads in `s.q`, `s.k`,
 /// `s.v`, `d.ab` heads at a time (no `t × t` matrix beyond one chunk is ever written); `y`
 /// (head layout) goes to `s.d_c2`, which the backward pass only uses later for its own gradient.
-pub(super) fn attention_forward<D: Fused>(
+pub(super) fn attention_forward<D: Device>(
     dev: &D,
     s: &mut Scratch<D::Buffer>,
     d: Dims,
@@ -24,7 +24,7 @@ pub(super) fn attention_forward<D: Fused>(
 /// Backward of [`attention_forward`]: from `dy` in `s.d_c2` and `s.q`, `s.k`, `s.v`, writes
 /// `s.dq`, `s.dk`, `s.dv`. Each chunk's probabilities are recomputed exactly as the forward
 /// pass computed them (same ops, same shapes, so the same bits).
-pub(super) fn attention_backward<D: Fused>(
+pub(super) fn attention_backward<D: Device>(
     dev: &D,
     s: &mut Scratch<D::Buffer>,
     d: Dims,
@@ -55,7 +55,7 @@ pub(super) fn attention_backward<D: Fused>(
 
 /// The causal attention probabilities of the chunk of `d.ab` heads starting at head `j`
 /// (of the `b·nh` in `s.q`, `s.k`): `s.probs = softmax(scale · q·kᵀ)`, via `s.scores`.
-pub(super) fn attention_probs<D: Fused>(
+pub(super) fn attention_probs<D: Device>(
     dev: &D,
     s: &mut Scratch<D::Buffer>,
     j: usize,
@@ -79,7 +79,7 @@ mod tests {
     use crate::config::ModelConfig;
     use crate::precision::PrecisionPlan;
     use crate::rng::Rng;
-    use duet_device::{Device, DeviceExt};
+    use duet_device::{DeviceExt, Runtime};
 
     #[test]
     fn attention_chunk_divides_and_fits() {

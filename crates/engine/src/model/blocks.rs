@@ -7,11 +7,11 @@ use super::linear::{
 use super::memory::{BlockActs, Dims, Scratch};
 use super::params::{BlockParam, param_index};
 use crate::Result;
-use duet_device::{Buffer, DeviceError, Fused};
+use duet_device::{Buffer, Device, DeviceError};
 
 /// What every part of one block's pass reads: the device, the parameters, the block's index
 /// and the model's dimensions.
-struct Block<'a, D: Fused> {
+struct Block<'a, D: Device> {
     dev: &'a D,
     p: &'a [D::Buffer],
     l: usize,
@@ -20,7 +20,7 @@ struct Block<'a, D: Fused> {
 
 /// One block's forward pass from `x` into its activations `a`.
 #[allow(clippy::too_many_arguments)]
-pub(super) fn block_forward<D: Fused>(
+pub(super) fn block_forward<D: Device>(
     dev: &D,
     p: &[D::Buffer],
     q8: &mut Option<Fp8Bufs<D>>,
@@ -38,7 +38,7 @@ pub(super) fn block_forward<D: Fused>(
 
 /// The attention half of a block's forward pass: `x` → LayerNorm → qkv → attention → attc,
 /// and `res2 = x + attc · ProjWᵀ + ProjB`.
-fn attention_forward_part<D: Fused>(
+fn attention_forward_part<D: Device>(
     blk: &Block<'_, D>,
     q8: &mut Option<Fp8Bufs<D>>,
     record: bool,
@@ -116,7 +116,7 @@ fn attention_forward_part<D: Fused>(
 
 /// The MLP half of a block's forward pass: `res2` → LayerNorm → fch → GELU →
 /// `res3 = res2 + gelu(fch) · FcProjWᵀ + FcProjB`.
-fn mlp_forward_part<D: Fused>(
+fn mlp_forward_part<D: Device>(
     blk: &Block<'_, D>,
     q8: &mut Option<Fp8Bufs<D>>,
     record: bool,
@@ -204,7 +204,7 @@ fn mlp_forward_part<D: Fused>(
 /// One block's backward pass: consumes `s.dresid` (the gradient of the block's output) and
 /// leaves the gradient of its input there; accumulates the block's parameter gradients.
 #[allow(clippy::too_many_arguments)]
-pub(super) fn block_backward<D: Fused>(
+pub(super) fn block_backward<D: Device>(
     dev: &D,
     p: &[D::Buffer],
     g: &mut [D::Buffer],
@@ -223,7 +223,7 @@ pub(super) fn block_backward<D: Fused>(
 
 /// The MLP half of a block's backward pass: `s.dresid` (the gradient of res3) back through
 /// the MLP and the second LayerNorm into the gradient of res2 (in `s.dresid`).
-fn mlp_backward_part<D: Fused>(
+fn mlp_backward_part<D: Device>(
     blk: &Block<'_, D>,
     g: &mut [D::Buffer],
     s: &mut Scratch<D::Buffer>,
@@ -338,7 +338,7 @@ fn mlp_backward_part<D: Fused>(
 /// The attention half of a block's backward pass: `s.dresid` (the gradient of res2) back
 /// through attention and the first LayerNorm into the gradient of the block's input `x` (in
 /// `s.dresid`).
-fn attention_backward_part<D: Fused>(
+fn attention_backward_part<D: Device>(
     blk: &Block<'_, D>,
     g: &mut [D::Buffer],
     s: &mut Scratch<D::Buffer>,
@@ -445,10 +445,10 @@ fn attention_backward_part<D: Fused>(
     Ok(())
 }
 
-/// [`Device::layernorm_backward`], with `dsum += Σ_rows dx` (after the update) in the same pass
+/// [`NormOps::layernorm_backward`], with `dsum += Σ_rows dx` (after the update) in the same pass
 /// where given: the bias gradient of the linear layer whose output `dx` is the gradient of.
 #[allow(clippy::too_many_arguments)]
-pub(super) fn layernorm_backward<D: Fused>(
+pub(super) fn layernorm_backward<D: Device>(
     dev: &D,
     dout: &D::Buffer,
     x: &D::Buffer,

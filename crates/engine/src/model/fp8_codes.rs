@@ -3,7 +3,7 @@ use super::params::{BlockParam, param_index};
 use crate::config::ModelConfig;
 use crate::fp8::{Fp8State, Operand, OperandReport};
 use crate::{EngineError, Result};
-use duet_device::{AdamWFp8Out, DeviceExt, Fp8QuantJob, Fused};
+use duet_device::{AdamWFp8Out, Device, DeviceExt, Fp8QuantJob};
 
 /// The linear layers of a block, in FP8 metadata order.
 pub(super) const LINEARS: [(BlockParam, &str); 4] = [
@@ -63,7 +63,7 @@ impl Fp8Codes {
 }
 
 /// FP8 copies of the linear layers' operands and their scaling metadata.
-pub(super) struct Fp8Bufs<D: Fused> {
+pub(super) struct Fp8Bufs<D: Device> {
     pub(super) state: Fp8State<D>,
     /// What `w8`, `w8t` and the weights' amax slots hold (see [`Fp8Codes`]).
     pub(super) codes: Fp8Codes,
@@ -95,7 +95,7 @@ pub(super) fn is_linear_weight(cfg: &ModelConfig, i: usize) -> bool {
 /// transposed codes), each with its weight's index in [`param_specs`] order, its shape and its
 /// slot of the FP8 scales and amaxes: what the optimizer writes
 /// ([`Gpt::update_params_with_fp8_codes`]) or the forward pass quantises.
-pub(super) fn weight_code_outs<'a, D: Fused>(
+pub(super) fn weight_code_outs<'a, D: Device>(
     cfg: &ModelConfig,
     w8: &'a mut [D::Buffer],
     w8t: &'a mut [D::Buffer],
@@ -124,7 +124,7 @@ pub(super) fn linear_dims(cfg: &ModelConfig, k: usize) -> (usize, usize) {
     [(c, 3 * c), (c, c), (c, f), (f, c)][k]
 }
 
-impl<D: Fused> Gpt<D> {
+impl<D: Device> Gpt<D> {
     /// FP8 only: folds the amaxes recorded since the last call into the histories and sets the
     /// scales the next step uses. A no-op in other precisions.
     pub fn fp8_update(&mut self) -> Result<()> {
@@ -234,7 +234,7 @@ impl<D: Fused> Gpt<D> {
     /// Runs `update` (an optimizer step) on the parameters and gradients, handing it, in FP8,
     /// the weight codes to write: each linear layer's weight matrix (its index in
     /// [`param_specs`] order), its codes and transposed codes, and its slot of the scales and
-    /// amaxes ([`duet_device::Fused::adamw_clipped_fp8`]). Call it after [`Gpt::fp8_update`]:
+    /// amaxes ([`duet_device::Fp8Ops::adamw_clipped_fp8`]). Call it after [`Gpt::fp8_update`]:
     /// the codes then take the scales the next step quantises with, and the amaxes land in the
     /// slots that update just reset, so the next forward pass, which skips the weight
     /// quantisation when `update` succeeded, computes exactly what it would have. In other

@@ -2,7 +2,7 @@ use super::LN_EPS;
 use super::fp8_codes::{Fp8Bufs, LINEARS};
 use crate::Result;
 use crate::fp8::{Fp8State, Operand};
-use duet_device::{Buffer, DeviceError, Epilogue, Fused, GemmDesc};
+use duet_device::{Buffer, Device, DeviceError, Epilogue, GemmDesc};
 
 /// `out = residual + x · Wᵀ + bias` (no residual: `x · Wᵀ + bias`) for `x` (`n × k`), `W`
 /// (`m × k`), `out` and `residual` (`n × m`). With
@@ -11,7 +11,7 @@ use duet_device::{Buffer, DeviceError, Epilogue, Fused, GemmDesc};
 /// for the backward pass. Bias (and GELU, see [`linear_gelu_forward`]) are fused into the GEMM
 /// where the backend offers the epilogue, else separate ops.
 #[allow(clippy::too_many_arguments)]
-pub(super) fn linear_forward<D: Fused>(
+pub(super) fn linear_forward<D: Device>(
     dev: &D,
     q8: Option<(&mut Fp8Bufs<D>, usize)>,
     record: bool,
@@ -43,7 +43,7 @@ pub(super) fn linear_forward<D: Fused>(
 /// [`linear_forward`] into `pre` followed by `out = gelu(pre)`: one GEMM with a fused
 /// bias + GELU epilogue where the backend has one (16-bit and FP8 GEMMs).
 #[allow(clippy::too_many_arguments)]
-pub(super) fn linear_gelu_forward<D: Fused>(
+pub(super) fn linear_gelu_forward<D: Device>(
     dev: &D,
     q8: Option<(&mut Fp8Bufs<D>, usize)>,
     record: bool,
@@ -76,10 +76,10 @@ pub(super) fn linear_gelu_forward<D: Fused>(
 /// the layer's input, never written) the GELU or the LayerNorm of one.
 pub(super) enum LinearInput<'a, B> {
     Plain(&'a B),
-    /// `gelu(pre)` ([`Fused::quantize_fp8_gelu`]).
+    /// `gelu(pre)` ([`Fp8Ops::quantize_fp8_gelu`]).
     GeluOf(&'a B),
     /// `layernorm(x)`, whose statistics are written to `mean` and `rstd`
-    /// ([`Fused::layernorm_forward_fp8`]).
+    /// ([`Fp8Ops::layernorm_forward_fp8`]).
     LayerNormOf {
         x: &'a B,
         gamma: &'a B,
@@ -99,7 +99,7 @@ pub(super) enum Operands<'a, B> {
 /// The body of [`linear_forward`] (`gelu_pre` None) and [`linear_gelu_forward`] (no
 /// residual); FP8 layers also take their input as a GELU or LayerNorm ([`LinearInput`]).
 #[allow(clippy::too_many_arguments)]
-pub(super) fn linear_act_forward<D: Fused>(
+pub(super) fn linear_act_forward<D: Device>(
     dev: &D,
     q8: Option<(&mut Fp8Bufs<D>, usize)>,
     record: bool,
@@ -249,7 +249,7 @@ impl<'a, B> GradIo<'a, B> {
 
 /// Backward of [`linear_forward`]: `dW = doutᵀ · x` (written: [`Gpt::zero_grads`] leaves
 /// these gradients alone), `dbias += Σ_rows dout` (unless `dbias` is None: a LayerNorm
-/// backward computed it already, [`Fused::layernorm_backward_colsum`]; FP8 layers always
+/// backward computed it already, [`NormOps::layernorm_backward_colsum`]; FP8 layers always
 /// compute their own), then
 /// `dx = dout · W` (overwrites). With `q8`, `dout` is quantised (E5M2 in the HYBRID recipe) and
 /// both GEMMs run in FP8 on the copies the forward pass made, in the K-major layout FP8 GEMMs
@@ -260,9 +260,9 @@ impl<'a, B> GradIo<'a, B> {
 /// backward into the 16-bit GEMM; returns whether it did (else the caller applies
 /// `gelu_backward`, or passes `dout_gelu_pre` to the next layer). With `dout_gelu_pre` (FP8
 /// only), `dout` is the gradient of `gelu(dout_gelu_pre)`, this layer's output: the GELU
-/// backward runs inside the quantisation ([`Fused::quantize_fp8_grad`]).
+/// backward runs inside the quantisation ([`Fp8Ops::quantize_fp8_grad`]).
 #[allow(clippy::too_many_arguments)]
-pub(super) fn linear_backward<D: Fused>(
+pub(super) fn linear_backward<D: Device>(
     dev: &D,
     q8: Option<(&mut Fp8Bufs<D>, usize)>,
     dout: &D::Buffer,

@@ -10,7 +10,7 @@ use crate::EngineError;
 use crate::config::ModelConfig;
 use crate::fp8::{Fp8Family, Fp8State};
 use crate::precision::{Precision, PrecisionPlan};
-use duet_device::{DType, Fused};
+use duet_device::{DType, Device};
 
 /// Declares a struct whose fields are all buffers (`B`), with `try_map` (allocate a table of
 /// [`BufSpec`]s field by field) and `each` (visit every buffer). One field list, so a buffer
@@ -104,7 +104,7 @@ pub(super) struct Dims {
     pub(super) n: usize,
     /// Attention matrices (of the `b·nh`) handled per chunk; divides `b·nh`.
     pub(super) ab: usize,
-    /// The backend's fused attention runs (see [`Fused::flash_attention_forward`]).
+    /// The backend's fused attention runs (see [`AttentionOps::flash_attention_forward`]).
     pub(super) flash: bool,
 }
 
@@ -227,7 +227,7 @@ pub(super) struct Buffers<B> {
     pub(super) lnf_mean: B,
     pub(super) lnf_rstd: B,
     /// The LM head's output in the activation dtype (`n × padded vocab`); the loss writes the
-    /// logits' gradient over it (`Fused::cross_entropy_in_place`), so no second buffer of that
+    /// logits' gradient over it (`LossOps::cross_entropy_in_place`), so no second buffer of that
     /// size exists.
     pub(super) logits: B,
     pub(super) losses: B,
@@ -240,7 +240,7 @@ pub(super) struct Buffers<B> {
     pub(super) zeros_c: B,
     pub(super) scratch: Scratch<B>,
     pub(super) fp8: Option<Fp8Layout<B>>,
-    /// Attention runs fused (see [`duet_device::Fused::flash_attention_forward`]): no score
+    /// Attention runs fused (see [`duet_device::AttentionOps::flash_attention_forward`]): no score
     /// matrices, no split heads.
     pub(super) flash: bool,
 }
@@ -302,7 +302,7 @@ impl<B> Buffers<B> {
 impl Buffers<BufSpec> {
     /// The table for batch `b` × sequence `t` on `dev` (whose capabilities decide whether
     /// attention runs fused and whether the MLP's GELU backward needs its own buffer).
-    pub(super) fn plan<D: Fused>(
+    pub(super) fn plan<D: Device>(
         dev: &D,
         cfg: &ModelConfig,
         b: usize,
@@ -455,7 +455,7 @@ impl Buffers<BufSpec> {
 
     /// FP8's buffers for `n` rows on `dev`: the FP8 codes of every linear layer's input,
     /// weight and output gradient (and their transposes), and the scaling state.
-    fn fp8_layout<D: Fused>(
+    fn fp8_layout<D: Device>(
         dev: &D,
         cfg: &ModelConfig,
         plan: &PrecisionPlan,
@@ -599,7 +599,7 @@ impl MemoryPlan {
 
 /// The memory plan of a model for batch `b` × sequence `t` on `dev`, before anything is
 /// allocated: the same table the model allocates.
-pub fn estimate_memory<D: Fused>(
+pub fn estimate_memory<D: Device>(
     dev: &D,
     cfg: &ModelConfig,
     b: usize,

@@ -40,7 +40,7 @@ use crate::config::ModelConfig;
 use crate::fp8::Fp8State;
 use crate::precision::{Precision, PrecisionPlan};
 use crate::{EngineError, Result};
-use duet_device::{DType, DeviceError, DeviceExt, Fused, GemmDesc};
+use duet_device::{DType, Device, DeviceError, DeviceExt, GemmDesc};
 use std::sync::Arc;
 /// The callback of [`Gpt::backward_hooked`]: `(ready group, every gradient)`.
 pub type GradsReady<'a, B> = dyn FnMut(usize, &[B]) -> Result<()> + 'a;
@@ -49,7 +49,7 @@ pub type GradsReady<'a, B> = dyn FnMut(usize, &[B]) -> Result<()> + 'a;
 pub const LN_EPS: f32 = 1e-5;
 
 /// A GPT model bound to a device, with buffers planned for batch `b` and sequence length `t`.
-pub struct Gpt<D: Fused> {
+pub struct Gpt<D: Device> {
     dev: Arc<D>,
     cfg: ModelConfig,
     b: usize,
@@ -88,14 +88,14 @@ pub struct Gpt<D: Fused> {
     precision: Precision,
     /// Activation dtype.
     act: DType,
-    /// Attention runs fused (see [`Fused::flash_attention_forward`]).
+    /// Attention runs fused (see [`AttentionOps::flash_attention_forward`]).
     flash: bool,
     /// Multiplies the loss gradient (FP16 loss scaling).
     loss_scale: f32,
     fp8: Option<Fp8Bufs<D>>,
 }
 
-impl<D: Fused> Gpt<D> {
+impl<D: Device> Gpt<D> {
     /// Plans and allocates every buffer for batch `b` × sequence `t`, and uploads `weights`
     /// (host f32 in [`param_specs`] order). FP32 throughout.
     pub fn new(
@@ -828,7 +828,7 @@ impl<D: Fused> Gpt<D> {
 
 /// The tied LM head on `rows` rows of the final LayerNorm's output from row `r0`:
 /// `out = lnf[r0 .. r0 + rows] · wteᵀ` (`rows × padded vocab`).
-fn lm_head_rows<D: Fused>(
+fn lm_head_rows<D: Device>(
     dev: &D,
     cfg: &ModelConfig,
     lnf: &D::Buffer,

@@ -1,7 +1,7 @@
 use crate::config::ModelConfig;
 use crate::rng::Rng;
 use crate::{EngineError, Result};
-use duet_device::{Buffer, DType, DeviceExt, Fused};
+use duet_device::{Buffer, DType, Device, DeviceExt};
 use half::{bf16, f16};
 use rayon::prelude::*;
 
@@ -87,7 +87,7 @@ pub struct ParamSpec {
 /// The token embedding / LM head is held with its rows padded to a multiple of this (GPT-2's
 /// 50257 → 50304, as nanoGPT and llm.c do): an odd vocabulary puts cuBLAS on a slow path (124 ms
 /// against 73 ms a step for GPT-2 on the H200). The padded rows are zero and stay zero: their
-/// logits take no part in the softmax or the loss ([`duet_device::Device::cross_entropy_padded`]),
+/// logits take no part in the softmax or the loss ([`duet_device::LossOps::cross_entropy_padded`]),
 /// so their gradient, AdamW moments and update are exactly zero.
 pub const VOCAB_PAD: usize = 128;
 
@@ -272,7 +272,7 @@ pub fn init_weights(cfg: &ModelConfig, seed: u64) -> Vec<Vec<f32>> {
 }
 
 /// Copies host f32 values into a float buffer of any of f32, f16, bf16 (rounding once).
-pub(crate) fn upload_f32_as<D: Fused>(dev: &D, src: &[f32], dst: &mut D::Buffer) -> Result<()> {
+pub(crate) fn upload_f32_as<D: Device>(dev: &D, src: &[f32], dst: &mut D::Buffer) -> Result<()> {
     match dst.dtype() {
         DType::F32 => dev.upload(src, dst, 0)?,
         DType::BF16 => {

@@ -1,6 +1,6 @@
-//! Attention: the head permutations, the causal softmax (kernels-hip/attention.hip) and fused
-//! flash attention (kernels-hip/flash_attention.hip: see
-//! [`duet_device::Fused::flash_attention_forward`]).
+//! [`duet_device::AttentionOps`] on HIP: the head permutations, the causal softmax
+//! (kernels-hip/attention.hip) and fused flash attention (kernels-hip/flash_attention.hip: see
+//! [`duet_device::AttentionOps::flash_attention_forward`]).
 //!
 //! Flash attention mirrors crates/cuda's version 2 in its passes: the forward writes `out` and
 //! the per-row log-sum-exp; the backward runs `backward_dq` (a block per query tile: D = Σ dO·O
@@ -21,87 +21,10 @@
 
 use super::prelude::*;
 use crate::device::group_rows_grid;
+use crate::flash::{FlashInner, flash_rows};
 
-/// Which inner product the flash-attention kernels use, or none (see the module documentation).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum FlashInner {
-    /// `DUET_HIP_NO_FLASH`: no flash attention (its capabilities list none).
-    Off,
-    /// The portable inner product (the default).
-    Portable,
-    /// `DUET_HIP_FLASH_MFMA`: MFMA products (gfx90a / gfx942 / gfx950, wave64).
-    Mfma,
-}
-
-/// Architectures whose MFMA entry points kernels-hip/flash_attention.hip defines.
-const MFMA_ARCHS: [&str; 3] = ["gfx90a", "gfx942", "gfx950"];
-
-impl FlashInner {
-    /// The choice for a device of `arch` (gcnArchName without features) and wavefront size
-    /// `warp`, from the two knobs; asking for MFMA where there is none is an error naming why.
-    pub(crate) fn choose(no_flash: bool, mfma: bool, arch: &str, warp: i32) -> Result<Self> {
-        match (no_flash, mfma) {
-            (true, true) => Err(DeviceError::InvalidArgument(
-                "DUET_HIP_NO_FLASH and DUET_HIP_FLASH_MFMA are both set: choose one".into(),
-            )),
-            (true, false) => Ok(Self::Off),
-            (false, false) => Ok(Self::Portable),
-            (false, true) if MFMA_ARCHS.contains(&arch) && warp == 64 => Ok(Self::Mfma),
-            (false, true) => Err(DeviceError::InvalidArgument(format!(
-                "DUET_HIP_FLASH_MFMA needs a wave64 CDNA GPU ({}); this device is {arch} with \
-                 wavefront {warp}: unset it to run the portable flash attention",
-                MFMA_ARCHS.join(", ")
-            ))),
-        }
-    }
-
-    /// The entry points' name prefix.
-    fn prefix(self) -> &'static str {
-        match self {
-            Self::Mfma => "flash_attention_mfma_",
-            Self::Portable | Self::Off => "flash_attention_",
-        }
-    }
-
-    /// For `duet info`.
-    pub(crate) fn describe(self) -> &'static str {
-        match self {
-            Self::Off => "off (DUET_HIP_NO_FLASH): attention composed of the unfused ops",
-            Self::Portable => {
-                "portable inner product, bf16/f16, head size 64/128 (DUET_HIP_FLASH_MFMA=1: MFMA \
-                 products, opt-in until run on AMD hardware)"
-            }
-            Self::Mfma => {
-                "MFMA products (DUET_HIP_FLASH_MFMA; not yet run on AMD hardware), bf16/f16, \
-                 head size 64/128"
-            }
-        }
-    }
-
-    /// The (activation dtype, head size) pairs flash attention runs for.
-    pub(crate) fn pairs(self) -> Vec<(DType, usize)> {
-        if self == Self::Off {
-            return Vec::new();
-        }
-        [DType::BF16, DType::F16]
-            .into_iter()
-            .flat_map(|d| FLASH_HS.into_iter().map(move |hs| (d, hs)))
-            .collect()
-    }
-}
-
-/// Head sizes with kernels (their tiles are in flash_attention.hip's `FaTile`).
-const FLASH_HS: [usize; 2] = [64, 128];
-
-/// Rows a block owns (queries of the forward and dQ kernels, keys of the dK/dV kernel): the
-/// kernels' `FaTile<HS>::BR`.
-fn flash_rows(hs: usize) -> usize {
-    if hs == 64 { 64 } else { 32 }
-}
-
-impl HipDevice {
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn split_heads_impl(
+impl AttentionOps for HipDevice {
+    fn split_heads(
         &self,
         qkv: &HipBuffer,
         q: &mut HipBuffer,
@@ -120,8 +43,7 @@ impl HipDevice {
         unsafe { self.permute_heads(OP, OP, qkv.dtype(), &h, h.n, &[qkv, q, k, v]) }
     }
 
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn split_heads_backward_impl(
+    fn split_heads_backward(
         &self,
         dq: &HipBuffer,
         dk: &HipBuffer,
@@ -140,8 +62,7 @@ impl HipDevice {
         unsafe { self.permute_heads(OP, OP, dqkv.dtype(), &h, 3 * h.n, &[dq, dk, dv, dqkv]) }
     }
 
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn merge_heads_impl(
+    fn merge_heads(
         &self,
         y: &HipBuffer,
         out: &mut HipBuffer,
@@ -164,7 +85,7 @@ impl HipDevice {
         unsafe { self.permute_heads(OP, kernel, y.dtype(), &h, h.n, &[y, out]) }
     }
 
-    pub(crate) fn softmax_causal_forward_impl(
+    fn softmax_causal_forward(
         &self,
         scores: &HipBuffer,
         probs: &mut HipBuffer,
@@ -186,7 +107,7 @@ impl HipDevice {
         unsafe { self.softmax_rows(OP, n, rows, t, scale, &[scores, probs]) }
     }
 
-    pub(crate) fn softmax_causal_backward_impl(
+    fn softmax_causal_backward(
         &self,
         probs: &HipBuffer,
         dprobs: &HipBuffer,
@@ -212,6 +133,127 @@ impl HipDevice {
         unsafe { self.softmax_rows(OP, n, rows, t, scale, &[probs, dprobs, dscores]) }
     }
 
+    fn flash_attention_forward(
+        &self,
+        qkv: &HipBuffer,
+        out: &mut HipBuffer,
+        lse: &mut HipBuffer,
+        b: usize,
+        t: usize,
+        nh: usize,
+        hs: usize,
+        scale: f32,
+    ) -> Result<()> {
+        if !self.caps.flash_attention(qkv.dtype(), hs) {
+            return duet_device::composed::flash_attention_forward(
+                self, qkv, out, lse, b, t, nh, hs, scale,
+            );
+        }
+        const OP: &str = "flash_attention_forward";
+        let h = HeadsDesc::new(OP, b, t, nh, hs)?;
+        h.validate_flash(qkv, &[("out", &*out)], lse)?;
+        let sfx = self.flash_check(OP, qkv.dtype(), hs)?;
+        if h.n == 0 {
+            return Ok(());
+        }
+        let grid = (
+            grid_dim(OP, b * nh)?,
+            grid_dim(OP, t.div_ceil(flash_rows(hs)))?,
+            1,
+        );
+        // SAFETY: flash_attention_[mfma_]forward_hsHS_T(const T* qkv, T* out, float* lse,
+        // int t, int nh, float scale): qkv holds b·t·3·nh·hs elements, out b·t·nh·hs, lse
+        // b·nh·t (checked); the grid covers b·nh heads × ⌈t/BR⌉ query tiles of the kernel's BR
+        // rows (flash_rows), rows past t are neither read nor written; block DUET_BLOCK.
+        unsafe {
+            self.kernel(&format!("{}forward_{sfx}", self.flash.prefix()))?
+                .grid(grid)
+                .arg_buf(qkv)
+                .arg_buf(out)
+                .arg_buf(lse)
+                .arg_i32(dim(OP, "t", t)?)
+                .arg_i32(dim(OP, "nh", nh)?)
+                .arg_f32(scale)
+                .launch()
+        }
+    }
+
+    fn flash_attention_backward(
+        &self,
+        qkv: &HipBuffer,
+        out: &HipBuffer,
+        dout: &HipBuffer,
+        lse: &HipBuffer,
+        dqkv: &mut HipBuffer,
+        b: usize,
+        t: usize,
+        nh: usize,
+        hs: usize,
+        scale: f32,
+    ) -> Result<()> {
+        if !self.caps.flash_attention(qkv.dtype(), hs) {
+            return duet_device::composed::flash_attention_backward(
+                self, qkv, out, dout, lse, dqkv, b, t, nh, hs, scale,
+            );
+        }
+        const OP: &str = "flash_attention_backward";
+        let h = HeadsDesc::new(OP, b, t, nh, hs)?;
+        h.validate_flash(qkv, &[("out", out), ("dout", dout), ("dqkv", &*dqkv)], lse)?;
+        let sfx = self.flash_check(OP, qkv.dtype(), hs)?;
+        if h.n == 0 {
+            return Ok(());
+        }
+        let grid = (
+            grid_dim(OP, b * nh)?,
+            grid_dim(OP, t.div_ceil(flash_rows(hs)))?,
+            1,
+        );
+        let (t32, nh32) = (dim(OP, "t", t)?, dim(OP, "nh", nh)?);
+        // D: one f32 per query row, held for both kernels.
+        let scratch = self.scratch(b * nh * t)?;
+        let d = scratch.ptr();
+        let pfx = self.flash.prefix();
+        // SAFETY: flash_attention_[mfma_]backward_dq_hsHS_T(const T* qkv, const T* out,
+        // const T* dout, const float* lse, float* d, T* dqkv, int t, int nh, float scale): qkv
+        // and dqkv hold b·t·3·nh·hs elements, out and dout b·t·nh·hs, lse b·nh·t (checked), `d`
+        // b·nh·t f32 (the scratch just sized, held until both kernels are queued); one block
+        // per head and query tile, writing d and the q part of its rows before t only.
+        unsafe {
+            self.kernel(&format!("{pfx}backward_dq_{sfx}"))?
+                .grid(grid)
+                .arg_buf(qkv)
+                .arg_buf(out)
+                .arg_buf(dout)
+                .arg_buf(lse)
+                .arg_ptr(d)
+                .arg_buf(dqkv)
+                .arg_i32(t32)
+                .arg_i32(nh32)
+                .arg_f32(scale)
+                .launch()?;
+        }
+        // SAFETY: flash_attention_[mfma_]backward_dkv_hsHS_T(const T* qkv, const T* dout,
+        // const float* lse, const float* d, T* dqkv, int t, int nh, float scale): sizes as
+        // above; `d` was written for every row before t by backward_dq earlier on the same
+        // stream; one block per head and key tile, writing only the k and v parts of its rows
+        // before t.
+        unsafe {
+            self.kernel(&format!("{pfx}backward_dkv_{sfx}"))?
+                .grid(grid)
+                .arg_buf(qkv)
+                .arg_buf(dout)
+                .arg_buf(lse)
+                .arg_ptr(d)
+                .arg_buf(dqkv)
+                .arg_i32(t32)
+                .arg_i32(nh32)
+                .arg_f32(scale)
+                .launch()
+        }
+    }
+}
+
+impl HipDevice {
     /// Launches the head permutation `<kernel>_<T>` (attention.hip) of `dtype` elements as a
     /// grid-stride loop over `items`: the pointer parameters `bufs`, then
     /// `int b, int t, int nh, int hs` of `h`.
@@ -276,9 +318,7 @@ impl HipDevice {
                 .launch()
         }
     }
-}
 
-impl HipDevice {
     /// The kernel name part for (`dtype`, `hs`), or the unsupported error.
     fn flash_check(&self, op: &'static str, dtype: DType, hs: usize) -> Result<String> {
         if !self.caps.flash_attention(dtype, hs) {
@@ -292,172 +332,5 @@ impl HipDevice {
             });
         }
         Ok(format!("hs{hs}_{}", float_suffix(op, dtype)?))
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn flash_attention_forward_impl(
-        &self,
-        qkv: &HipBuffer,
-        out: &mut HipBuffer,
-        lse: &mut HipBuffer,
-        b: usize,
-        t: usize,
-        nh: usize,
-        hs: usize,
-        scale: f32,
-    ) -> Result<()> {
-        const OP: &str = "flash_attention_forward";
-        let h = HeadsDesc::new(OP, b, t, nh, hs)?;
-        h.validate_flash(qkv, &[("out", &*out)], lse)?;
-        let sfx = self.flash_check(OP, qkv.dtype(), hs)?;
-        if h.n == 0 {
-            return Ok(());
-        }
-        let grid = (
-            grid_dim(OP, b * nh)?,
-            grid_dim(OP, t.div_ceil(flash_rows(hs)))?,
-            1,
-        );
-        // SAFETY: flash_attention_[mfma_]forward_hsHS_T(const T* qkv, T* out, float* lse,
-        // int t, int nh, float scale): qkv holds b·t·3·nh·hs elements, out b·t·nh·hs, lse
-        // b·nh·t (checked); the grid covers b·nh heads × ⌈t/BR⌉ query tiles of the kernel's BR
-        // rows (flash_rows), rows past t are neither read nor written; block DUET_BLOCK.
-        unsafe {
-            self.kernel(&format!("{}forward_{sfx}", self.flash.prefix()))?
-                .grid(grid)
-                .arg_buf(qkv)
-                .arg_buf(out)
-                .arg_buf(lse)
-                .arg_i32(dim(OP, "t", t)?)
-                .arg_i32(dim(OP, "nh", nh)?)
-                .arg_f32(scale)
-                .launch()
-        }
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn flash_attention_backward_impl(
-        &self,
-        qkv: &HipBuffer,
-        out: &HipBuffer,
-        dout: &HipBuffer,
-        lse: &HipBuffer,
-        dqkv: &mut HipBuffer,
-        b: usize,
-        t: usize,
-        nh: usize,
-        hs: usize,
-        scale: f32,
-    ) -> Result<()> {
-        const OP: &str = "flash_attention_backward";
-        let h = HeadsDesc::new(OP, b, t, nh, hs)?;
-        h.validate_flash(qkv, &[("out", out), ("dout", dout), ("dqkv", &*dqkv)], lse)?;
-        let sfx = self.flash_check(OP, qkv.dtype(), hs)?;
-        if h.n == 0 {
-            return Ok(());
-        }
-        let grid = (
-            grid_dim(OP, b * nh)?,
-            grid_dim(OP, t.div_ceil(flash_rows(hs)))?,
-            1,
-        );
-        let (t32, nh32) = (dim(OP, "t", t)?, dim(OP, "nh", nh)?);
-        // D: one f32 per query row, held for both kernels.
-        let scratch = self.scratch(b * nh * t)?;
-        let d = scratch.ptr();
-        let pfx = self.flash.prefix();
-        // SAFETY: flash_attention_[mfma_]backward_dq_hsHS_T(const T* qkv, const T* out,
-        // const T* dout, const float* lse, float* d, T* dqkv, int t, int nh, float scale): qkv
-        // and dqkv hold b·t·3·nh·hs elements, out and dout b·t·nh·hs, lse b·nh·t (checked), `d`
-        // b·nh·t f32 (the scratch just sized, held until both kernels are queued); one block
-        // per head and query tile, writing d and the q part of its rows before t only.
-        unsafe {
-            self.kernel(&format!("{pfx}backward_dq_{sfx}"))?
-                .grid(grid)
-                .arg_buf(qkv)
-                .arg_buf(out)
-                .arg_buf(dout)
-                .arg_buf(lse)
-                .arg_ptr(d)
-                .arg_buf(dqkv)
-                .arg_i32(t32)
-                .arg_i32(nh32)
-                .arg_f32(scale)
-                .launch()?;
-        }
-        // SAFETY: flash_attention_[mfma_]backward_dkv_hsHS_T(const T* qkv, const T* dout,
-        // const float* lse, const float* d, T* dqkv, int t, int nh, float scale): sizes as
-        // above; `d` was written for every row before t by backward_dq earlier on the same
-        // stream; one block per head and key tile, writing only the k and v parts of its rows
-        // before t.
-        unsafe {
-            self.kernel(&format!("{pfx}backward_dkv_{sfx}"))?
-                .grid(grid)
-                .arg_buf(qkv)
-                .arg_buf(dout)
-                .arg_buf(lse)
-                .arg_ptr(d)
-                .arg_buf(dqkv)
-                .arg_i32(t32)
-                .arg_i32(nh32)
-                .arg_f32(scale)
-                .launch()
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn mfma_only_on_wave64_cdna_and_never_with_no_flash() {
-        assert_eq!(
-            FlashInner::choose(false, false, "gfx1100", 32).unwrap(),
-            FlashInner::Portable
-        );
-        assert_eq!(
-            FlashInner::choose(true, false, "gfx942", 64).unwrap(),
-            FlashInner::Off
-        );
-        for arch in MFMA_ARCHS {
-            assert_eq!(
-                FlashInner::choose(false, true, arch, 64).unwrap(),
-                FlashInner::Mfma
-            );
-        }
-        // The HIP-on-CUDA platform reports gfx942 with wavefront 32: no MFMA there.
-        let e = FlashInner::choose(false, true, "gfx942", 32)
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.contains("DUET_HIP_FLASH_MFMA") && e.contains("wavefront 32"),
-            "{e}"
-        );
-        assert!(FlashInner::choose(false, true, "gfx1100", 32).is_err());
-        assert!(FlashInner::choose(true, true, "gfx942", 64).is_err());
-        assert!(FlashInner::Off.pairs().is_empty());
-        assert_eq!(FlashInner::Portable.pairs(), FlashInner::Mfma.pairs());
-        assert_eq!(
-            FlashInner::Portable.pairs(),
-            vec![
-                (DType::BF16, 64),
-                (DType::BF16, 128),
-                (DType::F16, 64),
-                (DType::F16, 128)
-            ]
-        );
-    }
-
-    #[test]
-    fn block_rows_match_the_kernel_tiles() {
-        let src = include_str!("../../../../kernels-hip/flash_attention.hip");
-        for hs in FLASH_HS {
-            let line = format!(
-                "template <> struct FaTile<{hs}> {{ static constexpr int BR = {}, ",
-                flash_rows(hs)
-            );
-            assert!(src.contains(&line), "{line}");
-        }
     }
 }

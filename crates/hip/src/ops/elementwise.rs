@@ -1,27 +1,10 @@
-//! Element-wise ops and casts, bias add and its gradient, GELU (kernels-hip/elementwise.hip,
-//! reduce.hip).
+//! [`duet_device::ElementwiseOps`] on HIP: element-wise ops, bias add and its gradient, GELU
+//! (kernels-hip/elementwise.hip, reduce.hip).
 
 use super::prelude::*;
 
-impl HipDevice {
-    pub(crate) fn cast_impl(&self, src: &HipBuffer, dst: &mut HipBuffer, scale: f32) -> Result<()> {
-        const OP: &str = "cast";
-        let n = args::validate_cast(src, dst)?;
-        let s = kernel_suffix(src.dtype()).ok_or_else(|| unsupported(OP, src.dtype()))?;
-        let d = kernel_suffix(dst.dtype()).ok_or_else(|| unsupported(OP, dst.dtype()))?;
-        // SAFETY: cast_S_D(const S* src, D* dst, u64 n, float scale): both hold n elements.
-        unsafe {
-            self.kernel(&format!("cast_{s}_{d}"))?
-                .grid(self.grid_1d(n))
-                .arg_buf(src)
-                .arg_buf(dst)
-                .arg_u64(n as u64)
-                .arg_f32(scale)
-                .launch()
-        }
-    }
-
-    pub(crate) fn scale_impl(&self, x: &mut HipBuffer, alpha: f32) -> Result<()> {
+impl ElementwiseOps for HipDevice {
+    fn scale(&self, x: &mut HipBuffer, alpha: f32) -> Result<()> {
         let s = float_suffix("scale", x.dtype())?;
         let n = x.len();
         // SAFETY: scale_T(T* x, float alpha, u64 n): x holds n elements.
@@ -35,7 +18,7 @@ impl HipDevice {
         }
     }
 
-    pub(crate) fn add_impl(&self, a: &HipBuffer, b: &HipBuffer, out: &mut HipBuffer) -> Result<()> {
+    fn add(&self, a: &HipBuffer, b: &HipBuffer, out: &mut HipBuffer) -> Result<()> {
         const OP: &str = "add";
         let n = args::validate_add(a, b, out)?;
         let s = float_suffix(OP, a.dtype())?;
@@ -51,7 +34,7 @@ impl HipDevice {
         }
     }
 
-    pub(crate) fn add_assign_impl(&self, dst: &mut HipBuffer, src: &HipBuffer) -> Result<()> {
+    fn add_assign(&self, dst: &mut HipBuffer, src: &HipBuffer) -> Result<()> {
         const OP: &str = "add_assign";
         let n = args::validate_add_assign(dst, src)?;
         let d = float_suffix(OP, dst.dtype())?;
@@ -68,13 +51,7 @@ impl HipDevice {
         }
     }
 
-    pub(crate) fn bias_add_impl(
-        &self,
-        x: &mut HipBuffer,
-        bias: &HipBuffer,
-        rows: usize,
-        c: usize,
-    ) -> Result<()> {
+    fn bias_add(&self, x: &mut HipBuffer, bias: &HipBuffer, rows: usize, c: usize) -> Result<()> {
         const OP: &str = "bias_add";
         let desc = RowsDesc::new(OP, rows, c)?;
         desc.validate_bias_add(x, bias)?;
@@ -95,7 +72,7 @@ impl HipDevice {
         }
     }
 
-    pub(crate) fn bias_backward_impl(
+    fn bias_backward(
         &self,
         dout: &HipBuffer,
         dbias: &mut HipBuffer,
@@ -110,7 +87,7 @@ impl HipDevice {
         self.column_sum(OP, dout, rows, c, dbias)
     }
 
-    pub(crate) fn gelu_forward_impl(&self, x: &HipBuffer, out: &mut HipBuffer) -> Result<()> {
+    fn gelu_forward(&self, x: &HipBuffer, out: &mut HipBuffer) -> Result<()> {
         const OP: &str = "gelu_forward";
         let n = args::validate_gelu_forward(x, out)?;
         let s = float_suffix(OP, x.dtype())?;
@@ -127,12 +104,7 @@ impl HipDevice {
         }
     }
 
-    pub(crate) fn gelu_backward_impl(
-        &self,
-        x: &HipBuffer,
-        dout: &HipBuffer,
-        dx: &mut HipBuffer,
-    ) -> Result<()> {
+    fn gelu_backward(&self, x: &HipBuffer, dout: &HipBuffer, dx: &mut HipBuffer) -> Result<()> {
         const OP: &str = "gelu_backward";
         let n = args::validate_gelu_backward(x, dout, dx)?;
         let s = float_suffix(OP, x.dtype())?;

@@ -1,4 +1,5 @@
-//! Token and position embedding, forward and backward (kernels-hip/embedding.hip).
+//! [`duet_device::EmbeddingOps`] on HIP: token and position embedding, forward and backward
+//! (kernels-hip/embedding.hip).
 //!
 //! The backward adds each token's rows in position order without atomics (one block per
 //! position; only the block of a token's first occurrence works); the position gradient is a
@@ -6,9 +7,8 @@
 
 use super::prelude::*;
 
-impl HipDevice {
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn embedding_forward_impl(
+impl EmbeddingOps for HipDevice {
+    fn embedding_forward(
         &self,
         tokens: &HipBuffer,
         wte: &HipBuffer,
@@ -47,8 +47,7 @@ impl HipDevice {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn embedding_backward_impl(
+    fn embedding_backward(
         &self,
         tokens: &HipBuffer,
         dout: &HipBuffer,

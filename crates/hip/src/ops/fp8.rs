@@ -1,13 +1,13 @@
-//! FP8: quantisation (kernels-hip/fp8.hip) and FP8 GEMMs through hipBLASLt.
+//! [`duet_device::Fp8Ops`] on HIP: quantisation (kernels-hip/fp8.hip), FP8 GEMMs through
+//! hipBLASLt, the fused FP8 paths and the AdamW step that writes FP8 codes.
 
-use super::optim::push_u64;
 use super::prelude::*;
+use super::{THREADS, push_u64};
 use crate::blas;
-use duet_device::GemmDesc;
+use duet_device::{AdamWClipStep, AdamWTensor, GemmDesc};
 
-impl HipDevice {
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn quantize_fp8_impl(
+impl Fp8Ops for HipDevice {
+    fn quantize_fp8(
         &self,
         src: &HipBuffer,
         dst: &mut HipBuffer,
@@ -39,45 +39,7 @@ impl HipDevice {
         unsafe { self.launch_quantize(&name, grid, src, dst, dst_t, rows, cols, scale, amax, slot) }
     }
 
-    /// Launches one of the quantisation kernels that share the argument list `(const S* src,
-    /// D* dst, D* dst_t (or null), u64 rows, u64 cols, const float* scale, float* amax)`:
-    /// quantize_S_D, quantize_tiled_S_D, quantize_gelu_S_D (kernels-hip/fp8.hip), with the
-    /// scale and amax of `slot`.
-    ///
-    /// # Safety
-    /// `src`, `dst` and `dst_t` must hold `rows × cols` elements of the kernel's dtypes, `slot`
-    /// must lie inside `scale` and `amax`, and `grid` must be the kernel's grid for the shape.
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn launch_quantize(
-        &self,
-        name: &str,
-        grid: (u32, u32, u32),
-        src: &HipBuffer,
-        dst: &mut HipBuffer,
-        dst_t: Option<&mut HipBuffer>,
-        rows: usize,
-        cols: usize,
-        scale: &HipBuffer,
-        amax: &mut HipBuffer,
-        slot: usize,
-    ) -> Result<()> {
-        // SAFETY: guaranteed by the caller.
-        unsafe {
-            self.kernel(name)?
-                .grid(grid)
-                .arg_buf(src)
-                .arg_buf(dst)
-                .arg_ptr(dst_t.map_or(std::ptr::null_mut(), |t| t.ptr()))
-                .arg_u64(rows as u64)
-                .arg_u64(cols as u64)
-                .arg_ptr(scale.ptr_at(slot))
-                .arg_ptr(amax.ptr_at(slot))
-                .launch()
-        }
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn gemm_fp8_impl(
+    fn gemm_fp8(
         &self,
         desc: &GemmDesc,
         a: &HipBuffer,
@@ -106,116 +68,85 @@ impl HipDevice {
             )
         })
     }
-}
 
-impl HipDevice {
-    /// [`duet_device::Fused::fp8_scaling_update`] on the device (kernels-hip/fp8_scaling.hip,
-    /// CUDA's kernel and bits): no download or upload, so a recorded step can include it.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn fp8_scaling_update_impl(
+    /// [`duet_device::Fp8Ops::quantize_fp8_many`] in one launch (kernels-hip/fp8.hip
+    /// `quantize_many`): one block per 32 × 32 tile of every job, the tiles of
+    /// `quantize_tiled_S_D`, so the codes and amaxes are those of the jobs run one by one. The
+    /// tile table is uploaded once and reused while the jobs stay the same (a model's weights
+    /// at every step, also from `adamw_clipped_fp8`'s composition).
+    fn quantize_fp8_many(
         &self,
+        jobs: &mut [duet_device::Fp8QuantJob<'_, HipBuffer>],
+        scale: &HipBuffer,
         amax: &mut HipBuffer,
-        history: &mut HipBuffer,
-        scale: &mut HipBuffer,
-        scale_inv: &mut HipBuffer,
-        inv_stride: usize,
-        fp8_max: &HipBuffer,
-        len: usize,
-        most_recent: bool,
-        margin: i32,
     ) -> Result<()> {
-        let ops = duet_device::check_fp8_scaling_args(
-            amax, history, scale, scale_inv, inv_stride, fp8_max, len,
-        )?;
-        if ops == 0 {
+        const OP: &str = "quantize_fp8_many";
+        duet_device::check_fp8_quant_jobs(OP, jobs, scale, amax)?;
+        let mut table = Vec::new();
+        let mut count = 0usize;
+        for j in jobs.iter() {
+            let sdt = float_code(OP, j.src.dtype())?;
+            let ddt = fp8_code(j.dst.dtype()).ok_or_else(|| unsupported(OP, j.dst.dtype()))?;
+            let (rows, cols) = (j.rows, j.cols);
+            if rows == 0 || cols == 0 {
+                continue;
+            }
+            if u32::try_from(rows).is_err() || u32::try_from(cols).is_err() {
+                return Err(duet_gpu::launch::kernel_too_large(
+                    "HIP",
+                    OP,
+                    "rows or cols",
+                    rows.max(cols),
+                ));
+            }
+            let dst_t = j.dst_t.as_deref().map_or(0, |t| t.ptr() as u64);
+            for r0 in (0..rows).step_by(32) {
+                for c0 in (0..cols).step_by(32) {
+                    for v in [
+                        j.src.ptr() as u64,
+                        j.dst.ptr() as u64,
+                        dst_t,
+                        rows as u64,
+                        cols as u64,
+                    ] {
+                        push_u64(&mut table, v);
+                    }
+                    table.extend_from_slice(&(r0 as u32).to_le_bytes());
+                    table.extend_from_slice(&(c0 as u32).to_le_bytes());
+                    table.extend_from_slice(&sdt.to_le_bytes());
+                    table.extend_from_slice(&ddt.to_le_bytes());
+                    table.extend_from_slice(&(j.slot as u32).to_le_bytes());
+                    table.extend_from_slice(&0u32.to_le_bytes());
+                    count += 1;
+                }
+            }
+        }
+        if count == 0 {
             return Ok(());
         }
-        let blocks = grid_dim("fp8_scaling_update", ops.div_ceil(256))?;
-        // SAFETY: fp8_scaling_update(float* amax, float* history, float* scale,
-        // float* scale_inv, u64 inv_stride, const float* fp8_max, u64 ops, u64 len,
-        // int most_recent, int margin); every buffer is f32 and holds ops (history ops × len,
-        // scale_inv ops × inv_stride) elements (checked above); one thread per operand.
+        let blocks = grid_dim(OP, count)?;
+        let table = self.table(OP, table)?;
+        // SAFETY: quantize_many(const DuetQuantTile*, const float* scale, float* amax): `count`
+        // 64-byte records, each a 32 × 32 tile (clipped to the job) of a job whose src, dst and
+        // optional dst_t hold rows × cols elements of the recorded dtypes, and whose slot lies
+        // inside scale and amax (all checked by check_fp8_quant_jobs).
         unsafe {
-            self.kernel("fp8_scaling_update")?
+            self.kernel("quantize_many")?
                 .grid((blocks, 1, 1))
-                .arg_buf(amax)
-                .arg_buf(history)
+                .arg_ptr(table)
                 .arg_buf(scale)
-                .arg_buf(scale_inv)
-                .arg_u64(inv_stride as u64)
-                .arg_buf(fp8_max)
-                .arg_u64(ops as u64)
-                .arg_u64(len as u64)
-                .arg_i32(most_recent as i32)
-                .arg_i32(margin)
+                .arg_buf(amax)
                 .launch()
         }
     }
-}
 
-/// The grid of the tiled quantisation kernels (one block per 32 × 32 tile), or `None` past
-/// HIP's 65535 blocks in y (over two million rows: the untiled kernels take those).
-fn tile_grid(rows: usize, cols: usize) -> Option<(u32, u32, u32)> {
-    let (gx, gy) = (cols.div_ceil(32).max(1), rows.div_ceil(32).max(1));
-    (gy <= 65_535 && gx <= i32::MAX as usize).then_some((gx as u32, gy as u32, 1))
-}
-
-/// Most workspaces kept ([`HipDevice::with_workspace`]).
-const MAX_WORKSPACES: usize = 16;
-
-/// Intermediate buffers of the FP8 compositions below, kept between calls.
-#[derive(Default)]
-pub(crate) struct Workspaces {
-    idle: Vec<HipBuffer>,
-}
-
-impl HipDevice {
-    /// Runs `f` on a buffer of `len` elements of `dtype` (contents undefined) that the device
-    /// keeps for the next call of the same size: the compositions of the FP8 fusions allocate
-    /// nothing per call, so a step that uses them can be recorded (the first, unrecorded step
-    /// allocates them; a new size while recording is refused).
-    fn with_workspace<R>(
-        &self,
-        dtype: DType,
-        len: usize,
-        f: impl FnOnce(&mut HipBuffer) -> Result<R>,
-    ) -> Result<R> {
-        let lock = || {
-            self.workspaces
-                .lock()
-                .map_err(|_| DeviceError::InvalidArgument("workspace lock poisoned".into()))
-        };
-        let found = {
-            let mut ws = lock()?;
-            ws.idle
-                .iter()
-                .position(|b| b.dtype() == dtype && b.len() == len)
-                .map(|i| ws.idle.swap_remove(i))
-        };
-        let mut buf = match found {
-            Some(b) => b,
-            None => {
-                self.not_while_capturing("allocating an FP8 workspace")?;
-                self.alloc_impl(dtype, len)?
-            }
-        };
-        let r = f(&mut buf);
-        let mut ws = lock()?;
-        if ws.idle.len() >= MAX_WORKSPACES {
-            ws.idle.remove(0);
-        }
-        ws.idle.push(buf);
-        r
-    }
-
-    /// [`duet_device::Fused::quantize_fp8_grad`] in one pass (kernels-hip/fp8.hip
+    /// [`duet_device::Fp8Ops::quantize_fp8_grad`] in one pass (kernels-hip/fp8.hip
     /// `quantize_grad[_gelu]_S_D`, then `colsum_finish` over its per-tile column sums): the
     /// gradient (with GELU's backward on load) quantised and transposed per 32 × 32 tile, never
     /// written itself. Codes and amax are the composition's bits; `dbias` adds the rows in tile
     /// order (32-row tiles, then the tiles), so it may differ from `bias_backward` in the last
     /// bits, as the trait allows.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn quantize_fp8_grad_impl(
+    fn quantize_fp8_grad(
         &self,
         dout: &HipBuffer,
         gelu_pre: Option<&HipBuffer>,
@@ -303,11 +234,10 @@ impl HipDevice {
         }
     }
 
-    /// [`duet_device::Fused::quantize_fp8_gelu`] in one pass (kernels-hip/fp8.hip
+    /// [`duet_device::Fp8Ops::quantize_fp8_gelu`] in one pass (kernels-hip/fp8.hip
     /// `quantize_gelu_S_D`): gelu(pre) rounded to pre's dtype, quantised and transposed through
     /// a shared-memory tile, the activation never written; the composition's bits.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn quantize_fp8_gelu_impl(
+    fn quantize_fp8_gelu(
         &self,
         pre: &HipBuffer,
         dst: &mut HipBuffer,
@@ -357,13 +287,12 @@ impl HipDevice {
         }
     }
 
-    /// [`duet_device::Fused::layernorm_forward_fp8`] in one pass (kernels-hip/layernorm.hip
+    /// [`duet_device::Fp8Ops::layernorm_forward_fp8`] in one pass (kernels-hip/layernorm.hip
     /// `layernorm_forward_fp8_A_P_D`): the rows' statistics as `layernorm_forward` computes
     /// them (for a vectorised plan by `layernorm_stats_*` first), the normalised output rounded
     /// to x's dtype and quantised (with the transpose through a shared-memory tile), never
     /// written: the composition's bits.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn layernorm_forward_fp8_impl(
+    fn layernorm_forward_fp8(
         &self,
         x: &HipBuffer,
         gamma: &HipBuffer,
@@ -432,88 +361,250 @@ impl HipDevice {
                 .launch()
         }
     }
+
+    /// [`duet_device::Fp8Ops::fp8_scaling_update`] on the device (kernels-hip/fp8_scaling.hip,
+    /// CUDA's kernel and bits): no download or upload, so a recorded step can include it.
+    fn fp8_scaling_update(
+        &self,
+        amax: &mut HipBuffer,
+        history: &mut HipBuffer,
+        scale: &mut HipBuffer,
+        scale_inv: &mut HipBuffer,
+        inv_stride: usize,
+        fp8_max: &HipBuffer,
+        len: usize,
+        most_recent: bool,
+        margin: i32,
+    ) -> Result<()> {
+        let ops = duet_device::check_fp8_scaling_args(
+            amax, history, scale, scale_inv, inv_stride, fp8_max, len,
+        )?;
+        if ops == 0 {
+            return Ok(());
+        }
+        let blocks = grid_dim("fp8_scaling_update", ops.div_ceil(256))?;
+        // SAFETY: fp8_scaling_update(float* amax, float* history, float* scale,
+        // float* scale_inv, u64 inv_stride, const float* fp8_max, u64 ops, u64 len,
+        // int most_recent, int margin); every buffer is f32 and holds ops (history ops × len,
+        // scale_inv ops × inv_stride) elements (checked above); one thread per operand.
+        unsafe {
+            self.kernel("fp8_scaling_update")?
+                .grid((blocks, 1, 1))
+                .arg_buf(amax)
+                .arg_buf(history)
+                .arg_buf(scale)
+                .arg_buf(scale_inv)
+                .arg_u64(inv_stride as u64)
+                .arg_buf(fp8_max)
+                .arg_u64(ops as u64)
+                .arg_u64(len as u64)
+                .arg_i32(most_recent as i32)
+                .arg_i32(margin)
+                .launch()
+        }
+    }
+
+    /// [`duet_device::Fp8Ops::adamw_clipped_fp8`]: the weights that get FP8 codes are updated by
+    /// `adamw_fp8_tiles` (kernels-hip/adamw.hip), one block per 32 × 32 tile, which writes the
+    /// moments, the master weight and the working copy and, from the copy's value in
+    /// registers, the codes, their transpose (through shared memory) and the amax: the copy is
+    /// not read back. Every other tensor goes through `adamw_multi`. The bits of
+    /// `adamw_clipped` followed by `quantize_fp8_many` (its composition), which runs instead
+    /// when a weight is named twice or has an FP8 working copy.
+    fn adamw_clipped_fp8(
+        &self,
+        tensors: &mut [AdamWTensor<'_, HipBuffer>],
+        step: &AdamWClipStep,
+        scalars: &HipBuffer,
+        outs: &mut [duet_device::AdamWFp8Out<'_, HipBuffer>],
+        scale: &HipBuffer,
+        amax: &mut HipBuffer,
+    ) -> Result<()> {
+        const OP: &str = "adamw_clipped_fp8";
+        args::validate_adamw_clipped(tensors, scalars)?;
+        duet_device::check_adamw_fp8_outs(OP, tensors, outs, scale, amax)?;
+        let mut fused = vec![false; tensors.len()];
+        let mut composed = false;
+        for o in outs.iter() {
+            let t = &tensors[o.tensor];
+            let fp8_copy = t.copy.as_deref().is_some_and(|c| c.dtype().is_fp8());
+            if fused[o.tensor]
+                || fp8_copy
+                || u32::try_from(o.rows).is_err()
+                || u32::try_from(o.cols).is_err()
+            {
+                composed = true;
+            }
+            fused[o.tensor] = true;
+        }
+        if composed {
+            self.adamw_clipped_except(tensors, &[], step, scalars)?;
+            let mut jobs: Vec<_> = outs.iter_mut().map(|o| o.job(&tensors[o.tensor])).collect();
+            return self.quantize_fp8_many(&mut jobs, scale, amax);
+        }
+        let mut table = Vec::new();
+        let mut count = 0usize;
+        for o in outs.iter() {
+            let t = &tensors[o.tensor];
+            let gdt = float_code(OP, t.grad.dtype())?;
+            let (copy, cdt) = match t.copy.as_deref() {
+                None => (0u64, 0i32),
+                Some(c) => (c.ptr() as u64, float_code(OP, c.dtype())?),
+            };
+            let ddt = fp8_code(o.dst.dtype()).ok_or_else(|| unsupported(OP, o.dst.dtype()))?;
+            let dst_t = o.dst_t.as_deref().map_or(0, |d| d.ptr() as u64);
+            for r0 in (0..o.rows).step_by(32) {
+                for c0 in (0..o.cols).step_by(32) {
+                    for p in [t.param.ptr(), t.grad.ptr(), t.m.ptr(), t.v.ptr()] {
+                        push_u64(&mut table, p as u64);
+                    }
+                    for v in [
+                        copy,
+                        o.dst.ptr() as u64,
+                        dst_t,
+                        o.rows as u64,
+                        o.cols as u64,
+                    ] {
+                        push_u64(&mut table, v);
+                    }
+                    for v in [r0 as u32, c0 as u32] {
+                        table.extend_from_slice(&v.to_le_bytes());
+                    }
+                    for v in [gdt, cdt, ddt] {
+                        table.extend_from_slice(&v.to_le_bytes());
+                    }
+                    table.extend_from_slice(&(o.slot as u32).to_le_bytes());
+                    table.extend_from_slice(&t.weight_decay.to_le_bytes());
+                    table.extend_from_slice(&0u32.to_le_bytes());
+                    count += 1;
+                }
+            }
+        }
+        if count > 0 {
+            let blocks = grid_dim(OP, count)?;
+            let table = self.table(OP, table)?;
+            let s = *step;
+            // SAFETY: adamw_fp8_tiles(const DuetAdamWFp8Tile*, const float* scalars, 5 floats,
+            // const float* scale, float* amax): `count` 104-byte records, each a 32 × 32 tile
+            // (clipped to rows × cols) of a weight whose f32 param/m/v, grad and optional copy
+            // hold rows × cols elements of the recorded dtypes and whose dst (and dst_t) hold
+            // as many codes (validate_adamw_clipped, check_adamw_fp8_outs); slot inside scale
+            // and amax; each weight in one job only (checked above), so no element is updated
+            // twice; `scalars` holds ADAMW_SCALARS f32.
+            unsafe {
+                self.kernel("adamw_fp8_tiles")?
+                    .grid((blocks, 1, 1))
+                    .block((THREADS, 1, 1))
+                    .arg_ptr(table)
+                    .arg_buf(scalars)
+                    .arg_f32(s.beta1)
+                    .arg_f32(s.beta2)
+                    .arg_f32(s.eps)
+                    .arg_f32(s.max_norm)
+                    .arg_f32(s.loss_scale)
+                    .arg_buf(scale)
+                    .arg_buf(amax)
+                    .launch()?;
+            }
+        }
+        self.adamw_clipped_except(tensors, &fused, step, scalars)
+    }
 }
 
+impl HipDevice {
+    /// Launches one of the quantisation kernels that share the argument list `(const S* src,
+    /// D* dst, D* dst_t (or null), u64 rows, u64 cols, const float* scale, float* amax)`:
+    /// quantize_S_D, quantize_tiled_S_D, quantize_gelu_S_D (kernels-hip/fp8.hip), with the
+    /// scale and amax of `slot`.
+    ///
+    /// # Safety
+    /// `src`, `dst` and `dst_t` must hold `rows × cols` elements of the kernel's dtypes, `slot`
+    /// must lie inside `scale` and `amax`, and `grid` must be the kernel's grid for the shape.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn launch_quantize(
+        &self,
+        name: &str,
+        grid: (u32, u32, u32),
+        src: &HipBuffer,
+        dst: &mut HipBuffer,
+        dst_t: Option<&mut HipBuffer>,
+        rows: usize,
+        cols: usize,
+        scale: &HipBuffer,
+        amax: &mut HipBuffer,
+        slot: usize,
+    ) -> Result<()> {
+        // SAFETY: guaranteed by the caller.
+        unsafe {
+            self.kernel(name)?
+                .grid(grid)
+                .arg_buf(src)
+                .arg_buf(dst)
+                .arg_ptr(dst_t.map_or(std::ptr::null_mut(), |t| t.ptr()))
+                .arg_u64(rows as u64)
+                .arg_u64(cols as u64)
+                .arg_ptr(scale.ptr_at(slot))
+                .arg_ptr(amax.ptr_at(slot))
+                .launch()
+        }
+    }
+
+    /// Runs `f` on a buffer of `len` elements of `dtype` (contents undefined) that the device
+    /// keeps for the next call of the same size: the compositions of the FP8 fusions allocate
+    /// nothing per call, so a step that uses them can be recorded (the first, unrecorded step
+    /// allocates them; a new size while recording is refused).
+    fn with_workspace<R>(
+        &self,
+        dtype: DType,
+        len: usize,
+        f: impl FnOnce(&mut HipBuffer) -> Result<R>,
+    ) -> Result<R> {
+        let lock = || {
+            self.workspaces
+                .lock()
+                .map_err(|_| DeviceError::InvalidArgument("workspace lock poisoned".into()))
+        };
+        let found = {
+            let mut ws = lock()?;
+            ws.idle
+                .iter()
+                .position(|b| b.dtype() == dtype && b.len() == len)
+                .map(|i| ws.idle.swap_remove(i))
+        };
+        let mut buf = match found {
+            Some(b) => b,
+            None => {
+                self.not_while_capturing("allocating an FP8 workspace")?;
+                self.alloc(dtype, len)?
+            }
+        };
+        let r = f(&mut buf);
+        let mut ws = lock()?;
+        if ws.idle.len() >= MAX_WORKSPACES {
+            ws.idle.remove(0);
+        }
+        ws.idle.push(buf);
+        r
+    }
+}
+
+/// The grid of the tiled quantisation kernels (one block per 32 × 32 tile), or `None` past
+/// HIP's 65535 blocks in y (over two million rows: the untiled kernels take those).
+fn tile_grid(rows: usize, cols: usize) -> Option<(u32, u32, u32)> {
+    let (gx, gy) = (cols.div_ceil(32).max(1), rows.div_ceil(32).max(1));
+    (gy <= 65_535 && gx <= i32::MAX as usize).then_some((gx as u32, gy as u32, 1))
+}
+
+/// Most workspaces kept ([`HipDevice::with_workspace`]).
+const MAX_WORKSPACES: usize = 16;
+
 /// The tile table's codes of an FP8 dtype (kernels-hip/fp8.hip `DuetQuantTile::ddt`).
-pub(super) fn fp8_code(d: DType) -> Option<i32> {
+fn fp8_code(d: DType) -> Option<i32> {
     match d {
         DType::F8E4M3 => Some(0),
         DType::F8E5M2 => Some(1),
         DType::F8E4M3Fnuz => Some(2),
         DType::F8E5M2Fnuz => Some(3),
         _ => None,
-    }
-}
-
-impl HipDevice {
-    /// [`duet_device::Fused::quantize_fp8_many`] in one launch (kernels-hip/fp8.hip
-    /// `quantize_many`): one block per 32 × 32 tile of every job, the tiles of
-    /// `quantize_tiled_S_D`, so the codes and amaxes are those of the jobs run one by one. The
-    /// tile table is uploaded once and reused while the jobs stay the same (a model's weights
-    /// at every step, also from `adamw_clipped_fp8`'s composition).
-    pub(crate) fn quantize_fp8_many_impl(
-        &self,
-        jobs: &mut [duet_device::Fp8QuantJob<'_, HipBuffer>],
-        scale: &HipBuffer,
-        amax: &mut HipBuffer,
-    ) -> Result<()> {
-        const OP: &str = "quantize_fp8_many";
-        duet_device::check_fp8_quant_jobs(OP, jobs, scale, amax)?;
-        let mut table = Vec::new();
-        let mut count = 0usize;
-        for j in jobs.iter() {
-            let sdt = float_code(OP, j.src.dtype())?;
-            let ddt = fp8_code(j.dst.dtype()).ok_or_else(|| unsupported(OP, j.dst.dtype()))?;
-            let (rows, cols) = (j.rows, j.cols);
-            if rows == 0 || cols == 0 {
-                continue;
-            }
-            if u32::try_from(rows).is_err() || u32::try_from(cols).is_err() {
-                return Err(duet_device::args::kernel_too_large(
-                    "HIP",
-                    OP,
-                    "rows or cols",
-                    rows.max(cols),
-                ));
-            }
-            let dst_t = j.dst_t.as_deref().map_or(0, |t| t.ptr() as u64);
-            for r0 in (0..rows).step_by(32) {
-                for c0 in (0..cols).step_by(32) {
-                    for v in [
-                        j.src.ptr() as u64,
-                        j.dst.ptr() as u64,
-                        dst_t,
-                        rows as u64,
-                        cols as u64,
-                    ] {
-                        push_u64(&mut table, v);
-                    }
-                    table.extend_from_slice(&(r0 as u32).to_le_bytes());
-                    table.extend_from_slice(&(c0 as u32).to_le_bytes());
-                    table.extend_from_slice(&sdt.to_le_bytes());
-                    table.extend_from_slice(&ddt.to_le_bytes());
-                    table.extend_from_slice(&(j.slot as u32).to_le_bytes());
-                    table.extend_from_slice(&0u32.to_le_bytes());
-                    count += 1;
-                }
-            }
-        }
-        if count == 0 {
-            return Ok(());
-        }
-        let blocks = grid_dim(OP, count)?;
-        let table = self.table(OP, table)?;
-        // SAFETY: quantize_many(const DuetQuantTile*, const float* scale, float* amax): `count`
-        // 64-byte records, each a 32 × 32 tile (clipped to the job) of a job whose src, dst and
-        // optional dst_t hold rows × cols elements of the recorded dtypes, and whose slot lies
-        // inside scale and amax (all checked by check_fp8_quant_jobs).
-        unsafe {
-            self.kernel("quantize_many")?
-                .grid((blocks, 1, 1))
-                .arg_ptr(table)
-                .arg_buf(scale)
-                .arg_buf(amax)
-                .launch()
-        }
     }
 }

@@ -1,6 +1,6 @@
 //! GEMMs through rocBLAS (and FP8 GEMMs through hipBLASLt, see fp8.rs), and GEMMs with fused
 //! epilogues through hipBLASLt (bias, bias + residual, bias + GELU with the pre-activation
-//! kept, GELU backward, the bias gradient): see [`duet_device::Fused::gemm_epilogue`]. As on
+//! kept, GELU backward, the bias gradient): see [`duet_device::GemmOps::gemm_epilogue`]. As on
 //! CUDA, plain 16-bit GEMMs stay on the vendor BLAS (rocBLAS here, cuBLAS there); CUDA moves
 //! them to cuBLASLt only to autotune them, which HIP does not offer.
 
@@ -11,14 +11,8 @@ use duet_device::{Epilogue, GemmDesc, composed};
 
 const OP: &str = "gemm_epilogue";
 
-impl HipDevice {
-    pub(crate) fn gemm_impl(
-        &self,
-        desc: &GemmDesc,
-        a: &HipBuffer,
-        b: &HipBuffer,
-        c: &mut HipBuffer,
-    ) -> Result<()> {
+impl GemmOps for HipDevice {
+    fn gemm(&self, desc: &GemmDesc, a: &HipBuffer, b: &HipBuffer, c: &mut HipBuffer) -> Result<()> {
         check_dtype("gemm", b, a.dtype())?;
         desc.validate(a.len(), b.len(), c.len())?;
         if desc.batch == 0 || desc.m == 0 || desc.n == 0 {
@@ -37,21 +31,12 @@ impl HipDevice {
         blas::gemm(&h, desc, a, b, c)
     }
 
-    /// The dtypes whose GEMM epilogues run on hipBLASLt: bf16 and f16 when the library was
-    /// found at open and `DUET_HIP_UNFUSED` is not set (the capabilities list them).
-    pub(crate) fn epilogue_dtypes(lt_found: bool, unfused: bool) -> Vec<DType> {
-        if lt_found && !unfused {
-            vec![DType::BF16, DType::F16]
-        } else {
-            Vec::new()
-        }
-    }
-
-    /// [`duet_device::Fused::gemm_epilogue`] on hipBLASLt, with CUDA's semantics and checks
-    /// ([`duet_device::validate_lt_epilogue`], shared with crates/cuda ops/gemm.rs). Where hipBLASLt cannot run it (its handle could not be
+    /// [`duet_device::GemmOps::gemm_epilogue`] on hipBLASLt, with CUDA's semantics and checks
+    /// ([`duet_gpu::validate_lt_epilogue`], shared with crates/cuda ops/gemm.rs). Where hipBLASLt cannot run it (its handle could not be
     /// created, or it has no algorithm for the shape and epilogue, remembered per plan key) the
-    /// composition of the core ops runs instead, which computes the same result.
-    pub(crate) fn gemm_epilogue_impl(
+    /// composition of the core ops runs instead, which computes the same result; so it does for
+    /// a dtype the capabilities list no epilogue for (`HipDevice::epilogue_dtypes`).
+    fn gemm_epilogue(
         &self,
         desc: &GemmDesc,
         a: &HipBuffer,
@@ -59,6 +44,9 @@ impl HipDevice {
         c: &mut HipBuffer,
         epilogue: Epilogue<'_, HipBuffer>,
     ) -> Result<()> {
+        if !self.capabilities().gemm_epilogue(a.dtype()) {
+            return composed::gemm_epilogue(self, desc, a, b, c, epilogue);
+        }
         // A and B share the 16-bit dtype; C is that dtype, or f32 for the epilogues that
         // allow it (bias, bias gradient).
         let dt = a.dtype();
@@ -68,7 +56,7 @@ impl HipDevice {
                 dtype: dt,
             });
         }
-        duet_device::validate_lt_epilogue(OP, desc, a, b, c, &epilogue)?;
+        duet_gpu::validate_lt_epilogue(OP, desc, a, b, c, &epilogue)?;
         // The pre-activation shares C's layout (its leading dimension and offset multiples of
         // 8, as on CUDA: checked above).
         let aux = |pre: &HipBuffer| (pre.ptr_at(desc.c_offset), desc.ldc as i64);
@@ -103,6 +91,18 @@ impl HipDevice {
         match self.lt_matmul(desc, a, b, c, lt_epi)? {
             Outcome::Ran => Ok(()),
             Outcome::NoAlgorithm => composed::gemm_epilogue(self, desc, a, b, c, epilogue),
+        }
+    }
+}
+
+impl HipDevice {
+    /// The dtypes whose GEMM epilogues run on hipBLASLt: bf16 and f16 when the library was
+    /// found at open and `DUET_HIP_UNFUSED` is not set (the capabilities list them).
+    pub(crate) fn epilogue_dtypes(lt_found: bool, unfused: bool) -> Vec<DType> {
+        if lt_found && !unfused {
+            vec![DType::BF16, DType::F16]
+        } else {
+            Vec::new()
         }
     }
 

@@ -1,10 +1,9 @@
-//! The loss: fused softmax + cross-entropy (kernels-hip/cross_entropy.hip).
+//! [`duet_device::LossOps`] on HIP: fused softmax + cross-entropy (kernels-hip/cross_entropy.hip).
 
 use super::prelude::*;
 
-impl HipDevice {
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn cross_entropy_impl(
+impl LossOps for HipDevice {
+    fn cross_entropy_padded(
         &self,
         logits: &HipBuffer,
         targets: &HipBuffer,
@@ -38,7 +37,7 @@ impl HipDevice {
         self.queue_id_check(OP, targets, v, true)?;
         // The CUDA backend's block size for v, so the partition of every row (and its bits) is
         // CUDA's: one thread per group of 8 logits, whole 32-lane groups, 32 to 1024 threads.
-        let block = duet_device::cross_entropy_threads(v);
+        let block = duet_gpu::cross_entropy_threads(v);
         // SAFETY: cross_entropy_T(const T* logits, const int* targets, float* losses,
         // T* dlogits (nullable), int v, int ld, float grad_scale): one block per row < n over
         // logits and dlogits (n·ld, checked, v ≤ ld), targets and losses (n), checked; a row reads logits[row·v + tgt] only
@@ -57,14 +56,11 @@ impl HipDevice {
                 .launch()
         }
     }
-}
 
-impl HipDevice {
-    /// [`duet_device::Fused::cross_entropy_in_place`]: kernels-hip/cross_entropy.hip's
+    /// [`duet_device::LossOps::cross_entropy_in_place`]: kernels-hip/cross_entropy.hip's
     /// `cross_entropy_in_place_T` (the gradient over the logits, one block per row; the same
     /// row body, and bits, as `cross_entropy_T`'s dlogits).
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn cross_entropy_in_place_impl(
+    fn cross_entropy_in_place(
         &self,
         logits: &mut HipBuffer,
         targets: &HipBuffer,
@@ -81,7 +77,7 @@ impl HipDevice {
             return Ok(());
         }
         self.queue_id_check("cross_entropy", targets, v, true)?;
-        let block = duet_device::cross_entropy_threads(v);
+        let block = duet_gpu::cross_entropy_threads(v);
         // SAFETY: cross_entropy_in_place_T(T* logits, const int* targets, float* losses, int v,
         // int ld, float grad_scale): one block per row < n over logits (n·ld, checked, v ≤ ld;
         // each element read and then overwritten by the same thread, after the block's

@@ -1,31 +1,72 @@
-//! The op families, one file each, with the same names as the CPU and CUDA backends' `ops/`
-//! (a family the HIP backend has no op of has no file): each holds `impl HipDevice` methods
-//! named `<trait method>_impl` that `impl Device for HipDevice` (device.rs) calls, one per trait
-//! method. As on CUDA, every op that reads or writes FP8 codes lives in `fp8.rs`.
+//! The op families, one file each, with the same names as the CPU and CUDA backends' `ops/`:
+//! each implements its family trait of duet_device for [`HipDevice`] (`impl NormOps for
+//! HipDevice` in norm.rs, `impl Fp8Ops for HipDevice` in fp8.rs, ...). As on CUDA, every op that
+//! reads or writes FP8 codes lives in `fp8.rs`. Here: the chunk tables that the multi-tensor
+//! launches (optim.rs, fp8.rs, and `zero_many` in runtime.rs) read.
 
 mod attention;
 mod elementwise;
 mod embedding;
 mod fp8;
 mod gemm;
-mod layernorm;
 mod loss;
-mod memory;
+mod norm;
 mod optim;
 
-pub(crate) use attention::FlashInner;
-pub(crate) use fp8::Workspaces;
-pub(crate) use optim::Tables;
+use prelude::*;
+
+/// Elements per chunk of the multi-tensor passes: CUDA's `CHUNK`. The sum-of-squares partition
+/// (and so its rounding) depends on it; equal to CUDA's, the partials are CUDA's bits.
+pub(crate) const CHUNK: usize = 1 << 14;
+/// Threads per block of sum_squares_many_partial, adamw_multi and zero_many (DUET_BLOCK; CUDA's
+/// THREADS, which the per-thread order of the sums depends on).
+pub(crate) const THREADS: u32 = 256;
+/// Most tables kept on the device.
+const MAX_TABLES: usize = 8;
+
+/// `(offset, len)` of each chunk of a tensor of `n` elements.
+pub(crate) fn chunks(n: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..n.div_ceil(CHUNK)).map(move |k| (k * CHUNK, CHUNK.min(n - k * CHUNK)))
+}
+
+/// Appends `v` to a kernel table, little-endian (the layout every table here uses).
+pub(crate) fn push_u64(table: &mut Vec<u8>, v: u64) {
+    table.extend_from_slice(&v.to_le_bytes());
+}
+
+impl HipDevice {
+    /// The device address of `table` (uploading it unless an identical one is cached; never
+    /// while a graph is being recorded: the first, unrecorded step uploads every table).
+    pub(crate) fn table(&self, op: &'static str, table: Vec<u8>) -> Result<*mut std::ffi::c_void> {
+        let mut tables = self
+            .tables
+            .lock()
+            .map_err(|_| DeviceError::InvalidArgument(format!("{op}: table lock poisoned")))?;
+        if let Some((_, mem)) = tables.entries.iter().find(|(k, _)| *k == table) {
+            return Ok(mem.ptr());
+        }
+        self.not_while_capturing(&format!("{op}: uploading a new chunk table"))?;
+        if tables.entries.len() >= MAX_TABLES {
+            tables.entries.remove(0);
+        }
+        let mut mem = self.alloc(DType::U8, table.len())?;
+        self.upload_bytes(&table, &mut mem, 0)?;
+        let ptr = mem.ptr();
+        tables.entries.push((table, mem));
+        Ok(ptr)
+    }
+}
 
 /// What the op files share.
 mod prelude {
-    pub(super) use crate::conv::{self, float_suffix, kernel_suffix, wide_suffix};
+    pub(super) use crate::conv::{float_suffix, kernel_suffix, wide_suffix};
     pub(super) use crate::device::{HipDevice, rows_grid, same_dtype, unsupported};
     pub(super) use crate::kernels::{dim, grid_dim};
     pub(super) use crate::memory::HipBuffer;
-    pub(super) use duet_device::args::float_code;
     pub(super) use duet_device::{
-        Buffer, DType, Device, DeviceError, HeadsDesc, Result, RowsDesc, SoftmaxDesc, TokensDesc,
+        AttentionOps, Buffer, DType, DeviceError, ElementwiseOps, EmbeddingOps, Fp8Ops, GemmOps,
+        HeadsDesc, LossOps, NormOps, OptimOps, Result, RowsDesc, Runtime, SoftmaxDesc, TokensDesc,
         args, check_dtype,
     };
+    pub(super) use duet_gpu::launch::float_code;
 }

@@ -5,7 +5,7 @@
 use super::*;
 use crate::harness::compare_values;
 use crate::reference;
-use duet_device::{DType, DeviceError, Fused};
+use duet_device::{DType, Device, DeviceError};
 
 /// Rows with their own offsets and scales.
 fn ln_input(r: &mut Rng, n: usize, c: usize) -> Vec<f32> {
@@ -67,12 +67,12 @@ impl LnCase {
 
     /// Forward, then the backward from the device's own saved statistics (as the engine runs
     /// it), accumulating into dx, dgamma and dbeta; with `colsum`, the fused variant.
-    fn run<E: Fused>(&self, e: &E, colsum: Option<bool>) -> Vec<Tensor> {
+    fn run<E: Device>(&self, e: &E, colsum: Option<bool>) -> Vec<Tensor> {
         self.run_times(e, colsum, 1)
     }
 
     /// [`LnCase::run`] with the backward called `times` times (each call adds again).
-    fn run_times<E: Fused>(&self, e: &E, colsum: Option<bool>, times: usize) -> Vec<Tensor> {
+    fn run_times<E: Device>(&self, e: &E, colsum: Option<bool>, times: usize) -> Vec<Tensor> {
         let (n, c) = (self.n, self.c);
         let x = put(e, self.act, &self.x);
         let g = put(e, self.pdt, &self.gamma);
@@ -193,7 +193,7 @@ const LN_SHAPES: [(usize, usize); 5] = [(1, 1), (5, 3), (67, 768), (1024, 96), (
 
 /// LayerNorm forward (out, mean, rstd) and backward (accumulating dx, dgamma, dbeta) for every
 /// activation dtype with parameters of that dtype or f32; deterministic.
-pub fn layernorm_forward_backward<D: Fused>(h: &Harness<D>) {
+pub fn layernorm_forward_backward<D: Device>(h: &Harness<D>) {
     let case = "layernorm_forward_backward";
     let mut r = h.rng(case);
     for act in FLOATS {
@@ -220,7 +220,7 @@ pub fn layernorm_forward_backward<D: Fused>(h: &Harness<D>) {
 
 /// `layernorm_backward_colsum` equals `layernorm_backward` followed by `bias_backward` of the
 /// updated dx: dx, dgamma and dbeta bit for bit, the column sum up to summation order.
-pub fn layernorm_backward_colsum_matches_composition<D: Fused>(h: &Harness<D>) {
+pub fn layernorm_backward_colsum_matches_composition<D: Device>(h: &Harness<D>) {
     let case = "layernorm_backward_colsum_matches_composition";
     let mut r = h.rng(case);
     for act in FLOATS {
@@ -277,7 +277,7 @@ const LN_PATH_SHAPES: [(usize, usize); 17] = [
 /// LayerNorm forward and backward over every row path (see `LN_PATH_SHAPES`) for the
 /// recipes' dtype pairs: one backward call, then two (the second adds again: the starting
 /// gradients plus twice the increment, bit-identical when run again).
-pub fn layernorm_every_row_path_accumulates<D: Fused>(h: &Harness<D>) {
+pub fn layernorm_every_row_path_accumulates<D: Device>(h: &Harness<D>) {
     let case = "layernorm_every_row_path_accumulates";
     let mut r = h.rng(case);
     for (act, pdt) in LN_DTYPES {
@@ -313,7 +313,7 @@ pub fn layernorm_every_row_path_accumulates<D: Fused>(h: &Harness<D>) {
 /// sums of the dx it left, and to `bias_backward`'s up to summation order; deterministic; and
 /// against the oracle (the CPU, or the f64 reference with dsum its start plus the column sums
 /// of the reference's dx).
-pub fn layernorm_backward_colsum_every_path_and_dsum_dtype<D: Fused>(h: &Harness<D>) {
+pub fn layernorm_backward_colsum_every_path_and_dsum_dtype<D: Device>(h: &Harness<D>) {
     let case = "layernorm_backward_colsum_every_path_and_dsum_dtype";
     let mut r = h.rng(case);
     let shapes = [
@@ -395,7 +395,7 @@ pub fn layernorm_backward_colsum_every_path_and_dsum_dtype<D: Fused>(h: &Harness
 /// LayerNorm refuses what does not fit: c = 0 with rows, gamma of the wrong length, a dsum of
 /// the wrong length or an integer dsum (typed errors, the gradients left as they were); n = 0 is
 /// a no-op.
-pub fn layernorm_rejects_bad_shapes<D: Fused>(h: &Harness<D>) {
+pub fn layernorm_rejects_bad_shapes<D: Device>(h: &Harness<D>) {
     let case = "layernorm_rejects_bad_shapes";
     let d = &h.dev;
     let typed = |res: duet_device::Result<()>, what: &str| match res {

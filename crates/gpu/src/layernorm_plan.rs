@@ -4,7 +4,7 @@
 //! plan fixes the summation order, so the CUDA and HIP backends share it to compute the same
 //! bits. A function of the shape and dtypes only (whole allocations are 16-byte aligned).
 
-use crate::DType;
+use duet_device::DType;
 
 /// Vectors per thread the fast kernels are instantiated for.
 pub const LN_M: [usize; 6] = [1, 2, 3, 4, 6, 8];

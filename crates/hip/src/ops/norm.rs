@@ -1,19 +1,16 @@
-//! LayerNorm forward and backward (kernels-hip/layernorm.hip). The forward runs CUDA's fast
-//! path where its plan is vectorised ([`duet_device::layernorm_plan`]: the row in registers,
-//! 16-byte loads and stores, the same sums in the same order, so CUDA's bits); other rows, and
-//! the backward, one 32-lane group per row with the parameter gradients in two deterministic
-//! passes (CUDA's row kernels' bits).
+//! [`duet_device::NormOps`] on HIP: LayerNorm forward and backward (kernels-hip/layernorm.hip).
+//! The forward runs CUDA's fast path where its plan is vectorised
+//! ([`duet_gpu::layernorm_plan`]: the row in registers, 16-byte loads and stores, the same
+//! sums in the same order, so CUDA's bits); other rows, and the backward, one 32-lane group per
+//! row with the parameter gradients in two deterministic passes (CUDA's row kernels' bits).
 
 use super::prelude::*;
 use crate::device::{group_rows_grid, rows_per_chunk};
-use duet_device::layernorm_plan::{
-    LN_BWD_WARPS, LN_WARPS, Plan, aligned16, ln_rows_per_chunk, plan,
-};
+use duet_gpu::layernorm_plan::{LN_BWD_WARPS, LN_WARPS, Plan, aligned16, ln_rows_per_chunk, plan};
 use std::ffi::c_void;
 
-impl HipDevice {
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn layernorm_forward_impl(
+impl NormOps for HipDevice {
+    fn layernorm_forward(
         &self,
         x: &HipBuffer,
         gamma: &HipBuffer,
@@ -86,8 +83,7 @@ impl HipDevice {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn layernorm_backward_impl(
+    fn layernorm_backward(
         &self,
         dout: &HipBuffer,
         x: &HipBuffer,
@@ -180,6 +176,60 @@ impl HipDevice {
             };
         }
         Ok(())
+    }
+
+    /// [`duet_device::NormOps::layernorm_backward_colsum`]: for a vectorised plan CUDA's
+    /// `layernorm_bwdsum_*` (dx, dgamma, dbeta with the plain backward's bits, dsum the column
+    /// sums of the stored dx in dbeta's order); otherwise the composition (the backward, then
+    /// the column sum of dx).
+    fn layernorm_backward_colsum(
+        &self,
+        dout: &HipBuffer,
+        x: &HipBuffer,
+        gamma: &HipBuffer,
+        mean: &HipBuffer,
+        rstd: &HipBuffer,
+        dx: &mut HipBuffer,
+        dgamma: &mut HipBuffer,
+        dbeta: &mut HipBuffer,
+        dsum: &mut HipBuffer,
+        n: usize,
+        c: usize,
+    ) -> Result<()> {
+        const OP: &str = "layernorm_backward_colsum";
+        RowsDesc::new(OP, n, c)?.validate_layernorm_backward(
+            dout,
+            x,
+            gamma,
+            mean,
+            rstd,
+            dx,
+            dgamma,
+            dbeta,
+            Some(&*dsum),
+        )?;
+        float_suffix(OP, x.dtype())?;
+        wide_suffix(OP, x.dtype(), "gamma", gamma.dtype())?;
+        wide_suffix(OP, x.dtype(), "dgamma", dgamma.dtype())?;
+        same_dtype(OP, dgamma.dtype(), &[dbeta])?;
+        same_dtype(OP, x.dtype(), &[dout, dx])?;
+        float_suffix(OP, dsum.dtype())?;
+        match self.ln_vec_plan(&[dout, x, gamma, &*dx], x.dtype(), c, true) {
+            Some(p) if n > 0 => self.layernorm_backward_vec(
+                OP,
+                p,
+                (dout, x, gamma, mean, rstd),
+                dx,
+                dgamma,
+                dbeta,
+                Some(dsum),
+                n,
+                c,
+            ),
+            _ => duet_device::composed::layernorm_backward_colsum(
+                self, dout, x, gamma, mean, rstd, dx, dgamma, dbeta, dsum, n, c,
+            ),
+        }
     }
 }
 
@@ -330,60 +380,5 @@ impl HipDevice {
         // each area written above and updates c elements of dgamma, dbeta (and dsum), checked
         // by the caller.
         unsafe { launch.arg_i32(chunks).arg_i32(ci).launch() }
-    }
-
-    /// [`duet_device::Fused::layernorm_backward_colsum`]: for a vectorised plan CUDA's
-    /// `layernorm_bwdsum_*` (dx, dgamma, dbeta with the plain backward's bits, dsum the column
-    /// sums of the stored dx in dbeta's order); otherwise the composition (the backward, then
-    /// the column sum of dx).
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn layernorm_backward_colsum_impl(
-        &self,
-        dout: &HipBuffer,
-        x: &HipBuffer,
-        gamma: &HipBuffer,
-        mean: &HipBuffer,
-        rstd: &HipBuffer,
-        dx: &mut HipBuffer,
-        dgamma: &mut HipBuffer,
-        dbeta: &mut HipBuffer,
-        dsum: &mut HipBuffer,
-        n: usize,
-        c: usize,
-    ) -> Result<()> {
-        const OP: &str = "layernorm_backward_colsum";
-        RowsDesc::new(OP, n, c)?.validate_layernorm_backward(
-            dout,
-            x,
-            gamma,
-            mean,
-            rstd,
-            dx,
-            dgamma,
-            dbeta,
-            Some(&*dsum),
-        )?;
-        float_suffix(OP, x.dtype())?;
-        wide_suffix(OP, x.dtype(), "gamma", gamma.dtype())?;
-        wide_suffix(OP, x.dtype(), "dgamma", dgamma.dtype())?;
-        same_dtype(OP, dgamma.dtype(), &[dbeta])?;
-        same_dtype(OP, x.dtype(), &[dout, dx])?;
-        float_suffix(OP, dsum.dtype())?;
-        match self.ln_vec_plan(&[dout, x, gamma, &*dx], x.dtype(), c, true) {
-            Some(p) if n > 0 => self.layernorm_backward_vec(
-                OP,
-                p,
-                (dout, x, gamma, mean, rstd),
-                dx,
-                dgamma,
-                dbeta,
-                Some(dsum),
-                n,
-                c,
-            ),
-            _ => duet_device::composed::layernorm_backward_colsum(
-                self, dout, x, gamma, mean, rstd, dx, dgamma, dbeta, dsum, n, c,
-            ),
-        }
     }
 }

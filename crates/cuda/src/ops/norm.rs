@@ -1,4 +1,4 @@
-//! LayerNorm forward and backward (kernels-cuda/layernorm.cu).
+//! [`NormOps`] for [`CudaDevice`]: LayerNorm forward and backward (kernels-cuda/layernorm.cu).
 //!
 //! Fast path: the row is held in registers by a group of `g` warps, each thread owning `m`
 //! vectors of the row ([`plan`]); the backward is one kernel over fixed chunks of rows (dx plus
@@ -9,10 +9,10 @@
 
 use super::prelude::*;
 
-use duet_device::layernorm_plan::{
+use duet_gpu::layernorm_plan::{
     LN_BWD_WARPS, LN_FWD_MAX_VECTORS, Plan, aligned16, ln_rows_per_chunk,
 };
-pub(crate) use duet_device::layernorm_plan::{LN_WARPS, plan};
+pub(crate) use duet_gpu::layernorm_plan::{LN_WARPS, plan};
 
 impl CudaDevice {
     /// The row statistics (mean, rstd) of `layernorm_forward` with the vectorised plan `p`, no
@@ -56,94 +56,14 @@ impl CudaDevice {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn layernorm_forward_impl(
-        &self,
-        x: &CudaBuffer,
-        gamma: &CudaBuffer,
-        beta: &CudaBuffer,
-        out: &mut CudaBuffer,
-        mean: &mut CudaBuffer,
-        rstd: &mut CudaBuffer,
-        n: usize,
-        c: usize,
-        eps: f32,
-    ) -> Result<()> {
-        const OP: &str = "layernorm_forward";
-        RowsDesc::new(OP, n, c)?.validate_layernorm_forward(
-            x,
-            gamma,
-            beta,
-            Some(&*out),
-            mean,
-            rstd,
-        )?;
-        let act = x.dtype();
-        let sa = float_suffix(OP, act)?;
-        // The kernels take gamma and beta in one dtype, the activations' or f32, and write
-        // `out` in the activations' dtype.
-        let sp = wide_suffix(OP, act, "gamma", gamma.dtype())?;
-        check_dtype(OP, beta, gamma.dtype())?;
-        check_dtype(OP, out, act)?;
-        if n == 0 {
-            return Ok(());
-        }
-        let aligned = aligned16(&[x.ptr(), gamma.ptr(), beta.ptr(), out.ptr()]);
-        if let Some(p) = plan(c, act, aligned, false) {
-            let f = self.func(KernelModule::LayerNorm, &p.kernel("fwd", sa, sp))?;
-            let (groups, threads) = p.block(LN_WARPS);
-            // SAFETY: layernorm_fwd_*(const A*, const P*, const P*, A*, float*, float*, int n,
-            // int c, float eps, int G): rows < n, `groups` rows of G warps per block; x/out hold
-            // n·c, gamma/beta c, mean/rstd n elements; vector accesses only when `aligned` and
-            // c is a multiple of the vector width (`plan`).
-            return unsafe {
-                self.launcher(&f)
-                    .grid((grid_dim(OP, n.div_ceil(groups))?, 1, 1))
-                    .block((threads, 1, 1))
-                    .arg_buf(x)
-                    .arg_buf(gamma)
-                    .arg_buf(beta)
-                    .arg_buf(out)
-                    .arg_buf(mean)
-                    .arg_buf(rstd)
-                    .arg_i32(dim(OP, "n", n)?)
-                    .arg_i32(dim(OP, "c", c)?)
-                    .arg_f32(eps)
-                    .arg_i32(p.g as i32)
-                    .launch()
-            };
-        }
-        // Rows too wide for the fast kernel: one warp per row.
-        // SAFETY: layernorm_forward(const A*, const P*, const P*, A*, float*, float*, int n,
-        // int c, float eps): one warp per row < n; x/out hold n·c, gamma/beta c, mean/rstd n.
-        unsafe {
-            self.kernel(
-                KernelModule::LayerNorm,
-                &format!("layernorm_forward_{sa}_{sp}"),
-            )?
-            .grid(rows_grid(OP, n)?)
-            .block((ROW_BLOCK, 1, 1))
-            .arg_buf(x)
-            .arg_buf(gamma)
-            .arg_buf(beta)
-            .arg_buf(out)
-            .arg_buf(mean)
-            .arg_buf(rstd)
-            .arg_i32(dim(OP, "n", n)?)
-            .arg_i32(dim(OP, "c", c)?)
-            .arg_f32(eps)
-            .launch()
-        }
-    }
-
     /// LayerNorm backward; with `dsum`, also `dsum += Σ_rows dx` of the updated `dx`
-    /// ([`Fused::layernorm_backward_colsum`]). dx, dgamma and dbeta get the same bits either
+    /// ([`NormOps::layernorm_backward_colsum`]). dx, dgamma and dbeta get the same bits either
     /// way: the vectorised fast path's `layernorm_bwdsum_*` kernels are `layernorm_bwd_*` plus a
     /// third partial row (the column sums of the stored dx, added in dbeta's order), finished
     /// with dgamma's and dbeta's arithmetic by `layernorm_dparams_finish3_*`; the other paths
     /// (single elements, rows too wide) add a separate column sum of dx (`bias_backward`).
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn layernorm_backward_impl(
+    fn layernorm_backward_into(
         &self,
         dout: &CudaBuffer,
         x: &CudaBuffer,
@@ -195,7 +115,7 @@ impl CudaDevice {
         {
             // layernorm_bwdsum_* exist for the vectorised plans only: the backward, then the
             // column sum of the new dx.
-            self.layernorm_backward_impl(
+            self.layernorm_backward_into(
                 dout, x, gamma, mean, rstd, dx, dgamma, dbeta, None, n, c,
             )?;
             return self.bias_backward(dx, dsum, n, c);
@@ -338,5 +258,131 @@ impl CudaDevice {
             Some(dsum) => self.bias_backward(dx, dsum, n, c),
             None => Ok(()),
         }
+    }
+}
+
+impl NormOps for CudaDevice {
+    fn layernorm_forward(
+        &self,
+        x: &CudaBuffer,
+        gamma: &CudaBuffer,
+        beta: &CudaBuffer,
+        out: &mut CudaBuffer,
+        mean: &mut CudaBuffer,
+        rstd: &mut CudaBuffer,
+        n: usize,
+        c: usize,
+        eps: f32,
+    ) -> Result<()> {
+        const OP: &str = "layernorm_forward";
+        RowsDesc::new(OP, n, c)?.validate_layernorm_forward(
+            x,
+            gamma,
+            beta,
+            Some(&*out),
+            mean,
+            rstd,
+        )?;
+        let act = x.dtype();
+        let sa = float_suffix(OP, act)?;
+        // The kernels take gamma and beta in one dtype, the activations' or f32, and write
+        // `out` in the activations' dtype.
+        let sp = wide_suffix(OP, act, "gamma", gamma.dtype())?;
+        check_dtype(OP, beta, gamma.dtype())?;
+        check_dtype(OP, out, act)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let aligned = aligned16(&[x.ptr(), gamma.ptr(), beta.ptr(), out.ptr()]);
+        if let Some(p) = plan(c, act, aligned, false) {
+            let f = self.func(KernelModule::LayerNorm, &p.kernel("fwd", sa, sp))?;
+            let (groups, threads) = p.block(LN_WARPS);
+            // SAFETY: layernorm_fwd_*(const A*, const P*, const P*, A*, float*, float*, int n,
+            // int c, float eps, int G): rows < n, `groups` rows of G warps per block; x/out hold
+            // n·c, gamma/beta c, mean/rstd n elements; vector accesses only when `aligned` and
+            // c is a multiple of the vector width (`plan`).
+            return unsafe {
+                self.launcher(&f)
+                    .grid((grid_dim(OP, n.div_ceil(groups))?, 1, 1))
+                    .block((threads, 1, 1))
+                    .arg_buf(x)
+                    .arg_buf(gamma)
+                    .arg_buf(beta)
+                    .arg_buf(out)
+                    .arg_buf(mean)
+                    .arg_buf(rstd)
+                    .arg_i32(dim(OP, "n", n)?)
+                    .arg_i32(dim(OP, "c", c)?)
+                    .arg_f32(eps)
+                    .arg_i32(p.g as i32)
+                    .launch()
+            };
+        }
+        // Rows too wide for the fast kernel: one warp per row.
+        // SAFETY: layernorm_forward(const A*, const P*, const P*, A*, float*, float*, int n,
+        // int c, float eps): one warp per row < n; x/out hold n·c, gamma/beta c, mean/rstd n.
+        unsafe {
+            self.kernel(
+                KernelModule::LayerNorm,
+                &format!("layernorm_forward_{sa}_{sp}"),
+            )?
+            .grid(rows_grid(OP, n)?)
+            .block((ROW_BLOCK, 1, 1))
+            .arg_buf(x)
+            .arg_buf(gamma)
+            .arg_buf(beta)
+            .arg_buf(out)
+            .arg_buf(mean)
+            .arg_buf(rstd)
+            .arg_i32(dim(OP, "n", n)?)
+            .arg_i32(dim(OP, "c", c)?)
+            .arg_f32(eps)
+            .launch()
+        }
+    }
+
+    fn layernorm_backward(
+        &self,
+        dout: &CudaBuffer,
+        x: &CudaBuffer,
+        gamma: &CudaBuffer,
+        mean: &CudaBuffer,
+        rstd: &CudaBuffer,
+        dx: &mut CudaBuffer,
+        dgamma: &mut CudaBuffer,
+        dbeta: &mut CudaBuffer,
+        n: usize,
+        c: usize,
+    ) -> Result<()> {
+        self.layernorm_backward_into(dout, x, gamma, mean, rstd, dx, dgamma, dbeta, None, n, c)
+    }
+
+    fn layernorm_backward_colsum(
+        &self,
+        dout: &CudaBuffer,
+        x: &CudaBuffer,
+        gamma: &CudaBuffer,
+        mean: &CudaBuffer,
+        rstd: &CudaBuffer,
+        dx: &mut CudaBuffer,
+        dgamma: &mut CudaBuffer,
+        dbeta: &mut CudaBuffer,
+        dsum: &mut CudaBuffer,
+        n: usize,
+        c: usize,
+    ) -> Result<()> {
+        self.layernorm_backward_into(
+            dout,
+            x,
+            gamma,
+            mean,
+            rstd,
+            dx,
+            dgamma,
+            dbeta,
+            Some(dsum),
+            n,
+            c,
+        )
     }
 }

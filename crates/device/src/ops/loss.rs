@@ -1,0 +1,90 @@
+//! The classifier: softmax cross-entropy with its gradient.
+
+use crate::*;
+
+pub trait LossOps: Runtime {
+    /// Fused softmax + cross-entropy over `logits` (`n × v`) with i32 `targets` (`n`; a negative
+    /// target is ignored: loss 0, gradient 0). Writes per-row `losses` (f32, `n`). When `dlogits`
+    /// is given, also writes `dlogits = (softmax(logits) − onehot(target)) · grad_scale`.
+    /// ([`LossOps::cross_entropy_padded`] with rows of exactly `v` logits.)
+    #[allow(clippy::too_many_arguments)]
+    fn cross_entropy(
+        &self,
+        logits: &Self::Buffer,
+        targets: &Self::Buffer,
+        losses: &mut Self::Buffer,
+        dlogits: Option<&mut Self::Buffer>,
+        n: usize,
+        v: usize,
+        grad_scale: f32,
+    ) -> Result<()> {
+        self.cross_entropy_padded(logits, targets, losses, dlogits, n, v, v, grad_scale)
+    }
+
+    /// [`LossOps::cross_entropy`] over rows of `ld ≥ v` logits (`n × ld`) of which only the first
+    /// `v` are the vocabulary's: a vocabulary padded to a multiple the GEMMs run fast at. The
+    /// padded columns take no part in the softmax or the loss, whatever they hold, and their
+    /// gradient is written 0.
+    #[allow(clippy::too_many_arguments)]
+    fn cross_entropy_padded(
+        &self,
+        logits: &Self::Buffer,
+        targets: &Self::Buffer,
+        losses: &mut Self::Buffer,
+        dlogits: Option<&mut Self::Buffer>,
+        n: usize,
+        v: usize,
+        ld: usize,
+        grad_scale: f32,
+    ) -> Result<()>;
+
+    /// [`LossOps::cross_entropy_padded`] with the logits' gradient written over the logits
+    /// (llm.c's fused classifier): `logits` (`n × ld`, any float dtype) becomes
+    /// `(softmax − onehot(target))·grad_scale` on its first `v` columns and 0 on the padding;
+    /// `losses` as there. The same bits as cross_entropy_padded's `dlogits`. A backend that has
+    /// it natively needs no second `n × ld` buffer; the default computes into a temporary and
+    /// copies it back.
+    #[allow(clippy::too_many_arguments)]
+    fn cross_entropy_in_place(
+        &self,
+        logits: &mut Self::Buffer,
+        targets: &Self::Buffer,
+        losses: &mut Self::Buffer,
+        n: usize,
+        v: usize,
+        ld: usize,
+        grad_scale: f32,
+    ) -> Result<()> {
+        cross_entropy_in_place(self, logits, targets, losses, n, v, ld, grad_scale)
+    }
+}
+
+/// [`crate::LossOps::cross_entropy_in_place`] composed of the core ops (its default): the
+/// gradient into a temporary, then copied over the logits.
+#[allow(clippy::too_many_arguments)]
+pub fn cross_entropy_in_place<D: LossOps>(
+    d: &D,
+    logits: &mut D::Buffer,
+    targets: &D::Buffer,
+    losses: &mut D::Buffer,
+    n: usize,
+    v: usize,
+    ld: usize,
+    grad_scale: f32,
+) -> Result<()> {
+    let len = n.checked_mul(ld).ok_or_else(|| {
+        DeviceError::InvalidArgument(format!("cross_entropy_in_place: {n} × {ld} overflows"))
+    })?;
+    let mut grad = d.alloc(logits.dtype(), len)?;
+    d.cross_entropy_padded(
+        logits,
+        targets,
+        losses,
+        Some(&mut grad),
+        n,
+        v,
+        ld,
+        grad_scale,
+    )?;
+    d.copy(&grad, 0, logits, 0, len)
+}

@@ -66,9 +66,14 @@ impl CudaDevice {
         };
         let f = self.func(KernelModule::CrossEntropy, &kernel)?;
         if bytes > 0 {
+            // Always the same (largest) allowance, never the row's own size: the attribute
+            // belongs to the function, which every thread using this device shares, so a call
+            // for a smaller vocabulary setting it between another thread's setting and launch
+            // made that launch fail (issue 49). The launch asks for `bytes`; the allowance only
+            // bounds what a launch may ask, so the kernels and their results are unchanged.
             f.set_attribute(
                 CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                bytes as i32,
+                (have - STATIC) as i32,
             )
             .map_err(drv("cuFuncSetAttribute"))?;
         }

@@ -17,7 +17,9 @@
 
 #include <cstdio>
 #include <cstring>
+#include <mutex>
 #include <string>
+#include <unordered_map>
 
 using hoc::bind;
 using hoc::cu_check;
@@ -547,11 +549,21 @@ HOC_API hipError_t hipModuleLaunchKernel(hipFunction_t f, unsigned int gx, unsig
     ENTER("hipModuleLaunchKernel");
     CUfunction cf = reinterpret_cast<CUfunction>(f);
     if (shared > 48 * 1024) {
-        // CUDA needs an opt-in above 48 KiB of dynamic shared memory; HIP does not.
-        hipError_t e = CU("hipModuleLaunchKernel",
-                          d->cuFuncSetAttribute(cf, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                                static_cast<int>(shared)));
-        if (e != hipSuccess) return e;
+        // CUDA needs an opt-in above 48 KiB of dynamic shared memory; HIP does not. The opt-in
+        // belongs to the function, which every thread shares: it only ever rises (under a lock),
+        // so a launch asking for less never lowers it under another thread's launch that asked
+        // for more (issue 49: a per-launch setting made that launch fail).
+        static std::mutex opt_in_lock;
+        static std::unordered_map<CUfunction, unsigned> opt_in;
+        std::lock_guard<std::mutex> g(opt_in_lock);
+        unsigned& have = opt_in[cf];
+        if (shared > have) {
+            hipError_t e = CU("hipModuleLaunchKernel",
+                              d->cuFuncSetAttribute(cf, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                                    static_cast<int>(shared)));
+            if (e != hipSuccess) return e;
+            have = shared;
+        }
     }
     return CU("hipModuleLaunchKernel",
               d->cuLaunchKernel(cf, gx, gy, gz, bx, by, bz, shared, cs(stream), params, nullptr));

@@ -208,7 +208,7 @@ __device__ __forceinline__ void layernorm_fwd_body(const A* __restrict__ x,
 // kept the sums in shared-memory slots and prefetched the next row into registers; the same
 // bits, but their load-add-store chains stalled the warps (ncu): 30.0 vs 26.5 µs at 8192 × 768
 // and 61.2 vs 59.8 µs at 8192 × 2048 with the dx column sum, bf16 on the H200
-// (results/2026-11-29-h200-session7).
+// (results/2026-11-29-h200-layernorm-backward).
 template <typename A, int V, int M> struct LnRow {
     Vec<A, V> x[M], d[M], g[M];  // x, dout, dx (before the update)
 };

@@ -4,7 +4,7 @@
 //  - hiprtc at backend start (ROCm 6/7; `__HIPCC_RTC__` defined, no system headers: the backend
 //    passes this file through hiprtcCreateProgram's `headers`),
 //  - hipcc ahead of time (scripts/check-hip-kernels.sh, gfx90a / gfx940),
-//  - nvcc through HIP's NVIDIA platform headers (scripts/hip-on-nvidia.sh).
+//  - nvcc through HIP's NVIDIA platform headers (scripts/hip-nvidia.sh kernels-vs-cpu).
 //
 // The backend passes -DDUET_WARP=<the device's hipDeviceAttributeWarpSize> (64 on CDNA; part of
 // the cache key); otherwise the compiler's own wavefront-size macro is used, and 32 on NVIDIA.
@@ -166,7 +166,7 @@ DUET_DEV void duet_st(duet_e5m2fnuz* p, duet_u64 i, float v) { p[i].bits = DuetE
 
 // ------------------------------------------------------------------------------------ roundings
 // Explicitly rounded operations, for arithmetic that must give the CUDA kernels' bits. On NVIDIA
-// (scripts/hip-on-nvidia.sh, hip-vs-cuda.sh) they are CUDA's _rn intrinsics, which are never
+// (scripts/hip-nvidia.sh kernels-vs-cpu, kernels-vs-cuda) they are CUDA's _rn intrinsics, which are never
 // contracted; on AMD they are plain IEEE operations, and the backend compiles with
 // -ffp-contract=off (kernels.rs `options`), so a·b + c is only fused where duet_fma says so.
 // (HIP's own __fsqrt_rn is __ocml_native_sqrt_f32, an approximation: not used.)

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Prints the test executables of `cargo test --no-run --message-format=json` (read on stdin),
-one per line (used by scripts/gpu-test.sh and scripts/hip-on-cuda.sh to pack test binaries)."""
+one per line (used by `scripts/gpu-test.sh pack` and `scripts/hip-nvidia.sh standins pack` to pack
+test binaries)."""
 import json
 import sys
 

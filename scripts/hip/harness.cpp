@@ -2,8 +2,8 @@
 // (crates/hip/examples/hip_fixtures.rs) and compares the results with the CPU's outputs.
 //
 // Written against the HIP runtime API only, so the same file builds with hipcc on an AMD GPU and
-// with nvcc through HIP's NVIDIA platform headers (scripts/hip-on-nvidia.sh). The launch shapes
-// mirror crates/hip/src/ops (grid-stride loops; one block per row for cross-entropy, with the
+// with nvcc through HIP's NVIDIA platform headers (scripts/hip-nvidia.sh kernels-vs-cpu). The launch
+// shapes mirror crates/hip/src/ops (grid-stride loops; one block per row for cross-entropy, with the
 // CUDA backend's block size; one 32-lane group per row, 8 rows per block, for softmax and
 // LayerNorm; rows_per_chunk rows per chunk for the two-pass column sums, 64 columns per block).
 //

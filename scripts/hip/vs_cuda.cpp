@@ -1,4 +1,5 @@
-// HIP kernels vs CUDA kernels, bit for bit, on one NVIDIA GPU (scripts/hip-vs-cuda.sh run).
+// HIP kernels vs CUDA kernels, bit for bit, on one NVIDIA GPU
+// (scripts/hip-nvidia.sh kernels-vs-cuda run).
 //
 // The HIP side is every kernels-hip/*.hip compiled into this program by nvcc through HIP's NVIDIA
 // platform headers (warp 32, --fmad=false like the AMD build's -ffp-contract=off). The CUDA side

@@ -1,5 +1,5 @@
 //! Writes the inputs and the CPU backend's outputs for every kernel in `kernels-hip/`, for the
-//! HIP-on-NVIDIA harness (scripts/hip-on-nvidia.sh, scripts/hip/harness.cu).
+//! HIP-on-NVIDIA harness (scripts/hip-nvidia.sh kernels-vs-cpu, scripts/hip/harness.cpp).
 //!
 //! `cargo run -p duet-hip --example hip_fixtures -- OUT_FILE`
 //!

@@ -41,7 +41,7 @@ impl CudaDevice {
     /// column sum. (CUDA 13.0's cuBLASLt refuses an f32 bias gradient beside a 16-bit weight
     /// gradient. It accepts a 16-bit one, but ran that as a separate kernel slower than the
     /// column sum, and it would round the bias gradient to 16 bits: not taken. H100 profile,
-    /// results/2026-12-07-h100-gpt2-side-by-side-s46.)
+    /// results/2026-12-07-h100-gpt2-side-by-side.)
     fn gemm_bias_grad(
         &self,
         desc: &GemmDesc,

@@ -11,7 +11,7 @@
 #          target/rocm-check). RCCL's header comes from the 7.2 tree for both (Debian's 6.4 has
 #          no RCCL); its API is the same.
 #   CUDA:  $HOC_CUDA_INCLUDE, default /usr/local/cuda/include when it exists, else
-#          /var/cache/duet-cuda-headers/include (scripts/hip-on-cuda.sh headers fetches the
+#          /var/cache/duet-cuda-headers/include (scripts/hip-nvidia.sh standins headers fetches the
 #          headers of NVIDIA's CUDA 13.0 wheels from PyPI there).
 # The libraries take HIP's NVIDIA-platform headers from OUT_ROOT/include at run time (hiprtc).
 set -euo pipefail

@@ -15,12 +15,18 @@ fn stderr(out: &std::process::Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
-/// The corpus: the README's paragraphs as documents in a folder tree, with files that are not
-/// taken (another extension, hidden).
+/// The corpus: the README's and the user guide's paragraphs as documents in a folder tree, with
+/// files that are not taken (another extension, hidden).
 fn corpus(name: &str) -> (std::path::PathBuf, Vec<String>) {
     let dir = tmp(name);
-    let readme = include_str!("../README.md");
-    let half = readme.len() / 2;
+    let readme = concat!(
+        include_str!("../README.md"),
+        "\n\n",
+        include_str!("../docs/user-guide.md")
+    );
+    let half = (readme.len() / 2..)
+        .find(|&i| readme.is_char_boundary(i))
+        .unwrap();
     let cut = readme[half..].find("\n\n").map_or(half, |i| half + i);
     let docs = vec![
         "A first, short document.\n".to_string(),

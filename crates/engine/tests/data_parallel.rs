@@ -292,7 +292,7 @@ fn three_ranks_match_one_rank_fp32_zero1() {
 
 /// Under ZeRO-1 a rank never allocates the replicated optimizer state: its memory plan counts
 /// only its shard. (Its communication buffers are not in the plan, as with replicated data
-/// parallelism; at these sizes they still outweigh the saving, see the README.)
+/// parallelism; at these sizes they still outweigh the saving, see docs/data-parallelism.md.)
 #[test]
 fn zero1_ranks_plan_only_their_shard() {
     let mut c = Config::preset(Preset::Default);

@@ -49,11 +49,15 @@ fn the_byte_tokenizers_json_encodes_bytes() {
 }
 
 fn corpus() -> Vec<String> {
-    // The workspace README: tens of KB of English, committed.
-    include_str!("../../../README.md")
-        .split("\n\n")
-        .map(str::to_string)
-        .collect()
+    // The workspace README and user guide: tens of KB of English, committed.
+    concat!(
+        include_str!("../../../README.md"),
+        "\n\n",
+        include_str!("../../../docs/user-guide.md")
+    )
+    .split("\n\n")
+    .map(str::to_string)
+    .collect()
 }
 
 #[test]

@@ -41,8 +41,35 @@ for a in "${@:-sm_80 sm_89 sm_90}"; do
     for x in $a; do ARCHS+=(--arch "$x"); done
 done
 
-exec "$VENV/bin/python" "$ROOT/scripts/check_cuda_kernels.py" \
+# A passing result is kept in $DUET_KERNEL_CHECK_CACHE (when set) under the hash of the kernel
+# sources, this check's sources, the NVRTC version and the architectures; a hit prints it again
+# (marked "cached") instead of compiling.
+key=""
+if [ -n "${DUET_KERNEL_CHECK_CACHE:-}" ]; then
+    mkdir -p "$DUET_KERNEL_CHECK_CACHE"
+    key=$(cd "$ROOT" && { git ls-files -co --exclude-standard -z kernels-cuda \
+            scripts/check_cuda_kernels.py scripts/check-cuda-kernels.sh | sort -z |
+            xargs -0 sha256sum; echo "$NVRTC_VERSION ${ARCHS[*]}"; } | sha256sum | cut -c1-24)
+    key="$DUET_KERNEL_CHECK_CACHE/nvrtc-$key.out"
+    if [ -f "$key" ]; then
+        echo "check-cuda-kernels: cached: these sources compiled before ($(basename "$key")):"
+        cat "$key"
+        exit 0
+    fi
+fi
+
+out=$(mktemp)
+set +e
+"$VENV/bin/python" "$ROOT/scripts/check_cuda_kernels.py" \
     --kernels "$ROOT/kernels-cuda" \
     --nvrtc-lib-dir "$CU/lib" \
     --include-dir "$CU/include" \
-    "${ARCHS[@]}"
+    "${ARCHS[@]}" 2>&1 | tee "$out"
+rc=${PIPESTATUS[0]}
+set -e
+if [ "$rc" -eq 0 ] && [ -n "$key" ]; then
+    mv "$out" "$key"
+else
+    rm -f "$out"
+fi
+exit "$rc"

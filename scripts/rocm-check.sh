@@ -184,12 +184,35 @@ check_version() {
 
   local ts=$SECONDS
   # 1. kernels: one process per target (ROCm 6.4's hiprtc aborts on a target it does not know).
-  local arch out rc
+  # A target's passing result is kept in $DUET_KERNEL_CHECK_CACHE (when set) under the hash of
+  # what the compile reads: the kernel sources, the HIP backend's sources (options, launch
+  # constants) and rocm_check's, the lock file, the pinned packages and the target. A hit
+  # prints the stored lines again (marked "cached") instead of compiling.
+  local arch out rc key hit
   for arch in $ARCHS; do
-    # AMD_COMGR_CACHE=0: comgr (ROCm 6.4+/7) keeps its own cache of compiles under ~/.cache.
-    out=$(in_root env AMD_COMGR_CACHE=0 /opt/duet/rocm_check compile "$arch" 2>&1)
-    rc=$?
+    key="" hit=""
+    if [ -n "${DUET_KERNEL_CHECK_CACHE:-}" ]; then
+      mkdir -p "$DUET_KERNEL_CHECK_CACHE"
+      key=$(cd "$REPO" && { git ls-files -co --exclude-standard -z kernels-hip \
+              crates/hip/src crates/hip/examples/rocm_check.rs crates/device/src crates/gpu/src \
+              Cargo.lock | sort -z | xargs -0 sha256sum; echo "$v $INSTALL $EXTRACT $arch"; } |
+            sha256sum | cut -c1-24)
+      key="$DUET_KERNEL_CHECK_CACHE/rocm-$v-${arch%%:*}-$key.out"
+      [ -f "$key" ] && hit=1
+    fi
+    if [ -n "$hit" ]; then
+      out=$(cat "$key"); rc=0
+      echo "[$v] cached: $arch kernels compiled with these sources before ($(basename "$key"))"
+    else
+      # AMD_COMGR_CACHE=0: comgr (ROCm 6.4+/7) keeps its own cache of compiles under ~/.cache.
+      out=$(in_root env AMD_COMGR_CACHE=0 /opt/duet/rocm_check compile "$arch" 2>&1)
+      rc=$?
+    fi
     echo "$out" | sed "s/^/[$v] /"
+    if [ -n "$key" ] && [ -z "$hit" ] && [ $rc -eq 0 ] && grep -q "^probe-ok $arch" <<<"$out" &&
+       ! grep -q "^FAIL" <<<"$out"; then
+      printf '%s\n' "$out" >"$key.tmp" && mv "$key.tmp" "$key"
+    fi
     # Only a target this version is known not to have may be unknown (MAY_BE_UNKNOWN); for
     # duet's own targets an "unknown" compiler answer (or no answer: hiprtc not loading, the
     # chroot failing) is a failure.

@@ -47,7 +47,7 @@ done
 key=""
 if [ -n "${DUET_KERNEL_CHECK_CACHE:-}" ]; then
     mkdir -p "$DUET_KERNEL_CHECK_CACHE"
-    key=$(cd "$ROOT" && { git ls-files -co --exclude-standard -z kernels-cuda \
+    key=$(cd "$ROOT" && { git ls-files -co --exclude-standard -z kernels-cuda kernels-shared \
             scripts/check_cuda_kernels.py scripts/check-cuda-kernels.sh | sort -z |
             xargs -0 sha256sum; echo "$NVRTC_VERSION ${ARCHS[*]}"; } | sha256sum | cut -c1-24)
     key="$DUET_KERNEL_CHECK_CACHE/nvrtc-$key.out"

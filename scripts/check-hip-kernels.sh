@@ -40,7 +40,7 @@ for arch in $archs; do
     # rocm_agent_enumerator (run by hipcc) prints a traceback on machines without a GPU; it is
     # harmless with an explicit --offload-arch, so only the compiler's own diagnostics are kept.
     if "$hipcc" --genco --offload-arch="$arch" -O3 -std=c++17 -ffp-contract=off -DDUET_WARP=64 -Wall -Werror \
-        -Ikernels-hip "$src" -o "$obj" >"$log" 2>&1 && [ -s "$obj" ]; then
+        -Ikernels-hip -Ikernels-shared "$src" -o "$obj" >"$log" 2>&1 && [ -s "$obj" ]; then
       echo "ok    $arch  $src -> $obj ($(stat -c %s "$obj") bytes)"
       pass=$((pass + 1))
     else

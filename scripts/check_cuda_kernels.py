@@ -3,7 +3,8 @@
 
 Used by scripts/check-cuda-kernels.sh (which provides NVRTC from the nvidia-cuda-nvrtc wheel).
 The sources are prepared exactly as the CUDA backend prepares them at run time: the line
-`#include "common.cuh"` is replaced by the text of kernels-cuda/common.cuh, and the same options
+`#include "common.cuh"` is replaced by the text of kernels-cuda/common.cuh (whose
+`#include "duet_math.h"` line is replaced by kernels-shared/duet_math.h), and the same options
 are passed (`--std=c++17 --gpu-architecture=sm_XY`). Exits non-zero if any file fails for any
 architecture.
 """
@@ -15,6 +16,7 @@ import re
 import sys
 
 INCLUDE_LINE = '#include "common.cuh"'
+MATH_INCLUDE_LINE = '#include "duet_math.h"'
 # Keep in sync with crates/cuda/src/kernels.rs (NVRTC_OPTIONS).
 BASE_OPTIONS = ["--std=c++17"]
 
@@ -77,6 +79,16 @@ def main():
 
     with open(os.path.join(args.kernels, "common.cuh")) as f:
         common = f.read()
+    # The shared math (kernels-shared/duet_math.h beside the kernels folder), pasted in for its
+    # include line as the backend does.
+    with open(os.path.join(args.kernels, "..", "kernels-shared", "duet_math.h")) as f:
+        math = f.read()
+    lines = common.split("\n")
+    at = [i for i, l in enumerate(lines) if l.strip() == MATH_INCLUDE_LINE]
+    if len(at) != 1:
+        sys.exit(f"check-cuda-kernels: common.cuh includes duet_math.h {len(at)} times")
+    lines[at[0]] = math
+    common = "\n".join(lines)
     files = sorted(glob.glob(os.path.join(args.kernels, "*.cu")))
     if not files:
         sys.exit(f"check-cuda-kernels: no .cu files in {args.kernels}")

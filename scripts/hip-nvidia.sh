@@ -144,7 +144,7 @@ kernels_vs_cpu() {
     arch=${DUET_NV_ARCH:-native}
     python3 scripts/hip/prune_nvidia_headers.py "$work/include" -arch="$arch"
     # --fmad=false: built as on AMD, where the backend passes -ffp-contract=off.
-    nvcc -x cu -std=c++17 -O2 -arch="$arch" --fmad=false -D__HIP_PLATFORM_NVIDIA__ -I"$work/include" -Ikernels-hip \
+    nvcc -x cu -std=c++17 -O2 -arch="$arch" --fmad=false -D__HIP_PLATFORM_NVIDIA__ -I"$work/include" -Ikernels-hip -Ikernels-shared \
       -diag-suppress 2810,940 -Xcompiler -w \
       scripts/hip/harness.cpp -o "$work/harness"
     log=${OUT:-$work}/hip-on-nvidia.log
@@ -197,7 +197,7 @@ kernels_vs_cuda() {
     # -ffp-contract=off (every FMA is an explicit duet_fma).
     # shellcheck disable=SC2086 # $libs: several words on purpose
     nvcc -x cu -std=c++17 -O2 -arch="$arch" --fmad=false -D__HIP_PLATFORM_NVIDIA__ \
-      -I"$work/include" -Ikernels-hip -diag-suppress 2810,940 -Xcompiler -w \
+      -I"$work/include" -Ikernels-hip -Ikernels-shared -diag-suppress 2810,940 -Xcompiler -w \
       scripts/hip/vs_cuda.cpp -o "$work/vs_cuda" $libs -lcuda -lnvrtc
     log=${OUT:-$work}/hip-vs-cuda.log
     set +e

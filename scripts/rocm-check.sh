@@ -193,7 +193,7 @@ check_version() {
     key="" hit=""
     if [ -n "${DUET_KERNEL_CHECK_CACHE:-}" ]; then
       mkdir -p "$DUET_KERNEL_CHECK_CACHE"
-      key=$(cd "$REPO" && { git ls-files -co --exclude-standard -z kernels-hip \
+      key=$(cd "$REPO" && { git ls-files -co --exclude-standard -z kernels-hip kernels-shared \
               crates/hip/src crates/hip/examples/rocm_check.rs crates/device/src crates/gpu/src \
               Cargo.lock | sort -z | xargs -0 sha256sum; echo "$v $INSTALL $EXTRACT $arch"; } |
             sha256sum | cut -c1-24)

@@ -104,7 +104,17 @@ static std::string read_text(const std::string& path) {
 
 static std::vector<CUmodule> g_modules;
 static void load_cuda_modules(const std::string& dir, int cc) {
-    const std::string common = read_text(dir + "/common.cuh");
+    // common.cuh with the shared math pasted in for its include line, as the backend does.
+    std::string common = read_text(dir + "/common.cuh");
+    {
+        const std::string minc = "#include \"duet_math.h\"";
+        const size_t m = common.find("\n" + minc + "\n");
+        if (m == std::string::npos) {
+            fprintf(stderr, "common.cuh does not include duet_math.h\n");
+            exit(2);
+        }
+        common.replace(m + 1, minc.size(), read_text(dir + "/../kernels-shared/duet_math.h"));
+    }
     const char* files[] = {"adamw.cu",   "attention.cu", "cross_entropy.cu", "elementwise.cu",
                            "embedding.cu", "fp8.cu",     "layernorm.cu",     "reduce.cu",
                            "softmax.cu"};

@@ -25,9 +25,29 @@ use std::ffi::CString;
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 
-/// Shared helpers included by every kernel file.
-pub const COMMON_HEADER: &str = include_str!("../../../kernels-cuda/common.cuh");
+/// Shared helpers included by every kernel file, as written (it includes the shared math).
+const COMMON_RAW: &str = include_str!("../../../kernels-cuda/common.cuh");
 const INCLUDE_LINE: &str = "#include \"common.cuh\"";
+/// The math the CUDA and HIP kernels share (kernels-shared/duet_math.h), included by
+/// common.cuh and kernels-hip/duet_hip.h.
+pub const MATH_HEADER: &str = include_str!("../../../kernels-shared/duet_math.h");
+const MATH_INCLUDE_LINE: &str = "#include \"duet_math.h\"";
+
+/// `common.cuh` with the shared math pasted in for its include line: what every kernel file gets
+/// for its `#include "common.cuh"`, so NVRTC needs no file and the cache key covers both.
+pub fn common_header() -> &'static str {
+    static HEADER: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    HEADER.get_or_init(|| paste_include(COMMON_RAW, MATH_INCLUDE_LINE, MATH_HEADER))
+}
+
+/// `src` with its one line equal to `line` replaced by `text`.
+fn paste_include(src: &str, line: &str, text: &str) -> String {
+    src.lines()
+        .map(|l| if l.trim() == line { text } else { l })
+        .collect::<Vec<_>>()
+        .join("\n")
+        + "\n"
+}
 
 /// NVRTC options besides `--gpu-architecture` (keep in sync with scripts/check_cuda_kernels.py).
 pub const NVRTC_OPTIONS: &[&str] = &["--std=c++17"];
@@ -99,9 +119,10 @@ impl KernelModule {
         }
     }
 
-    /// The source NVRTC compiles: the file with `common.cuh` pasted in.
+    /// The source NVRTC compiles: the file with `common.cuh` (and the shared math in it) pasted
+    /// in.
     pub fn source(self) -> String {
-        self.raw_source().replacen(INCLUDE_LINE, COMMON_HEADER, 1)
+        self.raw_source().replacen(INCLUDE_LINE, common_header(), 1)
     }
 }
 
@@ -565,6 +586,12 @@ mod tests {
             assert!(
                 src.contains("warp_sum"),
                 "{} lacks common.cuh",
+                m.file_name()
+            );
+            assert!(
+                !src.lines().any(|l| l.trim() == MATH_INCLUDE_LINE)
+                    && src.contains("DUET_SFN float duet_exp_f32("),
+                "{} lacks the shared math",
                 m.file_name()
             );
         }

@@ -22,8 +22,33 @@ use std::ffi::{CString, c_void};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-/// The shared device header every module includes as `"duet_hip.h"`.
-pub const HEADER: &str = include_str!("../../../kernels-hip/duet_hip.h");
+/// The shared device header every module includes as `"duet_hip.h"`, as written (it includes
+/// the shared math).
+const HEADER_RAW: &str = include_str!("../../../kernels-hip/duet_hip.h");
+/// The math the HIP and CUDA kernels share (kernels-shared/duet_math.h), included by
+/// duet_hip.h and kernels-cuda/common.cuh.
+pub const MATH_HEADER: &str = include_str!("../../../kernels-shared/duet_math.h");
+const MATH_INCLUDE_LINE: &str = "#include \"duet_math.h\"";
+
+/// `duet_hip.h` with the shared math pasted in for its include line: the one header hiprtc gets
+/// (as `"duet_hip.h"`), so the compile needs no file and the cache key covers both.
+pub fn header() -> &'static str {
+    static HEADER: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    HEADER.get_or_init(|| {
+        HEADER_RAW
+            .lines()
+            .map(|l| {
+                if l.trim() == MATH_INCLUDE_LINE {
+                    MATH_HEADER
+                } else {
+                    l
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+            + "\n"
+    })
+}
 
 /// One kernel source file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -151,7 +176,7 @@ pub fn cache_name(module: KernelModule, arch: &str, toolchain: &str, opts: &[Str
     let o = opts.join(" ");
     let key = fnv1a(&[
         module.source().as_bytes(),
-        HEADER.as_bytes(),
+        header().as_bytes(),
         o.as_bytes(),
         arch.as_bytes(),
         toolchain.as_bytes(),
@@ -185,7 +210,7 @@ pub fn compile_module(rtc: &RtcApi, module: KernelModule, opts: &[String]) -> Re
         rtc,
         module.file(),
         module.source(),
-        &[("duet_hip.h", HEADER)],
+        &[("duet_hip.h", header())],
         opts,
     )
     .map_err(|e| match e {

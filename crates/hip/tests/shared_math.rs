@@ -1,63 +1,64 @@
-//! The math both vendors' kernels share (e^x, ln x, GELU, the AdamW update) is one block of
-//! source kept text-identical in kernels-cuda/common.cuh and kernels-hip/duet_hip.h (each
-//! backend embeds only its own header: NVRTC gets common.cuh spliced in, hiprtc gets
-//! duet_hip.h), so this test is what keeps the two copies one implementation. It also checks
-//! that the kernels call no vendor math library where the results would differ, and, where a
-//! C++ compiler is installed, that the block's e^x is the CPU reference's exp_f32 bit for bit.
+//! The math both vendors' kernels share (e^x, ln x, GELU, the AdamW update) is one file,
+//! kernels-shared/duet_math.h, which kernels-cuda/common.cuh and kernels-hip/duet_hip.h include
+//! after defining the rounded primitives it is written with (each backend pastes it into its own
+//! header: NVRTC gets common.cuh, hiprtc duet_hip.h). This test checks that both headers include
+//! it once and define every primitive it uses first, that the header hiprtc gets carries it, that
+//! the kernels call no vendor math library where the results would differ, and, where a C++
+//! compiler is installed, that the block's e^x is the CPU reference's exp_f32 bit for bit.
 
 const CUDA: &str = include_str!("../../../kernels-cuda/common.cuh");
 const HIP: &str = include_str!("../../../kernels-hip/duet_hip.h");
-const BEGIN: &str = "// >>> duet shared math >>>";
-const END: &str = "// <<< duet shared math <<<";
-
-fn block(src: &str) -> &str {
-    let a = src.find(BEGIN).expect("shared math block start");
-    let b = src.find(END).expect("shared math block end");
-    assert_eq!(src.matches(BEGIN).count(), 1);
-    &src[a..b + END.len()]
-}
+const MATH: &str = include_str!("../../../kernels-shared/duet_math.h");
+const INCLUDE: &str = "#include \"duet_math.h\"";
 
 #[test]
-fn the_two_copies_are_identical() {
-    let (c, h) = (block(CUDA), block(HIP));
-    if c != h {
-        let first = c
+fn both_headers_include_the_one_shared_math() {
+    for (side, src) in [("common.cuh", CUDA), ("duet_hip.h", HIP)] {
+        let at: Vec<usize> = src
             .lines()
-            .zip(h.lines())
-            .position(|(a, b)| a != b)
-            .unwrap_or(c.lines().count().min(h.lines().count()));
-        panic!(
-            "the shared math blocks differ from line {} of the block:\n cuda: {:?}\n hip:  {:?}",
-            first + 1,
-            c.lines().nth(first),
-            h.lines().nth(first)
+            .enumerate()
+            .filter(|(_, l)| l.trim() == INCLUDE)
+            .map(|(i, _)| i)
+            .collect();
+        assert_eq!(
+            at.len(),
+            1,
+            "{side} includes duet_math.h {} times",
+            at.len()
         );
-    }
-    // Every primitive the block uses is defined on both sides.
-    for p in [
-        "duet_fadd",
-        "duet_fsub",
-        "duet_fmul",
-        "duet_fdiv",
-        "duet_fma",
-        "duet_fsqrt",
-        "duet_dadd",
-        "duet_dsub",
-        "duet_dmul",
-        "duet_ddiv",
-        "duet_d2u",
-        "duet_u2d",
-        "duet_f2u",
-        "duet_u2f",
-    ] {
-        for (side, src) in [("common.cuh", CUDA), ("duet_hip.h", HIP)] {
-            let before = &src[..src.find(BEGIN).unwrap()];
+        let before = src.lines().take(at[0]).collect::<Vec<_>>().join("\n");
+        // Every primitive the block uses is defined before it, and DUET_SFN.
+        for p in [
+            "duet_fadd",
+            "duet_fsub",
+            "duet_fmul",
+            "duet_fdiv",
+            "duet_fma",
+            "duet_fsqrt",
+            "duet_dadd",
+            "duet_dsub",
+            "duet_dmul",
+            "duet_ddiv",
+            "duet_d2u",
+            "duet_u2d",
+            "duet_f2u",
+            "duet_u2f",
+        ] {
             assert!(
                 before.contains(&format!(" {p}(")),
-                "{p} is not defined before the block in {side}"
+                "{p} is not defined before the shared math in {side}"
             );
         }
+        assert!(before.contains("#define DUET_SFN"), "{side}: DUET_SFN");
+        // The block defines its functions once, in the shared file only.
+        assert!(
+            !src.contains("float duet_exp_f32("),
+            "{side} defines duet_exp_f32 itself"
+        );
     }
+    // hiprtc gets one self-contained header with the block pasted in.
+    let h = duet_hip::kernels::header();
+    assert!(h.contains(MATH.trim_end()) && !h.lines().any(|l| l.trim() == INCLUDE));
 }
 
 /// Code with `//` comments removed.
@@ -109,6 +110,7 @@ fn no_vendor_math_where_the_vendors_differ() {
             include_str!("../../../kernels-cuda/layernorm.cu"),
         ),
         ("common.cuh", CUDA),
+        ("duet_math.h", MATH),
     ] {
         // The hardware-approximation GELU of CUDA's fused FP8 kernels (which have no HIP
         // counterpart) is the one allowed use; only fp8.cu may call it.
@@ -158,7 +160,7 @@ fn run_host(main_body: &str, tag: &str) -> Option<String> {
          static double duet_dmul(double a, double b) {{ return a * b; }}\n\
          static double duet_ddiv(double a, double b) {{ return a / b; }}\n\
          {}\nint main() {{\n{main_body}\nreturn 0;\n}}\n",
-        block(HIP)
+        MATH
     );
     let cpp = dir.join("m.cpp");
     let exe = dir.join("m");

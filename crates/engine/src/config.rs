@@ -684,7 +684,7 @@ impl Config {
                 )));
             };
             for (k, v) in src {
-                if !dst.contains_key(&k) {
+                if !dst.contains_key(&k) && !skipped_when_empty(&section, &k) {
                     let at = key_position(text, &section, Some(&k));
                     return Err(EngineError::Config(format!(
                         "{at}unknown field {section}.{k}"
@@ -909,6 +909,20 @@ fn key_position(text: &str, section: &str, key: Option<&str>) -> String {
     })
 }
 
+/// The fields `to_toml` leaves out while they hold their default (`skip_serializing_if`), by
+/// section: absent from a serialised base config, yet known, so a file that sets them (a run's
+/// own config.toml, `--print-config` output) reads back. A test checks the list against the
+/// struct definitions.
+const SKIPPED_WHEN_EMPTY: [(&str, &str); 3] = [
+    ("train", "tokenizer"),
+    ("train", "tokenizer_hash"),
+    ("train", "schedule_steps"),
+];
+
+fn skipped_when_empty(section: &str, key: &str) -> bool {
+    SKIPPED_WHEN_EMPTY.contains(&(section, key))
+}
+
 /// Joins a multi-line parser message into one line.
 fn one_line(msg: &str) -> String {
     msg.lines()
@@ -921,6 +935,54 @@ fn one_line(msg: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every file duet writes reads back as an override file: a config with the fields that are
+    /// left out while empty set (a tokenizer, a resumed run's schedule), as a run's config.toml
+    /// and `--print-config` write it.
+    #[test]
+    fn written_configs_read_back_with_their_optional_fields() {
+        let mut cfg = Config::preset(Preset::Tiny);
+        cfg.train.data.tokenizer = "runs/a/tokenizer.json".into();
+        cfg.train.data.tokenizer_hash = "0123abcd".into();
+        cfg.train.optimizer.schedule_steps = 400;
+        let text = cfg.to_toml();
+        for k in ["tokenizer =", "tokenizer_hash =", "schedule_steps ="] {
+            assert!(text.contains(k), "{k} is not written");
+        }
+        let back = Config::from_toml_str(&text, Config::preset(Preset::Tiny)).unwrap();
+        assert_eq!(back, cfg);
+        assert_eq!(Config::from_toml_exact(&text).unwrap(), cfg);
+        // Still refused: a key nothing knows.
+        let bad = text.replace("[train]\n", "[train]\ntokeniser = \"x\"\n");
+        let e = Config::from_toml_str(&bad, Config::preset(Preset::Tiny)).unwrap_err();
+        assert!(
+            e.to_string().contains("unknown field train.tokeniser"),
+            "{e}"
+        );
+    }
+
+    /// The list of fields left out while empty is every `skip_serializing_if` field of this file.
+    #[test]
+    fn skipped_when_empty_lists_every_skipped_field() {
+        let src = include_str!("config.rs");
+        let mut lines = src.lines();
+        let mut found = Vec::new();
+        while let Some(l) = lines.next() {
+            if l.trim_start().starts_with("#[serde(") && l.contains("skip_serializing_if") {
+                let field = lines
+                    .find(|l| l.trim_start().starts_with("pub "))
+                    .and_then(|l| l.trim_start().strip_prefix("pub "))
+                    .and_then(|l| l.split(':').next())
+                    .expect("a field after the attribute");
+                found.push(field.to_string());
+            }
+        }
+        let listed: Vec<String> = SKIPPED_WHEN_EMPTY
+            .iter()
+            .map(|(_, k)| k.to_string())
+            .collect();
+        assert_eq!(found, listed);
+    }
 
     /// A checkpoint's config must name only known keys, though the groups are flattened.
     #[test]

@@ -436,9 +436,19 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Train(a) => {
             // Ctrl-C (or SIGTERM, SIGHUP: a scheduler's notice) stops after the steps already
-            // queued and saves a checkpoint; a second one aborts.
+            // queued and saves a checkpoint; a second one aborts. `timeout` and signals sent to
+            // a process group deliver one interrupt twice within microseconds: a repeat within
+            // REPEAT_WINDOW of the first is the same interrupt, not a second one.
+            const REPEAT_WINDOW: std::time::Duration = std::time::Duration::from_millis(500);
+            static FIRST: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
             let _ = ctrlc::set_handler(|| {
                 use std::sync::atomic::Ordering::SeqCst;
+                // The handler runs on one thread, one signal after another: FIRST is set before
+                // a repeat is handled, also when the loop has ended and the checkpoint is being
+                // written.
+                if FIRST.get().is_some_and(|t| t.elapsed() < REPEAT_WINDOW) {
+                    return;
+                }
                 if cli_train::TRAINING_LOOPS.load(SeqCst) == 0 {
                     eprintln!("\ninterrupted outside the training loop: exiting");
                     std::process::exit(130);
@@ -446,6 +456,7 @@ fn main() -> ExitCode {
                 if cli_train::INTERRUPTED.swap(true, SeqCst) {
                     std::process::exit(130);
                 }
+                let _ = FIRST.set(std::time::Instant::now());
                 eprintln!(
                     "\ninterrupt: finishing the steps already queued and saving a checkpoint (Ctrl-C \
                      again aborts)"

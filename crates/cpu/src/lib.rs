@@ -6,7 +6,7 @@
 //! - **Memory.** A [`CpuBuffer`] is a `Vec` of its element type: `f32`, `half::f16`,
 //!   `half::bf16`, `i32`, or raw `u8` codes for the four FP8 formats (and `U8`). Every buffer
 //!   holds an `Arc` to its device's byte counter, incremented on allocation and decremented on
-//!   drop, which feeds [`Runtime::memory_stats`] (`driver` is `None`: there is no driver view).
+//!   drop, which feeds [`duet_device::Runtime::memory_stats`] (`driver` is `None`: there is no driver view).
 //! - **Arithmetic.** Always f32. f16/bf16 (and FP8 for `cast`, `fill`, `copy`, uploads and
 //!   downloads, and AdamW's `param_copy`) are storage formats: an op loads the rows it works on
 //!   into f32, computes, and rounds the results once when storing them. f32 buffers are used in
@@ -24,7 +24,7 @@
 //! - **Threads.** Each device owns a rayon `ThreadPool` (size from [`CpuDevice::new`], else the
 //!   `DUET_CPU_THREADS` environment variable, else all cores) and runs every op inside it, so
 //!   several devices or an embedding application do not fight over rayon's global pool. Ops
-//!   run synchronously; [`Runtime::synchronize`] has nothing to wait for.
+//!   run synchronously; [`duet_device::Runtime::synchronize`] has nothing to wait for.
 //! - **GEMM.** Through the `gemm` crate (f32 kernels; f16/bf16 operands widened to f32 first),
 //!   built with its `x86-v4` feature so AVX-512 kernels are used where the CPU has them (chosen
 //!   at run time; AVX2/FMA and SSE kernels otherwise). Large single matrices use the crate's own
@@ -50,8 +50,8 @@
 //!   the cache-derived blocking are chosen per CPU. No floating-point contraction is enabled, so
 //!   every other op gives the same bits on any x86-64 CPU.
 //!
-//! [`Runtime::memory_stats`]: duet_device::Runtime::memory_stats
-//! [`Runtime::synchronize`]: duet_device::Runtime::synchronize
+//! [`duet_device::Runtime::memory_stats`]: duet_device::Runtime::memory_stats
+//! [`duet_device::Runtime::synchronize`]: duet_device::Runtime::synchronize
 #![deny(unsafe_code)]
 
 mod buffer;

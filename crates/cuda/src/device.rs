@@ -7,7 +7,7 @@
 //! before anything is queued.
 //!
 //! Deferred errors: kernels that meet an out-of-range token id or target set a bit in a device
-//! word; [`Runtime::synchronize`](duet_device::Runtime::synchronize) and the downloads read it
+//! word; [`duet_device::Runtime::synchronize`](duet_device::Runtime::synchronize) and the downloads read it
 //! back and report [`DeviceError::InvalidArgument`] (the CPU backend checks these on the host
 //! before running).
 
@@ -78,20 +78,20 @@ pub struct CudaDevice {
     pub(crate) fp8_counters: DeviceMemory,
     /// NVTX ranges for profiler timelines, when the library is present.
     pub(crate) nvtx: Option<crate::nvtx::Nvtx>,
-    /// NVML for [`Runtime::telemetry`](duet_device::Runtime::telemetry), loaded on first use
+    /// NVML for [`duet_device::Runtime::telemetry`](duet_device::Runtime::telemetry), loaded on first use
     /// (None when it does not load).
     pub(crate) nvml: std::sync::OnceLock<Option<crate::nvml::Nvml>>,
     /// A graph is being recorded (see graph.rs).
     pub(crate) capturing: std::sync::atomic::AtomicBool,
     /// Whether the fused paths (flash attention, GEMM epilogues) are offered.
     pub(crate) fused: std::sync::atomic::AtomicBool,
-    /// What [`Runtime::capabilities`](duet_device::Runtime::capabilities) answers with the fused
+    /// What [`duet_device::Runtime::capabilities`](duet_device::Runtime::capabilities) answers with the fused
     /// paths off (`[0]`) and on (`[1]`), made once at start.
     pub(crate) caps: [Capabilities; 2],
-    /// GEMM autotuning ([`GemmOps::set_gemm_autotune`](duet_device::GemmOps::set_gemm_autotune);
+    /// GEMM autotuning ([`duet_device::GemmOps::set_gemm_autotune`](duet_device::GemmOps::set_gemm_autotune);
     /// `DUET_GEMM_AUTOTUNE=1` starts on).
     pub(crate) autotune: std::sync::atomic::AtomicBool,
-    /// Weight matrices [`Fp8Ops::adamw_clipped_fp8`](duet_device::Fp8Ops::adamw_clipped_fp8) has
+    /// Weight matrices [`duet_device::Fp8Ops::adamw_clipped_fp8`](duet_device::Fp8Ops::adamw_clipped_fp8) has
     /// updated and quantised in its fused kernel so far ([`CudaDevice::adamw_fp8_fused_count`]).
     pub(crate) adamw_fp8_fused: std::sync::atomic::AtomicU64,
 }
@@ -99,7 +99,7 @@ pub struct CudaDevice {
 /// Set to 1 to start with the fused paths off ([`CudaDevice::set_fused_ops`]).
 pub const UNFUSED_ENV: &str = "DUET_CUDA_UNFUSED";
 /// Set to 1 to start with GEMM autotuning on
-/// ([`GemmOps::set_gemm_autotune`](duet_device::GemmOps::set_gemm_autotune)).
+/// ([`duet_device::GemmOps::set_gemm_autotune`](duet_device::GemmOps::set_gemm_autotune)).
 pub const AUTOTUNE_ENV: &str = "DUET_GEMM_AUTOTUNE";
 
 impl std::fmt::Debug for CudaDevice {

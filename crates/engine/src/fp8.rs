@@ -15,7 +15,7 @@
 //! Where things live: the scales, their inverses, the amaxes of the current step and the amax
 //! histories are f32 buffers on the device (one slot per operand; the inverses `stride` apart,
 //! [`Capabilities::fp8_scale_inv_stride`](duet_device::Capabilities), so the GEMM library reads them in place), updated by
-//! [`Fp8Ops::fp8_scaling_update`] with no host round trip; the host keeps a copy of the histories
+//! [`duet_device::Fp8Ops::fp8_scaling_update`] with no host round trip; the host keeps a copy of the histories
 //! and scales, brought up to date when asked for (checkpoints, reports).
 
 use crate::{EngineError, Result};
@@ -469,7 +469,7 @@ impl<D: Device> Fp8State<D> {
         Ok(self.synced(dev)?.ops.clone())
     }
 
-    /// The delayed-scaling update after a step, on the device ([`Fp8Ops::fp8_scaling_update`]):
+    /// The delayed-scaling update after a step, on the device ([`duet_device::Fp8Ops::fp8_scaling_update`]):
     /// every operand's amax goes into its history, the scales follow, the amaxes restart at 0.
     /// Queues device work only (a recorded step can include it).
     pub fn update(&mut self, dev: &D) -> Result<()> {

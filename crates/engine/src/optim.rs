@@ -285,7 +285,7 @@ impl<D: Device> AdamW<D> {
     }
 
     /// [`AdamW::queue_device_step`] (one rank) that also writes an FP8 model's weight codes
-    /// ([`Fp8Ops::adamw_clipped_fp8`], after the model's scaling update), as
+    /// ([`duet_device::Fp8Ops::adamw_clipped_fp8`], after the model's scaling update), as
     /// [`crate::model::Gpt::update_params_with_fp8_codes`] hands them over; with `None` it is
     /// `queue_device_step`.
     pub fn queue_device_step_fp8(

@@ -3,7 +3,7 @@
 
 use duet_device::{Buffer, DType, DeviceError, Epilogue, GemmDesc, Result, check_dtype, check_len};
 
-/// The rules of a native (cuBLASLt / hipBLASLt) [`GemmOps::gemm_epilogue`] for A of the 16-bit
+/// The rules of a native (cuBLASLt / hipBLASLt) [`duet_device::GemmOps::gemm_epilogue`] for A of the 16-bit
 /// dtype `a.dtype()`, checked the same way by both backends before they map the epilogue onto
 /// their library: B in A's dtype; C in A's dtype, or f32 for Bias and BiasGradA; the shape
 /// ([`GemmDesc::validate`]); batch 1; alpha 1 and beta 0 for bias + residual, bias + GELU and

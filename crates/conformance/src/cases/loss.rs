@@ -156,7 +156,7 @@ pub fn cross_entropy_padded_rows_ignore_the_padding<D: Device>(h: &Harness<D>) {
     }
 }
 
-/// [`LossOps::cross_entropy_in_place`] (the gradient written over the logits, llm.c's fused
+/// [`duet_device::LossOps::cross_entropy_in_place`] (the gradient written over the logits, llm.c's fused
 /// classifier) gives exactly the losses and the gradient of
 /// [`duet_device::LossOps::cross_entropy_padded`] — bit for bit, every float dtype, padded and
 /// unpadded rows, ignored targets.

@@ -1,7 +1,7 @@
 //! [`Fp8Ops`] for [`CudaDevice`]: every op that reads or writes FP8 codes.
 //!
-//! FP8 quantisation (kernels-cuda/fp8.cu): [`Fp8Ops::quantize_fp8`], the fused gradient
-//! variant [`Fp8Ops::quantize_fp8_grad`] and the fused GELU variant [`Fp8Ops::quantize_fp8_gelu`].
+//! FP8 quantisation (kernels-cuda/fp8.cu): [`duet_device::Fp8Ops::quantize_fp8`], the fused gradient
+//! variant [`duet_device::Fp8Ops::quantize_fp8_grad`] and the fused GELU variant [`duet_device::Fp8Ops::quantize_fp8_gelu`].
 //!
 //! Paths, chosen from the shape only (buffers are allocation-aligned):
 //! * no transposed copy: `quantize_<S>_<D>`, a grid-stride loop over 8-element vectors with a
@@ -21,16 +21,16 @@
 //! not a multiple of 8, or rows not a multiple of 8 with `dst_t`) run the separate ops, like the
 //! trait's default.
 //!
-//! The multi-matrix variant [`Fp8Ops::quantize_fp8_many`] runs `quantize_t_many_<S>_<D>`, the
+//! The multi-matrix variant [`duet_device::Fp8Ops::quantize_fp8_many`] runs `quantize_t_many_<S>_<D>`, the
 //! 64 × 64 tile kernel over a table of jobs, one tile per block, one launch per (source, FP8)
 //! dtype pair among the jobs (one for a model's bf16 weights). The table (64-byte records:
 //! pointers, shape, the slot's scale/amax addresses, first block) goes through the multi-tensor
 //! table cache of ops/optim.rs: uploaded on the first call with these buffers and reused
 //! afterwards, so a call recorded into a CUDA graph with the same jobs as an earlier eager call
 //! uploads nothing. Jobs the tiles cannot take (cols not a multiple of 8, or rows not a multiple
-//! of 8 with `dst_t`, or unaligned buffers) run [`Fp8Ops::quantize_fp8`] one by one.
+//! of 8 with `dst_t`, or unaligned buffers) run [`duet_device::Fp8Ops::quantize_fp8`] one by one.
 //!
-//! The LayerNorm variant [`Fp8Ops::layernorm_forward_fp8`] runs `layernorm_fp8_<A>_<P>_<v|s>_<D>`:
+//! The LayerNorm variant [`duet_device::Fp8Ops::layernorm_forward_fp8`] runs `layernorm_fp8_<A>_<P>_<v|s>_<D>`:
 //! the fast LayerNorm forward's block and row layout (`super::norm::plan`, chosen exactly
 //! as `layernorm_forward` chooses it for the same operands), so mean, rstd and the normalised
 //! values are its bits, then the codes of each value rounded to `x`'s dtype, as `quantize_fp8`
@@ -79,7 +79,7 @@ const SMEM_STATIC_RESERVE: usize = 1024;
 const ADAMW_CHUNK_BYTES: usize = 80;
 const CODES_JOB_BYTES: usize = 40;
 
-/// Row width from which [`Fp8Ops::layernorm_forward_fp8`] runs the split kernels (statistics,
+/// Row width from which [`duet_device::Fp8Ops::layernorm_forward_fp8`] runs the split kernels (statistics,
 /// then the 64 × 64 tile kernel) instead of the one-pass kernel.
 const LN_SPLIT_MIN_COLS: usize = 1024;
 
@@ -87,7 +87,7 @@ thread_local! {
     /// Per-thread override of the LayerNorm + FP8 path (`Some(true)`: split whenever possible).
     static LN_SPLIT_ON_THREAD: std::cell::Cell<Option<bool>> =
         const { std::cell::Cell::new(None) };
-    /// Per-thread switch of [`Fp8Ops::adamw_clipped_fp8`]'s fused kernel (`false`: the
+    /// Per-thread switch of [`duet_device::Fp8Ops::adamw_clipped_fp8`]'s fused kernel (`false`: the
     /// separate ops, as the trait's default runs them).
     static ADAMW_FP8_FUSED_ON_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(true) };
 }
@@ -139,8 +139,8 @@ impl CudaDevice {
         ))
     }
 
-    /// FP8 quantisation of `src` or of `gelu(src)` (see [`Fp8Ops::quantize_fp8`] and
-    /// [`Fp8Ops::quantize_fp8_gelu`]): the three paths of the module docs, of the kernel family
+    /// FP8 quantisation of `src` or of `gelu(src)` (see [`duet_device::Fp8Ops::quantize_fp8`] and
+    /// [`duet_device::Fp8Ops::quantize_fp8_gelu`]): the three paths of the module docs, of the kernel family
     /// `quantize` or `quantize_gelu`.
     #[allow(clippy::too_many_arguments)]
     fn quantize_from(
@@ -233,7 +233,7 @@ impl CudaDevice {
         }
     }
 
-    /// Selects the [`Fp8Ops::layernorm_forward_fp8`] kernels for the calls made on the calling
+    /// Selects the [`duet_device::Fp8Ops::layernorm_forward_fp8`] kernels for the calls made on the calling
     /// thread: `Some(true)` the split kernels (statistics, then the tile kernel) wherever they
     /// apply, `Some(false)` the one-pass kernel, `None` by row width. For A/B tests and
     /// benchmarks; both give the same bits.
@@ -249,7 +249,7 @@ impl CudaDevice {
             .max(SMEM_DEFAULT)
     }
 
-    /// How many weight matrices [`Fp8Ops::adamw_clipped_fp8`] has updated and quantised in its
+    /// How many weight matrices [`duet_device::Fp8Ops::adamw_clipped_fp8`] has updated and quantised in its
     /// fused kernel on this device (each call adds the matrices it took), so that a test or a
     /// benchmark can tell that the fused path ran.
     pub fn adamw_fp8_fused_count(&self) -> u64 {
@@ -257,7 +257,7 @@ impl CudaDevice {
             .load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// Turns [`Fp8Ops::adamw_clipped_fp8`]'s fused kernel off (or back on) for calls from the
+    /// Turns [`duet_device::Fp8Ops::adamw_clipped_fp8`]'s fused kernel off (or back on) for calls from the
     /// current thread, so that tests and benchmarks can compare it with the separate ops in one
     /// process; both give the same bits.
     pub fn adamw_fp8_fused_on_this_thread(fused: bool) {
@@ -280,7 +280,7 @@ impl Fp8Ops for CudaDevice {
         self.quantize_from(QuantOf::Src, src, dst, dst_t, rows, cols, scale, amax, slot)
     }
 
-    /// FP8 GEMM through cuBLASLt (see [`Fp8Ops::gemm_fp8`] and `crate::blaslt`).
+    /// FP8 GEMM through cuBLASLt (see [`duet_device::Fp8Ops::gemm_fp8`] and `crate::blaslt`).
     fn gemm_fp8(
         &self,
         desc: &GemmDesc,
@@ -306,7 +306,7 @@ impl Fp8Ops for CudaDevice {
         })
     }
 
-    /// Many FP8 quantisations (see [`Fp8Ops::quantize_fp8_many`] and the module docs).
+    /// Many FP8 quantisations (see [`duet_device::Fp8Ops::quantize_fp8_many`] and the module docs).
     fn quantize_fp8_many(
         &self,
         jobs: &mut [Fp8QuantJob<'_, CudaBuffer>],
@@ -400,7 +400,7 @@ impl Fp8Ops for CudaDevice {
         Ok(())
     }
 
-    /// Fused gradient quantisation (see [`Fp8Ops::quantize_fp8_grad`]).
+    /// Fused gradient quantisation (see [`duet_device::Fp8Ops::quantize_fp8_grad`]).
     fn quantize_fp8_grad(
         &self,
         dout: &CudaBuffer,
@@ -518,7 +518,7 @@ impl Fp8Ops for CudaDevice {
     }
 
     /// LayerNorm forward with the FP8 quantisation of its output (see
-    /// [`Fp8Ops::layernorm_forward_fp8`]).
+    /// [`duet_device::Fp8Ops::layernorm_forward_fp8`]).
     fn layernorm_forward_fp8(
         &self,
         x: &CudaBuffer,
@@ -824,7 +824,7 @@ impl Fp8Ops for CudaDevice {
         }
     }
 
-    /// [`Fp8Ops::adamw_clipped_fp8`]: every output the fused kernel takes (a weight with no
+    /// [`duet_device::Fp8Ops::adamw_clipped_fp8`]: every output the fused kernel takes (a weight with no
     /// working copy, i.e. its f32 `param` is the weight, f32 moments, a gradient of f32, bf16 or
     /// f16, one output per tensor) is updated by `adamw_fp8_<D>` (one launch per FP8 dtype, the
     /// chunks of `adamw_multi`), which also writes its codes and records its amax; their

@@ -57,7 +57,7 @@ impl CudaDevice {
     }
 
     /// LayerNorm backward; with `dsum`, also `dsum += Σ_rows dx` of the updated `dx`
-    /// ([`NormOps::layernorm_backward_colsum`]). dx, dgamma and dbeta get the same bits either
+    /// ([`duet_device::NormOps::layernorm_backward_colsum`]). dx, dgamma and dbeta get the same bits either
     /// way: the vectorised fast path's `layernorm_bwdsum_*` kernels are `layernorm_bwd_*` plus a
     /// third partial row (the column sums of the stored dx, added in dbeta's order), finished
     /// with dgamma's and dbeta's arithmetic by `layernorm_dparams_finish3_*`; the other paths

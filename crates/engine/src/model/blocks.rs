@@ -445,7 +445,7 @@ fn attention_backward_part<D: Device>(
     Ok(())
 }
 
-/// [`NormOps::layernorm_backward`], with `dsum += Σ_rows dx` (after the update) in the same pass
+/// [`duet_device::NormOps::layernorm_backward`], with `dsum += Σ_rows dx` (after the update) in the same pass
 /// where given: the bias gradient of the linear layer whose output `dx` is the gradient of.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn layernorm_backward<D: Device>(

@@ -76,10 +76,10 @@ pub(super) fn linear_gelu_forward<D: Device>(
 /// the layer's input, never written) the GELU or the LayerNorm of one.
 pub(super) enum LinearInput<'a, B> {
     Plain(&'a B),
-    /// `gelu(pre)` ([`Fp8Ops::quantize_fp8_gelu`]).
+    /// `gelu(pre)` ([`duet_device::Fp8Ops::quantize_fp8_gelu`]).
     GeluOf(&'a B),
     /// `layernorm(x)`, whose statistics are written to `mean` and `rstd`
-    /// ([`Fp8Ops::layernorm_forward_fp8`]).
+    /// ([`duet_device::Fp8Ops::layernorm_forward_fp8`]).
     LayerNormOf {
         x: &'a B,
         gamma: &'a B,
@@ -249,7 +249,7 @@ impl<'a, B> GradIo<'a, B> {
 
 /// Backward of [`linear_forward`]: `dW = doutᵀ · x` (written: [`Gpt::zero_grads`] leaves
 /// these gradients alone), `dbias += Σ_rows dout` (unless `dbias` is None: a LayerNorm
-/// backward computed it already, [`NormOps::layernorm_backward_colsum`]; FP8 layers always
+/// backward computed it already, [`duet_device::NormOps::layernorm_backward_colsum`]; FP8 layers always
 /// compute their own), then
 /// `dx = dout · W` (overwrites). With `q8`, `dout` is quantised (E5M2 in the HYBRID recipe) and
 /// both GEMMs run in FP8 on the copies the forward pass made, in the K-major layout FP8 GEMMs
@@ -260,7 +260,7 @@ impl<'a, B> GradIo<'a, B> {
 /// backward into the 16-bit GEMM; returns whether it did (else the caller applies
 /// `gelu_backward`, or passes `dout_gelu_pre` to the next layer). With `dout_gelu_pre` (FP8
 /// only), `dout` is the gradient of `gelu(dout_gelu_pre)`, this layer's output: the GELU
-/// backward runs inside the quantisation ([`Fp8Ops::quantize_fp8_grad`]).
+/// backward runs inside the quantisation ([`duet_device::Fp8Ops::quantize_fp8_grad`]).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn linear_backward<D: Device>(
     dev: &D,

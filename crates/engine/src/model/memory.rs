@@ -104,7 +104,7 @@ pub(super) struct Dims {
     pub(super) n: usize,
     /// Attention matrices (of the `b·nh`) handled per chunk; divides `b·nh`.
     pub(super) ab: usize,
-    /// The backend's fused attention runs (see [`AttentionOps::flash_attention_forward`]).
+    /// The backend's fused attention runs (see [`duet_device::AttentionOps::flash_attention_forward`]).
     pub(super) flash: bool,
 }
 

@@ -88,7 +88,7 @@ pub struct Gpt<D: Device> {
     precision: Precision,
     /// Activation dtype.
     act: DType,
-    /// Attention runs fused (see [`AttentionOps::flash_attention_forward`]).
+    /// Attention runs fused (see [`duet_device::AttentionOps::flash_attention_forward`]).
     flash: bool,
     /// Multiplies the loss gradient (FP16 loss scaling).
     loss_scale: f32,

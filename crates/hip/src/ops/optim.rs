@@ -133,9 +133,9 @@ impl OptimOps for HipDevice {
 }
 
 impl HipDevice {
-    /// [`OptimOps::adamw_clipped`] on every tensor whose `skip` entry is not `true`
+    /// [`duet_device::OptimOps::adamw_clipped`] on every tensor whose `skip` entry is not `true`
     /// (missing entries count as `false`); the arguments are validated by the caller. Also the
-    /// tensors without FP8 codes of [`Fp8Ops::adamw_clipped_fp8`] (ops/fp8.rs).
+    /// tensors without FP8 codes of [`duet_device::Fp8Ops::adamw_clipped_fp8`] (ops/fp8.rs).
     pub(crate) fn adamw_clipped_except(
         &self,
         tensors: &mut [AdamWTensor<'_, HipBuffer>],

@@ -317,6 +317,18 @@ pub fn layout(path: &Path, bytes: &[u8], format: DataFormat) -> Result<(Encoding
         return Ok((Encoding::Bytes, 0, bytes.len()));
     }
     if format == DataFormat::Nanogpt {
+        // An llm.c shard read as headerless uint16 would train on its 1024-byte header (the
+        // magic's halves as token ids, 54472 and 308, then the version and the count).
+        if let Some((magic, version)) = llmc_magic_and_version(bytes) {
+            return Err(data_err(
+                path,
+                format!(
+                    "starts with an llm.c shard header (magic {magic}, version {version}), not \
+                     nanoGPT's headerless uint16 tokens: drop --data-format nanogpt (auto and \
+                     llmc read it as a shard)"
+                ),
+            ));
+        }
         if !bytes.len().is_multiple_of(2) {
             return Err(data_err(
                 path,
@@ -330,6 +342,21 @@ pub fn layout(path: &Path, bytes: &[u8], format: DataFormat) -> Result<(Encoding
         return Ok((Encoding::U16, 0, bytes.len() / 2));
     }
     llmc_layout(path, bytes, format == DataFormat::Auto)
+}
+
+/// The magic and version of an llm.c shard header (uint16 or uint32 tokens) at the start of
+/// `bytes`, when both are there.
+fn llmc_magic_and_version(bytes: &[u8]) -> Option<(i32, i32)> {
+    let word = |i: usize| {
+        bytes
+            .get(4 * i..4 * i + 4)
+            .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    };
+    match (word(0)?, word(1)?) {
+        (LLMC_MAGIC, LLMC_VERSION) => Some((LLMC_MAGIC, LLMC_VERSION)),
+        (LLMC_MAGIC_U32, LLMC_VERSION_U32) => Some((LLMC_MAGIC_U32, LLMC_VERSION_U32)),
+        _ => None,
+    }
 }
 
 /// An llm.c shard's encoding, token offset (1024) and token count; `hint`: a bad header's error
@@ -1281,6 +1308,25 @@ mod tests {
         std::fs::write(&n, [1u8, 2, 3]).unwrap();
         let e = DataSet::open(&files, 1).unwrap_err().to_string();
         assert!(e.contains("whole number of uint16"), "{e}");
+        // An llm.c shard (either token width) given as nanoGPT data is refused, not trained on
+        // with its header as tokens.
+        for (name, u32_tokens) in [("llmc16.bin", false), ("llmc32.bin", true)] {
+            let l = tmp(name);
+            if u32_tokens {
+                write_llmc_shard_u32(&l, &(0..300).collect::<Vec<u32>>()).unwrap();
+            } else {
+                write_llmc_shard(&l, &(0..300).collect::<Vec<u16>>()).unwrap();
+            }
+            let files = resolve_data(&[l.display().to_string()], &[], DataFormat::Nanogpt).unwrap();
+            let e = DataSet::open(&files, 8).unwrap_err().to_string();
+            assert!(
+                e.contains(name) && e.contains("llm.c shard header") && !e.contains('\n'),
+                "{e}"
+            );
+            // The same file reads as a shard by default.
+            let files = resolve_data(&[l.display().to_string()], &[], DataFormat::Auto).unwrap();
+            assert_eq!(DataSet::open(&files, 8).unwrap().shards[0].tokens, 300);
+        }
         // --data-format text reads a .bin as bytes; llmc reads any name as a shard.
         let t = tmp("text.bin");
         std::fs::write(&t, "some text ".repeat(20)).unwrap();

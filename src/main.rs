@@ -424,8 +424,17 @@ fn quiet_broken_pipes() {
     }));
 }
 
+/// A file-size limit (`ulimit -f`) kills a process that writes past it with SIGXFSZ, losing the
+/// save in progress without a word. With the signal caught, the write fails with EFBIG ("File
+/// too large") instead and the error paths that name the file run.
+fn write_errors_instead_of_sigxfsz() {
+    let caught = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let _ = signal_hook::flag::register(signal_hook::consts::SIGXFSZ, caught);
+}
+
 fn main() -> ExitCode {
     quiet_broken_pipes();
+    write_errors_instead_of_sigxfsz();
     let matches = settings::with_preset_defaults(Cli::command()).get_matches();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     // A malformed DUET_* variable fails every command at once, naming it (duet_device::knobs).

@@ -233,3 +233,29 @@ fn when_the_checkpoint_cannot_be_saved_either_the_previous_one_stays_intact() {
         "0",
     ]));
 }
+
+/// A file-size limit (`ulimit -f`, issue 51): the checkpoint's write fails with "File too large"
+/// and the run ends with an error naming the file, instead of being killed by SIGXFSZ (exit 153,
+/// nothing said).
+#[test]
+fn a_file_size_limit_is_an_error_naming_the_file_not_a_kill() {
+    let dir = tmp("fsize-limit");
+    // 64 blocks of 512 bytes (dash) or 1 KiB (bash): far below the tiny model's checkpoint.
+    let cmd = format!(
+        "ulimit -f 64 && exec {} train --preset tiny --log-every 0 --steps 3 --out {}",
+        env!("CARGO_BIN_EXE_duet"),
+        s(&dir)
+    );
+    let out = Command::new("sh").args(["-c", &cmd]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_ne!(out.status.code(), Some(0), "{err}");
+    assert!(
+        out.status.code().is_some(),
+        "killed by a signal ({:?}): {err}",
+        out.status
+    );
+    assert!(
+        err.contains(s(&dir)) && err.to_lowercase().contains("file too large"),
+        "{err}"
+    );
+}

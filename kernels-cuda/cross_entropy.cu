@@ -1,7 +1,7 @@
 // Fused softmax + cross-entropy over logits (n rows of ld ≥ v; only the first v are the
 // vocabulary's, the rest a padding that takes no part and gets a zero gradient) with i32 targets.
 //
-// One block per row; the host picks the block size from v (duet_device::cross_entropy_threads:
+// One block per row; the host picks the block size from v (duet_gpu::cross_entropy_threads:
 // one warp for the 96-token vocabulary, 1024 threads for large vocabularies). Row layout: the
 // row is cut into groups of 8 consecutive elements, and thread t owns the groups t, t + B,
 // t + 2B, ... (B threads); its partial max and sum run over its elements in that order, then

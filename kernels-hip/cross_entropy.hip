@@ -1,5 +1,5 @@
 // Fused softmax + cross-entropy. One block per row: grid (n rows); the block size follows the
-// vocabulary exactly as on CUDA (duet_device::cross_entropy_threads: one thread per group of 8
+// vocabulary exactly as on CUDA (duet_gpu::cross_entropy_threads: one thread per group of 8
 // logits in whole 32-lane groups, 32..1024; see ops/loss.rs), and so do the reductions and
 // roundings: kernels-cuda/cross_entropy.cu's bits.
 // Entry names and arguments match kernels-cuda, less its error word (the HIP backend checks the

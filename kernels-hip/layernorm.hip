@@ -202,7 +202,7 @@ DUET_FOR_ACT_AND_WIDE(DUET_LN_FP8)
 
 // ------------------------------------------------------------------ the vectorised forward
 // kernels-cuda/layernorm.cu's fast forward (layernorm_fwd_*, layernorm_stats_*) with the same row
-// layout (duet_device::layernorm_plan: a row per group of G 32-lane groups, thread t owning the
+// layout (duet_gpu::layernorm_plan: a row per group of G 32-lane groups, thread t owning the
 // 16-byte vectors t, t + 32G, ... of the row, at most M), the same order of every sum (its
 // elements in order, the 32-lane butterfly, then the G group sums in order from 0) and the
 // roundings NVRTC gives CUDA's expressions (common.cuh: q += d·d and the affine's multiply-add
@@ -297,7 +297,7 @@ DUET_DEV void duet_ln_fwd_vec(const A* __restrict__ x, const P* __restrict__ gam
 }
 
 // layernorm_fwd_<A>_<P>_v<M>(x, gamma, beta, out, mean, rstd, n, c, eps, G); M in
-// duet_device::layernorm_plan::LN_M.
+// duet_gpu::layernorm_plan::LN_M.
 #define DUET_LN_FWD_VEC(N, T, PN, P, M)                                                          \
     DUET_KERNEL layernorm_fwd_##N##_##PN##_v##M(                                                 \
         const T* __restrict__ x, const P* __restrict__ gamma, const P* __restrict__ beta,        \
@@ -323,7 +323,7 @@ DUET_FOR_ACT(DUET_LN_STATS)
 
 // ------------------------------------------------------------------ the vectorised backward
 // kernels-cuda/layernorm.cu's fused backward (layernorm_bwd_*, layernorm_bwdsum_*) for the
-// vectorised plans (duet_device::layernorm_plan, backward: G <= 4, M <= 3), over the chunk of
+// vectorised plans (duet_gpu::layernorm_plan, backward: G <= 4, M <= 3), over the chunk of
 // rows [blockIdx.x·rpc, min(n, (blockIdx.x + 1)·rpc)):
 //   dx += rstd · (dnorm − mean(dnorm) − x̂ · mean(dnorm · x̂)),  dnorm = dout · γ;
 //   pg[chunk, :] = Σ dout · x̂,  pb[chunk, :] = Σ dout  (and with DSUM ps[chunk, :] = Σ dx as

@@ -99,7 +99,7 @@ DUET_FOR_ACT(DUET_COLSUM_PARTIAL)
 DUET_FOR_ACT(DUET_COLSUM_FINISH)
 
 // ------------------------------------------------------------------ multi-tensor passes
-// The chunk tables are built by ops/optim.rs and ops/memory.rs with kernels-cuda/reduce.cu's
+// The chunk tables are built by ops/mod.rs (HipDevice::table) with kernels-cuda/reduce.cu's
 // layouts; one block of DUET_BLOCK (= reduce.cu's SUMSQ_THREADS, 256) per chunk.
 
 // sum_squares_many, pass 1: partial[k] = Σ x² (f64) over chunk k. Thread t adds the chunk's

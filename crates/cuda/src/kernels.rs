@@ -28,25 +28,12 @@ use std::sync::{Arc, RwLock};
 /// Shared helpers included by every kernel file, as written (it includes the shared math).
 const COMMON_RAW: &str = include_str!("../../../kernels-cuda/common.cuh");
 const INCLUDE_LINE: &str = "#include \"common.cuh\"";
-/// The math the CUDA and HIP kernels share (kernels-shared/duet_math.h), included by
-/// common.cuh and kernels-hip/duet_hip.h.
-pub const MATH_HEADER: &str = include_str!("../../../kernels-shared/duet_math.h");
-const MATH_INCLUDE_LINE: &str = "#include \"duet_math.h\"";
-
-/// `common.cuh` with the shared math pasted in for its include line: what every kernel file gets
-/// for its `#include "common.cuh"`, so NVRTC needs no file and the cache key covers both.
+/// `common.cuh` with the shared math pasted in for its include line
+/// ([`duet_gpu::shared_math`]): what every kernel file gets for its `#include "common.cuh"`, so
+/// NVRTC needs no file and the cache key covers both.
 pub fn common_header() -> &'static str {
     static HEADER: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    HEADER.get_or_init(|| paste_include(COMMON_RAW, MATH_INCLUDE_LINE, MATH_HEADER))
-}
-
-/// `src` with its one line equal to `line` replaced by `text`.
-fn paste_include(src: &str, line: &str, text: &str) -> String {
-    src.lines()
-        .map(|l| if l.trim() == line { text } else { l })
-        .collect::<Vec<_>>()
-        .join("\n")
-        + "\n"
+    HEADER.get_or_init(|| duet_gpu::shared_math::with_shared_math(COMMON_RAW))
 }
 
 /// NVRTC options besides `--gpu-architecture` (keep in sync with scripts/check_cuda_kernels.py).
@@ -589,7 +576,8 @@ mod tests {
                 m.file_name()
             );
             assert!(
-                !src.lines().any(|l| l.trim() == MATH_INCLUDE_LINE)
+                !src.lines()
+                    .any(|l| l.trim() == duet_gpu::shared_math::MATH_INCLUDE_LINE)
                     && src.contains("DUET_SFN float duet_exp_f32("),
                 "{} lacks the shared math",
                 m.file_name()

@@ -25,29 +25,12 @@ use std::sync::{Arc, Mutex};
 /// The shared device header every module includes as `"duet_hip.h"`, as written (it includes
 /// the shared math).
 const HEADER_RAW: &str = include_str!("../../../kernels-hip/duet_hip.h");
-/// The math the HIP and CUDA kernels share (kernels-shared/duet_math.h), included by
-/// duet_hip.h and kernels-cuda/common.cuh.
-pub const MATH_HEADER: &str = include_str!("../../../kernels-shared/duet_math.h");
-const MATH_INCLUDE_LINE: &str = "#include \"duet_math.h\"";
-
-/// `duet_hip.h` with the shared math pasted in for its include line: the one header hiprtc gets
-/// (as `"duet_hip.h"`), so the compile needs no file and the cache key covers both.
+/// `duet_hip.h` with the shared math pasted in for its include line
+/// ([`duet_gpu::shared_math`]): the one header hiprtc gets (as `"duet_hip.h"`), so the compile
+/// needs no file and the cache key covers both.
 pub fn header() -> &'static str {
     static HEADER: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    HEADER.get_or_init(|| {
-        HEADER_RAW
-            .lines()
-            .map(|l| {
-                if l.trim() == MATH_INCLUDE_LINE {
-                    MATH_HEADER
-                } else {
-                    l
-                }
-            })
-            .collect::<Vec<_>>()
-            .join("\n")
-            + "\n"
-    })
+    HEADER.get_or_init(|| duet_gpu::shared_math::with_shared_math(HEADER_RAW))
 }
 
 /// One kernel source file.

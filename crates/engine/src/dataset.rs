@@ -344,19 +344,28 @@ pub fn layout(path: &Path, bytes: &[u8], format: DataFormat) -> Result<(Encoding
     llmc_layout(path, bytes, format == DataFormat::Auto)
 }
 
+/// The token encoding and header version an llm.c shard's magic stands for.
+fn llmc_kind(magic: i32) -> Option<(Encoding, i32)> {
+    match magic {
+        LLMC_MAGIC => Some((Encoding::U16, LLMC_VERSION)),
+        LLMC_MAGIC_U32 => Some((Encoding::U32, LLMC_VERSION_U32)),
+        _ => None,
+    }
+}
+
+/// Word `i` (little-endian i32) of an llm.c header at the start of `bytes`, if `bytes` holds it.
+fn header_word(bytes: &[u8], i: usize) -> Option<i32> {
+    bytes
+        .get(4 * i..4 * i + 4)
+        .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+}
+
 /// The magic and version of an llm.c shard header (uint16 or uint32 tokens) at the start of
 /// `bytes`, when both are there.
 fn llmc_magic_and_version(bytes: &[u8]) -> Option<(i32, i32)> {
-    let word = |i: usize| {
-        bytes
-            .get(4 * i..4 * i + 4)
-            .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-    };
-    match (word(0)?, word(1)?) {
-        (LLMC_MAGIC, LLMC_VERSION) => Some((LLMC_MAGIC, LLMC_VERSION)),
-        (LLMC_MAGIC_U32, LLMC_VERSION_U32) => Some((LLMC_MAGIC_U32, LLMC_VERSION_U32)),
-        _ => None,
-    }
+    let (magic, version) = (header_word(bytes, 0)?, header_word(bytes, 1)?);
+    let (_, expected) = llmc_kind(magic)?;
+    (version == expected).then_some((magic, version))
 }
 
 /// An llm.c shard's encoding, token offset (1024) and token count; `hint`: a bad header's error
@@ -376,16 +385,15 @@ fn llmc_layout(path: &Path, bytes: &[u8], hint: bool) -> Result<(Encoding, usize
             ),
         ));
     }
-    let word = |i: usize| i32::from_le_bytes(bytes[4 * i..4 * i + 4].try_into().expect("4 bytes"));
+    let word = |i: usize| header_word(bytes, i).expect("within the header");
     let (magic, version) = (word(0), word(1));
-    let (encoding, expected_version) = match magic {
-        LLMC_MAGIC => (Encoding::U16, LLMC_VERSION),
-        LLMC_MAGIC_U32 => (Encoding::U32, LLMC_VERSION_U32),
-        m => {
+    let (encoding, expected_version) = match llmc_kind(magic) {
+        Some(kind) => kind,
+        None => {
             return Err(data_err(
                 path,
                 format!(
-                    "bad magic {m} (an llm.c shard starts with {LLMC_MAGIC}, or \
+                    "bad magic {magic} (an llm.c shard starts with {LLMC_MAGIC}, or \
                      {LLMC_MAGIC_U32} for uint32 tokens){hint}"
                 ),
             ));

@@ -4,7 +4,9 @@
 use crate::backends::{OnDevice, dispatch};
 use crate::settings::{backend_kind, build_config, resolve_precision, warn_unused_fp8_flags};
 use crate::{CliResult, ModelArgs};
-use duet_device::{DType, Device, DeviceError, DeviceExt, GemmDesc, Telemetry, human_bytes};
+use duet_device::{
+    DType, Device, DeviceError, DeviceExt, Gemm, GemmDesc, GemmFp8, Telemetry, human_bytes,
+};
 use duet_engine::{Config, Precision, Trainer};
 use std::path::Path;
 use std::sync::Arc;
@@ -265,9 +267,22 @@ fn gemm_ceiling<D: Device>(dev: &D, dtype: DType) -> CliResult<Option<f64>> {
     let scale_inv = dev.upload_new(&[1.0f32])?;
     let mut launch = || -> duet_device::Result<()> {
         if dtype.is_fp8() {
-            dev.gemm_fp8(&desc, &x, &x, &mut c, &scale_inv, 0, 0)
+            dev.exec(GemmFp8 {
+                desc: &desc,
+                a: &x,
+                b: &x,
+                c: &mut c,
+                scale_inv: &scale_inv,
+                a_slot: 0,
+                b_slot: 0,
+            })
         } else {
-            dev.gemm(&desc, &x, &x, &mut c)
+            dev.exec(Gemm {
+                desc: &desc,
+                a: &x,
+                b: &x,
+                c: &mut c,
+            })
         }
     };
     for _ in 0..2 {

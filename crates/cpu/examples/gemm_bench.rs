@@ -2,7 +2,7 @@
 //! Optional arguments: M N K [threads].
 
 use duet_cpu::CpuDevice;
-use duet_device::{DType, GemmDesc, GemmOps, Runtime};
+use duet_device::{DType, Gemm, GemmDesc, Runtime};
 use std::time::Instant;
 
 fn main() -> duet_device::Result<()> {
@@ -19,11 +19,21 @@ fn main() -> duet_device::Result<()> {
     let b = d.alloc(DType::F32, k * n)?;
     let mut c = d.alloc(DType::F32, m * n)?;
     let desc = GemmDesc::new(false, false, m, n, k);
-    d.gemm(&desc, &a, &b, &mut c)?; // warm-up
+    d.exec(Gemm {
+        desc: &desc,
+        a: &a,
+        b: &b,
+        c: &mut c,
+    })?; // warm-up
     let reps = 5;
     let start = Instant::now();
     for _ in 0..reps {
-        d.gemm(&desc, &a, &b, &mut c)?;
+        d.exec(Gemm {
+            desc: &desc,
+            a: &a,
+            b: &b,
+            c: &mut c,
+        })?;
     }
     let secs = start.elapsed().as_secs_f64() / reps as f64;
     println!(

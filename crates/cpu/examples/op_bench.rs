@@ -3,8 +3,10 @@
 
 use duet_cpu::CpuDevice;
 use duet_device::{
-    AdamWStep, AttentionOps, DType, DeviceExt, ElementwiseOps, EmbeddingOps, LossOps, NormOps,
-    OptimOps, Runtime,
+    AdamWStep, AdamWUpdate, Add, AddAssign, BiasAdd, BiasBackward, CrossEntropy, DType, DeviceExt,
+    EmbeddingBackward, EmbeddingForward, GeluBackward, GeluForward, LayerNormBackward,
+    LayerNormForward, MergeHeads, Runtime, SoftmaxCausalBackward, SoftmaxCausalForward, SplitHeads,
+    SplitHeadsBackward, SumSquares,
 };
 use std::time::Instant;
 
@@ -39,80 +41,181 @@ fn main() -> duet_device::Result<()> {
     let mut x = f(n * c)?;
     let (mut dwte, mut dwpe) = (f(v * c)?, f(64 * c)?);
     time("embedding_forward", || {
-        d.embedding_forward(&tokens, &wte, &wpe, &mut x, b, t, c)
-            .unwrap()
+        d.exec(EmbeddingForward {
+            tokens: &tokens,
+            wte: &wte,
+            wpe: &wpe,
+            out: &mut x,
+            b,
+            t,
+            c,
+        })
+        .unwrap()
     });
     time("embedding_backward", || {
-        d.embedding_backward(&tokens, &x, &mut dwte, &mut dwpe, b, t, c)
-            .unwrap()
+        d.exec(EmbeddingBackward {
+            tokens: &tokens,
+            dout: &x,
+            dwte: &mut dwte,
+            dwpe: &mut dwpe,
+            b,
+            t,
+            c,
+        })
+        .unwrap()
     });
     let (g, be) = (f(c)?, f(c)?);
     let mut out = f(n * c)?;
     let (mut mean, mut rstd) = (d.alloc(DType::F32, n)?, d.alloc(DType::F32, n)?);
     time("layernorm_forward", || {
-        d.layernorm_forward(&x, &g, &be, &mut out, &mut mean, &mut rstd, n, c, 1e-5)
-            .unwrap()
+        d.exec(LayerNormForward {
+            x: &x,
+            gamma: &g,
+            beta: &be,
+            out: &mut out,
+            mean: &mut mean,
+            rstd: &mut rstd,
+            n,
+            c,
+            eps: 1e-5,
+        })
+        .unwrap()
     });
     let (mut dx, mut dg, mut db) = (f(n * c)?, f(c)?, f(c)?);
     time("layernorm_backward", || {
-        d.layernorm_backward(&out, &x, &g, &mean, &rstd, &mut dx, &mut dg, &mut db, n, c)
-            .unwrap()
+        d.exec(LayerNormBackward {
+            dout: &out,
+            x: &x,
+            gamma: &g,
+            mean: &mean,
+            rstd: &rstd,
+            dx: &mut dx,
+            dgamma: &mut dg,
+            dbeta: &mut db,
+            n,
+            c,
+        })
+        .unwrap()
     });
     let h = f(n * ffn)?;
     let mut hg = f(n * ffn)?;
-    time("gelu_forward", || d.gelu_forward(&h, &mut hg).unwrap());
+    time("gelu_forward", || {
+        d.exec(GeluForward {
+            x: &h,
+            out: &mut hg,
+        })
+        .unwrap()
+    });
     let mut dh = f(n * ffn)?;
     time("gelu_backward", || {
-        d.gelu_backward(&h, &hg, &mut dh).unwrap()
+        d.exec(GeluBackward {
+            x: &h,
+            dout: &hg,
+            dx: &mut dh,
+        })
+        .unwrap()
     });
     let mut bias_t = f(n * ffn)?;
     let bias = f(ffn)?;
     time("bias_add", || {
-        d.bias_add(&mut bias_t, &bias, n, ffn).unwrap()
+        d.exec(BiasAdd {
+            x: &mut bias_t,
+            bias: &bias,
+            rows: n,
+            c: ffn,
+        })
+        .unwrap()
     });
     let mut dbias = f(ffn)?;
     time("bias_backward", || {
-        d.bias_backward(&h, &mut dbias, n, ffn).unwrap()
+        d.exec(BiasBackward {
+            dout: &h,
+            dbias: &mut dbias,
+            rows: n,
+            c: ffn,
+        })
+        .unwrap()
     });
     let qkv = f(n * 3 * c)?;
     let (mut q, mut k, mut vv) = (f(n * c)?, f(n * c)?, f(n * c)?);
     time("split_heads", || {
-        d.split_heads(&qkv, &mut q, &mut k, &mut vv, b, t, nh, hs)
-            .unwrap()
+        d.exec(SplitHeads {
+            qkv: &qkv,
+            q: &mut q,
+            k: &mut k,
+            v: &mut vv,
+            b,
+            t,
+            nh,
+            hs,
+        })
+        .unwrap()
     });
     let mut dqkv = f(n * 3 * c)?;
     time("split_heads_backward", || {
-        d.split_heads_backward(&q, &k, &vv, &mut dqkv, b, t, nh, hs)
-            .unwrap()
+        d.exec(SplitHeadsBackward {
+            dq: &q,
+            dk: &k,
+            dv: &vv,
+            dqkv: &mut dqkv,
+            b,
+            t,
+            nh,
+            hs,
+        })
+        .unwrap()
     });
     let mut merged = f(n * c)?;
     time("merge_heads", || {
-        d.merge_heads(&q, &mut merged, b, t, nh, hs, false).unwrap()
+        d.exec(MergeHeads {
+            y: &q,
+            out: &mut merged,
+            b,
+            t,
+            nh,
+            hs,
+            backward: false,
+        })
+        .unwrap()
     });
     let rows = b * nh;
     let s = f(rows * t * t)?;
     let mut p = f(rows * t * t)?;
     time("softmax_causal_forward", || {
-        d.softmax_causal_forward(&s, &mut p, rows, t, 0.17).unwrap()
+        d.exec(SoftmaxCausalForward {
+            scores: &s,
+            probs: &mut p,
+            batch: rows,
+            t,
+            scale: 0.17,
+        })
+        .unwrap()
     });
     let mut ds = f(rows * t * t)?;
     time("softmax_causal_backward", || {
-        d.softmax_causal_backward(&p, &s, &mut ds, rows, t, 0.17)
-            .unwrap()
+        d.exec(SoftmaxCausalBackward {
+            probs: &p,
+            dprobs: &s,
+            dscores: &mut ds,
+            batch: rows,
+            t,
+            scale: 0.17,
+        })
+        .unwrap()
     });
     let logits = f(n * v)?;
     let mut losses = d.alloc(DType::F32, n)?;
     let mut dl = f(n * v)?;
     time("cross_entropy", || {
-        d.cross_entropy(
-            &logits,
-            &tokens,
-            &mut losses,
-            Some(&mut dl),
+        d.exec(CrossEntropy {
+            logits: &logits,
+            targets: &tokens,
+            losses: &mut losses,
+            dlogits: Some(&mut dl),
             n,
             v,
-            1.0 / n as f32,
-        )
+            grad_scale: 1.0 / n as f32,
+        })
         .unwrap()
     });
     let np = 2 * (4 * c * c + 2 * c * ffn) + v * c;
@@ -128,15 +231,40 @@ fn main() -> duet_device::Result<()> {
         grad_scale: 1.0,
     };
     time("adamw (all params)", || {
-        d.adamw(&mut param, &grad, &mut m, &mut mv, &step, None)
-            .unwrap()
+        d.exec(AdamWUpdate {
+            param: &mut param,
+            grad: &grad,
+            m: &mut m,
+            v: &mut mv,
+            step: &step,
+            param_copy: None,
+        })
+        .unwrap()
     });
     let mut sq = d.alloc(DType::F32, 1)?;
     time("sum_squares (all params)", || {
-        d.sum_squares(&grad, &mut sq, 0).unwrap()
+        d.exec(SumSquares {
+            x: &grad,
+            out: &mut sq,
+            slot: 0,
+        })
+        .unwrap()
     });
     let mut res = f(n * c)?;
-    time("add", || d.add(&x, &out, &mut res).unwrap());
-    time("add_assign", || d.add_assign(&mut res, &x).unwrap());
+    time("add", || {
+        d.exec(Add {
+            a: &x,
+            b: &out,
+            out: &mut res,
+        })
+        .unwrap()
+    });
+    time("add_assign", || {
+        d.exec(AddAssign {
+            dst: &mut res,
+            src: &x,
+        })
+        .unwrap()
+    });
     Ok(())
 }

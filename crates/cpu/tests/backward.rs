@@ -16,7 +16,9 @@ mod common;
 use common::reference as r;
 use common::*;
 use duet_device::{
-    AttentionOps, DType, ElementwiseOps, EmbeddingOps, GemmDesc, GemmOps, LossOps, NormOps,
+    AddAssign, BiasBackward, CrossEntropy, DType, EmbeddingBackward, GeluBackward, Gemm, GemmDesc,
+    LayerNormBackward, LayerNormForward, MergeHeads, Runtime, Scale, SoftmaxCausalBackward,
+    SoftmaxCausalForward, SplitHeadsBackward,
 };
 
 const H: f64 = 1e-4;
@@ -70,15 +72,15 @@ fn embedding_backward() {
     let (init_te, init_pe) = (rng.vec(vocab * c), rng.vec(max_t * c));
     let mut dwte = up(&d, &init_te);
     let mut dwpe = up(&d, &init_pe);
-    d.embedding_backward(
-        &up_i32(&d, &tokens),
-        &up(&d, &w),
-        &mut dwte,
-        &mut dwpe,
+    d.exec(EmbeddingBackward {
+        tokens: &up_i32(&d, &tokens),
+        dout: &up(&d, &w),
+        dwte: &mut dwte,
+        dwpe: &mut dwpe,
         b,
         t,
         c,
-    )
+    })
     .unwrap();
     assert_grad("dwte", &added(&down(&d, &dwte), &init_te), &fd_wte);
     assert_grad("dwpe", &added(&down(&d, &dwpe), &init_pe), &fd_wpe);
@@ -120,34 +122,34 @@ fn layernorm_backward() {
     let mut out = zeros(&d, DType::F32, n * c);
     let mut mean = zeros(&d, DType::F32, n);
     let mut rstd = zeros(&d, DType::F32, n);
-    d.layernorm_forward(
-        &xb,
-        &gb,
-        &up(&d, &beta),
-        &mut out,
-        &mut mean,
-        &mut rstd,
+    d.exec(LayerNormForward {
+        x: &xb,
+        gamma: &gb,
+        beta: &up(&d, &beta),
+        out: &mut out,
+        mean: &mut mean,
+        rstd: &mut rstd,
         n,
         c,
-        eps as f32,
-    )
+        eps: eps as f32,
+    })
     .unwrap();
     let (i_dx, i_dg, i_db) = (rng.vec(n * c), rng.vec(c), rng.vec(c));
     let mut dx = up(&d, &i_dx);
     let mut dg = up(&d, &i_dg);
     let mut db = up(&d, &i_db);
-    d.layernorm_backward(
-        &up(&d, &w),
-        &xb,
-        &gb,
-        &mean,
-        &rstd,
-        &mut dx,
-        &mut dg,
-        &mut db,
+    d.exec(LayerNormBackward {
+        dout: &up(&d, &w),
+        x: &xb,
+        gamma: &gb,
+        mean: &mean,
+        rstd: &rstd,
+        dx: &mut dx,
+        dgamma: &mut dg,
+        dbeta: &mut db,
         n,
         c,
-    )
+    })
     .unwrap();
     assert_grad("dx", &added(&down(&d, &dx), &i_dx), &fd_x);
     assert_grad("dgamma", &added(&down(&d, &dg), &i_dg), &fd_g);
@@ -165,7 +167,13 @@ fn bias_backward() {
     let fd = r::fd_grad(|b| r::bias_add(&x, b, c), &bias, &to64(&w), H, None);
     let init = rng.vec(c);
     let mut db = up(&d, &init);
-    d.bias_backward(&up(&d, &w), &mut db, rows, c).unwrap();
+    d.exec(BiasBackward {
+        dout: &up(&d, &w),
+        dbias: &mut db,
+        rows,
+        c,
+    })
+    .unwrap();
     assert_grad("dbias", &added(&down(&d, &db), &init), &fd);
 }
 
@@ -177,7 +185,12 @@ fn gelu_backward() {
     let w = rng.vec(300);
     let fd = r::fd_grad(r::gelu, &to64(&x), &to64(&w), H, None);
     let mut dx = up(&d, &vec![f32::NAN; 300]); // overwritten
-    d.gelu_backward(&up(&d, &x), &up(&d, &w), &mut dx).unwrap();
+    d.exec(GeluBackward {
+        x: &up(&d, &x),
+        dout: &up(&d, &w),
+        dx: &mut dx,
+    })
+    .unwrap();
     assert_grad("gelu dx", &down(&d, &dx), &fd);
 }
 
@@ -196,11 +209,24 @@ fn softmax_causal_backward() {
         None,
     );
     let mut p = zeros(&d, DType::F32, rows * t * t);
-    d.softmax_causal_forward(&up(&d, &s), &mut p, rows, t, scale)
-        .unwrap();
+    d.exec(SoftmaxCausalForward {
+        scores: &up(&d, &s),
+        probs: &mut p,
+        batch: rows,
+        t,
+        scale,
+    })
+    .unwrap();
     let mut ds = up(&d, &vec![f32::NAN; rows * t * t]);
-    d.softmax_causal_backward(&p, &up(&d, &w), &mut ds, rows, t, scale)
-        .unwrap();
+    d.exec(SoftmaxCausalBackward {
+        probs: &p,
+        dprobs: &up(&d, &w),
+        dscores: &mut ds,
+        batch: rows,
+        t,
+        scale,
+    })
+    .unwrap();
     let got = down(&d, &ds);
     assert_grad("dscores", &got, &fd);
     for (i, &g) in got.iter().enumerate() {
@@ -230,15 +256,15 @@ fn cross_entropy_backward() {
     );
     let mut losses = zeros(&d, DType::F32, n);
     let mut dl = up(&d, &vec![f32::NAN; n * v]);
-    d.cross_entropy(
-        &up(&d, &logits),
-        &up_i32(&d, &targets),
-        &mut losses,
-        Some(&mut dl),
+    d.exec(CrossEntropy {
+        logits: &up(&d, &logits),
+        targets: &up_i32(&d, &targets),
+        losses: &mut losses,
+        dlogits: Some(&mut dl),
         n,
         v,
         grad_scale,
-    )
+    })
     .unwrap();
     let got = down(&d, &dl);
     assert_grad("dlogits", &got, &fd);
@@ -270,16 +296,16 @@ fn split_heads_backward_is_adjoint() {
         None,
     );
     let mut dqkv = up(&d, &vec![f32::NAN; 3 * n]);
-    d.split_heads_backward(
-        &up(&d, &w[..n]),
-        &up(&d, &w[n..2 * n]),
-        &up(&d, &w[2 * n..]),
-        &mut dqkv,
+    d.exec(SplitHeadsBackward {
+        dq: &up(&d, &w[..n]),
+        dk: &up(&d, &w[n..2 * n]),
+        dv: &up(&d, &w[2 * n..]),
+        dqkv: &mut dqkv,
         b,
         t,
         nh,
         hs,
-    )
+    })
     .unwrap();
     assert_grad("dqkv", &down(&d, &dqkv), &fd);
 }
@@ -294,8 +320,16 @@ fn merge_heads_backward_is_adjoint() {
     let w = rng.vec(n);
     let fd = r::fd_grad(|y| r::merge_heads(y, b, t, nh, hs), &y, &to64(&w), H, None);
     let mut dy = zeros(&d, DType::F32, n);
-    d.merge_heads(&up(&d, &w), &mut dy, b, t, nh, hs, true)
-        .unwrap();
+    d.exec(MergeHeads {
+        y: &up(&d, &w),
+        out: &mut dy,
+        b,
+        t,
+        nh,
+        hs,
+        backward: true,
+    })
+    .unwrap();
     assert_grad("dy", &down(&d, &dy), &fd);
 }
 
@@ -313,18 +347,23 @@ fn gemm_backward_identities() {
     let f32s = |x: &[f64]| x.iter().map(|&v| v as f32).collect::<Vec<_>>();
     let (ab, bb, dc) = (up(&d, &f32s(&a)), up(&d, &f32s(&bm)), up(&d, &w));
     let mut da = up(&d, &vec![f32::NAN; m * k]);
-    d.gemm(&GemmDesc::new(false, false, m, k, n), &dc, &bb, &mut da)
-        .unwrap();
+    d.exec(Gemm {
+        desc: &GemmDesc::new(false, false, m, k, n),
+        a: &dc,
+        b: &bb,
+        c: &mut da,
+    })
+    .unwrap();
     assert_grad("dA", &down(&d, &da), &fd_a);
     // dB accumulates (beta 1) as the engine does for weight gradients.
     let init = rng.vec(n * k);
     let mut db = up(&d, &init);
-    d.gemm(
-        &GemmDesc::new(true, false, n, k, m).beta(1.0),
-        &dc,
-        &ab,
-        &mut db,
-    )
+    d.exec(Gemm {
+        desc: &GemmDesc::new(true, false, n, k, m).beta(1.0),
+        a: &dc,
+        b: &ab,
+        c: &mut db,
+    })
     .unwrap();
     assert_grad("dB", &added(&down(&d, &db), &init), &fd_b);
 }
@@ -346,7 +385,11 @@ fn add_and_scale_backward() {
     );
     let init = rng.vec(n);
     let mut da = up(&d, &init);
-    d.add_assign(&mut da, &up(&d, &w)).unwrap();
+    d.exec(AddAssign {
+        dst: &mut da,
+        src: &up(&d, &w),
+    })
+    .unwrap();
     assert_grad("add da", &added(&down(&d, &da), &init), &fd_a);
     // y = alpha·x: dx = alpha·dout, computed with the backend's scale.
     let alpha = -1.75;
@@ -358,6 +401,10 @@ fn add_and_scale_backward() {
         None,
     );
     let mut dx = up(&d, &w);
-    d.scale(&mut dx, alpha as f32).unwrap();
+    d.exec(Scale {
+        x: &mut dx,
+        alpha: alpha as f32,
+    })
+    .unwrap();
     assert_grad("scale dx", &down(&d, &dx), &fd_x);
 }

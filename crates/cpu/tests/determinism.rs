@@ -6,7 +6,8 @@ mod common;
 use common::*;
 use duet_cpu::{CpuBuffer, CpuDevice};
 use duet_device::{
-    AttentionOps, DType, ElementwiseOps, EmbeddingOps, LossOps, NormOps, OptimOps, Runtime,
+    AdamWUpdate, BiasBackward, CrossEntropy, DType, EmbeddingBackward, LayerNormBackward,
+    LayerNormForward, Runtime, SoftmaxCausalBackward, SoftmaxCausalForward, SumSquares,
 };
 
 const THREADS: [usize; 3] = [2, 3, 4];
@@ -38,17 +39,34 @@ fn layernorm_backward_deterministic() {
         let mut out = zeros(d, DType::F32, n * c);
         let mut mean = zeros(d, DType::F32, n);
         let mut rstd = zeros(d, DType::F32, n);
-        d.layernorm_forward(
-            &x, &gamma, &beta, &mut out, &mut mean, &mut rstd, n, c, 1e-5,
-        )
+        d.exec(LayerNormForward {
+            x: &x,
+            gamma: &gamma,
+            beta: &beta,
+            out: &mut out,
+            mean: &mut mean,
+            rstd: &mut rstd,
+            n,
+            c,
+            eps: 1e-5,
+        })
         .unwrap();
         let dout = up(d, &rng.vec(n * c));
         let mut dx = up(d, &rng.vec(n * c));
         let mut dg = up(d, &rng.vec(c));
         let mut db = up(d, &rng.vec(c));
-        d.layernorm_backward(
-            &dout, &x, &gamma, &mean, &rstd, &mut dx, &mut dg, &mut db, n, c,
-        )
+        d.exec(LayerNormBackward {
+            dout: &dout,
+            x: &x,
+            gamma: &gamma,
+            mean: &mean,
+            rstd: &rstd,
+            dx: &mut dx,
+            dgamma: &mut dg,
+            dbeta: &mut db,
+            n,
+            c,
+        })
         .unwrap();
         vec![bytes(d, &out), bytes(d, &dx), bytes(d, &dg), bytes(d, &db)]
     });
@@ -61,10 +79,22 @@ fn bias_backward_deterministic() {
         let mut rng = Rng::new(2);
         let dout = up(d, &rng.vec(rows * c));
         let mut db = up(d, &rng.vec(c));
-        d.bias_backward(&dout, &mut db, rows, c).unwrap();
+        d.exec(BiasBackward {
+            dout: &dout,
+            dbias: &mut db,
+            rows,
+            c,
+        })
+        .unwrap();
         // bf16 dout accumulating into f32 too.
         let dout16 = up_as(d, &rng.vec(rows * c), DType::BF16);
-        d.bias_backward(&dout16, &mut db, rows, c).unwrap();
+        d.exec(BiasBackward {
+            dout: &dout16,
+            dbias: &mut db,
+            rows,
+            c,
+        })
+        .unwrap();
         vec![bytes(d, &db)]
     });
 }
@@ -79,8 +109,16 @@ fn embedding_backward_deterministic() {
         let dout = up(d, &rng.vec(b * t * c));
         let mut dwte = up(d, &rng.vec(vocab * c));
         let mut dwpe = up(d, &rng.vec(t * c));
-        d.embedding_backward(&up_i32(d, &tokens), &dout, &mut dwte, &mut dwpe, b, t, c)
-            .unwrap();
+        d.exec(EmbeddingBackward {
+            tokens: &up_i32(d, &tokens),
+            dout: &dout,
+            dwte: &mut dwte,
+            dwpe: &mut dwpe,
+            b,
+            t,
+            c,
+        })
+        .unwrap();
         vec![bytes(d, &dwte), bytes(d, &dwpe)]
     });
 }
@@ -91,9 +129,18 @@ fn sum_squares_deterministic() {
         let mut rng = Rng::new(4);
         let x: Vec<f32> = rng.vec(1_000_003).iter().map(|v| v * 37.0).collect();
         let mut out = zeros(d, DType::F32, 2);
-        d.sum_squares(&up(d, &x), &mut out, 1).unwrap();
-        d.sum_squares(&up_as(d, &x, DType::BF16), &mut out, 0)
-            .unwrap();
+        d.exec(SumSquares {
+            x: &up(d, &x),
+            out: &mut out,
+            slot: 1,
+        })
+        .unwrap();
+        d.exec(SumSquares {
+            x: &up_as(d, &x, DType::BF16),
+            out: &mut out,
+            slot: 0,
+        })
+        .unwrap();
         vec![bytes(d, &out)]
     });
 }
@@ -109,15 +156,15 @@ fn cross_entropy_deterministic() {
             .collect();
         let mut losses = zeros(d, DType::F32, n);
         let mut dl = zeros(d, DType::BF16, n * v);
-        d.cross_entropy(
-            &logits,
-            &up_i32(d, &targets),
-            &mut losses,
-            Some(&mut dl),
+        d.exec(CrossEntropy {
+            logits: &logits,
+            targets: &up_i32(d, &targets),
+            losses: &mut losses,
+            dlogits: Some(&mut dl),
             n,
             v,
-            0.25,
-        )
+            grad_scale: 0.25,
+        })
         .unwrap();
         vec![bytes(d, &losses), bytes(d, &dl)]
     });
@@ -130,11 +177,24 @@ fn softmax_and_adamw_deterministic() {
         let (rows, t) = (12, 64);
         let s = up(d, &rng.vec(rows * t * t));
         let mut p = zeros(d, DType::F32, rows * t * t);
-        d.softmax_causal_forward(&s, &mut p, rows, t, 0.125)
-            .unwrap();
+        d.exec(SoftmaxCausalForward {
+            scores: &s,
+            probs: &mut p,
+            batch: rows,
+            t,
+            scale: 0.125,
+        })
+        .unwrap();
         let mut ds = zeros(d, DType::F32, rows * t * t);
-        d.softmax_causal_backward(&p, &s, &mut ds, rows, t, 0.125)
-            .unwrap();
+        d.exec(SoftmaxCausalBackward {
+            probs: &p,
+            dprobs: &s,
+            dscores: &mut ds,
+            batch: rows,
+            t,
+            scale: 0.125,
+        })
+        .unwrap();
         let n = 100_000;
         let mut param = up(d, &rng.vec(n));
         let mut m = zeros(d, DType::F32, n);
@@ -149,8 +209,15 @@ fn softmax_and_adamw_deterministic() {
             bias_correction2: 0.05,
             grad_scale: 1.0,
         };
-        d.adamw(&mut param, &up(d, &rng.vec(n)), &mut m, &mut v, &step, None)
-            .unwrap();
+        d.exec(AdamWUpdate {
+            param: &mut param,
+            grad: &up(d, &rng.vec(n)),
+            m: &mut m,
+            v: &mut v,
+            step: &step,
+            param_copy: None,
+        })
+        .unwrap();
         vec![bytes(d, &p), bytes(d, &ds), bytes(d, &param)]
     });
 }

@@ -5,8 +5,10 @@ mod common;
 use common::*;
 use duet_cpu::CpuDevice;
 use duet_device::{
-    AdamWStep, AttentionOps, DType, DeviceError, DeviceExt, ElementwiseOps, EmbeddingOps, GemmDesc,
-    GemmOps, LossOps, NormOps, OptimOps, Runtime,
+    AdamWStep, AdamWUpdate, Add, AddAssign, BiasAdd, BiasBackward, CrossEntropy, DType,
+    DeviceError, DeviceExt, EmbeddingBackward, EmbeddingForward, GeluBackward, GeluForward, Gemm,
+    GemmDesc, LayerNormBackward, LayerNormForward, MergeHeads, Runtime, Scale,
+    SoftmaxCausalBackward, SoftmaxCausalForward, SplitHeads, SplitHeadsBackward, SumSquares,
 };
 
 #[track_caller]
@@ -82,23 +84,58 @@ fn gemm_errors() {
     let a = zeros(&d, DType::F32, 12);
     let b = zeros(&d, DType::F32, 12);
     let mut c = up(&d, &[5.0; 9]);
-    shape(d.gemm(&GemmDesc::new(false, false, 4, 3, 4), &a, &b, &mut c)); // C too small
-    shape(d.gemm(&GemmDesc::new(false, false, 3, 3, 5), &a, &b, &mut c)); // A too small
+    shape(d.exec(Gemm {
+        desc: &GemmDesc::new(false, false, 4, 3, 4),
+        a: &a,
+        b: &b,
+        c: &mut c,
+    })); // C too small
+    shape(d.exec(Gemm {
+        desc: &GemmDesc::new(false, false, 3, 3, 5),
+        a: &a,
+        b: &b,
+        c: &mut c,
+    })); // A too small
     let mut desc = GemmDesc::new(false, false, 3, 3, 4);
     desc.lda = 2;
-    shape(d.gemm(&desc, &a, &b, &mut c));
+    shape(d.exec(Gemm {
+        desc: &desc,
+        a: &a,
+        b: &b,
+        c: &mut c,
+    }));
     let bh = zeros(&d, DType::BF16, 12);
-    mismatch(d.gemm(&GemmDesc::new(false, false, 3, 3, 4), &a, &bh, &mut c));
+    mismatch(d.exec(Gemm {
+        desc: &GemmDesc::new(false, false, 3, 3, 4),
+        a: &a,
+        b: &bh,
+        c: &mut c,
+    }));
     let ah = zeros(&d, DType::F16, 12);
     let bh16 = zeros(&d, DType::F16, 12);
     let mut cb = zeros(&d, DType::BF16, 9);
-    mismatch(d.gemm(&GemmDesc::new(false, false, 3, 3, 4), &ah, &bh16, &mut cb));
+    mismatch(d.exec(Gemm {
+        desc: &GemmDesc::new(false, false, 3, 3, 4),
+        a: &ah,
+        b: &bh16,
+        c: &mut cb,
+    }));
     let a8 = zeros(&d, DType::F8E4M3, 12);
     let b8 = zeros(&d, DType::F8E4M3, 12);
-    unsupported(d.gemm(&GemmDesc::new(false, false, 3, 3, 4), &a8, &b8, &mut c));
+    unsupported(d.exec(Gemm {
+        desc: &GemmDesc::new(false, false, 3, 3, 4),
+        a: &a8,
+        b: &b8,
+        c: &mut c,
+    }));
     let ai = zeros(&d, DType::I32, 12);
     let bi = zeros(&d, DType::I32, 12);
-    unsupported(d.gemm(&GemmDesc::new(false, false, 3, 3, 4), &ai, &bi, &mut c));
+    unsupported(d.exec(Gemm {
+        desc: &GemmDesc::new(false, false, 3, 3, 4),
+        a: &ai,
+        b: &bi,
+        c: &mut c,
+    }));
     assert_eq!(down(&d, &c), vec![5.0; 9], "C untouched by failed calls");
 }
 
@@ -109,28 +146,78 @@ fn elementwise_errors() {
     let b5 = zeros(&d, DType::F32, 5);
     let bh = zeros(&d, DType::BF16, 4);
     let mut out = zeros(&d, DType::F32, 4);
-    shape(d.add(&a, &b5, &mut out));
-    mismatch(d.add(&a, &bh, &mut out));
-    shape(d.add_assign(&mut out, &b5));
+    shape(d.exec(Add {
+        a: &a,
+        b: &b5,
+        out: &mut out,
+    }));
+    mismatch(d.exec(Add {
+        a: &a,
+        b: &bh,
+        out: &mut out,
+    }));
+    shape(d.exec(AddAssign {
+        dst: &mut out,
+        src: &b5,
+    }));
     let i = zeros(&d, DType::I32, 4);
-    unsupported(d.add_assign(&mut out, &i));
+    unsupported(d.exec(AddAssign {
+        dst: &mut out,
+        src: &i,
+    }));
     let mut f8 = zeros(&d, DType::F8E5M2, 4);
-    unsupported(d.scale(&mut f8, 2.0));
-    unsupported(d.gelu_forward(&f8, &mut out));
-    shape(d.gelu_forward(&b5, &mut out));
-    shape(d.gelu_backward(&a, &b5, &mut out));
+    unsupported(d.exec(Scale {
+        x: &mut f8,
+        alpha: 2.0,
+    }));
+    unsupported(d.exec(GeluForward {
+        x: &f8,
+        out: &mut out,
+    }));
+    shape(d.exec(GeluForward {
+        x: &b5,
+        out: &mut out,
+    }));
+    shape(d.exec(GeluBackward {
+        x: &a,
+        dout: &b5,
+        dx: &mut out,
+    }));
     let mut i_out = zeros(&d, DType::I32, 4);
     unsupported(d.cast(&a, &mut i_out, 1.0));
     shape(d.cast(&b5, &mut out, 1.0));
     let mut x = zeros(&d, DType::F32, 12);
-    shape(d.bias_add(&mut x, &a, 4, 4));
-    shape(d.bias_add(&mut x, &b5, 3, 4));
+    shape(d.exec(BiasAdd {
+        x: &mut x,
+        bias: &a,
+        rows: 4,
+        c: 4,
+    }));
+    shape(d.exec(BiasAdd {
+        x: &mut x,
+        bias: &b5,
+        rows: 3,
+        c: 4,
+    }));
     let mut db = zeros(&d, DType::F32, 3);
-    shape(d.bias_backward(&x, &mut db, 3, 4));
+    shape(d.exec(BiasBackward {
+        dout: &x,
+        dbias: &mut db,
+        rows: 3,
+        c: 4,
+    }));
     let mut sq = zeros(&d, DType::F32, 2);
-    shape(d.sum_squares(&a, &mut sq, 2));
+    shape(d.exec(SumSquares {
+        x: &a,
+        out: &mut sq,
+        slot: 2,
+    }));
     let mut sqh = zeros(&d, DType::BF16, 2);
-    mismatch(d.sum_squares(&a, &mut sqh, 0));
+    mismatch(d.exec(SumSquares {
+        x: &a,
+        out: &mut sqh,
+        slot: 0,
+    }));
 }
 
 #[test]
@@ -144,12 +231,52 @@ fn model_kernel_errors() {
     let wte = zeros(&d, DType::F32, vocab * c);
     let wpe = zeros(&d, DType::F32, t * c);
     let mut out = up(&d, &[3.0; 24]);
-    invalid(d.embedding_forward(&bad_tokens, &wte, &wpe, &mut out, b, t, c));
-    invalid(d.embedding_forward(&neg_tokens, &wte, &wpe, &mut out, b, t, c));
-    mismatch(d.embedding_forward(&tok_f32, &wte, &wpe, &mut out, b, t, c));
-    shape(d.embedding_forward(&tokens, &wte, &wpe, &mut out, b, t + 1, c));
+    invalid(d.exec(EmbeddingForward {
+        tokens: &bad_tokens,
+        wte: &wte,
+        wpe: &wpe,
+        out: &mut out,
+        b,
+        t,
+        c,
+    }));
+    invalid(d.exec(EmbeddingForward {
+        tokens: &neg_tokens,
+        wte: &wte,
+        wpe: &wpe,
+        out: &mut out,
+        b,
+        t,
+        c,
+    }));
+    mismatch(d.exec(EmbeddingForward {
+        tokens: &tok_f32,
+        wte: &wte,
+        wpe: &wpe,
+        out: &mut out,
+        b,
+        t,
+        c,
+    }));
+    shape(d.exec(EmbeddingForward {
+        tokens: &tokens,
+        wte: &wte,
+        wpe: &wpe,
+        out: &mut out,
+        b,
+        t: t + 1,
+        c,
+    }));
     let short_wpe = zeros(&d, DType::F32, (t - 1) * c);
-    shape(d.embedding_forward(&tokens, &wte, &short_wpe, &mut out, b, t, c));
+    shape(d.exec(EmbeddingForward {
+        tokens: &tokens,
+        wte: &wte,
+        wpe: &short_wpe,
+        out: &mut out,
+        b,
+        t,
+        c,
+    }));
     assert_eq!(
         down(&d, &out),
         vec![3.0; 24],
@@ -157,9 +284,25 @@ fn model_kernel_errors() {
     );
     let mut dwte = zeros(&d, DType::F32, vocab * c);
     let mut dwpe = zeros(&d, DType::F32, t * c);
-    invalid(d.embedding_backward(&bad_tokens, &out, &mut dwte, &mut dwpe, b, t, c));
+    invalid(d.exec(EmbeddingBackward {
+        tokens: &bad_tokens,
+        dout: &out,
+        dwte: &mut dwte,
+        dwpe: &mut dwpe,
+        b,
+        t,
+        c,
+    }));
     let mut dwte8 = zeros(&d, DType::F8E4M3, vocab * c);
-    unsupported(d.embedding_backward(&tokens, &out, &mut dwte8, &mut dwpe, b, t, c));
+    unsupported(d.exec(EmbeddingBackward {
+        tokens: &tokens,
+        dout: &out,
+        dwte: &mut dwte8,
+        dwpe: &mut dwpe,
+        b,
+        t,
+        c,
+    }));
 
     let (n, c) = (3, 4);
     let x = zeros(&d, DType::F32, n * c);
@@ -168,27 +311,68 @@ fn model_kernel_errors() {
     let mut mean = zeros(&d, DType::F32, n);
     let mut rstd = zeros(&d, DType::F32, n);
     let mut mean16 = zeros(&d, DType::BF16, n);
-    mismatch(d.layernorm_forward(&x, &g, &g, &mut o, &mut mean16, &mut rstd, n, c, 1e-5));
-    shape(d.layernorm_forward(&x, &g, &g, &mut o, &mut mean, &mut rstd, n + 1, c, 1e-5));
+    mismatch(d.exec(LayerNormForward {
+        x: &x,
+        gamma: &g,
+        beta: &g,
+        out: &mut o,
+        mean: &mut mean16,
+        rstd: &mut rstd,
+        n,
+        c,
+        eps: 1e-5,
+    }));
+    shape(d.exec(LayerNormForward {
+        x: &x,
+        gamma: &g,
+        beta: &g,
+        out: &mut o,
+        mean: &mut mean,
+        rstd: &mut rstd,
+        n: n + 1,
+        c,
+        eps: 1e-5,
+    }));
     let x8 = zeros(&d, DType::F8E4M3, n * c);
-    unsupported(d.layernorm_forward(&x8, &g, &g, &mut o, &mut mean, &mut rstd, n, c, 1e-5));
+    unsupported(d.exec(LayerNormForward {
+        x: &x8,
+        gamma: &g,
+        beta: &g,
+        out: &mut o,
+        mean: &mut mean,
+        rstd: &mut rstd,
+        n,
+        c,
+        eps: 1e-5,
+    }));
     let mut dg = zeros(&d, DType::F32, c);
     let mut dbeta = zeros(&d, DType::F32, c + 1);
     let mut dx = zeros(&d, DType::F32, n * c);
-    shape(d.layernorm_backward(&x, &x, &g, &mean, &rstd, &mut dx, &mut dg, &mut dbeta, n, c));
-    let mut dbeta_ok = dg.clone_empty(&d);
-    mismatch(d.layernorm_backward(
-        &x,
-        &x,
-        &g,
-        &mean16,
-        &rstd,
-        &mut dx,
-        &mut dg,
-        &mut dbeta_ok,
+    shape(d.exec(LayerNormBackward {
+        dout: &x,
+        x: &x,
+        gamma: &g,
+        mean: &mean,
+        rstd: &rstd,
+        dx: &mut dx,
+        dgamma: &mut dg,
+        dbeta: &mut dbeta,
         n,
         c,
-    ));
+    }));
+    let mut dbeta_ok = dg.clone_empty(&d);
+    mismatch(d.exec(LayerNormBackward {
+        dout: &x,
+        x: &x,
+        gamma: &g,
+        mean: &mean16,
+        rstd: &rstd,
+        dx: &mut dx,
+        dgamma: &mut dg,
+        dbeta: &mut dbeta_ok,
+        n,
+        c,
+    }));
 
     let (b, t, nh, hs) = (1, 2, 2, 3);
     let qkv = zeros(&d, DType::F32, 3 * b * t * nh * hs);
@@ -196,21 +380,92 @@ fn model_kernel_errors() {
     let mut k = zeros(&d, DType::F32, b * t * nh * hs);
     let mut v16 = zeros(&d, DType::BF16, b * t * nh * hs);
     let mut v_short = zeros(&d, DType::F32, b * t * nh * hs - 1);
-    mismatch(d.split_heads(&qkv, &mut q, &mut k, &mut v16, b, t, nh, hs));
-    shape(d.split_heads(&qkv, &mut q, &mut k, &mut v_short, b, t, nh, hs));
+    mismatch(d.exec(SplitHeads {
+        qkv: &qkv,
+        q: &mut q,
+        k: &mut k,
+        v: &mut v16,
+        b,
+        t,
+        nh,
+        hs,
+    }));
+    shape(d.exec(SplitHeads {
+        qkv: &qkv,
+        q: &mut q,
+        k: &mut k,
+        v: &mut v_short,
+        b,
+        t,
+        nh,
+        hs,
+    }));
     let mut dqkv = zeros(&d, DType::F32, 3 * b * t * nh * hs + 1);
-    shape(d.split_heads_backward(&q, &k, &q, &mut dqkv, b, t, nh, hs));
-    shape(d.merge_heads(&q, &mut v_short, b, t, nh, hs, false));
-    mismatch(d.merge_heads(&q, &mut v16, b, t, nh, hs, true));
-    shape(d.split_heads(&qkv, &mut q, &mut k, &mut v_short, usize::MAX, 2, 2, 2));
+    shape(d.exec(SplitHeadsBackward {
+        dq: &q,
+        dk: &k,
+        dv: &q,
+        dqkv: &mut dqkv,
+        b,
+        t,
+        nh,
+        hs,
+    }));
+    shape(d.exec(MergeHeads {
+        y: &q,
+        out: &mut v_short,
+        b,
+        t,
+        nh,
+        hs,
+        backward: false,
+    }));
+    mismatch(d.exec(MergeHeads {
+        y: &q,
+        out: &mut v16,
+        b,
+        t,
+        nh,
+        hs,
+        backward: true,
+    }));
+    shape(d.exec(SplitHeads {
+        qkv: &qkv,
+        q: &mut q,
+        k: &mut k,
+        v: &mut v_short,
+        b: usize::MAX,
+        t: 2,
+        nh: 2,
+        hs: 2,
+    }));
 
     let (rows, t) = (2, 3);
     let s = zeros(&d, DType::F32, rows * t * t);
     let mut p = zeros(&d, DType::F32, rows * t * t - 1);
-    shape(d.softmax_causal_forward(&s, &mut p, rows, t, 1.0));
+    shape(d.exec(SoftmaxCausalForward {
+        scores: &s,
+        probs: &mut p,
+        batch: rows,
+        t,
+        scale: 1.0,
+    }));
     let mut p8 = zeros(&d, DType::F8E4M3, rows * t * t);
-    unsupported(d.softmax_causal_forward(&s, &mut p8, rows, t, 1.0));
-    shape(d.softmax_causal_backward(&s, &p, &mut s.clone_empty(&d), rows, t, 1.0));
+    unsupported(d.exec(SoftmaxCausalForward {
+        scores: &s,
+        probs: &mut p8,
+        batch: rows,
+        t,
+        scale: 1.0,
+    }));
+    shape(d.exec(SoftmaxCausalBackward {
+        probs: &s,
+        dprobs: &p,
+        dscores: &mut s.clone_empty(&d),
+        batch: rows,
+        t,
+        scale: 1.0,
+    }));
 }
 
 #[test]
@@ -219,22 +474,54 @@ fn loss_and_optimizer_errors() {
     let (n, v) = (3, 5);
     let logits = zeros(&d, DType::F32, n * v);
     let mut losses = zeros(&d, DType::F32, n);
-    invalid(d.cross_entropy(
-        &logits,
-        &up_i32(&d, &[0, 5, 1]),
-        &mut losses,
-        None,
+    invalid(d.exec(CrossEntropy {
+        logits: &logits,
+        targets: &up_i32(&d, &[0, 5, 1]),
+        losses: &mut losses,
+        dlogits: None,
         n,
         v,
-        1.0,
-    ));
-    mismatch(d.cross_entropy(&logits, &logits, &mut losses, None, n, v, 1.0));
+        grad_scale: 1.0,
+    }));
+    mismatch(d.exec(CrossEntropy {
+        logits: &logits,
+        targets: &logits,
+        losses: &mut losses,
+        dlogits: None,
+        n,
+        v,
+        grad_scale: 1.0,
+    }));
     let mut losses16 = zeros(&d, DType::BF16, n);
     let targets = up_i32(&d, &[0, 4, -1]);
-    mismatch(d.cross_entropy(&logits, &targets, &mut losses16, None, n, v, 1.0));
+    mismatch(d.exec(CrossEntropy {
+        logits: &logits,
+        targets: &targets,
+        losses: &mut losses16,
+        dlogits: None,
+        n,
+        v,
+        grad_scale: 1.0,
+    }));
     let mut dl = zeros(&d, DType::F32, n * v + 1);
-    shape(d.cross_entropy(&logits, &targets, &mut losses, Some(&mut dl), n, v, 1.0));
-    shape(d.cross_entropy(&logits, &targets, &mut losses, None, n, v + 1, 1.0));
+    shape(d.exec(CrossEntropy {
+        logits: &logits,
+        targets: &targets,
+        losses: &mut losses,
+        dlogits: Some(&mut dl),
+        n,
+        v,
+        grad_scale: 1.0,
+    }));
+    shape(d.exec(CrossEntropy {
+        logits: &logits,
+        targets: &targets,
+        losses: &mut losses,
+        dlogits: None,
+        n,
+        v: v + 1,
+        grad_scale: 1.0,
+    }));
 
     let step = AdamWStep {
         lr: 1e-3,
@@ -251,29 +538,57 @@ fn loss_and_optimizer_errors() {
     let mut vv = zeros(&d, DType::F32, 4);
     let g = zeros(&d, DType::F32, 4);
     let mut p16 = zeros(&d, DType::BF16, 4);
-    mismatch(d.adamw(&mut p16, &g, &mut m, &mut vv, &step, None));
+    mismatch(d.exec(AdamWUpdate {
+        param: &mut p16,
+        grad: &g,
+        m: &mut m,
+        v: &mut vv,
+        step: &step,
+        param_copy: None,
+    }));
     let mut m16 = zeros(&d, DType::BF16, 4);
-    mismatch(d.adamw(&mut p, &g, &mut m16, &mut vv, &step, None));
-    shape(d.adamw(
-        &mut p,
-        &zeros(&d, DType::F32, 3),
-        &mut m,
-        &mut vv,
-        &step,
-        None,
-    ));
-    unsupported(d.adamw(
-        &mut p,
-        &zeros(&d, DType::F8E4M3, 4),
-        &mut m,
-        &mut vv,
-        &step,
-        None,
-    ));
+    mismatch(d.exec(AdamWUpdate {
+        param: &mut p,
+        grad: &g,
+        m: &mut m16,
+        v: &mut vv,
+        step: &step,
+        param_copy: None,
+    }));
+    shape(d.exec(AdamWUpdate {
+        param: &mut p,
+        grad: &zeros(&d, DType::F32, 3),
+        m: &mut m,
+        v: &mut vv,
+        step: &step,
+        param_copy: None,
+    }));
+    unsupported(d.exec(AdamWUpdate {
+        param: &mut p,
+        grad: &zeros(&d, DType::F8E4M3, 4),
+        m: &mut m,
+        v: &mut vv,
+        step: &step,
+        param_copy: None,
+    }));
     let mut copy_short = zeros(&d, DType::BF16, 3);
-    shape(d.adamw(&mut p, &g, &mut m, &mut vv, &step, Some(&mut copy_short)));
+    shape(d.exec(AdamWUpdate {
+        param: &mut p,
+        grad: &g,
+        m: &mut m,
+        v: &mut vv,
+        step: &step,
+        param_copy: Some(&mut copy_short),
+    }));
     let mut copy_i32 = zeros(&d, DType::I32, 4);
-    unsupported(d.adamw(&mut p, &g, &mut m, &mut vv, &step, Some(&mut copy_i32)));
+    unsupported(d.exec(AdamWUpdate {
+        param: &mut p,
+        grad: &g,
+        m: &mut m,
+        v: &mut vv,
+        step: &step,
+        param_copy: Some(&mut copy_i32),
+    }));
     assert_eq!(
         down(&d, &p),
         vec![1.0; 4],

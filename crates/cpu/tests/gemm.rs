@@ -6,7 +6,7 @@ mod common;
 
 use common::*;
 use duet_cpu::CpuDevice;
-use duet_device::{GemmDesc, GemmOps, Runtime};
+use duet_device::{Gemm, GemmDesc, Runtime};
 
 /// Runs the f32 `desc` on random data and compares with the f64 reference GEMM (batches in
 /// order) from the same inputs.
@@ -21,7 +21,13 @@ fn check(desc: GemmDesc, seed: u64) {
         desc.c_offset + (desc.batch - 1) * desc.stride_c + (desc.m - 1) * desc.ldc + desc.n + 5;
     let (a, b, c0) = (rng.vec(a_len), rng.vec(b_len), rng.vec(c_len));
     let mut cb = up(&d, &c0);
-    d.gemm(&desc, &up(&d, &a), &up(&d, &b), &mut cb).unwrap();
+    d.exec(Gemm {
+        desc: &desc,
+        a: &up(&d, &a),
+        b: &up(&d, &b),
+        c: &mut cb,
+    })
+    .unwrap();
     let mut want = to64(&c0);
     reference::gemm(&desc, &to64(&a), &to64(&b), &mut want);
     // f32 accumulation over few terms of size ≤ 1: a few ulps of the row sums.
@@ -42,16 +48,21 @@ fn k_zero_overwrites_or_scales_c() {
     let d = dev();
     let e = up(&d, &[]);
     let mut c = up(&d, &[f32::NAN, 1.0, 2.0, 3.0]);
-    d.gemm(&GemmDesc::new(false, false, 2, 2, 0), &e, &e, &mut c)
-        .unwrap();
+    d.exec(Gemm {
+        desc: &GemmDesc::new(false, false, 2, 2, 0),
+        a: &e,
+        b: &e,
+        c: &mut c,
+    })
+    .unwrap();
     assert_eq!(down(&d, &c), vec![0.0; 4]);
     let mut c = up(&d, &[5.0, 1.0, 2.0, 3.0]);
-    d.gemm(
-        &GemmDesc::new(false, false, 2, 2, 0).beta(2.0),
-        &e,
-        &e,
-        &mut c,
-    )
+    d.exec(Gemm {
+        desc: &GemmDesc::new(false, false, 2, 2, 0).beta(2.0),
+        a: &e,
+        b: &e,
+        c: &mut c,
+    })
     .unwrap();
     assert_eq!(down(&d, &c), vec![10.0, 2.0, 4.0, 6.0]);
 }
@@ -65,7 +76,13 @@ fn gemm_bytes(threads: usize, desc: GemmDesc, seed: u64) -> Vec<u8> {
     let a = up(&d, &rng.vec(desc.batch * ar * ac));
     let b = up(&d, &rng.vec(desc.batch * br * bc));
     let mut c = up(&d, &rng.vec(desc.batch * desc.m * desc.n));
-    d.gemm(&desc, &a, &b, &mut c).unwrap();
+    d.exec(Gemm {
+        desc: &desc,
+        a: &a,
+        b: &b,
+        c: &mut c,
+    })
+    .unwrap();
     d.download_bytes(&c, 0, c_len(&desc)).unwrap()
 }
 

@@ -6,7 +6,11 @@ mod common;
 
 use common::*;
 use duet_cpu::{CpuBuffer, CpuDevice};
-use duet_device::{AttentionOps, DType, ElementwiseOps, EmbeddingOps, LossOps, NormOps};
+use duet_device::{
+    BiasAdd, BiasBackward, CrossEntropy, DType, EmbeddingBackward, EmbeddingForward, GeluBackward,
+    GeluForward, LayerNormBackward, LayerNormForward, Runtime, SoftmaxCausalBackward,
+    SoftmaxCausalForward,
+};
 
 const HALF: [DType; 2] = [DType::BF16, DType::F16];
 
@@ -42,41 +46,108 @@ fn elementwise_and_attention_ops() {
         let (gh, gf) = (up_as(&d, &g, dtype), up(&d, &g));
 
         let (mut oh, mut of) = (zeros(&d, dtype, n), zeros(&d, DType::F32, n));
-        d.gelu_forward(&xh, &mut oh).unwrap();
-        d.gelu_forward(&xf, &mut of).unwrap();
+        d.exec(GeluForward {
+            x: &xh,
+            out: &mut oh,
+        })
+        .unwrap();
+        d.exec(GeluForward {
+            x: &xf,
+            out: &mut of,
+        })
+        .unwrap();
         same_as_rounded("gelu_forward", &d, &oh, &of, dtype);
-        d.gelu_backward(&xh, &gh, &mut oh).unwrap();
-        d.gelu_backward(&xf, &gf, &mut of).unwrap();
+        d.exec(GeluBackward {
+            x: &xh,
+            dout: &gh,
+            dx: &mut oh,
+        })
+        .unwrap();
+        d.exec(GeluBackward {
+            x: &xf,
+            dout: &gf,
+            dx: &mut of,
+        })
+        .unwrap();
         same_as_rounded("gelu_backward", &d, &oh, &of, dtype);
 
         let (rows, t) = (5, 10);
         let s = data(&mut rng, rows * t * t, 3.0, dtype);
         let (mut ph, mut pf) = (zeros(&d, dtype, s.len()), zeros(&d, DType::F32, s.len()));
-        d.softmax_causal_forward(&up_as(&d, &s, dtype), &mut ph, rows, t, 0.3)
-            .unwrap();
-        d.softmax_causal_forward(&up(&d, &s), &mut pf, rows, t, 0.3)
-            .unwrap();
+        d.exec(SoftmaxCausalForward {
+            scores: &up_as(&d, &s, dtype),
+            probs: &mut ph,
+            batch: rows,
+            t,
+            scale: 0.3,
+        })
+        .unwrap();
+        d.exec(SoftmaxCausalForward {
+            scores: &up(&d, &s),
+            probs: &mut pf,
+            batch: rows,
+            t,
+            scale: 0.3,
+        })
+        .unwrap();
         same_as_rounded("softmax_forward", &d, &ph, &pf, dtype);
         // Backward from the same (rounded) probabilities.
         let p = down(&d, &ph);
         let dp = data(&mut rng, s.len(), 1.0, dtype);
         let (mut dsh, mut dsf) = (zeros(&d, dtype, s.len()), zeros(&d, DType::F32, s.len()));
-        d.softmax_causal_backward(&ph, &up_as(&d, &dp, dtype), &mut dsh, rows, t, 0.3)
-            .unwrap();
-        d.softmax_causal_backward(&up(&d, &p), &up(&d, &dp), &mut dsf, rows, t, 0.3)
-            .unwrap();
+        d.exec(SoftmaxCausalBackward {
+            probs: &ph,
+            dprobs: &up_as(&d, &dp, dtype),
+            dscores: &mut dsh,
+            batch: rows,
+            t,
+            scale: 0.3,
+        })
+        .unwrap();
+        d.exec(SoftmaxCausalBackward {
+            probs: &up(&d, &p),
+            dprobs: &up(&d, &dp),
+            dscores: &mut dsf,
+            batch: rows,
+            t,
+            scale: 0.3,
+        })
+        .unwrap();
         same_as_rounded("softmax_backward", &d, &dsh, &dsf, dtype);
 
         let (rows, c) = (50, 100);
         let bias = data(&mut rng, c, 1.0, dtype);
         let (mut bh, mut bf) = (up_as(&d, &x, dtype), up(&d, &x));
-        d.bias_add(&mut bh, &up_as(&d, &bias, dtype), rows, c)
-            .unwrap();
-        d.bias_add(&mut bf, &up(&d, &bias), rows, c).unwrap();
+        d.exec(BiasAdd {
+            x: &mut bh,
+            bias: &up_as(&d, &bias, dtype),
+            rows,
+            c,
+        })
+        .unwrap();
+        d.exec(BiasAdd {
+            x: &mut bf,
+            bias: &up(&d, &bias),
+            rows,
+            c,
+        })
+        .unwrap();
         same_as_rounded("bias_add", &d, &bh, &bf, dtype);
         let (mut dbh, mut dbf) = (up_as(&d, &bias, dtype), up(&d, &bias));
-        d.bias_backward(&xh, &mut dbh, rows, c).unwrap();
-        d.bias_backward(&xf, &mut dbf, rows, c).unwrap();
+        d.exec(BiasBackward {
+            dout: &xh,
+            dbias: &mut dbh,
+            rows,
+            c,
+        })
+        .unwrap();
+        d.exec(BiasBackward {
+            dout: &xf,
+            dbias: &mut dbf,
+            rows,
+            c,
+        })
+        .unwrap();
         same_as_rounded("bias_backward", &d, &dbh, &dbf, dtype);
     }
 }
@@ -97,29 +168,29 @@ fn layernorm_embedding_and_loss() {
         let mut rstd = zeros(&d, DType::F32, n);
         let mut mean2 = zeros(&d, DType::F32, n);
         let mut rstd2 = zeros(&d, DType::F32, n);
-        d.layernorm_forward(
-            &xh,
-            &gh,
-            &up_as(&d, &bt, dtype),
-            &mut oh,
-            &mut mean,
-            &mut rstd,
+        d.exec(LayerNormForward {
+            x: &xh,
+            gamma: &gh,
+            beta: &up_as(&d, &bt, dtype),
+            out: &mut oh,
+            mean: &mut mean,
+            rstd: &mut rstd,
             n,
             c,
-            1e-5,
-        )
+            eps: 1e-5,
+        })
         .unwrap();
-        d.layernorm_forward(
-            &xf,
-            &gf,
-            &up(&d, &bt),
-            &mut of,
-            &mut mean2,
-            &mut rstd2,
+        d.exec(LayerNormForward {
+            x: &xf,
+            gamma: &gf,
+            beta: &up(&d, &bt),
+            out: &mut of,
+            mean: &mut mean2,
+            rstd: &mut rstd2,
             n,
             c,
-            1e-5,
-        )
+            eps: 1e-5,
+        })
         .unwrap();
         same_as_rounded("layernorm_forward", &d, &oh, &of, dtype);
         assert_eq!(down(&d, &mean), down(&d, &mean2));
@@ -131,31 +202,31 @@ fn layernorm_embedding_and_loss() {
         let (mut dxh, mut dxf) = (up_as(&d, &init, dtype), up(&d, &init));
         let (mut dgh, mut dgf) = (up_as(&d, &ginit, dtype), up(&d, &ginit));
         let (mut dbh, mut dbf) = (up_as(&d, &ginit, dtype), up(&d, &ginit));
-        d.layernorm_backward(
-            &up_as(&d, &dout, dtype),
-            &xh,
-            &gh,
-            &mean,
-            &rstd,
-            &mut dxh,
-            &mut dgh,
-            &mut dbh,
+        d.exec(LayerNormBackward {
+            dout: &up_as(&d, &dout, dtype),
+            x: &xh,
+            gamma: &gh,
+            mean: &mean,
+            rstd: &rstd,
+            dx: &mut dxh,
+            dgamma: &mut dgh,
+            dbeta: &mut dbh,
             n,
             c,
-        )
+        })
         .unwrap();
-        d.layernorm_backward(
-            &up(&d, &dout),
-            &xf,
-            &gf,
-            &mean,
-            &rstd,
-            &mut dxf,
-            &mut dgf,
-            &mut dbf,
+        d.exec(LayerNormBackward {
+            dout: &up(&d, &dout),
+            x: &xf,
+            gamma: &gf,
+            mean: &mean,
+            rstd: &rstd,
+            dx: &mut dxf,
+            dgamma: &mut dgf,
+            dbeta: &mut dbf,
             n,
             c,
-        )
+        })
         .unwrap();
         same_as_rounded("layernorm dx", &d, &dxh, &dxf, dtype);
         same_as_rounded("layernorm dgamma", &d, &dgh, &dgf, dtype);
@@ -168,25 +239,49 @@ fn layernorm_embedding_and_loss() {
         let wte = data(&mut rng, vocab * c, 1.0, dtype);
         let wpe = data(&mut rng, t * c, 1.0, dtype);
         let (mut eh, mut ef) = (zeros(&d, dtype, n * c), zeros(&d, DType::F32, n * c));
-        d.embedding_forward(
-            &tok,
-            &up_as(&d, &wte, dtype),
-            &up_as(&d, &wpe, dtype),
-            &mut eh,
+        d.exec(EmbeddingForward {
+            tokens: &tok,
+            wte: &up_as(&d, &wte, dtype),
+            wpe: &up_as(&d, &wpe, dtype),
+            out: &mut eh,
             b,
             t,
             c,
-        )
+        })
         .unwrap();
-        d.embedding_forward(&tok, &up(&d, &wte), &up(&d, &wpe), &mut ef, b, t, c)
-            .unwrap();
+        d.exec(EmbeddingForward {
+            tokens: &tok,
+            wte: &up(&d, &wte),
+            wpe: &up(&d, &wpe),
+            out: &mut ef,
+            b,
+            t,
+            c,
+        })
+        .unwrap();
         same_as_rounded("embedding_forward", &d, &eh, &ef, dtype);
         let (mut wh, mut wf) = (up_as(&d, &wte, dtype), up(&d, &wte));
         let (mut ph, mut pf) = (up_as(&d, &wpe, dtype), up(&d, &wpe));
-        d.embedding_backward(&tok, &up_as(&d, &dout, dtype), &mut wh, &mut ph, b, t, c)
-            .unwrap();
-        d.embedding_backward(&tok, &up(&d, &dout), &mut wf, &mut pf, b, t, c)
-            .unwrap();
+        d.exec(EmbeddingBackward {
+            tokens: &tok,
+            dout: &up_as(&d, &dout, dtype),
+            dwte: &mut wh,
+            dwpe: &mut ph,
+            b,
+            t,
+            c,
+        })
+        .unwrap();
+        d.exec(EmbeddingBackward {
+            tokens: &tok,
+            dout: &up(&d, &dout),
+            dwte: &mut wf,
+            dwpe: &mut pf,
+            b,
+            t,
+            c,
+        })
+        .unwrap();
         same_as_rounded("embedding dwte", &d, &wh, &wf, dtype);
         same_as_rounded("embedding dwpe", &d, &ph, &pf, dtype);
 
@@ -198,10 +293,26 @@ fn layernorm_embedding_and_loss() {
         let tg = up_i32(&d, &targets);
         let (mut lh, mut lf) = (zeros(&d, DType::F32, rows), zeros(&d, DType::F32, rows));
         let (mut gh2, mut gf2) = (zeros(&d, dtype, rows * v), zeros(&d, DType::F32, rows * v));
-        d.cross_entropy(&xh, &tg, &mut lh, Some(&mut gh2), rows, v, 0.5)
-            .unwrap();
-        d.cross_entropy(&xf, &tg, &mut lf, Some(&mut gf2), rows, v, 0.5)
-            .unwrap();
+        d.exec(CrossEntropy {
+            logits: &xh,
+            targets: &tg,
+            losses: &mut lh,
+            dlogits: Some(&mut gh2),
+            n: rows,
+            v,
+            grad_scale: 0.5,
+        })
+        .unwrap();
+        d.exec(CrossEntropy {
+            logits: &xf,
+            targets: &tg,
+            losses: &mut lf,
+            dlogits: Some(&mut gf2),
+            n: rows,
+            v,
+            grad_scale: 0.5,
+        })
+        .unwrap();
         assert_eq!(down(&d, &lh), down(&d, &lf), "losses {dtype}");
         same_as_rounded("dlogits", &d, &gh2, &gf2, dtype);
     }

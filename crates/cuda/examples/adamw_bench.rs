@@ -14,8 +14,8 @@
 
 use duet_cuda::CudaDevice;
 use duet_device::{
-    ADAMW_SCALARS, AdamWClipStep, AdamWStep, AdamWTensor, Buffer, DType, DeviceError, DeviceExt,
-    Fp8Ops, OptimOps, Runtime,
+    ADAMW_SCALARS, AdamWClipStep, AdamWClipped, AdamWClippedFp8, AdamWStep, AdamWTensor, Buffer,
+    DType, DeviceError, DeviceExt, Runtime, SumSquaresMany,
 };
 use half::bf16;
 use std::time::Instant;
@@ -119,7 +119,14 @@ fn main() {
         let mut norm = dev.alloc(DType::F32, 1).unwrap();
         dev.fill(&mut norm, 0.0).unwrap();
         let grads: Vec<&_> = params.iter().map(|p| &p.grad).collect();
-        let (us, host) = time(&dev, || dev.sum_squares_many(&grads, &mut norm, 0).unwrap());
+        let (us, host) = time(&dev, || {
+            dev.exec(SumSquaresMany {
+                xs: &grads,
+                out: &mut norm,
+                slot: 0,
+            })
+            .unwrap()
+        });
         let bytes = (total * gsize) as f64;
         row("sum_squares_many", gdt, bytes, us, host);
         drop(grads);
@@ -128,7 +135,12 @@ fn main() {
         let (scalars, step) = clipped_step(&dev);
         let (us, host) = time(&dev, || {
             let mut ts = tensors(&mut params);
-            dev.adamw_clipped(&mut ts, &step, &scalars).unwrap()
+            dev.exec(AdamWClipped {
+                tensors: &mut ts,
+                step: &step,
+                scalars: &scalars,
+            })
+            .unwrap()
         });
         // Read param, grad, m, v; write param, m, v and the copies.
         let copies: usize = params
@@ -196,11 +208,24 @@ fn fp8_weights(dev: &CudaDevice) {
         match fused {
             Some(on) => {
                 CudaDevice::adamw_fp8_fused_on_this_thread(on);
-                dev.adamw_clipped_fp8(&mut ts, &step, &scalars, &mut outs, &scale, &mut amax)
-                    .unwrap();
+                dev.exec(AdamWClippedFp8 {
+                    tensors: &mut ts,
+                    step: &step,
+                    scalars: &scalars,
+                    outs: &mut outs,
+                    scale: &scale,
+                    amax: &mut amax,
+                })
+                .unwrap();
                 CudaDevice::adamw_fp8_fused_on_this_thread(true);
             }
-            None => dev.adamw_clipped(&mut ts, &step, &scalars).unwrap(),
+            None => dev
+                .exec(AdamWClipped {
+                    tensors: &mut ts,
+                    step: &step,
+                    scalars: &scalars,
+                })
+                .unwrap(),
         }
     };
     let t = total as f64;

@@ -7,7 +7,7 @@
 //! and the logits' bytes read and written per second. No pass/fail.
 
 use duet_cuda::{CrossEntropyCache, CudaDevice};
-use duet_device::{DType, DeviceError, DeviceExt, LossOps, Runtime};
+use duet_device::{CrossEntropyInPlace, DType, DeviceError, DeviceExt, Runtime};
 
 const ITERS: usize = 20;
 
@@ -55,8 +55,16 @@ fn main() {
         ] {
             CudaDevice::cross_entropy_cache_on_this_thread(Some(mode));
             let mut call = || {
-                dev.cross_entropy_in_place(&mut logits, &targets, &mut losses, n, v, ld, 1.0)
-                    .unwrap()
+                dev.exec(CrossEntropyInPlace {
+                    logits: &mut logits,
+                    targets: &targets,
+                    losses: &mut losses,
+                    n,
+                    v,
+                    ld,
+                    grad_scale: 1.0,
+                })
+                .unwrap()
             };
             for _ in 0..3 {
                 call();

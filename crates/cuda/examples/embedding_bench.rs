@@ -8,7 +8,7 @@
 //! overhead). The c = 8 rows show the sort and launch cost alone.
 
 use duet_cuda::CudaDevice;
-use duet_device::{DType, DeviceExt, EmbeddingOps, Runtime};
+use duet_device::{DType, DeviceExt, EmbeddingBackward, Runtime};
 use std::time::Instant;
 
 const CALLS: usize = 100;
@@ -64,8 +64,16 @@ fn main() {
                 dev.fill(&mut dwte, 0.0).unwrap();
                 dev.fill(&mut dwpe, 0.0).unwrap();
                 let mut call = || {
-                    dev.embedding_backward(&tokens, &dout, &mut dwte, &mut dwpe, b, t, c)
-                        .unwrap()
+                    dev.exec(EmbeddingBackward {
+                        tokens: &tokens,
+                        dout: &dout,
+                        dwte: &mut dwte,
+                        dwpe: &mut dwpe,
+                        b,
+                        t,
+                        c,
+                    })
+                    .unwrap()
                 };
                 for _ in 0..3 {
                     call();

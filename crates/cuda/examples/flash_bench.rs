@@ -9,7 +9,10 @@
 //! 2.5× that). No pass/fail.
 
 use duet_cuda::CudaDevice;
-use duet_device::{AttentionOps, DType, DeviceError, GemmDesc, GemmOps, Runtime};
+use duet_device::{
+    DType, DeviceError, FlashAttentionBackward, FlashAttentionForward, Gemm, GemmDesc, MergeHeads,
+    Runtime, SoftmaxCausalBackward, SoftmaxCausalForward, SplitHeads, SplitHeadsBackward,
+};
 
 const ITERS: usize = 50;
 
@@ -63,12 +66,32 @@ fn bench(dev: &CudaDevice, dtype: DType, name: &str, b: usize, t: usize, nh: usi
         CudaDevice::flash_backward_v3_on_this_thread(Some(v3));
         CudaDevice::flash_backward_v4_on_this_thread(Some(v4));
         let fwd = time(dev, || {
-            dev.flash_attention_forward(&qkv, &mut out, &mut lse, b, t, nh, hs, scale)
-                .unwrap()
+            dev.exec(FlashAttentionForward {
+                qkv: &qkv,
+                out: &mut out,
+                lse: &mut lse,
+                b,
+                t,
+                nh,
+                hs,
+                scale,
+            })
+            .unwrap()
         });
         let bwd = time(dev, || {
-            dev.flash_attention_backward(&qkv, &out, &dout, &lse, &mut dqkv, b, t, nh, hs, scale)
-                .unwrap()
+            dev.exec(FlashAttentionBackward {
+                qkv: &qkv,
+                out: &out,
+                dout: &dout,
+                lse: &lse,
+                dqkv: &mut dqkv,
+                b,
+                t,
+                nh,
+                hs,
+                scale,
+            })
+            .unwrap()
         });
         println!(
             "{name:<6} {dtype:<5} b={b} t={t} nh={nh} hs={hs:<4} | flash {version} fwd {fwd:8.1} µs {:6.1} TFLOP/s  bwd {bwd:8.1} µs {:6.1} TFLOP/s",
@@ -101,24 +124,109 @@ fn bench(dev: &CudaDevice, dtype: DType, name: &str, b: usize, t: usize, nh: usi
     let dpd = GemmDesc::batched(false, true, t, t, hs, heads);
     let tn = GemmDesc::batched(true, false, t, hs, t, heads);
     let unf_fwd = time(dev, || {
-        dev.split_heads(&qkv, &mut q, &mut k, &mut v, b, t, nh, hs)
-            .unwrap();
-        dev.gemm(&qk, &q, &k, &mut scores).unwrap();
-        dev.softmax_causal_forward(&scores, &mut probs, heads, t, scale)
-            .unwrap();
-        dev.gemm(&pv, &probs, &v, &mut y).unwrap();
-        dev.merge_heads(&y, &mut out, b, t, nh, hs, false).unwrap();
+        dev.exec(SplitHeads {
+            qkv: &qkv,
+            q: &mut q,
+            k: &mut k,
+            v: &mut v,
+            b,
+            t,
+            nh,
+            hs,
+        })
+        .unwrap();
+        dev.exec(Gemm {
+            desc: &qk,
+            a: &q,
+            b: &k,
+            c: &mut scores,
+        })
+        .unwrap();
+        dev.exec(SoftmaxCausalForward {
+            scores: &scores,
+            probs: &mut probs,
+            batch: heads,
+            t,
+            scale,
+        })
+        .unwrap();
+        dev.exec(Gemm {
+            desc: &pv,
+            a: &probs,
+            b: &v,
+            c: &mut y,
+        })
+        .unwrap();
+        dev.exec(MergeHeads {
+            y: &y,
+            out: &mut out,
+            b,
+            t,
+            nh,
+            hs,
+            backward: false,
+        })
+        .unwrap();
     });
     let unf_bwd = time(dev, || {
-        dev.merge_heads(&dout, &mut dy, b, t, nh, hs, true).unwrap();
-        dev.gemm(&dpd, &dy, &v, &mut dprobs).unwrap();
-        dev.gemm(&tn, &probs, &dy, &mut dv).unwrap();
-        dev.softmax_causal_backward(&probs, &dprobs, &mut scores, heads, t, scale)
-            .unwrap();
-        dev.gemm(&pv, &scores, &k, &mut dq).unwrap();
-        dev.gemm(&tn, &scores, &q, &mut dk).unwrap();
-        dev.split_heads_backward(&dq, &dk, &dv, &mut dqkv, b, t, nh, hs)
-            .unwrap();
+        dev.exec(MergeHeads {
+            y: &dout,
+            out: &mut dy,
+            b,
+            t,
+            nh,
+            hs,
+            backward: true,
+        })
+        .unwrap();
+        dev.exec(Gemm {
+            desc: &dpd,
+            a: &dy,
+            b: &v,
+            c: &mut dprobs,
+        })
+        .unwrap();
+        dev.exec(Gemm {
+            desc: &tn,
+            a: &probs,
+            b: &dy,
+            c: &mut dv,
+        })
+        .unwrap();
+        dev.exec(SoftmaxCausalBackward {
+            probs: &probs,
+            dprobs: &dprobs,
+            dscores: &mut scores,
+            batch: heads,
+            t,
+            scale,
+        })
+        .unwrap();
+        dev.exec(Gemm {
+            desc: &pv,
+            a: &scores,
+            b: &k,
+            c: &mut dq,
+        })
+        .unwrap();
+        dev.exec(Gemm {
+            desc: &tn,
+            a: &scores,
+            b: &q,
+            c: &mut dk,
+        })
+        .unwrap();
+        dev.exec(SplitHeadsBackward {
+            dq: &dq,
+            dk: &dk,
+            dv: &dv,
+            dqkv: &mut dqkv,
+            b,
+            t,
+            nh,
+            hs,
+        })
+        .unwrap();
     });
     println!(
         "{name:<6} {dtype:<5} b={b} t={t} nh={nh} hs={hs:<4} | unfused fwd {unf_fwd:8.1} µs {:6.1} TFLOP/s  bwd {unf_bwd:8.1} µs {:6.1} TFLOP/s",

@@ -36,7 +36,9 @@
 
 use duet_cuda::CudaDevice;
 use duet_device::{
-    DType, DeviceError, DeviceExt, ElementwiseOps, Fp8Ops, Fp8QuantJob, NormOps, Runtime,
+    BiasBackward, DType, DeviceError, DeviceExt, Fp8QuantJob, GeluBackward, GeluForward,
+    LayerNormForward, LayerNormForwardFp8, QuantizeFp8, QuantizeFp8Gelu, QuantizeFp8Grad,
+    QuantizeFp8Many, Runtime,
 };
 use half::bf16;
 
@@ -122,95 +124,116 @@ fn main() {
                 );
             };
             let us = time(&dev, || {
-                dev.quantize_fp8(&x, &mut dst, None, rows, cols, &scale, &mut amax, 0)
+                dev.exec(QuantizeFp8 {
+                    src: &x,
+                    dst: &mut dst,
+                    dst_t: None,
+                    rows,
+                    cols,
+                    scale: &scale,
+                    amax: &mut amax,
+                    slot: 0,
+                })
             });
             row("quantize", us, b_in + b_code);
             let us = time(&dev, || {
-                dev.quantize_fp8(
-                    &x,
-                    &mut dst,
-                    Some(&mut dst_t),
+                dev.exec(QuantizeFp8 {
+                    src: &x,
+                    dst: &mut dst,
+                    dst_t: Some(&mut dst_t),
                     rows,
                     cols,
-                    &scale,
-                    &mut amax,
-                    0,
-                )
+                    scale: &scale,
+                    amax: &mut amax,
+                    slot: 0,
+                })
             });
             row("quantize_t", us, b_in + 2 * b_code);
             let us = time(&dev, || {
-                dev.quantize_fp8_grad(
-                    &x,
-                    None,
-                    &mut dst,
-                    Some(&mut dst_t),
-                    &mut dbias,
+                dev.exec(QuantizeFp8Grad {
+                    dout: &x,
+                    gelu_pre: None,
+                    dst: &mut dst,
+                    dst_t: Some(&mut dst_t),
+                    dbias: &mut dbias,
                     rows,
                     cols,
-                    &scale,
-                    &mut amax,
-                    0,
-                )
+                    scale: &scale,
+                    amax: &mut amax,
+                    slot: 0,
+                })
             });
             row("grad", us, b_in + 2 * b_code + b_sums);
             let us = time(&dev, || {
-                dev.quantize_fp8_grad(
-                    &x,
-                    Some(&pre),
-                    &mut dst,
-                    Some(&mut dst_t),
-                    &mut dbias,
+                dev.exec(QuantizeFp8Grad {
+                    dout: &x,
+                    gelu_pre: Some(&pre),
+                    dst: &mut dst,
+                    dst_t: Some(&mut dst_t),
+                    dbias: &mut dbias,
                     rows,
                     cols,
-                    &scale,
-                    &mut amax,
-                    0,
-                )
+                    scale: &scale,
+                    amax: &mut amax,
+                    slot: 0,
+                })
             });
             row("grad_gelu", us, 2 * b_in + 2 * b_code + b_sums);
             let us = time(&dev, || {
-                dev.gelu_backward(&pre, &x, &mut tmp)?;
-                dev.bias_backward(&tmp, &mut dbias, rows, cols)?;
-                dev.quantize_fp8(
-                    &tmp,
-                    &mut dst,
-                    Some(&mut dst_t),
+                dev.exec(GeluBackward {
+                    x: &pre,
+                    dout: &x,
+                    dx: &mut tmp,
+                })?;
+                dev.exec(BiasBackward {
+                    dout: &tmp,
+                    dbias: &mut dbias,
+                    rows,
+                    c: cols,
+                })?;
+                dev.exec(QuantizeFp8 {
+                    src: &tmp,
+                    dst: &mut dst,
+                    dst_t: Some(&mut dst_t),
                     rows,
                     cols,
-                    &scale,
-                    &mut amax,
-                    0,
-                )
+                    scale: &scale,
+                    amax: &mut amax,
+                    slot: 0,
+                })
             });
             row("separate", us, 2 * b_in + 2 * b_code + b_sums);
             for transposed in [false, true] {
                 let sfx = if transposed { "_t" } else { "" };
                 let bytes = b_in + if transposed { 2 * b_code } else { b_code };
                 let us = time(&dev, || {
-                    dev.quantize_fp8_gelu(
-                        &pre,
-                        &mut dst,
-                        transposed.then_some(&mut dst_t),
+                    dev.exec(QuantizeFp8Gelu {
+                        pre: &pre,
+                        dst: &mut dst,
+                        dst_t: transposed.then_some(&mut dst_t),
                         rows,
                         cols,
-                        &scale,
-                        &mut amax,
-                        0,
-                    )
+                        scale: &scale,
+                        amax: &mut amax,
+                        slot: 0,
+                    })
                 });
                 row(&format!("quantize_gelu{sfx}"), us, bytes);
                 let us = time(&dev, || {
-                    dev.gelu_forward(&pre, &mut tmp)?;
-                    dev.quantize_fp8(
-                        &tmp,
-                        &mut dst,
-                        transposed.then_some(&mut dst_t),
+                    dev.exec(GeluForward {
+                        x: &pre,
+                        out: &mut tmp,
+                    })?;
+                    dev.exec(QuantizeFp8 {
+                        src: &tmp,
+                        dst: &mut dst,
+                        dst_t: transposed.then_some(&mut dst_t),
                         rows,
                         cols,
-                        &scale,
-                        &mut amax,
-                        0,
-                    )
+                        scale: &scale,
+                        amax: &mut amax,
+                        slot: 0,
+                    })
                 });
                 row(&format!("separate_gelu{sfx}"), us, bytes);
             }
@@ -277,7 +300,11 @@ fn weight_rows(dev: &CudaDevice) {
                 slot,
             })
             .collect();
-        dev.quantize_fp8_many(&mut jobs, &scale, &mut amax)
+        dev.exec(QuantizeFp8Many {
+            jobs: &mut jobs,
+            scale: &scale,
+            amax: &mut amax,
+        })
     });
     row("weights_many", us);
     let us = time(dev, || {
@@ -287,7 +314,16 @@ fn weight_rows(dev: &CudaDevice) {
             .zip(&shapes)
             .enumerate()
         {
-            dev.quantize_fp8(src, dst, Some(dt), rows, cols, &scale, &mut amax, slot)?;
+            dev.exec(QuantizeFp8 {
+                src,
+                dst,
+                dst_t: Some(dt),
+                rows,
+                cols,
+                scale: &scale,
+                amax: &mut amax,
+                slot,
+            })?;
         }
         Ok(())
     });
@@ -328,9 +364,17 @@ fn layernorm_rows(dev: &CudaDevice, rows: usize, c: usize) {
         );
     };
     let us = time(dev, || {
-        dev.layernorm_forward(
-            &x, &gamma, &beta, &mut out, &mut mean, &mut rstd, rows, c, eps,
-        )
+        dev.exec(LayerNormForward {
+            x: &x,
+            gamma: &gamma,
+            beta: &beta,
+            out: &mut out,
+            mean: &mut mean,
+            rstd: &mut rstd,
+            n: rows,
+            c,
+            eps,
+        })
     });
     row("layernorm", us, 2 * b_in + b_stats);
     for transposed in [false, true] {
@@ -339,39 +383,47 @@ fn layernorm_rows(dev: &CudaDevice, rows: usize, c: usize) {
         for (label, split) in [("", None), ("_1pass", Some(false)), ("_split", Some(true))] {
             CudaDevice::layernorm_fp8_split_on_this_thread(split);
             let us = time(dev, || {
-                dev.layernorm_forward_fp8(
-                    &x,
-                    &gamma,
-                    &beta,
-                    &mut mean,
-                    &mut rstd,
-                    &mut dst,
-                    transposed.then_some(&mut dst_t),
-                    rows,
+                dev.exec(LayerNormForwardFp8 {
+                    x: &x,
+                    gamma: &gamma,
+                    beta: &beta,
+                    mean: &mut mean,
+                    rstd: &mut rstd,
+                    dst: &mut dst,
+                    dst_t: transposed.then_some(&mut dst_t),
+                    n: rows,
                     c,
                     eps,
-                    &scale,
-                    &mut amax,
-                    0,
-                )
+                    scale: &scale,
+                    amax: &mut amax,
+                    slot: 0,
+                })
             });
             CudaDevice::layernorm_fp8_split_on_this_thread(None);
             row(&format!("ln_fp8{sfx}{label}"), us, bytes);
         }
         let us = time(dev, || {
-            dev.layernorm_forward(
-                &x, &gamma, &beta, &mut out, &mut mean, &mut rstd, rows, c, eps,
-            )?;
-            dev.quantize_fp8(
-                &out,
-                &mut dst,
-                transposed.then_some(&mut dst_t),
-                rows,
+            dev.exec(LayerNormForward {
+                x: &x,
+                gamma: &gamma,
+                beta: &beta,
+                out: &mut out,
+                mean: &mut mean,
+                rstd: &mut rstd,
+                n: rows,
                 c,
-                &scale,
-                &mut amax,
-                0,
-            )
+                eps,
+            })?;
+            dev.exec(QuantizeFp8 {
+                src: &out,
+                dst: &mut dst,
+                dst_t: transposed.then_some(&mut dst_t),
+                rows,
+                cols: c,
+                scale: &scale,
+                amax: &mut amax,
+                slot: 0,
+            })
         });
         row(&format!("separate_ln{sfx}"), us, bytes);
     }

@@ -6,7 +6,10 @@
 //! the same in one op (`layernorm_backward_colsum`). No pass/fail.
 
 use duet_cuda::CudaDevice;
-use duet_device::{DType, DeviceExt, ElementwiseOps, NormOps, Runtime};
+use duet_device::{
+    BiasBackward, DType, DeviceExt, LayerNormBackward, LayerNormBackwardColsum, LayerNormForward,
+    Runtime,
+};
 use half::bf16;
 use std::time::Instant;
 
@@ -60,56 +63,70 @@ fn main() {
         let mut dbeta = a(DType::F32, c, 0.0);
         let mut dsum = a(DType::F32, c, 0.0);
         let fwd = time(&dev, || {
-            dev.layernorm_forward(
-                &x, &gamma, &beta, &mut out, &mut mean, &mut rstd, n, c, 1e-5,
-            )
+            dev.exec(LayerNormForward {
+                x: &x,
+                gamma: &gamma,
+                beta: &beta,
+                out: &mut out,
+                mean: &mut mean,
+                rstd: &mut rstd,
+                n,
+                c,
+                eps: 1e-5,
+            })
             .unwrap()
         });
         let bwd = time(&dev, || {
-            dev.layernorm_backward(
-                &dout,
-                &x,
-                &gamma,
-                &mean,
-                &rstd,
-                &mut dx,
-                &mut dgamma,
-                &mut dbeta,
+            dev.exec(LayerNormBackward {
+                dout: &dout,
+                x: &x,
+                gamma: &gamma,
+                mean: &mean,
+                rstd: &rstd,
+                dx: &mut dx,
+                dgamma: &mut dgamma,
+                dbeta: &mut dbeta,
                 n,
                 c,
-            )
+            })
             .unwrap()
         });
         let separate = time(&dev, || {
-            dev.layernorm_backward(
-                &dout,
-                &x,
-                &gamma,
-                &mean,
-                &rstd,
-                &mut dx,
-                &mut dgamma,
-                &mut dbeta,
+            dev.exec(LayerNormBackward {
+                dout: &dout,
+                x: &x,
+                gamma: &gamma,
+                mean: &mean,
+                rstd: &rstd,
+                dx: &mut dx,
+                dgamma: &mut dgamma,
+                dbeta: &mut dbeta,
                 n,
                 c,
-            )
+            })
             .unwrap();
-            dev.bias_backward(&dx, &mut dsum, n, c).unwrap()
+            dev.exec(BiasBackward {
+                dout: &dx,
+                dbias: &mut dsum,
+                rows: n,
+                c,
+            })
+            .unwrap()
         });
         let fused = time(&dev, || {
-            dev.layernorm_backward_colsum(
-                &dout,
-                &x,
-                &gamma,
-                &mean,
-                &rstd,
-                &mut dx,
-                &mut dgamma,
-                &mut dbeta,
-                &mut dsum,
+            dev.exec(LayerNormBackwardColsum {
+                dout: &dout,
+                x: &x,
+                gamma: &gamma,
+                mean: &mean,
+                rstd: &rstd,
+                dx: &mut dx,
+                dgamma: &mut dgamma,
+                dbeta: &mut dbeta,
+                dsum: &mut dsum,
                 n,
                 c,
-            )
+            })
             .unwrap()
         });
         println!(

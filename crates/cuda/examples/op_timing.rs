@@ -5,8 +5,9 @@
 
 use duet_cuda::CudaDevice;
 use duet_device::{
-    AdamWStep, AttentionOps, DType, DeviceExt, ElementwiseOps, EmbeddingOps, GemmDesc, GemmOps,
-    LossOps, NormOps, OptimOps, Runtime,
+    AdamWStep, AdamWUpdate, CrossEntropy, DType, DeviceExt, EmbeddingBackward, EmbeddingForward,
+    GeluBackward, GeluForward, Gemm, GemmDesc, LayerNormBackward, LayerNormForward, Runtime,
+    SoftmaxCausalBackward, SoftmaxCausalForward, SplitHeads, SumSquares,
 };
 use std::time::Instant;
 
@@ -76,24 +77,50 @@ fn main() {
     add(
         "embedding_forward",
         time(&dev, || {
-            dev.embedding_forward(&tokens, &wte, &wpe, &mut x, b, t, c)
-                .unwrap()
+            dev.exec(EmbeddingForward {
+                tokens: &tokens,
+                wte: &wte,
+                wpe: &wpe,
+                out: &mut x,
+                b,
+                t,
+                c,
+            })
+            .unwrap()
         }),
         2.0 * nc * es,
     );
     add(
         "embedding_backward",
         time(&dev, || {
-            dev.embedding_backward(&tokens, &x, &mut dwte, &mut dwpe, b, t, c)
-                .unwrap()
+            dev.exec(EmbeddingBackward {
+                tokens: &tokens,
+                dout: &x,
+                dwte: &mut dwte,
+                dwpe: &mut dwpe,
+                b,
+                t,
+                c,
+            })
+            .unwrap()
         }),
         nc * es,
     );
     add(
         "layernorm_forward",
         time(&dev, || {
-            dev.layernorm_forward(&x, &gamma, &beta, &mut y, &mut mean, &mut rstd, n, c, 1e-5)
-                .unwrap()
+            dev.exec(LayerNormForward {
+                x: &x,
+                gamma: &gamma,
+                beta: &beta,
+                out: &mut y,
+                mean: &mut mean,
+                rstd: &mut rstd,
+                n,
+                c,
+                eps: 1e-5,
+            })
+            .unwrap()
         }),
         2.0 * nc * es,
     );
@@ -101,18 +128,18 @@ fn main() {
     add(
         "layernorm_backward",
         time(&dev, || {
-            dev.layernorm_backward(
-                &dy,
-                &x,
-                &gamma,
-                &mean,
-                &rstd,
-                &mut y,
-                &mut dgamma,
-                &mut dbeta,
+            dev.exec(LayerNormBackward {
+                dout: &dy,
+                x: &x,
+                gamma: &gamma,
+                mean: &mean,
+                rstd: &rstd,
+                dx: &mut y,
+                dgamma: &mut dgamma,
+                dbeta: &mut dbeta,
                 n,
                 c,
-            )
+            })
             .unwrap()
         }),
         4.0 * nc * es,
@@ -120,8 +147,17 @@ fn main() {
     add(
         "split_heads",
         time(&dev, || {
-            dev.split_heads(&qkv, &mut q, &mut k, &mut vv, b, t, nh, hs)
-                .unwrap()
+            dev.exec(SplitHeads {
+                qkv: &qkv,
+                q: &mut q,
+                k: &mut k,
+                v: &mut vv,
+                b,
+                t,
+                nh,
+                hs,
+            })
+            .unwrap()
         }),
         6.0 * nc * es,
     );
@@ -130,34 +166,68 @@ fn main() {
     add(
         "softmax_causal_forward",
         time(&dev, || {
-            dev.softmax_causal_forward(&scores, &mut probs, b * nh, t, scale)
-                .unwrap()
+            dev.exec(SoftmaxCausalForward {
+                scores: &scores,
+                probs: &mut probs,
+                batch: b * nh,
+                t,
+                scale,
+            })
+            .unwrap()
         }),
         2.0 * sc * es,
     );
     add(
         "softmax_causal_backward",
         time(&dev, || {
-            dev.softmax_causal_backward(&probs, &dprobs, &mut scores, b * nh, t, scale)
-                .unwrap()
+            dev.exec(SoftmaxCausalBackward {
+                probs: &probs,
+                dprobs: &dprobs,
+                dscores: &mut scores,
+                batch: b * nh,
+                t,
+                scale,
+            })
+            .unwrap()
         }),
         3.0 * sc * es,
     );
     add(
         "gelu_forward",
-        time(&dev, || dev.gelu_forward(&h, &mut h2).unwrap()),
+        time(&dev, || {
+            dev.exec(GeluForward {
+                x: &h,
+                out: &mut h2,
+            })
+            .unwrap()
+        }),
         2.0 * (n * f) as f64 * es,
     );
     add(
         "gelu_backward",
-        time(&dev, || dev.gelu_backward(&h2, &h2, &mut h).unwrap()),
+        time(&dev, || {
+            dev.exec(GeluBackward {
+                x: &h2,
+                dout: &h2,
+                dx: &mut h,
+            })
+            .unwrap()
+        }),
         3.0 * (n * f) as f64 * es,
     );
     add(
         "cross_entropy (+grad)",
         time(&dev, || {
-            dev.cross_entropy(&logits, &tokens, &mut losses, Some(&mut dlogits), n, v, 1.0)
-                .unwrap()
+            dev.exec(CrossEntropy {
+                logits: &logits,
+                targets: &tokens,
+                losses: &mut losses,
+                dlogits: Some(&mut dlogits),
+                n,
+                v,
+                grad_scale: 1.0,
+            })
+            .unwrap()
         }),
         2.0 * (n * v) as f64 * es,
     );
@@ -165,20 +235,25 @@ fn main() {
     add(
         "gemm fc (8192x3072x768)",
         time(&dev, || {
-            dev.gemm(&GemmDesc::new(false, true, n, f, c), &x, &w, &mut fch)
-                .unwrap()
+            dev.exec(Gemm {
+                desc: &GemmDesc::new(false, true, n, f, c),
+                a: &x,
+                b: &w,
+                c: &mut fch,
+            })
+            .unwrap()
         }),
         0.0,
     );
     add(
         "gemm scores (batched q·kᵀ)",
         time(&dev, || {
-            dev.gemm(
-                &GemmDesc::batched(false, true, t, t, hs, b * nh),
-                &q,
-                &k,
-                &mut scores,
-            )
+            dev.exec(Gemm {
+                desc: &GemmDesc::batched(false, true, t, t, hs, b * nh),
+                a: &q,
+                b: &k,
+                c: &mut scores,
+            })
             .unwrap()
         }),
         0.0,
@@ -197,14 +272,28 @@ fn main() {
     add(
         "adamw (7M params)",
         time(&dev, || {
-            dev.adamw(&mut param, &grad, &mut m, &mut vm, &step, None)
-                .unwrap()
+            dev.exec(AdamWUpdate {
+                param: &mut param,
+                grad: &grad,
+                m: &mut m,
+                v: &mut vm,
+                step: &step,
+                param_copy: None,
+            })
+            .unwrap()
         }),
         7e6 * 4.0 * 7.0,
     );
     add(
         "sum_squares (7M)",
-        time(&dev, || dev.sum_squares(&grad, &mut sq, 0).unwrap()),
+        time(&dev, || {
+            dev.exec(SumSquares {
+                x: &grad,
+                out: &mut sq,
+                slot: 0,
+            })
+            .unwrap()
+        }),
         7e6 * 4.0,
     );
     println!("{:<28} {:>10} {:>10}", "op", "µs/call", "GB/s");

@@ -8,7 +8,7 @@ use duet_conformance::Harness;
 use duet_conformance::harness::Rng;
 use duet_conformance::harness::{get, put, put_i32, skip};
 use duet_cuda::{CrossEntropyCache, CudaDevice};
-use duet_device::{DType, LossOps, Runtime};
+use duet_device::{CrossEntropyInPlace, CrossEntropyPadded, DType, Runtime};
 
 #[test]
 fn cross_entropy_caches_give_the_same_bits() {
@@ -65,8 +65,17 @@ fn cross_entropy_caches_give_the_same_bits() {
                 let mut losses = d.alloc(DType::F32, n).unwrap();
                 let mut dl = d.alloc(dt, n * ld).unwrap();
                 d.fill(&mut dl, f32::NAN).unwrap();
-                d.cross_entropy_padded(&x, &tg, &mut losses, Some(&mut dl), n, v, ld, 0.25)
-                    .unwrap();
+                d.exec(CrossEntropyPadded {
+                    logits: &x,
+                    targets: &tg,
+                    losses: &mut losses,
+                    dlogits: Some(&mut dl),
+                    n,
+                    v,
+                    ld,
+                    grad_scale: 0.25,
+                })
+                .unwrap();
                 let out = (
                     get(d, "losses", &losses).bytes,
                     get(d, "dlogits", &dl).bytes,
@@ -74,8 +83,16 @@ fn cross_entropy_caches_give_the_same_bits() {
                 // In place: the same bits as out of place.
                 let mut xi = put(d, dt, &logits);
                 let mut li = d.alloc(DType::F32, n).unwrap();
-                d.cross_entropy_in_place(&mut xi, &tg, &mut li, n, v, ld, 0.25)
-                    .unwrap();
+                d.exec(CrossEntropyInPlace {
+                    logits: &mut xi,
+                    targets: &tg,
+                    losses: &mut li,
+                    n,
+                    v,
+                    ld,
+                    grad_scale: 0.25,
+                })
+                .unwrap();
                 let inp = (get(d, "losses", &li).bytes, get(d, "dlogits", &xi).bytes);
                 CudaDevice::cross_entropy_cache_on_this_thread(None);
                 let what = format!("{test}: {dt} n{n} v{v} ld{ld} cache {mode:?}");

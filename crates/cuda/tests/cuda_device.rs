@@ -9,7 +9,8 @@ use duet_conformance::harness::{Rng, Tensor, Tol, base_seed, compare, get, nan, 
 use duet_cpu::CpuDevice;
 use duet_cuda::CudaDevice;
 use duet_device::{
-    DType, DeviceError, DeviceExt, ElementwiseOps, GemmDesc, GemmOps, OptimOps, Runtime,
+    BiasAdd, BiasBackward, DType, DeviceError, DeviceExt, GeluForward, Gemm, GemmDesc,
+    GemmEpilogue, GemmOps, Runtime, SumSquares,
 };
 use half::bf16;
 use std::sync::OnceLock;
@@ -95,7 +96,13 @@ fn telemetry_reads_the_gpu() {
     let start = std::time::Instant::now();
     while start.elapsed() < std::time::Duration::from_millis(300) {
         for _ in 0..20 {
-            g.gemm(&desc, &a, &a, &mut c).unwrap();
+            g.exec(Gemm {
+                desc: &desc,
+                a: &a,
+                b: &a,
+                c: &mut c,
+            })
+            .unwrap();
         }
         let busy = g.telemetry().expect("a reading under load");
         if busy.sm_clock_mhz > t.sm_clock_mhz.max(600) {
@@ -229,17 +236,32 @@ fn unsupported_dtypes_are_typed_errors() {
     let x8 = g.alloc(DType::F8E4M3, 16).unwrap();
     let mut o8 = g.alloc(DType::F8E4M3, 16).unwrap();
     assert!(matches!(
-        g.gelu_forward(&x8, &mut o8),
+        g.exec(GeluForward {
+            x: &x8,
+            out: &mut o8
+        }),
         Err(DeviceError::Unsupported { .. })
     ));
     let xi = g.alloc(DType::I32, 16).unwrap();
     let mut o = g.alloc(DType::F32, 16).unwrap();
-    assert!(g.sum_squares(&xi, &mut o, 0).is_err());
+    assert!(
+        g.exec(SumSquares {
+            x: &xi,
+            out: &mut o,
+            slot: 0
+        })
+        .is_err()
+    );
     // Parameters must be the activation dtype or f32.
     let mut x = g.alloc(DType::BF16, 16).unwrap();
     let bias = g.alloc(DType::F16, 4).unwrap();
     assert!(matches!(
-        g.bias_add(&mut x, &bias, 4, 4),
+        g.exec(BiasAdd {
+            x: &mut x,
+            bias: &bias,
+            rows: 4,
+            c: 4
+        }),
         Err(DeviceError::Unsupported { .. })
     ));
 }
@@ -271,8 +293,21 @@ fn gemm_autotune_leaves_no_trace() {
         let desc = GemmDesc::new(false, true, n, m, k).beta(1.0);
         let init = r.vec(n * m, -1.0, 1.0);
         let (mut cc, mut gc) = both(dt, &init, g);
-        cpu().gemm(&desc, &cx, &cw, &mut cc).unwrap();
-        g.gemm(&desc, &gx, &gw, &mut gc).unwrap();
+        cpu()
+            .exec(Gemm {
+                desc: &desc,
+                a: &cx,
+                b: &cw,
+                c: &mut cc,
+            })
+            .unwrap();
+        g.exec(Gemm {
+            desc: &desc,
+            a: &gx,
+            b: &gw,
+            c: &mut gc,
+        })
+        .unwrap();
         check(
             &format!("round {round}: gemm beta 1"),
             &cc,
@@ -282,10 +317,30 @@ fn gemm_autotune_leaves_no_trace() {
         );
         // Bias epilogue accumulating.
         let (mut cc, mut gc) = both(dt, &init, g);
-        cpu().gemm(&desc, &cx, &cw, &mut cc).unwrap();
-        cpu().bias_add(&mut cc, &cb, n, m).unwrap();
-        g.gemm_epilogue(&desc, &gx, &gw, &mut gc, Epilogue::Bias(&gb))
+        cpu()
+            .exec(Gemm {
+                desc: &desc,
+                a: &cx,
+                b: &cw,
+                c: &mut cc,
+            })
             .unwrap();
+        cpu()
+            .exec(BiasAdd {
+                x: &mut cc,
+                bias: &cb,
+                rows: n,
+                c: m,
+            })
+            .unwrap();
+        g.exec(GemmEpilogue {
+            desc: &desc,
+            a: &gx,
+            b: &gw,
+            c: &mut gc,
+            epilogue: Epilogue::Bias(&gb),
+        })
+        .unwrap();
         check(
             &format!("round {round}: bias beta 1"),
             &cc,
@@ -299,15 +354,29 @@ fn gemm_autotune_leaves_no_trace() {
         let (mut cdb, _) = both(DType::F32, &vec![0.0; m], g);
         let mut gdb = nan(g, DType::F32, m);
         let wdesc = GemmDesc::new(true, false, m, k, n).beta(1.0);
-        cpu().gemm(&wdesc, &cdy, &cx, &mut cdw).unwrap();
-        cpu().bias_backward(&cdy, &mut cdb, n, m).unwrap();
-        g.gemm_epilogue(
-            &wdesc,
-            &gdy,
-            &gx,
-            &mut gdw,
-            Epilogue::BiasGradA { dbias: &mut gdb },
-        )
+        cpu()
+            .exec(Gemm {
+                desc: &wdesc,
+                a: &cdy,
+                b: &cx,
+                c: &mut cdw,
+            })
+            .unwrap();
+        cpu()
+            .exec(BiasBackward {
+                dout: &cdy,
+                dbias: &mut cdb,
+                rows: n,
+                c: m,
+            })
+            .unwrap();
+        g.exec(GemmEpilogue {
+            desc: &wdesc,
+            a: &gdy,
+            b: &gx,
+            c: &mut gdw,
+            epilogue: Epilogue::BiasGradA { dbias: &mut gdb },
+        })
         .unwrap();
         check(
             &format!("round {round}: weight gradient"),

@@ -9,7 +9,7 @@
 use duet_conformance::harness::{get, put, skip};
 use duet_conformance::{Harness, cases};
 use duet_cuda::CudaDevice;
-use duet_device::{AttentionOps, DType, Runtime};
+use duet_device::{DType, FlashAttentionBackward, FlashAttentionForward, Runtime};
 
 fn open() -> Result<CudaDevice, String> {
     CudaDevice::new(0).map_err(|e| e.to_string())
@@ -111,16 +111,36 @@ fn flash_v4_backward_equals_v2() {
             let dout = put(d, dt, &r.vec(n, -1.0, 1.0));
             let mut out = d.alloc(dt, n).unwrap();
             let mut lse = d.alloc(DType::F32, b * nh * t).unwrap();
-            d.flash_attention_forward(&qkv, &mut out, &mut lse, b, t, nh, hs, scale)
-                .unwrap();
+            d.exec(FlashAttentionForward {
+                qkv: &qkv,
+                out: &mut out,
+                lse: &mut lse,
+                b,
+                t,
+                nh,
+                hs,
+                scale,
+            })
+            .unwrap();
             let mut grads = Vec::new();
             for v4 in [false, true] {
                 CudaDevice::flash_backward_v3_on_this_thread(Some(false));
                 CudaDevice::flash_backward_v4_on_this_thread(Some(v4));
                 let mut dqkv = d.alloc(dt, 3 * n).unwrap();
                 d.fill(&mut dqkv, f32::NAN).unwrap();
-                d.flash_attention_backward(&qkv, &out, &dout, &lse, &mut dqkv, b, t, nh, hs, scale)
-                    .unwrap();
+                d.exec(FlashAttentionBackward {
+                    qkv: &qkv,
+                    out: &out,
+                    dout: &dout,
+                    lse: &lse,
+                    dqkv: &mut dqkv,
+                    b,
+                    t,
+                    nh,
+                    hs,
+                    scale,
+                })
+                .unwrap();
                 grads.push(get(d, "dqkv", &dqkv).f32());
             }
             CudaDevice::flash_backward_v3_on_this_thread(None);

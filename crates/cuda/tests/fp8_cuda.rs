@@ -9,8 +9,9 @@
 use duet_cpu::CpuDevice;
 use duet_cuda::CudaDevice;
 use duet_device::{
-    Buffer, DType, Device, DeviceError, DeviceExt, Fp8Format, Fp8Ops, Fp8QuantJob, GemmDesc,
-    NormOps, Runtime,
+    AdamWClippedFp8, Buffer, DType, Device, DeviceError, DeviceExt, Fp8Format, Fp8QuantJob,
+    GemmDesc, GemmFp8, LayerNormForward, LayerNormForwardFp8, QuantizeFp8, QuantizeFp8Gelu,
+    QuantizeFp8Grad, QuantizeFp8Many, Runtime,
 };
 use half::{bf16, f16};
 use std::sync::OnceLock;
@@ -134,10 +135,36 @@ fn fp8_gemm_both(
         let b32 = dev.upload_new(b_vals)?;
         let mut a = dev.alloc(dt.0, a_vals.len())?;
         let mut b = dev.alloc(dt.1, b_vals.len())?;
-        dev.quantize_fp8(&a32, &mut a, None, ar, ac, &scale, &mut amax, 0)?;
-        dev.quantize_fp8(&b32, &mut b, None, br, bc, &scale, &mut amax, 1)?;
+        dev.exec(QuantizeFp8 {
+            src: &a32,
+            dst: &mut a,
+            dst_t: None,
+            rows: ar,
+            cols: ac,
+            scale: &scale,
+            amax: &mut amax,
+            slot: 0,
+        })?;
+        dev.exec(QuantizeFp8 {
+            src: &b32,
+            dst: &mut b,
+            dst_t: None,
+            rows: br,
+            cols: bc,
+            scale: &scale,
+            amax: &mut amax,
+            slot: 1,
+        })?;
         let mut c = upload_as(dev, c0, dt.2);
-        dev.gemm_fp8(desc, &a, &b, &mut c, &scale_inv, 0, inv_stride)?;
+        dev.exec(GemmFp8 {
+            desc,
+            a: &a,
+            b: &b,
+            c: &mut c,
+            scale_inv: &scale_inv,
+            a_slot: 0,
+            b_slot: inv_stride,
+        })?;
         dev.download_f32(&c)
     }
     let dt = (a_dtype, b_dtype, c_dtype);
@@ -325,18 +352,18 @@ fn quantize_fp8_grad_accumulates() {
     let scale = g.upload_new(&[1.0f32]).unwrap();
     let mut amax = g.upload_new(&[0.0f32]).unwrap();
     for _ in 0..2 {
-        g.quantize_fp8_grad(
-            &d,
-            None,
-            &mut dst,
-            Some(&mut dt),
-            &mut dbias,
+        g.exec(QuantizeFp8Grad {
+            dout: &d,
+            gelu_pre: None,
+            dst: &mut dst,
+            dst_t: Some(&mut dt),
+            dbias: &mut dbias,
             rows,
             cols,
-            &scale,
-            &mut amax,
-            0,
-        )
+            scale: &scale,
+            amax: &mut amax,
+            slot: 0,
+        })
         .unwrap();
     }
     let db = g.download::<f32>(&dbias).unwrap();
@@ -369,18 +396,18 @@ fn grad_dbias_bytes(
     let mut dbias = upload_as(g, dbias0, dbias_dtype);
     let scale = g.upload_new(&[0.5f32]).unwrap();
     let mut amax = g.upload_new(&[0.0f32]).unwrap();
-    g.quantize_fp8_grad(
-        d,
-        p,
-        &mut dst,
-        transposed.then_some(&mut dt),
-        &mut dbias,
+    g.exec(QuantizeFp8Grad {
+        dout: d,
+        gelu_pre: p,
+        dst: &mut dst,
+        dst_t: transposed.then_some(&mut dt),
+        dbias: &mut dbias,
         rows,
         cols,
-        &scale,
-        &mut amax,
-        0,
-    )
+        scale: &scale,
+        amax: &mut amax,
+        slot: 0,
+    })
     .unwrap();
     g.download_bytes(&dbias, 0, cols).unwrap()
 }
@@ -550,20 +577,40 @@ fn fp8_fused_ops_replay_in_a_graph() {
     let mut amax = g.upload_new(&[0.0f32, 0.0]).unwrap();
     // One "step": dgelu gradient with dst_t, GELU quantisation with dst_t, plain gradient.
     let step = |[dst, dt, hq, hqt, dbias, amax]: [&mut Buf; 6]| -> Result<(), DeviceError> {
-        g.quantize_fp8_grad(
-            &d,
-            Some(&p),
+        g.exec(QuantizeFp8Grad {
+            dout: &d,
+            gelu_pre: Some(&p),
             dst,
-            Some(dt),
+            dst_t: Some(dt),
             dbias,
             rows,
             cols,
-            &scale,
+            scale: &scale,
             amax,
-            0,
-        )?;
-        g.quantize_fp8_gelu(&p, hq, Some(hqt), rows, cols, &scale, amax, 1)?;
-        g.quantize_fp8_grad(&d, None, dst, None, dbias, rows, cols, &scale, amax, 0)
+            slot: 0,
+        })?;
+        g.exec(QuantizeFp8Gelu {
+            pre: &p,
+            dst: hq,
+            dst_t: Some(hqt),
+            rows,
+            cols,
+            scale: &scale,
+            amax,
+            slot: 1,
+        })?;
+        g.exec(QuantizeFp8Grad {
+            dout: &d,
+            gelu_pre: None,
+            dst,
+            dst_t: None,
+            dbias,
+            rows,
+            cols,
+            scale: &scale,
+            amax,
+            slot: 0,
+        })
     };
     // Eager: one step's increment and codes (this also sizes the scratch), then `replays` steps.
     let replays = 3;
@@ -721,35 +768,45 @@ fn ln_fp8_on(
     let eps = 1e-5;
     if separate {
         let mut out = g.alloc(act, len).unwrap();
-        g.layernorm_forward(&xb, &gb, &bb, &mut out, &mut mean, &mut rstd, n, c, eps)
-            .unwrap();
-        g.quantize_fp8(
-            &out,
-            &mut dst,
-            transposed.then_some(&mut dt),
-            n,
-            c,
-            &scales,
-            &mut amax,
-            1,
-        )
-        .unwrap();
-    } else {
-        g.layernorm_forward_fp8(
-            &xb,
-            &gb,
-            &bb,
-            &mut mean,
-            &mut rstd,
-            &mut dst,
-            transposed.then_some(&mut dt),
+        g.exec(LayerNormForward {
+            x: &xb,
+            gamma: &gb,
+            beta: &bb,
+            out: &mut out,
+            mean: &mut mean,
+            rstd: &mut rstd,
             n,
             c,
             eps,
-            &scales,
-            &mut amax,
-            1,
-        )
+        })
+        .unwrap();
+        g.exec(QuantizeFp8 {
+            src: &out,
+            dst: &mut dst,
+            dst_t: transposed.then_some(&mut dt),
+            rows: n,
+            cols: c,
+            scale: &scales,
+            amax: &mut amax,
+            slot: 1,
+        })
+        .unwrap();
+    } else {
+        g.exec(LayerNormForwardFp8 {
+            x: &xb,
+            gamma: &gb,
+            beta: &bb,
+            mean: &mut mean,
+            rstd: &mut rstd,
+            dst: &mut dst,
+            dst_t: transposed.then_some(&mut dt),
+            n,
+            c,
+            eps,
+            scale: &scales,
+            amax: &mut amax,
+            slot: 1,
+        })
         .unwrap();
     }
     let bits = |b: &<CudaDevice as Runtime>::Buffer| -> Vec<u32> {
@@ -919,21 +976,21 @@ fn layernorm_forward_fp8_replays_in_a_graph() {
         let mut dt = g.alloc(DType::F8E4M3, n * c).unwrap();
         type Buf = <CudaDevice as Runtime>::Buffer;
         let step = |[mean, rstd, dst, dt, amax]: [&mut Buf; 5]| {
-            g.layernorm_forward_fp8(
-                &x,
-                &gb,
-                &bb,
+            g.exec(LayerNormForwardFp8 {
+                x: &x,
+                gamma: &gb,
+                beta: &bb,
                 mean,
                 rstd,
                 dst,
-                Some(dt),
+                dst_t: Some(dt),
                 n,
                 c,
-                1e-5,
-                &scale,
+                eps: 1e-5,
+                scale: &scale,
                 amax,
-                0,
-            )
+                slot: 0,
+            })
         };
         let outs = |bufs: [&Buf; 5]| -> Vec<Vec<u8>> {
             bufs.iter()
@@ -981,9 +1038,21 @@ fn layernorm_forward_fp8_checks_its_arguments() {
     let mut run = |gm: &<CudaDevice as Runtime>::Buffer,
                    dst: &mut <CudaDevice as Runtime>::Buffer,
                    slot: usize| {
-        g.layernorm_forward_fp8(
-            &x, gm, &beta, &mut mean, &mut rstd, dst, None, n, c, 1e-5, &scale, &mut amax, slot,
-        )
+        g.exec(LayerNormForwardFp8 {
+            x: &x,
+            gamma: gm,
+            beta: &beta,
+            mean: &mut mean,
+            rstd: &mut rstd,
+            dst,
+            dst_t: None,
+            n,
+            c,
+            eps: 1e-5,
+            scale: &scale,
+            amax: &mut amax,
+            slot,
+        })
     };
     assert!(matches!(
         run(&short, &mut dst, 0),
@@ -1074,7 +1143,11 @@ fn quantize_fp8_many_replays_in_a_graph() {
                 slot: s.5,
             })
             .collect();
-        g.quantize_fp8_many(&mut jobs, &scale, amax)
+        g.exec(QuantizeFp8Many {
+            jobs: &mut jobs,
+            scale: &scale,
+            amax,
+        })
     };
     let outs = |dsts: &[Buf], dts: &[Buf], amax: &Buf| -> Vec<Vec<u8>> {
         dsts.iter()
@@ -1242,14 +1315,14 @@ fn adamw_clipped_fp8_matches_the_separate_ops() {
                 slot: 3 * i + 1,
             })
             .collect();
-        g.adamw_clipped_fp8(
-            &mut tensors,
-            &step,
-            &r.scalars,
-            &mut outs,
-            &r.scale,
-            &mut r.amax,
-        )
+        g.exec(AdamWClippedFp8 {
+            tensors: &mut tensors,
+            step: &step,
+            scalars: &r.scalars,
+            outs: &mut outs,
+            scale: &r.scale,
+            amax: &mut r.amax,
+        })
         .unwrap();
     };
     let bytes = |b: &<CudaDevice as Runtime>::Buffer| g.download_bytes(b, 0, b.len()).unwrap();

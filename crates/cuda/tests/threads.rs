@@ -78,7 +78,16 @@ fn classify(d: &CudaDevice, logits: &[f32], targets: &[i32], v: usize) -> Result
     let t = d.upload_new(targets)?;
     let mut losses = d.alloc(DType::F32, n)?;
     let mut dl = d.alloc(DType::BF16, n * v)?;
-    d.cross_entropy_padded(&l, &t, &mut losses, Some(&mut dl), n, v, v, 1.0 / n as f32)?;
+    d.exec(CrossEntropyPadded {
+        logits: &l,
+        targets: &t,
+        losses: &mut losses,
+        dlogits: Some(&mut dl),
+        n,
+        v,
+        ld: v,
+        grad_scale: 1.0 / n as f32,
+    })?;
     let mut out = d.download_f32(&losses)?;
     out.extend(d.download_f32(&dl)?);
     Ok(out)
@@ -166,9 +175,21 @@ impl Step {
 
     fn queue(&mut self, d: &CudaDevice) -> Result<()> {
         let desc = GemmDesc::new(false, false, M, M, M);
-        d.gemm(&desc, &self.x, &self.w, &mut self.y)?;
-        d.scale(&mut self.y, 0.5)?;
-        d.add(&self.y, &self.y, &mut self.z)
+        d.exec(Gemm {
+            desc: &desc,
+            a: &self.x,
+            b: &self.w,
+            c: &mut self.y,
+        })?;
+        d.exec(Scale {
+            x: &mut self.y,
+            alpha: 0.5,
+        })?;
+        d.exec(Add {
+            a: &self.y,
+            b: &self.y,
+            out: &mut self.z,
+        })
     }
 }
 

@@ -19,6 +19,7 @@
 
 pub mod args;
 mod capabilities;
+mod checked;
 mod collective;
 pub mod composed;
 mod device;
@@ -32,6 +33,7 @@ mod runtime;
 
 pub use args::{HeadsDesc, RowsDesc, SoftmaxDesc, TokensDesc};
 pub use capabilities::Capabilities;
+pub use checked::{Check, Checked, Op};
 pub use collective::{Collective, ReduceOp, check_collective_lens};
 pub use device::Device;
 pub use dtype::{DType, Fp8Format, Fp8Kind, HostType};
@@ -39,18 +41,26 @@ pub use error::human_bytes;
 pub use error::{DeviceError, Result};
 pub use gemm::GemmDesc;
 pub use host_memory::{HostMemory, host_memory, host_memory_report};
-pub use ops::attention::AttentionOps;
-pub use ops::elementwise::ElementwiseOps;
-pub use ops::embedding::EmbeddingOps;
-pub use ops::fp8::{
-    AdamWFp8Out, Fp8Ops, Fp8QuantJob, check_adamw_fp8_outs, check_fp8_quant_jobs,
-    check_fp8_scaling_args, fp8_delayed_scale, fp8_history_scale, fp8_history_step, fp8_scale_inv,
+pub use ops::attention::{
+    AttentionOps, FlashAttentionBackward, FlashAttentionForward, MergeHeads, SoftmaxCausalBackward,
+    SoftmaxCausalForward, SplitHeads, SplitHeadsBackward,
 };
-pub use ops::gemm::{Epilogue, GemmOps, epilogue_shape};
-pub use ops::loss::LossOps;
-pub use ops::norm::NormOps;
+pub use ops::elementwise::{
+    Add, AddAssign, BiasAdd, BiasBackward, ElementwiseOps, GeluBackward, GeluForward, Scale,
+};
+pub use ops::embedding::{EmbeddingBackward, EmbeddingForward, EmbeddingOps};
+pub use ops::fp8::{
+    AdamWClippedFp8, AdamWFp8Out, Fp8Ops, Fp8QuantJob, Fp8ScalingUpdate, GemmFp8, GemmFp8Epilogue,
+    LayerNormForwardFp8, QuantizeFp8, QuantizeFp8Gelu, QuantizeFp8Grad, QuantizeFp8Many,
+    check_adamw_fp8_outs, check_fp8_quant_jobs, check_fp8_scaling_args, fp8_delayed_scale,
+    fp8_history_scale, fp8_history_step, fp8_scale_inv,
+};
+pub use ops::gemm::{Epilogue, Gemm, GemmEpilogue, GemmOps, epilogue_shape};
+pub use ops::loss::{CrossEntropy, CrossEntropyInPlace, CrossEntropyPadded, LossOps};
+pub use ops::norm::{LayerNormBackward, LayerNormBackwardColsum, LayerNormForward, NormOps};
 pub use ops::optim::{
-    ADAMW_SCALARS, AdamWClipStep, AdamWStep, AdamWTensor, OptimOps, clip_grad_scale,
+    ADAMW_SCALARS, AdamWClipStep, AdamWClipped, AdamWStep, AdamWTensor, AdamWUpdate, OptimOps,
+    SumSquares, SumSquaresMany, clip_grad_scale,
 };
 pub use runtime::{
     Buffer, DeviceExt, DeviceInfo, MemoryStats, Runtime, Telemetry, time_ms_host_clock,

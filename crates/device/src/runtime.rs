@@ -81,6 +81,12 @@ pub trait Runtime: Send + Sync + Sized + 'static {
     /// cannot record.
     type Graph: Send;
 
+    /// Runs one op: checks its named arguments ([`crate::Check`]) and calls the family method
+    /// that takes them, e.g. `dev.exec(Gemm { desc: &desc, a: &a, b: &b, c: &mut c })`.
+    fn exec<A: crate::Op<Self>>(&self, args: A) -> Result<()> {
+        A::call(self, args.check()?)
+    }
+
     fn info(&self) -> DeviceInfo;
 
     /// The paths this device has of its own, read once when it opened.

@@ -19,7 +19,7 @@
 //! and scales, brought up to date when asked for (checkpoints, reports).
 
 use crate::{EngineError, Result};
-use duet_device::{Buffer, DType, Device, DeviceExt, DeviceInfo};
+use duet_device::{Buffer, DType, Device, DeviceExt, DeviceInfo, Fp8ScalingUpdate};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::sync::{Mutex, MutexGuard};
@@ -473,17 +473,17 @@ impl<D: Device> Fp8State<D> {
     /// every operand's amax goes into its history, the scales follow, the amaxes restart at 0.
     /// Queues device work only (a recorded step can include it).
     pub fn update(&mut self, dev: &D) -> Result<()> {
-        dev.fp8_scaling_update(
-            &mut self.amax,
-            &mut self.history,
-            &mut self.scale,
-            &mut self.scale_inv,
-            self.inv_stride,
-            &self.fp8_max,
-            self.cfg.amax_history_len,
-            self.cfg.algo == AmaxAlgo::MostRecent,
-            self.cfg.margin,
-        )?;
+        dev.exec(Fp8ScalingUpdate {
+            amax: &mut self.amax,
+            history: &mut self.history,
+            scale: &mut self.scale,
+            scale_inv: &mut self.scale_inv,
+            inv_stride: self.inv_stride,
+            fp8_max: &self.fp8_max,
+            len: self.cfg.amax_history_len,
+            most_recent: self.cfg.algo == AmaxAlgo::MostRecent,
+            margin: self.cfg.margin,
+        })?;
         self.host_mut().unsynced += 1;
         Ok(())
     }
@@ -575,7 +575,7 @@ impl<D: Device> Fp8State<D> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use duet_device::Fp8Ops;
+    use duet_device::Runtime;
 
     fn cfg(len: usize, algo: AmaxAlgo, margin: i32) -> DelayedScaling {
         DelayedScaling {
@@ -743,17 +743,17 @@ mod tests {
         let (mut queued, mut noted, mut unnoted) = (state(), state(), state());
         // The device-side update alone, as a replayed graph runs it.
         let device_update = |st: &mut Fp8State<duet_cpu::CpuDevice>| {
-            dev.fp8_scaling_update(
-                &mut st.amax,
-                &mut st.history,
-                &mut st.scale,
-                &mut st.scale_inv,
-                st.inv_stride,
-                &st.fp8_max,
-                st.cfg.amax_history_len,
-                false,
-                0,
-            )
+            dev.exec(Fp8ScalingUpdate {
+                amax: &mut st.amax,
+                history: &mut st.history,
+                scale: &mut st.scale,
+                scale_inv: &mut st.scale_inv,
+                inv_stride: st.inv_stride,
+                fp8_max: &st.fp8_max,
+                len: st.cfg.amax_history_len,
+                most_recent: false,
+                margin: 0,
+            })
             .unwrap();
         };
         let amaxes = [[1.5f32, 0.25, 3e-4], [2.0, 0.3, 5e-4], [0.5, 0.2, 1e-3]];

@@ -15,7 +15,10 @@ use crate::model::{BlockParam, Gpt, LN_EPS, check_weights, param_index, param_sp
 use crate::rng::Rng;
 use crate::train::argmax;
 use crate::{EngineError, Result};
-use duet_device::{Buffer, DType, Device, DeviceExt, Fp8Format, GemmDesc};
+use duet_device::{
+    AddAssign, BiasAdd, Buffer, DType, Device, DeviceExt, Fp8Format, GeluForward, Gemm, GemmDesc,
+    LayerNormForward, SplitHeads,
+};
 use std::sync::Arc;
 
 /// How the generator stores the linear layers' weight matrices.
@@ -261,39 +264,47 @@ impl<D: Device> Generator<D> {
         // Embedding: wte[tok] + wpe[pos].
         dev.copy(&self.params[0], tok as usize * c, &mut self.x, 0, c)?;
         dev.copy(&self.params[1], pos * c, &mut self.x2, 0, c)?;
-        dev.add_assign(&mut self.x, &self.x2)?;
+        dev.exec(AddAssign {
+            dst: &mut self.x,
+            src: &self.x2,
+        })?;
         let scale = 1.0 / (hs as f32).sqrt();
         for l in 0..cfg.layers {
             let pi = |bp: BlockParam| param_index(l, bp);
-            dev.layernorm_forward(
-                &self.x,
-                &self.params[pi(BlockParam::Ln1W)],
-                &self.params[pi(BlockParam::Ln1B)],
-                &mut self.ln,
-                &mut self.mean,
-                &mut self.rstd,
-                1,
+            dev.exec(LayerNormForward {
+                x: &self.x,
+                gamma: &self.params[pi(BlockParam::Ln1W)],
+                beta: &self.params[pi(BlockParam::Ln1B)],
+                out: &mut self.ln,
+                mean: &mut self.mean,
+                rstd: &mut self.rstd,
+                n: 1,
                 c,
-                LN_EPS,
-            )?;
+                eps: LN_EPS,
+            })?;
             let w = linear_weight(dev, &self.params, &mut self.wtmp, &self.scale_inv, l, 0)?;
-            dev.gemm(
-                &GemmDesc::new(false, true, 1, 3 * c, c),
-                &self.ln,
-                w,
-                &mut self.qkv,
-            )?;
-            dev.bias_add(&mut self.qkv, &self.params[pi(BlockParam::AttnB)], 1, 3 * c)?;
-            dev.split_heads(
-                &self.qkv,
-                &mut self.q,
-                &mut self.k,
-                &mut self.v,
-                1,
-                1,
+            dev.exec(Gemm {
+                desc: &GemmDesc::new(false, true, 1, 3 * c, c),
+                a: &self.ln,
+                b: w,
+                c: &mut self.qkv,
+            })?;
+            dev.exec(BiasAdd {
+                x: &mut self.qkv,
+                bias: &self.params[pi(BlockParam::AttnB)],
+                rows: 1,
+                c: 3 * c,
+            })?;
+            dev.exec(SplitHeads {
+                qkv: &self.qkv,
+                q: &mut self.q,
+                k: &mut self.k,
+                v: &mut self.v,
+                b: 1,
+                t: 1,
                 nh,
                 hs,
-            )?;
+            })?;
             for h in 0..nh {
                 let dst = h * tmax * hs + pos * hs;
                 dev.copy(&self.k, h * hs, &mut self.k_cache[l], dst, hs)?;
@@ -308,7 +319,12 @@ impl<D: Device> Generator<D> {
                 stride_c: tmax,
                 ..GemmDesc::batched(false, true, 1, n, hs, nh)
             };
-            dev.gemm(&qk, &self.q, &self.k_cache[l], &mut self.scores)?;
+            dev.exec(Gemm {
+                desc: &qk,
+                a: &self.q,
+                b: &self.k_cache[l],
+                c: &mut self.scores,
+            })?;
             // Softmax over the cached positions, on the host.
             let mut sc: Vec<f32> = dev.download(&self.scores)?;
             for h in 0..nh {
@@ -329,62 +345,85 @@ impl<D: Device> Generator<D> {
                 stride_c: hs,
                 ..GemmDesc::batched(false, false, 1, hs, n, nh)
             };
-            dev.gemm(&pv, &self.scores, &self.v_cache[l], &mut self.y)?;
+            dev.exec(Gemm {
+                desc: &pv,
+                a: &self.scores,
+                b: &self.v_cache[l],
+                c: &mut self.y,
+            })?;
             // One position: heads already lie in (nh, hs) order = the merged layout.
             let w = linear_weight(dev, &self.params, &mut self.wtmp, &self.scale_inv, l, 1)?;
-            dev.gemm(
-                &GemmDesc::new(false, true, 1, c, c).beta(1.0),
-                &self.y,
-                w,
-                &mut self.x,
-            )?;
-            dev.bias_add(&mut self.x, &self.params[pi(BlockParam::ProjB)], 1, c)?;
-            dev.layernorm_forward(
-                &self.x,
-                &self.params[pi(BlockParam::Ln2W)],
-                &self.params[pi(BlockParam::Ln2B)],
-                &mut self.ln,
-                &mut self.mean,
-                &mut self.rstd,
-                1,
+            dev.exec(Gemm {
+                desc: &GemmDesc::new(false, true, 1, c, c).beta(1.0),
+                a: &self.y,
+                b: w,
+                c: &mut self.x,
+            })?;
+            dev.exec(BiasAdd {
+                x: &mut self.x,
+                bias: &self.params[pi(BlockParam::ProjB)],
+                rows: 1,
                 c,
-                LN_EPS,
-            )?;
+            })?;
+            dev.exec(LayerNormForward {
+                x: &self.x,
+                gamma: &self.params[pi(BlockParam::Ln2W)],
+                beta: &self.params[pi(BlockParam::Ln2B)],
+                out: &mut self.ln,
+                mean: &mut self.mean,
+                rstd: &mut self.rstd,
+                n: 1,
+                c,
+                eps: LN_EPS,
+            })?;
             let w = linear_weight(dev, &self.params, &mut self.wtmp, &self.scale_inv, l, 2)?;
-            dev.gemm(
-                &GemmDesc::new(false, true, 1, f, c),
-                &self.ln,
-                w,
-                &mut self.h,
-            )?;
-            dev.bias_add(&mut self.h, &self.params[pi(BlockParam::FcB)], 1, f)?;
-            dev.gelu_forward(&self.h, &mut self.hg)?;
+            dev.exec(Gemm {
+                desc: &GemmDesc::new(false, true, 1, f, c),
+                a: &self.ln,
+                b: w,
+                c: &mut self.h,
+            })?;
+            dev.exec(BiasAdd {
+                x: &mut self.h,
+                bias: &self.params[pi(BlockParam::FcB)],
+                rows: 1,
+                c: f,
+            })?;
+            dev.exec(GeluForward {
+                x: &self.h,
+                out: &mut self.hg,
+            })?;
             let w = linear_weight(dev, &self.params, &mut self.wtmp, &self.scale_inv, l, 3)?;
-            dev.gemm(
-                &GemmDesc::new(false, true, 1, c, f).beta(1.0),
-                &self.hg,
-                w,
-                &mut self.x,
-            )?;
-            dev.bias_add(&mut self.x, &self.params[pi(BlockParam::FcProjB)], 1, c)?;
+            dev.exec(Gemm {
+                desc: &GemmDesc::new(false, true, 1, c, f).beta(1.0),
+                a: &self.hg,
+                b: w,
+                c: &mut self.x,
+            })?;
+            dev.exec(BiasAdd {
+                x: &mut self.x,
+                bias: &self.params[pi(BlockParam::FcProjB)],
+                rows: 1,
+                c,
+            })?;
         }
-        dev.layernorm_forward(
-            &self.x,
-            &self.params[np - 2],
-            &self.params[np - 1],
-            &mut self.ln,
-            &mut self.mean,
-            &mut self.rstd,
-            1,
+        dev.exec(LayerNormForward {
+            x: &self.x,
+            gamma: &self.params[np - 2],
+            beta: &self.params[np - 1],
+            out: &mut self.ln,
+            mean: &mut self.mean,
+            rstd: &mut self.rstd,
+            n: 1,
             c,
-            LN_EPS,
-        )?;
-        dev.gemm(
-            &GemmDesc::new(false, true, 1, v, c),
-            &self.ln,
-            &self.params[0],
-            &mut self.logits,
-        )?;
+            eps: LN_EPS,
+        })?;
+        dev.exec(Gemm {
+            desc: &GemmDesc::new(false, true, 1, v, c),
+            a: &self.ln,
+            b: &self.params[0],
+            c: &mut self.logits,
+        })?;
         self.len += 1;
         Ok(dev.download(&self.logits)?)
     }

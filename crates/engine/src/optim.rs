@@ -15,7 +15,8 @@ use crate::model::{Fp8WeightCodes, ParamSpec};
 use crate::precision::LossScaler;
 use crate::{EngineError, Result};
 use duet_device::{
-    AdamWClipStep, AdamWStep, AdamWTensor, Buffer, Collective, DType, Device, DeviceExt, ReduceOp,
+    AdamWClipStep, AdamWClipped, AdamWClippedFp8, AdamWStep, AdamWTensor, AdamWUpdate, Buffer,
+    Collective, DType, Device, DeviceExt, ReduceOp, SumSquares, SumSquaresMany,
 };
 
 /// Optimizer hyper-parameters that do not change during a run.
@@ -231,7 +232,11 @@ impl<D: Device> AdamW<D> {
     ) -> Result<f32> {
         dev.fill(&mut self.norm, 0.0)?;
         for g in grads {
-            dev.sum_squares(g, &mut self.norm, 0)?;
+            dev.exec(SumSquares {
+                x: g,
+                out: &mut self.norm,
+                slot: 0,
+            })?;
         }
         if let Some(c) = comm {
             c.all_reduce(&mut self.norm, ReduceOp::Avg)?;
@@ -323,7 +328,11 @@ impl<D: Device> AdamW<D> {
         codes: Option<Fp8WeightCodes<'_, D::Buffer>>,
     ) -> Result<()> {
         let refs: Vec<&D::Buffer> = grads.iter().collect();
-        dev.sum_squares_many(&refs, &mut self.norm, 0)?;
+        dev.exec(SumSquaresMany {
+            xs: &refs,
+            out: &mut self.norm,
+            slot: 0,
+        })?;
         if let Some(c) = comm {
             c.all_reduce(&mut self.norm, ReduceOp::Avg)?;
             c.wait()?;
@@ -360,15 +369,19 @@ impl<D: Device> AdamW<D> {
             loss_scale: 1.0,
         };
         match codes {
-            Some(mut c) => dev.adamw_clipped_fp8(
-                &mut tensors,
-                &step,
-                &self.norm,
-                &mut c.outs,
-                c.scale,
-                c.amax,
-            )?,
-            None => dev.adamw_clipped(&mut tensors, &step, &self.norm)?,
+            Some(mut c) => dev.exec(AdamWClippedFp8 {
+                tensors: &mut tensors,
+                step: &step,
+                scalars: &self.norm,
+                outs: &mut c.outs,
+                scale: c.scale,
+                amax: c.amax,
+            })?,
+            None => dev.exec(AdamWClipped {
+                tensors: &mut tensors,
+                step: &step,
+                scalars: &self.norm,
+            })?,
         }
         Ok(())
     }
@@ -447,10 +460,22 @@ impl<D: Device> AdamW<D> {
                 grad_scale,
             };
             match &mut self.master[i] {
-                Some(master) => {
-                    dev.adamw(master, g, &mut self.m[i], &mut self.v[i], &step, Some(p))?
-                }
-                None => dev.adamw(p, g, &mut self.m[i], &mut self.v[i], &step, None)?,
+                Some(master) => dev.exec(AdamWUpdate {
+                    param: master,
+                    grad: g,
+                    m: &mut self.m[i],
+                    v: &mut self.v[i],
+                    step: &step,
+                    param_copy: Some(p),
+                })?,
+                None => dev.exec(AdamWUpdate {
+                    param: p,
+                    grad: g,
+                    m: &mut self.m[i],
+                    v: &mut self.v[i],
+                    step: &step,
+                    param_copy: None,
+                })?,
             }
         }
         Ok(StepStats {

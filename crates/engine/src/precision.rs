@@ -16,7 +16,7 @@
 
 use crate::fp8::{DelayedScaling, Fp8Family};
 use crate::{EngineError, Result};
-use duet_device::{DType, Device, DeviceInfo};
+use duet_device::{DType, Device, DeviceInfo, GemmFp8, QuantizeFp8};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
@@ -219,17 +219,26 @@ fn probe_fp8<D: Device>(dev: &D, info: &DeviceInfo) -> Result<std::result::Resul
     let mut amax = dev.alloc(DType::F32, 1)?;
     let mut out = dev.alloc(DType::BF16, n * n)?;
     let r = dev
-        .quantize_fp8(&src, &mut q, None, n, n, &scale, &mut amax, 0)
+        .exec(QuantizeFp8 {
+            src: &src,
+            dst: &mut q,
+            dst_t: None,
+            rows: n,
+            cols: n,
+            scale: &scale,
+            amax: &mut amax,
+            slot: 0,
+        })
         .and_then(|_| {
-            dev.gemm_fp8(
-                &GemmDesc::new(false, true, n, n, n),
-                &q,
-                &q,
-                &mut out,
-                &scale,
-                0,
-                0,
-            )
+            dev.exec(GemmFp8 {
+                desc: &GemmDesc::new(false, true, n, n, n),
+                a: &q,
+                b: &q,
+                c: &mut out,
+                scale_inv: &scale,
+                a_slot: 0,
+                b_slot: 0,
+            })
         })
         .and_then(|_| dev.synchronize());
     match r {

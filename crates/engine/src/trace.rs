@@ -12,7 +12,7 @@ use crate::config::Config;
 use crate::fp8::{Fp8Family, Fp8Recipe};
 use crate::model::Gpt;
 use crate::{EngineError, Result};
-use duet_device::{Buffer, DType, Device, DeviceExt};
+use duet_device::{Buffer, DType, Device, DeviceExt, SumSquares};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::io::{BufRead, Write};
@@ -272,7 +272,11 @@ impl<W: Write> TraceWriter<W> {
         // Per-tensor squared norms on the device, one read for all of them.
         let mut norm_buf = dev.alloc(DType::F32, specs.len())?;
         for (i, p) in model.params().iter().enumerate() {
-            dev.sum_squares(p, &mut norm_buf, i)?;
+            dev.exec(SumSquares {
+                x: p,
+                out: &mut norm_buf,
+                slot: i,
+            })?;
         }
         let sq: Vec<f32> = dev.download(&norm_buf)?;
         self.norms = Some(sq.clone());

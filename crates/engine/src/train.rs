@@ -12,7 +12,7 @@ use crate::optim::{AdamW, StepStats};
 use crate::precision::{LossScaler, Precision, PrecisionPlan};
 use crate::rng::Rng;
 use crate::{EngineError, Result};
-use duet_device::{Buffer, Collective, DType, Device, DeviceExt, ReduceOp};
+use duet_device::{AddAssign, Buffer, Collective, DType, Device, DeviceExt, ReduceOp};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -1322,8 +1322,8 @@ fn accumulate<D: Device>(
     for (a, g) in acc.iter_mut().zip(grads.iter_mut()) {
         match i {
             0 => dev.copy(g, 0, a, 0, g.len())?,
-            _ if i + 1 < k => dev.add_assign(a, g)?,
-            _ => dev.add_assign(g, a)?,
+            _ if i + 1 < k => dev.exec(AddAssign { dst: a, src: g })?,
+            _ => dev.exec(AddAssign { dst: g, src: a })?,
         }
     }
     Ok(())

@@ -3,8 +3,8 @@
 //! metadata driven by amaxes the device records.
 
 use duet_cpu::CpuDevice;
-use duet_device::{DType, DeviceExt, Fp8Format, GemmDesc};
-use duet_device::{Fp8Ops, Runtime};
+use duet_device::Runtime;
+use duet_device::{DType, DeviceExt, Fp8Format, GemmDesc, GemmFp8, QuantizeFp8};
 use duet_engine::fp8::{AmaxAlgo, DelayedScaling, Fp8Family, Fp8Recipe, Fp8State};
 
 /// What a code means, computed from the format definition alone (not from the codec):
@@ -143,16 +143,16 @@ fn cpu_quantize_records_amax_and_uses_the_codec() {
         let mut amax = dev.upload_new(&[7.0f32, 1e9]).unwrap();
         let mut q = dev.alloc(dtype, rows * cols).unwrap();
         let mut qt = dev.alloc(dtype, rows * cols).unwrap();
-        dev.quantize_fp8(
-            &src,
-            &mut q,
-            Some(&mut qt),
+        dev.exec(QuantizeFp8 {
+            src: &src,
+            dst: &mut q,
+            dst_t: Some(&mut qt),
             rows,
             cols,
-            &scale,
-            &mut amax,
-            0,
-        )
+            scale: &scale,
+            amax: &mut amax,
+            slot: 0,
+        })
         .unwrap();
         let codes: Vec<u8> = dev.download_bytes(&q, 0, rows * cols).unwrap();
         let tcodes: Vec<u8> = dev.download_bytes(&qt, 0, rows * cols).unwrap();
@@ -170,12 +170,30 @@ fn cpu_quantize_records_amax_and_uses_the_codec() {
         // Errors are typed.
         let mut wrong = dev.alloc(DType::BF16, rows * cols).unwrap();
         assert!(
-            dev.quantize_fp8(&src, &mut wrong, None, rows, cols, &scale, &mut amax, 0)
-                .is_err()
+            dev.exec(QuantizeFp8 {
+                src: &src,
+                dst: &mut wrong,
+                dst_t: None,
+                rows,
+                cols,
+                scale: &scale,
+                amax: &mut amax,
+                slot: 0
+            })
+            .is_err()
         );
         assert!(
-            dev.quantize_fp8(&src, &mut q, None, rows, cols, &scale, &mut amax, 2)
-                .is_err(),
+            dev.exec(QuantizeFp8 {
+                src: &src,
+                dst: &mut q,
+                dst_t: None,
+                rows,
+                cols,
+                scale: &scale,
+                amax: &mut amax,
+                slot: 2
+            })
+            .is_err(),
             "slot out of range"
         );
     }
@@ -193,15 +211,41 @@ fn cpu_fp8_gemm_is_the_f32_gemm_of_the_decoded_values_times_scale_inv() {
     let (a32, b32) = (dev.upload_new(&a).unwrap(), dev.upload_new(&b).unwrap());
     let mut a8 = dev.alloc(DType::F8E4M3, m * k).unwrap();
     let mut b8 = dev.alloc(DType::F8E5M2, n * k).unwrap();
-    dev.quantize_fp8(&a32, &mut a8, None, m, k, &scale, &mut amax, 0)
-        .unwrap();
-    dev.quantize_fp8(&b32, &mut b8, None, n, k, &scale, &mut amax, 1)
-        .unwrap();
+    dev.exec(QuantizeFp8 {
+        src: &a32,
+        dst: &mut a8,
+        dst_t: None,
+        rows: m,
+        cols: k,
+        scale: &scale,
+        amax: &mut amax,
+        slot: 0,
+    })
+    .unwrap();
+    dev.exec(QuantizeFp8 {
+        src: &b32,
+        dst: &mut b8,
+        dst_t: None,
+        rows: n,
+        cols: k,
+        scale: &scale,
+        amax: &mut amax,
+        slot: 1,
+    })
+    .unwrap();
     let c0: Vec<f32> = spread(m * n, 9);
     let mut c = dev.upload_new(&c0).unwrap();
     let desc = GemmDesc::new(false, true, m, n, k).alpha(0.5).beta(1.0);
-    dev.gemm_fp8(&desc, &a8, &b8, &mut c, &scale_inv, 0, 1)
-        .unwrap();
+    dev.exec(GemmFp8 {
+        desc: &desc,
+        a: &a8,
+        b: &b8,
+        c: &mut c,
+        scale_inv: &scale_inv,
+        a_slot: 0,
+        b_slot: 1,
+    })
+    .unwrap();
     let got: Vec<f32> = dev.download(&c).unwrap();
     let ad: Vec<f64> = dev
         .download_bytes(&a8, 0, m * k)
@@ -240,11 +284,28 @@ fn cpu_fp8_gemm_is_the_f32_gemm_of_the_decoded_values_times_scale_inv() {
     );
     // OCP and FNUZ operands cannot be mixed.
     let mut fz = dev.alloc(DType::F8E4M3Fnuz, n * k).unwrap();
-    dev.quantize_fp8(&b32, &mut fz, None, n, k, &scale, &mut amax, 1)
-        .unwrap();
+    dev.exec(QuantizeFp8 {
+        src: &b32,
+        dst: &mut fz,
+        dst_t: None,
+        rows: n,
+        cols: k,
+        scale: &scale,
+        amax: &mut amax,
+        slot: 1,
+    })
+    .unwrap();
     assert!(
-        dev.gemm_fp8(&desc, &a8, &fz, &mut c, &scale_inv, 0, 1)
-            .is_err()
+        dev.exec(GemmFp8 {
+            desc: &desc,
+            a: &a8,
+            b: &fz,
+            c: &mut c,
+            scale_inv: &scale_inv,
+            a_slot: 0,
+            b_slot: 1
+        })
+        .is_err()
     );
 }
 
@@ -268,8 +329,17 @@ fn delayed_scaling_follows_the_amaxes_the_device_records() {
     let mut scales = Vec::new();
     for step_max in [4.0f32, 1.0, 0.5] {
         let x = dev.upload_new(&[step_max, -0.25, 0.0, 0.1]).unwrap();
-        dev.quantize_fp8(&x, &mut q, None, 1, 4, &st.scale, &mut st.amax, slot)
-            .unwrap();
+        dev.exec(QuantizeFp8 {
+            src: &x,
+            dst: &mut q,
+            dst_t: None,
+            rows: 1,
+            cols: 4,
+            scale: &st.scale,
+            amax: &mut st.amax,
+            slot,
+        })
+        .unwrap();
         st.update(&dev).unwrap();
         let s: Vec<f32> = dev.download(&st.scale).unwrap();
         let inv: Vec<f32> = dev.download(&st.scale_inv).unwrap();

@@ -12,8 +12,10 @@
 
 use duet_cpu::CpuDevice;
 use duet_device::{
-    AdamWStep, AttentionOps, Buffer, DType, DeviceExt, ElementwiseOps, EmbeddingOps, LossOps,
-    NormOps, OptimOps, Result, Runtime,
+    AdamWStep, AdamWUpdate, Add, AddAssign, BiasAdd, BiasBackward, Buffer, CrossEntropy, DType,
+    DeviceExt, EmbeddingBackward, EmbeddingForward, GeluBackward, GeluForward, LayerNormBackward,
+    LayerNormForward, MergeHeads, Result, Runtime, Scale, SoftmaxCausalBackward,
+    SoftmaxCausalForward, SplitHeads, SplitHeadsBackward, SumSquares,
 };
 use std::io::Write;
 
@@ -187,11 +189,18 @@ fn main() -> Result<()> {
         let mut x2 = g.buf(a, len, 1.0)?;
         let k = g.case("scale", a.name().into(), vec![len as i64], vec![-1.7]);
         g.put(k, "x", 0, &x2)?;
-        g.dev.scale(&mut x2, -1.7)?;
+        g.dev.exec(Scale {
+            x: &mut x2,
+            alpha: -1.7,
+        })?;
         g.put(k, "x", 1, &x2)?;
         // add
         let mut out = g.dev.alloc(a, len)?;
-        g.dev.add(&x, &y, &mut out)?;
+        g.dev.exec(Add {
+            a: &x,
+            b: &y,
+            out: &mut out,
+        })?;
         let k = g.case("add", a.name().into(), vec![len as i64], vec![]);
         g.put(k, "a", 0, &x)?;
         g.put(k, "b", 0, &y)?;
@@ -200,18 +209,28 @@ fn main() -> Result<()> {
         let k = g.case("add_assign", a.name().into(), vec![len as i64], vec![]);
         g.put(k, "dst", 0, &y)?;
         g.put(k, "src", 0, &x)?;
-        g.dev.add_assign(&mut y, &x)?;
+        g.dev.exec(AddAssign {
+            dst: &mut y,
+            src: &x,
+        })?;
         g.put(k, "dst", 1, &y)?;
         // gelu
         let xg = g.buf(a, len, 2.0)?;
         let mut o = g.dev.alloc(a, len)?;
-        g.dev.gelu_forward(&xg, &mut o)?;
+        g.dev.exec(GeluForward {
+            x: &xg,
+            out: &mut o,
+        })?;
         let k = g.case("gelu_forward", a.name().into(), vec![len as i64], vec![]);
         g.put(k, "x", 0, &xg)?;
         g.put(k, "out", 1, &o)?;
         let dout = g.buf(a, len, 1.0)?;
         let mut dx = g.dev.alloc(a, len)?;
-        g.dev.gelu_backward(&xg, &dout, &mut dx)?;
+        g.dev.exec(GeluBackward {
+            x: &xg,
+            dout: &dout,
+            dx: &mut dx,
+        })?;
         let k = g.case("gelu_backward", a.name().into(), vec![len as i64], vec![]);
         g.put(k, "x", 0, &xg)?;
         g.put(k, "dout", 0, &dout)?;
@@ -222,8 +241,16 @@ fn main() -> Result<()> {
         let mut q = g.dev.alloc(a, b * t * c)?;
         let mut kk = g.dev.alloc(a, b * t * c)?;
         let mut v = g.dev.alloc(a, b * t * c)?;
-        g.dev
-            .split_heads(&qkv, &mut q, &mut kk, &mut v, b, t, nh, hs)?;
+        g.dev.exec(SplitHeads {
+            qkv: &qkv,
+            q: &mut q,
+            k: &mut kk,
+            v: &mut v,
+            b,
+            t,
+            nh,
+            hs,
+        })?;
         let dims = vec![b as i64, t as i64, nh as i64, hs as i64];
         let k = g.case("split_heads", a.name().into(), dims.clone(), vec![]);
         g.put(k, "qkv", 0, &qkv)?;
@@ -231,8 +258,16 @@ fn main() -> Result<()> {
         g.put(k, "k", 1, &kk)?;
         g.put(k, "v", 1, &v)?;
         let mut dqkv = g.dev.alloc(a, b * t * 3 * c)?;
-        g.dev
-            .split_heads_backward(&q, &kk, &v, &mut dqkv, b, t, nh, hs)?;
+        g.dev.exec(SplitHeadsBackward {
+            dq: &q,
+            dk: &kk,
+            dv: &v,
+            dqkv: &mut dqkv,
+            b,
+            t,
+            nh,
+            hs,
+        })?;
         let k = g.case(
             "split_heads_backward",
             a.name().into(),
@@ -245,7 +280,15 @@ fn main() -> Result<()> {
         g.put(k, "dqkv", 1, &dqkv)?;
         for backward in [false, true] {
             let mut o = g.dev.alloc(a, b * t * c)?;
-            g.dev.merge_heads(&q, &mut o, b, t, nh, hs, backward)?;
+            g.dev.exec(MergeHeads {
+                y: &q,
+                out: &mut o,
+                b,
+                t,
+                nh,
+                hs,
+                backward,
+            })?;
             let op = if backward {
                 "merge_heads_backward"
             } else {
@@ -260,8 +303,13 @@ fn main() -> Result<()> {
         let scale = 1.0 / (hs as f32).sqrt();
         let scores = g.buf(a, rows * t * t, 3.0)?;
         let mut probs = g.dev.alloc(a, rows * t * t)?;
-        g.dev
-            .softmax_causal_forward(&scores, &mut probs, rows, t, scale)?;
+        g.dev.exec(SoftmaxCausalForward {
+            scores: &scores,
+            probs: &mut probs,
+            batch: rows,
+            t,
+            scale,
+        })?;
         let k = g.case(
             "softmax_causal_forward",
             a.name().into(),
@@ -272,8 +320,14 @@ fn main() -> Result<()> {
         g.put(k, "probs", 1, &probs)?;
         let dprobs = g.buf(a, rows * t * t, 1.0)?;
         let mut ds = g.dev.alloc(a, rows * t * t)?;
-        g.dev
-            .softmax_causal_backward(&probs, &dprobs, &mut ds, rows, t, scale)?;
+        g.dev.exec(SoftmaxCausalBackward {
+            probs: &probs,
+            dprobs: &dprobs,
+            dscores: &mut ds,
+            batch: rows,
+            t,
+            scale,
+        })?;
         let k = g.case(
             "softmax_causal_backward",
             a.name().into(),
@@ -298,8 +352,15 @@ fn main() -> Result<()> {
         let tg = g.dev.upload_new(&targets)?;
         let mut losses = g.dev.alloc(DType::F32, n)?;
         let mut dl = g.dev.alloc(a, n * vocab)?;
-        g.dev
-            .cross_entropy(&logits, &tg, &mut losses, Some(&mut dl), n, vocab, 0.5)?;
+        g.dev.exec(CrossEntropy {
+            logits: &logits,
+            targets: &tg,
+            losses: &mut losses,
+            dlogits: Some(&mut dl),
+            n,
+            v: vocab,
+            grad_scale: 0.5,
+        })?;
         let k = g.case(
             "cross_entropy",
             a.name().into(),
@@ -355,8 +416,14 @@ fn main() -> Result<()> {
                 Some(d) => Some(g.dev.alloc(d, len)?),
                 None => None,
             };
-            g.dev
-                .adamw(&mut p, &grad, &mut m, &mut v, &step, cbuf.as_mut())?;
+            g.dev.exec(AdamWUpdate {
+                param: &mut p,
+                grad: &grad,
+                m: &mut m,
+                v: &mut v,
+                step: &step,
+                param_copy: cbuf.as_mut(),
+            })?;
             g.put(k, "param", 1, &p)?;
             g.put(k, "m", 1, &m)?;
             g.put(k, "v", 1, &v)?;
@@ -374,7 +441,11 @@ fn main() -> Result<()> {
         let k = g.case("sum_squares", d.name().into(), vec![len as i64, 1], vec![]);
         g.put(k, "x", 0, &x)?;
         g.put(k, "out", 0, &out)?;
-        g.dev.sum_squares(&x, &mut out, 1)?;
+        g.dev.exec(SumSquares {
+            x: &x,
+            out: &mut out,
+            slot: 1,
+        })?;
         g.put(k, "out", 1, &out)?;
     }
 
@@ -393,7 +464,12 @@ fn main() -> Result<()> {
         );
         g.put(k, "x", 0, &x)?;
         g.put(k, "bias", 0, &bias)?;
-        g.dev.bias_add(&mut x, &bias, rows, c)?;
+        g.dev.exec(BiasAdd {
+            x: &mut x,
+            bias: &bias,
+            rows,
+            c,
+        })?;
         g.put(k, "x", 1, &x)?;
         let mut dbias = g.buf(p, c, 1.0)?;
         let k = g.case(
@@ -404,7 +480,12 @@ fn main() -> Result<()> {
         );
         g.put(k, "dout", 0, &x)?;
         g.put(k, "dbias", 0, &dbias)?;
-        g.dev.bias_backward(&x, &mut dbias, rows, c)?;
+        g.dev.exec(BiasBackward {
+            dout: &x,
+            dbias: &mut dbias,
+            rows,
+            c,
+        })?;
         g.put(k, "dbias", 1, &dbias)?;
         // layernorm
         let xl = g.buf(a, rows * c, 2.0)?;
@@ -413,9 +494,17 @@ fn main() -> Result<()> {
         let mut out = g.dev.alloc(a, rows * c)?;
         let mut mean = g.dev.alloc(DType::F32, rows)?;
         let mut rstd = g.dev.alloc(DType::F32, rows)?;
-        g.dev.layernorm_forward(
-            &xl, &gamma, &beta, &mut out, &mut mean, &mut rstd, rows, c, 1e-5,
-        )?;
+        g.dev.exec(LayerNormForward {
+            x: &xl,
+            gamma: &gamma,
+            beta: &beta,
+            out: &mut out,
+            mean: &mut mean,
+            rstd: &mut rstd,
+            n: rows,
+            c,
+            eps: 1e-5,
+        })?;
         let k = g.case(
             "layernorm_forward",
             variant.clone(),
@@ -450,18 +539,18 @@ fn main() -> Result<()> {
         ] {
             g.put(k, name, 0, buf)?;
         }
-        g.dev.layernorm_backward(
-            &dout,
-            &xl,
-            &gamma,
-            &mean,
-            &rstd,
-            &mut dx,
-            &mut dgamma,
-            &mut dbeta,
-            rows,
+        g.dev.exec(LayerNormBackward {
+            dout: &dout,
+            x: &xl,
+            gamma: &gamma,
+            mean: &mean,
+            rstd: &rstd,
+            dx: &mut dx,
+            dgamma: &mut dgamma,
+            dbeta: &mut dbeta,
+            n: rows,
             c,
-        )?;
+        })?;
         g.put(k, "dx", 1, &dx)?;
         g.put(k, "dgamma", 1, &dgamma)?;
         g.put(k, "dbeta", 1, &dbeta)?;
@@ -474,7 +563,15 @@ fn main() -> Result<()> {
         let wte = g.buf(p, vocab * c, 1.0)?;
         let wpe = g.buf(p, t * c, 1.0)?;
         let mut eo = g.dev.alloc(a, n * c)?;
-        g.dev.embedding_forward(&tk, &wte, &wpe, &mut eo, b, t, c)?;
+        g.dev.exec(EmbeddingForward {
+            tokens: &tk,
+            wte: &wte,
+            wpe: &wpe,
+            out: &mut eo,
+            b,
+            t,
+            c,
+        })?;
         let dims = vec![b as i64, t as i64, c as i64, vocab as i64];
         let k = g.case("embedding_forward", variant.clone(), dims.clone(), vec![]);
         g.put(k, "tokens", 0, &tk)?;
@@ -488,8 +585,15 @@ fn main() -> Result<()> {
         g.put(k, "dout", 0, &eo)?;
         g.put(k, "dwte", 0, &dwte)?;
         g.put(k, "dwpe", 0, &dwpe)?;
-        g.dev
-            .embedding_backward(&tk, &eo, &mut dwte, &mut dwpe, b, t, c)?;
+        g.dev.exec(EmbeddingBackward {
+            tokens: &tk,
+            dout: &eo,
+            dwte: &mut dwte,
+            dwpe: &mut dwpe,
+            b,
+            t,
+            c,
+        })?;
         g.put(k, "dwte", 1, &dwte)?;
         g.put(k, "dwpe", 1, &dwpe)?;
     }

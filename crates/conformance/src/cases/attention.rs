@@ -5,7 +5,10 @@
 use super::*;
 use crate::harness::compare_values;
 use crate::reference;
-use duet_device::{DType, Device, DeviceError, GemmDesc};
+use duet_device::{
+    DType, Device, DeviceError, FlashAttentionBackward, FlashAttentionForward, Gemm, GemmDesc,
+    MergeHeads, SoftmaxCausalBackward, SoftmaxCausalForward, SplitHeads, SplitHeadsBackward,
+};
 
 fn run_perms<E: Device>(
     e: &E,
@@ -18,23 +21,57 @@ fn run_perms<E: Device>(
     let n = b * t * nh * hs;
     let x = put(e, dt, qkv);
     let (mut q, mut k, mut v) = (nan(e, dt, n), nan(e, dt, n), nan(e, dt, n));
-    e.split_heads(&x, &mut q, &mut k, &mut v, b, t, nh, hs)
-        .expect("split_heads");
+    e.exec(SplitHeads {
+        qkv: &x,
+        q: &mut q,
+        k: &mut k,
+        v: &mut v,
+        b,
+        t,
+        nh,
+        hs,
+    })
+    .expect("split_heads");
     let (gq, gk, gv) = (
         put(e, dt, &grads[0]),
         put(e, dt, &grads[1]),
         put(e, dt, &grads[2]),
     );
     let mut dqkv = nan(e, dt, 3 * n);
-    e.split_heads_backward(&gq, &gk, &gv, &mut dqkv, b, t, nh, hs)
-        .expect("split_heads_backward");
+    e.exec(SplitHeadsBackward {
+        dq: &gq,
+        dk: &gk,
+        dv: &gv,
+        dqkv: &mut dqkv,
+        b,
+        t,
+        nh,
+        hs,
+    })
+    .expect("split_heads_backward");
     let y = put(e, dt, &grads[3]);
     let mut merged = nan(e, dt, n);
-    e.merge_heads(&y, &mut merged, b, t, nh, hs, false)
-        .expect("merge_heads");
+    e.exec(MergeHeads {
+        y: &y,
+        out: &mut merged,
+        b,
+        t,
+        nh,
+        hs,
+        backward: false,
+    })
+    .expect("merge_heads");
     let mut unmerged = nan(e, dt, n);
-    e.merge_heads(&y, &mut unmerged, b, t, nh, hs, true)
-        .expect("merge_heads backward");
+    e.exec(MergeHeads {
+        y: &y,
+        out: &mut unmerged,
+        b,
+        t,
+        nh,
+        hs,
+        backward: true,
+    })
+    .expect("merge_heads backward");
     vec![
         get(e, "q", &q),
         get(e, "k", &k),
@@ -129,12 +166,25 @@ fn run_softmax<E: Device>(
 ) -> Vec<Tensor> {
     let bs = put(e, dt, s);
     let mut p = nan(e, dt, rows * t * t);
-    e.softmax_causal_forward(&bs, &mut p, rows, t, scale)
-        .expect("softmax_causal_forward");
+    e.exec(SoftmaxCausalForward {
+        scores: &bs,
+        probs: &mut p,
+        batch: rows,
+        t,
+        scale,
+    })
+    .expect("softmax_causal_forward");
     let bdp = put(e, dt, dp);
     let mut ds = nan(e, dt, rows * t * t);
-    e.softmax_causal_backward(&p, &bdp, &mut ds, rows, t, scale)
-        .expect("softmax_causal_backward");
+    e.exec(SoftmaxCausalBackward {
+        probs: &p,
+        dprobs: &bdp,
+        dscores: &mut ds,
+        batch: rows,
+        t,
+        scale,
+    })
+    .expect("softmax_causal_backward");
     vec![get(e, "probs", &p), get(e, "dscores", &ds)]
 }
 
@@ -188,8 +238,13 @@ fn batched_gemm<E: Device>(
     b: &E::Buffer,
 ) -> E::Buffer {
     let mut c = nan(e, dt, batch * m * n);
-    e.gemm(&GemmDesc::batched(ta, tb, m, n, k, batch), a, b, &mut c)
-        .expect("gemm");
+    e.exec(Gemm {
+        desc: &GemmDesc::batched(ta, tb, m, n, k, batch),
+        a,
+        b,
+        c: &mut c,
+    })
+    .expect("gemm");
     c
 }
 
@@ -207,14 +262,39 @@ fn composed_attention<E: Device>(
     let n = b * t * nh * hs;
     let bh = b * nh;
     let (mut q, mut k, mut v) = (nan(e, dt, n), nan(e, dt, n), nan(e, dt, n));
-    e.split_heads(qkv, &mut q, &mut k, &mut v, b, t, nh, hs)
-        .unwrap();
+    e.exec(SplitHeads {
+        qkv,
+        q: &mut q,
+        k: &mut k,
+        v: &mut v,
+        b,
+        t,
+        nh,
+        hs,
+    })
+    .unwrap();
     let s = batched_gemm(e, dt, (false, true, t, t, hs, bh), &q, &k);
     let mut p = nan(e, dt, bh * t * t);
-    e.softmax_causal_forward(&s, &mut p, bh, t, scale).unwrap();
+    e.exec(SoftmaxCausalForward {
+        scores: &s,
+        probs: &mut p,
+        batch: bh,
+        t,
+        scale,
+    })
+    .unwrap();
     let y = batched_gemm(e, dt, (false, false, t, hs, t, bh), &p, &v);
     let mut out = nan(e, dt, n);
-    e.merge_heads(&y, &mut out, b, t, nh, hs, false).unwrap();
+    e.exec(MergeHeads {
+        y: &y,
+        out: &mut out,
+        b,
+        t,
+        nh,
+        hs,
+        backward: false,
+    })
+    .unwrap();
     // lse of each query row's scaled scores over keys j ≤ i, on the host from the scores.
     let sv = get(e, "s", &s).f32();
     let lse: Vec<f32> = (0..bh * t)
@@ -233,17 +313,42 @@ fn composed_attention<E: Device>(
         .collect();
     // Backward.
     let mut dy = nan(e, dt, n);
-    e.merge_heads(dout, &mut dy, b, t, nh, hs, true).unwrap();
+    e.exec(MergeHeads {
+        y: dout,
+        out: &mut dy,
+        b,
+        t,
+        nh,
+        hs,
+        backward: true,
+    })
+    .unwrap();
     let dp = batched_gemm(e, dt, (false, true, t, t, hs, bh), &dy, &v);
     let dv = batched_gemm(e, dt, (true, false, t, hs, t, bh), &p, &dy);
     let mut ds = nan(e, dt, bh * t * t);
-    e.softmax_causal_backward(&p, &dp, &mut ds, bh, t, scale)
-        .unwrap();
+    e.exec(SoftmaxCausalBackward {
+        probs: &p,
+        dprobs: &dp,
+        dscores: &mut ds,
+        batch: bh,
+        t,
+        scale,
+    })
+    .unwrap();
     let dq = batched_gemm(e, dt, (false, false, t, hs, t, bh), &ds, &k);
     let dk = batched_gemm(e, dt, (true, false, t, hs, t, bh), &ds, &q);
     let mut dqkv = nan(e, dt, 3 * n);
-    e.split_heads_backward(&dq, &dk, &dv, &mut dqkv, b, t, nh, hs)
-        .unwrap();
+    e.exec(SplitHeadsBackward {
+        dq: &dq,
+        dk: &dk,
+        dv: &dv,
+        dqkv: &mut dqkv,
+        b,
+        t,
+        nh,
+        hs,
+    })
+    .unwrap();
     let lse_t = Tensor::encoded("lse", DType::F32, &lse);
     vec![get(e, "out", &out), lse_t, get(e, "dqkv", &dqkv)]
 }
@@ -315,16 +420,34 @@ fn try_flash<E: Device>(
     let n = b * t * nh * hs;
     let mut out = nan(e, dt, n);
     let mut lse = nan(e, DType::F32, b * nh * t);
-    match e.flash_attention_forward(qkv, &mut out, &mut lse, b, t, nh, hs, scale) {
+    match e.exec(FlashAttentionForward {
+        qkv,
+        out: &mut out,
+        lse: &mut lse,
+        b,
+        t,
+        nh,
+        hs,
+        scale,
+    }) {
         Ok(()) => {}
         Err(DeviceError::Unsupported { .. }) => return None,
         Err(err) => panic!("flash_attention_forward {dt} hs{hs}: {err}"),
     }
     let mut dqkv = nan(e, dt, 3 * n);
-    e.flash_attention_backward(qkv, &out, dout, &lse, &mut dqkv, b, t, nh, hs, scale)
-        .unwrap_or_else(|err| {
-            panic!("flash_attention_backward {dt} hs{hs} (the forward ran): {err}")
-        });
+    e.exec(FlashAttentionBackward {
+        qkv,
+        out: &out,
+        dout,
+        lse: &lse,
+        dqkv: &mut dqkv,
+        b,
+        t,
+        nh,
+        hs,
+        scale,
+    })
+    .unwrap_or_else(|err| panic!("flash_attention_backward {dt} hs{hs} (the forward ran): {err}"));
     Some(vec![
         get(e, "out", &out),
         get(e, "lse", &lse),
@@ -580,10 +703,29 @@ pub fn flash_attention_refuses_what_it_does_not_support<D: Device>(h: &Harness<D
             let qkv = fill(dt, 3 * n, 0.5);
             let mut out = fill(dt, n, 7.0);
             let mut lse = fill(DType::F32, b * nh * t, 7.0);
-            let fwd = d.flash_attention_forward(&qkv, &mut out, &mut lse, b, t, nh, hs, 0.1);
+            let fwd = d.exec(FlashAttentionForward {
+                qkv: &qkv,
+                out: &mut out,
+                lse: &mut lse,
+                b,
+                t,
+                nh,
+                hs,
+                scale: 0.1,
+            });
             let mut dqkv = nan(d, dt, 3 * n);
-            let bwd =
-                d.flash_attention_backward(&qkv, &out, &out, &lse, &mut dqkv, b, t, nh, hs, 0.1);
+            let bwd = d.exec(FlashAttentionBackward {
+                qkv: &qkv,
+                out: &out,
+                dout: &out,
+                lse: &lse,
+                dqkv: &mut dqkv,
+                b,
+                t,
+                nh,
+                hs,
+                scale: 0.1,
+            });
             match (fwd, bwd) {
                 (Ok(()), Ok(())) => assert!(
                     get(d, "out", &out)
@@ -612,7 +754,16 @@ pub fn flash_attention_refuses_what_it_does_not_support<D: Device>(h: &Harness<D
         let qkv = d.alloc(dt, 3 * n).unwrap();
         let mut out = d.alloc(dt, n).unwrap();
         let mut lse = fill(DType::F32, b * nh * t, 7.0);
-        let res = d.flash_attention_forward(&qkv, &mut out, &mut lse, b, t, nh, 64, 0.1);
+        let res = d.exec(FlashAttentionForward {
+            qkv: &qkv,
+            out: &mut out,
+            lse: &mut lse,
+            b,
+            t,
+            nh,
+            hs: 64,
+            scale: 0.1,
+        });
         assert!(
             matches!(
                 res,
@@ -621,7 +772,18 @@ pub fn flash_attention_refuses_what_it_does_not_support<D: Device>(h: &Harness<D
             "{case}: {dt} activations: {res:?}"
         );
         let mut dqkv = d.alloc(dt, 3 * n).unwrap();
-        let res = d.flash_attention_backward(&qkv, &out, &out, &lse, &mut dqkv, b, t, nh, 64, 0.1);
+        let res = d.exec(FlashAttentionBackward {
+            qkv: &qkv,
+            out: &out,
+            dout: &out,
+            lse: &lse,
+            dqkv: &mut dqkv,
+            b,
+            t,
+            nh,
+            hs: 64,
+            scale: 0.1,
+        });
         assert!(
             matches!(
                 res,
@@ -659,36 +821,94 @@ pub fn flash_attention_refuses_what_it_does_not_support<D: Device>(h: &Harness<D
     let mut out = fill(dt, n, 7.0);
     let mut lse = fill(DType::F32, b * nh * t, 7.0);
     typed(
-        d.flash_attention_forward(&qkv, &mut out, &mut lse, b, t + 1, nh, hs, 0.1),
+        d.exec(FlashAttentionForward {
+            qkv: &qkv,
+            out: &mut out,
+            lse: &mut lse,
+            b,
+            t: t + 1,
+            nh,
+            hs,
+            scale: 0.1,
+        }),
         "forward with t one too long",
     );
     untouched(&out, &lse, "t + 1");
     let mut lse16 = d.alloc(DType::BF16, b * nh * t).unwrap();
     typed(
-        d.flash_attention_forward(&qkv, &mut out, &mut lse16, b, t, nh, hs, 0.1),
+        d.exec(FlashAttentionForward {
+            qkv: &qkv,
+            out: &mut out,
+            lse: &mut lse16,
+            b,
+            t,
+            nh,
+            hs,
+            scale: 0.1,
+        }),
         "forward with a bf16 lse",
     );
     untouched(&out, &lse, "bf16 lse");
     let mut out_other = d.alloc(other, n).unwrap();
     typed(
-        d.flash_attention_forward(&qkv, &mut out_other, &mut lse, b, t, nh, hs, 0.1),
+        d.exec(FlashAttentionForward {
+            qkv: &qkv,
+            out: &mut out_other,
+            lse: &mut lse,
+            b,
+            t,
+            nh,
+            hs,
+            scale: 0.1,
+        }),
         &format!("forward with a {other} out for {dt} qkv"),
     );
     untouched(&out, &lse, "out of another dtype");
     let mut short_lse = d.alloc(DType::F32, b * nh * t - 1).unwrap();
     typed(
-        d.flash_attention_forward(&qkv, &mut out, &mut short_lse, b, t, nh, hs, 0.1),
+        d.exec(FlashAttentionForward {
+            qkv: &qkv,
+            out: &mut out,
+            lse: &mut short_lse,
+            b,
+            t,
+            nh,
+            hs,
+            scale: 0.1,
+        }),
         "forward with a short lse",
     );
     untouched(&out, &lse, "short lse");
     let mut short = d.alloc(dt, 3 * n - 1).unwrap();
     typed(
-        d.flash_attention_backward(&qkv, &out, &out, &lse, &mut short, b, t, nh, hs, 0.1),
+        d.exec(FlashAttentionBackward {
+            qkv: &qkv,
+            out: &out,
+            dout: &out,
+            lse: &lse,
+            dqkv: &mut short,
+            b,
+            t,
+            nh,
+            hs,
+            scale: 0.1,
+        }),
         "backward with a short dqkv",
     );
     let mut dqkv = d.alloc(dt, 3 * n).unwrap();
     typed(
-        d.flash_attention_backward(&qkv, &out, &out, &lse16, &mut dqkv, b, t, nh, hs, 0.1),
+        d.exec(FlashAttentionBackward {
+            qkv: &qkv,
+            out: &out,
+            dout: &out,
+            lse: &lse16,
+            dqkv: &mut dqkv,
+            b,
+            t,
+            nh,
+            hs,
+            scale: 0.1,
+        }),
         "backward with a bf16 lse",
     );
     // An empty batch: nothing to do.
@@ -697,7 +917,16 @@ pub fn flash_attention_refuses_what_it_does_not_support<D: Device>(h: &Harness<D
         d.alloc(dt, 0).unwrap(),
         d.alloc(DType::F32, 0).unwrap(),
     );
-    match d.flash_attention_forward(&e0, &mut e1, &mut e2, 0, t, nh, hs, 0.1) {
+    match d.exec(FlashAttentionForward {
+        qkv: &e0,
+        out: &mut e1,
+        lse: &mut e2,
+        b: 0,
+        t,
+        nh,
+        hs,
+        scale: 0.1,
+    }) {
         Ok(()) => {}
         Err(DeviceError::Unsupported { .. }) if !native => {}
         Err(e) => panic!("{case}: an empty batch ({dt} hs{hs}) was refused: {e}"),

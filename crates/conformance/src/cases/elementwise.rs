@@ -2,7 +2,10 @@
 
 use super::*;
 use crate::reference;
-use duet_device::{Buffer, DType, Device, DeviceError, Fp8Format};
+use duet_device::{
+    Add, AddAssign, BiasAdd, BiasBackward, Buffer, DType, Device, DeviceError, Fp8Format,
+    GeluBackward, GeluForward, Scale,
+};
 
 /// Values that exercise every corner of the FP8 and 16-bit codecs: saturation, subnormals,
 /// ties, signs, infinities, the largest finite values.
@@ -155,12 +158,25 @@ fn run_elementwise<E: Device>(
     let n = a.len();
     let mut ba = put(e, dt, a);
     let bb = put(e, dt, b);
-    e.scale(&mut ba, -0.7).expect("scale");
+    e.exec(Scale {
+        x: &mut ba,
+        alpha: -0.7,
+    })
+    .expect("scale");
     let mut sum = nan(e, dt, n);
-    e.add(&ba, &bb, &mut sum).expect("add");
+    e.exec(Add {
+        a: &ba,
+        b: &bb,
+        out: &mut sum,
+    })
+    .expect("add");
     let mut acc = put(e, dt, a);
     let src = put(e, src_dt, b);
-    e.add_assign(&mut acc, &src).expect("add_assign");
+    e.exec(AddAssign {
+        dst: &mut acc,
+        src: &src,
+    })
+    .expect("add_assign");
     vec![
         get(e, "scaled", &ba),
         get(e, "sum", &sum),
@@ -215,14 +231,25 @@ pub fn scale_add_add_assign<D: Device>(h: &Harness<D>) {
     let mut o = d.alloc(DType::F32, 8).unwrap();
     assert!(
         matches!(
-            d.add(&a, &b, &mut o),
+            d.exec(Add {
+                a: &a,
+                b: &b,
+                out: &mut o
+            }),
             Err(DeviceError::DTypeMismatch { .. })
         ),
         "{case}: add of mixed dtypes"
     );
     let short = d.alloc(DType::F32, 7).unwrap();
     assert!(
-        matches!(d.add(&a, &short, &mut o), Err(DeviceError::Shape { .. })),
+        matches!(
+            d.exec(Add {
+                a: &a,
+                b: &short,
+                out: &mut o
+            }),
+            Err(DeviceError::Shape { .. })
+        ),
         "{case}: add of different lengths"
     );
 }
@@ -231,9 +258,18 @@ fn run_gelu<E: Device>(e: &E, dt: DType, x: &[f32], dy: &[f32]) -> Vec<Tensor> {
     let bx = put(e, dt, x);
     let bdy = put(e, dt, dy);
     let mut y = nan(e, dt, x.len());
-    e.gelu_forward(&bx, &mut y).expect("gelu_forward");
+    e.exec(GeluForward {
+        x: &bx,
+        out: &mut y,
+    })
+    .expect("gelu_forward");
     let mut dx = nan(e, dt, x.len());
-    e.gelu_backward(&bx, &bdy, &mut dx).expect("gelu_backward");
+    e.exec(GeluBackward {
+        x: &bx,
+        dout: &bdy,
+        dx: &mut dx,
+    })
+    .expect("gelu_backward");
     vec![get(e, "y", &y), get(e, "dx", &dx)]
 }
 
@@ -294,10 +330,21 @@ fn run_bias<E: Device>(
 ) -> Vec<Tensor> {
     let mut bx = put(e, act, x);
     let bb = put(e, pdt, bias);
-    e.bias_add(&mut bx, &bb, rows, c).expect("bias_add");
+    e.exec(BiasAdd {
+        x: &mut bx,
+        bias: &bb,
+        rows,
+        c,
+    })
+    .expect("bias_add");
     let mut db = put(e, pdt, d0);
-    e.bias_backward(&bx, &mut db, rows, c)
-        .expect("bias_backward");
+    e.exec(BiasBackward {
+        dout: &bx,
+        dbias: &mut db,
+        rows,
+        c,
+    })
+    .expect("bias_backward");
     vec![get(e, "x+bias", &bx), get(e, "dbias", &db)]
 }
 

@@ -4,7 +4,7 @@
 
 use super::*;
 use crate::reference;
-use duet_device::{DType, Device, DeviceError};
+use duet_device::{CrossEntropy, DType, Device, DeviceError, EmbeddingBackward, EmbeddingForward};
 
 /// The inputs of one forward + backward run: tokens, tables, output gradient and the gradients'
 /// starts, for activations of `act` and parameters of `pdt`.
@@ -29,8 +29,16 @@ impl EmbInputs {
         let bwte = put(e, self.pdt, &self.wte);
         let bwpe = put(e, self.pdt, &self.wpe);
         let mut out = nan(e, self.act, b * t * c);
-        e.embedding_forward(&bt, &bwte, &bwpe, &mut out, b, t, c)
-            .expect("embedding_forward");
+        e.exec(EmbeddingForward {
+            tokens: &bt,
+            wte: &bwte,
+            wpe: &bwpe,
+            out: &mut out,
+            b,
+            t,
+            c,
+        })
+        .expect("embedding_forward");
         let mut res = vec![get(e, "out", &out)];
         res.extend(run_backward(
             e,
@@ -149,7 +157,15 @@ pub fn embedding_bad_token_is_an_error<D: Device>(h: &Harness<D>) {
         let wpe = d.alloc(DType::F32, 4 * 8).unwrap();
         let mut o = d.alloc(DType::F32, 4 * 8).unwrap();
         expect_error(
-            d.embedding_forward(&toks, &wte, &wpe, &mut o, 1, 4, 8),
+            d.exec(EmbeddingForward {
+                tokens: &toks,
+                wte: &wte,
+                wpe: &wpe,
+                out: &mut o,
+                b: 1,
+                t: 4,
+                c: 8,
+            }),
             &d,
             &format!("embedding_forward with token {bad} of a vocabulary of 4"),
         );
@@ -158,7 +174,15 @@ pub fn embedding_bad_token_is_an_error<D: Device>(h: &Harness<D>) {
     let targets = put_i32(&d, &[1, 5]);
     let mut losses = d.alloc(DType::F32, 2).unwrap();
     expect_error(
-        d.cross_entropy(&logits, &targets, &mut losses, None, 2, 5, 1.0),
+        d.exec(CrossEntropy {
+            logits: &logits,
+            targets: &targets,
+            losses: &mut losses,
+            dlogits: None,
+            n: 2,
+            v: 5,
+            grad_scale: 1.0,
+        }),
         &d,
         "cross_entropy with target 5 of a vocabulary of 5",
     );
@@ -242,8 +266,16 @@ fn run_backward<E: Device>(
     let bd = put(e, act, dout);
     let mut dw = put(e, pdt, dw0);
     let mut dp = put(e, pdt, dp0);
-    e.embedding_backward(&bt, &bd, &mut dw, &mut dp, b, t, c)
-        .expect("embedding_backward");
+    e.exec(EmbeddingBackward {
+        tokens: &bt,
+        dout: &bd,
+        dwte: &mut dw,
+        dwpe: &mut dp,
+        b,
+        t,
+        c,
+    })
+    .expect("embedding_backward");
     e.synchronize().expect("no deferred error");
     vec![get(e, "dwte", &dw), get(e, "dwpe", &dp)]
 }
@@ -417,7 +449,15 @@ pub fn embedding_backward_bad_tokens_contribute_nothing<D: Device>(h: &Harness<D
         let bd = put(&d, DType::F32, &dout);
         let mut dw = put(&d, DType::F32, &dw0);
         let mut dp = put(&d, DType::F32, &dp0);
-        let (err, refused) = match d.embedding_backward(&bt, &bd, &mut dw, &mut dp, b, t, c) {
+        let (err, refused) = match d.exec(EmbeddingBackward {
+            tokens: &bt,
+            dout: &bd,
+            dwte: &mut dw,
+            dwpe: &mut dp,
+            b,
+            t,
+            c,
+        }) {
             Err(e) => (e, true),
             Ok(()) => match d.synchronize() {
                 Err(e) => (e, false),

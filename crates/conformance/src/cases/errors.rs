@@ -1,6 +1,8 @@
 //! Misuse is a typed error, never a wrong answer or a panic.
 
-use duet_device::{DType, Device, DeviceError};
+use duet_device::{
+    BiasAdd, DType, Device, DeviceError, GeluBackward, GeluForward, LayerNormForward, Scale,
+};
 
 use super::*;
 
@@ -15,18 +17,41 @@ pub fn unsupported_dtypes_are_typed_errors<D: Device>(h: &Harness<D>) {
     };
     let ints = d.alloc(DType::I32, 16).unwrap();
     let mut iout = d.alloc(DType::I32, 16).unwrap();
-    typed(d.gelu_forward(&ints, &mut iout), "gelu_forward on i32");
+    typed(
+        d.exec(GeluForward {
+            x: &ints,
+            out: &mut iout,
+        }),
+        "gelu_forward on i32",
+    );
     let f8 = d.alloc(DType::F8E4M3, 16).unwrap();
     let mut f8o = d.alloc(DType::F8E4M3, 16).unwrap();
-    typed(d.gelu_forward(&f8, &mut f8o), "gelu_forward on fp8");
+    typed(
+        d.exec(GeluForward {
+            x: &f8,
+            out: &mut f8o,
+        }),
+        "gelu_forward on fp8",
+    );
     let mut ib = d.alloc(DType::I32, 16).unwrap();
-    typed(d.scale(&mut ib, 2.0), "scale on i32");
+    typed(
+        d.exec(Scale {
+            x: &mut ib,
+            alpha: 2.0,
+        }),
+        "scale on i32",
+    );
     let f = put(d, DType::F32, &[1.0; 16]);
     let mut o = put(d, DType::F32, &[3.0; 16]);
     let bias = put(d, DType::F32, &[0.0; 3]);
     assert!(
         matches!(
-            d.bias_add(&mut o, &bias, 4, 4),
+            d.exec(BiasAdd {
+                x: &mut o,
+                bias: &bias,
+                rows: 4,
+                c: 4
+            }),
             Err(DeviceError::Shape { .. })
         ),
         "{case}: bias_add with a bias of 3 for 4 columns"
@@ -34,7 +59,11 @@ pub fn unsupported_dtypes_are_typed_errors<D: Device>(h: &Harness<D>) {
     let short = put(d, DType::F32, &[1.0; 15]);
     assert!(
         matches!(
-            d.gelu_backward(&f, &short, &mut o),
+            d.exec(GeluBackward {
+                x: &f,
+                dout: &short,
+                dx: &mut o
+            }),
             Err(DeviceError::Shape { .. })
         ),
         "{case}: gelu_backward with a short dout"
@@ -48,7 +77,17 @@ pub fn unsupported_dtypes_are_typed_errors<D: Device>(h: &Harness<D>) {
     let mut rstd = d.alloc(DType::F32, 4).unwrap();
     let g = put(d, DType::F32, &[1.0; 4]);
     typed(
-        d.layernorm_forward(&f, &g, &g, &mut o, &mut mean, &mut rstd, 4, 4, 1e-5),
+        d.exec(LayerNormForward {
+            x: &f,
+            gamma: &g,
+            beta: &g,
+            out: &mut o,
+            mean: &mut mean,
+            rstd: &mut rstd,
+            n: 4,
+            c: 4,
+            eps: 1e-5,
+        }),
         "layernorm_forward with bf16 mean",
     );
 }

@@ -4,8 +4,10 @@
 use super::*;
 use crate::reference;
 use duet_device::{
-    DType, Device, DeviceError, Epilogue, Fp8Format, Fp8QuantJob, GemmDesc, fp8_history_step,
-    fp8_scale_inv,
+    Add, BiasAdd, BiasBackward, DType, Device, DeviceError, Epilogue, Fp8Format, Fp8QuantJob,
+    Fp8ScalingUpdate, GeluBackward, GeluForward, GemmDesc, GemmFp8, GemmFp8Epilogue,
+    LayerNormForward, LayerNormForwardFp8, QuantizeFp8, QuantizeFp8Gelu, QuantizeFp8Grad,
+    QuantizeFp8Many, fp8_history_step, fp8_scale_inv,
 };
 
 /// A tolerance for results the oracle may round one step apart: FP8 codes compared as values
@@ -285,16 +287,16 @@ impl<B> QuantBufs<B> {
 
     /// `quantize_fp8` of the `rows × cols` `src` into these outputs.
     fn quantize<E: Device<Buffer = B>>(&mut self, e: &E, src: &B, rows: usize, cols: usize) {
-        e.quantize_fp8(
+        e.exec(QuantizeFp8 {
             src,
-            &mut self.dst,
-            self.dt.as_mut(),
+            dst: &mut self.dst,
+            dst_t: self.dt.as_mut(),
             rows,
             cols,
-            &self.scale,
-            &mut self.amax,
-            1,
-        )
+            scale: &self.scale,
+            amax: &mut self.amax,
+            slot: 1,
+        })
         .expect("quantize_fp8");
     }
 
@@ -464,16 +466,29 @@ fn many_on<E: Device>(
                 slot: s.5,
             })
             .collect();
-        e.quantize_fp8_many(&mut jobs, &sb, &mut amax)
-            .expect("quantize_fp8_many");
+        e.exec(QuantizeFp8Many {
+            jobs: &mut jobs,
+            scale: &sb,
+            amax: &mut amax,
+        })
+        .expect("quantize_fp8_many");
     } else {
         for ((s, src), (dst, dt)) in specs
             .iter()
             .zip(&srcs)
             .zip(dsts.iter_mut().zip(dts.iter_mut()))
         {
-            e.quantize_fp8(src, dst, s.4.then_some(dt), s.0, s.1, &sb, &mut amax, s.5)
-                .expect("quantize_fp8");
+            e.exec(QuantizeFp8 {
+                src,
+                dst,
+                dst_t: s.4.then_some(dt),
+                rows: s.0,
+                cols: s.1,
+                scale: &sb,
+                amax: &mut amax,
+                slot: s.5,
+            })
+            .expect("quantize_fp8");
         }
     }
     let mut out = Vec::new();
@@ -677,7 +692,11 @@ fn many_checks_every_job_first<D: Device>(h: &Harness<D>) {
             },
         ];
         let err = e
-            .quantize_fp8_many(&mut jobs, scale, &mut amax)
+            .exec(QuantizeFp8Many {
+                jobs: &mut jobs,
+                scale,
+                amax: &mut amax,
+            })
             .expect_err("a bad job is refused");
         assert!(kind(&err), "{CASE}: {what} gives {err}");
         let codes = e.download_bytes(&first, 0, n).expect("download");
@@ -691,8 +710,12 @@ fn many_checks_every_job_first<D: Device>(h: &Harness<D>) {
             "{CASE}: {what}: amax changed before the error: {err}"
         );
     }
-    e.quantize_fp8_many(&mut [], &scale, &mut amax)
-        .expect("no jobs");
+    e.exec(QuantizeFp8Many {
+        jobs: &mut [],
+        scale: &scale,
+        amax: &mut amax,
+    })
+    .expect("no jobs");
     assert_eq!(
         get(e, "amax", &amax).f32(),
         vec![0.0, 0.0],
@@ -726,28 +749,38 @@ fn grad_on<E: Device>(
         let g = match &p {
             Some(p) => {
                 let mut t = nan(e, act, n);
-                e.gelu_backward(p, &d, &mut t).expect("gelu_backward");
+                e.exec(GeluBackward {
+                    x: p,
+                    dout: &d,
+                    dx: &mut t,
+                })
+                .expect("gelu_backward");
                 tmp = t;
                 &tmp
             }
             None => &d,
         };
-        e.bias_backward(g, &mut dbias, rows, cols)
-            .expect("bias_backward");
+        e.exec(BiasBackward {
+            dout: g,
+            dbias: &mut dbias,
+            rows,
+            c: cols,
+        })
+        .expect("bias_backward");
         q.quantize(e, g, rows, cols);
     } else {
-        e.quantize_fp8_grad(
-            &d,
-            p.as_ref(),
-            &mut q.dst,
-            q.dt.as_mut(),
-            &mut dbias,
+        e.exec(QuantizeFp8Grad {
+            dout: &d,
+            gelu_pre: p.as_ref(),
+            dst: &mut q.dst,
+            dst_t: q.dt.as_mut(),
+            dbias: &mut dbias,
             rows,
             cols,
-            &q.scale,
-            &mut q.amax,
-            1,
-        )
+            scale: &q.scale,
+            amax: &mut q.amax,
+            slot: 1,
+        })
         .expect("quantize_fp8_grad");
     }
     let mut out = q.outs(e);
@@ -880,7 +913,8 @@ fn gelu_on<E: Device>(
     let mut q = QuantBufs::new(e, fmt, n, transposed, scale, &AMAX0);
     if composed {
         let mut g = nan(e, act, n);
-        e.gelu_forward(&p, &mut g).expect("gelu_forward");
+        e.exec(GeluForward { x: &p, out: &mut g })
+            .expect("gelu_forward");
         q.quantize(e, &g, rows, cols);
     } else {
         let QuantBufs {
@@ -889,8 +923,17 @@ fn gelu_on<E: Device>(
             scale,
             amax,
         } = &mut q;
-        e.quantize_fp8_gelu(&p, dst, dt.as_mut(), rows, cols, scale, amax, 1)
-            .expect("quantize_fp8_gelu");
+        e.exec(QuantizeFp8Gelu {
+            pre: &p,
+            dst,
+            dst_t: dt.as_mut(),
+            rows,
+            cols,
+            scale,
+            amax,
+            slot: 1,
+        })
+        .expect("quantize_fp8_gelu");
     }
     q.outs(e)
 }
@@ -1039,25 +1082,35 @@ fn ln_fp8_on<E: Device>(
     let mut q = QuantBufs::new(e, fmt, len, transposed, scale, &LN_AMAX0);
     if composed {
         let mut out = nan(e, act, len);
-        e.layernorm_forward(&xb, &gb, &bb, &mut out, &mut mean, &mut rstd, n, c, LN_EPS)
-            .expect("layernorm_forward");
-        q.quantize(e, &out, n, c);
-    } else {
-        e.layernorm_forward_fp8(
-            &xb,
-            &gb,
-            &bb,
-            &mut mean,
-            &mut rstd,
-            &mut q.dst,
-            q.dt.as_mut(),
+        e.exec(LayerNormForward {
+            x: &xb,
+            gamma: &gb,
+            beta: &bb,
+            out: &mut out,
+            mean: &mut mean,
+            rstd: &mut rstd,
             n,
             c,
-            LN_EPS,
-            &q.scale,
-            &mut q.amax,
-            1,
-        )
+            eps: LN_EPS,
+        })
+        .expect("layernorm_forward");
+        q.quantize(e, &out, n, c);
+    } else {
+        e.exec(LayerNormForwardFp8 {
+            x: &xb,
+            gamma: &gb,
+            beta: &bb,
+            mean: &mut mean,
+            rstd: &mut rstd,
+            dst: &mut q.dst,
+            dst_t: q.dt.as_mut(),
+            n,
+            c,
+            eps: LN_EPS,
+            scale: &q.scale,
+            amax: &mut q.amax,
+            slot: 1,
+        })
         .expect("layernorm_forward_fp8");
     }
     let mut out = vec![get(e, "mean", &mean), get(e, "rstd", &rstd)];
@@ -1187,10 +1240,21 @@ fn ln_fp8_refuses<D: Device>(h: &Harness<D>) {
     let mut rstd = nan(d, DType::F32, n);
     let mut run = |beta: &D::Buffer, fmt: DType, slot: usize| {
         let mut dst = nan(d, fmt, n * c);
-        d.layernorm_forward_fp8(
-            &x, &gamma, beta, &mut mean, &mut rstd, &mut dst, None, n, c, LN_EPS, &scale,
-            &mut amax, slot,
-        )
+        d.exec(LayerNormForwardFp8 {
+            x: &x,
+            gamma: &gamma,
+            beta,
+            mean: &mut mean,
+            rstd: &mut rstd,
+            dst: &mut dst,
+            dst_t: None,
+            n,
+            c,
+            eps: LN_EPS,
+            scale: &scale,
+            amax: &mut amax,
+            slot,
+        })
     };
     for (what, beta, fmt, slot, kind) in [
         ("a short beta", &short, DType::F8E4M3, 0, "Shape"),
@@ -1258,7 +1322,15 @@ fn gemm_fp8_on<E: Device>(
     let mut sv = vec![f32::NAN; 2 * stride];
     (sv[0], sv[stride]) = inv;
     let s = put(e, DType::F32, &sv);
-    e.gemm_fp8(desc, &ab, &bb, &mut c, &s, 0, stride)?;
+    e.exec(GemmFp8 {
+        desc,
+        a: &ab,
+        b: &bb,
+        c: &mut c,
+        scale_inv: &s,
+        a_slot: 0,
+        b_slot: stride,
+    })?;
     Ok(vec![get(e, "c", &c)])
 }
 
@@ -1446,25 +1518,59 @@ pub fn gemm_fp8_epilogue_matches_composition<D: Device>(h: &Harness<D>) {
         let res = put(g, dt, &r.vec(n * m, -1.0, 1.0));
         let desc = GemmDesc::new(false, true, n, m, k);
         let gemm = |c: &mut D::Buffer| {
-            g.gemm_fp8(&desc, &x8, &w8, c, &scale_inv, 0, 1)
-                .expect("gemm_fp8")
+            g.exec(GemmFp8 {
+                desc: &desc,
+                a: &x8,
+                b: &w8,
+                c,
+                scale_inv: &scale_inv,
+                a_slot: 0,
+                b_slot: 1,
+            })
+            .expect("gemm_fp8")
         };
         let fused = |c: &mut D::Buffer, ep: Epilogue<'_, D::Buffer>| {
-            g.gemm_fp8_epilogue(&desc, &x8, &w8, c, &scale_inv, 0, 1, ep)
+            g.exec(GemmFp8Epilogue {
+                desc: &desc,
+                a: &x8,
+                b: &w8,
+                c,
+                scale_inv: &scale_inv,
+                a_slot: 0,
+                b_slot: 1,
+                epilogue: ep,
+            })
         };
         // Bias.
         let mut plain = nan(g, dt, n * m);
         gemm(&mut plain);
-        g.bias_add(&mut plain, &bias, n, m).expect("bias_add");
+        g.exec(BiasAdd {
+            x: &mut plain,
+            bias: &bias,
+            rows: n,
+            c: m,
+        })
+        .expect("bias_add");
         let mut got = nan(g, dt, n * m);
         fused(&mut got, Epilogue::Bias(&bias)).expect("gemm_fp8_epilogue Bias");
         h.same_buf(&format!("{what} bias"), "c", &got, &plain, Tol::GEMM16);
         // Bias + residual (C is only written).
         let mut tmp = nan(g, dt, n * m);
         gemm(&mut tmp);
-        g.bias_add(&mut tmp, &bias, n, m).expect("bias_add");
+        g.exec(BiasAdd {
+            x: &mut tmp,
+            bias: &bias,
+            rows: n,
+            c: m,
+        })
+        .expect("bias_add");
         let mut plain = nan(g, dt, n * m);
-        g.add(&tmp, &res, &mut plain).expect("add");
+        g.exec(Add {
+            a: &tmp,
+            b: &res,
+            out: &mut plain,
+        })
+        .expect("add");
         let mut got = nan(g, dt, n * m);
         fused(
             &mut got,
@@ -1484,10 +1590,19 @@ pub fn gemm_fp8_epilogue_matches_composition<D: Device>(h: &Harness<D>) {
         // Bias + GELU with the pre-activation.
         let mut plain_pre = nan(g, dt, n * m);
         gemm(&mut plain_pre);
-        g.bias_add(&mut plain_pre, &bias, n, m).expect("bias_add");
+        g.exec(BiasAdd {
+            x: &mut plain_pre,
+            bias: &bias,
+            rows: n,
+            c: m,
+        })
+        .expect("bias_add");
         let mut plain = nan(g, dt, n * m);
-        g.gelu_forward(&plain_pre, &mut plain)
-            .expect("gelu_forward");
+        g.exec(GeluForward {
+            x: &plain_pre,
+            out: &mut plain,
+        })
+        .expect("gelu_forward");
         let mut pre = nan(g, dt, n * m);
         let mut got = nan(g, dt, n * m);
         fused(
@@ -1556,17 +1671,17 @@ fn scaling_on<E: Device>(
     let mut out = Vec::new();
     for (step, a) in amaxes.iter().enumerate() {
         let mut amax = put(e, DType::F32, a);
-        e.fp8_scaling_update(
-            &mut amax,
-            &mut hist,
-            &mut scale,
-            &mut inv,
+        e.exec(Fp8ScalingUpdate {
+            amax: &mut amax,
+            history: &mut hist,
+            scale: &mut scale,
+            scale_inv: &mut inv,
             inv_stride,
-            &maxes,
+            fp8_max: &maxes,
             len,
             most_recent,
             margin,
-        )
+        })
         .expect("fp8_scaling_update");
         out.push(get(e, &format!("history step {step}"), &hist));
         out.push(get(e, &format!("scale step {step}"), &scale));
@@ -1677,9 +1792,17 @@ fn scaling_refuses<D: Device>(h: &Harness<D>) {
     let mut inv = put(d, DType::F32, &vec![7.0; ops * 2]);
     for (stride, what) in [(0usize, "inv_stride 0"), (3, "a scale_inv of 10 for 5 × 3")] {
         let err = d
-            .fp8_scaling_update(
-                &mut amax, &mut hist, &mut scale, &mut inv, stride, &maxes, len, false, 0,
-            )
+            .exec(Fp8ScalingUpdate {
+                amax: &mut amax,
+                history: &mut hist,
+                scale: &mut scale,
+                scale_inv: &mut inv,
+                inv_stride: stride,
+                fp8_max: &maxes,
+                len,
+                most_recent: false,
+                margin: 0,
+            })
             .expect_err("refused");
         assert!(
             matches!(

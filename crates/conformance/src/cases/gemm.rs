@@ -2,7 +2,10 @@
 
 use super::*;
 use crate::reference;
-use duet_device::{DType, Device, DeviceError, Epilogue, GemmDesc};
+use duet_device::{
+    Add, BiasAdd, BiasBackward, DType, Device, DeviceError, Epilogue, GeluBackward, GeluForward,
+    Gemm, GemmDesc, GemmEpilogue,
+};
 
 fn run_gemm<E: Device>(
     e: &E,
@@ -16,7 +19,13 @@ fn run_gemm<E: Device>(
     let ba = put(e, ab, a);
     let bb = put(e, ab, b);
     let mut bc = put(e, cdt, c0);
-    e.gemm(desc, &ba, &bb, &mut bc).expect("gemm");
+    e.exec(Gemm {
+        desc,
+        a: &ba,
+        b: &bb,
+        c: &mut bc,
+    })
+    .expect("gemm");
     vec![get(e, "c", &bc)]
 }
 
@@ -100,13 +109,24 @@ pub fn gemm_errors<D: Device>(h: &Harness<D>) {
     let bh = d.alloc(DType::F16, 16).unwrap();
     let mut c = d.alloc(DType::F32, 16).unwrap();
     assert!(
-        d.gemm(&desc, &a, &bh, &mut c).is_err(),
+        d.exec(Gemm {
+            desc: &desc,
+            a: &a,
+            b: &bh,
+            c: &mut c
+        })
+        .is_err(),
         "gemm_errors: mixed A/B dtypes"
     );
     let short = d.alloc(DType::F32, 15).unwrap();
     assert!(
         matches!(
-            d.gemm(&desc, &a, &short, &mut c),
+            d.exec(Gemm {
+                desc: &desc,
+                a: &a,
+                b: &short,
+                c: &mut c
+            }),
             Err(DeviceError::Shape { .. })
         ),
         "gemm_errors: short B"
@@ -114,13 +134,25 @@ pub fn gemm_errors<D: Device>(h: &Harness<D>) {
     let mut bad = desc;
     bad.lda = 3;
     assert!(
-        d.gemm(&bad, &a, &a, &mut c).is_err(),
+        d.exec(Gemm {
+            desc: &bad,
+            a: &a,
+            b: &a,
+            c: &mut c
+        })
+        .is_err(),
         "gemm_errors: lda < k"
     );
     let ints = d.alloc(DType::I32, 16).unwrap();
     let mut ci = d.alloc(DType::I32, 16).unwrap();
     assert!(
-        d.gemm(&desc, &ints, &ints, &mut ci).is_err(),
+        d.exec(Gemm {
+            desc: &desc,
+            a: &ints,
+            b: &ints,
+            c: &mut ci
+        })
+        .is_err(),
         "gemm_errors: i32 GEMM"
     );
 }
@@ -154,11 +186,29 @@ pub fn gemm_epilogue_matches_composition<D: Device>(h: &Harness<D>) {
                 let desc = GemmDesc::new(false, true, n, m, k).beta(beta);
                 let init = r.vec(n * m, -1.0, 1.0);
                 let mut plain = put(d, dt, &init);
-                d.gemm(&desc, &x, &w, &mut plain).unwrap();
-                d.bias_add(&mut plain, &bias, n, m).unwrap();
+                d.exec(Gemm {
+                    desc: &desc,
+                    a: &x,
+                    b: &w,
+                    c: &mut plain,
+                })
+                .unwrap();
+                d.exec(BiasAdd {
+                    x: &mut plain,
+                    bias: &bias,
+                    rows: n,
+                    c: m,
+                })
+                .unwrap();
                 let mut fused = put(d, dt, &init);
-                d.gemm_epilogue(&desc, &x, &w, &mut fused, Epilogue::Bias(&bias))
-                    .unwrap();
+                d.exec(GemmEpilogue {
+                    desc: &desc,
+                    a: &x,
+                    b: &w,
+                    c: &mut fused,
+                    epilogue: Epilogue::Bias(&bias),
+                })
+                .unwrap();
                 h.same_buf(
                     &format!("{what} bias beta {beta}"),
                     "c",
@@ -172,11 +222,29 @@ pub fn gemm_epilogue_matches_composition<D: Device>(h: &Harness<D>) {
                 let desc = GemmDesc::new(false, true, n, m, k).beta(1.0);
                 let init = r.vec(n * m, -1.0, 1.0);
                 let mut plain = put(d, DType::F32, &init);
-                d.gemm(&desc, &x, &w, &mut plain).unwrap();
-                d.bias_add(&mut plain, &bias, n, m).unwrap();
+                d.exec(Gemm {
+                    desc: &desc,
+                    a: &x,
+                    b: &w,
+                    c: &mut plain,
+                })
+                .unwrap();
+                d.exec(BiasAdd {
+                    x: &mut plain,
+                    bias: &bias,
+                    rows: n,
+                    c: m,
+                })
+                .unwrap();
                 let mut fused = put(d, DType::F32, &init);
-                d.gemm_epilogue(&desc, &x, &w, &mut fused, Epilogue::Bias(&bias))
-                    .unwrap();
+                d.exec(GemmEpilogue {
+                    desc: &desc,
+                    a: &x,
+                    b: &w,
+                    c: &mut fused,
+                    epilogue: Epilogue::Bias(&bias),
+                })
+                .unwrap();
                 h.same_buf(
                     &format!("{what} bias, f32 C"),
                     "c",
@@ -190,21 +258,38 @@ pub fn gemm_epilogue_matches_composition<D: Device>(h: &Harness<D>) {
                 let res = r.vec(n * m, -1.0, 1.0);
                 let residual = put(d, dt, &res);
                 let mut plain = nan(d, dt, n * m);
-                d.gemm(&desc, &x, &w, &mut plain).unwrap();
-                d.bias_add(&mut plain, &bias, n, m).unwrap();
+                d.exec(Gemm {
+                    desc: &desc,
+                    a: &x,
+                    b: &w,
+                    c: &mut plain,
+                })
+                .unwrap();
+                d.exec(BiasAdd {
+                    x: &mut plain,
+                    bias: &bias,
+                    rows: n,
+                    c: m,
+                })
+                .unwrap();
                 let mut sum = nan(d, dt, n * m);
-                d.add(&plain, &residual, &mut sum).unwrap();
+                d.exec(Add {
+                    a: &plain,
+                    b: &residual,
+                    out: &mut sum,
+                })
+                .unwrap();
                 let mut fused = nan(d, dt, n * m);
-                d.gemm_epilogue(
-                    &desc,
-                    &x,
-                    &w,
-                    &mut fused,
-                    Epilogue::BiasResidual {
+                d.exec(GemmEpilogue {
+                    desc: &desc,
+                    a: &x,
+                    b: &w,
+                    c: &mut fused,
+                    epilogue: Epilogue::BiasResidual {
                         bias: &bias,
                         residual: &residual,
                     },
-                )
+                })
                 .unwrap();
                 h.same_buf(&format!("{what} bias + residual"), "c", &fused, &sum, tol);
                 assert_eq!(
@@ -215,22 +300,38 @@ pub fn gemm_epilogue_matches_composition<D: Device>(h: &Harness<D>) {
             }
             let desc = GemmDesc::new(false, true, n, m, k);
             let mut ppre = nan(d, dt, n * m);
-            d.gemm(&desc, &x, &w, &mut ppre).unwrap();
-            d.bias_add(&mut ppre, &bias, n, m).unwrap();
+            d.exec(Gemm {
+                desc: &desc,
+                a: &x,
+                b: &w,
+                c: &mut ppre,
+            })
+            .unwrap();
+            d.exec(BiasAdd {
+                x: &mut ppre,
+                bias: &bias,
+                rows: n,
+                c: m,
+            })
+            .unwrap();
             let mut py = nan(d, dt, n * m);
-            d.gelu_forward(&ppre, &mut py).unwrap();
+            d.exec(GeluForward {
+                x: &ppre,
+                out: &mut py,
+            })
+            .unwrap();
             let mut fpre = nan(d, dt, n * m);
             let mut fy = nan(d, dt, n * m);
-            d.gemm_epilogue(
-                &desc,
-                &x,
-                &w,
-                &mut fy,
-                Epilogue::BiasGelu {
+            d.exec(GemmEpilogue {
+                desc: &desc,
+                a: &x,
+                b: &w,
+                c: &mut fy,
+                epilogue: Epilogue::BiasGelu {
                     bias: &bias,
                     pre: &mut fpre,
                 },
-            )
+            })
             .unwrap();
             h.same(
                 &format!("{what} bias + gelu"),
@@ -244,19 +345,42 @@ pub fn gemm_epilogue_matches_composition<D: Device>(h: &Harness<D>) {
         let pre = put(d, dt, &r.vec(n * k, -3.0, 3.0));
         let desc = GemmDesc::new(false, false, n, k, m);
         let mut prod = nan(d, dt, n * k);
-        d.gemm(&desc, &dy, &w, &mut prod).unwrap();
+        d.exec(Gemm {
+            desc: &desc,
+            a: &dy,
+            b: &w,
+            c: &mut prod,
+        })
+        .unwrap();
         let mut pdx = nan(d, dt, n * k);
-        d.gelu_backward(&pre, &prod, &mut pdx).unwrap();
+        d.exec(GeluBackward {
+            x: &pre,
+            dout: &prod,
+            dx: &mut pdx,
+        })
+        .unwrap();
         let mut fdx = nan(d, dt, n * k);
-        d.gemm_epilogue(&desc, &dy, &w, &mut fdx, Epilogue::DGelu { pre: &pre })
-            .unwrap();
+        d.exec(GemmEpilogue {
+            desc: &desc,
+            a: &dy,
+            b: &w,
+            c: &mut fdx,
+            epilogue: Epilogue::DGelu { pre: &pre },
+        })
+        .unwrap();
         h.same_buf(&format!("{case} {dt} dgelu"), "dx", &fdx, &pdx, tol);
         // The bias gradient (f32, overwritten) with the weight gradient: accumulated into f32;
         // and in the 16-bit dtype, written (the training step's case), where a library that
         // writes the bias gradient in the weight gradient's dtype (CUDA's fallback,
         // crates/cuda/src/ops/gemm.rs) stays within that rounding.
         let mut pdb = put(d, DType::F32, &vec![0.0; m]);
-        d.bias_backward(&dy, &mut pdb, n, m).unwrap();
+        d.exec(BiasBackward {
+            dout: &dy,
+            dbias: &mut pdb,
+            rows: n,
+            c: m,
+        })
+        .unwrap();
         for (dw_dt, beta, dw_tol, what) in [
             (
                 DType::F32,
@@ -278,16 +402,22 @@ pub fn gemm_epilogue_matches_composition<D: Device>(h: &Harness<D>) {
                 r.vec(m * k, -1.0, 1.0)
             };
             let mut pdw = put(d, dw_dt, &dw0);
-            d.gemm(&wdesc, &dy, &x, &mut pdw).unwrap();
+            d.exec(Gemm {
+                desc: &wdesc,
+                a: &dy,
+                b: &x,
+                c: &mut pdw,
+            })
+            .unwrap();
             let mut fdw = put(d, dw_dt, &dw0);
             let mut fdb = nan(d, DType::F32, m);
-            d.gemm_epilogue(
-                &wdesc,
-                &dy,
-                &x,
-                &mut fdw,
-                Epilogue::BiasGradA { dbias: &mut fdb },
-            )
+            d.exec(GemmEpilogue {
+                desc: &wdesc,
+                a: &dy,
+                b: &x,
+                c: &mut fdw,
+                epilogue: Epilogue::BiasGradA { dbias: &mut fdb },
+            })
             .unwrap();
             h.same(
                 &format!("{case} {dt} {what}"),
@@ -298,8 +428,14 @@ pub fn gemm_epilogue_matches_composition<D: Device>(h: &Harness<D>) {
         }
         let bad = GemmDesc::new(false, false, n, k, m).beta(1.0);
         assert!(
-            d.gemm_epilogue(&bad, &dy, &w, &mut fdx, Epilogue::DGelu { pre: &pre })
-                .is_err(),
+            d.exec(GemmEpilogue {
+                desc: &bad,
+                a: &dy,
+                b: &w,
+                c: &mut fdx,
+                epilogue: Epilogue::DGelu { pre: &pre }
+            })
+            .is_err(),
             "{case}: DGelu with beta 1 is refused"
         );
     }

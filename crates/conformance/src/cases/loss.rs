@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::reference;
-use duet_device::{DType, Device};
+use duet_device::{CrossEntropy, CrossEntropyInPlace, CrossEntropyPadded, DType, Device};
 
 #[allow(clippy::too_many_arguments)]
 fn run_ce<E: Device>(
@@ -20,12 +20,28 @@ fn run_ce<E: Device>(
     let mut losses = nan(e, DType::F32, n);
     if with_grad {
         let mut d = nan(e, dt, n * v);
-        e.cross_entropy(&l, &t, &mut losses, Some(&mut d), n, v, gs)
-            .expect("cross_entropy");
+        e.exec(CrossEntropy {
+            logits: &l,
+            targets: &t,
+            losses: &mut losses,
+            dlogits: Some(&mut d),
+            n,
+            v,
+            grad_scale: gs,
+        })
+        .expect("cross_entropy");
         vec![get(e, "losses", &losses), get(e, "dlogits", &d)]
     } else {
-        e.cross_entropy(&l, &t, &mut losses, None, n, v, gs)
-            .expect("cross_entropy");
+        e.exec(CrossEntropy {
+            logits: &l,
+            targets: &t,
+            losses: &mut losses,
+            dlogits: None,
+            n,
+            v,
+            grad_scale: gs,
+        })
+        .expect("cross_entropy");
         vec![get(e, "losses", &losses)]
     }
 }
@@ -119,8 +135,17 @@ pub fn cross_entropy_padded_rows_ignore_the_padding<D: Device>(h: &Harness<D>) {
                 let l = put(e, dt, logits);
                 let mut losses = nan(e, DType::F32, n);
                 let mut d = nan(e, dt, n * ld);
-                e.cross_entropy_padded(&l, &t, &mut losses, Some(&mut d), n, v, ld, gs)
-                    .expect("cross_entropy_padded");
+                e.exec(CrossEntropyPadded {
+                    logits: &l,
+                    targets: &t,
+                    losses: &mut losses,
+                    dlogits: Some(&mut d),
+                    n,
+                    v,
+                    ld,
+                    grad_scale: gs,
+                })
+                .expect("cross_entropy_padded");
                 (get(e, "losses", &losses), get(e, "dlogits", &d))
             };
             let (l0, d0) = run(&real, v);
@@ -149,8 +174,17 @@ pub fn cross_entropy_padded_rows_ignore_the_padding<D: Device>(h: &Harness<D>) {
         let t = put_i32(e, &[0, 1]);
         let mut losses = nan(e, DType::F32, 2);
         assert!(
-            e.cross_entropy_padded(&l, &t, &mut losses, None, 2, 5, 4, 1.0)
-                .is_err(),
+            e.exec(CrossEntropyPadded {
+                logits: &l,
+                targets: &t,
+                losses: &mut losses,
+                dlogits: None,
+                n: 2,
+                v: 5,
+                ld: 4,
+                grad_scale: 1.0
+            })
+            .is_err(),
             "v 5 > ld 4 accepted"
         );
     }
@@ -181,12 +215,29 @@ pub fn cross_entropy_in_place_matches_padded<D: Device>(h: &Harness<D>) {
             let l = put(e, dt, &logits);
             let mut losses0 = nan(e, DType::F32, n);
             let mut d0 = nan(e, dt, n * ld);
-            e.cross_entropy_padded(&l, &t, &mut losses0, Some(&mut d0), n, v, ld, gs)
-                .expect("cross_entropy_padded");
+            e.exec(CrossEntropyPadded {
+                logits: &l,
+                targets: &t,
+                losses: &mut losses0,
+                dlogits: Some(&mut d0),
+                n,
+                v,
+                ld,
+                grad_scale: gs,
+            })
+            .expect("cross_entropy_padded");
             let mut inplace = put(e, dt, &logits);
             let mut losses1 = nan(e, DType::F32, n);
-            e.cross_entropy_in_place(&mut inplace, &t, &mut losses1, n, v, ld, gs)
-                .expect("cross_entropy_in_place");
+            e.exec(CrossEntropyInPlace {
+                logits: &mut inplace,
+                targets: &t,
+                losses: &mut losses1,
+                n,
+                v,
+                ld,
+                grad_scale: gs,
+            })
+            .expect("cross_entropy_in_place");
             let name = format!("{case} {dt} n{n} v{v} ld{ld}");
             assert_eq!(
                 get(e, "losses", &losses1).bytes,

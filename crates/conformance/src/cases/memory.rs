@@ -1,7 +1,10 @@
 //! Memory: uploads, downloads, copies, fills, zeroing.
 
 use super::*;
-use duet_device::{AdamWClipStep, AdamWTensor, DType, Device, DeviceExt};
+use duet_device::{
+    AdamWClipStep, AdamWClipped, AdamWTensor, CrossEntropyInPlace, DType, Device, DeviceExt,
+    SumSquaresMany,
+};
 
 /// Every dtype a buffer holds data in: the floats, FP8 included, and i32.
 fn all_dtypes() -> impl Iterator<Item = DType> {
@@ -219,7 +222,11 @@ impl<B> GraphState<B> {
     fn queue<E: Device<Buffer = B>>(&mut self, e: &E) -> duet_device::Result<()> {
         e.zero_many(&mut [&mut self.norm])?;
         let grads: Vec<&B> = self.grads.iter().collect();
-        e.sum_squares_many(&grads, &mut self.norm, 0)?;
+        e.exec(SumSquaresMany {
+            xs: &grads,
+            out: &mut self.norm,
+            slot: 0,
+        })?;
         e.copy(&self.norm, 0, &mut self.scalars, 0, 1)?;
         let mut tensors: Vec<AdamWTensor<'_, B>> = self
             .params
@@ -243,16 +250,20 @@ impl<B> GraphState<B> {
             max_norm: 1.0,
             loss_scale: 1.0,
         };
-        e.adamw_clipped(&mut tensors, &step, &self.scalars)?;
-        e.cross_entropy_in_place(
-            &mut self.logits,
-            &self.targets,
-            &mut self.losses,
-            37,
-            301,
-            301,
-            1.0 / 37.0,
-        )
+        e.exec(AdamWClipped {
+            tensors: &mut tensors,
+            step: &step,
+            scalars: &self.scalars,
+        })?;
+        e.exec(CrossEntropyInPlace {
+            logits: &mut self.logits,
+            targets: &self.targets,
+            losses: &mut self.losses,
+            n: 37,
+            v: 301,
+            ld: 301,
+            grad_scale: 1.0 / 37.0,
+        })
     }
 
     fn tensors<E: Device<Buffer = B>>(&self, e: &E) -> Vec<Tensor> {

@@ -5,7 +5,10 @@
 use super::*;
 use crate::harness::compare_values;
 use crate::reference;
-use duet_device::{DType, Device, DeviceError};
+use duet_device::{
+    BiasBackward, DType, Device, DeviceError, LayerNormBackward, LayerNormBackwardColsum,
+    LayerNormForward,
+};
 
 /// Rows with their own offsets and scales.
 fn ln_input(r: &mut Rng, n: usize, c: usize) -> Vec<f32> {
@@ -80,8 +83,18 @@ impl LnCase {
         let mut out = nan(e, self.act, n * c);
         let mut mean = nan(e, DType::F32, n);
         let mut rstd = nan(e, DType::F32, n);
-        e.layernorm_forward(&x, &g, &b, &mut out, &mut mean, &mut rstd, n, c, 1e-5)
-            .expect("layernorm_forward");
+        e.exec(LayerNormForward {
+            x: &x,
+            gamma: &g,
+            beta: &b,
+            out: &mut out,
+            mean: &mut mean,
+            rstd: &mut rstd,
+            n,
+            c,
+            eps: 1e-5,
+        })
+        .expect("layernorm_forward");
         let dout = put(e, self.act, &self.dout);
         let mut dx = put(e, self.act, &self.dx0);
         let mut dg = put(e, self.pdt, &self.dg0);
@@ -94,9 +107,18 @@ impl LnCase {
         match colsum {
             None => {
                 for _ in 0..times {
-                    e.layernorm_backward(
-                        &dout, &x, &g, &mean, &rstd, &mut dx, &mut dg, &mut db, n, c,
-                    )
+                    e.exec(LayerNormBackward {
+                        dout: &dout,
+                        x: &x,
+                        gamma: &g,
+                        mean: &mean,
+                        rstd: &rstd,
+                        dx: &mut dx,
+                        dgamma: &mut dg,
+                        dbeta: &mut db,
+                        n,
+                        c,
+                    })
                     .expect("layernorm_backward");
                 }
             }
@@ -104,17 +126,41 @@ impl LnCase {
                 let mut dsum = put(e, self.sdt, &self.ds0);
                 for _ in 0..times {
                     if fused {
-                        e.layernorm_backward_colsum(
-                            &dout, &x, &g, &mean, &rstd, &mut dx, &mut dg, &mut db, &mut dsum, n, c,
-                        )
+                        e.exec(LayerNormBackwardColsum {
+                            dout: &dout,
+                            x: &x,
+                            gamma: &g,
+                            mean: &mean,
+                            rstd: &rstd,
+                            dx: &mut dx,
+                            dgamma: &mut dg,
+                            dbeta: &mut db,
+                            dsum: &mut dsum,
+                            n,
+                            c,
+                        })
                         .expect("layernorm_backward_colsum");
                     } else {
-                        e.layernorm_backward(
-                            &dout, &x, &g, &mean, &rstd, &mut dx, &mut dg, &mut db, n, c,
-                        )
+                        e.exec(LayerNormBackward {
+                            dout: &dout,
+                            x: &x,
+                            gamma: &g,
+                            mean: &mean,
+                            rstd: &rstd,
+                            dx: &mut dx,
+                            dgamma: &mut dg,
+                            dbeta: &mut db,
+                            n,
+                            c,
+                        })
                         .expect("layernorm_backward");
-                        e.bias_backward(&dx, &mut dsum, n, c)
-                            .expect("bias_backward");
+                        e.exec(BiasBackward {
+                            dout: &dx,
+                            dbias: &mut dsum,
+                            rows: n,
+                            c,
+                        })
+                        .expect("bias_backward");
                     }
                 }
                 res.push(get(e, "dsum", &dsum));
@@ -421,12 +467,32 @@ pub fn layernorm_rejects_bad_shapes<D: Device>(h: &Harness<D>) {
     let mut m = d.alloc(DType::F32, 1).unwrap();
     let mut rs = d.alloc(DType::F32, 1).unwrap();
     typed(
-        d.layernorm_forward(&x, &p, &p, &mut o, &mut m, &mut rs, 1, 0, 1e-5),
+        d.exec(LayerNormForward {
+            x: &x,
+            gamma: &p,
+            beta: &p,
+            out: &mut o,
+            mean: &mut m,
+            rstd: &mut rs,
+            n: 1,
+            c: 0,
+            eps: 1e-5,
+        }),
         "forward with c = 0 and a row",
     );
     let short = put(d, DType::F32, &[1.0; 4]);
     typed(
-        d.layernorm_forward(&x, &short, &p, &mut o, &mut m, &mut rs, 1, 8, 1e-5),
+        d.exec(LayerNormForward {
+            x: &x,
+            gamma: &short,
+            beta: &p,
+            out: &mut o,
+            mean: &mut m,
+            rstd: &mut rs,
+            n: 1,
+            c: 8,
+            eps: 1e-5,
+        }),
         "forward with a gamma of 4 for c = 8",
     );
     // n = 0: empty row buffers, nothing to do.
@@ -434,8 +500,18 @@ pub fn layernorm_rejects_bad_shapes<D: Device>(h: &Harness<D>) {
     let mut o0 = d.alloc(DType::BF16, 0).unwrap();
     let mut m0 = d.alloc(DType::F32, 0).unwrap();
     let mut r0 = d.alloc(DType::F32, 0).unwrap();
-    d.layernorm_forward(&x0, &p, &p, &mut o0, &mut m0, &mut r0, 0, 8, 1e-5)
-        .unwrap_or_else(|e| panic!("{case}: n = 0 was refused: {e}"));
+    d.exec(LayerNormForward {
+        x: &x0,
+        gamma: &p,
+        beta: &p,
+        out: &mut o0,
+        mean: &mut m0,
+        rstd: &mut r0,
+        n: 0,
+        c: 8,
+        eps: 1e-5,
+    })
+    .unwrap_or_else(|e| panic!("{case}: n = 0 was refused: {e}"));
     // The colsum variant with a bad dsum.
     let a = |dtype, len| put(d, dtype, &vec![0.5; len]);
     let (dout, x2) = (a(DType::BF16, 16), a(DType::BF16, 16));
@@ -443,16 +519,36 @@ pub fn layernorm_rejects_bad_shapes<D: Device>(h: &Harness<D>) {
     let (mut dx, mut dg, mut db) = (a(DType::BF16, 16), a(DType::F32, 8), a(DType::F32, 8));
     let mut short = a(DType::F32, 4);
     typed(
-        d.layernorm_backward_colsum(
-            &dout, &x2, &g, &mean, &rstd, &mut dx, &mut dg, &mut db, &mut short, 2, 8,
-        ),
+        d.exec(LayerNormBackwardColsum {
+            dout: &dout,
+            x: &x2,
+            gamma: &g,
+            mean: &mean,
+            rstd: &rstd,
+            dx: &mut dx,
+            dgamma: &mut dg,
+            dbeta: &mut db,
+            dsum: &mut short,
+            n: 2,
+            c: 8,
+        }),
         "backward_colsum with a dsum of 4 for c = 8",
     );
     let mut ints = d.alloc(DType::I32, 8).unwrap();
     typed(
-        d.layernorm_backward_colsum(
-            &dout, &x2, &g, &mean, &rstd, &mut dx, &mut dg, &mut db, &mut ints, 2, 8,
-        ),
+        d.exec(LayerNormBackwardColsum {
+            dout: &dout,
+            x: &x2,
+            gamma: &g,
+            mean: &mean,
+            rstd: &rstd,
+            dx: &mut dx,
+            dgamma: &mut dg,
+            dbeta: &mut db,
+            dsum: &mut ints,
+            n: 2,
+            c: 8,
+        }),
         "backward_colsum with an i32 dsum",
     );
     for (name, b, dt, len) in [

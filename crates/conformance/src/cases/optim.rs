@@ -4,8 +4,9 @@
 use super::*;
 use crate::reference;
 use duet_device::{
-    ADAMW_SCALARS, AdamWClipStep, AdamWFp8Out, AdamWStep, AdamWTensor, Buffer, DType, Device,
-    DeviceError, Fp8QuantJob, clip_grad_scale,
+    ADAMW_SCALARS, AdamWClipStep, AdamWClipped, AdamWClippedFp8, AdamWFp8Out, AdamWStep,
+    AdamWTensor, AdamWUpdate, BiasBackward, Buffer, DType, Device, DeviceError, Fp8QuantJob,
+    QuantizeFp8Many, SumSquares, SumSquaresMany, clip_grad_scale,
 };
 
 /// The copy kinds of a working copy: none, every float and every FP8 dtype.
@@ -203,8 +204,15 @@ fn adamw_on<E: Device>(
     let mut b = bufs(e, init, gdt, copy);
     let mut out = Vec::new();
     for (t, s) in steps.iter().enumerate() {
-        e.adamw(&mut b.p, &b.g, &mut b.m, &mut b.v, s, b.c.as_mut())
-            .expect("adamw");
+        e.exec(AdamWUpdate {
+            param: &mut b.p,
+            grad: &b.g,
+            m: &mut b.m,
+            v: &mut b.v,
+            step: s,
+            param_copy: b.c.as_mut(),
+        })
+        .expect("adamw");
         push_state(e, &mut out, &b, 0, t + 1);
     }
     out
@@ -280,7 +288,14 @@ pub fn adamw_all_grad_and_copy_dtypes<D: Device>(h: &Harness<D>) {
     let mut m = d.alloc(DType::F32, 4).expect("alloc");
     let mut v = d.alloc(DType::F32, 4).expect("alloc");
     let step = adamw_step(1e-3, 0.0, AdamWStep::bias_corrections(0.9, 0.95, 1), 1.0);
-    let err = d.adamw(&mut p16, &gr, &mut m, &mut v, &step, None);
+    let err = d.exec(AdamWUpdate {
+        param: &mut p16,
+        grad: &gr,
+        m: &mut m,
+        v: &mut v,
+        step: &step,
+        param_copy: None,
+    });
     assert!(
         matches!(err, Err(DeviceError::DTypeMismatch { .. })),
         "{CASE}: a bf16 parameter gives {err:?}"
@@ -292,7 +307,12 @@ fn sum_squares_on<E: Device>(e: &E, dt: DType, x: &[f32]) -> Vec<Tensor> {
     let xb = put(e, dt, x);
     let mut o = put(e, DType::F32, &[0.5, -1.0, 2.0]);
     for slot in [0usize, 2] {
-        e.sum_squares(&xb, &mut o, slot).expect("sum_squares");
+        e.exec(SumSquares {
+            x: &xb,
+            out: &mut o,
+            slot,
+        })
+        .expect("sum_squares");
     }
     vec![get(e, "out", &o)]
 }
@@ -329,7 +349,11 @@ pub fn sum_squares_matches_and_is_deterministic<D: Device>(h: &Harness<D>) {
     }
     let x = h.dev.alloc(DType::F32, 4).expect("alloc");
     let mut o = h.dev.alloc(DType::F32, 2).expect("alloc");
-    let err = h.dev.sum_squares(&x, &mut o, 2);
+    let err = h.dev.exec(SumSquares {
+        x: &x,
+        out: &mut o,
+        slot: 2,
+    });
     assert!(
         matches!(err, Err(DeviceError::Shape { .. })),
         "{CASE}: slot 2 of 2 gives {err:?}"
@@ -354,11 +378,20 @@ fn sum_squares_many_on<E: Device>(
     let mut o = put(e, DType::F32, init);
     if many {
         let refs: Vec<&E::Buffer> = bs.iter().collect();
-        e.sum_squares_many(&refs, &mut o, 1)
-            .expect("sum_squares_many");
+        e.exec(SumSquaresMany {
+            xs: &refs,
+            out: &mut o,
+            slot: 1,
+        })
+        .expect("sum_squares_many");
     } else {
         for b in &bs {
-            e.sum_squares(b, &mut o, 1).expect("sum_squares");
+            e.exec(SumSquares {
+                x: b,
+                out: &mut o,
+                slot: 1,
+            })
+            .expect("sum_squares");
         }
     }
     vec![get(e, "out", &o)]
@@ -501,8 +534,12 @@ fn clipped_on<E: Device>(
     let mut scalars = put(e, DType::F32, &[0.0; ADAMW_SCALARS]);
     {
         let grads: Vec<&E::Buffer> = bs.iter().map(|b| &b.g).collect();
-        e.sum_squares_many(&grads, &mut scalars, 0)
-            .expect("sum_squares_many");
+        e.exec(SumSquaresMany {
+            xs: &grads,
+            out: &mut scalars,
+            slot: 0,
+        })
+        .expect("sum_squares_many");
     }
     let mut out = vec![get(e, "norm_sq", &scalars)];
     for (t, sc) in steps.iter().enumerate() {
@@ -523,12 +560,23 @@ fn clipped_on<E: Device>(
                     bias_correction2: v[3],
                     grad_scale,
                 };
-                e.adamw(&mut b.p, &b.g, &mut b.m, &mut b.v, &s, b.c.as_mut())
-                    .expect("adamw");
+                e.exec(AdamWUpdate {
+                    param: &mut b.p,
+                    grad: &b.g,
+                    m: &mut b.m,
+                    v: &mut b.v,
+                    step: &s,
+                    param_copy: b.c.as_mut(),
+                })
+                .expect("adamw");
             }
         } else {
-            e.adamw_clipped(&mut adamw_tensors(&mut bs, &wds), clip, &scalars)
-                .expect("adamw_clipped");
+            e.exec(AdamWClipped {
+                tensors: &mut adamw_tensors(&mut bs, &wds),
+                step: clip,
+                scalars: &scalars,
+            })
+            .expect("adamw_clipped");
         }
         for (i, b) in bs.iter().enumerate() {
             push_state(e, &mut out, b, i, t + 1);
@@ -768,8 +816,12 @@ fn clipped_fp8_on<E: Device>(
         let mut tensors = adamw_tensors(&mut b.t, &wds);
         let mut outs = fp8_outs(cases, &mut b.codes);
         if composed {
-            e.adamw_clipped(&mut tensors, &clip, &b.scalars)
-                .expect("adamw_clipped");
+            e.exec(AdamWClipped {
+                tensors: &mut tensors,
+                step: &clip,
+                scalars: &b.scalars,
+            })
+            .expect("adamw_clipped");
             let mut jobs: Vec<Fp8QuantJob<'_, E::Buffer>> = outs
                 .iter_mut()
                 .map(|o| {
@@ -777,17 +829,21 @@ fn clipped_fp8_on<E: Device>(
                     o.job(t)
                 })
                 .collect();
-            e.quantize_fp8_many(&mut jobs, &b.scale, &mut b.amax)
-                .expect("quantize_fp8_many");
+            e.exec(QuantizeFp8Many {
+                jobs: &mut jobs,
+                scale: &b.scale,
+                amax: &mut b.amax,
+            })
+            .expect("quantize_fp8_many");
         } else {
-            e.adamw_clipped_fp8(
-                &mut tensors,
-                &clip,
-                &b.scalars,
-                &mut outs,
-                &b.scale,
-                &mut b.amax,
-            )
+            e.exec(AdamWClippedFp8 {
+                tensors: &mut tensors,
+                step: &clip,
+                scalars: &b.scalars,
+                outs: &mut outs,
+                scale: &b.scale,
+                amax: &mut b.amax,
+            })
             .expect("adamw_clipped_fp8");
         }
         drop(outs);
@@ -1036,7 +1092,14 @@ fn bad_outs_are_refused_first<D: Device>(h: &Harness<D>, cases: &[Fp8Case], init
             slot: if matches!(bad, Bad::Slot) { slots } else { 4 },
         });
         let err = e
-            .adamw_clipped_fp8(&mut tensors, &fp8_clip(), scalars, &mut outs, scale, amax)
+            .exec(AdamWClippedFp8 {
+                tensors: &mut tensors,
+                step: &fp8_clip(),
+                scalars,
+                outs: &mut outs,
+                scale,
+                amax,
+            })
             .expect_err("a bad output is refused");
         let kind_ok = match bad {
             Bad::Float => matches!(err, DeviceError::Unsupported { .. }),
@@ -1074,11 +1137,21 @@ pub fn reductions_from_many_threads_are_exact<D: Device>(h: &Harness<D>) {
         let (x, rows, c, d) = &inputs[t];
         let xb = put(e, DType::F32, x);
         let mut o = put(e, DType::F32, &[0.25]);
-        e.sum_squares(&xb, &mut o, 0).expect("sum_squares");
+        e.exec(SumSquares {
+            x: &xb,
+            out: &mut o,
+            slot: 0,
+        })
+        .expect("sum_squares");
         let db = put(e, DType::F32, d);
         let mut dbias = put(e, DType::F32, &vec![0.5; *c]);
-        e.bias_backward(&db, &mut dbias, *rows, *c)
-            .expect("bias_backward");
+        e.exec(BiasBackward {
+            dout: &db,
+            dbias: &mut dbias,
+            rows: *rows,
+            c: *c,
+        })
+        .expect("bias_backward");
         (get(e, "out", &o).bytes, get(e, "dbias", &dbias).bytes)
     };
     let alone: Vec<_> = (0..THREADS).map(|t| run(&h.dev, t)).collect();

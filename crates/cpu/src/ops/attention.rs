@@ -5,25 +5,27 @@
 use super::math::exp_f32;
 use super::{max_f32, par_chunks_f32, read, rows_per_task, sum_f32};
 use crate::CpuDevice;
-use crate::buffer::CpuBuffer;
-use duet_device::{AttentionOps, Buffer, HeadsDesc, Result, SoftmaxDesc};
+use duet_device::{
+    AttentionOps, Buffer, Checked, HeadsDesc, MergeHeads, Result, SoftmaxCausalBackward,
+    SoftmaxCausalForward, SoftmaxDesc, SplitHeads, SplitHeadsBackward,
+};
 use rayon::prelude::*;
 
 /// Minimum elements per task for the permutations.
 const PERMUTE_MIN_ELEMS: usize = 1 << 13;
 
 impl AttentionOps for CpuDevice {
-    fn split_heads(
-        &self,
-        qkv: &CpuBuffer,
-        q: &mut CpuBuffer,
-        k: &mut CpuBuffer,
-        v: &mut CpuBuffer,
-        b: usize,
-        t: usize,
-        nh: usize,
-        hs: usize,
-    ) -> Result<()> {
+    fn split_heads(&self, args: Checked<SplitHeads<'_, Self::Buffer>>) -> Result<()> {
+        let SplitHeads {
+            qkv,
+            q,
+            k,
+            v,
+            b,
+            t,
+            nh,
+            hs,
+        } = args.into_inner();
         self.run(|| {
             const OP: &str = "split_heads";
             let desc = HeadsDesc::new(OP, b, t, nh, hs)?;
@@ -58,15 +60,18 @@ impl AttentionOps for CpuDevice {
 
     fn split_heads_backward(
         &self,
-        dq: &CpuBuffer,
-        dk: &CpuBuffer,
-        dv: &CpuBuffer,
-        dqkv: &mut CpuBuffer,
-        b: usize,
-        t: usize,
-        nh: usize,
-        hs: usize,
+        args: Checked<SplitHeadsBackward<'_, Self::Buffer>>,
     ) -> Result<()> {
+        let SplitHeadsBackward {
+            dq,
+            dk,
+            dv,
+            dqkv,
+            b,
+            t,
+            nh,
+            hs,
+        } = args.into_inner();
         self.run(|| {
             const OP: &str = "split_heads_backward";
             let desc = HeadsDesc::new(OP, b, t, nh, hs)?;
@@ -97,16 +102,16 @@ impl AttentionOps for CpuDevice {
         })
     }
 
-    fn merge_heads(
-        &self,
-        y: &CpuBuffer,
-        out: &mut CpuBuffer,
-        b: usize,
-        t: usize,
-        nh: usize,
-        hs: usize,
-        backward: bool,
-    ) -> Result<()> {
+    fn merge_heads(&self, args: Checked<MergeHeads<'_, Self::Buffer>>) -> Result<()> {
+        let MergeHeads {
+            y,
+            out,
+            b,
+            t,
+            nh,
+            hs,
+            backward,
+        } = args.into_inner();
         self.run(|| {
             const OP: &str = "merge_heads";
             let desc = HeadsDesc::new(OP, b, t, nh, hs)?;
@@ -151,12 +156,15 @@ impl AttentionOps for CpuDevice {
 
     fn softmax_causal_forward(
         &self,
-        scores: &CpuBuffer,
-        probs: &mut CpuBuffer,
-        rows: usize,
-        t: usize,
-        scale: f32,
+        args: Checked<SoftmaxCausalForward<'_, Self::Buffer>>,
     ) -> Result<()> {
+        let SoftmaxCausalForward {
+            scores,
+            probs,
+            batch: rows,
+            t,
+            scale,
+        } = args.into_inner();
         self.run(|| {
             const OP: &str = "softmax_causal_forward";
             let desc = SoftmaxDesc::new(OP, rows, t)?;
@@ -194,13 +202,16 @@ impl AttentionOps for CpuDevice {
 
     fn softmax_causal_backward(
         &self,
-        probs: &CpuBuffer,
-        dprobs: &CpuBuffer,
-        dscores: &mut CpuBuffer,
-        rows: usize,
-        t: usize,
-        scale: f32,
+        args: Checked<SoftmaxCausalBackward<'_, Self::Buffer>>,
     ) -> Result<()> {
+        let SoftmaxCausalBackward {
+            probs,
+            dprobs,
+            dscores,
+            batch: rows,
+            t,
+            scale,
+        } = args.into_inner();
         self.run(|| {
             const OP: &str = "softmax_causal_backward";
             let desc = SoftmaxDesc::new(OP, rows, t)?;

@@ -3,8 +3,10 @@
 use super::math::sigmoid_f32;
 use super::{ELEM_CHUNK, REDUCE_BLOCK_ROWS, par_chunks_f32, read, rows_per_task};
 use crate::CpuDevice;
-use crate::buffer::CpuBuffer;
-use duet_device::{ElementwiseOps, Result, RowsDesc};
+use duet_device::{
+    Add, AddAssign, BiasAdd, BiasBackward, Checked, ElementwiseOps, GeluBackward, GeluForward,
+    Result, RowsDesc, Scale,
+};
 use rayon::prelude::*;
 
 const GELU_K: f32 = 0.797_884_6; // sqrt(2/pi)
@@ -80,7 +82,8 @@ pub(crate) fn combine_partials(
 }
 
 impl ElementwiseOps for CpuDevice {
-    fn scale(&self, x: &mut CpuBuffer, alpha: f32) -> Result<()> {
+    fn scale(&self, args: Checked<Scale<'_, Self::Buffer>>) -> Result<()> {
+        let Scale { x, alpha } = args.into_inner();
         self.run(|| {
             let xv = x.act_mut("scale")?;
             par_chunks_f32(xv, true, ELEM_CHUNK, |_, s| {
@@ -92,7 +95,8 @@ impl ElementwiseOps for CpuDevice {
         })
     }
 
-    fn add(&self, a: &CpuBuffer, b: &CpuBuffer, out: &mut CpuBuffer) -> Result<()> {
+    fn add(&self, args: Checked<Add<'_, Self::Buffer>>) -> Result<()> {
+        let Add { a, b, out } = args.into_inner();
         self.run(|| {
             const OP: &str = "add";
             duet_device::args::validate_add(a, b, out)?;
@@ -109,7 +113,8 @@ impl ElementwiseOps for CpuDevice {
         })
     }
 
-    fn add_assign(&self, dst: &mut CpuBuffer, src: &CpuBuffer) -> Result<()> {
+    fn add_assign(&self, args: Checked<AddAssign<'_, Self::Buffer>>) -> Result<()> {
+        let AddAssign { dst, src } = args.into_inner();
         self.run(|| {
             const OP: &str = "add_assign";
             duet_device::args::validate_add_assign(dst, src)?;
@@ -125,7 +130,8 @@ impl ElementwiseOps for CpuDevice {
         })
     }
 
-    fn gelu_forward(&self, x: &CpuBuffer, out: &mut CpuBuffer) -> Result<()> {
+    fn gelu_forward(&self, args: Checked<GeluForward<'_, Self::Buffer>>) -> Result<()> {
+        let GeluForward { x, out } = args.into_inner();
         self.run(|| {
             const OP: &str = "gelu_forward";
             duet_device::args::validate_gelu_forward(x, out)?;
@@ -139,7 +145,8 @@ impl ElementwiseOps for CpuDevice {
         })
     }
 
-    fn gelu_backward(&self, x: &CpuBuffer, dout: &CpuBuffer, dx: &mut CpuBuffer) -> Result<()> {
+    fn gelu_backward(&self, args: Checked<GeluBackward<'_, Self::Buffer>>) -> Result<()> {
+        let GeluBackward { x, dout, dx } = args.into_inner();
         self.run(|| {
             const OP: &str = "gelu_backward";
             duet_device::args::validate_gelu_backward(x, dout, dx)?;
@@ -155,7 +162,8 @@ impl ElementwiseOps for CpuDevice {
         })
     }
 
-    fn bias_add(&self, x: &mut CpuBuffer, bias: &CpuBuffer, rows: usize, c: usize) -> Result<()> {
+    fn bias_add(&self, args: Checked<BiasAdd<'_, Self::Buffer>>) -> Result<()> {
+        let BiasAdd { x, bias, rows, c } = args.into_inner();
         self.run(|| {
             const OP: &str = "bias_add";
             let desc = RowsDesc::new(OP, rows, c)?;
@@ -177,13 +185,13 @@ impl ElementwiseOps for CpuDevice {
         })
     }
 
-    fn bias_backward(
-        &self,
-        dout: &CpuBuffer,
-        dbias: &mut CpuBuffer,
-        rows: usize,
-        c: usize,
-    ) -> Result<()> {
+    fn bias_backward(&self, args: Checked<BiasBackward<'_, Self::Buffer>>) -> Result<()> {
+        let BiasBackward {
+            dout,
+            dbias,
+            rows,
+            c,
+        } = args.into_inner();
         self.run(|| {
             const OP: &str = "bias_backward";
             RowsDesc::new(OP, rows, c)?.validate_bias_backward(dout, dbias)?;

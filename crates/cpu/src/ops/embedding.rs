@@ -4,7 +4,9 @@
 use super::{par_chunks_f32, read, rows_per_task};
 use crate::CpuDevice;
 use crate::buffer::CpuBuffer;
-use duet_device::{DeviceError, EmbeddingOps, Result, TokensDesc};
+use duet_device::{
+    Checked, DeviceError, EmbeddingBackward, EmbeddingForward, EmbeddingOps, Result, TokensDesc,
+};
 use rayon::prelude::*;
 
 struct Dims {
@@ -39,16 +41,16 @@ fn validate(
 }
 
 impl EmbeddingOps for CpuDevice {
-    fn embedding_forward(
-        &self,
-        tokens: &CpuBuffer,
-        wte: &CpuBuffer,
-        wpe: &CpuBuffer,
-        out: &mut CpuBuffer,
-        b: usize,
-        t: usize,
-        c: usize,
-    ) -> Result<()> {
+    fn embedding_forward(&self, args: Checked<EmbeddingForward<'_, Self::Buffer>>) -> Result<()> {
+        let EmbeddingForward {
+            tokens,
+            wte,
+            wpe,
+            out,
+            b,
+            t,
+            c,
+        } = args.into_inner();
         self.run(|| {
             const OP: &str = "embedding_forward";
             validate(OP, tokens, wte, wpe, out, b, t, c)?;
@@ -74,16 +76,16 @@ impl EmbeddingOps for CpuDevice {
     /// order); `dwte` is updated one vocabulary row per task, adding the rows of `dout` whose token
     /// is that row in position order (found with a counting sort), so no two tasks touch the same
     /// row and the summation order is fixed.
-    fn embedding_backward(
-        &self,
-        tokens: &CpuBuffer,
-        dout: &CpuBuffer,
-        dwte: &mut CpuBuffer,
-        dwpe: &mut CpuBuffer,
-        b: usize,
-        t: usize,
-        c: usize,
-    ) -> Result<()> {
+    fn embedding_backward(&self, args: Checked<EmbeddingBackward<'_, Self::Buffer>>) -> Result<()> {
+        let EmbeddingBackward {
+            tokens,
+            dout,
+            dwte,
+            dwpe,
+            b,
+            t,
+            c,
+        } = args.into_inner();
         self.run(|| {
             const OP: &str = "embedding_backward";
             let Dims { vocab } = validate(OP, tokens, dwte, dwpe, dout, b, t, c)?;

@@ -4,8 +4,10 @@
 use super::gemm::{extent, gemm_widened, span};
 use super::{ELEM_CHUNK, max_f32, read};
 use crate::CpuDevice;
-use crate::buffer::{CpuBuffer, Storage, unsupported};
-use duet_device::{Buffer, Fp8Format, Fp8Ops, GemmDesc, Result, RowsDesc};
+use crate::buffer::{Storage, unsupported};
+use duet_device::{
+    Buffer, Checked, Fp8Format, Fp8Ops, GemmDesc, GemmFp8, QuantizeFp8, Result, RowsDesc,
+};
 use rayon::prelude::*;
 
 /// Rows per task of the transposed store.
@@ -68,17 +70,17 @@ impl FastEncoder {
 }
 
 impl Fp8Ops for CpuDevice {
-    fn quantize_fp8(
-        &self,
-        src: &CpuBuffer,
-        dst: &mut CpuBuffer,
-        dst_t: Option<&mut CpuBuffer>,
-        rows: usize,
-        cols: usize,
-        scale: &CpuBuffer,
-        amax: &mut CpuBuffer,
-        slot: usize,
-    ) -> Result<()> {
+    fn quantize_fp8(&self, args: Checked<QuantizeFp8<'_, Self::Buffer>>) -> Result<()> {
+        let QuantizeFp8 {
+            src,
+            dst,
+            dst_t,
+            rows,
+            cols,
+            scale,
+            amax,
+            slot,
+        } = args.into_inner();
         self.run(|| {
             const OP: &str = "quantize_fp8";
             let desc = RowsDesc::new(OP, rows, cols)?;
@@ -136,16 +138,16 @@ impl Fp8Ops for CpuDevice {
     /// product accumulates in f32 like any other GEMM, and the two inverse scales are folded into
     /// alpha — `C = (alpha·sa·sb)·op(A)·op(B) + beta·C`, which is what
     /// cuBLASLt's scale pointers compute.
-    fn gemm_fp8(
-        &self,
-        desc: &GemmDesc,
-        a: &CpuBuffer,
-        b: &CpuBuffer,
-        c: &mut CpuBuffer,
-        scale_inv: &CpuBuffer,
-        a_slot: usize,
-        b_slot: usize,
-    ) -> Result<()> {
+    fn gemm_fp8(&self, args: Checked<GemmFp8<'_, Self::Buffer>>) -> Result<()> {
+        let GemmFp8 {
+            desc,
+            a,
+            b,
+            c,
+            scale_inv,
+            a_slot,
+            b_slot,
+        } = args.into_inner();
         let threads = self.threads;
         self.run(|| {
             const OP: &str = "gemm_fp8";

@@ -14,7 +14,7 @@
 use crate::CpuDevice;
 use crate::buffer::CpuBuffer;
 use duet_device::{
-    Buffer, DType, DeviceError, GemmDesc, GemmOps, Result, check_dtype, check_float,
+    Buffer, Checked, DType, DeviceError, Gemm, GemmDesc, GemmOps, Result, check_dtype, check_float,
 };
 use gemm::Parallelism;
 use rayon::prelude::*;
@@ -160,7 +160,8 @@ fn gemm_one(d: &GemmDesc, a: &[f32], b: &[f32], c: &mut [f32], par: Parallelism)
 }
 
 impl GemmOps for CpuDevice {
-    fn gemm(&self, desc: &GemmDesc, a: &CpuBuffer, b: &CpuBuffer, c: &mut CpuBuffer) -> Result<()> {
+    fn gemm(&self, args: Checked<Gemm<'_, Self::Buffer>>) -> Result<()> {
+        let Gemm { desc, a, b, c } = args.into_inner();
         let threads = self.threads;
         self.run(|| {
             const OP: &str = "gemm";

@@ -3,8 +3,8 @@
 use super::math::exp_f32;
 use super::{max_f32, read, rows_per_task, sum_f32};
 use crate::CpuDevice;
-use crate::buffer::{CpuBuffer, FMut, FRef};
-use duet_device::{DeviceError, LossOps, Result, RowsDesc};
+use crate::buffer::{FMut, FRef};
+use duet_device::{Checked, CrossEntropyPadded, DeviceError, LossOps, Result, RowsDesc};
 use rayon::prelude::*;
 
 /// Loss of one row (0 for an ignored target). When `grad` is given, writes
@@ -48,15 +48,18 @@ fn row(
 impl LossOps for CpuDevice {
     fn cross_entropy_padded(
         &self,
-        logits: &CpuBuffer,
-        targets: &CpuBuffer,
-        losses: &mut CpuBuffer,
-        dlogits: Option<&mut CpuBuffer>,
-        n: usize,
-        v: usize,
-        ld: usize,
-        grad_scale: f32,
+        args: Checked<CrossEntropyPadded<'_, Self::Buffer>>,
     ) -> Result<()> {
+        let CrossEntropyPadded {
+            logits,
+            targets,
+            losses,
+            dlogits,
+            n,
+            v,
+            ld,
+            grad_scale,
+        } = args.into_inner();
         self.run(|| {
             const OP: &str = "cross_entropy";
             let desc = RowsDesc::new(OP, n, ld)?;

@@ -3,23 +3,22 @@
 use super::elementwise::combine_partials;
 use super::{REDUCE_BLOCK_ROWS, dot_f32, read, rows_per_task, sum_f32};
 use crate::CpuDevice;
-use crate::buffer::CpuBuffer;
-use duet_device::{NormOps, Result, RowsDesc};
+use duet_device::{Checked, LayerNormBackward, LayerNormForward, NormOps, Result, RowsDesc};
 use rayon::prelude::*;
 
 impl NormOps for CpuDevice {
-    fn layernorm_forward(
-        &self,
-        x: &CpuBuffer,
-        gamma: &CpuBuffer,
-        beta: &CpuBuffer,
-        out: &mut CpuBuffer,
-        mean: &mut CpuBuffer,
-        rstd: &mut CpuBuffer,
-        n: usize,
-        c: usize,
-        eps: f32,
-    ) -> Result<()> {
+    fn layernorm_forward(&self, args: Checked<LayerNormForward<'_, Self::Buffer>>) -> Result<()> {
+        let LayerNormForward {
+            x,
+            gamma,
+            beta,
+            out,
+            mean,
+            rstd,
+            n,
+            c,
+            eps,
+        } = args.into_inner();
         self.run(|| {
             const OP: &str = "layernorm_forward";
             RowsDesc::new(OP, n, c)?.validate_layernorm_forward(
@@ -74,19 +73,19 @@ impl NormOps for CpuDevice {
 
     /// Accumulates into `dx`, `dgamma` and `dbeta`. `dx` rows are independent; the parameter
     /// gradients are summed per fixed block of rows and the blocks combined in order.
-    fn layernorm_backward(
-        &self,
-        dout: &CpuBuffer,
-        x: &CpuBuffer,
-        gamma: &CpuBuffer,
-        mean: &CpuBuffer,
-        rstd: &CpuBuffer,
-        dx: &mut CpuBuffer,
-        dgamma: &mut CpuBuffer,
-        dbeta: &mut CpuBuffer,
-        n: usize,
-        c: usize,
-    ) -> Result<()> {
+    fn layernorm_backward(&self, args: Checked<LayerNormBackward<'_, Self::Buffer>>) -> Result<()> {
+        let LayerNormBackward {
+            dout,
+            x,
+            gamma,
+            mean,
+            rstd,
+            dx,
+            dgamma,
+            dbeta,
+            n,
+            c,
+        } = args.into_inner();
         self.run(|| {
             const OP: &str = "layernorm_backward";
             RowsDesc::new(OP, n, c)?

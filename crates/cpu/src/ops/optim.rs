@@ -3,8 +3,7 @@
 
 use super::{ELEM_CHUNK, read};
 use crate::CpuDevice;
-use crate::buffer::CpuBuffer;
-use duet_device::{AdamWStep, OptimOps, Result};
+use duet_device::{AdamWStep, AdamWUpdate, Checked, OptimOps, Result, SumSquares};
 use rayon::prelude::*;
 
 /// Elements per partial sum in [`OptimOps::sum_squares`]; fixed so the result ignores the thread
@@ -12,15 +11,15 @@ use rayon::prelude::*;
 const SUMSQ_CHUNK: usize = 1 << 12;
 
 impl OptimOps for CpuDevice {
-    fn adamw(
-        &self,
-        param: &mut CpuBuffer,
-        grad: &CpuBuffer,
-        m: &mut CpuBuffer,
-        v: &mut CpuBuffer,
-        step: &AdamWStep,
-        param_copy: Option<&mut CpuBuffer>,
-    ) -> Result<()> {
+    fn adamw(&self, args: Checked<AdamWUpdate<'_, Self::Buffer>>) -> Result<()> {
+        let AdamWUpdate {
+            param,
+            grad,
+            m,
+            v,
+            step,
+            param_copy,
+        } = args.into_inner();
         self.run(|| {
             const OP: &str = "adamw";
             duet_device::args::validate_adamw(param, grad, m, v, param_copy.as_deref())?;
@@ -67,7 +66,8 @@ impl OptimOps for CpuDevice {
 
     /// `out[slot] += Σ x²`: squares summed in f64 per fixed chunk of `SUMSQ_CHUNK` elements,
     /// chunk sums combined in order (f64), then added to `out[slot]` with one f32 rounding.
-    fn sum_squares(&self, x: &CpuBuffer, out: &mut CpuBuffer, slot: usize) -> Result<()> {
+    fn sum_squares(&self, args: Checked<SumSquares<'_, Self::Buffer>>) -> Result<()> {
+        let SumSquares { x, out, slot } = args.into_inner();
         self.run(|| {
             const OP: &str = "sum_squares";
             let len = duet_device::args::validate_sum_squares(x, out, slot)?;

@@ -250,17 +250,17 @@ impl CudaDevice {
 }
 
 impl AttentionOps for CudaDevice {
-    fn split_heads(
-        &self,
-        qkv: &CudaBuffer,
-        q: &mut CudaBuffer,
-        k: &mut CudaBuffer,
-        v: &mut CudaBuffer,
-        b: usize,
-        t: usize,
-        nh: usize,
-        hs: usize,
-    ) -> Result<()> {
+    fn split_heads(&self, args: Checked<SplitHeads<'_, Self::Buffer>>) -> Result<()> {
+        let SplitHeads {
+            qkv,
+            q,
+            k,
+            v,
+            b,
+            t,
+            nh,
+            hs,
+        } = args.into_inner();
         const OP: &str = "split_heads";
         let h = HeadsDesc::new(OP, b, t, nh, hs)?;
         h.validate_split(("qkv", qkv), [("q", &*q), ("k", &*k), ("v", &*v)])?;
@@ -271,15 +271,18 @@ impl AttentionOps for CudaDevice {
 
     fn split_heads_backward(
         &self,
-        dq: &CudaBuffer,
-        dk: &CudaBuffer,
-        dv: &CudaBuffer,
-        dqkv: &mut CudaBuffer,
-        b: usize,
-        t: usize,
-        nh: usize,
-        hs: usize,
+        args: Checked<SplitHeadsBackward<'_, Self::Buffer>>,
     ) -> Result<()> {
+        let SplitHeadsBackward {
+            dq,
+            dk,
+            dv,
+            dqkv,
+            b,
+            t,
+            nh,
+            hs,
+        } = args.into_inner();
         const OP: &str = "split_heads_backward";
         let h = HeadsDesc::new(OP, b, t, nh, hs)?;
         h.validate_split(("dqkv", &*dqkv), [("dq", dq), ("dk", dk), ("dv", dv)])?;
@@ -289,16 +292,16 @@ impl AttentionOps for CudaDevice {
         unsafe { self.permute_heads(OP, "split_heads_backward", dqkv.dtype(), &h, 3, &bufs) }
     }
 
-    fn merge_heads(
-        &self,
-        y: &CudaBuffer,
-        out: &mut CudaBuffer,
-        b: usize,
-        t: usize,
-        nh: usize,
-        hs: usize,
-        backward: bool,
-    ) -> Result<()> {
+    fn merge_heads(&self, args: Checked<MergeHeads<'_, Self::Buffer>>) -> Result<()> {
+        let MergeHeads {
+            y,
+            out,
+            b,
+            t,
+            nh,
+            hs,
+            backward,
+        } = args.into_inner();
         const OP: &str = "merge_heads";
         let h = HeadsDesc::new(OP, b, t, nh, hs)?;
         h.validate_merge(y, out)?;
@@ -314,12 +317,15 @@ impl AttentionOps for CudaDevice {
 
     fn softmax_causal_forward(
         &self,
-        scores: &CudaBuffer,
-        probs: &mut CudaBuffer,
-        rows: usize,
-        t: usize,
-        scale: f32,
+        args: Checked<SoftmaxCausalForward<'_, Self::Buffer>>,
     ) -> Result<()> {
+        let SoftmaxCausalForward {
+            scores,
+            probs,
+            batch: rows,
+            t,
+            scale,
+        } = args.into_inner();
         const OP: &str = "softmax_causal_forward";
         let desc = SoftmaxDesc::new(OP, rows, t)?;
         desc.validate(&[("scores", scores), ("probs", &*probs)])?;
@@ -337,13 +343,16 @@ impl AttentionOps for CudaDevice {
 
     fn softmax_causal_backward(
         &self,
-        probs: &CudaBuffer,
-        dprobs: &CudaBuffer,
-        dscores: &mut CudaBuffer,
-        rows: usize,
-        t: usize,
-        scale: f32,
+        args: Checked<SoftmaxCausalBackward<'_, Self::Buffer>>,
     ) -> Result<()> {
+        let SoftmaxCausalBackward {
+            probs,
+            dprobs,
+            dscores,
+            batch: rows,
+            t,
+            scale,
+        } = args.into_inner();
         const OP: &str = "softmax_causal_backward";
         let desc = SoftmaxDesc::new(OP, rows, t)?;
         desc.validate(&[("probs", probs), ("dprobs", dprobs), ("dscores", &*dscores)])?;
@@ -360,15 +369,18 @@ impl AttentionOps for CudaDevice {
 
     fn flash_attention_forward(
         &self,
-        qkv: &CudaBuffer,
-        out: &mut CudaBuffer,
-        lse: &mut CudaBuffer,
-        b: usize,
-        t: usize,
-        nh: usize,
-        hs: usize,
-        scale: f32,
+        args: Checked<FlashAttentionForward<'_, Self::Buffer>>,
     ) -> Result<()> {
+        let FlashAttentionForward {
+            qkv,
+            out,
+            lse,
+            b,
+            t,
+            nh,
+            hs,
+            scale,
+        } = args.into_inner();
         if !self.capabilities().flash_attention(qkv.dtype(), hs) {
             return composed::flash_attention_forward(self, qkv, out, lse, b, t, nh, hs, scale);
         }
@@ -410,17 +422,20 @@ impl AttentionOps for CudaDevice {
 
     fn flash_attention_backward(
         &self,
-        qkv: &CudaBuffer,
-        out: &CudaBuffer,
-        dout: &CudaBuffer,
-        lse: &CudaBuffer,
-        dqkv: &mut CudaBuffer,
-        b: usize,
-        t: usize,
-        nh: usize,
-        hs: usize,
-        scale: f32,
+        args: Checked<FlashAttentionBackward<'_, Self::Buffer>>,
     ) -> Result<()> {
+        let FlashAttentionBackward {
+            qkv,
+            out,
+            dout,
+            lse,
+            dqkv,
+            b,
+            t,
+            nh,
+            hs,
+            scale,
+        } = args.into_inner();
         if !self.capabilities().flash_attention(qkv.dtype(), hs) {
             return composed::flash_attention_backward(
                 self, qkv, out, dout, lse, dqkv, b, t, nh, hs, scale,

@@ -4,7 +4,8 @@
 use super::prelude::*;
 
 impl ElementwiseOps for CudaDevice {
-    fn scale(&self, x: &mut CudaBuffer, alpha: f32) -> Result<()> {
+    fn scale(&self, args: Checked<Scale<'_, Self::Buffer>>) -> Result<()> {
+        let Scale { x, alpha } = args.into_inner();
         const OP: &str = "scale";
         let s = float_suffix(OP, x.dtype())?;
         let n = x.len();
@@ -23,7 +24,8 @@ impl ElementwiseOps for CudaDevice {
         }
     }
 
-    fn add(&self, a: &CudaBuffer, b: &CudaBuffer, out: &mut CudaBuffer) -> Result<()> {
+    fn add(&self, args: Checked<Add<'_, Self::Buffer>>) -> Result<()> {
+        let Add { a, b, out } = args.into_inner();
         const OP: &str = "add";
         let n = args::validate_add(a, b, out)?;
         let s = float_suffix(OP, a.dtype())?;
@@ -43,7 +45,8 @@ impl ElementwiseOps for CudaDevice {
         }
     }
 
-    fn add_assign(&self, dst: &mut CudaBuffer, src: &CudaBuffer) -> Result<()> {
+    fn add_assign(&self, args: Checked<AddAssign<'_, Self::Buffer>>) -> Result<()> {
+        let AddAssign { dst, src } = args.into_inner();
         const OP: &str = "add_assign";
         let n = args::validate_add_assign(dst, src)?;
         let d = float_suffix(OP, dst.dtype())?;
@@ -63,7 +66,8 @@ impl ElementwiseOps for CudaDevice {
         }
     }
 
-    fn bias_add(&self, x: &mut CudaBuffer, bias: &CudaBuffer, rows: usize, c: usize) -> Result<()> {
+    fn bias_add(&self, args: Checked<BiasAdd<'_, Self::Buffer>>) -> Result<()> {
+        let BiasAdd { x, bias, rows, c } = args.into_inner();
         const OP: &str = "bias_add";
         let desc = RowsDesc::new(OP, rows, c)?;
         desc.validate_bias_add(x, bias)?;
@@ -88,13 +92,13 @@ impl ElementwiseOps for CudaDevice {
         }
     }
 
-    fn bias_backward(
-        &self,
-        dout: &CudaBuffer,
-        dbias: &mut CudaBuffer,
-        rows: usize,
-        c: usize,
-    ) -> Result<()> {
+    fn bias_backward(&self, args: Checked<BiasBackward<'_, Self::Buffer>>) -> Result<()> {
+        let BiasBackward {
+            dout,
+            dbias,
+            rows,
+            c,
+        } = args.into_inner();
         const OP: &str = "bias_backward";
         RowsDesc::new(OP, rows, c)?.validate_bias_backward(dout, dbias)?;
         let mut scratch = lock(&self.scratch, OP)?;
@@ -113,7 +117,8 @@ impl ElementwiseOps for CudaDevice {
         }
     }
 
-    fn gelu_forward(&self, x: &CudaBuffer, out: &mut CudaBuffer) -> Result<()> {
+    fn gelu_forward(&self, args: Checked<GeluForward<'_, Self::Buffer>>) -> Result<()> {
+        let GeluForward { x, out } = args.into_inner();
         const OP: &str = "gelu_forward";
         let n = args::validate_gelu_forward(x, out)?;
         let s = float_suffix(OP, x.dtype())?;
@@ -134,7 +139,8 @@ impl ElementwiseOps for CudaDevice {
         }
     }
 
-    fn gelu_backward(&self, x: &CudaBuffer, dout: &CudaBuffer, dx: &mut CudaBuffer) -> Result<()> {
+    fn gelu_backward(&self, args: Checked<GeluBackward<'_, Self::Buffer>>) -> Result<()> {
+        let GeluBackward { x, dout, dx } = args.into_inner();
         const OP: &str = "gelu_backward";
         let n = args::validate_gelu_backward(x, dout, dx)?;
         let s = float_suffix(OP, x.dtype())?;

@@ -20,16 +20,16 @@ const EMB_RADIX: usize = 256;
 const WTE_WARPS: usize = 8;
 
 impl EmbeddingOps for CudaDevice {
-    fn embedding_forward(
-        &self,
-        tokens: &CudaBuffer,
-        wte: &CudaBuffer,
-        wpe: &CudaBuffer,
-        out: &mut CudaBuffer,
-        b: usize,
-        t: usize,
-        c: usize,
-    ) -> Result<()> {
+    fn embedding_forward(&self, args: Checked<EmbeddingForward<'_, Self::Buffer>>) -> Result<()> {
+        let EmbeddingForward {
+            tokens,
+            wte,
+            wpe,
+            out,
+            b,
+            t,
+            c,
+        } = args.into_inner();
         const OP: &str = "embedding_forward";
         let vocab = TokensDesc::new(OP, b, t, c)?.validate(tokens, wte, wpe, out)?;
         let act = out.dtype();
@@ -66,16 +66,16 @@ impl EmbeddingOps for CudaDevice {
         }
     }
 
-    fn embedding_backward(
-        &self,
-        tokens: &CudaBuffer,
-        dout: &CudaBuffer,
-        dwte: &mut CudaBuffer,
-        dwpe: &mut CudaBuffer,
-        b: usize,
-        t: usize,
-        c: usize,
-    ) -> Result<()> {
+    fn embedding_backward(&self, args: Checked<EmbeddingBackward<'_, Self::Buffer>>) -> Result<()> {
+        let EmbeddingBackward {
+            tokens,
+            dout,
+            dwte,
+            dwpe,
+            b,
+            t,
+            c,
+        } = args.into_inner();
         const OP: &str = "embedding_backward";
         let vocab_len = TokensDesc::new(OP, b, t, c)?.validate(tokens, dwte, dwpe, dout)?;
         let act = dout.dtype();

@@ -50,10 +50,7 @@ use super::prelude::*;
 use crate::blaslt::{self, LtEpilogue};
 use crate::device::FP8_COUNTERS;
 use cudarc::driver::sys as cu;
-use duet_device::{
-    AdamWClipStep, AdamWFp8Out, AdamWTensor, Fp8QuantJob, check_adamw_fp8_outs,
-    check_fp8_quant_jobs,
-};
+use duet_device::{AdamWTensor, Fp8QuantJob, check_adamw_fp8_outs, check_fp8_quant_jobs};
 use duet_device::{Epilogue, GemmDesc, composed, epilogue_shape};
 
 /// Tile edge of the vectorised kernels (`QT` in fp8.cu).
@@ -266,31 +263,31 @@ impl CudaDevice {
 }
 
 impl Fp8Ops for CudaDevice {
-    fn quantize_fp8(
-        &self,
-        src: &CudaBuffer,
-        dst: &mut CudaBuffer,
-        dst_t: Option<&mut CudaBuffer>,
-        rows: usize,
-        cols: usize,
-        scale: &CudaBuffer,
-        amax: &mut CudaBuffer,
-        slot: usize,
-    ) -> Result<()> {
+    fn quantize_fp8(&self, args: Checked<QuantizeFp8<'_, Self::Buffer>>) -> Result<()> {
+        let QuantizeFp8 {
+            src,
+            dst,
+            dst_t,
+            rows,
+            cols,
+            scale,
+            amax,
+            slot,
+        } = args.into_inner();
         self.quantize_from(QuantOf::Src, src, dst, dst_t, rows, cols, scale, amax, slot)
     }
 
     /// FP8 GEMM through cuBLASLt (see [`duet_device::Fp8Ops::gemm_fp8`] and `crate::blaslt`).
-    fn gemm_fp8(
-        &self,
-        desc: &GemmDesc,
-        a: &CudaBuffer,
-        b: &CudaBuffer,
-        c: &mut CudaBuffer,
-        scale_inv: &CudaBuffer,
-        a_slot: usize,
-        b_slot: usize,
-    ) -> Result<()> {
+    fn gemm_fp8(&self, args: Checked<GemmFp8<'_, Self::Buffer>>) -> Result<()> {
+        let GemmFp8 {
+            desc,
+            a,
+            b,
+            c,
+            scale_inv,
+            a_slot,
+            b_slot,
+        } = args.into_inner();
         blaslt::validate(desc, a, b, c, scale_inv, a_slot, b_slot, self.cc)?;
         self.with_lt("gemm_fp8", |lt| {
             lt.gemm_fp8(
@@ -309,10 +306,9 @@ impl Fp8Ops for CudaDevice {
     /// Many FP8 quantisations (see [`duet_device::Fp8Ops::quantize_fp8_many`] and the module docs).
     fn quantize_fp8_many(
         &self,
-        jobs: &mut [Fp8QuantJob<'_, CudaBuffer>],
-        scale: &CudaBuffer,
-        amax: &mut CudaBuffer,
+        args: Checked<QuantizeFp8Many<'_, '_, Self::Buffer>>,
     ) -> Result<()> {
+        let QuantizeFp8Many { jobs, scale, amax } = args.into_inner();
         const OP: &str = "quantize_fp8_many";
         check_fp8_quant_jobs(OP, jobs, scale, amax)?;
         // (source suffix, FP8 suffix) → the group's records and block count, in the order the
@@ -401,19 +397,19 @@ impl Fp8Ops for CudaDevice {
     }
 
     /// Fused gradient quantisation (see [`duet_device::Fp8Ops::quantize_fp8_grad`]).
-    fn quantize_fp8_grad(
-        &self,
-        dout: &CudaBuffer,
-        gelu_pre: Option<&CudaBuffer>,
-        dst: &mut CudaBuffer,
-        dst_t: Option<&mut CudaBuffer>,
-        dbias: &mut CudaBuffer,
-        rows: usize,
-        cols: usize,
-        scale: &CudaBuffer,
-        amax: &mut CudaBuffer,
-        slot: usize,
-    ) -> Result<()> {
+    fn quantize_fp8_grad(&self, args: Checked<QuantizeFp8Grad<'_, Self::Buffer>>) -> Result<()> {
+        let QuantizeFp8Grad {
+            dout,
+            gelu_pre,
+            dst,
+            dst_t,
+            dbias,
+            rows,
+            cols,
+            scale,
+            amax,
+            slot,
+        } = args.into_inner();
         const OP: &str = "quantize_fp8_grad";
         let desc = RowsDesc::new(OP, rows, cols)?;
         desc.validate_quantize_fp8_grad(
@@ -493,17 +489,17 @@ impl Fp8Ops for CudaDevice {
         }
     }
 
-    fn quantize_fp8_gelu(
-        &self,
-        pre: &CudaBuffer,
-        dst: &mut CudaBuffer,
-        dst_t: Option<&mut CudaBuffer>,
-        rows: usize,
-        cols: usize,
-        scale: &CudaBuffer,
-        amax: &mut CudaBuffer,
-        slot: usize,
-    ) -> Result<()> {
+    fn quantize_fp8_gelu(&self, args: Checked<QuantizeFp8Gelu<'_, Self::Buffer>>) -> Result<()> {
+        let QuantizeFp8Gelu {
+            pre,
+            dst,
+            dst_t,
+            rows,
+            cols,
+            scale,
+            amax,
+            slot,
+        } = args.into_inner();
         self.quantize_from(
             QuantOf::Gelu,
             pre,
@@ -521,20 +517,23 @@ impl Fp8Ops for CudaDevice {
     /// [`duet_device::Fp8Ops::layernorm_forward_fp8`]).
     fn layernorm_forward_fp8(
         &self,
-        x: &CudaBuffer,
-        gamma: &CudaBuffer,
-        beta: &CudaBuffer,
-        mean: &mut CudaBuffer,
-        rstd: &mut CudaBuffer,
-        dst: &mut CudaBuffer,
-        dst_t: Option<&mut CudaBuffer>,
-        n: usize,
-        c: usize,
-        eps: f32,
-        scale: &CudaBuffer,
-        amax: &mut CudaBuffer,
-        slot: usize,
+        args: Checked<LayerNormForwardFp8<'_, Self::Buffer>>,
     ) -> Result<()> {
+        let LayerNormForwardFp8 {
+            x,
+            gamma,
+            beta,
+            mean,
+            rstd,
+            dst,
+            dst_t,
+            n,
+            c,
+            eps,
+            scale,
+            amax,
+            slot,
+        } = args.into_inner();
         const OP: &str = "layernorm_forward_fp8";
         RowsDesc::new(OP, n, c)?.validate_layernorm_forward_fp8(
             x,
@@ -674,17 +673,17 @@ impl Fp8Ops for CudaDevice {
     /// An FP8 GEMM with a bias, bias + residual or bias + GELU epilogue (bias, residual and
     /// pre-activation in C's dtype). Where cuBLASLt refuses one (remembered), the FP8 GEMM and
     /// the separate ops.
-    fn gemm_fp8_epilogue(
-        &self,
-        desc: &GemmDesc,
-        a: &CudaBuffer,
-        b: &CudaBuffer,
-        c: &mut CudaBuffer,
-        scale_inv: &CudaBuffer,
-        a_slot: usize,
-        b_slot: usize,
-        epilogue: Epilogue<'_, CudaBuffer>,
-    ) -> Result<()> {
+    fn gemm_fp8_epilogue(&self, args: Checked<GemmFp8Epilogue<'_, Self::Buffer>>) -> Result<()> {
+        let GemmFp8Epilogue {
+            desc,
+            a,
+            b,
+            c,
+            scale_inv,
+            a_slot,
+            b_slot,
+            epilogue,
+        } = args.into_inner();
         if !self.capabilities().fp8_gemm_epilogue(c.dtype()) {
             return composed::gemm_fp8_epilogue(
                 self, desc, a, b, c, scale_inv, a_slot, b_slot, epilogue,
@@ -743,11 +742,32 @@ impl Fp8Ops for CudaDevice {
                     Some(r) => {
                         self.copy(r, 0, c, 0, c.len())?;
                         let acc = GemmDesc { beta: 1.0, ..*desc };
-                        self.gemm_fp8(&acc, a, b, c, scales, a_slot, b_slot)?;
+                        self.exec(GemmFp8 {
+                            desc: &acc,
+                            a,
+                            b,
+                            c,
+                            scale_inv: scales,
+                            a_slot,
+                            b_slot,
+                        })?;
                     }
-                    None => self.gemm_fp8(desc, a, b, c, scales, a_slot, b_slot)?,
+                    None => self.exec(GemmFp8 {
+                        desc,
+                        a,
+                        b,
+                        c,
+                        scale_inv: scales,
+                        a_slot,
+                        b_slot,
+                    })?,
                 }
-                self.bias_add(c, bias, desc.m, desc.n)
+                self.exec(BiasAdd {
+                    x: c,
+                    bias,
+                    rows: desc.m,
+                    c: desc.n,
+                })
             }
             Epilogue::BiasGelu { bias, pre } => {
                 check_bias(bias)?;
@@ -774,9 +794,22 @@ impl Fp8Ops for CudaDevice {
                 if fused {
                     return Ok(());
                 }
-                self.gemm_fp8(desc, a, b, pre, scales, a_slot, b_slot)?;
-                self.bias_add(pre, bias, desc.m, desc.n)?;
-                self.gelu_forward(pre, c)
+                self.exec(GemmFp8 {
+                    desc,
+                    a,
+                    b,
+                    c: pre,
+                    scale_inv: scales,
+                    a_slot,
+                    b_slot,
+                })?;
+                self.exec(BiasAdd {
+                    x: pre,
+                    bias,
+                    rows: desc.m,
+                    c: desc.n,
+                })?;
+                self.exec(GeluForward { x: pre, out: c })
             }
             _ => Err(DeviceError::InvalidArgument(format!(
                 "{OP8}: only the bias, bias + residual and bias + GELU epilogues run on FP8 GEMMs"
@@ -784,18 +817,18 @@ impl Fp8Ops for CudaDevice {
         }
     }
 
-    fn fp8_scaling_update(
-        &self,
-        amax: &mut CudaBuffer,
-        history: &mut CudaBuffer,
-        scale: &mut CudaBuffer,
-        scale_inv: &mut CudaBuffer,
-        inv_stride: usize,
-        fp8_max: &CudaBuffer,
-        len: usize,
-        most_recent: bool,
-        margin: i32,
-    ) -> Result<()> {
+    fn fp8_scaling_update(&self, args: Checked<Fp8ScalingUpdate<'_, Self::Buffer>>) -> Result<()> {
+        let Fp8ScalingUpdate {
+            amax,
+            history,
+            scale,
+            scale_inv,
+            inv_stride,
+            fp8_max,
+            len,
+            most_recent,
+            margin,
+        } = args.into_inner();
         let ops = duet_device::check_fp8_scaling_args(
             amax, history, scale, scale_inv, inv_stride, fp8_max, len,
         )?;
@@ -835,13 +868,16 @@ impl Fp8Ops for CudaDevice {
     /// before anything is launched.
     fn adamw_clipped_fp8(
         &self,
-        tensors: &mut [AdamWTensor<'_, CudaBuffer>],
-        step: &AdamWClipStep,
-        scalars: &CudaBuffer,
-        outs: &mut [AdamWFp8Out<'_, CudaBuffer>],
-        scale: &CudaBuffer,
-        amax: &mut CudaBuffer,
+        args: Checked<AdamWClippedFp8<'_, '_, Self::Buffer>>,
     ) -> Result<()> {
+        let AdamWClippedFp8 {
+            tensors,
+            step,
+            scalars,
+            outs,
+            scale,
+            amax,
+        } = args.into_inner();
         const OP: &str = "adamw_clipped_fp8";
         check_adamw_fp8_outs(OP, tensors, outs, scale, amax)?;
         args::validate_adamw_scalars(OP, scalars)?;
@@ -936,7 +972,11 @@ impl Fp8Ops for CudaDevice {
                 weight_decay: t.weight_decay,
             })
             .collect();
-        self.adamw_clipped(&mut rest, step, scalars)?;
+        self.exec(AdamWClipped {
+            tensors: &mut rest,
+            step,
+            scalars,
+        })?;
         drop(rest);
         let s = *step;
         for (ds, records, count) in groups {
@@ -1002,6 +1042,10 @@ impl Fp8Ops for CudaDevice {
         if jobs.is_empty() {
             return Ok(());
         }
-        self.quantize_fp8_many(&mut jobs, scale, amax)
+        self.exec(QuantizeFp8Many {
+            jobs: &mut jobs,
+            scale,
+            amax,
+        })
     }
 }

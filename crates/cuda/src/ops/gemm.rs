@@ -70,10 +70,15 @@ impl CudaDevice {
         if self.lt_unless_refused(bit, what, || self.lt_matmul(desc, a, b, c, epi)) {
             return Ok(());
         }
-        self.gemm(desc, a, b, c)?;
+        self.exec(Gemm { desc, a, b, c })?;
         self.fill(dbias, 0.0)?;
         // A is stored k × m: the bias gradient is its column sum.
-        self.bias_backward(a, dbias, desc.k, desc.m)
+        self.exec(BiasBackward {
+            dout: a,
+            dbias,
+            rows: desc.k,
+            c: desc.m,
+        })
     }
 
     /// Runs `matmul` (a cuBLASLt epilogue) unless cuBLASLt refused `bit` before; an error is
@@ -105,13 +110,8 @@ impl CudaDevice {
 }
 
 impl GemmOps for CudaDevice {
-    fn gemm(
-        &self,
-        desc: &GemmDesc,
-        a: &CudaBuffer,
-        b: &CudaBuffer,
-        c: &mut CudaBuffer,
-    ) -> Result<()> {
+    fn gemm(&self, args: Checked<Gemm<'_, Self::Buffer>>) -> Result<()> {
+        let Gemm { desc, a, b, c } = args.into_inner();
         // Autotuned 16-bit GEMMs go through cuBLASLt, where the algorithm can be chosen.
         let lt_ok = matches!(a.dtype(), DType::BF16 | DType::F16)
             && b.dtype() == a.dtype()
@@ -130,14 +130,14 @@ impl GemmOps for CudaDevice {
         true
     }
 
-    fn gemm_epilogue(
-        &self,
-        desc: &GemmDesc,
-        a: &CudaBuffer,
-        b: &CudaBuffer,
-        c: &mut CudaBuffer,
-        epilogue: Epilogue<'_, CudaBuffer>,
-    ) -> Result<()> {
+    fn gemm_epilogue(&self, args: Checked<GemmEpilogue<'_, Self::Buffer>>) -> Result<()> {
+        let GemmEpilogue {
+            desc,
+            a,
+            b,
+            c,
+            epilogue,
+        } = args.into_inner();
         if !self.capabilities().gemm_epilogue(a.dtype()) {
             return composed::gemm_epilogue(self, desc, a, b, c, epilogue);
         }

@@ -84,15 +84,18 @@ impl CudaDevice {
 impl LossOps for CudaDevice {
     fn cross_entropy_padded(
         &self,
-        logits: &CudaBuffer,
-        targets: &CudaBuffer,
-        losses: &mut CudaBuffer,
-        dlogits: Option<&mut CudaBuffer>,
-        n: usize,
-        v: usize,
-        ld: usize,
-        grad_scale: f32,
+        args: Checked<CrossEntropyPadded<'_, Self::Buffer>>,
     ) -> Result<()> {
+        let CrossEntropyPadded {
+            logits,
+            targets,
+            losses,
+            dlogits,
+            n,
+            v,
+            ld,
+            grad_scale,
+        } = args.into_inner();
         const OP: &str = "cross_entropy";
         RowsDesc::new(OP, n, ld)?.validate_cross_entropy(
             logits,
@@ -140,14 +143,17 @@ impl LossOps for CudaDevice {
     /// `cross_entropy_in_place_T` (the gradient over the logits, one block per row).
     fn cross_entropy_in_place(
         &self,
-        logits: &mut CudaBuffer,
-        targets: &CudaBuffer,
-        losses: &mut CudaBuffer,
-        n: usize,
-        v: usize,
-        ld: usize,
-        grad_scale: f32,
+        args: Checked<CrossEntropyInPlace<'_, Self::Buffer>>,
     ) -> Result<()> {
+        let CrossEntropyInPlace {
+            logits,
+            targets,
+            losses,
+            n,
+            v,
+            ld,
+            grad_scale,
+        } = args.into_inner();
         const OP: &str = "cross_entropy_in_place";
         RowsDesc::new(OP, n, ld)?.validate_cross_entropy(&*logits, targets, losses, None, v)?;
         let s = float_suffix(OP, logits.dtype())?;

@@ -22,8 +22,14 @@ mod prelude {
     pub(super) use crate::kernels::{Arg, KernelModule, checked_product, dim, grid_dim, too_large};
     pub(super) use crate::memory::{CudaBuffer, align_up};
     pub(super) use duet_device::{
-        AttentionOps, Buffer, DType, DeviceError, ElementwiseOps, EmbeddingOps, Fp8Ops, GemmOps,
-        HeadsDesc, LossOps, NormOps, OptimOps, Result, RowsDesc, Runtime, SoftmaxDesc, TokensDesc,
-        args, check_dtype,
+        AdamWClipped, AdamWClippedFp8, AdamWUpdate, Add, AddAssign, AttentionOps, BiasAdd,
+        BiasBackward, Buffer, Checked, CrossEntropyInPlace, CrossEntropyPadded, DType, DeviceError,
+        ElementwiseOps, EmbeddingBackward, EmbeddingForward, EmbeddingOps, FlashAttentionBackward,
+        FlashAttentionForward, Fp8Ops, Fp8ScalingUpdate, GeluBackward, GeluForward, Gemm,
+        GemmEpilogue, GemmFp8, GemmFp8Epilogue, GemmOps, HeadsDesc, LayerNormBackward,
+        LayerNormBackwardColsum, LayerNormForward, LayerNormForwardFp8, LossOps, MergeHeads,
+        NormOps, OptimOps, QuantizeFp8, QuantizeFp8Gelu, QuantizeFp8Grad, QuantizeFp8Many, Result,
+        RowsDesc, Runtime, Scale, SoftmaxCausalBackward, SoftmaxCausalForward, SoftmaxDesc,
+        SplitHeads, SplitHeadsBackward, SumSquares, SumSquaresMany, TokensDesc, args, check_dtype,
     };
 }

@@ -118,7 +118,12 @@ impl CudaDevice {
             self.layernorm_backward_into(
                 dout, x, gamma, mean, rstd, dx, dgamma, dbeta, None, n, c,
             )?;
-            return self.bias_backward(dx, dsum, n, c);
+            return self.exec(BiasBackward {
+                dout: dx,
+                dbias: dsum,
+                rows: n,
+                c,
+            });
         }
         if let Some(p) = fast {
             let sg = float_suffix(op, dgamma.dtype())?;
@@ -255,25 +260,30 @@ impl CudaDevice {
         // The column sum of the updated dx: the separate column-sum kernels (queued after the
         // dx kernel on the same stream).
         match dsum {
-            Some(dsum) => self.bias_backward(dx, dsum, n, c),
+            Some(dsum) => self.exec(BiasBackward {
+                dout: dx,
+                dbias: dsum,
+                rows: n,
+                c,
+            }),
             None => Ok(()),
         }
     }
 }
 
 impl NormOps for CudaDevice {
-    fn layernorm_forward(
-        &self,
-        x: &CudaBuffer,
-        gamma: &CudaBuffer,
-        beta: &CudaBuffer,
-        out: &mut CudaBuffer,
-        mean: &mut CudaBuffer,
-        rstd: &mut CudaBuffer,
-        n: usize,
-        c: usize,
-        eps: f32,
-    ) -> Result<()> {
+    fn layernorm_forward(&self, args: Checked<LayerNormForward<'_, Self::Buffer>>) -> Result<()> {
+        let LayerNormForward {
+            x,
+            gamma,
+            beta,
+            out,
+            mean,
+            rstd,
+            n,
+            c,
+            eps,
+        } = args.into_inner();
         const OP: &str = "layernorm_forward";
         RowsDesc::new(OP, n, c)?.validate_layernorm_forward(
             x,
@@ -341,36 +351,39 @@ impl NormOps for CudaDevice {
         }
     }
 
-    fn layernorm_backward(
-        &self,
-        dout: &CudaBuffer,
-        x: &CudaBuffer,
-        gamma: &CudaBuffer,
-        mean: &CudaBuffer,
-        rstd: &CudaBuffer,
-        dx: &mut CudaBuffer,
-        dgamma: &mut CudaBuffer,
-        dbeta: &mut CudaBuffer,
-        n: usize,
-        c: usize,
-    ) -> Result<()> {
+    fn layernorm_backward(&self, args: Checked<LayerNormBackward<'_, Self::Buffer>>) -> Result<()> {
+        let LayerNormBackward {
+            dout,
+            x,
+            gamma,
+            mean,
+            rstd,
+            dx,
+            dgamma,
+            dbeta,
+            n,
+            c,
+        } = args.into_inner();
         self.layernorm_backward_into(dout, x, gamma, mean, rstd, dx, dgamma, dbeta, None, n, c)
     }
 
     fn layernorm_backward_colsum(
         &self,
-        dout: &CudaBuffer,
-        x: &CudaBuffer,
-        gamma: &CudaBuffer,
-        mean: &CudaBuffer,
-        rstd: &CudaBuffer,
-        dx: &mut CudaBuffer,
-        dgamma: &mut CudaBuffer,
-        dbeta: &mut CudaBuffer,
-        dsum: &mut CudaBuffer,
-        n: usize,
-        c: usize,
+        args: Checked<LayerNormBackwardColsum<'_, Self::Buffer>>,
     ) -> Result<()> {
+        let LayerNormBackwardColsum {
+            dout,
+            x,
+            gamma,
+            mean,
+            rstd,
+            dx,
+            dgamma,
+            dbeta,
+            dsum,
+            n,
+            c,
+        } = args.into_inner();
         self.layernorm_backward_into(
             dout,
             x,

@@ -8,7 +8,6 @@
 
 use super::prelude::*;
 use crate::memory::DeviceMemory;
-use duet_device::{AdamWClipStep, AdamWStep, AdamWTensor};
 
 /// Elements per chunk (one block of THREADS threads, 64 elements each: enough blocks in flight
 /// to keep these bandwidth-bound passes near the memory bandwidth). A multiple of 8, so every
@@ -59,15 +58,15 @@ impl CudaDevice {
 }
 
 impl OptimOps for CudaDevice {
-    fn adamw(
-        &self,
-        param: &mut CudaBuffer,
-        grad: &CudaBuffer,
-        m: &mut CudaBuffer,
-        v: &mut CudaBuffer,
-        step: &AdamWStep,
-        param_copy: Option<&mut CudaBuffer>,
-    ) -> Result<()> {
+    fn adamw(&self, args: Checked<AdamWUpdate<'_, Self::Buffer>>) -> Result<()> {
+        let AdamWUpdate {
+            param,
+            grad,
+            m,
+            v,
+            step,
+            param_copy,
+        } = args.into_inner();
         const OP: &str = "adamw";
         let n = args::validate_adamw(param, grad, m, v, param_copy.as_deref())?;
         let sg = float_suffix(OP, grad.dtype())?;
@@ -115,7 +114,8 @@ impl OptimOps for CudaDevice {
         Ok(())
     }
 
-    fn sum_squares(&self, x: &CudaBuffer, out: &mut CudaBuffer, slot: usize) -> Result<()> {
+    fn sum_squares(&self, args: Checked<SumSquares<'_, Self::Buffer>>) -> Result<()> {
+        let SumSquares { x, out, slot } = args.into_inner();
         const OP: &str = "sum_squares";
         let n = args::validate_sum_squares(x, out, slot)?;
         // The kernels read f32, f16 and bf16 (no FP8).
@@ -142,12 +142,8 @@ impl OptimOps for CudaDevice {
         unsafe { self.sum_squares_finish(OP, partial, blocks, out, slot) }
     }
 
-    fn sum_squares_many(
-        &self,
-        xs: &[&CudaBuffer],
-        out: &mut CudaBuffer,
-        slot: usize,
-    ) -> Result<()> {
+    fn sum_squares_many(&self, args: Checked<SumSquaresMany<'_, Self::Buffer>>) -> Result<()> {
+        let SumSquaresMany { xs, out, slot } = args.into_inner();
         const OP: &str = "sum_squares_many";
         args::validate_sum_squares_many(xs, out, slot)?;
         let mut table = Vec::new();
@@ -187,12 +183,12 @@ impl OptimOps for CudaDevice {
         unsafe { self.sum_squares_finish(OP, partial, count, out, slot) }
     }
 
-    fn adamw_clipped(
-        &self,
-        tensors: &mut [AdamWTensor<'_, CudaBuffer>],
-        step: &AdamWClipStep,
-        scalars: &CudaBuffer,
-    ) -> Result<()> {
+    fn adamw_clipped(&self, args: Checked<AdamWClipped<'_, '_, Self::Buffer>>) -> Result<()> {
+        let AdamWClipped {
+            tensors,
+            step,
+            scalars,
+        } = args.into_inner();
         const OP: &str = "adamw_clipped";
         args::validate_adamw_clipped(tensors, scalars)?;
         let mut table = Vec::new();

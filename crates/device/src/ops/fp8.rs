@@ -1,5 +1,6 @@
 //! FP8 with delayed scaling: quantisation, FP8 GEMMs and the fused FP8 paths.
 
+use crate::args::*;
 use crate::*;
 
 /// The FP8 codes [`Fp8Ops::adamw_clipped_fp8`] writes for one updated weight matrix.
@@ -56,16 +57,16 @@ impl<B: Buffer> Fp8QuantJob<'_, B> {
         scale: &B,
         amax: &mut B,
     ) -> Result<()> {
-        d.quantize_fp8(
-            self.src,
-            self.dst,
-            self.dst_t.as_deref_mut(),
-            self.rows,
-            self.cols,
+        d.exec(QuantizeFp8 {
+            src: self.src,
+            dst: self.dst,
+            dst_t: self.dst_t.as_deref_mut(),
+            rows: self.rows,
+            cols: self.cols,
             scale,
             amax,
-            self.slot,
-        )
+            slot: self.slot,
+        })
     }
 }
 
@@ -131,6 +132,243 @@ pub fn fp8_history_scale(
     fp8_delayed_scale(a, prev, fp8_max, margin)
 }
 
+/// The arguments of [`Fp8Ops::quantize_fp8`]; [`Check::check`] validates them.
+pub struct QuantizeFp8<'a, B> {
+    pub src: &'a B,
+    pub dst: &'a mut B,
+    pub dst_t: Option<&'a mut B>,
+    pub rows: usize,
+    pub cols: usize,
+    pub scale: &'a B,
+    pub amax: &'a mut B,
+    pub slot: usize,
+}
+
+impl<B: Buffer> Check for QuantizeFp8<'_, B> {
+    fn check(self) -> Result<Checked<Self>> {
+        RowsDesc::new("quantize_fp8", self.rows, self.cols)?.validate_quantize_fp8(
+            Some(self.src),
+            &*self.dst,
+            self.dst_t.as_deref(),
+            self.scale,
+            &*self.amax,
+            self.slot,
+        )?;
+        Ok(Checked::new(self))
+    }
+}
+
+/// The arguments of [`Fp8Ops::gemm_fp8`]; [`Check::check`] validates them.
+pub struct GemmFp8<'a, B> {
+    pub desc: &'a GemmDesc,
+    pub a: &'a B,
+    pub b: &'a B,
+    pub c: &'a mut B,
+    pub scale_inv: &'a B,
+    pub a_slot: usize,
+    pub b_slot: usize,
+}
+
+impl<B: Buffer> Check for GemmFp8<'_, B> {
+    fn check(self) -> Result<Checked<Self>> {
+        validate_gemm_fp8(
+            self.desc,
+            self.a,
+            self.b,
+            &*self.c,
+            self.scale_inv,
+            self.a_slot,
+            self.b_slot,
+        )?;
+        Ok(Checked::new(self))
+    }
+}
+
+/// The arguments of [`Fp8Ops::quantize_fp8_many`]; [`Check::check`] validates them.
+pub struct QuantizeFp8Many<'a, 'j, B> {
+    pub jobs: &'a mut [Fp8QuantJob<'j, B>],
+    pub scale: &'a B,
+    pub amax: &'a mut B,
+}
+
+impl<B: Buffer> Check for QuantizeFp8Many<'_, '_, B> {
+    fn check(self) -> Result<Checked<Self>> {
+        check_fp8_quant_jobs("quantize_fp8_many", self.jobs, self.scale, &*self.amax)?;
+        Ok(Checked::new(self))
+    }
+}
+
+/// The arguments of [`Fp8Ops::quantize_fp8_grad`]; [`Check::check`] validates them.
+pub struct QuantizeFp8Grad<'a, B> {
+    pub dout: &'a B,
+    pub gelu_pre: Option<&'a B>,
+    pub dst: &'a mut B,
+    pub dst_t: Option<&'a mut B>,
+    pub dbias: &'a mut B,
+    pub rows: usize,
+    pub cols: usize,
+    pub scale: &'a B,
+    pub amax: &'a mut B,
+    pub slot: usize,
+}
+
+impl<B: Buffer> Check for QuantizeFp8Grad<'_, B> {
+    fn check(self) -> Result<Checked<Self>> {
+        RowsDesc::new("quantize_fp8_grad", self.rows, self.cols)?.validate_quantize_fp8_grad(
+            self.dout,
+            self.gelu_pre,
+            &*self.dst,
+            self.dst_t.as_deref(),
+            &*self.dbias,
+            self.scale,
+            &*self.amax,
+            self.slot,
+        )?;
+        Ok(Checked::new(self))
+    }
+}
+
+/// The arguments of [`Fp8Ops::quantize_fp8_gelu`]; [`Check::check`] validates them.
+pub struct QuantizeFp8Gelu<'a, B> {
+    pub pre: &'a B,
+    pub dst: &'a mut B,
+    pub dst_t: Option<&'a mut B>,
+    pub rows: usize,
+    pub cols: usize,
+    pub scale: &'a B,
+    pub amax: &'a mut B,
+    pub slot: usize,
+}
+
+impl<B: Buffer> Check for QuantizeFp8Gelu<'_, B> {
+    fn check(self) -> Result<Checked<Self>> {
+        RowsDesc::new("quantize_fp8_gelu", self.rows, self.cols)?.validate_quantize_fp8(
+            Some(self.pre),
+            &*self.dst,
+            self.dst_t.as_deref(),
+            self.scale,
+            &*self.amax,
+            self.slot,
+        )?;
+        Ok(Checked::new(self))
+    }
+}
+
+/// The arguments of [`Fp8Ops::layernorm_forward_fp8`]; [`Check::check`] validates them.
+pub struct LayerNormForwardFp8<'a, B> {
+    pub x: &'a B,
+    pub gamma: &'a B,
+    pub beta: &'a B,
+    pub mean: &'a mut B,
+    pub rstd: &'a mut B,
+    pub dst: &'a mut B,
+    pub dst_t: Option<&'a mut B>,
+    pub n: usize,
+    pub c: usize,
+    pub eps: f32,
+    pub scale: &'a B,
+    pub amax: &'a mut B,
+    pub slot: usize,
+}
+
+impl<B: Buffer> Check for LayerNormForwardFp8<'_, B> {
+    fn check(self) -> Result<Checked<Self>> {
+        RowsDesc::new("layernorm_forward_fp8", self.n, self.c)?.validate_layernorm_forward_fp8(
+            self.x,
+            self.gamma,
+            self.beta,
+            &*self.mean,
+            &*self.rstd,
+            &*self.dst,
+            self.dst_t.as_deref(),
+            self.scale,
+            &*self.amax,
+            self.slot,
+        )?;
+        Ok(Checked::new(self))
+    }
+}
+
+/// The arguments of [`Fp8Ops::gemm_fp8_epilogue`]; [`Check::check`] validates them.
+pub struct GemmFp8Epilogue<'a, B> {
+    pub desc: &'a GemmDesc,
+    pub a: &'a B,
+    pub b: &'a B,
+    pub c: &'a mut B,
+    pub scale_inv: &'a B,
+    pub a_slot: usize,
+    pub b_slot: usize,
+    pub epilogue: Epilogue<'a, B>,
+}
+
+impl<B: Buffer> Check for GemmFp8Epilogue<'_, B> {
+    fn check(self) -> Result<Checked<Self>> {
+        validate_gemm_fp8(
+            self.desc,
+            self.a,
+            self.b,
+            &*self.c,
+            self.scale_inv,
+            self.a_slot,
+            self.b_slot,
+        )?;
+        epilogue_shape("gemm_fp8_epilogue", self.desc, &self.epilogue, self.c.len())?;
+        Ok(Checked::new(self))
+    }
+}
+
+/// The arguments of [`Fp8Ops::fp8_scaling_update`]; [`Check::check`] validates them.
+pub struct Fp8ScalingUpdate<'a, B> {
+    pub amax: &'a mut B,
+    pub history: &'a mut B,
+    pub scale: &'a mut B,
+    pub scale_inv: &'a mut B,
+    pub inv_stride: usize,
+    pub fp8_max: &'a B,
+    pub len: usize,
+    pub most_recent: bool,
+    pub margin: i32,
+}
+
+impl<B: Buffer> Check for Fp8ScalingUpdate<'_, B> {
+    fn check(self) -> Result<Checked<Self>> {
+        check_fp8_scaling_args(
+            &*self.amax,
+            &*self.history,
+            &*self.scale,
+            &*self.scale_inv,
+            self.inv_stride,
+            self.fp8_max,
+            self.len,
+        )?;
+        Ok(Checked::new(self))
+    }
+}
+
+/// The arguments of [`Fp8Ops::adamw_clipped_fp8`]; [`Check::check`] validates them.
+pub struct AdamWClippedFp8<'a, 'j, B> {
+    pub tensors: &'a mut [AdamWTensor<'j, B>],
+    pub step: &'a AdamWClipStep,
+    pub scalars: &'a B,
+    pub outs: &'a mut [AdamWFp8Out<'j, B>],
+    pub scale: &'a B,
+    pub amax: &'a mut B,
+}
+
+impl<B: Buffer> Check for AdamWClippedFp8<'_, '_, B> {
+    fn check(self) -> Result<Checked<Self>> {
+        validate_adamw_clipped(self.tensors, self.scalars)?;
+        check_adamw_fp8_outs(
+            "adamw_clipped_fp8",
+            self.tensors,
+            self.outs,
+            self.scale,
+            &*self.amax,
+        )?;
+        Ok(Checked::new(self))
+    }
+}
+
 pub trait Fp8Ops: NormOps + GemmOps + OptimOps {
     /// FP8 quantisation with a device-resident scale, recording the amax in the same pass:
     /// `dst = encode(src · scale[slot])` (round to nearest even, saturating to ±max; NaN stays
@@ -141,17 +379,7 @@ pub trait Fp8Ops: NormOps + GemmOps + OptimOps {
     ///
     /// A backend or GPU without FP8 support returns [`DeviceError::Unsupported`].
     #[allow(clippy::too_many_arguments)]
-    fn quantize_fp8(
-        &self,
-        src: &Self::Buffer,
-        dst: &mut Self::Buffer,
-        dst_t: Option<&mut Self::Buffer>,
-        rows: usize,
-        cols: usize,
-        scale: &Self::Buffer,
-        amax: &mut Self::Buffer,
-        slot: usize,
-    ) -> Result<()>;
+    fn quantize_fp8(&self, args: Checked<QuantizeFp8<'_, Self::Buffer>>) -> Result<()>;
 
     /// FP8 GEMM: `C = alpha · (op(A)·sa) · (op(B)·sb) + beta · C` with `sa = scale_inv[a_slot]`,
     /// `sb = scale_inv[b_slot]` (f32, on the device), A and B FP8 (each E4M3 or E5M2 of one
@@ -161,16 +389,7 @@ pub trait Fp8Ops: NormOps + GemmOps + OptimOps {
     /// 16, not both operands E5M2) and return [`DeviceError::Unsupported`] or
     /// [`DeviceError::InvalidArgument`] otherwise.
     #[allow(clippy::too_many_arguments)]
-    fn gemm_fp8(
-        &self,
-        desc: &GemmDesc,
-        a: &Self::Buffer,
-        b: &Self::Buffer,
-        c: &mut Self::Buffer,
-        scale_inv: &Self::Buffer,
-        a_slot: usize,
-        b_slot: usize,
-    ) -> Result<()>;
+    fn gemm_fp8(&self, args: Checked<GemmFp8<'_, Self::Buffer>>) -> Result<()>;
 
     /// [`Fp8Ops::quantize_fp8`] of every job, sharing `scale` and `amax` (job `j` uses entry
     /// `j.slot` of both): the results are exactly those of calling `quantize_fp8` on the jobs
@@ -183,10 +402,9 @@ pub trait Fp8Ops: NormOps + GemmOps + OptimOps {
     /// `quantize_fp8` per job.
     fn quantize_fp8_many(
         &self,
-        jobs: &mut [Fp8QuantJob<'_, Self::Buffer>],
-        scale: &Self::Buffer,
-        amax: &mut Self::Buffer,
+        args: Checked<QuantizeFp8Many<'_, '_, Self::Buffer>>,
     ) -> Result<()> {
+        let QuantizeFp8Many { jobs, scale, amax } = args.into_inner();
         quantize_fp8_many(self, jobs, scale, amax)
     }
 
@@ -198,19 +416,19 @@ pub trait Fp8Ops: NormOps + GemmOps + OptimOps {
     /// when `gelu_pre` is given); the codes equal the separate ops' bit for bit, `dbias` up to
     /// the summation order.
     #[allow(clippy::too_many_arguments)]
-    fn quantize_fp8_grad(
-        &self,
-        dout: &Self::Buffer,
-        gelu_pre: Option<&Self::Buffer>,
-        dst: &mut Self::Buffer,
-        dst_t: Option<&mut Self::Buffer>,
-        dbias: &mut Self::Buffer,
-        rows: usize,
-        cols: usize,
-        scale: &Self::Buffer,
-        amax: &mut Self::Buffer,
-        slot: usize,
-    ) -> Result<()> {
+    fn quantize_fp8_grad(&self, args: Checked<QuantizeFp8Grad<'_, Self::Buffer>>) -> Result<()> {
+        let QuantizeFp8Grad {
+            dout,
+            gelu_pre,
+            dst,
+            dst_t,
+            dbias,
+            rows,
+            cols,
+            scale,
+            amax,
+            slot,
+        } = args.into_inner();
         quantize_fp8_grad(
             self, dout, gelu_pre, dst, dst_t, dbias, rows, cols, scale, amax, slot,
         )
@@ -221,17 +439,17 @@ pub trait Fp8Ops: NormOps + GemmOps + OptimOps {
     /// writing the activation itself. The default runs the separate ops with a temporary; the
     /// codes equal the separate ops' bit for bit.
     #[allow(clippy::too_many_arguments)]
-    fn quantize_fp8_gelu(
-        &self,
-        pre: &Self::Buffer,
-        dst: &mut Self::Buffer,
-        dst_t: Option<&mut Self::Buffer>,
-        rows: usize,
-        cols: usize,
-        scale: &Self::Buffer,
-        amax: &mut Self::Buffer,
-        slot: usize,
-    ) -> Result<()> {
+    fn quantize_fp8_gelu(&self, args: Checked<QuantizeFp8Gelu<'_, Self::Buffer>>) -> Result<()> {
+        let QuantizeFp8Gelu {
+            pre,
+            dst,
+            dst_t,
+            rows,
+            cols,
+            scale,
+            amax,
+            slot,
+        } = args.into_inner();
         quantize_fp8_gelu(self, pre, dst, dst_t, rows, cols, scale, amax, slot)
     }
 
@@ -246,20 +464,23 @@ pub trait Fp8Ops: NormOps + GemmOps + OptimOps {
     #[allow(clippy::too_many_arguments)]
     fn layernorm_forward_fp8(
         &self,
-        x: &Self::Buffer,
-        gamma: &Self::Buffer,
-        beta: &Self::Buffer,
-        mean: &mut Self::Buffer,
-        rstd: &mut Self::Buffer,
-        dst: &mut Self::Buffer,
-        dst_t: Option<&mut Self::Buffer>,
-        n: usize,
-        c: usize,
-        eps: f32,
-        scale: &Self::Buffer,
-        amax: &mut Self::Buffer,
-        slot: usize,
+        args: Checked<LayerNormForwardFp8<'_, Self::Buffer>>,
     ) -> Result<()> {
+        let LayerNormForwardFp8 {
+            x,
+            gamma,
+            beta,
+            mean,
+            rstd,
+            dst,
+            dst_t,
+            n,
+            c,
+            eps,
+            scale,
+            amax,
+            slot,
+        } = args.into_inner();
         layernorm_forward_fp8(
             self, x, gamma, beta, mean, rstd, dst, dst_t, n, c, eps, scale, amax, slot,
         )
@@ -270,17 +491,17 @@ pub trait Fp8Ops: NormOps + GemmOps + OptimOps {
     /// refused. The result equals `gemm_fp8` followed by the separate ops up to rounding; the
     /// default is that sequence, on a dense C.
     #[allow(clippy::too_many_arguments)]
-    fn gemm_fp8_epilogue(
-        &self,
-        desc: &GemmDesc,
-        a: &Self::Buffer,
-        b: &Self::Buffer,
-        c: &mut Self::Buffer,
-        scale_inv: &Self::Buffer,
-        a_slot: usize,
-        b_slot: usize,
-        epilogue: Epilogue<'_, Self::Buffer>,
-    ) -> Result<()> {
+    fn gemm_fp8_epilogue(&self, args: Checked<GemmFp8Epilogue<'_, Self::Buffer>>) -> Result<()> {
+        let GemmFp8Epilogue {
+            desc,
+            a,
+            b,
+            c,
+            scale_inv,
+            a_slot,
+            b_slot,
+            epilogue,
+        } = args.into_inner();
         gemm_fp8_epilogue(self, desc, a, b, c, scale_inv, a_slot, b_slot, epilogue)
     }
 
@@ -292,18 +513,18 @@ pub trait Fp8Ops: NormOps + GemmOps + OptimOps {
     /// holds `ops · inv_stride` elements. The default runs it on the host (downloads and
     /// uploads).
     #[allow(clippy::too_many_arguments)]
-    fn fp8_scaling_update(
-        &self,
-        amax: &mut Self::Buffer,
-        history: &mut Self::Buffer,
-        scale: &mut Self::Buffer,
-        scale_inv: &mut Self::Buffer,
-        inv_stride: usize,
-        fp8_max: &Self::Buffer,
-        len: usize,
-        most_recent: bool,
-        margin: i32,
-    ) -> Result<()> {
+    fn fp8_scaling_update(&self, args: Checked<Fp8ScalingUpdate<'_, Self::Buffer>>) -> Result<()> {
+        let Fp8ScalingUpdate {
+            amax,
+            history,
+            scale,
+            scale_inv,
+            inv_stride,
+            fp8_max,
+            len,
+            most_recent,
+            margin,
+        } = args.into_inner();
         fp8_scaling_update(
             self,
             amax,
@@ -330,13 +551,16 @@ pub trait Fp8Ops: NormOps + GemmOps + OptimOps {
     /// the two ops one after the other.
     fn adamw_clipped_fp8(
         &self,
-        tensors: &mut [AdamWTensor<'_, Self::Buffer>],
-        step: &AdamWClipStep,
-        scalars: &Self::Buffer,
-        outs: &mut [AdamWFp8Out<'_, Self::Buffer>],
-        scale: &Self::Buffer,
-        amax: &mut Self::Buffer,
+        args: Checked<AdamWClippedFp8<'_, '_, Self::Buffer>>,
     ) -> Result<()> {
+        let AdamWClippedFp8 {
+            tensors,
+            step,
+            scalars,
+            outs,
+            scale,
+            amax,
+        } = args.into_inner();
         adamw_clipped_fp8(self, tensors, step, scalars, outs, scale, amax)
     }
 }
@@ -384,14 +608,32 @@ pub fn quantize_fp8_grad<D: Fp8Ops>(
     let g = match gelu_pre {
         Some(pre) => {
             let mut t = d.alloc(dout.dtype(), dout.len())?;
-            d.gelu_backward(pre, dout, &mut t)?;
+            d.exec(GeluBackward {
+                x: pre,
+                dout,
+                dx: &mut t,
+            })?;
             tmp = t;
             &tmp
         }
         None => dout,
     };
-    d.bias_backward(g, dbias, rows, cols)?;
-    d.quantize_fp8(g, dst, dst_t, rows, cols, scale, amax, slot)
+    d.exec(BiasBackward {
+        dout: g,
+        dbias,
+        rows,
+        c: cols,
+    })?;
+    d.exec(QuantizeFp8 {
+        src: g,
+        dst,
+        dst_t,
+        rows,
+        cols,
+        scale,
+        amax,
+        slot,
+    })
 }
 
 /// [`crate::Fp8Ops::quantize_fp8_gelu`] composed of the core ops (its default).
@@ -416,8 +658,20 @@ pub fn quantize_fp8_gelu<D: Fp8Ops>(
         slot,
     )?;
     let mut h = d.alloc(pre.dtype(), pre.len())?;
-    d.gelu_forward(pre, &mut h)?;
-    d.quantize_fp8(&h, dst, dst_t, rows, cols, scale, amax, slot)
+    d.exec(GeluForward {
+        x: pre,
+        out: &mut h,
+    })?;
+    d.exec(QuantizeFp8 {
+        src: &h,
+        dst,
+        dst_t,
+        rows,
+        cols,
+        scale,
+        amax,
+        slot,
+    })
 }
 
 /// [`crate::Fp8Ops::layernorm_forward_fp8`] composed of the core ops (its default).
@@ -451,8 +705,27 @@ pub fn layernorm_forward_fp8<D: Fp8Ops>(
         slot,
     )?;
     let mut out = d.alloc(x.dtype(), x.len())?;
-    d.layernorm_forward(x, gamma, beta, &mut out, mean, rstd, n, c, eps)?;
-    d.quantize_fp8(&out, dst, dst_t, n, c, scale, amax, slot)
+    d.exec(LayerNormForward {
+        x,
+        gamma,
+        beta,
+        out: &mut out,
+        mean,
+        rstd,
+        n,
+        c,
+        eps,
+    })?;
+    d.exec(QuantizeFp8 {
+        src: &out,
+        dst,
+        dst_t,
+        rows: n,
+        cols: c,
+        scale,
+        amax,
+        slot,
+    })
 }
 
 /// [`crate::Fp8Ops::gemm_fp8_epilogue`] composed of the core ops (its default).
@@ -481,18 +754,60 @@ pub fn gemm_fp8_epilogue<D: Fp8Ops>(
     epilogue_shape("gemm_fp8_epilogue", desc, &epilogue, c.len())?;
     match epilogue {
         Epilogue::Bias(bias) => {
-            d.gemm_fp8(desc, a, b, c, scale_inv, a_slot, b_slot)?;
-            d.bias_add(c, bias, m, n)
+            d.exec(GemmFp8 {
+                desc,
+                a,
+                b,
+                c,
+                scale_inv,
+                a_slot,
+                b_slot,
+            })?;
+            d.exec(BiasAdd {
+                x: c,
+                bias,
+                rows: m,
+                c: n,
+            })
         }
         Epilogue::BiasResidual { bias, residual } => {
-            d.gemm_fp8(desc, a, b, c, scale_inv, a_slot, b_slot)?;
-            d.bias_add(c, bias, m, n)?;
-            d.add_assign(c, residual)
+            d.exec(GemmFp8 {
+                desc,
+                a,
+                b,
+                c,
+                scale_inv,
+                a_slot,
+                b_slot,
+            })?;
+            d.exec(BiasAdd {
+                x: c,
+                bias,
+                rows: m,
+                c: n,
+            })?;
+            d.exec(AddAssign {
+                dst: c,
+                src: residual,
+            })
         }
         Epilogue::BiasGelu { bias, pre } => {
-            d.gemm_fp8(desc, a, b, pre, scale_inv, a_slot, b_slot)?;
-            d.bias_add(pre, bias, m, n)?;
-            d.gelu_forward(pre, c)
+            d.exec(GemmFp8 {
+                desc,
+                a,
+                b,
+                c: pre,
+                scale_inv,
+                a_slot,
+                b_slot,
+            })?;
+            d.exec(BiasAdd {
+                x: pre,
+                bias,
+                rows: m,
+                c: n,
+            })?;
+            d.exec(GeluForward { x: pre, out: c })
         }
         Epilogue::DGelu { .. } | Epilogue::BiasGradA { .. } => Err(DeviceError::InvalidArgument(
             "gemm_fp8_epilogue: only Bias, BiasResidual and BiasGelu are fused into FP8 GEMMs"
@@ -552,7 +867,11 @@ pub fn adamw_clipped_fp8<D: Fp8Ops>(
     amax: &mut D::Buffer,
 ) -> Result<()> {
     check_adamw_fp8_outs("adamw_clipped_fp8", tensors, outs, scale, amax)?;
-    d.adamw_clipped(tensors, step, scalars)?;
+    d.exec(AdamWClipped {
+        tensors,
+        step,
+        scalars,
+    })?;
     let mut jobs: Vec<Fp8QuantJob<'_, D::Buffer>> = outs
         .iter_mut()
         .map(|o| {
@@ -560,7 +879,11 @@ pub fn adamw_clipped_fp8<D: Fp8Ops>(
             o.job(t)
         })
         .collect();
-    d.quantize_fp8_many(&mut jobs, scale, amax)
+    d.exec(QuantizeFp8Many {
+        jobs: &mut jobs,
+        scale,
+        amax,
+    })
 }
 
 /// Checks the buffers of [`Fp8Ops::fp8_scaling_update`] (all f32; `history` holds `len` entries
@@ -659,4 +982,17 @@ pub fn check_adamw_fp8_outs<B: Buffer>(
         jobs.push(o.job(t));
     }
     check_fp8_quant_jobs(op, &jobs, scale, amax)
+}
+
+crate::checked::op_impls! {
+    Fp8Ops:
+    QuantizeFp8<'a> => quantize_fp8,
+    GemmFp8<'a> => gemm_fp8,
+    QuantizeFp8Many<'a, 'j> => quantize_fp8_many,
+    QuantizeFp8Grad<'a> => quantize_fp8_grad,
+    QuantizeFp8Gelu<'a> => quantize_fp8_gelu,
+    LayerNormForwardFp8<'a> => layernorm_forward_fp8,
+    GemmFp8Epilogue<'a> => gemm_fp8_epilogue,
+    Fp8ScalingUpdate<'a> => fp8_scaling_update,
+    AdamWClippedFp8<'a, 'j> => adamw_clipped_fp8,
 }

@@ -23,16 +23,45 @@ pub enum Epilogue<'a, B> {
     BiasGradA { dbias: &'a mut B },
 }
 
+/// The arguments of [`GemmOps::gemm`]; [`Check::check`] validates them.
+pub struct Gemm<'a, B> {
+    pub desc: &'a GemmDesc,
+    pub a: &'a B,
+    pub b: &'a B,
+    pub c: &'a mut B,
+}
+
+impl<B: Buffer> Check for Gemm<'_, B> {
+    fn check(self) -> Result<Checked<Self>> {
+        check_dtype("gemm", self.b, self.a.dtype())?;
+        self.desc
+            .validate(self.a.len(), self.b.len(), self.c.len())?;
+        Ok(Checked::new(self))
+    }
+}
+
+/// The arguments of [`GemmOps::gemm_epilogue`]; [`Check::check`] validates them.
+pub struct GemmEpilogue<'a, B> {
+    pub desc: &'a GemmDesc,
+    pub a: &'a B,
+    pub b: &'a B,
+    pub c: &'a mut B,
+    pub epilogue: Epilogue<'a, B>,
+}
+
+impl<B: Buffer> Check for GemmEpilogue<'_, B> {
+    fn check(self) -> Result<Checked<Self>> {
+        self.desc
+            .validate(self.a.len(), self.b.len(), self.c.len())?;
+        epilogue_shape("gemm_epilogue", self.desc, &self.epilogue, self.c.len())?;
+        Ok(Checked::new(self))
+    }
+}
+
 pub trait GemmOps: ElementwiseOps {
     /// `C = alpha · op(A) · op(B) + beta · C`, batched per [`GemmDesc`], FP32 accumulation.
     /// A and B share a dtype (f32, f16 or bf16); C is that dtype or f32.
-    fn gemm(
-        &self,
-        desc: &GemmDesc,
-        a: &Self::Buffer,
-        b: &Self::Buffer,
-        c: &mut Self::Buffer,
-    ) -> Result<()>;
+    fn gemm(&self, args: Checked<Gemm<'_, Self::Buffer>>) -> Result<()>;
 
     /// Turns GEMM autotuning on or off where the backend has it (CUDA: each new cuBLASLt GEMM
     /// shape times the heuristic's candidates once and keeps the fastest, as PyTorch's
@@ -49,14 +78,14 @@ pub trait GemmOps: ElementwiseOps {
     /// [`ElementwiseOps::bias_add`], [`ElementwiseOps::add_assign`], [`ElementwiseOps::gelu_forward`],
     /// [`ElementwiseOps::gelu_backward`] (through a temporary) or [`ElementwiseOps::bias_backward`]; the
     /// bias gradient of [`Epilogue::BiasGradA`] needs `trans_a` (A stored `k × m`).
-    fn gemm_epilogue(
-        &self,
-        desc: &GemmDesc,
-        a: &Self::Buffer,
-        b: &Self::Buffer,
-        c: &mut Self::Buffer,
-        epilogue: Epilogue<'_, Self::Buffer>,
-    ) -> Result<()> {
+    fn gemm_epilogue(&self, args: Checked<GemmEpilogue<'_, Self::Buffer>>) -> Result<()> {
+        let GemmEpilogue {
+            desc,
+            a,
+            b,
+            c,
+            epilogue,
+        } = args.into_inner();
         gemm_epilogue(self, desc, a, b, c, epilogue)
     }
 }
@@ -74,23 +103,50 @@ pub fn gemm_epilogue<D: GemmOps>(
     epilogue_shape("gemm_epilogue", desc, &epilogue, c.len())?;
     match epilogue {
         Epilogue::Bias(bias) => {
-            d.gemm(desc, a, b, c)?;
-            d.bias_add(c, bias, m, n)
+            d.exec(Gemm { desc, a, b, c })?;
+            d.exec(BiasAdd {
+                x: c,
+                bias,
+                rows: m,
+                c: n,
+            })
         }
         Epilogue::BiasResidual { bias, residual } => {
-            d.gemm(desc, a, b, c)?;
-            d.bias_add(c, bias, m, n)?;
-            d.add_assign(c, residual)
+            d.exec(Gemm { desc, a, b, c })?;
+            d.exec(BiasAdd {
+                x: c,
+                bias,
+                rows: m,
+                c: n,
+            })?;
+            d.exec(AddAssign {
+                dst: c,
+                src: residual,
+            })
         }
         Epilogue::BiasGelu { bias, pre } => {
-            d.gemm(desc, a, b, pre)?;
-            d.bias_add(pre, bias, m, n)?;
-            d.gelu_forward(pre, c)
+            d.exec(Gemm { desc, a, b, c: pre })?;
+            d.exec(BiasAdd {
+                x: pre,
+                bias,
+                rows: m,
+                c: n,
+            })?;
+            d.exec(GeluForward { x: pre, out: c })
         }
         Epilogue::DGelu { pre } => {
             let mut prod = d.alloc(c.dtype(), c.len())?;
-            d.gemm(desc, a, b, &mut prod)?;
-            d.gelu_backward(pre, &prod, c)
+            d.exec(Gemm {
+                desc,
+                a,
+                b,
+                c: &mut prod,
+            })?;
+            d.exec(GeluBackward {
+                x: pre,
+                dout: &prod,
+                dx: c,
+            })
         }
         Epilogue::BiasGradA { dbias } => {
             if !desc.trans_a || desc.lda != m || desc.a_offset != 0 {
@@ -100,9 +156,14 @@ pub fn gemm_epilogue<D: GemmOps>(
             }
             check_dtype("gemm_epilogue", dbias, DType::F32)?;
             check_len("gemm_epilogue", "dbias", dbias, m)?;
-            d.gemm(desc, a, b, c)?;
+            d.exec(Gemm { desc, a, b, c })?;
             d.fill(dbias, 0.0)?;
-            d.bias_backward(a, dbias, desc.k, m)
+            d.exec(BiasBackward {
+                dout: a,
+                dbias,
+                rows: desc.k,
+                c: m,
+            })
         }
     }
 }
@@ -145,4 +206,10 @@ pub fn epilogue_shape<B: Buffer>(
         Epilogue::DGelu { pre } => exact("GELU backward", pre.len()),
         Epilogue::Bias(_) | Epilogue::BiasGradA { .. } => Ok(()),
     }
+}
+
+crate::checked::op_impls! {
+    GemmOps:
+    Gemm<'a> => gemm,
+    GemmEpilogue<'a> => gemm_epilogue,
 }

@@ -2,23 +2,105 @@
 
 use crate::*;
 
+/// The arguments of [`LossOps::cross_entropy`]; [`Check::check`] validates them.
+pub struct CrossEntropy<'a, B> {
+    pub logits: &'a B,
+    pub targets: &'a B,
+    pub losses: &'a mut B,
+    pub dlogits: Option<&'a mut B>,
+    pub n: usize,
+    pub v: usize,
+    pub grad_scale: f32,
+}
+
+impl<B: Buffer> Check for CrossEntropy<'_, B> {
+    fn check(self) -> Result<Checked<Self>> {
+        RowsDesc::new("cross_entropy", self.n, self.v)?.validate_cross_entropy(
+            self.logits,
+            self.targets,
+            &*self.losses,
+            self.dlogits.as_deref(),
+            self.v,
+        )?;
+        Ok(Checked::new(self))
+    }
+}
+
+/// The arguments of [`LossOps::cross_entropy_padded`]; [`Check::check`] validates them.
+pub struct CrossEntropyPadded<'a, B> {
+    pub logits: &'a B,
+    pub targets: &'a B,
+    pub losses: &'a mut B,
+    pub dlogits: Option<&'a mut B>,
+    pub n: usize,
+    pub v: usize,
+    pub ld: usize,
+    pub grad_scale: f32,
+}
+
+impl<B: Buffer> Check for CrossEntropyPadded<'_, B> {
+    fn check(self) -> Result<Checked<Self>> {
+        RowsDesc::new("cross_entropy_padded", self.n, self.ld)?.validate_cross_entropy(
+            self.logits,
+            self.targets,
+            &*self.losses,
+            self.dlogits.as_deref(),
+            self.v,
+        )?;
+        Ok(Checked::new(self))
+    }
+}
+
+/// The arguments of [`LossOps::cross_entropy_in_place`]; [`Check::check`] validates them.
+pub struct CrossEntropyInPlace<'a, B> {
+    pub logits: &'a mut B,
+    pub targets: &'a B,
+    pub losses: &'a mut B,
+    pub n: usize,
+    pub v: usize,
+    pub ld: usize,
+    pub grad_scale: f32,
+}
+
+impl<B: Buffer> Check for CrossEntropyInPlace<'_, B> {
+    fn check(self) -> Result<Checked<Self>> {
+        RowsDesc::new("cross_entropy_in_place", self.n, self.ld)?.validate_cross_entropy(
+            &*self.logits,
+            self.targets,
+            &*self.losses,
+            None,
+            self.v,
+        )?;
+        Ok(Checked::new(self))
+    }
+}
+
 pub trait LossOps: Runtime {
     /// Fused softmax + cross-entropy over `logits` (`n × v`) with i32 `targets` (`n`; a negative
     /// target is ignored: loss 0, gradient 0). Writes per-row `losses` (f32, `n`). When `dlogits`
     /// is given, also writes `dlogits = (softmax(logits) − onehot(target)) · grad_scale`.
     /// ([`LossOps::cross_entropy_padded`] with rows of exactly `v` logits.)
     #[allow(clippy::too_many_arguments)]
-    fn cross_entropy(
-        &self,
-        logits: &Self::Buffer,
-        targets: &Self::Buffer,
-        losses: &mut Self::Buffer,
-        dlogits: Option<&mut Self::Buffer>,
-        n: usize,
-        v: usize,
-        grad_scale: f32,
-    ) -> Result<()> {
-        self.cross_entropy_padded(logits, targets, losses, dlogits, n, v, v, grad_scale)
+    fn cross_entropy(&self, args: Checked<CrossEntropy<'_, Self::Buffer>>) -> Result<()> {
+        let CrossEntropy {
+            logits,
+            targets,
+            losses,
+            dlogits,
+            n,
+            v,
+            grad_scale,
+        } = args.into_inner();
+        self.exec(CrossEntropyPadded {
+            logits,
+            targets,
+            losses,
+            dlogits,
+            n,
+            v,
+            ld: v,
+            grad_scale,
+        })
     }
 
     /// [`LossOps::cross_entropy`] over rows of `ld ≥ v` logits (`n × ld`) of which only the first
@@ -28,14 +110,7 @@ pub trait LossOps: Runtime {
     #[allow(clippy::too_many_arguments)]
     fn cross_entropy_padded(
         &self,
-        logits: &Self::Buffer,
-        targets: &Self::Buffer,
-        losses: &mut Self::Buffer,
-        dlogits: Option<&mut Self::Buffer>,
-        n: usize,
-        v: usize,
-        ld: usize,
-        grad_scale: f32,
+        args: Checked<CrossEntropyPadded<'_, Self::Buffer>>,
     ) -> Result<()>;
 
     /// [`LossOps::cross_entropy_padded`] with the logits' gradient written over the logits
@@ -47,14 +122,17 @@ pub trait LossOps: Runtime {
     #[allow(clippy::too_many_arguments)]
     fn cross_entropy_in_place(
         &self,
-        logits: &mut Self::Buffer,
-        targets: &Self::Buffer,
-        losses: &mut Self::Buffer,
-        n: usize,
-        v: usize,
-        ld: usize,
-        grad_scale: f32,
+        args: Checked<CrossEntropyInPlace<'_, Self::Buffer>>,
     ) -> Result<()> {
+        let CrossEntropyInPlace {
+            logits,
+            targets,
+            losses,
+            n,
+            v,
+            ld,
+            grad_scale,
+        } = args.into_inner();
         cross_entropy_in_place(self, logits, targets, losses, n, v, ld, grad_scale)
     }
 }
@@ -76,15 +154,22 @@ pub fn cross_entropy_in_place<D: LossOps>(
         DeviceError::InvalidArgument(format!("cross_entropy_in_place: {n} × {ld} overflows"))
     })?;
     let mut grad = d.alloc(logits.dtype(), len)?;
-    d.cross_entropy_padded(
+    d.exec(CrossEntropyPadded {
         logits,
         targets,
         losses,
-        Some(&mut grad),
+        dlogits: Some(&mut grad),
         n,
         v,
         ld,
         grad_scale,
-    )?;
+    })?;
     d.copy(&grad, 0, logits, 0, len)
+}
+
+crate::checked::op_impls! {
+    LossOps:
+    CrossEntropy<'a> => cross_entropy,
+    CrossEntropyPadded<'a> => cross_entropy_padded,
+    CrossEntropyInPlace<'a> => cross_entropy_in_place,
 }

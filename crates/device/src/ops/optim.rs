@@ -1,5 +1,6 @@
 //! The optimizer: AdamW, single and multi-tensor, and the gradient-norm sums.
 
+use crate::args::*;
 use crate::*;
 
 /// Hyper-parameters of one fused AdamW step (see [`OptimOps::adamw`]).
@@ -81,34 +82,87 @@ pub fn clip_grad_scale(norm_sq: f32, max_norm: f32, loss_scale: f32) -> f32 {
     }
 }
 
+/// The arguments of [`OptimOps::adamw`]; [`Check::check`] validates them.
+pub struct AdamWUpdate<'a, B> {
+    pub param: &'a mut B,
+    pub grad: &'a B,
+    pub m: &'a mut B,
+    pub v: &'a mut B,
+    pub step: &'a AdamWStep,
+    pub param_copy: Option<&'a mut B>,
+}
+
+impl<B: Buffer> Check for AdamWUpdate<'_, B> {
+    fn check(self) -> Result<Checked<Self>> {
+        validate_adamw(
+            &*self.param,
+            self.grad,
+            &*self.m,
+            &*self.v,
+            self.param_copy.as_deref(),
+        )?;
+        Ok(Checked::new(self))
+    }
+}
+
+/// The arguments of [`OptimOps::sum_squares`]; [`Check::check`] validates them.
+pub struct SumSquares<'a, B> {
+    pub x: &'a B,
+    pub out: &'a mut B,
+    pub slot: usize,
+}
+
+impl<B: Buffer> Check for SumSquares<'_, B> {
+    fn check(self) -> Result<Checked<Self>> {
+        validate_sum_squares(self.x, &*self.out, self.slot)?;
+        Ok(Checked::new(self))
+    }
+}
+
+/// The arguments of [`OptimOps::sum_squares_many`]; [`Check::check`] validates them.
+pub struct SumSquaresMany<'a, B> {
+    pub xs: &'a [&'a B],
+    pub out: &'a mut B,
+    pub slot: usize,
+}
+
+impl<B: Buffer> Check for SumSquaresMany<'_, B> {
+    fn check(self) -> Result<Checked<Self>> {
+        validate_sum_squares_many(self.xs, &*self.out, self.slot)?;
+        Ok(Checked::new(self))
+    }
+}
+
+/// The arguments of [`OptimOps::adamw_clipped`]; [`Check::check`] validates them.
+pub struct AdamWClipped<'a, 'j, B> {
+    pub tensors: &'a mut [AdamWTensor<'j, B>],
+    pub step: &'a AdamWClipStep,
+    pub scalars: &'a B,
+}
+
+impl<B: Buffer> Check for AdamWClipped<'_, '_, B> {
+    fn check(self) -> Result<Checked<Self>> {
+        validate_adamw_clipped(self.tensors, self.scalars)?;
+        Ok(Checked::new(self))
+    }
+}
+
 pub trait OptimOps: Runtime {
     /// Fused AdamW on f32 master weights `param` with f32 moments `m`, `v`:
     /// `g = grad·grad_scale; m = β1 m + (1−β1) g; v = β2 v + (1−β2) g²;`
     /// `param −= lr·(m/bc1 / (√(v/bc2) + ε) + wd·param)`. When `param_copy` is given, the updated
     /// weights are also written there in its dtype (the low-precision working copy).
     #[allow(clippy::too_many_arguments)]
-    fn adamw(
-        &self,
-        param: &mut Self::Buffer,
-        grad: &Self::Buffer,
-        m: &mut Self::Buffer,
-        v: &mut Self::Buffer,
-        step: &AdamWStep,
-        param_copy: Option<&mut Self::Buffer>,
-    ) -> Result<()>;
+    fn adamw(&self, args: Checked<AdamWUpdate<'_, Self::Buffer>>) -> Result<()>;
 
     /// Accumulates `out[slot] += Σ x²` (in f32) for the global gradient L2 norm; `out` is f32.
-    fn sum_squares(&self, x: &Self::Buffer, out: &mut Self::Buffer, slot: usize) -> Result<()>;
+    fn sum_squares(&self, args: Checked<SumSquares<'_, Self::Buffer>>) -> Result<()>;
 
     /// `out[slot] += Σ_i Σ x_i²` over several tensors (f32 result, fixed summation order).
     /// Backends may fuse the tensors into one pass; the default calls [`OptimOps::sum_squares`]
     /// per tensor.
-    fn sum_squares_many(
-        &self,
-        xs: &[&Self::Buffer],
-        out: &mut Self::Buffer,
-        slot: usize,
-    ) -> Result<()> {
+    fn sum_squares_many(&self, args: Checked<SumSquaresMany<'_, Self::Buffer>>) -> Result<()> {
+        let SumSquaresMany { xs, out, slot } = args.into_inner();
         sum_squares_many(self, xs, out, slot)
     }
 
@@ -118,12 +172,12 @@ pub trait OptimOps: Runtime {
     /// travels through the host, so the step needs no host synchronisation and can be recorded
     /// once and replayed. The default reads `scalars` back and calls [`OptimOps::adamw`] per
     /// tensor.
-    fn adamw_clipped(
-        &self,
-        tensors: &mut [AdamWTensor<'_, Self::Buffer>],
-        step: &AdamWClipStep,
-        scalars: &Self::Buffer,
-    ) -> Result<()> {
+    fn adamw_clipped(&self, args: Checked<AdamWClipped<'_, '_, Self::Buffer>>) -> Result<()> {
+        let AdamWClipped {
+            tensors,
+            step,
+            scalars,
+        } = args.into_inner();
         adamw_clipped(self, tensors, step, scalars)
     }
 }
@@ -136,8 +190,8 @@ pub fn sum_squares_many<D: OptimOps>(
     slot: usize,
 ) -> Result<()> {
     args::validate_sum_squares_many(xs, out, slot)?;
-    for x in xs {
-        d.sum_squares(x, out, slot)?;
+    for &x in xs {
+        d.exec(SumSquares { x, out, slot })?;
     }
     Ok(())
 }
@@ -168,7 +222,22 @@ pub fn adamw_clipped<D: OptimOps>(
             bias_correction2: v[3],
             grad_scale,
         };
-        d.adamw(t.param, t.grad, t.m, t.v, &s, t.copy.as_deref_mut())?;
+        d.exec(AdamWUpdate {
+            param: t.param,
+            grad: t.grad,
+            m: t.m,
+            v: t.v,
+            step: &s,
+            param_copy: t.copy.as_deref_mut(),
+        })?;
     }
     Ok(())
+}
+
+crate::checked::op_impls! {
+    OptimOps:
+    AdamWUpdate<'a> => adamw,
+    SumSquares<'a> => sum_squares,
+    SumSquaresMany<'a> => sum_squares_many,
+    AdamWClipped<'a, 'j> => adamw_clipped,
 }

@@ -16,7 +16,9 @@ use super::{Bucket, GradSync};
 use crate::optim::{AdamWConfig, StepStats};
 use crate::precision::LossScaler;
 use crate::{EngineError, Result};
-use duet_device::{AdamWStep, Collective, DType, Device, DeviceExt, ReduceOp};
+use duet_device::{
+    AdamWStep, AdamWUpdate, Collective, DType, Device, DeviceExt, ReduceOp, SumSquares,
+};
 use std::sync::Arc;
 
 /// One parameter's part of this rank's shard of one bucket.
@@ -166,7 +168,11 @@ impl<D: Device> ShardedAdamW<D> {
         dev.fill(&mut self.norm, 0.0)?;
         for (s, g) in self.segs.iter().zip(&mut self.grad) {
             dev.copy(&shards[s.bucket], s.shard_offset, g, 0, s.len)?;
-            dev.sum_squares(g, &mut self.norm, 0)?;
+            dev.exec(SumSquares {
+                x: g,
+                out: &mut self.norm,
+                slot: 0,
+            })?;
         }
         // The shards partition the gradients: their squares sum to the global norm², the same
         // value (inf/NaN included) on every rank.
@@ -195,14 +201,14 @@ impl<D: Device> ShardedAdamW<D> {
                 bias_correction2: bc2,
                 grad_scale: plan.grad_scale,
             };
-            dev.adamw(
-                &mut self.master[i],
-                &self.grad[i],
-                &mut self.m[i],
-                &mut self.v[i],
-                &step,
-                self.wcopy[i].as_mut(),
-            )?;
+            dev.exec(AdamWUpdate {
+                param: &mut self.master[i],
+                grad: &self.grad[i],
+                m: &mut self.m[i],
+                v: &mut self.v[i],
+                step: &step,
+                param_copy: self.wcopy[i].as_mut(),
+            })?;
             let src = self.wcopy[i].as_ref().unwrap_or(&self.master[i]);
             dev.copy(src, 0, &mut self.wshard[s.bucket], s.shard_offset, s.len)?;
         }

@@ -1,6 +1,6 @@
 use super::memory::{Dims, Scratch};
 use crate::Result;
-use duet_device::{Device, GemmDesc};
+use duet_device::{Device, Gemm, GemmDesc, SoftmaxCausalBackward, SoftmaxCausalForward};
 
 /// Causal attention `y = softmax(scale · q·kᵀ) · v` over the `b·nh` heads in `s.q`, `s.k`,
 /// `s.v`, `d.ab` heads at a time (no `t × t` matrix beyond one chunk is ever written); `y`
@@ -16,7 +16,12 @@ pub(super) fn attention_forward<D: Device>(
         attention_probs(dev, s, j, d, scale)?;
         let mut pv = GemmDesc::batched(false, false, t, hs, t, ab);
         (pv.b_offset, pv.c_offset) = (j * t * hs, j * t * hs);
-        dev.gemm(&pv, &s.probs, &s.v, &mut s.d_c2)?;
+        dev.exec(Gemm {
+            desc: &pv,
+            a: &s.probs,
+            b: &s.v,
+            c: &mut s.d_c2,
+        })?;
     }
     Ok(())
 }
@@ -37,18 +42,45 @@ pub(super) fn attention_backward<D: Device>(
         // dP = dy · vᵀ, dv = Pᵀ · dy.
         let mut dp = GemmDesc::batched(false, true, t, t, hs, ab);
         (dp.a_offset, dp.b_offset) = (off, off);
-        dev.gemm(&dp, &s.d_c2, &s.v, &mut s.dprobs)?;
+        dev.exec(Gemm {
+            desc: &dp,
+            a: &s.d_c2,
+            b: &s.v,
+            c: &mut s.dprobs,
+        })?;
         let mut dv = GemmDesc::batched(true, false, t, hs, t, ab);
         (dv.b_offset, dv.c_offset) = (off, off);
-        dev.gemm(&dv, &s.probs, &s.d_c2, &mut s.dv)?;
+        dev.exec(Gemm {
+            desc: &dv,
+            a: &s.probs,
+            b: &s.d_c2,
+            c: &mut s.dv,
+        })?;
         // dS (into the scores buffer, free again), then dq = dS · k, dk = dSᵀ · q.
-        dev.softmax_causal_backward(&s.probs, &s.dprobs, &mut s.scores, ab, t, scale)?;
+        dev.exec(SoftmaxCausalBackward {
+            probs: &s.probs,
+            dprobs: &s.dprobs,
+            dscores: &mut s.scores,
+            batch: ab,
+            t,
+            scale,
+        })?;
         let mut dq = GemmDesc::batched(false, false, t, hs, t, ab);
         (dq.b_offset, dq.c_offset) = (off, off);
-        dev.gemm(&dq, &s.scores, &s.k, &mut s.dq)?;
+        dev.exec(Gemm {
+            desc: &dq,
+            a: &s.scores,
+            b: &s.k,
+            c: &mut s.dq,
+        })?;
         let mut dk = GemmDesc::batched(true, false, t, hs, t, ab);
         (dk.b_offset, dk.c_offset) = (off, off);
-        dev.gemm(&dk, &s.scores, &s.q, &mut s.dk)?;
+        dev.exec(Gemm {
+            desc: &dk,
+            a: &s.scores,
+            b: &s.q,
+            c: &mut s.dk,
+        })?;
     }
     Ok(())
 }
@@ -65,8 +97,19 @@ pub(super) fn attention_probs<D: Device>(
     let (t, hs, ab) = (d.t, d.hs, d.ab);
     let mut qk = GemmDesc::batched(false, true, t, t, hs, ab);
     (qk.a_offset, qk.b_offset) = (j * t * hs, j * t * hs);
-    dev.gemm(&qk, &s.q, &s.k, &mut s.scores)?;
-    dev.softmax_causal_forward(&s.scores, &mut s.probs, ab, t, scale)?;
+    dev.exec(Gemm {
+        desc: &qk,
+        a: &s.q,
+        b: &s.k,
+        c: &mut s.scores,
+    })?;
+    dev.exec(SoftmaxCausalForward {
+        scores: &s.scores,
+        probs: &mut s.probs,
+        batch: ab,
+        t,
+        scale,
+    })?;
     Ok(())
 }
 

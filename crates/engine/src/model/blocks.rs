@@ -7,7 +7,11 @@ use super::linear::{
 use super::memory::{BlockActs, Dims, Scratch};
 use super::params::{BlockParam, param_index};
 use crate::Result;
-use duet_device::{Buffer, Device, DeviceError};
+use duet_device::{
+    Buffer, Device, DeviceError, FlashAttentionBackward, FlashAttentionForward, GeluBackward,
+    GeluForward, LayerNormBackward, LayerNormBackwardColsum, LayerNormForward, MergeHeads,
+    SplitHeads, SplitHeadsBackward,
+};
 
 /// What every part of one block's pass reads: the device, the parameters, the block's index
 /// and the model's dimensions.
@@ -64,17 +68,17 @@ fn attention_forward_part<D: Device>(
             rstd: &mut a.ln1_rstd,
         }
     } else {
-        dev.layernorm_forward(
+        dev.exec(LayerNormForward {
             x,
-            w(BlockParam::Ln1W),
-            w(BlockParam::Ln1B),
-            &mut a.ln1,
-            &mut a.ln1_mean,
-            &mut a.ln1_rstd,
+            gamma: w(BlockParam::Ln1W),
+            beta: w(BlockParam::Ln1B),
+            out: &mut a.ln1,
+            mean: &mut a.ln1_mean,
+            rstd: &mut a.ln1_rstd,
             n,
             c,
-            LN_EPS,
-        )?;
+            eps: LN_EPS,
+        })?;
         LinearInput::Plain(&a.ln1)
     };
     linear_act_forward(
@@ -92,11 +96,37 @@ fn attention_forward_part<D: Device>(
         3 * c,
     )?;
     if d.flash {
-        dev.flash_attention_forward(&a.qkv, &mut a.attc, &mut a.lse, b, t, nh, hs, scale)?;
+        dev.exec(FlashAttentionForward {
+            qkv: &a.qkv,
+            out: &mut a.attc,
+            lse: &mut a.lse,
+            b,
+            t,
+            nh,
+            hs,
+            scale,
+        })?;
     } else {
-        dev.split_heads(&a.qkv, &mut s.q, &mut s.k, &mut s.v, b, t, nh, hs)?;
+        dev.exec(SplitHeads {
+            qkv: &a.qkv,
+            q: &mut s.q,
+            k: &mut s.k,
+            v: &mut s.v,
+            b,
+            t,
+            nh,
+            hs,
+        })?;
         attention_forward(dev, s, d, scale)?;
-        dev.merge_heads(&s.d_c2, &mut a.attc, b, t, nh, hs, false)?;
+        dev.exec(MergeHeads {
+            y: &s.d_c2,
+            out: &mut a.attc,
+            b,
+            t,
+            nh,
+            hs,
+            backward: false,
+        })?;
     }
     linear_forward(
         dev,
@@ -155,17 +185,17 @@ fn mlp_forward_part<D: Device>(
             f,
         )?;
     } else {
-        dev.layernorm_forward(
-            &a.res2,
-            w(BlockParam::Ln2W),
-            w(BlockParam::Ln2B),
-            &mut a.ln2,
-            &mut a.ln2_mean,
-            &mut a.ln2_rstd,
+        dev.exec(LayerNormForward {
+            x: &a.res2,
+            gamma: w(BlockParam::Ln2W),
+            beta: w(BlockParam::Ln2B),
+            out: &mut a.ln2,
+            mean: &mut a.ln2_mean,
+            rstd: &mut a.ln2_rstd,
             n,
             c,
-            LN_EPS,
-        )?;
+            eps: LN_EPS,
+        })?;
         linear_gelu_forward(
             dev,
             None,
@@ -240,7 +270,10 @@ fn mlp_backward_part<D: Device>(
     let keep_gelu = !a.gelu.is_empty();
     let fp8 = q8.is_some();
     if !fp8 && !keep_gelu {
-        dev.gelu_forward(&a.fch, &mut s.d_f2)?;
+        dev.exec(GeluForward {
+            x: &a.fch,
+            out: &mut s.d_f2,
+        })?;
     }
     let one_buffer = s.d_f.is_empty();
     let fused_gelu = {
@@ -286,7 +319,11 @@ fn mlp_backward_part<D: Device>(
         .into());
     }
     if unfused {
-        dev.gelu_backward(&a.fch, &s.d_f, &mut s.d_f2)?;
+        dev.exec(GeluBackward {
+            x: &a.fch,
+            dout: &s.d_f,
+            dx: &mut s.d_f2,
+        })?;
     }
     let d_hidden = if one_buffer || unfused {
         &s.d_f2
@@ -377,25 +414,51 @@ fn attention_backward_part<D: Device>(
         )?;
     }
     if d.flash {
-        dev.flash_attention_backward(
-            &a.qkv,
-            &a.attc,
-            &s.d_c,
-            &a.lse,
-            &mut s.dqkv,
+        dev.exec(FlashAttentionBackward {
+            qkv: &a.qkv,
+            out: &a.attc,
+            dout: &s.d_c,
+            lse: &a.lse,
+            dqkv: &mut s.dqkv,
             b,
             t,
             nh,
             hs,
             scale,
-        )?;
+        })?;
     } else {
         // attc = merge(atty): the gradient goes back through the inverse permutation.
-        dev.merge_heads(&s.d_c, &mut s.d_c2, b, t, nh, hs, true)?;
+        dev.exec(MergeHeads {
+            y: &s.d_c,
+            out: &mut s.d_c2,
+            b,
+            t,
+            nh,
+            hs,
+            backward: true,
+        })?;
         // q, k and v are split from the saved qkv again (the forward pass kept no copy).
-        dev.split_heads(&a.qkv, &mut s.q, &mut s.k, &mut s.v, b, t, nh, hs)?;
+        dev.exec(SplitHeads {
+            qkv: &a.qkv,
+            q: &mut s.q,
+            k: &mut s.k,
+            v: &mut s.v,
+            b,
+            t,
+            nh,
+            hs,
+        })?;
         attention_backward(dev, s, d, scale)?;
-        dev.split_heads_backward(&s.dq, &s.dk, &s.dv, &mut s.dqkv, b, t, nh, hs)?;
+        dev.exec(SplitHeadsBackward {
+            dq: &s.dq,
+            dk: &s.dk,
+            dv: &s.dv,
+            dqkv: &mut s.dqkv,
+            b,
+            t,
+            nh,
+            hs,
+        })?;
     }
     {
         let (gw, gb) = two_mut(g, gi(BlockParam::AttnW), gi(BlockParam::AttnB));
@@ -463,9 +526,31 @@ pub(super) fn layernorm_backward<D: Device>(
     c: usize,
 ) -> Result<()> {
     match dsum {
-        Some(dsum) => dev
-            .layernorm_backward_colsum(dout, x, gamma, mean, rstd, dx, dgamma, dbeta, dsum, n, c)?,
-        None => dev.layernorm_backward(dout, x, gamma, mean, rstd, dx, dgamma, dbeta, n, c)?,
+        Some(dsum) => dev.exec(LayerNormBackwardColsum {
+            dout,
+            x,
+            gamma,
+            mean,
+            rstd,
+            dx,
+            dgamma,
+            dbeta,
+            dsum,
+            n,
+            c,
+        })?,
+        None => dev.exec(LayerNormBackward {
+            dout,
+            x,
+            gamma,
+            mean,
+            rstd,
+            dx,
+            dgamma,
+            dbeta,
+            n,
+            c,
+        })?,
     }
     Ok(())
 }

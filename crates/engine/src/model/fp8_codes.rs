@@ -3,7 +3,7 @@ use super::params::{BlockParam, param_index};
 use crate::config::ModelConfig;
 use crate::fp8::{Fp8State, Operand, OperandReport};
 use crate::{EngineError, Result};
-use duet_device::{AdamWFp8Out, Device, DeviceExt, Fp8QuantJob};
+use duet_device::{AdamWFp8Out, Device, DeviceExt, Fp8QuantJob, QuantizeFp8Many};
 
 /// The linear layers of a block, in FP8 metadata order.
 pub(super) const LINEARS: [(BlockParam, &str); 4] = [
@@ -349,8 +349,11 @@ impl<D: Device> Gpt<D> {
                 })
                 .collect();
         let st = &mut q.state;
-        self.dev
-            .quantize_fp8_many(&mut jobs, &st.scale, &mut st.amax)?;
+        self.dev.exec(QuantizeFp8Many {
+            jobs: &mut jobs,
+            scale: &st.scale,
+            amax: &mut st.amax,
+        })?;
         q.codes = Fp8Codes::QUANTISED;
         Ok(())
     }

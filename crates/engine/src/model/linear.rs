@@ -2,7 +2,11 @@ use super::LN_EPS;
 use super::fp8_codes::{Fp8Bufs, LINEARS};
 use crate::Result;
 use crate::fp8::{Fp8State, Operand};
-use duet_device::{Buffer, Device, DeviceError, Epilogue, GemmDesc};
+use duet_device::{
+    BiasAdd, BiasBackward, Buffer, Device, DeviceError, Epilogue, GeluForward, Gemm, GemmDesc,
+    GemmEpilogue, GemmFp8, GemmFp8Epilogue, LayerNormForwardFp8, QuantizeFp8, QuantizeFp8Gelu,
+    QuantizeFp8Grad,
+};
 
 /// `out = residual + x · Wᵀ + bias` (no residual: `x · Wᵀ + bias`) for `x` (`n × k`), `W`
 /// (`m × k`), `out` and `residual` (`n × m`). With
@@ -143,19 +147,47 @@ pub(super) fn linear_act_forward<D: Device>(
             let kind = id % LINEARS.len();
             let (x8, x8t) = (&mut q.x8[kind], Some(&mut q.x8t[id]));
             match input {
-                LinearInput::Plain(x) => dev.quantize_fp8(x, x8, x8t, n, k, &st.scale, amax, sx)?,
-                LinearInput::GeluOf(pre) => {
-                    dev.quantize_fp8_gelu(pre, x8, x8t, n, k, &st.scale, amax, sx)?
-                }
+                LinearInput::Plain(x) => dev.exec(QuantizeFp8 {
+                    src: x,
+                    dst: x8,
+                    dst_t: x8t,
+                    rows: n,
+                    cols: k,
+                    scale: &st.scale,
+                    amax,
+                    slot: sx,
+                })?,
+                LinearInput::GeluOf(pre) => dev.exec(QuantizeFp8Gelu {
+                    pre,
+                    dst: x8,
+                    dst_t: x8t,
+                    rows: n,
+                    cols: k,
+                    scale: &st.scale,
+                    amax,
+                    slot: sx,
+                })?,
                 LinearInput::LayerNormOf {
                     x,
                     gamma,
                     beta,
                     mean,
                     rstd,
-                } => dev.layernorm_forward_fp8(
-                    x, gamma, beta, mean, rstd, x8, x8t, n, k, LN_EPS, &st.scale, amax, sx,
-                )?,
+                } => dev.exec(LayerNormForwardFp8 {
+                    x,
+                    gamma,
+                    beta,
+                    mean,
+                    rstd,
+                    dst: x8,
+                    dst_t: x8t,
+                    n,
+                    c: k,
+                    eps: LN_EPS,
+                    scale: &st.scale,
+                    amax,
+                    slot: sx,
+                })?,
             }
             // The weight's codes come from the start of the forward pass
             // (Gpt::quantize_fp8_weights).
@@ -175,10 +207,23 @@ pub(super) fn linear_act_forward<D: Device>(
     if fused {
         let epi = linear_epilogue(bias, residual, gelu_pre);
         match operands {
-            Operands::Plain(x) => dev.gemm_epilogue(&desc, x, w, out, epi)?,
-            Operands::Fp8(x8, w8, si, sx, sw) => {
-                dev.gemm_fp8_epilogue(&desc, x8, w8, out, si, sx, sw, epi)?
-            }
+            Operands::Plain(x) => dev.exec(GemmEpilogue {
+                desc: &desc,
+                a: x,
+                b: w,
+                c: out,
+                epilogue: epi,
+            })?,
+            Operands::Fp8(x8, w8, si, sx, sw) => dev.exec(GemmFp8Epilogue {
+                desc: &desc,
+                a: x8,
+                b: w8,
+                c: out,
+                scale_inv: si,
+                a_slot: sx,
+                b_slot: sw,
+                epilogue: epi,
+            })?,
         }
         return Ok(());
     }
@@ -195,14 +240,30 @@ pub(super) fn linear_act_forward<D: Device>(
         None => desc,
     };
     match operands {
-        Operands::Plain(x) => dev.gemm(&unfused_desc, x, w, target)?,
-        Operands::Fp8(x8, w8, si, sx, sw) => {
-            dev.gemm_fp8(&unfused_desc, x8, w8, target, si, sx, sw)?
-        }
+        Operands::Plain(x) => dev.exec(Gemm {
+            desc: &unfused_desc,
+            a: x,
+            b: w,
+            c: target,
+        })?,
+        Operands::Fp8(x8, w8, si, sx, sw) => dev.exec(GemmFp8 {
+            desc: &unfused_desc,
+            a: x8,
+            b: w8,
+            c: target,
+            scale_inv: si,
+            a_slot: sx,
+            b_slot: sw,
+        })?,
     }
-    dev.bias_add(target, bias, n, m)?;
+    dev.exec(BiasAdd {
+        x: target,
+        bias,
+        rows: n,
+        c: m,
+    })?;
     if let Some(out) = gelu_out {
-        dev.gelu_forward(target, out)?;
+        dev.exec(GeluForward { x: target, out })?;
     }
     Ok(())
 }
@@ -291,23 +352,55 @@ pub(super) fn linear_backward<D: Device>(
                 // The bias gradient comes out of the weight-gradient GEMM (written, not added:
                 // it is the bias's only contribution in a step, onto zeroed gradients).
                 Some(dbias) if dev.capabilities().gemm_epilogue(dout.dtype()) => {
-                    dev.gemm_epilogue(&dw_desc, dout, x, dw, Epilogue::BiasGradA { dbias })?
+                    dev.exec(GemmEpilogue {
+                        desc: &dw_desc,
+                        a: dout,
+                        b: x,
+                        c: dw,
+                        epilogue: Epilogue::BiasGradA { dbias },
+                    })?
                 }
                 Some(dbias) => {
-                    dev.gemm(&dw_desc, dout, x, dw)?;
-                    dev.bias_backward(dout, dbias, n, m)?;
+                    dev.exec(Gemm {
+                        desc: &dw_desc,
+                        a: dout,
+                        b: x,
+                        c: dw,
+                    })?;
+                    dev.exec(BiasBackward {
+                        dout,
+                        dbias,
+                        rows: n,
+                        c: m,
+                    })?;
                 }
-                None => dev.gemm(&dw_desc, dout, x, dw)?,
+                None => dev.exec(Gemm {
+                    desc: &dw_desc,
+                    a: dout,
+                    b: x,
+                    c: dw,
+                })?,
             }
             let dx = io.into_dx();
             let desc = GemmDesc::new(false, false, n, k, m);
             match dgelu_pre {
                 Some(pre) if dev.capabilities().gemm_epilogue(dx.dtype()) => {
-                    dev.gemm_epilogue(&desc, dout, w, dx, Epilogue::DGelu { pre })?;
+                    dev.exec(GemmEpilogue {
+                        desc: &desc,
+                        a: dout,
+                        b: w,
+                        c: dx,
+                        epilogue: Epilogue::DGelu { pre },
+                    })?;
                     Ok(true)
                 }
                 _ => {
-                    dev.gemm(&desc, dout, w, dx)?;
+                    dev.exec(Gemm {
+                        desc: &desc,
+                        a: dout,
+                        b: w,
+                        c: dx,
+                    })?;
                     Ok(false)
                 }
             }
@@ -328,40 +421,40 @@ pub(super) fn linear_backward<D: Device>(
                 )
             })?;
             let (dy8, dy8t) = (&mut q.dy8[kind], Some(&mut q.dy8t[kind]));
-            dev.quantize_fp8_grad(
+            dev.exec(QuantizeFp8Grad {
                 dout,
-                dout_gelu_pre,
-                dy8,
-                dy8t,
+                gelu_pre: dout_gelu_pre,
+                dst: dy8,
+                dst_t: dy8t,
                 dbias,
-                n,
-                m,
-                &st.scale,
-                &mut st.amax,
-                sy,
-            )?;
+                rows: n,
+                cols: m,
+                scale: &st.scale,
+                amax: &mut st.amax,
+                slot: sy,
+            })?;
             // dW (m × k) = dyᵀ (stored m × n) · x = dyᵀ · (xᵀ stored k × n)ᵀ.
             let fast = st.cfg.fast_accum.backward();
-            dev.gemm_fp8(
-                &GemmDesc::new(false, true, m, k, n).fp8_fast_accum(fast),
-                &q.dy8t[kind],
-                &q.x8t[id],
-                dw,
-                &st.scale_inv,
-                st.inv(sy),
-                st.inv(sx),
-            )?;
+            dev.exec(GemmFp8 {
+                desc: &GemmDesc::new(false, true, m, k, n).fp8_fast_accum(fast),
+                a: &q.dy8t[kind],
+                b: &q.x8t[id],
+                c: dw,
+                scale_inv: &st.scale_inv,
+                a_slot: st.inv(sy),
+                b_slot: st.inv(sx),
+            })?;
             let dx = io.into_dx();
             // dx (n × k) = dy (n × m) · W (m × k) = dy · (Wᵀ stored k × m)ᵀ.
-            dev.gemm_fp8(
-                &GemmDesc::new(false, true, n, k, m).fp8_fast_accum(fast),
-                &q.dy8[kind],
-                &q.w8t[id],
-                dx,
-                &st.scale_inv,
-                st.inv(sy),
-                st.inv(sw),
-            )?;
+            dev.exec(GemmFp8 {
+                desc: &GemmDesc::new(false, true, n, k, m).fp8_fast_accum(fast),
+                a: &q.dy8[kind],
+                b: &q.w8t[id],
+                c: dx,
+                scale_inv: &st.scale_inv,
+                a_slot: st.inv(sy),
+                b_slot: st.inv(sw),
+            })?;
             Ok(false)
         }
     }

@@ -40,7 +40,10 @@ use crate::config::ModelConfig;
 use crate::fp8::Fp8State;
 use crate::precision::{Precision, PrecisionPlan};
 use crate::{EngineError, Result};
-use duet_device::{DType, Device, DeviceError, DeviceExt, GemmDesc};
+use duet_device::{
+    CrossEntropyInPlace, CrossEntropyPadded, DType, Device, DeviceError, DeviceExt,
+    EmbeddingBackward, EmbeddingForward, Gemm, GemmDesc, LayerNormForward,
+};
 use std::sync::Arc;
 /// The callback of [`Gpt::backward_hooked`]: `(ready group, every gradient)`.
 pub type GradsReady<'a, B> = dyn FnMut(usize, &[B]) -> Result<()> + 'a;
@@ -482,7 +485,15 @@ impl<D: Device> Gpt<D> {
         {
             let dev = &*self.dev;
             let p = &self.params;
-            dev.embedding_forward(&self.tokens, &p[0], &p[1], &mut self.encoded, d.b, d.t, d.c)?;
+            dev.exec(EmbeddingForward {
+                tokens: &self.tokens,
+                wte: &p[0],
+                wpe: &p[1],
+                out: &mut self.encoded,
+                b: d.b,
+                t: d.t,
+                c: d.c,
+            })?;
         }
         let every = self.checkpoint_every;
         let dev = self.dev.clone();
@@ -508,25 +519,25 @@ impl<D: Device> Gpt<D> {
             layers => &self.blocks[self.slot(layers - 1)].res3,
         };
         let nparams = p.len();
-        dev.layernorm_forward(
-            last,
-            &p[nparams - 2],
-            &p[nparams - 1],
-            &mut self.lnf,
-            &mut self.lnf_mean,
-            &mut self.lnf_rstd,
-            d.n,
-            d.c,
-            LN_EPS,
-        )?;
+        dev.exec(LayerNormForward {
+            x: last,
+            gamma: &p[nparams - 2],
+            beta: &p[nparams - 1],
+            out: &mut self.lnf,
+            mean: &mut self.lnf_mean,
+            rstd: &mut self.lnf_rstd,
+            n: d.n,
+            c: d.c,
+            eps: LN_EPS,
+        })?;
         // Tied LM head: logits = lnf · wteᵀ (in chunks the loss runs it, chunk by chunk).
         if !self.logits_chunked() {
-            dev.gemm(
-                &GemmDesc::new(false, true, d.n, v, d.c),
-                &self.lnf,
-                &p[0],
-                &mut self.logits,
-            )?;
+            dev.exec(Gemm {
+                desc: &GemmDesc::new(false, true, d.n, v, d.c),
+                a: &self.lnf,
+                b: &p[0],
+                c: &mut self.logits,
+            })?;
         }
         Ok(())
     }
@@ -580,26 +591,26 @@ impl<D: Device> Gpt<D> {
         // With the gradient: written over the logits in their own dtype (the loss stays f32),
         // so the logits exist once, never in f32 beside a 16-bit copy.
         if with_grad {
-            dev.cross_entropy_in_place(
-                &mut self.logits,
-                &self.targets,
-                &mut self.losses,
+            dev.exec(CrossEntropyInPlace {
+                logits: &mut self.logits,
+                targets: &self.targets,
+                losses: &mut self.losses,
                 n,
                 v,
-                vp,
-                scale,
-            )?;
+                ld: vp,
+                grad_scale: scale,
+            })?;
         } else {
-            dev.cross_entropy_padded(
-                &self.logits,
-                &self.targets,
-                &mut self.losses,
-                None,
+            dev.exec(CrossEntropyPadded {
+                logits: &self.logits,
+                targets: &self.targets,
+                losses: &mut self.losses,
+                dlogits: None,
                 n,
                 v,
-                vp,
-                scale,
-            )?;
+                ld: vp,
+                grad_scale: scale,
+            })?;
         }
         Ok(())
     }
@@ -625,37 +636,47 @@ impl<D: Device> Gpt<D> {
             )?;
             dev.copy(&self.targets, r0, &mut self.chunk_targets, 0, rows)?;
             if with_grad {
-                dev.cross_entropy_in_place(
-                    &mut self.logits,
-                    &self.chunk_targets,
-                    &mut self.chunk_losses,
-                    rows,
+                dev.exec(CrossEntropyInPlace {
+                    logits: &mut self.logits,
+                    targets: &self.chunk_targets,
+                    losses: &mut self.chunk_losses,
+                    n: rows,
                     v,
-                    vp,
-                    scale,
-                )?;
+                    ld: vp,
+                    grad_scale: scale,
+                })?;
                 // The LM head's backward for these rows: d_c[rows] = dlogits · wte, and
                 // dwte (+)= dlogitsᵀ · lnf[rows].
                 let mut dx = GemmDesc::new(false, false, rows, c, vp);
                 dx.c_offset = r0 * c;
-                dev.gemm(&dx, &self.logits, &self.params[0], &mut self.scratch.d_c)?;
+                dev.exec(Gemm {
+                    desc: &dx,
+                    a: &self.logits,
+                    b: &self.params[0],
+                    c: &mut self.scratch.d_c,
+                })?;
                 let mut dw = GemmDesc::new(true, false, vp, c, rows);
                 dw.b_offset = r0 * c;
                 if r0 > 0 {
                     dw = dw.beta(1.0);
                 }
-                dev.gemm(&dw, &self.logits, &self.lnf, &mut self.grads[0])?;
+                dev.exec(Gemm {
+                    desc: &dw,
+                    a: &self.logits,
+                    b: &self.lnf,
+                    c: &mut self.grads[0],
+                })?;
             } else {
-                dev.cross_entropy_padded(
-                    &self.logits,
-                    &self.chunk_targets,
-                    &mut self.chunk_losses,
-                    None,
-                    rows,
+                dev.exec(CrossEntropyPadded {
+                    logits: &self.logits,
+                    targets: &self.chunk_targets,
+                    losses: &mut self.chunk_losses,
+                    dlogits: None,
+                    n: rows,
                     v,
-                    vp,
-                    scale,
-                )?;
+                    ld: vp,
+                    grad_scale: scale,
+                })?;
             }
             dev.copy(&self.chunk_losses, 0, &mut self.losses, r0, rows)?;
         }
@@ -722,18 +743,18 @@ impl<D: Device> Gpt<D> {
             let np = p.len();
             // LM head: logits = lnf · wteᵀ.
             if self.logit_rows == d.n {
-                dev.gemm(
-                    &GemmDesc::new(false, false, d.n, d.c, v),
-                    dlogits,
-                    &p[0],
-                    &mut s.d_c,
-                )?;
-                dev.gemm(
-                    &GemmDesc::new(true, false, v, d.c, d.n).beta(1.0),
-                    dlogits,
-                    &self.lnf,
-                    &mut g[0],
-                )?;
+                dev.exec(Gemm {
+                    desc: &GemmDesc::new(false, false, d.n, d.c, v),
+                    a: dlogits,
+                    b: &p[0],
+                    c: &mut s.d_c,
+                })?;
+                dev.exec(Gemm {
+                    desc: &GemmDesc::new(true, false, v, d.c, d.n).beta(1.0),
+                    a: dlogits,
+                    b: &self.lnf,
+                    c: &mut g[0],
+                })?;
             }
             // Final LayerNorm: its input gradient starts the residual stream gradient.
             dev.fill(&mut s.dresid, 0.0)?;
@@ -806,15 +827,15 @@ impl<D: Device> Gpt<D> {
             }
         }
         let (gwte, gwpe) = two_mut(&mut self.grads, 0, 1);
-        self.dev.embedding_backward(
-            &self.tokens,
-            &self.scratch.dresid,
-            gwte,
-            gwpe,
-            d.b,
-            d.t,
-            d.c,
-        )?;
+        self.dev.exec(EmbeddingBackward {
+            tokens: &self.tokens,
+            dout: &self.scratch.dresid,
+            dwte: gwte,
+            dwpe: gwpe,
+            b: d.b,
+            t: d.t,
+            c: d.c,
+        })?;
         ready(layers + 1, &self.grads)
     }
 
@@ -840,5 +861,10 @@ fn lm_head_rows<D: Device>(
     let (c, vp) = (cfg.d_model, padded_vocab(cfg));
     let mut desc = GemmDesc::new(false, true, rows, vp, c);
     desc.a_offset = r0 * c;
-    Ok(dev.gemm(&desc, lnf, wte, out)?)
+    Ok(dev.exec(Gemm {
+        desc: &desc,
+        a: lnf,
+        b: wte,
+        c: out,
+    })?)
 }

@@ -24,17 +24,17 @@ use crate::device::group_rows_grid;
 use crate::flash::{FlashInner, flash_rows};
 
 impl AttentionOps for HipDevice {
-    fn split_heads(
-        &self,
-        qkv: &HipBuffer,
-        q: &mut HipBuffer,
-        k: &mut HipBuffer,
-        v: &mut HipBuffer,
-        b: usize,
-        t: usize,
-        nh: usize,
-        hs: usize,
-    ) -> Result<()> {
+    fn split_heads(&self, args: Checked<SplitHeads<'_, Self::Buffer>>) -> Result<()> {
+        let SplitHeads {
+            qkv,
+            q,
+            k,
+            v,
+            b,
+            t,
+            nh,
+            hs,
+        } = args.into_inner();
         const OP: &str = "split_heads";
         let h = HeadsDesc::new(OP, b, t, nh, hs)?;
         h.validate_split(("qkv", qkv), [("q", &*q), ("k", &*k), ("v", &*v)])?;
@@ -45,15 +45,18 @@ impl AttentionOps for HipDevice {
 
     fn split_heads_backward(
         &self,
-        dq: &HipBuffer,
-        dk: &HipBuffer,
-        dv: &HipBuffer,
-        dqkv: &mut HipBuffer,
-        b: usize,
-        t: usize,
-        nh: usize,
-        hs: usize,
+        args: Checked<SplitHeadsBackward<'_, Self::Buffer>>,
     ) -> Result<()> {
+        let SplitHeadsBackward {
+            dq,
+            dk,
+            dv,
+            dqkv,
+            b,
+            t,
+            nh,
+            hs,
+        } = args.into_inner();
         const OP: &str = "split_heads_backward";
         let h = HeadsDesc::new(OP, b, t, nh, hs)?;
         h.validate_split(("dqkv", &*dqkv), [("dq", dq), ("dk", dk), ("dv", dv)])?;
@@ -62,16 +65,16 @@ impl AttentionOps for HipDevice {
         unsafe { self.permute_heads(OP, OP, dqkv.dtype(), &h, 3 * h.n, &[dq, dk, dv, dqkv]) }
     }
 
-    fn merge_heads(
-        &self,
-        y: &HipBuffer,
-        out: &mut HipBuffer,
-        b: usize,
-        t: usize,
-        nh: usize,
-        hs: usize,
-        backward: bool,
-    ) -> Result<()> {
+    fn merge_heads(&self, args: Checked<MergeHeads<'_, Self::Buffer>>) -> Result<()> {
+        let MergeHeads {
+            y,
+            out,
+            b,
+            t,
+            nh,
+            hs,
+            backward,
+        } = args.into_inner();
         const OP: &str = "merge_heads";
         let h = HeadsDesc::new(OP, b, t, nh, hs)?;
         h.validate_merge(y, out)?;
@@ -87,12 +90,15 @@ impl AttentionOps for HipDevice {
 
     fn softmax_causal_forward(
         &self,
-        scores: &HipBuffer,
-        probs: &mut HipBuffer,
-        rows: usize,
-        t: usize,
-        scale: f32,
+        args: Checked<SoftmaxCausalForward<'_, Self::Buffer>>,
     ) -> Result<()> {
+        let SoftmaxCausalForward {
+            scores,
+            probs,
+            batch: rows,
+            t,
+            scale,
+        } = args.into_inner();
         const OP: &str = "softmax_causal_forward";
         SoftmaxDesc::new(OP, rows, t)?.validate(&[("scores", scores), ("probs", &*probs)])?;
         let n = float_suffix(OP, scores.dtype())?;
@@ -109,13 +115,16 @@ impl AttentionOps for HipDevice {
 
     fn softmax_causal_backward(
         &self,
-        probs: &HipBuffer,
-        dprobs: &HipBuffer,
-        dscores: &mut HipBuffer,
-        rows: usize,
-        t: usize,
-        scale: f32,
+        args: Checked<SoftmaxCausalBackward<'_, Self::Buffer>>,
     ) -> Result<()> {
+        let SoftmaxCausalBackward {
+            probs,
+            dprobs,
+            dscores,
+            batch: rows,
+            t,
+            scale,
+        } = args.into_inner();
         const OP: &str = "softmax_causal_backward";
         SoftmaxDesc::new(OP, rows, t)?.validate(&[
             ("probs", probs),
@@ -135,15 +144,18 @@ impl AttentionOps for HipDevice {
 
     fn flash_attention_forward(
         &self,
-        qkv: &HipBuffer,
-        out: &mut HipBuffer,
-        lse: &mut HipBuffer,
-        b: usize,
-        t: usize,
-        nh: usize,
-        hs: usize,
-        scale: f32,
+        args: Checked<FlashAttentionForward<'_, Self::Buffer>>,
     ) -> Result<()> {
+        let FlashAttentionForward {
+            qkv,
+            out,
+            lse,
+            b,
+            t,
+            nh,
+            hs,
+            scale,
+        } = args.into_inner();
         if !self.caps.flash_attention(qkv.dtype(), hs) {
             return duet_device::composed::flash_attention_forward(
                 self, qkv, out, lse, b, t, nh, hs, scale,
@@ -180,17 +192,20 @@ impl AttentionOps for HipDevice {
 
     fn flash_attention_backward(
         &self,
-        qkv: &HipBuffer,
-        out: &HipBuffer,
-        dout: &HipBuffer,
-        lse: &HipBuffer,
-        dqkv: &mut HipBuffer,
-        b: usize,
-        t: usize,
-        nh: usize,
-        hs: usize,
-        scale: f32,
+        args: Checked<FlashAttentionBackward<'_, Self::Buffer>>,
     ) -> Result<()> {
+        let FlashAttentionBackward {
+            qkv,
+            out,
+            dout,
+            lse,
+            dqkv,
+            b,
+            t,
+            nh,
+            hs,
+            scale,
+        } = args.into_inner();
         if !self.caps.flash_attention(qkv.dtype(), hs) {
             return duet_device::composed::flash_attention_backward(
                 self, qkv, out, dout, lse, dqkv, b, t, nh, hs, scale,

@@ -4,7 +4,8 @@
 use super::prelude::*;
 
 impl ElementwiseOps for HipDevice {
-    fn scale(&self, x: &mut HipBuffer, alpha: f32) -> Result<()> {
+    fn scale(&self, args: Checked<Scale<'_, Self::Buffer>>) -> Result<()> {
+        let Scale { x, alpha } = args.into_inner();
         let s = float_suffix("scale", x.dtype())?;
         let n = x.len();
         // SAFETY: scale_T(T* x, float alpha, u64 n): x holds n elements.
@@ -18,7 +19,8 @@ impl ElementwiseOps for HipDevice {
         }
     }
 
-    fn add(&self, a: &HipBuffer, b: &HipBuffer, out: &mut HipBuffer) -> Result<()> {
+    fn add(&self, args: Checked<Add<'_, Self::Buffer>>) -> Result<()> {
+        let Add { a, b, out } = args.into_inner();
         const OP: &str = "add";
         let n = args::validate_add(a, b, out)?;
         let s = float_suffix(OP, a.dtype())?;
@@ -34,7 +36,8 @@ impl ElementwiseOps for HipDevice {
         }
     }
 
-    fn add_assign(&self, dst: &mut HipBuffer, src: &HipBuffer) -> Result<()> {
+    fn add_assign(&self, args: Checked<AddAssign<'_, Self::Buffer>>) -> Result<()> {
+        let AddAssign { dst, src } = args.into_inner();
         const OP: &str = "add_assign";
         let n = args::validate_add_assign(dst, src)?;
         let d = float_suffix(OP, dst.dtype())?;
@@ -51,7 +54,8 @@ impl ElementwiseOps for HipDevice {
         }
     }
 
-    fn bias_add(&self, x: &mut HipBuffer, bias: &HipBuffer, rows: usize, c: usize) -> Result<()> {
+    fn bias_add(&self, args: Checked<BiasAdd<'_, Self::Buffer>>) -> Result<()> {
+        let BiasAdd { x, bias, rows, c } = args.into_inner();
         const OP: &str = "bias_add";
         let desc = RowsDesc::new(OP, rows, c)?;
         desc.validate_bias_add(x, bias)?;
@@ -72,13 +76,13 @@ impl ElementwiseOps for HipDevice {
         }
     }
 
-    fn bias_backward(
-        &self,
-        dout: &HipBuffer,
-        dbias: &mut HipBuffer,
-        rows: usize,
-        c: usize,
-    ) -> Result<()> {
+    fn bias_backward(&self, args: Checked<BiasBackward<'_, Self::Buffer>>) -> Result<()> {
+        let BiasBackward {
+            dout,
+            dbias,
+            rows,
+            c,
+        } = args.into_inner();
         const OP: &str = "bias_backward";
         RowsDesc::new(OP, rows, c)?.validate_bias_backward(dout, dbias)?;
         if c == 0 {
@@ -87,7 +91,8 @@ impl ElementwiseOps for HipDevice {
         self.column_sum(OP, dout, rows, c, dbias)
     }
 
-    fn gelu_forward(&self, x: &HipBuffer, out: &mut HipBuffer) -> Result<()> {
+    fn gelu_forward(&self, args: Checked<GeluForward<'_, Self::Buffer>>) -> Result<()> {
+        let GeluForward { x, out } = args.into_inner();
         const OP: &str = "gelu_forward";
         let n = args::validate_gelu_forward(x, out)?;
         let s = float_suffix(OP, x.dtype())?;
@@ -104,7 +109,8 @@ impl ElementwiseOps for HipDevice {
         }
     }
 
-    fn gelu_backward(&self, x: &HipBuffer, dout: &HipBuffer, dx: &mut HipBuffer) -> Result<()> {
+    fn gelu_backward(&self, args: Checked<GeluBackward<'_, Self::Buffer>>) -> Result<()> {
+        let GeluBackward { x, dout, dx } = args.into_inner();
         const OP: &str = "gelu_backward";
         let n = args::validate_gelu_backward(x, dout, dx)?;
         let s = float_suffix(OP, x.dtype())?;

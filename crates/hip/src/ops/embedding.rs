@@ -8,16 +8,16 @@
 use super::prelude::*;
 
 impl EmbeddingOps for HipDevice {
-    fn embedding_forward(
-        &self,
-        tokens: &HipBuffer,
-        wte: &HipBuffer,
-        wpe: &HipBuffer,
-        out: &mut HipBuffer,
-        b: usize,
-        t: usize,
-        c: usize,
-    ) -> Result<()> {
+    fn embedding_forward(&self, args: Checked<EmbeddingForward<'_, Self::Buffer>>) -> Result<()> {
+        let EmbeddingForward {
+            tokens,
+            wte,
+            wpe,
+            out,
+            b,
+            t,
+            c,
+        } = args.into_inner();
         const OP: &str = "embedding_forward";
         let vocab = TokensDesc::new(OP, b, t, c)?.validate(tokens, wte, wpe, out)?;
         // The kernels take the tables in one dtype, the activations' or f32.
@@ -47,16 +47,16 @@ impl EmbeddingOps for HipDevice {
         }
     }
 
-    fn embedding_backward(
-        &self,
-        tokens: &HipBuffer,
-        dout: &HipBuffer,
-        dwte: &mut HipBuffer,
-        dwpe: &mut HipBuffer,
-        b: usize,
-        t: usize,
-        c: usize,
-    ) -> Result<()> {
+    fn embedding_backward(&self, args: Checked<EmbeddingBackward<'_, Self::Buffer>>) -> Result<()> {
+        let EmbeddingBackward {
+            tokens,
+            dout,
+            dwte,
+            dwpe,
+            b,
+            t,
+            c,
+        } = args.into_inner();
         const OP: &str = "embedding_backward";
         let vocab = TokensDesc::new(OP, b, t, c)?.validate(tokens, dwte, dwpe, dout)?;
         let sa = float_suffix(OP, dout.dtype())?;

@@ -4,20 +4,19 @@
 use super::prelude::*;
 use super::{THREADS, push_u64};
 use crate::blas;
-use duet_device::{AdamWClipStep, AdamWTensor, GemmDesc};
 
 impl Fp8Ops for HipDevice {
-    fn quantize_fp8(
-        &self,
-        src: &HipBuffer,
-        dst: &mut HipBuffer,
-        dst_t: Option<&mut HipBuffer>,
-        rows: usize,
-        cols: usize,
-        scale: &HipBuffer,
-        amax: &mut HipBuffer,
-        slot: usize,
-    ) -> Result<()> {
+    fn quantize_fp8(&self, args: Checked<QuantizeFp8<'_, Self::Buffer>>) -> Result<()> {
+        let QuantizeFp8 {
+            src,
+            dst,
+            dst_t,
+            rows,
+            cols,
+            scale,
+            amax,
+            slot,
+        } = args.into_inner();
         const OP: &str = "quantize_fp8";
         let desc = RowsDesc::new(OP, rows, cols)?;
         desc.validate_quantize_fp8(Some(src), dst, dst_t.as_deref(), scale, amax, slot)?;
@@ -39,16 +38,16 @@ impl Fp8Ops for HipDevice {
         unsafe { self.launch_quantize(&name, grid, src, dst, dst_t, rows, cols, scale, amax, slot) }
     }
 
-    fn gemm_fp8(
-        &self,
-        desc: &GemmDesc,
-        a: &HipBuffer,
-        b: &HipBuffer,
-        c: &mut HipBuffer,
-        scale_inv: &HipBuffer,
-        a_slot: usize,
-        b_slot: usize,
-    ) -> Result<()> {
+    fn gemm_fp8(&self, args: Checked<GemmFp8<'_, Self::Buffer>>) -> Result<()> {
+        let GemmFp8 {
+            desc,
+            a,
+            b,
+            c,
+            scale_inv,
+            a_slot,
+            b_slot,
+        } = args.into_inner();
         args::validate_gemm_fp8(desc, a, b, c, scale_inv, a_slot, b_slot)?;
         if desc.batch == 0 || desc.m == 0 || desc.n == 0 {
             return Ok(());
@@ -76,10 +75,9 @@ impl Fp8Ops for HipDevice {
     /// at every step, also from `adamw_clipped_fp8`'s composition).
     fn quantize_fp8_many(
         &self,
-        jobs: &mut [duet_device::Fp8QuantJob<'_, HipBuffer>],
-        scale: &HipBuffer,
-        amax: &mut HipBuffer,
+        args: Checked<QuantizeFp8Many<'_, '_, Self::Buffer>>,
     ) -> Result<()> {
+        let QuantizeFp8Many { jobs, scale, amax } = args.into_inner();
         const OP: &str = "quantize_fp8_many";
         duet_device::check_fp8_quant_jobs(OP, jobs, scale, amax)?;
         let mut table = Vec::new();
@@ -146,19 +144,19 @@ impl Fp8Ops for HipDevice {
     /// written itself. Codes and amax are the composition's bits; `dbias` adds the rows in tile
     /// order (32-row tiles, then the tiles), so it may differ from `bias_backward` in the last
     /// bits, as the trait allows.
-    fn quantize_fp8_grad(
-        &self,
-        dout: &HipBuffer,
-        gelu_pre: Option<&HipBuffer>,
-        dst: &mut HipBuffer,
-        dst_t: Option<&mut HipBuffer>,
-        dbias: &mut HipBuffer,
-        rows: usize,
-        cols: usize,
-        scale: &HipBuffer,
-        amax: &mut HipBuffer,
-        slot: usize,
-    ) -> Result<()> {
+    fn quantize_fp8_grad(&self, args: Checked<QuantizeFp8Grad<'_, Self::Buffer>>) -> Result<()> {
+        let QuantizeFp8Grad {
+            dout,
+            gelu_pre,
+            dst,
+            dst_t,
+            dbias,
+            rows,
+            cols,
+            scale,
+            amax,
+            slot,
+        } = args.into_inner();
         RowsDesc::new("quantize_fp8_grad", rows, cols)?.validate_quantize_fp8_grad(
             dout,
             gelu_pre,
@@ -176,13 +174,45 @@ impl Fp8Ops for HipDevice {
             // Past the tiled kernel's grid: the composition, its intermediate kept.
             return match gelu_pre {
                 Some(pre) => self.with_workspace(dout.dtype(), dout.len(), |g| {
-                    self.gelu_backward(pre, dout, g)?;
-                    self.bias_backward(g, dbias, rows, cols)?;
-                    self.quantize_fp8(g, dst, dst_t, rows, cols, scale, amax, slot)
+                    self.exec(GeluBackward {
+                        x: pre,
+                        dout,
+                        dx: g,
+                    })?;
+                    self.exec(BiasBackward {
+                        dout: g,
+                        dbias,
+                        rows,
+                        c: cols,
+                    })?;
+                    self.exec(QuantizeFp8 {
+                        src: g,
+                        dst,
+                        dst_t,
+                        rows,
+                        cols,
+                        scale,
+                        amax,
+                        slot,
+                    })
                 }),
                 None => {
-                    self.bias_backward(dout, dbias, rows, cols)?;
-                    self.quantize_fp8(dout, dst, dst_t, rows, cols, scale, amax, slot)
+                    self.exec(BiasBackward {
+                        dout,
+                        dbias,
+                        rows,
+                        c: cols,
+                    })?;
+                    self.exec(QuantizeFp8 {
+                        src: dout,
+                        dst,
+                        dst_t,
+                        rows,
+                        cols,
+                        scale,
+                        amax,
+                        slot,
+                    })
                 }
             };
         };
@@ -237,17 +267,17 @@ impl Fp8Ops for HipDevice {
     /// [`duet_device::Fp8Ops::quantize_fp8_gelu`] in one pass (kernels-hip/fp8.hip
     /// `quantize_gelu_S_D`): gelu(pre) rounded to pre's dtype, quantised and transposed through
     /// a shared-memory tile, the activation never written; the composition's bits.
-    fn quantize_fp8_gelu(
-        &self,
-        pre: &HipBuffer,
-        dst: &mut HipBuffer,
-        dst_t: Option<&mut HipBuffer>,
-        rows: usize,
-        cols: usize,
-        scale: &HipBuffer,
-        amax: &mut HipBuffer,
-        slot: usize,
-    ) -> Result<()> {
+    fn quantize_fp8_gelu(&self, args: Checked<QuantizeFp8Gelu<'_, Self::Buffer>>) -> Result<()> {
+        let QuantizeFp8Gelu {
+            pre,
+            dst,
+            dst_t,
+            rows,
+            cols,
+            scale,
+            amax,
+            slot,
+        } = args.into_inner();
         RowsDesc::new("quantize_fp8_gelu", rows, cols)?.validate_quantize_fp8(
             Some(pre),
             dst,
@@ -259,8 +289,17 @@ impl Fp8Ops for HipDevice {
         let Some(grid) = tile_grid(rows, cols) else {
             // Past the tiled kernel's grid: GELU into a kept workspace, then the quantisation.
             return self.with_workspace(pre.dtype(), pre.len(), |h| {
-                self.gelu_forward(pre, h)?;
-                self.quantize_fp8(h, dst, dst_t, rows, cols, scale, amax, slot)
+                self.exec(GeluForward { x: pre, out: h })?;
+                self.exec(QuantizeFp8 {
+                    src: h,
+                    dst,
+                    dst_t,
+                    rows,
+                    cols,
+                    scale,
+                    amax,
+                    slot,
+                })
             });
         };
         if rows == 0 || cols == 0 {
@@ -294,20 +333,23 @@ impl Fp8Ops for HipDevice {
     /// written: the composition's bits.
     fn layernorm_forward_fp8(
         &self,
-        x: &HipBuffer,
-        gamma: &HipBuffer,
-        beta: &HipBuffer,
-        mean: &mut HipBuffer,
-        rstd: &mut HipBuffer,
-        dst: &mut HipBuffer,
-        dst_t: Option<&mut HipBuffer>,
-        n: usize,
-        c: usize,
-        eps: f32,
-        scale: &HipBuffer,
-        amax: &mut HipBuffer,
-        slot: usize,
+        args: Checked<LayerNormForwardFp8<'_, Self::Buffer>>,
     ) -> Result<()> {
+        let LayerNormForwardFp8 {
+            x,
+            gamma,
+            beta,
+            mean,
+            rstd,
+            dst,
+            dst_t,
+            n,
+            c,
+            eps,
+            scale,
+            amax,
+            slot,
+        } = args.into_inner();
         RowsDesc::new("layernorm_forward_fp8", n, c)?.validate_layernorm_forward_fp8(
             x,
             gamma,
@@ -364,18 +406,18 @@ impl Fp8Ops for HipDevice {
 
     /// [`duet_device::Fp8Ops::fp8_scaling_update`] on the device (kernels-hip/fp8_scaling.hip,
     /// CUDA's kernel and bits): no download or upload, so a recorded step can include it.
-    fn fp8_scaling_update(
-        &self,
-        amax: &mut HipBuffer,
-        history: &mut HipBuffer,
-        scale: &mut HipBuffer,
-        scale_inv: &mut HipBuffer,
-        inv_stride: usize,
-        fp8_max: &HipBuffer,
-        len: usize,
-        most_recent: bool,
-        margin: i32,
-    ) -> Result<()> {
+    fn fp8_scaling_update(&self, args: Checked<Fp8ScalingUpdate<'_, Self::Buffer>>) -> Result<()> {
+        let Fp8ScalingUpdate {
+            amax,
+            history,
+            scale,
+            scale_inv,
+            inv_stride,
+            fp8_max,
+            len,
+            most_recent,
+            margin,
+        } = args.into_inner();
         let ops = duet_device::check_fp8_scaling_args(
             amax, history, scale, scale_inv, inv_stride, fp8_max, len,
         )?;
@@ -413,13 +455,16 @@ impl Fp8Ops for HipDevice {
     /// when a weight is named twice or has an FP8 working copy.
     fn adamw_clipped_fp8(
         &self,
-        tensors: &mut [AdamWTensor<'_, HipBuffer>],
-        step: &AdamWClipStep,
-        scalars: &HipBuffer,
-        outs: &mut [duet_device::AdamWFp8Out<'_, HipBuffer>],
-        scale: &HipBuffer,
-        amax: &mut HipBuffer,
+        args: Checked<AdamWClippedFp8<'_, '_, Self::Buffer>>,
     ) -> Result<()> {
+        let AdamWClippedFp8 {
+            tensors,
+            step,
+            scalars,
+            outs,
+            scale,
+            amax,
+        } = args.into_inner();
         const OP: &str = "adamw_clipped_fp8";
         args::validate_adamw_clipped(tensors, scalars)?;
         duet_device::check_adamw_fp8_outs(OP, tensors, outs, scale, amax)?;
@@ -440,7 +485,11 @@ impl Fp8Ops for HipDevice {
         if composed {
             self.adamw_clipped_except(tensors, &[], step, scalars)?;
             let mut jobs: Vec<_> = outs.iter_mut().map(|o| o.job(&tensors[o.tensor])).collect();
-            return self.quantize_fp8_many(&mut jobs, scale, amax);
+            return self.exec(QuantizeFp8Many {
+                jobs: &mut jobs,
+                scale,
+                amax,
+            });
         }
         let mut table = Vec::new();
         let mut count = 0usize;

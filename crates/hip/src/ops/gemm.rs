@@ -12,7 +12,8 @@ use duet_device::{Epilogue, GemmDesc, composed};
 const OP: &str = "gemm_epilogue";
 
 impl GemmOps for HipDevice {
-    fn gemm(&self, desc: &GemmDesc, a: &HipBuffer, b: &HipBuffer, c: &mut HipBuffer) -> Result<()> {
+    fn gemm(&self, args: Checked<Gemm<'_, Self::Buffer>>) -> Result<()> {
+        let Gemm { desc, a, b, c } = args.into_inner();
         check_dtype("gemm", b, a.dtype())?;
         desc.validate(a.len(), b.len(), c.len())?;
         if desc.batch == 0 || desc.m == 0 || desc.n == 0 {
@@ -36,14 +37,14 @@ impl GemmOps for HipDevice {
     /// created, or it has no algorithm for the shape and epilogue, remembered per plan key) the
     /// composition of the core ops runs instead, which computes the same result; so it does for
     /// a dtype the capabilities list no epilogue for (`HipDevice::epilogue_dtypes`).
-    fn gemm_epilogue(
-        &self,
-        desc: &GemmDesc,
-        a: &HipBuffer,
-        b: &HipBuffer,
-        c: &mut HipBuffer,
-        epilogue: Epilogue<'_, HipBuffer>,
-    ) -> Result<()> {
+    fn gemm_epilogue(&self, args: Checked<GemmEpilogue<'_, Self::Buffer>>) -> Result<()> {
+        let GemmEpilogue {
+            desc,
+            a,
+            b,
+            c,
+            epilogue,
+        } = args.into_inner();
         if !self.capabilities().gemm_epilogue(a.dtype()) {
             return composed::gemm_epilogue(self, desc, a, b, c, epilogue);
         }

@@ -5,15 +5,18 @@ use super::prelude::*;
 impl LossOps for HipDevice {
     fn cross_entropy_padded(
         &self,
-        logits: &HipBuffer,
-        targets: &HipBuffer,
-        losses: &mut HipBuffer,
-        dlogits: Option<&mut HipBuffer>,
-        n: usize,
-        v: usize,
-        ld: usize,
-        grad_scale: f32,
+        args: Checked<CrossEntropyPadded<'_, Self::Buffer>>,
     ) -> Result<()> {
+        let CrossEntropyPadded {
+            logits,
+            targets,
+            losses,
+            dlogits,
+            n,
+            v,
+            ld,
+            grad_scale,
+        } = args.into_inner();
         const OP: &str = "cross_entropy";
         RowsDesc::new(OP, n, ld)?.validate_cross_entropy(
             logits,
@@ -62,14 +65,17 @@ impl LossOps for HipDevice {
     /// row body, and bits, as `cross_entropy_T`'s dlogits).
     fn cross_entropy_in_place(
         &self,
-        logits: &mut HipBuffer,
-        targets: &HipBuffer,
-        losses: &mut HipBuffer,
-        n: usize,
-        v: usize,
-        ld: usize,
-        grad_scale: f32,
+        args: Checked<CrossEntropyInPlace<'_, Self::Buffer>>,
     ) -> Result<()> {
+        let CrossEntropyInPlace {
+            logits,
+            targets,
+            losses,
+            n,
+            v,
+            ld,
+            grad_scale,
+        } = args.into_inner();
         const OP: &str = "cross_entropy_in_place";
         RowsDesc::new(OP, n, ld)?.validate_cross_entropy(&*logits, targets, losses, None, v)?;
         let s = float_suffix(OP, logits.dtype())?;

@@ -10,18 +10,18 @@ use duet_gpu::layernorm_plan::{LN_BWD_WARPS, LN_WARPS, Plan, aligned16, ln_rows_
 use std::ffi::c_void;
 
 impl NormOps for HipDevice {
-    fn layernorm_forward(
-        &self,
-        x: &HipBuffer,
-        gamma: &HipBuffer,
-        beta: &HipBuffer,
-        out: &mut HipBuffer,
-        mean: &mut HipBuffer,
-        rstd: &mut HipBuffer,
-        n: usize,
-        c: usize,
-        eps: f32,
-    ) -> Result<()> {
+    fn layernorm_forward(&self, args: Checked<LayerNormForward<'_, Self::Buffer>>) -> Result<()> {
+        let LayerNormForward {
+            x,
+            gamma,
+            beta,
+            out,
+            mean,
+            rstd,
+            n,
+            c,
+            eps,
+        } = args.into_inner();
         const OP: &str = "layernorm_forward";
         RowsDesc::new(OP, n, c)?.validate_layernorm_forward(
             x,
@@ -83,19 +83,19 @@ impl NormOps for HipDevice {
         }
     }
 
-    fn layernorm_backward(
-        &self,
-        dout: &HipBuffer,
-        x: &HipBuffer,
-        gamma: &HipBuffer,
-        mean: &HipBuffer,
-        rstd: &HipBuffer,
-        dx: &mut HipBuffer,
-        dgamma: &mut HipBuffer,
-        dbeta: &mut HipBuffer,
-        n: usize,
-        c: usize,
-    ) -> Result<()> {
+    fn layernorm_backward(&self, args: Checked<LayerNormBackward<'_, Self::Buffer>>) -> Result<()> {
+        let LayerNormBackward {
+            dout,
+            x,
+            gamma,
+            mean,
+            rstd,
+            dx,
+            dgamma,
+            dbeta,
+            n,
+            c,
+        } = args.into_inner();
         const OP: &str = "layernorm_backward";
         RowsDesc::new(OP, n, c)?
             .validate_layernorm_backward(dout, x, gamma, mean, rstd, dx, dgamma, dbeta, None)?;
@@ -184,18 +184,21 @@ impl NormOps for HipDevice {
     /// the column sum of dx).
     fn layernorm_backward_colsum(
         &self,
-        dout: &HipBuffer,
-        x: &HipBuffer,
-        gamma: &HipBuffer,
-        mean: &HipBuffer,
-        rstd: &HipBuffer,
-        dx: &mut HipBuffer,
-        dgamma: &mut HipBuffer,
-        dbeta: &mut HipBuffer,
-        dsum: &mut HipBuffer,
-        n: usize,
-        c: usize,
+        args: Checked<LayerNormBackwardColsum<'_, Self::Buffer>>,
     ) -> Result<()> {
+        let LayerNormBackwardColsum {
+            dout,
+            x,
+            gamma,
+            mean,
+            rstd,
+            dx,
+            dgamma,
+            dbeta,
+            dsum,
+            n,
+            c,
+        } = args.into_inner();
         const OP: &str = "layernorm_backward_colsum";
         RowsDesc::new(OP, n, c)?.validate_layernorm_backward(
             dout,

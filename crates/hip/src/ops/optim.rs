@@ -8,7 +8,7 @@
 
 use super::prelude::*;
 use super::{THREADS, chunks, push_u64};
-use duet_device::{AdamWClipStep, AdamWStep, AdamWTensor};
+use duet_device::{AdamWClipStep, AdamWTensor};
 
 /// Most blocks of a `sum_squares` partial pass (fixed by n alone, so results are deterministic).
 const SUMSQ_BLOCKS: usize = 1024;
@@ -17,15 +17,15 @@ const SUMSQ_BLOCKS: usize = 1024;
 const SUMSQ_PER_BLOCK: usize = 256 * 16;
 
 impl OptimOps for HipDevice {
-    fn adamw(
-        &self,
-        param: &mut HipBuffer,
-        grad: &HipBuffer,
-        m: &mut HipBuffer,
-        v: &mut HipBuffer,
-        step: &AdamWStep,
-        param_copy: Option<&mut HipBuffer>,
-    ) -> Result<()> {
+    fn adamw(&self, args: Checked<AdamWUpdate<'_, Self::Buffer>>) -> Result<()> {
+        let AdamWUpdate {
+            param,
+            grad,
+            m,
+            v,
+            step,
+            param_copy,
+        } = args.into_inner();
         const OP: &str = "adamw";
         let n = args::validate_adamw(param, grad, m, v, param_copy.as_deref())?;
         let g = float_suffix(OP, grad.dtype())?;
@@ -59,7 +59,8 @@ impl OptimOps for HipDevice {
         }
     }
 
-    fn sum_squares(&self, x: &HipBuffer, out: &mut HipBuffer, slot: usize) -> Result<()> {
+    fn sum_squares(&self, args: Checked<SumSquares<'_, Self::Buffer>>) -> Result<()> {
+        let SumSquares { x, out, slot } = args.into_inner();
         const OP: &str = "sum_squares";
         args::validate_sum_squares(x, out, slot)?;
         let s = kernel_suffix(x.dtype()).ok_or_else(|| unsupported(OP, x.dtype()))?;
@@ -82,7 +83,8 @@ impl OptimOps for HipDevice {
         unsafe { self.sum_squares_finish(OP, part, blocks, out, slot) }
     }
 
-    fn sum_squares_many(&self, xs: &[&HipBuffer], out: &mut HipBuffer, slot: usize) -> Result<()> {
+    fn sum_squares_many(&self, args: Checked<SumSquaresMany<'_, Self::Buffer>>) -> Result<()> {
+        let SumSquaresMany { xs, out, slot } = args.into_inner();
         const OP: &str = "sum_squares_many";
         args::validate_sum_squares_many(xs, out, slot)?;
         let mut table = Vec::new();
@@ -121,12 +123,12 @@ impl OptimOps for HipDevice {
         unsafe { self.sum_squares_finish(OP, part, count, out, slot) }
     }
 
-    fn adamw_clipped(
-        &self,
-        tensors: &mut [AdamWTensor<'_, HipBuffer>],
-        step: &AdamWClipStep,
-        scalars: &HipBuffer,
-    ) -> Result<()> {
+    fn adamw_clipped(&self, args: Checked<AdamWClipped<'_, '_, Self::Buffer>>) -> Result<()> {
+        let AdamWClipped {
+            tensors,
+            step,
+            scalars,
+        } = args.into_inner();
         args::validate_adamw_clipped(tensors, scalars)?;
         self.adamw_clipped_except(tensors, &[], step, scalars)
     }

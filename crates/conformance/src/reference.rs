@@ -365,7 +365,6 @@ pub fn cross_entropy_grad(
 }
 
 /// One AdamW step in f64 (the trait's formula): returns (param, m, v).
-#[allow(clippy::too_many_arguments)]
 pub fn adamw(
     param: &[f64],
     grad: &[f64],

@@ -129,7 +129,6 @@ mod tests {
     use super::*;
 
     /// Evaluates a column-major GEMM the way cuBLAS defines it, on plain slices.
-    #[allow(clippy::too_many_arguments)]
     fn col_major_reference(
         g: &ColMajorGemm,
         a: &[f32],

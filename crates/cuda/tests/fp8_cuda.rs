@@ -112,7 +112,6 @@ fn fp8_gemm_both(
     c0: &[f32],
     inv_stride: usize,
 ) -> Result<(Vec<f32>, Vec<f32>), DeviceError> {
-    #[allow(clippy::too_many_arguments)]
     fn run<D: Device>(
         dev: &D,
         desc: &GemmDesc,

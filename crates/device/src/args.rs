@@ -3,9 +3,11 @@
 //! Each op family has a shape descriptor (as [`crate::GemmDesc`] is for GEMMs) whose
 //! `validate_*` methods check what the trait documents for every backend: sizes that overflow,
 //! buffer lengths against the shape, and the dtypes the contract fixes (f32 statistics, losses,
-//! scales and amaxes; i32 tokens and targets; float activations; FP8 codes). A backend calls the
-//! op's one `validate_*` before touching memory and adds only what is its own (the dtypes its
-//! kernels cover, launch limits). Data-dependent checks (token ids within the vocabulary) are
+//! scales and amaxes; i32 tokens and targets; float activations; FP8 codes). Each op's
+//! [`crate::Check`] impl (beside its argument struct in [`crate::ops`]) calls its `validate_*`,
+//! so they run once, before a backend sees the arguments; the backend adds only what is its own
+//! (the dtypes its kernels cover, launch limits). The runtime's memory ops (upload, download,
+//! copy, cast) call theirs directly. Data-dependent checks (token ids within the vocabulary) are
 //! not here: the CPU checks them on the host, a GPU in the kernel (reported at the next
 //! synchronisation).
 

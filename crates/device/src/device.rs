@@ -14,8 +14,9 @@ use crate::*;
 /// native flash attention or for its own composed attention, and fuses GEMM epilogues only
 /// where they are native: a composed default allocates per call).
 ///
-/// Every op validates shapes and dtypes before touching memory and reports problems as
-/// [`DeviceError`]s (the contract's checks are in [`args`], shared by every backend). Buffers
+/// Every op takes its named arguments as [`Checked`]: [`Check::check`] (the contract's shape,
+/// length and dtype rules in [`args`]) runs before any backend touches memory, and problems are
+/// [`DeviceError`]s; [`Runtime::exec`] checks and dispatches in one call. Buffers
 /// passed as outputs (`&mut`) must not alias inputs; Rust's borrow rules enforce that for
 /// distinct buffers.
 pub trait Device:

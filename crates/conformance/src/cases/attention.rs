@@ -250,7 +250,6 @@ fn batched_gemm<E: Device>(
 
 /// Attention through the unfused ops, as the engine composes it without flash attention:
 /// returns (out, lse, dqkv).
-#[allow(clippy::too_many_arguments)]
 fn composed_attention<E: Device>(
     e: &E,
     dt: DType,

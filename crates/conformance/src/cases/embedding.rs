@@ -252,7 +252,6 @@ fn model_dwte(pdt: DType, toks: &[i32], dout: &[f32], w0: &[f32], c: usize) -> V
 }
 
 /// `embedding_backward` alone: (dwte, dwpe).
-#[allow(clippy::too_many_arguments)]
 fn run_backward<E: Device>(
     e: &E,
     act: DType,

@@ -99,7 +99,6 @@ impl ElementwiseOps for CpuDevice {
         let Add { a, b, out } = args.into_inner();
         self.run(|| {
             const OP: &str = "add";
-            duet_device::args::validate_add(a, b, out)?;
             let (av, bv) = (a.act(OP)?, b.act(OP)?);
             par_chunks_f32(out.act_mut(OP)?, false, ELEM_CHUNK, |start, o| {
                 let (mut s1, mut s2) = (Vec::new(), Vec::new());
@@ -117,7 +116,6 @@ impl ElementwiseOps for CpuDevice {
         let AddAssign { dst, src } = args.into_inner();
         self.run(|| {
             const OP: &str = "add_assign";
-            duet_device::args::validate_add_assign(dst, src)?;
             let sv = src.act(OP)?;
             par_chunks_f32(dst.act_mut(OP)?, true, ELEM_CHUNK, |start, d| {
                 let mut s1 = Vec::new();
@@ -134,7 +132,6 @@ impl ElementwiseOps for CpuDevice {
         let GeluForward { x, out } = args.into_inner();
         self.run(|| {
             const OP: &str = "gelu_forward";
-            duet_device::args::validate_gelu_forward(x, out)?;
             let xv = x.act(OP)?;
             par_chunks_f32(out.act_mut(OP)?, false, ELEM_CHUNK, |start, o| {
                 let mut s1 = Vec::new();
@@ -149,7 +146,6 @@ impl ElementwiseOps for CpuDevice {
         let GeluBackward { x, dout, dx } = args.into_inner();
         self.run(|| {
             const OP: &str = "gelu_backward";
-            duet_device::args::validate_gelu_backward(x, dout, dx)?;
             let xv = x.act(OP)?;
             let dv = dout.act(OP)?;
             par_chunks_f32(dx.act_mut(OP)?, false, ELEM_CHUNK, |start, o| {
@@ -167,7 +163,6 @@ impl ElementwiseOps for CpuDevice {
         self.run(|| {
             const OP: &str = "bias_add";
             let desc = RowsDesc::new(OP, rows, c)?;
-            desc.validate_bias_add(x, bias)?;
             let total = desc.total;
             let bv = bias.act(OP)?.to_f32();
             let xv = x.act_mut(OP)?;
@@ -194,7 +189,6 @@ impl ElementwiseOps for CpuDevice {
         } = args.into_inner();
         self.run(|| {
             const OP: &str = "bias_backward";
-            RowsDesc::new(OP, rows, c)?.validate_bias_backward(dout, dbias)?;
             let dv = dout.act(OP)?;
             let mut db = dbias.act_mut(OP)?;
             let partials = block_partials(rows, c, |r, acc| {

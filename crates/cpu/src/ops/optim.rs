@@ -3,7 +3,7 @@
 
 use super::{ELEM_CHUNK, read};
 use crate::CpuDevice;
-use duet_device::{AdamWStep, AdamWUpdate, Checked, OptimOps, Result, SumSquares};
+use duet_device::{AdamWStep, AdamWUpdate, Buffer, Checked, OptimOps, Result, SumSquares};
 use rayon::prelude::*;
 
 /// Elements per partial sum in [`OptimOps::sum_squares`]; fixed so the result ignores the thread
@@ -22,7 +22,6 @@ impl OptimOps for CpuDevice {
         } = args.into_inner();
         self.run(|| {
             const OP: &str = "adamw";
-            duet_device::args::validate_adamw(param, grad, m, v, param_copy.as_deref())?;
             let gv = grad.act(OP)?;
             let pc = match param_copy {
                 Some(pc) => Some(pc.any_float_mut(OP)?),
@@ -70,7 +69,7 @@ impl OptimOps for CpuDevice {
         let SumSquares { x, out, slot } = args.into_inner();
         self.run(|| {
             const OP: &str = "sum_squares";
-            let len = duet_device::args::validate_sum_squares(x, out, slot)?;
+            let len = x.len();
             let xv = x.any_float(OP)?;
             let partials: Vec<f64> = (0..len.div_ceil(SUMSQ_CHUNK))
                 .into_par_iter()

@@ -263,7 +263,6 @@ impl AttentionOps for CudaDevice {
         } = args.into_inner();
         const OP: &str = "split_heads";
         let h = HeadsDesc::new(OP, b, t, nh, hs)?;
-        h.validate_split(("qkv", qkv), [("q", &*q), ("k", &*k), ("v", &*v)])?;
         // SAFETY: split_heads(const T*, T*, T*, T*, int b, int t, int nh, int hs): qkv holds
         // 3·b·t·nh·hs elements, q/k/v b·t·nh·hs each (checked); gridDim.y = 3 selects the output.
         unsafe { self.permute_heads(OP, "split_heads", qkv.dtype(), &h, 3, &[qkv, q, k, v]) }
@@ -285,7 +284,6 @@ impl AttentionOps for CudaDevice {
         } = args.into_inner();
         const OP: &str = "split_heads_backward";
         let h = HeadsDesc::new(OP, b, t, nh, hs)?;
-        h.validate_split(("dqkv", &*dqkv), [("dq", dq), ("dk", dk), ("dv", dv)])?;
         let bufs = [dq, dk, dv, &*dqkv];
         // SAFETY: split_heads_backward(const T*, const T*, const T*, T*, int b, int t, int nh,
         // int hs): sizes as in split_heads (checked).
@@ -304,7 +302,6 @@ impl AttentionOps for CudaDevice {
         } = args.into_inner();
         const OP: &str = "merge_heads";
         let h = HeadsDesc::new(OP, b, t, nh, hs)?;
-        h.validate_merge(y, out)?;
         let kernel = if backward {
             "merge_heads_backward"
         } else {
@@ -328,7 +325,6 @@ impl AttentionOps for CudaDevice {
         } = args.into_inner();
         const OP: &str = "softmax_causal_forward";
         let desc = SoftmaxDesc::new(OP, rows, t)?;
-        desc.validate(&[("scores", scores), ("probs", &*probs)])?;
         let total = desc.total;
         let s = float_suffix(OP, scores.dtype())?;
         // The kernels write probs in the scores' dtype.
@@ -355,7 +351,6 @@ impl AttentionOps for CudaDevice {
         } = args.into_inner();
         const OP: &str = "softmax_causal_backward";
         let desc = SoftmaxDesc::new(OP, rows, t)?;
-        desc.validate(&[("probs", probs), ("dprobs", dprobs), ("dscores", &*dscores)])?;
         let total = desc.total;
         let s = float_suffix(OP, probs.dtype())?;
         // The kernels take all three in one dtype.
@@ -382,11 +377,23 @@ impl AttentionOps for CudaDevice {
             scale,
         } = args.into_inner();
         if !self.capabilities().flash_attention(qkv.dtype(), hs) {
-            return composed::flash_attention_forward(self, qkv, out, lse, b, t, nh, hs, scale);
+            return composed::flash_attention_forward(
+                self,
+                FlashAttentionForward {
+                    qkv,
+                    out,
+                    lse,
+                    b,
+                    t,
+                    nh,
+                    hs,
+                    scale,
+                }
+                .check()?,
+            );
         }
         const OP: &str = "flash_attention_forward";
         let h = HeadsDesc::new(OP, b, t, nh, hs)?;
-        h.validate_flash(qkv, &[("out", &*out)], lse)?;
         let n = h.n;
         let (v, sfx) = self.flash_check(OP, qkv.dtype(), hs)?;
         if n == 0 {
@@ -438,12 +445,24 @@ impl AttentionOps for CudaDevice {
         } = args.into_inner();
         if !self.capabilities().flash_attention(qkv.dtype(), hs) {
             return composed::flash_attention_backward(
-                self, qkv, out, dout, lse, dqkv, b, t, nh, hs, scale,
+                self,
+                FlashAttentionBackward {
+                    qkv,
+                    out,
+                    dout,
+                    lse,
+                    dqkv,
+                    b,
+                    t,
+                    nh,
+                    hs,
+                    scale,
+                }
+                .check()?,
             );
         }
         const OP: &str = "flash_attention_backward";
         let h = HeadsDesc::new(OP, b, t, nh, hs)?;
-        h.validate_flash(qkv, &[("out", out), ("dout", dout), ("dqkv", &*dqkv)], lse)?;
         let (n, rows) = (h.n, b * nh * t);
         let (v, sfx) = self.flash_check(OP, qkv.dtype(), hs)?;
         if n == 0 {

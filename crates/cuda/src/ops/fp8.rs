@@ -50,8 +50,8 @@ use super::prelude::*;
 use crate::blaslt::{self, LtEpilogue};
 use crate::device::FP8_COUNTERS;
 use cudarc::driver::sys as cu;
-use duet_device::{AdamWTensor, Fp8QuantJob, check_adamw_fp8_outs, check_fp8_quant_jobs};
-use duet_device::{Epilogue, GemmDesc, composed, epilogue_shape};
+use duet_device::{AdamWTensor, Fp8QuantJob};
+use duet_device::{Epilogue, GemmDesc, composed};
 
 /// Tile edge of the vectorised kernels (`QT` in fp8.cu).
 const QT: usize = 64;
@@ -157,7 +157,6 @@ impl CudaDevice {
             QuantOf::Gelu => ("quantize_fp8_gelu", "quantize_gelu"),
         };
         let desc = RowsDesc::new(op, rows, cols)?;
-        desc.validate_quantize_fp8(Some(src), dst, dst_t.as_deref(), scale, amax, slot)?;
         let n = desc.total;
         let (ss, ds) = Self::quantize_suffixes(op, src, dst)?;
         if n == 0 {
@@ -310,7 +309,6 @@ impl Fp8Ops for CudaDevice {
     ) -> Result<()> {
         let QuantizeFp8Many { jobs, scale, amax } = args.into_inner();
         const OP: &str = "quantize_fp8_many";
-        check_fp8_quant_jobs(OP, jobs, scale, amax)?;
         // (source suffix, FP8 suffix) → the group's records and block count, in the order the
         // pairs first appear.
         let mut groups: Vec<((&'static str, &'static str), Vec<u8>, u64)> = Vec::new();
@@ -412,16 +410,6 @@ impl Fp8Ops for CudaDevice {
         } = args.into_inner();
         const OP: &str = "quantize_fp8_grad";
         let desc = RowsDesc::new(OP, rows, cols)?;
-        desc.validate_quantize_fp8_grad(
-            dout,
-            gelu_pre,
-            dst,
-            dst_t.as_deref(),
-            dbias,
-            scale,
-            amax,
-            slot,
-        )?;
         let n = desc.total;
         let (ss, ds) = Self::quantize_suffixes(OP, dout, dst)?;
         if let Some(pre) = gelu_pre {
@@ -438,7 +426,20 @@ impl Fp8Ops for CudaDevice {
         if !fused {
             // The trait's default: the separate ops (g in a temporary with gelu_pre).
             return composed::quantize_fp8_grad(
-                self, dout, gelu_pre, dst, dst_t, dbias, rows, cols, scale, amax, slot,
+                self,
+                QuantizeFp8Grad {
+                    dout,
+                    gelu_pre,
+                    dst,
+                    dst_t,
+                    dbias,
+                    rows,
+                    cols,
+                    scale,
+                    amax,
+                    slot,
+                }
+                .check()?,
             );
         }
         if n == 0 {
@@ -535,18 +536,6 @@ impl Fp8Ops for CudaDevice {
             slot,
         } = args.into_inner();
         const OP: &str = "layernorm_forward_fp8";
-        RowsDesc::new(OP, n, c)?.validate_layernorm_forward_fp8(
-            x,
-            gamma,
-            beta,
-            mean,
-            rstd,
-            dst,
-            dst_t.as_deref(),
-            scale,
-            amax,
-            slot,
-        )?;
         let act = x.dtype();
         let (sa, ds) = Self::quantize_suffixes(OP, x, dst)?;
         // The kernels take gamma and beta in one dtype, the activations' or f32.
@@ -620,7 +609,23 @@ impl Fp8Ops for CudaDevice {
         let Some(p) = plan.filter(|p| fused && p.elements(act) <= LNQ_MAX_ELEMENTS) else {
             // The trait's default: layernorm_forward into a temporary, then quantize_fp8.
             return composed::layernorm_forward_fp8(
-                self, x, gamma, beta, mean, rstd, dst, dst_t, n, c, eps, scale, amax, slot,
+                self,
+                LayerNormForwardFp8 {
+                    x,
+                    gamma,
+                    beta,
+                    mean,
+                    rstd,
+                    dst,
+                    dst_t,
+                    n,
+                    c,
+                    eps,
+                    scale,
+                    amax,
+                    slot,
+                }
+                .check()?,
             );
         };
         let v = if p.vec { 'v' } else { 's' };
@@ -686,7 +691,18 @@ impl Fp8Ops for CudaDevice {
         } = args.into_inner();
         if !self.capabilities().fp8_gemm_epilogue(c.dtype()) {
             return composed::gemm_fp8_epilogue(
-                self, desc, a, b, c, scale_inv, a_slot, b_slot, epilogue,
+                self,
+                GemmFp8Epilogue {
+                    desc,
+                    a,
+                    b,
+                    c,
+                    scale_inv,
+                    a_slot,
+                    b_slot,
+                    epilogue,
+                }
+                .check()?,
             );
         }
         const OP8: &str = "gemm_fp8_epilogue";
@@ -700,7 +716,6 @@ impl Fp8Ops for CudaDevice {
         }
         // One dense C (the fallback adds the bias over whole rows of C); alpha 1 and beta 0,
         // and residual and pre of C's length, where the epilogue needs them.
-        epilogue_shape(OP8, desc, &epilogue, c.len())?;
         // The epilogues take the bias (n elements), residual and pre in C's dtype.
         let check_bias = |bias: &CudaBuffer| -> Result<()> {
             check_dtype(OP8, bias, dt)?;
@@ -829,9 +844,7 @@ impl Fp8Ops for CudaDevice {
             most_recent,
             margin,
         } = args.into_inner();
-        let ops = duet_device::check_fp8_scaling_args(
-            amax, history, scale, scale_inv, inv_stride, fp8_max, len,
-        )?;
+        let ops = amax.len();
         if ops == 0 {
             return Ok(());
         }
@@ -879,8 +892,6 @@ impl Fp8Ops for CudaDevice {
             amax,
         } = args.into_inner();
         const OP: &str = "adamw_clipped_fp8";
-        check_adamw_fp8_outs(OP, tensors, outs, scale, amax)?;
-        args::validate_adamw_scalars(OP, scalars)?;
         let enabled = self.fused_ops() && ADAMW_FP8_FUSED_ON_THREAD.with(std::cell::Cell::get);
         let mut fused = vec![false; tensors.len()];
         // Per output: its codes (and transposed codes) come from the fused kernel.

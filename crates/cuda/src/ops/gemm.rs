@@ -118,7 +118,6 @@ impl GemmOps for CudaDevice {
             && c.dtype() == a.dtype()
             && desc.batch == 1;
         if lt_ok && self.gemm_autotune() && self.fused_ops() {
-            desc.validate(a.len(), b.len(), c.len())?;
             return self.lt_matmul(desc, a, b, c, blaslt::LtEpilogue::None);
         }
         self.blas.gemm(desc, a, b, c)
@@ -139,7 +138,17 @@ impl GemmOps for CudaDevice {
             epilogue,
         } = args.into_inner();
         if !self.capabilities().gemm_epilogue(a.dtype()) {
-            return composed::gemm_epilogue(self, desc, a, b, c, epilogue);
+            return composed::gemm_epilogue(
+                self,
+                GemmEpilogue {
+                    desc,
+                    a,
+                    b,
+                    c,
+                    epilogue,
+                }
+                .check()?,
+            );
         }
         // A and B share the 16-bit dtype; C is that dtype, or f32 for the epilogues that
         // allow it (bias, bias gradient).

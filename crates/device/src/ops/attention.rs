@@ -156,11 +156,9 @@ impl<B: Buffer> Check for FlashAttentionBackward<'_, B> {
 
 pub trait AttentionOps: GemmOps {
     /// Splits `qkv` (`b × t × 3 × nh × hs`) into `q`, `k`, `v` (each `b × nh × t × hs`).
-    #[allow(clippy::too_many_arguments)]
     fn split_heads(&self, args: Checked<SplitHeads<'_, Self::Buffer>>) -> Result<()>;
 
     /// Backward of [`AttentionOps::split_heads`]: writes `dqkv` from `dq`, `dk`, `dv`.
-    #[allow(clippy::too_many_arguments)]
     fn split_heads_backward(
         &self,
         args: Checked<SplitHeadsBackward<'_, Self::Buffer>>,
@@ -168,7 +166,6 @@ pub trait AttentionOps: GemmOps {
 
     /// Merges heads: `y` (`b × nh × t × hs`) → `out` (`b × t × nh·hs`). With `backward` set it
     /// does the inverse permutation (`out` layout → `y` layout), which is the gradient.
-    #[allow(clippy::too_many_arguments)]
     fn merge_heads(&self, args: Checked<MergeHeads<'_, Self::Buffer>>) -> Result<()>;
 
     /// Causal scaled softmax over `batch` independent `t × t` score matrices (`batch·t·t`
@@ -194,22 +191,11 @@ pub trait AttentionOps: GemmOps {
     /// the default composes the unfused ops (split heads, batched GEMMs, causal softmax, merge
     /// heads) through temporaries and computes `lse` on the host from the scores: correct on
     /// every backend, for checking, not for speed (it cannot be recorded in a graph).
-    #[allow(clippy::too_many_arguments)]
     fn flash_attention_forward(
         &self,
         args: Checked<FlashAttentionForward<'_, Self::Buffer>>,
     ) -> Result<()> {
-        let FlashAttentionForward {
-            qkv,
-            out,
-            lse,
-            b,
-            t,
-            nh,
-            hs,
-            scale,
-        } = args.into_inner();
-        flash_attention_forward(self, qkv, out, lse, b, t, nh, hs, scale)
+        flash_attention_forward(self, args)
     }
 
     /// Backward of [`AttentionOps::flash_attention_forward`]: from `dout` (`b × t × nh·hs`) and the
@@ -217,42 +203,30 @@ pub trait AttentionOps: GemmOps {
     /// Deterministic (no floating-point atomics). The default recomputes the probabilities
     /// from `qkv` and composes the unfused backward (batched GEMMs, causal softmax backward,
     /// head permutations) through temporaries.
-    #[allow(clippy::too_many_arguments)]
     fn flash_attention_backward(
         &self,
         args: Checked<FlashAttentionBackward<'_, Self::Buffer>>,
     ) -> Result<()> {
-        let FlashAttentionBackward {
-            qkv,
-            out,
-            dout,
-            lse,
-            dqkv,
-            b,
-            t,
-            nh,
-            hs,
-            scale,
-        } = args.into_inner();
-        flash_attention_backward(self, qkv, out, dout, lse, dqkv, b, t, nh, hs, scale)
+        flash_attention_backward(self, args)
     }
 }
 
 /// [`crate::AttentionOps::flash_attention_forward`] composed of the core ops (its default).
-#[allow(clippy::too_many_arguments)]
 pub fn flash_attention_forward<D: AttentionOps>(
     d: &D,
-    qkv: &D::Buffer,
-    out: &mut D::Buffer,
-    lse: &mut D::Buffer,
-    b: usize,
-    t: usize,
-    nh: usize,
-    hs: usize,
-    scale: f32,
+    args: Checked<FlashAttentionForward<'_, D::Buffer>>,
 ) -> Result<()> {
+    let FlashAttentionForward {
+        qkv,
+        out,
+        lse,
+        b,
+        t,
+        nh,
+        hs,
+        scale,
+    } = args.into_inner();
     let h = HeadsDesc::new("flash_attention_forward", b, t, nh, hs)?;
-    h.validate_flash(qkv, &[("out", &*out)], lse)?;
     let (q, k, v) = composed_heads(d, qkv, &h)?;
     let p_len = b * nh * t * t;
     let mut s = d.alloc(qkv.dtype(), p_len)?;
@@ -305,22 +279,23 @@ pub fn flash_attention_forward<D: AttentionOps>(
 }
 
 /// [`crate::AttentionOps::flash_attention_backward`] composed of the core ops (its default).
-#[allow(clippy::too_many_arguments)]
 pub fn flash_attention_backward<D: AttentionOps>(
     d: &D,
-    qkv: &D::Buffer,
-    out: &D::Buffer,
-    dout: &D::Buffer,
-    lse: &D::Buffer,
-    dqkv: &mut D::Buffer,
-    b: usize,
-    t: usize,
-    nh: usize,
-    hs: usize,
-    scale: f32,
+    args: Checked<FlashAttentionBackward<'_, D::Buffer>>,
 ) -> Result<()> {
+    let FlashAttentionBackward {
+        qkv,
+        out: _,
+        dout,
+        lse: _,
+        dqkv,
+        b,
+        t,
+        nh,
+        hs,
+        scale,
+    } = args.into_inner();
     let h = HeadsDesc::new("flash_attention_backward", b, t, nh, hs)?;
-    h.validate_flash(qkv, &[("out", out), ("dout", dout), ("dqkv", &*dqkv)], lse)?;
     let dt = qkv.dtype();
     let bh = b * nh;
     let (q, k, v) = composed_heads(d, qkv, &h)?;

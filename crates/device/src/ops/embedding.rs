@@ -50,12 +50,10 @@ impl<B: Buffer> Check for EmbeddingBackward<'_, B> {
 
 pub trait EmbeddingOps: Runtime {
     /// `out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:]` for `tokens` (i32, `b·t`), `out` (`b·t × c`).
-    #[allow(clippy::too_many_arguments)]
     fn embedding_forward(&self, args: Checked<EmbeddingForward<'_, Self::Buffer>>) -> Result<()>;
 
     /// Accumulates `dwte[tokens[b,t],:] += dout[b,t,:]` and `dwpe[t,:] += Σ_b dout[b,t,:]`.
     /// Deterministic: the result does not depend on thread scheduling.
-    #[allow(clippy::too_many_arguments)]
     fn embedding_backward(&self, args: Checked<EmbeddingBackward<'_, Self::Buffer>>) -> Result<()>;
 }
 

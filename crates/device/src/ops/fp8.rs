@@ -378,7 +378,6 @@ pub trait Fp8Ops: NormOps + GemmOps + OptimOps {
     /// `dst`) for GEMM layouts that need the other operand order. `scale` and `amax` are f32.
     ///
     /// A backend or GPU without FP8 support returns [`DeviceError::Unsupported`].
-    #[allow(clippy::too_many_arguments)]
     fn quantize_fp8(&self, args: Checked<QuantizeFp8<'_, Self::Buffer>>) -> Result<()>;
 
     /// FP8 GEMM: `C = alpha · (op(A)·sa) · (op(B)·sb) + beta · C` with `sa = scale_inv[a_slot]`,
@@ -388,7 +387,6 @@ pub trait Fp8Ops: NormOps + GemmOps + OptimOps {
     /// `trans_b = true`, i.e. both operands K-major, one matrix, leading dimensions multiples of
     /// 16, not both operands E5M2) and return [`DeviceError::Unsupported`] or
     /// [`DeviceError::InvalidArgument`] otherwise.
-    #[allow(clippy::too_many_arguments)]
     fn gemm_fp8(&self, args: Checked<GemmFp8<'_, Self::Buffer>>) -> Result<()>;
 
     /// [`Fp8Ops::quantize_fp8`] of every job, sharing `scale` and `amax` (job `j` uses entry
@@ -404,8 +402,7 @@ pub trait Fp8Ops: NormOps + GemmOps + OptimOps {
         &self,
         args: Checked<QuantizeFp8Many<'_, '_, Self::Buffer>>,
     ) -> Result<()> {
-        let QuantizeFp8Many { jobs, scale, amax } = args.into_inner();
-        quantize_fp8_many(self, jobs, scale, amax)
+        quantize_fp8_many(self, args)
     }
 
     /// The gradient side of an FP8 linear layer in one pass, as Transformer Engine fuses it:
@@ -415,42 +412,16 @@ pub trait Fp8Ops: NormOps + GemmOps + OptimOps {
     /// `g` itself is not written. The default runs the separate ops (with a temporary for `g`
     /// when `gelu_pre` is given); the codes equal the separate ops' bit for bit, `dbias` up to
     /// the summation order.
-    #[allow(clippy::too_many_arguments)]
     fn quantize_fp8_grad(&self, args: Checked<QuantizeFp8Grad<'_, Self::Buffer>>) -> Result<()> {
-        let QuantizeFp8Grad {
-            dout,
-            gelu_pre,
-            dst,
-            dst_t,
-            dbias,
-            rows,
-            cols,
-            scale,
-            amax,
-            slot,
-        } = args.into_inner();
-        quantize_fp8_grad(
-            self, dout, gelu_pre, dst, dst_t, dbias, rows, cols, scale, amax, slot,
-        )
+        quantize_fp8_grad(self, args)
     }
 
     /// The forward side of an FP8 linear layer whose input is `gelu(pre)`: [`Fp8Ops::quantize_fp8`]
     /// of `gelu(pre)` (exactly [`ElementwiseOps::gelu_forward`], rounded to `pre`'s dtype) without
     /// writing the activation itself. The default runs the separate ops with a temporary; the
     /// codes equal the separate ops' bit for bit.
-    #[allow(clippy::too_many_arguments)]
     fn quantize_fp8_gelu(&self, args: Checked<QuantizeFp8Gelu<'_, Self::Buffer>>) -> Result<()> {
-        let QuantizeFp8Gelu {
-            pre,
-            dst,
-            dst_t,
-            rows,
-            cols,
-            scale,
-            amax,
-            slot,
-        } = args.into_inner();
-        quantize_fp8_gelu(self, pre, dst, dst_t, rows, cols, scale, amax, slot)
+        quantize_fp8_gelu(self, args)
     }
 
     /// The forward side of an FP8 linear layer whose input is a LayerNorm, in one pass:
@@ -461,48 +432,19 @@ pub trait Fp8Ops: NormOps + GemmOps + OptimOps {
     /// `amax[slot] = max(amax[slot], max |out|)` (NaN ignored). `out` itself is not written. The
     /// default runs the separate ops with a temporary; mean, rstd, the codes and the amax equal
     /// the separate ops' bit for bit.
-    #[allow(clippy::too_many_arguments)]
     fn layernorm_forward_fp8(
         &self,
         args: Checked<LayerNormForwardFp8<'_, Self::Buffer>>,
     ) -> Result<()> {
-        let LayerNormForwardFp8 {
-            x,
-            gamma,
-            beta,
-            mean,
-            rstd,
-            dst,
-            dst_t,
-            n,
-            c,
-            eps,
-            scale,
-            amax,
-            slot,
-        } = args.into_inner();
-        layernorm_forward_fp8(
-            self, x, gamma, beta, mean, rstd, dst, dst_t, n, c, eps, scale, amax, slot,
-        )
+        layernorm_forward_fp8(self, args)
     }
 
     /// [`Fp8Ops::gemm_fp8`] with a fused [`Epilogue::Bias`], [`Epilogue::BiasResidual`] or
     /// [`Epilogue::BiasGelu`] (bias, residual and `pre` in C's dtype); other epilogues are
     /// refused. The result equals `gemm_fp8` followed by the separate ops up to rounding; the
     /// default is that sequence, on a dense C.
-    #[allow(clippy::too_many_arguments)]
     fn gemm_fp8_epilogue(&self, args: Checked<GemmFp8Epilogue<'_, Self::Buffer>>) -> Result<()> {
-        let GemmFp8Epilogue {
-            desc,
-            a,
-            b,
-            c,
-            scale_inv,
-            a_slot,
-            b_slot,
-            epilogue,
-        } = args.into_inner();
-        gemm_fp8_epilogue(self, desc, a, b, c, scale_inv, a_slot, b_slot, epilogue)
+        gemm_fp8_epilogue(self, args)
     }
 
     /// FP8 delayed scaling for every operand `i < amax.len()`, on the device so a recorded step
@@ -512,31 +454,8 @@ pub trait Fp8Ops: NormOps + GemmOps + OptimOps {
     /// elements in between are left alone) and `amax[i] = 0`. All buffers f32; `scale_inv`
     /// holds `ops · inv_stride` elements. The default runs it on the host (downloads and
     /// uploads).
-    #[allow(clippy::too_many_arguments)]
     fn fp8_scaling_update(&self, args: Checked<Fp8ScalingUpdate<'_, Self::Buffer>>) -> Result<()> {
-        let Fp8ScalingUpdate {
-            amax,
-            history,
-            scale,
-            scale_inv,
-            inv_stride,
-            fp8_max,
-            len,
-            most_recent,
-            margin,
-        } = args.into_inner();
-        fp8_scaling_update(
-            self,
-            amax,
-            history,
-            scale,
-            scale_inv,
-            inv_stride,
-            fp8_max,
-            len,
-            most_recent,
-            margin,
-        )
+        fp8_scaling_update(self, args)
     }
 
     /// [`OptimOps::adamw_clipped`], then the FP8 codes of some of the updated weights: for each
@@ -553,26 +472,16 @@ pub trait Fp8Ops: NormOps + GemmOps + OptimOps {
         &self,
         args: Checked<AdamWClippedFp8<'_, '_, Self::Buffer>>,
     ) -> Result<()> {
-        let AdamWClippedFp8 {
-            tensors,
-            step,
-            scalars,
-            outs,
-            scale,
-            amax,
-        } = args.into_inner();
-        adamw_clipped_fp8(self, tensors, step, scalars, outs, scale, amax)
+        adamw_clipped_fp8(self, args)
     }
 }
 
 /// [`crate::Fp8Ops::quantize_fp8_many`] composed of the core ops (its default).
 pub fn quantize_fp8_many<D: Fp8Ops>(
     d: &D,
-    jobs: &mut [Fp8QuantJob<'_, D::Buffer>],
-    scale: &D::Buffer,
-    amax: &mut D::Buffer,
+    args: Checked<QuantizeFp8Many<'_, '_, D::Buffer>>,
 ) -> Result<()> {
-    check_fp8_quant_jobs("quantize_fp8_many", jobs, scale, amax)?;
+    let QuantizeFp8Many { jobs, scale, amax } = args.into_inner();
     for j in jobs.iter_mut() {
         j.quantize(d, scale, amax)?;
     }
@@ -580,30 +489,22 @@ pub fn quantize_fp8_many<D: Fp8Ops>(
 }
 
 /// [`crate::Fp8Ops::quantize_fp8_grad`] composed of the core ops (its default).
-#[allow(clippy::too_many_arguments)]
 pub fn quantize_fp8_grad<D: Fp8Ops>(
     d: &D,
-    dout: &D::Buffer,
-    gelu_pre: Option<&D::Buffer>,
-    dst: &mut D::Buffer,
-    dst_t: Option<&mut D::Buffer>,
-    dbias: &mut D::Buffer,
-    rows: usize,
-    cols: usize,
-    scale: &D::Buffer,
-    amax: &mut D::Buffer,
-    slot: usize,
+    args: Checked<QuantizeFp8Grad<'_, D::Buffer>>,
 ) -> Result<()> {
-    RowsDesc::new("quantize_fp8_grad", rows, cols)?.validate_quantize_fp8_grad(
+    let QuantizeFp8Grad {
         dout,
         gelu_pre,
         dst,
-        dst_t.as_deref(),
+        dst_t,
         dbias,
+        rows,
+        cols,
         scale,
         amax,
         slot,
-    )?;
+    } = args.into_inner();
     let tmp;
     let g = match gelu_pre {
         Some(pre) => {
@@ -637,26 +538,20 @@ pub fn quantize_fp8_grad<D: Fp8Ops>(
 }
 
 /// [`crate::Fp8Ops::quantize_fp8_gelu`] composed of the core ops (its default).
-#[allow(clippy::too_many_arguments)]
 pub fn quantize_fp8_gelu<D: Fp8Ops>(
     d: &D,
-    pre: &D::Buffer,
-    dst: &mut D::Buffer,
-    dst_t: Option<&mut D::Buffer>,
-    rows: usize,
-    cols: usize,
-    scale: &D::Buffer,
-    amax: &mut D::Buffer,
-    slot: usize,
+    args: Checked<QuantizeFp8Gelu<'_, D::Buffer>>,
 ) -> Result<()> {
-    RowsDesc::new("quantize_fp8_gelu", rows, cols)?.validate_quantize_fp8(
-        Some(pre),
+    let QuantizeFp8Gelu {
+        pre,
         dst,
-        dst_t.as_deref(),
+        dst_t,
+        rows,
+        cols,
         scale,
         amax,
         slot,
-    )?;
+    } = args.into_inner();
     let mut h = d.alloc(pre.dtype(), pre.len())?;
     d.exec(GeluForward {
         x: pre,
@@ -675,35 +570,25 @@ pub fn quantize_fp8_gelu<D: Fp8Ops>(
 }
 
 /// [`crate::Fp8Ops::layernorm_forward_fp8`] composed of the core ops (its default).
-#[allow(clippy::too_many_arguments)]
 pub fn layernorm_forward_fp8<D: Fp8Ops>(
     d: &D,
-    x: &D::Buffer,
-    gamma: &D::Buffer,
-    beta: &D::Buffer,
-    mean: &mut D::Buffer,
-    rstd: &mut D::Buffer,
-    dst: &mut D::Buffer,
-    dst_t: Option<&mut D::Buffer>,
-    n: usize,
-    c: usize,
-    eps: f32,
-    scale: &D::Buffer,
-    amax: &mut D::Buffer,
-    slot: usize,
+    args: Checked<LayerNormForwardFp8<'_, D::Buffer>>,
 ) -> Result<()> {
-    RowsDesc::new("layernorm_forward_fp8", n, c)?.validate_layernorm_forward_fp8(
+    let LayerNormForwardFp8 {
         x,
         gamma,
         beta,
         mean,
         rstd,
         dst,
-        dst_t.as_deref(),
+        dst_t,
+        n,
+        c,
+        eps,
         scale,
         amax,
         slot,
-    )?;
+    } = args.into_inner();
     let mut out = d.alloc(x.dtype(), x.len())?;
     d.exec(LayerNormForward {
         x,
@@ -729,18 +614,20 @@ pub fn layernorm_forward_fp8<D: Fp8Ops>(
 }
 
 /// [`crate::Fp8Ops::gemm_fp8_epilogue`] composed of the core ops (its default).
-#[allow(clippy::too_many_arguments)]
 pub fn gemm_fp8_epilogue<D: Fp8Ops>(
     d: &D,
-    desc: &GemmDesc,
-    a: &D::Buffer,
-    b: &D::Buffer,
-    c: &mut D::Buffer,
-    scale_inv: &D::Buffer,
-    a_slot: usize,
-    b_slot: usize,
-    epilogue: Epilogue<'_, D::Buffer>,
+    args: Checked<GemmFp8Epilogue<'_, D::Buffer>>,
 ) -> Result<()> {
+    let GemmFp8Epilogue {
+        desc,
+        a,
+        b,
+        c,
+        scale_inv,
+        a_slot,
+        b_slot,
+        epilogue,
+    } = args.into_inner();
     let bias = match &epilogue {
         Epilogue::Bias(b)
         | Epilogue::BiasResidual { bias: b, .. }
@@ -751,7 +638,6 @@ pub fn gemm_fp8_epilogue<D: Fp8Ops>(
         check_dtype("gemm_fp8_epilogue", b, c.dtype())?;
     }
     let (m, n) = (desc.m, desc.n);
-    epilogue_shape("gemm_fp8_epilogue", desc, &epilogue, c.len())?;
     match epilogue {
         Epilogue::Bias(bias) => {
             d.exec(GemmFp8 {
@@ -817,20 +703,22 @@ pub fn gemm_fp8_epilogue<D: Fp8Ops>(
 }
 
 /// [`crate::Fp8Ops::fp8_scaling_update`] composed of the core ops (its default).
-#[allow(clippy::too_many_arguments)]
 pub fn fp8_scaling_update<D: Fp8Ops>(
     d: &D,
-    amax: &mut D::Buffer,
-    history: &mut D::Buffer,
-    scale: &mut D::Buffer,
-    scale_inv: &mut D::Buffer,
-    inv_stride: usize,
-    fp8_max: &D::Buffer,
-    len: usize,
-    most_recent: bool,
-    margin: i32,
+    args: Checked<Fp8ScalingUpdate<'_, D::Buffer>>,
 ) -> Result<()> {
-    let ops = check_fp8_scaling_args(amax, history, scale, scale_inv, inv_stride, fp8_max, len)?;
+    let Fp8ScalingUpdate {
+        amax,
+        history,
+        scale,
+        scale_inv,
+        inv_stride,
+        fp8_max,
+        len,
+        most_recent,
+        margin,
+    } = args.into_inner();
+    let ops = amax.len();
     let to_f32 = |bytes: Vec<u8>| -> Vec<f32> {
         bytes
             .chunks_exact(4)
@@ -859,14 +747,16 @@ pub fn fp8_scaling_update<D: Fp8Ops>(
 /// [`crate::Fp8Ops::adamw_clipped_fp8`] composed of the core ops (its default).
 pub fn adamw_clipped_fp8<D: Fp8Ops>(
     d: &D,
-    tensors: &mut [AdamWTensor<'_, D::Buffer>],
-    step: &AdamWClipStep,
-    scalars: &D::Buffer,
-    outs: &mut [AdamWFp8Out<'_, D::Buffer>],
-    scale: &D::Buffer,
-    amax: &mut D::Buffer,
+    args: Checked<AdamWClippedFp8<'_, '_, D::Buffer>>,
 ) -> Result<()> {
-    check_adamw_fp8_outs("adamw_clipped_fp8", tensors, outs, scale, amax)?;
+    let AdamWClippedFp8 {
+        tensors,
+        step,
+        scalars,
+        outs,
+        scale,
+        amax,
+    } = args.into_inner();
     d.exec(AdamWClipped {
         tensors,
         step,

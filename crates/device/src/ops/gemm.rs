@@ -79,28 +79,20 @@ pub trait GemmOps: ElementwiseOps {
     /// [`ElementwiseOps::gelu_backward`] (through a temporary) or [`ElementwiseOps::bias_backward`]; the
     /// bias gradient of [`Epilogue::BiasGradA`] needs `trans_a` (A stored `k × m`).
     fn gemm_epilogue(&self, args: Checked<GemmEpilogue<'_, Self::Buffer>>) -> Result<()> {
-        let GemmEpilogue {
-            desc,
-            a,
-            b,
-            c,
-            epilogue,
-        } = args.into_inner();
-        gemm_epilogue(self, desc, a, b, c, epilogue)
+        gemm_epilogue(self, args)
     }
 }
 
 /// [`crate::GemmOps::gemm_epilogue`] composed of the core ops (its default).
-pub fn gemm_epilogue<D: GemmOps>(
-    d: &D,
-    desc: &GemmDesc,
-    a: &D::Buffer,
-    b: &D::Buffer,
-    c: &mut D::Buffer,
-    epilogue: Epilogue<'_, D::Buffer>,
-) -> Result<()> {
+pub fn gemm_epilogue<D: GemmOps>(d: &D, args: Checked<GemmEpilogue<'_, D::Buffer>>) -> Result<()> {
+    let GemmEpilogue {
+        desc,
+        a,
+        b,
+        c,
+        epilogue,
+    } = args.into_inner();
     let (m, n) = (desc.m, desc.n);
-    epilogue_shape("gemm_epilogue", desc, &epilogue, c.len())?;
     match epilogue {
         Epilogue::Bias(bias) => {
             d.exec(Gemm { desc, a, b, c })?;

@@ -80,7 +80,6 @@ pub trait LossOps: Runtime {
     /// target is ignored: loss 0, gradient 0). Writes per-row `losses` (f32, `n`). When `dlogits`
     /// is given, also writes `dlogits = (softmax(logits) − onehot(target)) · grad_scale`.
     /// ([`LossOps::cross_entropy_padded`] with rows of exactly `v` logits.)
-    #[allow(clippy::too_many_arguments)]
     fn cross_entropy(&self, args: Checked<CrossEntropy<'_, Self::Buffer>>) -> Result<()> {
         let CrossEntropy {
             logits,
@@ -107,7 +106,6 @@ pub trait LossOps: Runtime {
     /// `v` are the vocabulary's: a vocabulary padded to a multiple the GEMMs run fast at. The
     /// padded columns take no part in the softmax or the loss, whatever they hold, and their
     /// gradient is written 0.
-    #[allow(clippy::too_many_arguments)]
     fn cross_entropy_padded(
         &self,
         args: Checked<CrossEntropyPadded<'_, Self::Buffer>>,
@@ -119,37 +117,29 @@ pub trait LossOps: Runtime {
     /// `losses` as there. The same bits as cross_entropy_padded's `dlogits`. A backend that has
     /// it natively needs no second `n × ld` buffer; the default computes into a temporary and
     /// copies it back.
-    #[allow(clippy::too_many_arguments)]
     fn cross_entropy_in_place(
         &self,
         args: Checked<CrossEntropyInPlace<'_, Self::Buffer>>,
     ) -> Result<()> {
-        let CrossEntropyInPlace {
-            logits,
-            targets,
-            losses,
-            n,
-            v,
-            ld,
-            grad_scale,
-        } = args.into_inner();
-        cross_entropy_in_place(self, logits, targets, losses, n, v, ld, grad_scale)
+        cross_entropy_in_place(self, args)
     }
 }
 
 /// [`crate::LossOps::cross_entropy_in_place`] composed of the core ops (its default): the
 /// gradient into a temporary, then copied over the logits.
-#[allow(clippy::too_many_arguments)]
 pub fn cross_entropy_in_place<D: LossOps>(
     d: &D,
-    logits: &mut D::Buffer,
-    targets: &D::Buffer,
-    losses: &mut D::Buffer,
-    n: usize,
-    v: usize,
-    ld: usize,
-    grad_scale: f32,
+    args: Checked<CrossEntropyInPlace<'_, D::Buffer>>,
 ) -> Result<()> {
+    let CrossEntropyInPlace {
+        logits,
+        targets,
+        losses,
+        n,
+        v,
+        ld,
+        grad_scale,
+    } = args.into_inner();
     let len = n.checked_mul(ld).ok_or_else(|| {
         DeviceError::InvalidArgument(format!("cross_entropy_in_place: {n} × {ld} overflows"))
     })?;

@@ -95,11 +95,9 @@ impl<B: Buffer> Check for LayerNormBackwardColsum<'_, B> {
 pub trait NormOps: ElementwiseOps {
     /// LayerNorm over the last dimension of `x` (`n × c`): `out = (x − μ)·rstd·γ + β`, saving
     /// `mean` and `rstd` (f32, `n` each) for the backward pass.
-    #[allow(clippy::too_many_arguments)]
     fn layernorm_forward(&self, args: Checked<LayerNormForward<'_, Self::Buffer>>) -> Result<()>;
 
     /// LayerNorm backward. Accumulates into `dx`, `dgamma` and `dbeta`.
-    #[allow(clippy::too_many_arguments)]
     fn layernorm_backward(&self, args: Checked<LayerNormBackward<'_, Self::Buffer>>) -> Result<()>;
 
     /// [`NormOps::layernorm_backward`] (accumulating into `dx`, `dgamma` and `dbeta`), and then
@@ -115,48 +113,20 @@ pub trait NormOps: ElementwiseOps {
     /// deterministic (a summation order fixed by the shape), but backends may add the rows in
     /// a different order than `bias_backward`, so it can differ from that op in the last bits.
     /// The default composes the two ops.
-    #[allow(clippy::too_many_arguments)]
     fn layernorm_backward_colsum(
         &self,
         args: Checked<LayerNormBackwardColsum<'_, Self::Buffer>>,
     ) -> Result<()> {
-        let LayerNormBackwardColsum {
-            dout,
-            x,
-            gamma,
-            mean,
-            rstd,
-            dx,
-            dgamma,
-            dbeta,
-            dsum,
-            n,
-            c,
-        } = args.into_inner();
-        layernorm_backward_colsum(
-            self, dout, x, gamma, mean, rstd, dx, dgamma, dbeta, dsum, n, c,
-        )
+        layernorm_backward_colsum(self, args)
     }
 }
 
 /// [`crate::NormOps::layernorm_backward_colsum`] composed of the core ops (its default).
-#[allow(clippy::too_many_arguments)]
 pub fn layernorm_backward_colsum<D: NormOps>(
     d: &D,
-    dout: &D::Buffer,
-    x: &D::Buffer,
-    gamma: &D::Buffer,
-    mean: &D::Buffer,
-    rstd: &D::Buffer,
-    dx: &mut D::Buffer,
-    dgamma: &mut D::Buffer,
-    dbeta: &mut D::Buffer,
-    dsum: &mut D::Buffer,
-    n: usize,
-    c: usize,
+    args: Checked<LayerNormBackwardColsum<'_, D::Buffer>>,
 ) -> Result<()> {
-    // A wrong dsum fails before dx is touched.
-    RowsDesc::new("layernorm_backward_colsum", n, c)?.validate_layernorm_backward(
+    let LayerNormBackwardColsum {
         dout,
         x,
         gamma,
@@ -165,8 +135,10 @@ pub fn layernorm_backward_colsum<D: NormOps>(
         dx,
         dgamma,
         dbeta,
-        Some(&*dsum),
-    )?;
+        dsum,
+        n,
+        c,
+    } = args.into_inner();
     d.exec(LayerNormBackward {
         dout,
         x,

@@ -152,7 +152,6 @@ pub trait OptimOps: Runtime {
     /// `g = grad·grad_scale; m = β1 m + (1−β1) g; v = β2 v + (1−β2) g²;`
     /// `param −= lr·(m/bc1 / (√(v/bc2) + ε) + wd·param)`. When `param_copy` is given, the updated
     /// weights are also written there in its dtype (the low-precision working copy).
-    #[allow(clippy::too_many_arguments)]
     fn adamw(&self, args: Checked<AdamWUpdate<'_, Self::Buffer>>) -> Result<()>;
 
     /// Accumulates `out[slot] += Σ x²` (in f32) for the global gradient L2 norm; `out` is f32.
@@ -162,8 +161,7 @@ pub trait OptimOps: Runtime {
     /// Backends may fuse the tensors into one pass; the default calls [`OptimOps::sum_squares`]
     /// per tensor.
     fn sum_squares_many(&self, args: Checked<SumSquaresMany<'_, Self::Buffer>>) -> Result<()> {
-        let SumSquaresMany { xs, out, slot } = args.into_inner();
-        sum_squares_many(self, xs, out, slot)
+        sum_squares_many(self, args)
     }
 
     /// AdamW on many tensors reading its per-step values from `scalars` (f32, laid out as
@@ -173,23 +171,16 @@ pub trait OptimOps: Runtime {
     /// once and replayed. The default reads `scalars` back and calls [`OptimOps::adamw`] per
     /// tensor.
     fn adamw_clipped(&self, args: Checked<AdamWClipped<'_, '_, Self::Buffer>>) -> Result<()> {
-        let AdamWClipped {
-            tensors,
-            step,
-            scalars,
-        } = args.into_inner();
-        adamw_clipped(self, tensors, step, scalars)
+        adamw_clipped(self, args)
     }
 }
 
 /// [`crate::OptimOps::sum_squares_many`] composed of the core ops (its default).
 pub fn sum_squares_many<D: OptimOps>(
     d: &D,
-    xs: &[&D::Buffer],
-    out: &mut D::Buffer,
-    slot: usize,
+    args: Checked<SumSquaresMany<'_, D::Buffer>>,
 ) -> Result<()> {
-    args::validate_sum_squares_many(xs, out, slot)?;
+    let SumSquaresMany { xs, out, slot } = args.into_inner();
     for &x in xs {
         d.exec(SumSquares { x, out, slot })?;
     }
@@ -199,12 +190,14 @@ pub fn sum_squares_many<D: OptimOps>(
 /// [`crate::OptimOps::adamw_clipped`] composed of the core ops (its default).
 pub fn adamw_clipped<D: OptimOps>(
     d: &D,
-    tensors: &mut [AdamWTensor<'_, D::Buffer>],
-    step: &AdamWClipStep,
-    scalars: &D::Buffer,
+    args: Checked<AdamWClipped<'_, '_, D::Buffer>>,
 ) -> Result<()> {
+    let AdamWClipped {
+        tensors,
+        step,
+        scalars,
+    } = args.into_inner();
     // Every tensor is checked before any is updated.
-    args::validate_adamw_clipped(tensors, scalars)?;
     let raw = d.download_bytes(scalars, 0, ADAMW_SCALARS)?;
     let v: Vec<f32> = raw
         .chunks_exact(4)

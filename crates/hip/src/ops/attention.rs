@@ -37,7 +37,6 @@ impl AttentionOps for HipDevice {
         } = args.into_inner();
         const OP: &str = "split_heads";
         let h = HeadsDesc::new(OP, b, t, nh, hs)?;
-        h.validate_split(("qkv", qkv), [("q", &*q), ("k", &*k), ("v", &*v)])?;
         // SAFETY: split_heads_T(const T* qkv, T* q, T* k, T* v, int b, int t, int nh, int hs):
         // qkv holds 3·b·t·nh·hs elements, q/k/v b·t·nh·hs each (checked); grid-stride loop.
         unsafe { self.permute_heads(OP, OP, qkv.dtype(), &h, h.n, &[qkv, q, k, v]) }
@@ -59,7 +58,6 @@ impl AttentionOps for HipDevice {
         } = args.into_inner();
         const OP: &str = "split_heads_backward";
         let h = HeadsDesc::new(OP, b, t, nh, hs)?;
-        h.validate_split(("dqkv", &*dqkv), [("dq", dq), ("dk", dk), ("dv", dv)])?;
         // SAFETY: split_heads_backward_T(const T* dq, const T* dk, const T* dv, T* dqkv, int b,
         // int t, int nh, int hs): sizes as in split_heads (checked); grid-stride loop.
         unsafe { self.permute_heads(OP, OP, dqkv.dtype(), &h, 3 * h.n, &[dq, dk, dv, dqkv]) }
@@ -77,7 +75,6 @@ impl AttentionOps for HipDevice {
         } = args.into_inner();
         const OP: &str = "merge_heads";
         let h = HeadsDesc::new(OP, b, t, nh, hs)?;
-        h.validate_merge(y, out)?;
         let kernel = if backward {
             "merge_heads_backward"
         } else {
@@ -100,7 +97,6 @@ impl AttentionOps for HipDevice {
             scale,
         } = args.into_inner();
         const OP: &str = "softmax_causal_forward";
-        SoftmaxDesc::new(OP, rows, t)?.validate(&[("scores", scores), ("probs", &*probs)])?;
         let n = float_suffix(OP, scores.dtype())?;
         // The kernels write probs in the scores' dtype.
         same_dtype(OP, scores.dtype(), &[probs])?;
@@ -126,11 +122,6 @@ impl AttentionOps for HipDevice {
             scale,
         } = args.into_inner();
         const OP: &str = "softmax_causal_backward";
-        SoftmaxDesc::new(OP, rows, t)?.validate(&[
-            ("probs", probs),
-            ("dprobs", dprobs),
-            ("dscores", &*dscores),
-        ])?;
         let n = float_suffix(OP, probs.dtype())?;
         // The kernels take all three in one dtype.
         same_dtype(OP, probs.dtype(), &[dprobs, dscores])?;
@@ -158,12 +149,22 @@ impl AttentionOps for HipDevice {
         } = args.into_inner();
         if !self.caps.flash_attention(qkv.dtype(), hs) {
             return duet_device::composed::flash_attention_forward(
-                self, qkv, out, lse, b, t, nh, hs, scale,
+                self,
+                FlashAttentionForward {
+                    qkv,
+                    out,
+                    lse,
+                    b,
+                    t,
+                    nh,
+                    hs,
+                    scale,
+                }
+                .check()?,
             );
         }
         const OP: &str = "flash_attention_forward";
         let h = HeadsDesc::new(OP, b, t, nh, hs)?;
-        h.validate_flash(qkv, &[("out", &*out)], lse)?;
         let sfx = self.flash_check(OP, qkv.dtype(), hs)?;
         if h.n == 0 {
             return Ok(());
@@ -208,12 +209,24 @@ impl AttentionOps for HipDevice {
         } = args.into_inner();
         if !self.caps.flash_attention(qkv.dtype(), hs) {
             return duet_device::composed::flash_attention_backward(
-                self, qkv, out, dout, lse, dqkv, b, t, nh, hs, scale,
+                self,
+                FlashAttentionBackward {
+                    qkv,
+                    out,
+                    dout,
+                    lse,
+                    dqkv,
+                    b,
+                    t,
+                    nh,
+                    hs,
+                    scale,
+                }
+                .check()?,
             );
         }
         const OP: &str = "flash_attention_backward";
         let h = HeadsDesc::new(OP, b, t, nh, hs)?;
-        h.validate_flash(qkv, &[("out", out), ("dout", dout), ("dqkv", &*dqkv)], lse)?;
         let sfx = self.flash_check(OP, qkv.dtype(), hs)?;
         if h.n == 0 {
             return Ok(());

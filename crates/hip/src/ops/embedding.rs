@@ -19,7 +19,7 @@ impl EmbeddingOps for HipDevice {
             c,
         } = args.into_inner();
         const OP: &str = "embedding_forward";
-        let vocab = TokensDesc::new(OP, b, t, c)?.validate(tokens, wte, wpe, out)?;
+        let vocab = wte.len() / c;
         // The kernels take the tables in one dtype, the activations' or f32.
         check_dtype(OP, wpe, wte.dtype())?;
         let sa = float_suffix(OP, out.dtype())?;
@@ -58,7 +58,7 @@ impl EmbeddingOps for HipDevice {
             c,
         } = args.into_inner();
         const OP: &str = "embedding_backward";
-        let vocab = TokensDesc::new(OP, b, t, c)?.validate(tokens, dwte, dwpe, dout)?;
+        let vocab = dwte.len() / c;
         let sa = float_suffix(OP, dout.dtype())?;
         // The kernels take dwte in the activations' dtype or f32.
         let sg = wide_suffix(OP, dout.dtype(), "dwte", dwte.dtype())?;

@@ -19,7 +19,6 @@ impl Fp8Ops for HipDevice {
         } = args.into_inner();
         const OP: &str = "quantize_fp8";
         let desc = RowsDesc::new(OP, rows, cols)?;
-        desc.validate_quantize_fp8(Some(src), dst, dst_t.as_deref(), scale, amax, slot)?;
         let n = desc.total;
         let s = float_suffix(OP, src.dtype())?;
         let d = kernel_suffix(dst.dtype()).expect("an fp8 dtype");
@@ -48,7 +47,6 @@ impl Fp8Ops for HipDevice {
             a_slot,
             b_slot,
         } = args.into_inner();
-        args::validate_gemm_fp8(desc, a, b, c, scale_inv, a_slot, b_slot)?;
         if desc.batch == 0 || desc.m == 0 || desc.n == 0 {
             return Ok(());
         }
@@ -79,7 +77,6 @@ impl Fp8Ops for HipDevice {
     ) -> Result<()> {
         let QuantizeFp8Many { jobs, scale, amax } = args.into_inner();
         const OP: &str = "quantize_fp8_many";
-        duet_device::check_fp8_quant_jobs(OP, jobs, scale, amax)?;
         let mut table = Vec::new();
         let mut count = 0usize;
         for j in jobs.iter() {
@@ -157,16 +154,6 @@ impl Fp8Ops for HipDevice {
             amax,
             slot,
         } = args.into_inner();
-        RowsDesc::new("quantize_fp8_grad", rows, cols)?.validate_quantize_fp8_grad(
-            dout,
-            gelu_pre,
-            dst,
-            dst_t.as_deref(),
-            dbias,
-            scale,
-            amax,
-            slot,
-        )?;
         if rows == 0 || cols == 0 {
             return Ok(());
         }
@@ -278,14 +265,6 @@ impl Fp8Ops for HipDevice {
             amax,
             slot,
         } = args.into_inner();
-        RowsDesc::new("quantize_fp8_gelu", rows, cols)?.validate_quantize_fp8(
-            Some(pre),
-            dst,
-            dst_t.as_deref(),
-            scale,
-            amax,
-            slot,
-        )?;
         let Some(grid) = tile_grid(rows, cols) else {
             // Past the tiled kernel's grid: GELU into a kept workspace, then the quantisation.
             return self.with_workspace(pre.dtype(), pre.len(), |h| {
@@ -350,18 +329,6 @@ impl Fp8Ops for HipDevice {
             amax,
             slot,
         } = args.into_inner();
-        RowsDesc::new("layernorm_forward_fp8", n, c)?.validate_layernorm_forward_fp8(
-            x,
-            gamma,
-            beta,
-            mean,
-            rstd,
-            dst,
-            dst_t.as_deref(),
-            scale,
-            amax,
-            slot,
-        )?;
         const OP: &str = "layernorm_forward_fp8";
         if n == 0 || c == 0 {
             return Ok(());
@@ -418,9 +385,7 @@ impl Fp8Ops for HipDevice {
             most_recent,
             margin,
         } = args.into_inner();
-        let ops = duet_device::check_fp8_scaling_args(
-            amax, history, scale, scale_inv, inv_stride, fp8_max, len,
-        )?;
+        let ops = amax.len();
         if ops == 0 {
             return Ok(());
         }
@@ -466,8 +431,6 @@ impl Fp8Ops for HipDevice {
             amax,
         } = args.into_inner();
         const OP: &str = "adamw_clipped_fp8";
-        args::validate_adamw_clipped(tensors, scalars)?;
-        duet_device::check_adamw_fp8_outs(OP, tensors, outs, scale, amax)?;
         let mut fused = vec![false; tensors.len()];
         let mut composed = false;
         for o in outs.iter() {

@@ -14,8 +14,6 @@ const OP: &str = "gemm_epilogue";
 impl GemmOps for HipDevice {
     fn gemm(&self, args: Checked<Gemm<'_, Self::Buffer>>) -> Result<()> {
         let Gemm { desc, a, b, c } = args.into_inner();
-        check_dtype("gemm", b, a.dtype())?;
-        desc.validate(a.len(), b.len(), c.len())?;
         if desc.batch == 0 || desc.m == 0 || desc.n == 0 {
             return Ok(());
         }
@@ -46,7 +44,17 @@ impl GemmOps for HipDevice {
             epilogue,
         } = args.into_inner();
         if !self.capabilities().gemm_epilogue(a.dtype()) {
-            return composed::gemm_epilogue(self, desc, a, b, c, epilogue);
+            return composed::gemm_epilogue(
+                self,
+                GemmEpilogue {
+                    desc,
+                    a,
+                    b,
+                    c,
+                    epilogue,
+                }
+                .check()?,
+            );
         }
         // A and B share the 16-bit dtype; C is that dtype, or f32 for the epilogues that
         // allow it (bias, bias gradient).
@@ -91,7 +99,17 @@ impl GemmOps for HipDevice {
         };
         match self.lt_matmul(desc, a, b, c, lt_epi)? {
             Outcome::Ran => Ok(()),
-            Outcome::NoAlgorithm => composed::gemm_epilogue(self, desc, a, b, c, epilogue),
+            Outcome::NoAlgorithm => composed::gemm_epilogue(
+                self,
+                GemmEpilogue {
+                    desc,
+                    a,
+                    b,
+                    c,
+                    epilogue,
+                }
+                .check()?,
+            ),
         }
     }
 }

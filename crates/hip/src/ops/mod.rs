@@ -65,14 +65,14 @@ mod prelude {
     pub(super) use crate::memory::HipBuffer;
     pub(super) use duet_device::{
         AdamWClipped, AdamWClippedFp8, AdamWUpdate, Add, AddAssign, AttentionOps, BiasAdd,
-        BiasBackward, Buffer, Checked, CrossEntropyInPlace, CrossEntropyPadded, DType, DeviceError,
-        ElementwiseOps, EmbeddingBackward, EmbeddingForward, EmbeddingOps, FlashAttentionBackward,
-        FlashAttentionForward, Fp8Ops, Fp8ScalingUpdate, GeluBackward, GeluForward, Gemm,
-        GemmEpilogue, GemmFp8, GemmOps, HeadsDesc, LayerNormBackward, LayerNormBackwardColsum,
-        LayerNormForward, LayerNormForwardFp8, LossOps, MergeHeads, NormOps, OptimOps, QuantizeFp8,
-        QuantizeFp8Gelu, QuantizeFp8Grad, QuantizeFp8Many, Result, RowsDesc, Runtime, Scale,
-        SoftmaxCausalBackward, SoftmaxCausalForward, SoftmaxDesc, SplitHeads, SplitHeadsBackward,
-        SumSquares, SumSquaresMany, TokensDesc, args, check_dtype,
+        BiasBackward, Buffer, Check, Checked, CrossEntropyInPlace, CrossEntropyPadded, DType,
+        DeviceError, ElementwiseOps, EmbeddingBackward, EmbeddingForward, EmbeddingOps,
+        FlashAttentionBackward, FlashAttentionForward, Fp8Ops, Fp8ScalingUpdate, GeluBackward,
+        GeluForward, Gemm, GemmEpilogue, GemmFp8, GemmOps, HeadsDesc, LayerNormBackward,
+        LayerNormBackwardColsum, LayerNormForward, LayerNormForwardFp8, LossOps, MergeHeads,
+        NormOps, OptimOps, QuantizeFp8, QuantizeFp8Gelu, QuantizeFp8Grad, QuantizeFp8Many, Result,
+        RowsDesc, Runtime, Scale, SoftmaxCausalBackward, SoftmaxCausalForward, SplitHeads,
+        SplitHeadsBackward, SumSquares, SumSquaresMany, check_dtype,
     };
     pub(super) use duet_gpu::launch::float_code;
 }

@@ -23,14 +23,6 @@ impl NormOps for HipDevice {
             eps,
         } = args.into_inner();
         const OP: &str = "layernorm_forward";
-        RowsDesc::new(OP, n, c)?.validate_layernorm_forward(
-            x,
-            gamma,
-            beta,
-            Some(&*out),
-            mean,
-            rstd,
-        )?;
         let sa = float_suffix(OP, x.dtype())?;
         // The kernels take gamma and beta in one dtype, the activations' or f32, and write
         // `out` in the activations' dtype.
@@ -97,8 +89,6 @@ impl NormOps for HipDevice {
             c,
         } = args.into_inner();
         const OP: &str = "layernorm_backward";
-        RowsDesc::new(OP, n, c)?
-            .validate_layernorm_backward(dout, x, gamma, mean, rstd, dx, dgamma, dbeta, None)?;
         let sa = float_suffix(OP, x.dtype())?;
         // The kernels take x, dout and dx in one dtype and gamma in theirs or f32.
         let sp = wide_suffix(OP, x.dtype(), "gamma", gamma.dtype())?;
@@ -200,17 +190,6 @@ impl NormOps for HipDevice {
             c,
         } = args.into_inner();
         const OP: &str = "layernorm_backward_colsum";
-        RowsDesc::new(OP, n, c)?.validate_layernorm_backward(
-            dout,
-            x,
-            gamma,
-            mean,
-            rstd,
-            dx,
-            dgamma,
-            dbeta,
-            Some(&*dsum),
-        )?;
         float_suffix(OP, x.dtype())?;
         wide_suffix(OP, x.dtype(), "gamma", gamma.dtype())?;
         wide_suffix(OP, x.dtype(), "dgamma", dgamma.dtype())?;
@@ -230,7 +209,21 @@ impl NormOps for HipDevice {
                 c,
             ),
             _ => duet_device::composed::layernorm_backward_colsum(
-                self, dout, x, gamma, mean, rstd, dx, dgamma, dbeta, dsum, n, c,
+                self,
+                LayerNormBackwardColsum {
+                    dout,
+                    x,
+                    gamma,
+                    mean,
+                    rstd,
+                    dx,
+                    dgamma,
+                    dbeta,
+                    dsum,
+                    n,
+                    c,
+                }
+                .check()?,
             ),
         }
     }

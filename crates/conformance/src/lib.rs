@@ -28,6 +28,7 @@
 pub mod cases;
 pub mod harness;
 pub mod reference;
+pub mod threads;
 
 pub use harness::{Harness, Tensor, Tol, Want};
 

@@ -389,6 +389,28 @@ fn finish_line(mut buf: Vec<u8>) -> std::io::Result<String> {
     String::from_utf8(buf).map_err(|_| std::io::Error::other("a line is not UTF-8 text"))
 }
 
+/// The header's `config` key by key against the parsed [`Config`] written back: its groups
+/// are flattened into `train`, which serde cannot check by itself (`deny_unknown_fields` does
+/// not reach through `flatten`), so a key that does not come back was not understood. Keys a
+/// missing field's default fills (traces from before that field existed) are fine. `Err` names
+/// the first unknown key (`section.key`).
+fn unknown_config_keys(header: &serde_json::Value, cfg: &Config) -> std::result::Result<(), String> {
+    let Some(read) = header.get("config").and_then(|c| c.as_object()) else {
+        return Ok(());
+    };
+    let known = serde_json::to_value(cfg).expect("config serialises");
+    for (section, v) in read {
+        let Some(keys) = v.as_object() else { continue };
+        let Some(have) = known.get(section).and_then(|s| s.as_object()) else {
+            return Err(section.clone());
+        };
+        if let Some(k) = keys.keys().find(|k| !have.contains_key(*k)) {
+            return Err(format!("{section}.{k}"));
+        }
+    }
+    Ok(())
+}
+
 impl Trace {
     pub fn read(path: &Path) -> Result<Trace> {
         if let Ok(m) = std::fs::metadata(path)
@@ -418,8 +440,16 @@ impl Trace {
         let mut r = r;
         let mut lines = std::iter::from_fn(move || read_bounded_line(&mut r)).enumerate();
         let header: TraceHeader = match lines.next() {
-            Some((_, Ok(l))) => serde_json::from_str(&l)
-                .map_err(|e| format!("line 1 is not a duet trace header: {e}"))?,
+            Some((_, Ok(l))) => {
+                let header: TraceHeader = serde_json::from_str(&l)
+                    .map_err(|e| format!("line 1 is not a duet trace header: {e}"))?;
+                let read: serde_json::Value =
+                    serde_json::from_str(&l).map_err(|e| format!("line 1: {e}"))?;
+                unknown_config_keys(&read, &header.config).map_err(|k| {
+                    format!("line 1: the header's configuration has an unknown field {k}")
+                })?;
+                header
+            }
             Some((_, Err(e))) => return Err(e.to_string()),
             None => return Err("empty file, not a duet trace".into()),
         };
@@ -1197,5 +1227,28 @@ mod tests {
             err.contains("the second trace has no step records"),
             "{err}"
         );
+    }
+
+    /// Issue 51 item 14: a header whose configuration names a field duet does not know (its
+    /// groups are flattened, so serde drops such a field silently) is refused, naming it; a
+    /// header as duet writes it, and one missing a field that has a default, read back.
+    #[test]
+    fn a_header_config_with_an_unknown_field_is_refused() {
+        let t = trace(vec![step(1, 2.0, 1.0, 3.0)]);
+        let header = serde_json::to_string(&t.header).unwrap();
+        let step = serde_json::to_string(&t.steps[0]).unwrap();
+        let parse = |h: &str| Trace::parse(std::io::Cursor::new(format!("{h}\n{step}\n")));
+        assert_eq!(parse(&header).unwrap().header, t.header);
+        let mut v: serde_json::Value = serde_json::from_str(&header).unwrap();
+        v["config"]["train"]["label_smoothing"] = serde_json::json!(0.1);
+        let e = parse(&v.to_string()).unwrap_err();
+        assert!(e.contains("unknown field train.label_smoothing"), "{e}");
+        let mut v: serde_json::Value = serde_json::from_str(&header).unwrap();
+        v["config"]["rope"] = serde_json::json!({"theta": 10000});
+        let e = parse(&v.to_string()).unwrap_err();
+        assert!(e.contains("unknown field") && e.contains("rope"), "{e}");
+        let mut v: serde_json::Value = serde_json::from_str(&header).unwrap();
+        v["config"]["train"].as_object_mut().unwrap().remove("recompute_gelu");
+        assert_eq!(parse(&v.to_string()).unwrap().header, t.header);
     }
 }

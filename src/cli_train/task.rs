@@ -12,7 +12,8 @@ use crate::settings::resolve_precision;
 use duet_device::{Collective, Device, DeviceInfo};
 use duet_engine::checkpoint::{Checkpoint, files};
 use duet_engine::run::{
-    CurvePoint, LogFailure, LogKind, MetricsLog, RunPlan, RunSummary, StepLog, save_checkpoint,
+    CurvePoint, LogFailure, LogKind, MetricsLog, NONFINITE_GRAD_STEPS, NonFiniteGrads, RunPlan,
+    RunSummary, StepLog, save_checkpoint,
 };
 use duet_engine::saves::{CheckpointDir, Saved, save_to};
 use duet_engine::trace::{TraceHeader, TraceWriter};
@@ -405,7 +406,7 @@ impl TrainTask {
             report::print_fp8_report(trainer);
         }
         // A failed log write stops the run as an interrupt does: the checkpoint is saved first.
-        let stopped = interrupted || s.log_failure.is_some();
+        let stopped = interrupted || s.log_failure.is_some() || s.nonfinite_grads.is_some();
         let ck_path = match &self.out {
             Some(dir) => Some(dir.join(files::CHECKPOINT)),
             None if stopped => Some(interrupted_path()),
@@ -415,6 +416,9 @@ impl TrainTask {
             return Err(self
                 .stopped_by_log_failure(trainer, f, ck_path, &end)
                 .into());
+        }
+        if let Some(g) = s.nonfinite_grads {
+            return Err(self.stopped_by_divergence(trainer, g, ck_path, &end).into());
         }
         // The final validation loss (the loop's own when it validated at this step), before
         // the save so that --keep-best sees it.
@@ -507,6 +511,41 @@ impl TrainTask {
                     p.display()
                 ));
             }
+        }
+        msg
+    }
+
+    /// The error of a run stopped because its gradient norm was not finite for
+    /// [`NONFINITE_GRAD_STEPS`] consecutive steps (`g`): the plot drawn and the checkpoint saved
+    /// to `ck_path` first (clipping made those steps' updates zero, so the weights are finite),
+    /// then why the run stopped.
+    fn stopped_by_divergence<D: Device>(
+        &self,
+        trainer: &Trainer<D>,
+        g: NonFiniteGrads,
+        ck_path: Option<PathBuf>,
+        end: &RunEnd,
+    ) -> String {
+        let mut msg = format!(
+            "training diverged: the gradient norm was not finite for {NONFINITE_GRAD_STEPS} \
+             consecutive steps ({}–{}; gradient clipping turned each into an empty update, so \
+             the loss could not improve); lower the learning rate or check the initial weights",
+            g.first, g.last
+        );
+        let p = ck_path.expect("a stopped run always saves");
+        if let Err(e) = self.draw_plot(end.curve.as_deref()) {
+            eprintln!("warning: drawing the loss plot failed: {e}");
+        }
+        match self.save(trainer, end.saves.as_ref(), &p, None) {
+            Ok(_) => msg.push_str(&format!(
+                "; checkpoint at step {} saved to {}",
+                trainer.step(),
+                p.display()
+            )),
+            Err(e) => msg.push_str(&format!(
+                "; saving the checkpoint to {} failed: {e}",
+                p.display()
+            )),
         }
         msg
     }

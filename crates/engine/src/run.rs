@@ -71,6 +71,46 @@ pub struct RunSummary {
     pub saved_step: Option<u64>,
     /// The last validation loss computed inside the loop, and its step.
     pub last_val: Option<(u64, f32)>,
+    /// The run diverged without a non-finite loss: the gradient norm was not finite for
+    /// [`NONFINITE_GRAD_STEPS`] consecutive steps that no loss scaler skipped (clipping turns
+    /// such a gradient into a zero update, so the loss can stay finite and huge forever). The
+    /// run stopped after the step every rank finished, as an interrupt stops it; the caller
+    /// saves a checkpoint and fails.
+    pub nonfinite_grads: Option<NonFiniteGrads>,
+}
+
+/// How many consecutive steps with a non-finite gradient norm (outside the FP16 loss scaler's
+/// skips) stop a run as diverged.
+pub const NONFINITE_GRAD_STEPS: u64 = 5;
+
+/// A run of consecutive steps whose gradient norm was not finite ([`RunSummary::nonfinite_grads`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct NonFiniteGrads {
+    /// The first and the last step of the run of steps.
+    pub first: u64,
+    pub last: u64,
+}
+
+impl NonFiniteGrads {
+    /// Counts a step: `Some` once [`NONFINITE_GRAD_STEPS`] consecutive steps had a non-finite
+    /// gradient norm that no loss scaler skipped; a finite norm or a skipped step starts over.
+    fn observe(
+        streak: &mut Option<NonFiniteGrads>,
+        step: u64,
+        grad_norm: f32,
+        skipped: bool,
+    ) -> Option<NonFiniteGrads> {
+        if grad_norm.is_finite() || skipped {
+            *streak = None;
+            return None;
+        }
+        let s = streak.get_or_insert(NonFiniteGrads {
+            first: step,
+            last: step,
+        });
+        s.last = step;
+        (s.last - s.first + 1 >= NONFINITE_GRAD_STEPS).then_some(*s)
+    }
 }
 
 /// Which log a [`LogFailure`] is about.
@@ -416,6 +456,7 @@ pub fn run<D: Device, W: Write>(
     // Whether each log is still written (a failed write gives it up).
     let (mut metrics_live, mut trace_live) = (metrics.is_some(), trace.is_some());
     let mut failure: Option<LogFailure> = None;
+    let mut streak: Option<NonFiniteGrads> = None;
     while trainer.step() < plan.last_step {
         let k = if per_step {
             1
@@ -427,6 +468,10 @@ pub fn run<D: Device, W: Write>(
         let queued = reports.len();
         for (i, r) in reports.into_iter().enumerate() {
             sum.skipped += r.skipped as u64;
+            if sum.nonfinite_grads.is_none() {
+                sum.nonfinite_grads =
+                    NonFiniteGrads::observe(&mut streak, r.step, r.grad_norm, r.skipped);
+            }
             sum.last_scale = r.loss_scale;
             if let Some(tw) = trace.as_deref_mut() {
                 log_write(
@@ -506,9 +551,11 @@ pub fn run<D: Device, W: Write>(
         }
         // Every rank stops after the same step: at an interrupt, and when rank 0 could not
         // write its logs (the caller saves a checkpoint and names the file).
-        let stop = interrupt.load(Ordering::SeqCst) || failure.is_some();
+        let stop =
+            interrupt.load(Ordering::SeqCst) || failure.is_some() || sum.nonfinite_grads.is_some();
         if trainer.any_rank(stop)? {
-            sum.interrupted = interrupt.load(Ordering::SeqCst) || failure.is_none();
+            sum.interrupted = interrupt.load(Ordering::SeqCst)
+                || (failure.is_none() && sum.nonfinite_grads.is_none());
             break;
         }
     }
@@ -535,7 +582,35 @@ pub fn run<D: Device, W: Write>(
 
 #[cfg(test)]
 mod tests {
-    use super::steps_to_read_back;
+    use super::{NONFINITE_GRAD_STEPS, NonFiniteGrads, steps_to_read_back};
+
+    /// Issue 51 item 16: consecutive non-finite gradient norms stop the run; a finite norm or
+    /// a step the loss scaler skipped starts the count over.
+    #[test]
+    fn consecutive_nonfinite_grad_norms_are_divergence() {
+        let mut streak = None;
+        let mut hit = None;
+        for step in 1..=20u64 {
+            // Steps 3–5 inf, step 6 finite, step 7 inf but skipped by the scaler, 8.. inf.
+            let (norm, skipped) = match step {
+                3..=5 => (f32::INFINITY, false),
+                7 => (f32::NAN, true),
+                8.. => (f32::NAN, false),
+                _ => (1.0, false),
+            };
+            if let Some(h) = NonFiniteGrads::observe(&mut streak, step, norm, skipped) {
+                hit = Some(h);
+                break;
+            }
+        }
+        assert_eq!(
+            hit,
+            Some(NonFiniteGrads {
+                first: 8,
+                last: 8 + NONFINITE_GRAD_STEPS - 1
+            })
+        );
+    }
 
     #[test]
     fn read_back_groups_end_at_every_event_and_the_last_step() {

@@ -394,7 +394,10 @@ fn finish_line(mut buf: Vec<u8>) -> std::io::Result<String> {
 /// not reach through `flatten`), so a key that does not come back was not understood. Keys a
 /// missing field's default fills (traces from before that field existed) are fine. `Err` names
 /// the first unknown key (`section.key`).
-fn unknown_config_keys(header: &serde_json::Value, cfg: &Config) -> std::result::Result<(), String> {
+fn unknown_config_keys(
+    header: &serde_json::Value,
+    cfg: &Config,
+) -> std::result::Result<(), String> {
     let Some(read) = header.get("config").and_then(|c| c.as_object()) else {
         return Ok(());
     };
@@ -1248,7 +1251,10 @@ mod tests {
         let e = parse(&v.to_string()).unwrap_err();
         assert!(e.contains("unknown field") && e.contains("rope"), "{e}");
         let mut v: serde_json::Value = serde_json::from_str(&header).unwrap();
-        v["config"]["train"].as_object_mut().unwrap().remove("recompute_gelu");
+        v["config"]["train"]
+            .as_object_mut()
+            .unwrap()
+            .remove("recompute_gelu");
         assert_eq!(parse(&v.to_string()).unwrap().header, t.header);
     }
 }

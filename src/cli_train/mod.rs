@@ -13,7 +13,7 @@ use crate::settings::{
 use crate::{CliResult, ModelArgs};
 use duet_engine::checkpoint::{Checkpoint, files};
 pub(crate) use outputs::checkpoint_path;
-use outputs::{check_no_overwrite, check_writable, lock_out, same_file};
+use outputs::{check_no_overwrite, lock_log, lock_out, same_file};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
@@ -255,12 +255,16 @@ fn run_here(
         Some(dir) => Some(prepare_out(dir, opts, &cfg)?),
         None => None,
     };
-    // Open the logs before any work so a bad path fails fast. Resumed runs append.
-    if let Some(p) = &metrics_path {
-        check_writable(p, "metrics")?;
+    // Open the logs before any work so a bad path fails fast, and lock them until the run
+    // ends (another run given the same file is refused). Resumed runs append.
+    let mut _log_locks = Vec::new();
+    for (p, what) in [(&metrics_path, "metrics"), (&trace, "trace")] {
+        if let Some(p) = p {
+            _log_locks.extend(lock_log(p, what)?);
+        }
     }
-    if let Some(p) = &trace {
-        check_writable(p, "trace")?;
+    if let Some(p) = opts.record_batches.as_ref().filter(|_| is_main) {
+        _log_locks.extend(lock_log(p, "batch record")?);
     }
     let kind = backend_kind(&opts.model)?;
     let task = TrainTask {

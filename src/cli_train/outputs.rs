@@ -39,6 +39,8 @@ pub(super) fn same_file(a: &Path, b: &Path) -> bool {
 enum LogKind {
     Metrics,
     Trace,
+    /// `--record-batches`: a batch record (it starts with `DUETBAT1`).
+    Batches,
 }
 
 /// Whether writing `--metrics`/`--trace` to `p` replaces nothing but duet's own log of `kind`:
@@ -58,6 +60,9 @@ fn is_duet_log(p: &Path, kind: LogKind) -> bool {
         Ok(n) => n,
         Err(_) => return false,
     };
+    if kind == LogKind::Batches {
+        return head[..n].starts_with(duet_engine::train::BATCH_RECORD_MAGIC);
+    }
     let first = head[..n].split(|&b| b == b'\n').next().unwrap_or(&[]);
     let Ok(v) = serde_json::from_slice::<serde_json::Value>(first) else {
         return false;
@@ -65,14 +70,15 @@ fn is_duet_log(p: &Path, kind: LogKind) -> bool {
     match kind {
         LogKind::Metrics => v.get("step").is_some_and(|s| s.is_u64()),
         LogKind::Trace => v.get("kind").and_then(|k| k.as_str()) == Some("header"),
+        LogKind::Batches => false,
     }
 }
 
 fn not_duet_log(what: &str, p: &Path) -> Box<dyn std::error::Error + Send + Sync> {
-    let kind = if what == "--trace" {
-        "duet trace"
-    } else {
-        "duet metrics log"
+    let kind = match what {
+        "--trace" => "duet trace",
+        "--record-batches" => "duet batch record",
+        _ => "duet metrics log",
     };
     format!(
         "{what} {} exists and is not a {kind} (a checkpoint, a corpus or another file would be \
@@ -170,6 +176,11 @@ pub(super) fn check_no_overwrite(
         for (what, p, kind) in [
             ("--metrics", opts.metrics.as_deref(), LogKind::Metrics),
             ("--trace", opts.trace.as_deref(), LogKind::Trace),
+            (
+                "--record-batches",
+                opts.record_batches.as_deref(),
+                LogKind::Batches,
+            ),
         ] {
             let Some(p) = p else { continue };
             // (A resumed run trims its metrics file and appends: the same rule.)
@@ -227,14 +238,31 @@ pub(crate) fn checkpoint_path(p: &Path) -> PathBuf {
 }
 
 /// Checks that a log file can be written without touching an existing one (a run that fails
-/// before training must not destroy the previous run's logs).
-pub(super) fn check_writable(path: &Path, what: &str) -> CliResult<()> {
-    std::fs::OpenOptions::new()
+/// before training must not destroy the previous run's logs), and locks a regular file for the
+/// run's life: the returned handle holds the lock until it is dropped, so a second run given
+/// the same file is refused here, before it truncates anything, instead of tearing the first
+/// run's log (pipes and devices are not locked).
+pub(super) fn lock_log(path: &Path, what: &str) -> CliResult<Option<File>> {
+    let f = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(path)
-        .map(drop)
-        .map_err(|e| format!("cannot create {what} file {}: {e}", path.display()).into())
+        .map_err(|e| format!("cannot create {what} file {}: {e}", path.display()))?;
+    if !f.metadata().is_ok_and(|m| m.is_file()) {
+        return Ok(None);
+    }
+    match f.try_lock() {
+        Ok(()) => Ok(Some(f)),
+        Err(std::fs::TryLockError::WouldBlock) => Err(format!(
+            "{what} file {} is being written by another duet run now (it holds a lock on \
+             the file): choose another path",
+            path.display()
+        )
+        .into()),
+        Err(std::fs::TryLockError::Error(e)) => {
+            Err(format!("cannot lock {what} file {}: {e}", path.display()).into())
+        }
+    }
 }
 
 pub(super) fn open_log(path: &Path, append: bool, what: &str) -> CliResult<BufWriter<File>> {

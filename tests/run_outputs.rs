@@ -411,3 +411,65 @@ fn initial_checkpoint_and_recorded_batches() {
             .all(|inp| inp.iter().all(|&x| x >= 0))
     );
 }
+
+/// Issue 51 item 13: a run killed after linking a save as the latest but before linking it as
+/// the best left `checkpoint-best` on an older, worse save for good. A resume with
+/// `--keep-best` compares the latest's validation loss with the best's and re-links.
+#[test]
+fn a_resume_relinks_a_better_latest_as_the_best() {
+    let dir = tmp("best-relink");
+    let d = dir.to_str().unwrap();
+    let mut args = vec![
+        "train",
+        "--steps",
+        "30",
+        "--save-every",
+        "5",
+        "--keep",
+        "0",
+        "--keep-best",
+        "--val-every",
+        "0",
+        "--stop-after",
+        "10",
+    ];
+    args.extend(TINY);
+    args.extend(["--out", d]);
+    assert_success(&duet(&args));
+    let val = |p: &Path| -> f64 { duet_meta(p)["val_loss"].as_str().unwrap().parse().unwrap() };
+    let (five, latest, best) = (
+        dir.join("checkpoint-00000005.safetensors"),
+        dir.join("checkpoint.safetensors"),
+        dir.join("checkpoint-best.safetensors"),
+    );
+    assert!(
+        val(&latest) < val(&five),
+        "the test needs step 10 to validate better than 5"
+    );
+    assert_eq!(duet_meta(&best)["step"], "10");
+    // The kill: the best name still on step 5's save.
+    std::fs::remove_file(&best).unwrap();
+    std::fs::hard_link(&five, &best).unwrap();
+    let out = duet(&[
+        "train",
+        "--resume",
+        d,
+        "--out",
+        d,
+        "--threads",
+        "2",
+        "--stop-after",
+        "1",
+    ]);
+    assert_success(&out);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("checkpoint-best.safetensors now holds the latest checkpoint"),
+        "{stderr}"
+    );
+    // The best is step 10's save again, or the end-of-run save at 11 if it validated better
+    // still; never step 5's.
+    let step = duet_meta(&best)["step"].as_str().unwrap().to_string();
+    assert!(step == "10" || step == "11", "best at step {step}");
+    assert!(val(&best) <= val(&dir.join("checkpoint-00000010.safetensors")));
+}

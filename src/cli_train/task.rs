@@ -132,6 +132,16 @@ impl TrainTask {
         let (has_val, val_every) = self.validation_cadence(&trainer)?;
         self.check_generation_fits()?;
         let saves = self.checkpoint_dir(val_every)?;
+        // A resumed run killed between its latest and best links gets its best back.
+        if let Some(sv) = saves.as_ref().filter(|_| main)
+            && let Some(v) = sv.repair_best()?
+        {
+            eprintln!(
+                "note: {} now holds the latest checkpoint (validation loss {v:.4}, better than \
+                 the best recorded: the previous run stopped before linking it)",
+                sv.best().display()
+            );
+        }
         let plan = RunPlan {
             last_step,
             val_every,

@@ -97,6 +97,31 @@ impl CheckpointDir {
             .ok()
     }
 
+    /// With `keep_best`, on resume: a run killed between linking a save as the latest and as
+    /// the best left [`BEST`] on an older, worse checkpoint, and the better one would be lost
+    /// once `keep` rotates it out. When the latest checkpoint records a finite validation loss
+    /// below the best's (or there is no best), [`BEST`] is linked to it. Returns that loss when
+    /// it re-linked.
+    pub fn repair_best(&self) -> Result<Option<f32>> {
+        if !self.keep_best || !self.latest().exists() {
+            return Ok(None);
+        }
+        let latest_val = read_metadata(&self.latest())?
+            .get(VAL_LOSS)
+            .and_then(|v| v.parse::<f32>().ok())
+            .filter(|v| v.is_finite());
+        let Some(v) = latest_val else {
+            return Ok(None);
+        };
+        if self.best_val_loss().is_some_and(|b| b <= v) {
+            return Ok(None);
+        }
+        let bytes = std::fs::read(self.latest())
+            .map_err(|e| io(&self.latest(), "cannot read checkpoint", e))?;
+        link_over(&self.latest(), &self.best(), &bytes)?;
+        Ok(Some(v))
+    }
+
     /// Saves `ck` (at its step) as its step-numbered file, points the latest name at it and,
     /// with `keep_best`, the best name when `val_loss` beats the best so far; then removes the
     /// step-numbered files beyond `keep` (never the one just written).

@@ -559,25 +559,34 @@ pub fn run<D: Device, W: Write>(
             break;
         }
     }
-    let step = trainer.step();
-    if let Some(m) = metrics {
-        log_write(
-            &mut failure,
-            &mut metrics_live,
-            LogKind::Metrics,
-            step,
-            || m.flush(),
-        )?;
-    }
-    if let Some(tw) = trace {
-        log_write(&mut failure, &mut trace_live, LogKind::Trace, step, || {
-            tw.flush()
-        })?;
-    }
+    flush_logs(
+        trainer.step(),
+        metrics,
+        trace,
+        &mut failure,
+        [&mut metrics_live, &mut trace_live],
+    )?;
     sum.log_failure = failure;
     sum.ran = trainer.step() - first_step;
     sum.seconds = start.elapsed().as_secs_f64();
     Ok(sum)
+}
+
+/// The end of [`run`]: the metrics log and the trace flushed (each only while it is `live`).
+fn flush_logs<W: Write>(
+    step: u64,
+    metrics: Option<&mut MetricsLog>,
+    trace: Option<&mut TraceWriter<W>>,
+    failure: &mut Option<LogFailure>,
+    [metrics_live, trace_live]: [&mut bool; 2],
+) -> Result<()> {
+    if let Some(m) = metrics {
+        log_write(failure, metrics_live, LogKind::Metrics, step, || m.flush())?;
+    }
+    if let Some(tw) = trace {
+        log_write(failure, trace_live, LogKind::Trace, step, || tw.flush())?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -100,6 +100,83 @@ pub(super) enum Operands<'a, B> {
     Fp8(&'a B, &'a B, &'a B, usize, usize),
 }
 
+/// FP8: the input's codes, quantised from `input` (with a GELU or a LayerNorm riding on the
+/// quantisation), and the weight's, with their inverse scales and scale slots.
+fn fp8_operands<'a, D: Device>(
+    dev: &D,
+    q: &'a mut Fp8Bufs<D>,
+    id: usize,
+    record: bool,
+    input: LinearInput<'_, D::Buffer>,
+    n: usize,
+    k: usize,
+) -> Result<Operands<'a, D::Buffer>> {
+    let st = &mut q.state;
+    let (sx, sw) = (
+        Fp8State::<D>::slot(id, Operand::Input),
+        Fp8State::<D>::slot(id, Operand::Weight),
+    );
+    let amax = if record {
+        &mut st.amax
+    } else {
+        &mut q.amax_discard
+    };
+    let kind = id % LINEARS.len();
+    let (x8, x8t) = (&mut q.x8[kind], Some(&mut q.x8t[id]));
+    match input {
+        LinearInput::Plain(x) => dev.exec(QuantizeFp8 {
+            src: x,
+            dst: x8,
+            dst_t: x8t,
+            rows: n,
+            cols: k,
+            scale: &st.scale,
+            amax,
+            slot: sx,
+        })?,
+        LinearInput::GeluOf(pre) => dev.exec(QuantizeFp8Gelu {
+            pre,
+            dst: x8,
+            dst_t: x8t,
+            rows: n,
+            cols: k,
+            scale: &st.scale,
+            amax,
+            slot: sx,
+        })?,
+        LinearInput::LayerNormOf {
+            x,
+            gamma,
+            beta,
+            mean,
+            rstd,
+        } => dev.exec(LayerNormForwardFp8 {
+            x,
+            gamma,
+            beta,
+            mean,
+            rstd,
+            dst: x8,
+            dst_t: x8t,
+            n,
+            c: k,
+            eps: LN_EPS,
+            scale: &st.scale,
+            amax,
+            slot: sx,
+        })?,
+    }
+    // The weight's codes come from the start of the forward pass
+    // (Gpt::quantize_fp8_weights).
+    Ok(Operands::Fp8(
+        &q.x8[kind],
+        &q.w8[id],
+        &st.scale_inv,
+        st.inv(sx),
+        st.inv(sw),
+    ))
+}
+
 /// The body of [`linear_forward`] (`gelu_pre` None) and [`linear_gelu_forward`] (no
 /// residual); FP8 layers also take their input as a GELU or LayerNorm ([`LinearInput`]).
 #[allow(clippy::too_many_arguments)]
@@ -133,72 +210,7 @@ pub(super) fn linear_act_forward<D: Device>(
             )
             .into());
         }
-        (Some((q, id)), input) => {
-            let st = &mut q.state;
-            let (sx, sw) = (
-                Fp8State::<D>::slot(id, Operand::Input),
-                Fp8State::<D>::slot(id, Operand::Weight),
-            );
-            let amax = if record {
-                &mut st.amax
-            } else {
-                &mut q.amax_discard
-            };
-            let kind = id % LINEARS.len();
-            let (x8, x8t) = (&mut q.x8[kind], Some(&mut q.x8t[id]));
-            match input {
-                LinearInput::Plain(x) => dev.exec(QuantizeFp8 {
-                    src: x,
-                    dst: x8,
-                    dst_t: x8t,
-                    rows: n,
-                    cols: k,
-                    scale: &st.scale,
-                    amax,
-                    slot: sx,
-                })?,
-                LinearInput::GeluOf(pre) => dev.exec(QuantizeFp8Gelu {
-                    pre,
-                    dst: x8,
-                    dst_t: x8t,
-                    rows: n,
-                    cols: k,
-                    scale: &st.scale,
-                    amax,
-                    slot: sx,
-                })?,
-                LinearInput::LayerNormOf {
-                    x,
-                    gamma,
-                    beta,
-                    mean,
-                    rstd,
-                } => dev.exec(LayerNormForwardFp8 {
-                    x,
-                    gamma,
-                    beta,
-                    mean,
-                    rstd,
-                    dst: x8,
-                    dst_t: x8t,
-                    n,
-                    c: k,
-                    eps: LN_EPS,
-                    scale: &st.scale,
-                    amax,
-                    slot: sx,
-                })?,
-            }
-            // The weight's codes come from the start of the forward pass
-            // (Gpt::quantize_fp8_weights).
-            Operands::Fp8(
-                &q.x8[kind],
-                &q.w8[id],
-                &st.scale_inv,
-                st.inv(sx),
-                st.inv(sw),
-            )
-        }
+        (Some((q, id)), input) => fp8_operands(dev, q, id, record, input, n, k)?,
     };
     let fused = match operands {
         Operands::Plain(_) => dev.capabilities().gemm_epilogue(out.dtype()),

@@ -32,9 +32,39 @@ impl Mapped {
         // `MmapMut`), so this process never writes through the map; the remaining hazard is
         // another process changing the file while it is mapped, which the contract above
         // excludes (the run's data files are fingerprinted and must not change during a run).
-        let map = unsafe { memmap2::Mmap::map(file)? };
+        let map = unsafe { memmap2::Mmap::map(file) }.map_err(|e| explain(e, max_map_count()))?;
         Ok(Self { map: Some(map) })
     }
+}
+
+/// Linux's limit on a process's memory maps (`/proc/sys/vm/max_map_count`), where readable.
+fn max_map_count() -> Option<u64> {
+    std::fs::read_to_string("/proc/sys/vm/max_map_count")
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// A failed map, explained: `ENOMEM` from `mmap` on a file means the process ran out of map
+/// slots (one per shard; tens of thousands of shards reach Linux's default 65,530) or of
+/// address space, never that the file is too big for memory; say which limit and what to do.
+fn explain(e: std::io::Error, max_map_count: Option<u64>) -> std::io::Error {
+    if e.raw_os_error() != Some(12) {
+        return e;
+    }
+    let limit = match max_map_count {
+        Some(n) => format!("vm.max_map_count = {n}"),
+        None => "vm.max_map_count".to_string(),
+    };
+    std::io::Error::new(
+        e.kind(),
+        format!(
+            "cannot map the file: the process reached its limit of memory maps ({limit}; duet \
+             maps every shard of a run) or of address space (ulimit -v) ({e}): merge the data \
+             into fewer, larger shards, or raise the limit (sysctl -w vm.max_map_count=…)"
+        ),
+    )
 }
 
 impl Deref for Mapped {
@@ -54,6 +84,18 @@ impl std::fmt::Debug for Mapped {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 51 item 17: 70,000 shards gave a bare `Cannot allocate memory (os error 12)`.
+    #[test]
+    fn an_out_of_maps_error_names_the_limit() {
+        let e = explain(std::io::Error::from_raw_os_error(12), Some(65530)).to_string();
+        assert!(
+            e.contains("vm.max_map_count = 65530") && e.contains("fewer, larger shards"),
+            "{e}"
+        );
+        let other = explain(std::io::Error::from_raw_os_error(13), Some(65530)).to_string();
+        assert!(!other.contains("max_map_count"), "{other}");
+    }
 
     #[test]
     fn maps_a_file_and_an_empty_one() {

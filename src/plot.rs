@@ -60,24 +60,26 @@ pub fn render(train: &[(f64, f64)], val: &[(f64, f64)]) -> String {
         h - mb,
         h - mb
     );
-    for i in 0..=4 {
-        let ly = y0 + (y1 - y0) * i as f64 / 4.0;
-        let y = py(ly);
+    for v in log_ticks(y0.exp(), y1.exp()) {
+        let y = py(v.ln());
         let _ = write!(
             s,
-            r##"<line x1="{ml}" y1="{y:.1}" x2="{}" y2="{y:.1}" stroke="#ddd"/><text x="{}" y="{:.1}" text-anchor="end">{:.3}</text>"##,
+            r##"<line x1="{ml}" y1="{y:.1}" x2="{}" y2="{y:.1}" stroke="#ddd"/><text x="{}" y="{:.1}" text-anchor="end">{}</text>"##,
             w - mr,
             ml - 6.0,
             y + 4.0,
-            ly.exp()
+            tick_label(v)
         );
-        let xv = x0 + (x1 - x0) * i as f64 / 4.0;
+    }
+    for xv in linear_ticks(x0, x1, 6) {
         let _ = write!(
             s,
-            r#"<text x="{:.1}" y="{}" text-anchor="middle">{:.0}</text>"#,
-            px(xv),
+            r#"<line x1="{x:.1}" y1="{}" x2="{x:.1}" y2="{}" stroke="black"/><text x="{x:.1}" y="{}" text-anchor="middle">{}</text>"#,
+            h - mb,
+            h - mb + 4.0,
             h - mb + 18.0,
-            xv
+            tick_label(xv),
+            x = px(xv),
         );
     }
     let _ = write!(
@@ -99,19 +101,103 @@ pub fn render(train: &[(f64, f64)], val: &[(f64, f64)]) -> String {
             .iter()
             .map(|&(x, y)| format!("{:.1},{:.1}", px(x), py(y.ln())))
             .collect();
+        // The legend: a swatch of the line and its name, top right.
+        let lx = w - mr - 110.0;
         let _ = write!(
             s,
-            r#"<polyline fill="none" stroke="{color}" stroke-width="1.5" points="{}"/><text x="{}" y="{ly}" fill="{color}">{label}</text>"#,
+            r#"<polyline fill="none" stroke="{color}" stroke-width="1.5" points="{}"/><line x1="{lx}" y1="{}" x2="{}" y2="{}" stroke="{color}" stroke-width="2"/><text x="{}" y="{ly}">{label}</text>"#,
             path.join(" "),
-            w - mr - 90.0
+            ly - 4.0,
+            lx + 20.0,
+            ly - 4.0,
+            lx + 26.0,
         );
     }
     s.push_str("</svg>\n");
     s
 }
 
+/// Round values for a log-scale axis over `[lo, hi]`: 1, 2 and 5 × 10^k inside it, every
+/// integer multiple of 10^k where those are fewer than three, and round linear steps where the
+/// range is too narrow for either.
+fn log_ticks(lo: f64, hi: f64) -> Vec<f64> {
+    if !(lo > 0.0 && hi >= lo && hi.is_finite()) {
+        return vec![];
+    }
+    let inside = |mults: &[f64]| -> Vec<f64> {
+        let (k0, k1) = (lo.log10().floor() as i32, hi.log10().ceil() as i32);
+        let mut v: Vec<f64> = (k0..=k1)
+            .flat_map(|k| mults.iter().map(move |m| m * 10f64.powi(k)))
+            .filter(|&v| v >= lo * (1.0 - 1e-9) && v <= hi * (1.0 + 1e-9))
+            .collect();
+        v.dedup();
+        v
+    };
+    let coarse = inside(&[1.0, 2.0, 5.0]);
+    if coarse.len() >= 3 {
+        return coarse;
+    }
+    let fine = inside(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0]);
+    if fine.len() >= 3 {
+        return fine;
+    }
+    linear_ticks(lo, hi, 5)
+}
+
+/// Round values (1, 2 or 5 × 10^k apart) inside `[lo, hi]`, at most about `max` of them.
+fn linear_ticks(lo: f64, hi: f64, max: usize) -> Vec<f64> {
+    if !(hi > lo && lo.is_finite() && hi.is_finite()) {
+        return if lo.is_finite() { vec![lo] } else { vec![] };
+    }
+    let raw = (hi - lo) / max.max(1) as f64;
+    let mag = 10f64.powf(raw.log10().floor());
+    let step = [1.0, 2.0, 5.0, 10.0]
+        .iter()
+        .map(|m| m * mag)
+        .find(|&st| st >= raw)
+        .unwrap_or(10.0 * mag);
+    let first = (lo / step).ceil() as i64;
+    let last = (hi / step).floor() as i64;
+    (first..=last).map(|i| i as f64 * step).collect()
+}
+
+/// A tick's text: as few digits as its value needs (`0.05`, `2`, `300`, `2.5`).
+fn tick_label(v: f64) -> String {
+    if v == 0.0 {
+        return "0".into();
+    }
+    let digits = (4 - v.abs().log10().floor() as i32).clamp(0, 8) as usize;
+    let t = format!("{v:.digits$}");
+    if t.contains('.') {
+        t.trim_end_matches('0').trim_end_matches('.').to_string()
+    } else {
+        t
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use super::{linear_ticks, log_ticks, tick_label};
+
+    /// Issue 50 item 11: the axes tick at round values (1, 2, 5 × 10^k; the loss axis finer
+    /// where the range is narrow), labelled with the digits they need.
+    #[test]
+    fn ticks_are_round_values() {
+        let labels = |v: Vec<f64>| v.into_iter().map(tick_label).collect::<Vec<_>>().join(" ");
+        assert_eq!(labels(log_ticks(1.5, 11.0)), "2 5 10");
+        assert_eq!(labels(log_ticks(1.5, 9.0)), "2 3 4 5 6 7 8 9");
+        assert_eq!(labels(log_ticks(0.08, 30.0)), "0.1 0.2 0.5 1 2 5 10 20");
+        assert_eq!(labels(log_ticks(2.1, 4.5)), "2.5 3 3.5 4 4.5");
+        assert_eq!(labels(log_ticks(3.1, 3.35)), "3.1 3.15 3.2 3.25 3.3 3.35");
+        assert_eq!(labels(linear_ticks(1.0, 400.0, 6)), "100 200 300 400");
+        assert_eq!(labels(linear_ticks(0.0, 12.0, 6)), "0 2 4 6 8 10 12");
+        let one: Vec<String> = [0.05, 2.0, 300.0, 2.5, 3.15, 0.1 + 0.2]
+            .iter()
+            .map(|&v| tick_label(v))
+            .collect();
+        assert_eq!(one, ["0.05", "2", "300", "2.5", "3.15", "0.3"]);
+    }
+
     #[test]
     fn renders_both_curves() {
         let svg = super::render(&[(1.0, 4.0), (2.0, 2.0), (3.0, 1.0)], &[(3.0, 1.5)]);

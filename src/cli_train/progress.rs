@@ -37,6 +37,9 @@ pub(super) fn log_cadence(given: Option<u64>) -> Option<u64> {
 pub(super) fn progress_bar(steps: u64, first_step: u64) -> ProgressBar {
     let bar = ProgressBar::new(steps);
     bar.set_position(first_step);
+    // A resumed run's ETA from its own steps: without this the steps before the resume count
+    // as done at once and the first ETA comes out several times too short.
+    bar.reset_eta();
     bar.set_style(
         ProgressStyle::with_template(
             "{bar:30} step {pos}/{len} | {msg} | {elapsed_precise} ETA {eta_precise}",
@@ -177,10 +180,15 @@ impl Progress {
         }
     }
 
-    /// Ends the bar (when there is one) after the loop.
-    pub(super) fn finish(&self) {
+    /// Ends the bar (when there is one) after the loop: at its full length when the run
+    /// `completed`, else where it stopped (an interrupt must not show `400/400 ETA 0`).
+    pub(super) fn finish(&self, completed: bool) {
         if let Some(bar) = &self.bar {
-            bar.finish();
+            if completed {
+                bar.finish();
+            } else {
+                bar.abandon();
+            }
         }
     }
 }

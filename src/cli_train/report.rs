@@ -115,20 +115,33 @@ pub(super) fn print_trained<D: Device>(
     t: &TrainConfig,
     peak: u64,
 ) {
-    let (ran, secs) = (summary.ran, summary.seconds);
-    println!(
-        "trained {} steps (to step {}) in {:.1}s ({:.0} tokens/s), final loss {:.4}, peak memory {}",
-        ran,
-        trainer.step(),
-        secs,
-        (ran as usize * t.data.batch * t.data.seq) as f64 / secs.max(1e-9),
-        summary.last_loss,
-        human_bytes(peak)
-    );
+    println!("{}", trained_line(summary, trainer.step(), t, peak));
     if let Some(ls) = summary.last_scale {
         let skipped = summary.skipped;
         println!("loss scale {ls} at the end; {skipped} step(s) skipped for inf/NaN gradients");
     }
+}
+
+/// The summary line of a run: its steps, time, throughput, final loss and peak memory; a run
+/// that trained no step (resumed at its last step, `--steps 0`) says so instead of reporting
+/// a NaN loss and 0 tokens/s.
+fn trained_line(summary: &RunSummary, step: u64, t: &TrainConfig, peak: u64) -> String {
+    let (ran, secs) = (summary.ran, summary.seconds);
+    if ran == 0 {
+        return format!(
+            "trained no steps (the run is at step {step}), peak memory {}",
+            human_bytes(peak)
+        );
+    }
+    format!(
+        "trained {} steps (to step {}) in {:.1}s ({:.0} tokens/s), final loss {:.4}, peak memory {}",
+        ran,
+        step,
+        secs,
+        (ran as usize * t.data.batch * t.data.seq) as f64 / secs.max(1e-9),
+        summary.last_loss,
+        human_bytes(peak)
+    )
 }
 
 /// The final checkpoint's line: `step`, the file written (`shown`), and for a save into
@@ -178,4 +191,36 @@ pub(super) fn print_generation(e: &GenerationEval, secs: f64) {
         100.0 * e.token_accuracy,
         secs
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::trained_line;
+    use duet_engine::run::RunSummary;
+
+    /// Issue 50 item 11: a run that trained no step reports no NaN loss.
+    #[test]
+    fn a_run_of_no_steps_reports_no_nan_loss() {
+        let t = duet_engine::Config::preset(duet_engine::Preset::Tiny).train;
+        let none = RunSummary {
+            last_loss: f32::NAN,
+            ..RunSummary::default()
+        };
+        let line = trained_line(&none, 40, &t, 1 << 20);
+        assert!(
+            !line.contains("NaN") && line.contains("trained no steps"),
+            "{line}"
+        );
+        let some = RunSummary {
+            ran: 3,
+            last_loss: 2.5,
+            seconds: 1.0,
+            ..RunSummary::default()
+        };
+        let line = trained_line(&some, 43, &t, 1 << 20);
+        assert!(
+            line.starts_with("trained 3 steps (to step 43)") && line.contains("2.5000"),
+            "{line}"
+        );
+    }
 }

@@ -153,7 +153,7 @@ impl TrainTask {
         };
         let mut progress = self.progress(&info, &plan, bar, log_every, first_step);
         let summary = self.run_loop(&mut trainer, &plan, &mut tracer, &mut progress)?;
-        progress.finish();
+        progress.finish(trainer.step() >= t.steps);
         // The log is closed here; its curve stays for the loss plot.
         let curve = self.metrics.take().map(MetricsLog::into_curve);
         let trace_path = tracer.take().map(|(path, _)| path);

@@ -34,10 +34,15 @@ pub trait RankTask {
     ) -> CliResult<Self::Output>;
 }
 
-/// Starts `n` ranks of this command line on this machine and waits for them: `Ok(true)` when
-/// a rank stopped on Ctrl-C (exit status 130; it saved a checkpoint), `Ok(false)` when every
-/// rank finished.
-pub fn spawn_ranks(n: usize, global_batch: usize, kind: BackendKind) -> CliResult<bool> {
+/// Starts `n` ranks of this command line (with `extra_args` after it) on this machine and
+/// waits for them: `Ok(true)` when a rank stopped on Ctrl-C (exit status 130; it saved a
+/// checkpoint), `Ok(false)` when every rank finished.
+pub fn spawn_ranks(
+    n: usize,
+    global_batch: usize,
+    kind: BackendKind,
+    extra_args: &[std::ffi::OsString],
+) -> CliResult<bool> {
     if kind == BackendKind::Cpu {
         return Err(CPU_REFUSED.into());
     }
@@ -57,7 +62,10 @@ pub fn spawn_ranks(n: usize, global_batch: usize, kind: BackendKind) -> CliResul
         }
     };
     let exe = std::env::current_exe()?;
-    let args: Vec<_> = std::env::args_os().skip(1).collect();
+    let args: Vec<_> = std::env::args_os()
+        .skip(1)
+        .chain(extra_args.iter().cloned())
+        .collect();
     let mut children: Vec<Child> = Vec::with_capacity(n);
     for r in 0..n {
         let mut cmd = Command::new(&exe);

@@ -4,6 +4,7 @@
 mod backends;
 mod cli_bench;
 mod cli_dist;
+mod cli_eval;
 mod cli_export;
 mod cli_generate;
 mod cli_tokenize;
@@ -38,8 +39,12 @@ enum Command {
     Bench(BenchArgs),
     /// List the compiled-in backends, which ones load here, and their devices.
     Info,
-    /// Generate text or tokens from a checkpoint (sampling or greedy) with a KV cache.
+    /// Generate text or tokens from a checkpoint or a Hugging Face GPT-2 folder (sampling or
+    /// greedy) with a KV cache.
     Generate(cli_generate::GenerateArgs),
+    /// Loss and perplexity of a model (a checkpoint or a Hugging Face GPT-2 folder) over a data
+    /// set, computed as a run's validation loss is.
+    Eval(cli_eval::EvalArgs),
     /// Write a checkpoint's model for other tools: Hugging Face GPT-2 (config.json,
     /// model.safetensors, the run's tokenizer files) or a nanoGPT state dict.
     Export(cli_export::ExportArgs),
@@ -168,7 +173,8 @@ pub struct DataFlags {
     pub val_batches: Option<usize>,
     /// The tokenizer of --data's shards (a tokenizer.json, or a folder holding one or GPT-2's
     /// encoder.json + vocab.bpe): copied into --out as tokenizer.json, its hash recorded in the
-    /// checkpoint, the vocabulary raised to cover it [default: none: byte tokens].
+    /// checkpoint, the vocabulary raised to cover it [default: the tokenizer.json `duet tokenize`
+    /// wrote beside the shards, if any; one whose hash differs from it is refused].
     #[arg(long, value_name = "PATH")]
     pub tokenizer: Option<PathBuf>,
     /// Held-out progressions checked by greedy generation at the end (0 skips the check).
@@ -298,7 +304,9 @@ struct TrainArgs {
     #[arg(long, value_name = "N", help_heading = "Logs and checkpoints")]
     log_every: Option<u64>,
     /// Gather the run in this folder: config.toml, metrics.jsonl and metrics.csv,
-    /// checkpoint-<step>.safetensors (checkpoint.safetensors: the latest) and loss.svg.
+    /// checkpoint-<step>.safetensors (checkpoint.safetensors: the latest) and loss.svg [default:
+    /// a new run on --data saves into runs/<date>-<time>/ (UTC); the synthetic task saves
+    /// nothing].
     #[arg(long, value_name = "DIR", help_heading = "Logs and checkpoints")]
     out: Option<PathBuf>,
     /// Save a checkpoint into --out every N steps (0: only at the end) [default: 0; a resume
@@ -318,14 +326,16 @@ struct TrainArgs {
     #[arg(long, help_heading = "Configuration")]
     print_config: bool,
     /// Continue a run from a checkpoint (the file, or the --out folder holding it): the next
-    /// losses are those the run would have had. Only --steps and the Device and Execution flags
-    /// may be given with it; the checkpoint's configuration is used.
+    /// losses are those the run would have had. Only --steps, the Device and Execution flags and
+    /// --data/--val-data giving the run's shards at a new place (their hashes are checked) may
+    /// be given with it; the checkpoint's configuration is used.
     #[arg(long, value_name = "PATH", help_heading = "Logs and checkpoints")]
     resume: Option<PathBuf>,
     /// Start a new run from the weights of FILE (or a folder holding checkpoint.safetensors or
     /// model.safetensors): a duet checkpoint, a nanoGPT state dict or a Hugging Face GPT-2
-    /// model.safetensors, in f32, f16 or bf16. The model's shape comes from the file (the head
-    /// count from a duet checkpoint, a config.json beside the file, or --heads); step 0, fresh
+    /// model.safetensors, in f32, f16 or bf16. The model's shape comes from the file, its context
+    /// too (the sequence length unless --seq; the head count from a duet checkpoint, a
+    /// config.json beside the file, or --heads); step 0, fresh
     /// optimizer state, and the data, schedule and steps of the flags. Not with --resume.
     #[arg(long, value_name = "FILE", help_heading = "Logs and checkpoints")]
     init_from: Option<PathBuf>,
@@ -342,6 +352,10 @@ struct TrainArgs {
     /// for `duet parity`.
     #[arg(long, value_name = "FILE", help_heading = "Logs and checkpoints")]
     trace: Option<PathBuf>,
+    /// Every N steps, print a sample of the model: 64 tokens after the end-of-text token (after
+    /// a newline for byte tokens), temperature 0.8, top-k 200 (0: none) [default: 0].
+    #[arg(long, value_name = "N", help_heading = "Logs and checkpoints")]
+    sample_every: Option<u64>,
     /// Let --metrics and --trace replace an existing file that is not a duet metrics log or
     /// trace (without it such a file — a checkpoint, a corpus — is refused, never truncated).
     #[arg(long, help_heading = "Logs and checkpoints")]
@@ -480,6 +494,7 @@ fn main() -> ExitCode {
                 accept_changed_data: a.accept_changed_data,
                 fp8_report: a.fp8_report,
                 record_batches: a.record_batches,
+                sample_every: a.sample_every,
                 out: a.out,
                 save_every: a.save_every,
                 resume: a.resume,
@@ -507,6 +522,7 @@ fn main() -> ExitCode {
         Command::Tokenize(a) => cli_tokenize::run(&a),
         Command::Bench(a) => cli_bench::bench(&a.model, a.warmup_steps, a.iters, a.json.as_deref()),
         Command::Export(a) => cli_export::run(&a),
+        Command::Eval(a) => cli_eval::run(&a),
         Command::Info => backends::info(),
         Command::Parity { a, b } => return parity::run(&a, &b),
     };

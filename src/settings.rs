@@ -25,11 +25,39 @@ pub(crate) fn resolve_precision<D: Device>(
 
 /// Preset, then config file, then flags; validated.
 pub fn build_config(a: &ModelArgs) -> CliResult<Config> {
+    build_config_with(a, None)
+}
+
+/// What `--init-from` does to a configuration: puts the file's model (and the sequence length
+/// it allows) into it.
+pub type ModelFromFile<'a> = &'a mut dyn FnMut(&mut Config) -> CliResult<()>;
+
+/// [`build_config`]; with `from_file` (`--init-from`), the model's shape comes from a file:
+/// applied after the preset, config file and flags and before the data is scanned, so the
+/// data's windows are checked at the run's own sequence length, and the vocabulary is the
+/// file's (data or a tokenizer needing more is refused, not met by a larger vocabulary).
+pub fn build_config_with(a: &ModelArgs, from_file: Option<ModelFromFile>) -> CliResult<Config> {
     let preset: Preset = a.base.preset.parse()?;
     let mut cfg = Config::preset(preset);
     if let Some(path) = &a.base.config {
         cfg = Config::from_toml_file(path, cfg)?;
     }
+    apply_flags(a, &mut cfg)?;
+    let fixed_model = from_file.is_some();
+    if let Some(apply) = from_file {
+        apply(&mut cfg)?;
+    }
+    resolve_data_files(a, &mut cfg, fixed_model)?;
+    resolve_tokenizer(a, &mut cfg, fixed_model)?;
+    // A new run's learning-rate schedule spans its steps (a config.toml of an extended run
+    // may carry that run's; a resume keeps the checkpoint's).
+    cfg.train.optimizer.schedule_steps = 0;
+    cfg.validate()?;
+    Ok(cfg)
+}
+
+/// The model, data, optimizer, precision and execution flags given, over `cfg`.
+fn apply_flags(a: &ModelArgs, cfg: &mut Config) -> CliResult<()> {
     let m = &mut cfg.model;
     macro_rules! set {
         ($dst:expr, $src:expr) => {
@@ -94,17 +122,45 @@ pub fn build_config(a: &ModelArgs) -> CliResult<Config> {
         t.data.data_format = f.parse()?;
     }
     set!(t.data.val_batches, a.data.val_batches);
-    if !t.data.data.is_empty() {
-        // Resolved to the shards themselves, absolute: a resumed run reads the same files
-        // from any folder, and new files in a folder do not join it.
-        let files =
-            duet_engine::dataset::resolve_data(&t.data.data, &t.data.val_data, t.data.data_format)?;
-        let name = |p: &std::path::PathBuf| p.display().to_string();
-        t.data.data = files.train.iter().map(name).collect();
-        t.data.val_data = files.val.iter().map(name).collect();
-        // The model's vocabulary must cover the tokens; pick it unless --vocab was given.
-        let set = duet_engine::dataset::DataSet::scan(&files, t.data.seq)?;
-        if a.arch.vocab.is_none() && cfg.model.vocab < set.vocab_needed {
+    Ok(())
+}
+
+/// The data of `cfg` resolved to the shards themselves, absolute (a resumed run reads the same
+/// files from any folder, and new files in a folder do not join it; a hard link of a shard is
+/// left out, with a note), and the vocabulary raised to cover their tokens unless `--vocab` or
+/// `fixed_model` (`--init-from`) fixes it.
+fn resolve_data_files(a: &ModelArgs, cfg: &mut Config, fixed_model: bool) -> CliResult<()> {
+    let t = &mut cfg.train;
+    if t.data.data.is_empty() {
+        return Ok(());
+    }
+    let files =
+        duet_engine::dataset::resolve_data(&t.data.data, &t.data.val_data, t.data.data_format)?;
+    for (dropped, kept) in &files.hard_links {
+        eprintln!(
+            "note: {} is {} under another name (a hard link): it is read once",
+            dropped.display(),
+            kept.display()
+        );
+    }
+    let name = |p: &std::path::PathBuf| p.display().to_string();
+    t.data.data = files.train.iter().map(name).collect();
+    t.data.val_data = files.val.iter().map(name).collect();
+    // The model's vocabulary must cover the tokens; pick it unless --vocab was given.
+    let set = duet_engine::dataset::DataSet::scan(&files, t.data.seq)?;
+    if cfg.model.vocab < set.vocab_needed {
+        if fixed_model {
+            return Err(format!(
+                "data file {}: holds token ids up to {} but the model of --init-from has a \
+                 vocabulary of {} (the data was tokenized with another tokenizer than the \
+                 model's)",
+                set.largest_token_shard().path.display(),
+                set.vocab_needed - 1,
+                cfg.model.vocab
+            )
+            .into());
+        }
+        if a.arch.vocab.is_none() {
             eprintln!(
                 "vocab set to {} to cover the tokens of {}",
                 set.vocab_needed,
@@ -112,55 +168,141 @@ pub fn build_config(a: &ModelArgs) -> CliResult<Config> {
             );
             cfg.model.vocab = set.vocab_needed;
         }
-        // The generation check belongs to the synthetic task.
-        cfg.train.data.eval_sequences = 0;
     }
-    // The tokenizer: --tokenizer, else a config file's `train.tokenizer`.
+    // The generation check belongs to the synthetic task.
+    cfg.train.data.eval_sequences = 0;
+    Ok(())
+}
+
+/// The tokenizer of the run's shards: `--tokenizer`, else a config file's `train.tokenizer`,
+/// else the `tokenizer.json` that `duet tokenize` wrote beside the shards; one given that is
+/// not the shards' own (another hash) is refused, naming both. Recorded in `cfg` (path and
+/// hash), the vocabulary raised to cover it unless `--vocab` or `fixed_model` fixes it.
+fn resolve_tokenizer(a: &ModelArgs, cfg: &mut Config, fixed_model: bool) -> CliResult<()> {
+    use duet_tokenize::Tokenizer;
     let from_toml = (a.data.tokenizer.is_none() && !cfg.train.data.tokenizer.is_empty())
         .then(|| std::path::PathBuf::from(&cfg.train.data.tokenizer));
-    if let Some(p) = a.data.tokenizer.as_ref().or(from_toml.as_ref()) {
-        let tok = duet_tokenize::Tokenizer::from_path(p)?;
-        let data = &cfg.train.data.data;
-        if data.is_empty() {
-            return Err("--tokenizer names the tokenizer of --data's shards: give --data".into());
-        }
-        // Text files are read as bytes (not with the tokenizer): only token shards fit it.
-        let text = data.iter().find(|d| {
-            duet_engine::dataset::is_text(std::path::Path::new(d), cfg.train.data.data_format)
-        });
-        if let (Some(data), false) = (text, tok.is_bytes()) {
-            return Err(format!(
-                "--data {data} is read as text (byte tokens), not with the tokenizer {}:                  tokenize it first (duet tokenize {data} --tokenizer {} --out DIR) and train on                  the shards",
-                p.display(),
-                p.display()
-            )
-            .into());
-        }
-        let abs = std::fs::canonicalize(p).unwrap_or_else(|_| p.clone());
-        cfg.train.data.tokenizer = abs.display().to_string();
-        cfg.train.data.tokenizer_hash = tok.hash().to_string();
-        if cfg.model.vocab < tok.vocab_size() {
-            if a.arch.vocab.is_some() {
+    let given = a.data.tokenizer.clone().or(from_toml);
+    let beside = shards_tokenizer(&cfg.train.data)?;
+    let (p, tok) = match (given, beside) {
+        (Some(p), beside) => {
+            let tok = Tokenizer::from_path(&p)?;
+            if let Some((bp, bt)) = beside
+                && bt.hash() != tok.hash()
+            {
+                let flag = match a.data.tokenizer {
+                    Some(_) => "--tokenizer",
+                    None => "the config's train.tokenizer",
+                };
                 return Err(format!(
-                    "--vocab {} does not cover the tokenizer's {} tokens",
-                    cfg.model.vocab,
-                    tok.vocab_size()
+                    "{flag} {} (blake3 {}) is not the tokenizer the shards were written with: \
+                     {} (blake3 {}) beside them; drop {flag} to use theirs, or tokenize the \
+                     text again with this one",
+                    p.display(),
+                    &tok.hash()[..16],
+                    bp.display(),
+                    &bt.hash()[..16]
                 )
                 .into());
             }
+            (p, tok)
+        }
+        (None, Some((bp, bt))) => {
             eprintln!(
-                "vocab set to {} to cover the tokenizer {}",
-                tok.vocab_size(),
-                p.display()
+                "tokenizer: {} (written beside the shards by duet tokenize)",
+                bp.display()
             );
-            cfg.model.vocab = tok.vocab_size();
+            (bp, bt)
+        }
+        (None, None) => return Ok(()),
+    };
+    let data = &cfg.train.data.data;
+    if data.is_empty() {
+        return Err("--tokenizer names the tokenizer of --data's shards: give --data".into());
+    }
+    // Text files are read as bytes (not with the tokenizer): only token shards fit it.
+    let text = data.iter().find(|d| {
+        duet_engine::dataset::is_text(std::path::Path::new(d), cfg.train.data.data_format)
+    });
+    if let (Some(data), false) = (text, tok.is_bytes()) {
+        return Err(format!(
+            "--data {data} is read as text (byte tokens), not with the tokenizer {}: \
+             tokenize it first (duet tokenize {data} --tokenizer {} --out DIR) and train on \
+             the shards",
+            p.display(),
+            p.display()
+        )
+        .into());
+    }
+    let abs = std::fs::canonicalize(&p).unwrap_or_else(|_| p.clone());
+    cfg.train.data.tokenizer = abs.display().to_string();
+    cfg.train.data.tokenizer_hash = tok.hash().to_string();
+    if cfg.model.vocab < tok.vocab_size() {
+        if a.arch.vocab.is_some() || fixed_model {
+            return Err(format!(
+                "{} {} does not cover the tokenizer's {} tokens",
+                if fixed_model {
+                    "the vocabulary of --init-from's model,"
+                } else {
+                    "--vocab"
+                },
+                cfg.model.vocab,
+                tok.vocab_size()
+            )
+            .into());
+        }
+        eprintln!(
+            "vocab set to {} to cover the tokenizer {}",
+            tok.vocab_size(),
+            p.display()
+        );
+        cfg.model.vocab = tok.vocab_size();
+    }
+    Ok(())
+}
+
+/// The `tokenizer.json` beside the run's token shards (`duet tokenize` writes it there), read,
+/// when their folders hold one; shards of folders with two different tokenizers are refused
+/// (two tokenisations of text in one run).
+pub(crate) fn shards_tokenizer(
+    d: &duet_engine::config::DataConfig,
+) -> CliResult<Option<(std::path::PathBuf, duet_tokenize::Tokenizer)>> {
+    use std::path::Path;
+    let mut dirs: Vec<&Path> = Vec::new();
+    for shard in d.data.iter().chain(&d.val_data).map(Path::new) {
+        if duet_engine::dataset::is_text(shard, d.data_format) {
+            continue;
+        }
+        if let Some(dir) = shard.parent()
+            && !dirs.contains(&dir)
+        {
+            dirs.push(dir);
         }
     }
-    // A new run's learning-rate schedule spans its steps (a config.toml of an extended run
-    // may carry that run's; a resume keeps the checkpoint's).
-    cfg.train.optimizer.schedule_steps = 0;
-    cfg.validate()?;
-    Ok(cfg)
+    let mut found: Option<(std::path::PathBuf, duet_tokenize::Tokenizer)> = None;
+    for dir in dirs {
+        let p = dir.join(duet_tokenize::TOKENIZER_FILE);
+        if !p.is_file() {
+            continue;
+        }
+        let tok = duet_tokenize::Tokenizer::from_path(&p)?;
+        match &found {
+            Some((q, first)) if first.hash() != tok.hash() => {
+                return Err(format!(
+                    "the shards come from two tokenizers: {} (blake3 {}) and {} (blake3 {}); \
+                     a run's shards are tokenized with one",
+                    q.display(),
+                    &first.hash()[..16],
+                    p.display(),
+                    &tok.hash()[..16]
+                )
+                .into());
+            }
+            Some(_) => {}
+            None => found = Some((p, tok)),
+        }
+    }
+    Ok(found)
 }
 
 /// Adds `[default: V with --preset default]` to the help line of every flag whose default comes
@@ -203,8 +345,9 @@ pub fn with_preset_defaults(cmd: clap::Command) -> clap::Command {
             .map(|a| a.get_id().to_string())
             .collect();
         ids.into_iter().fold(sub, |sub, id| {
-            // The data path is empty in the preset (the synthetic task), not a default to show.
-            let Some(v) = lookup(&id).filter(|v| !v.is_empty() && id != "data") else {
+            // The data path is empty in the preset (the synthetic task), not a default to show;
+            // so are the empty lists.
+            let Some(v) = lookup(&id).filter(|v| !v.is_empty() && v != "[]" && id != "data") else {
                 return sub;
             };
             sub.mut_arg(id.as_str(), |a| {

@@ -197,7 +197,7 @@ fn init_from_errors_are_clear() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("seq set to 16"));
     assert_error(
         &["train", "--init-from", fxs, "--seq", "32", "--steps", "1"],
-        &["seq (32) exceeds"],
+        &["--seq 32", "context of", "16 positions"],
     );
     assert_error(
         &["train", "--init-from", fxs, "--resume", fxs],

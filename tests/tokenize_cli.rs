@@ -119,13 +119,15 @@ fn tokenize_trains_a_bpe_and_writes_llmc_shards() {
     let all: Vec<u32> = expect.concat();
     assert_eq!(val.len(), (all.len() as f64 * 0.25).round() as usize);
     assert_eq!([val, train].concat(), all);
-    let bad = duet(&[&args[..], &["--all-files"]].concat());
+    // (Into the same folder: --overwrite; a run that fails removes nothing.)
+    let bad = duet(&[&args[..], &["--all-files", "--overwrite"]].concat());
     assert!(!bad.status.success());
     assert!(
         stderr(&bad).contains("skip.bin: not UTF-8 text"),
         "{}",
         stderr(&bad)
     );
+    assert!(out2.join("corpus_train_000001.bin").exists() && out2.join("tokenizer.json").exists());
     // Byte tokens by default: no separator, the text's bytes.
     let out3 = tmp("shards3");
     assert_success(&duet(&[

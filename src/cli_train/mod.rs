@@ -3,12 +3,13 @@
 mod outputs;
 mod progress;
 mod report;
+mod run_dir;
 mod task;
 
 use crate::backends::dispatch;
 use crate::cli_dist::{run_rank, spawn_ranks};
 use crate::settings::{
-    apply_execution_settings, backend_kind, build_config, warn_unused_fp8_flags,
+    apply_execution_settings, backend_kind, build_config, build_config_with, warn_unused_fp8_flags,
 };
 use crate::{CliResult, ModelArgs};
 use duet_engine::checkpoint::{Checkpoint, files};
@@ -19,6 +20,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use task::TrainTask;
 
+#[derive(Clone)]
 pub struct TrainOptions {
     pub model: ModelArgs,
     pub metrics: Option<PathBuf>,
@@ -31,6 +33,8 @@ pub struct TrainOptions {
     pub fp8_report: bool,
     /// `--record-batches FILE`.
     pub record_batches: Option<PathBuf>,
+    /// `--sample-every N`: a sample of the model every N steps.
+    pub sample_every: Option<u64>,
     pub out: Option<PathBuf>,
     /// `--save-every`, `--val-every`, `--keep`, `--keep-best`, `--val-batches` as given (None: not
     /// given; a resume restores the checkpoint's, a new run takes the defaults).
@@ -169,19 +173,55 @@ pub fn train(opts: &TrainOptions) -> CliResult<TrainOutcome> {
     // Data parallelism: `--gpus N` starts one process per GPU running this same command line;
     // each of those (and each process of a torchrun-style multi-node launch) is one rank.
     let launch = duet_engine::dist::rendezvous::LaunchEnv::from_env()?;
+    // A new run on data files without --out saves into runs/<date>-<time>/ (the ranks of
+    // --gpus are given the folder; of another launch, only rank 0 writes).
+    let defaulted = default_out(opts, &run.cfg, launch.as_ref())?;
+    let with_out;
+    let opts = match &defaulted {
+        Some(dir) => {
+            with_out = TrainOptions {
+                out: Some(dir.clone()),
+                ..opts.clone()
+            };
+            &with_out
+        }
+        None => opts,
+    };
+    let result = start(opts, run, launch.as_ref(), defaulted.as_deref());
+    // A run that failed before it wrote anything leaves no empty folder behind.
+    if let (Err(_), Some(dir)) = (&result, &defaulted) {
+        let _ = std::fs::remove_dir(dir);
+    }
+    result
+}
+
+/// Runs `run` (after [`train`] resolved it and its folder): here, as one rank of `launch`, or
+/// over `--gpus` processes (given `default_out`, the folder chosen for them, as `--out`).
+fn start(
+    opts: &TrainOptions,
+    run: ResolvedRun,
+    launch: Option<&duet_engine::dist::rendezvous::LaunchEnv>,
+    default_out: Option<&Path>,
+) -> CliResult<TrainOutcome> {
     check_run_flags(opts)?;
     warn_about_run(opts, &run.cfg, launch.is_some());
     if launch.is_none()
         && let Some(n) = opts.gpus
     {
-        let interrupted = spawn_ranks(n, run.cfg.train.data.batch, backend_kind(&opts.model)?)?;
+        // The ranks save where this process said it would.
+        let out_args: Vec<std::ffi::OsString> = match default_out {
+            Some(dir) => vec!["--out".into(), dir.into()],
+            None => Vec::new(),
+        };
+        let batch = run.cfg.train.data.batch;
+        let interrupted = spawn_ranks(n, batch, backend_kind(&opts.model)?, &out_args)?;
         return Ok(if interrupted {
             TrainOutcome::Interrupted
         } else {
             TrainOutcome::Finished
         });
     }
-    run_here(opts, run, launch.as_ref())
+    run_here(opts, run, launch)
 }
 
 /// A run as the options (and the checkpoint it resumes) resolve it.
@@ -246,6 +286,12 @@ fn run_here(
         .or_else(|| opts.out.as_ref().map(|d| d.join(files::METRICS)))
         .filter(|_| is_main);
     let trace = opts.trace.clone().filter(|_| is_main);
+    let samples = crate::cli_generate::TrainingSamples::new(
+        &cfg,
+        opts.sample_every.unwrap_or(0),
+        is_main,
+        opts.out.as_deref(),
+    )?;
     // Before anything is written.
     if is_main {
         check_no_overwrite(opts, &cfg, metrics_path.as_deref(), trace.as_deref())?;
@@ -268,6 +314,7 @@ fn run_here(
     }
     let kind = backend_kind(&opts.model)?;
     let task = TrainTask {
+        samples,
         cfg,
         resume,
         init,
@@ -289,23 +336,11 @@ fn run_here(
     }
 }
 
-/// `--resume`: the checkpoint at `path`, its data files checked (or, with
-/// `--accept-changed-data`, accepted as they are now), and the flags given checked against
-/// what a resume may change.
+/// `--resume`: the checkpoint at `path`, the flags given checked against what a resume may
+/// change, and its data files checked (or, with `--accept-changed-data`, accepted as they are
+/// now; with `--data`/`--val-data`, found at their new place).
 fn load_resume(path: &Path, opts: &TrainOptions) -> CliResult<Checkpoint> {
     let mut ck = Checkpoint::load(&checkpoint_path(path))?;
-    // The data file as the run read it: size and time, hashed again only when one of
-    // them changed; changed content is refused unless accepted.
-    if opts.accept_changed_data {
-        for change in duet_engine::train::forget_data_files(&mut ck)? {
-            eprintln!(
-                "warning: data file {change}; continuing on its new content \
-                 (--accept-changed-data)"
-            );
-        }
-    } else if let Some(note) = duet_engine::train::check_data_unchanged(&mut ck)? {
-        eprintln!("note: {note}");
-    }
     // `--preset P` restating the checkpoint's own model is no change: accepted (and the
     // checkpoint's config used, as always); another preset's model is refused below.
     let mut fixed = opts.fixed_flags.clone();
@@ -322,17 +357,104 @@ fn load_resume(path: &Path, opts: &TrainOptions) -> CliResult<Checkpoint> {
             .into());
         }
     }
+    // The run's data at another place: checked against the run's hashes below.
+    fixed.retain(|f| f != "--data" && f != "--val-data");
     if !fixed.is_empty() {
         return Err(format!(
-            "cannot change {} when resuming: the checkpoint's config is used (only --steps \
-             and the device and execution flags may be given: --backend, --threads, \
-             --strict, --loss-every, --no-graphs, --gemm-autotune, \
-             --checkpoint/--checkpoint-every, --keep-gelu)",
+            "cannot change {} when resuming: the checkpoint's config is used (only --steps, \
+             --data/--val-data giving the run's shards at another place, and the device and \
+             execution flags may be given: --backend, --threads, --strict, --loss-every, \
+             --no-graphs, --gemm-autotune, --checkpoint/--checkpoint-every, --keep-gelu)",
             fixed.join(", ")
         )
         .into());
     }
+    let data = &opts.model.data;
+    if !data.data.is_empty() || !data.val_data.is_empty() {
+        relocate_data(&mut ck, opts)?;
+    } else if opts.accept_changed_data {
+        // The data file as the run read it: size, times and identity, hashed again only when
+        // one of them changed; changed content is refused unless accepted.
+        for change in duet_engine::train::forget_data_files(&mut ck)? {
+            eprintln!(
+                "warning: data file {change}; continuing on its new content \
+                 (--accept-changed-data)"
+            );
+        }
+    } else if let Some(note) = duet_engine::train::check_data_unchanged(&mut ck)? {
+        eprintln!("note: {note}");
+    }
     Ok(ck)
+}
+
+/// `--data`/`--val-data` on resume: the run's shards at another place (moved, renamed, another
+/// machine). Each must hold what the run's shard at its place in the lists held (its recorded
+/// hash); `ck` then names the new files. With `--accept-changed-data` the files given are taken
+/// unchecked. The run's tokenizer is looked for beside the moved shards when its recorded path
+/// no longer holds it.
+fn relocate_data(ck: &mut Checkpoint, opts: &TrainOptions) -> CliResult<()> {
+    let had = ck.config.train.data.clone();
+    if had.data.is_empty() {
+        return Err(
+            "--data on resume: the checkpoint's run trained on the synthetic task, not on data \
+             files"
+                .into(),
+        );
+    }
+    let a = &opts.model.data;
+    // --data alone: the validation shards of its folders (as a new run takes them); --val-data
+    // alone: the run's training shards where they were.
+    let (data, val) = match (a.data.is_empty(), a.val_data.is_empty()) {
+        (false, true) => (a.data.clone(), Vec::new()),
+        (true, false) => (had.data.clone(), a.val_data.clone()),
+        _ => (a.data.clone(), a.val_data.clone()),
+    };
+    let files = duet_engine::dataset::resolve_data(&data, &val, had.data_format)?;
+    if opts.accept_changed_data {
+        let name = |p: &PathBuf| p.display().to_string();
+        ck.config.train.data.data = files.train.iter().map(name).collect();
+        ck.config.train.data.val_data = files.val.iter().map(name).collect();
+        ck.extra.remove(duet_engine::train::DATA_FILES_KEY);
+        eprintln!(
+            "warning: continuing on {} without checking it against the run's data \
+             (--accept-changed-data)",
+            ck.config.train.data.describe()
+        );
+    } else {
+        let moved = duet_engine::train::relocate_data_files(ck, &files)?;
+        eprintln!(
+            "note: resuming on {} ({moved} of the run's {} shard(s) at a new path; their content \
+             is the run's: hashes checked)",
+            ck.config.train.data.describe(),
+            files.train.len() + files.val.len()
+        );
+    }
+    relink_tokenizer(ck);
+    Ok(())
+}
+
+/// A resumed run whose tokenizer's recorded path no longer holds it (moved with its shards)
+/// reads it from beside the shards, where `duet tokenize` wrote it, when that one has the
+/// recorded hash.
+fn relink_tokenizer(ck: &mut Checkpoint) {
+    let d = &ck.config.train.data;
+    if d.tokenizer.is_empty()
+        || duet_tokenize::Tokenizer::from_path(Path::new(&d.tokenizer))
+            .is_ok_and(|t| t.hash() == d.tokenizer_hash)
+    {
+        return;
+    }
+    if let Ok(Some((p, t))) = crate::settings::shards_tokenizer(d)
+        && t.hash() == d.tokenizer_hash
+    {
+        let p = std::fs::canonicalize(&p).unwrap_or(p);
+        eprintln!(
+            "note: the run's tokenizer is read from {} (beside the shards; {} no longer holds it)",
+            p.display(),
+            d.tokenizer
+        );
+        ck.config.train.data.tokenizer = p.display().to_string();
+    }
 }
 
 /// A resumed run's configuration: the checkpoint's, with `--steps` and the execution flags
@@ -377,15 +499,45 @@ fn new_config(
     opts: &TrainOptions,
     init: &mut Option<Vec<Vec<f32>>>,
 ) -> CliResult<duet_engine::Config> {
-    let mut cfg = build_config(&opts.model)?;
-    if let Some(path) = &opts.init_from {
-        *init = Some(init_weights_from(path, &opts.model, &mut cfg)?);
-    }
+    let cfg = match &opts.init_from {
+        Some(path) => {
+            let mut from_file = |cfg: &mut duet_engine::Config| -> CliResult<()> {
+                *init = Some(init_weights_from(path, &opts.model, cfg)?);
+                Ok(())
+            };
+            build_config_with(&opts.model, Some(&mut from_file))?
+        }
+        None => build_config(&opts.model)?,
+    };
     warn_unused_fp8_flags(&opts.model, &[cfg.train.recipe.precision]);
     if cfg.train.steps == 0 {
         return Err("--steps is 0: nothing to train (give at least 1)".into());
     }
     Ok(cfg)
+}
+
+/// The folder a new run on data files saves into without `--out`: a new `runs/<date>-<time>/`
+/// (rank 0 of a launch creates it; the other ranks write nothing there), announced. None with
+/// `--out`, on resume and for the synthetic task (which saves nothing without `--out`).
+fn default_out(
+    opts: &TrainOptions,
+    cfg: &duet_engine::Config,
+    launch: Option<&duet_engine::dist::rendezvous::LaunchEnv>,
+) -> CliResult<Option<PathBuf>> {
+    if opts.out.is_some() || opts.resume.is_some() || cfg.train.data.data.is_empty() {
+        return Ok(None);
+    }
+    if launch.is_some_and(|l| l.rank != 0) {
+        // Only rank 0 writes; the others need a folder to agree that checkpoints are saved.
+        return Ok(Some(PathBuf::from(run_dir::RUNS).join("rank-0-writes")));
+    }
+    let dir = run_dir::new_run_dir()?;
+    eprintln!(
+        "saving this run into {}/ (no --out given: checkpoints, metrics, config and loss plot; \
+         --out DIR chooses the folder)",
+        dir.display()
+    );
+    Ok(Some(dir))
 }
 
 /// Refuses `--zero` above 1 and the flags that need `--out` without it; warns that a resumed
@@ -496,7 +648,8 @@ fn prepare_out(dir: &Path, opts: &TrainOptions, cfg: &duet_engine::Config) -> Cl
 }
 
 /// `--init-from`: the file's weights, and its model's shape put into `cfg` (the shape flags
-/// given must agree with it; see [`duet_engine::init`]).
+/// given must agree with it; see [`duet_engine::init`]). The sequence length is `--seq` (at most
+/// the file's context), else a config file's, else the file's context.
 fn init_weights_from(
     path: &Path,
     a: &ModelArgs,
@@ -521,17 +674,41 @@ fn init_weights_from(
         init.heads_from
     );
     cfg.model = init.model;
-    // The preset's sequence length may pass the file's context: shortened unless --seq asked.
     let t = cfg.model.max_seq;
-    if a.data.seq.is_none() && cfg.train.data.seq > t {
-        eprintln!(
-            "seq set to {t} (the context of {}; the configuration had {})",
-            init.path.display(),
-            cfg.train.data.seq
-        );
-        cfg.train.data.seq = t;
+    let seq = &mut cfg.train.data.seq;
+    match a.data.seq {
+        Some(s) if s > t => {
+            return Err(format!(
+                "--seq {s} is longer than the context of {} ({t} positions, from the file): \
+                 give --seq {t} or less",
+                init.path.display()
+            )
+            .into());
+        }
+        Some(_) => {}
+        // A config file's sequence length, where it fits the file's context.
+        None if config_sets_seq(a) && *seq <= t => {}
+        None => {
+            if *seq != t {
+                eprintln!(
+                    "seq set to {t}, the context of {} (--seq gives a shorter one)",
+                    init.path.display()
+                );
+            }
+            *seq = t;
+        }
     }
     cfg.validate()
         .map_err(|e| format!("with the model of {}: {e}", init.path.display()))?;
     Ok(init.weights)
+}
+
+/// Whether `--config`'s file sets the sequence length (`train.seq`).
+fn config_sets_seq(a: &ModelArgs) -> bool {
+    let (Some(path), Ok(preset)) = (&a.base.config, a.base.preset.parse()) else {
+        return false;
+    };
+    let mut base = duet_engine::Config::preset(preset);
+    base.train.data.seq = 0;
+    duet_engine::Config::from_toml_file(path, base).is_ok_and(|c| c.train.data.seq != 0)
 }

@@ -45,6 +45,8 @@ pub(super) struct TrainTask {
     pub(super) dp: Option<duet_engine::dist::DpOptions>,
     /// Rank 0 (or a single-process run): the one that logs and writes files.
     pub(super) is_main: bool,
+    /// `--sample-every`: the samples printed during the loop.
+    pub(super) samples: Option<crate::cli_generate::TrainingSamples>,
 }
 
 impl RankTask for TrainTask {
@@ -217,7 +219,11 @@ impl TrainTask {
             tracer.as_mut().map(|(_, tw)| tw),
             &INTERRUPTED,
             &mut |trainer: &Trainer<D>, s: &StepLog, saved: Option<&Saved>| {
-                progress.on_step(trainer, s, saved)
+                progress.on_step(trainer, s, saved)?;
+                match self.samples.as_mut() {
+                    Some(samples) => samples.on_step(trainer, s, progress.bar.as_ref()),
+                    None => Ok(()),
+                }
             },
         );
         super::TRAINING_LOOPS.fetch_sub(1, SeqCst);

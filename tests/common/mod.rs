@@ -3,10 +3,15 @@
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
-/// Runs the `duet` binary with `args` (ignoring any `DUET_BACKEND` of the caller).
+/// Runs the `duet` binary with `args` (ignoring any `DUET_BACKEND` of the caller) in a folder
+/// private to this test process: what a run writes into the current folder (a run on data
+/// without `--out` saves into `runs/`) stays out of the repository.
 pub fn duet(args: &[&str]) -> Output {
+    let cwd = tmp("cwd");
+    std::fs::create_dir_all(&cwd).unwrap();
     Command::new(env!("CARGO_BIN_EXE_duet"))
         .args(args)
+        .current_dir(&cwd)
         .env_remove("DUET_BACKEND")
         .output()
         .expect("runs duet")

@@ -80,23 +80,62 @@ impl std::str::FromStr for DataFormat {
     }
 }
 
-/// A data file as a run read it: its size and modification time, and a hash of its content
-/// computed once, when the run started. A resume compares the size and time first and hashes
-/// the file again only when one of them changed (a multi-GB shard is not hashed on every
-/// resume); a file whose content changed is refused.
+/// A data file as a run read it: its size, modification time and file identity (device,
+/// inode, status-change time), and a hash of its content computed once, when the run started. A
+/// resume compares the size, times and identity first and hashes the file again only when one
+/// of them changed (a multi-GB shard is not hashed on every resume); a file whose content
+/// changed is refused. The status-change time (ctime) cannot be set back: a file rewritten with
+/// its size and modification time restored (`cp -p`, `rsync -t`, `tar x`) is hashed again.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct DataFingerprint {
     pub path: String,
     pub bytes: u64,
     /// Nanoseconds since the Unix epoch (absent where the filesystem keeps no time).
     pub modified_ns: Option<u64>,
+    /// The file's identity and status-change time (absent in checkpoints written before duet
+    /// stored them: the first resume hashes the file again).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity: Option<FileIdentity>,
     /// `blake3:<hex>` of the whole file.
     pub hash: String,
 }
 
+/// What identifies a file beyond its path, size and modification time: the device and inode
+/// (another file — a copy, a restored backup — has others) and the status-change time, which
+/// every write, `touch` and metadata restore moves forward (no program can set it back).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct FileIdentity {
+    pub dev: u64,
+    pub ino: u64,
+    /// Status-change time (ctime), nanoseconds since the Unix epoch.
+    pub changed_ns: i64,
+}
+
+impl FileIdentity {
+    pub fn of(meta: &std::fs::Metadata) -> Self {
+        use std::os::unix::fs::MetadataExt;
+        Self {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            changed_ns: meta
+                .ctime()
+                .saturating_mul(1_000_000_000)
+                .saturating_add(meta.ctime_nsec()),
+        }
+    }
+}
+
 impl DataFingerprint {
+    /// Whether the file `meta` describes is, by its metadata, the one `self` hashed: the same
+    /// size, modification time, device, inode and status-change time.
+    fn metadata_matches(&self, meta: &std::fs::Metadata) -> bool {
+        self.bytes == meta.len()
+            && self.modified_ns == modified_ns(meta)
+            && self.identity == Some(FileIdentity::of(meta))
+    }
+
     /// The fingerprint of `bytes`, the content of `path` as opened (`meta`): the hash is
-    /// `known`'s while the path, size and time match it, else computed (left empty without
+    /// `known`'s while the path and metadata match it, else computed (left empty without
     /// `hash`: [`DataSet::scan`]).
     fn of(
         path: &Path,
@@ -105,16 +144,9 @@ impl DataFingerprint {
         known: Option<&Self>,
         hash: bool,
     ) -> Self {
-        let modified_ns = modified_ns(meta);
         let path_s = path.display().to_string();
         let hash = match known {
-            Some(k)
-                if k.path == path_s
-                    && k.bytes == bytes.len() as u64
-                    && k.modified_ns == modified_ns =>
-            {
-                k.hash.clone()
-            }
+            Some(k) if k.path == path_s && k.metadata_matches(meta) => k.hash.clone(),
             _ if !hash => String::new(),
             _ => {
                 let mut h = blake3::Hasher::new();
@@ -125,7 +157,8 @@ impl DataFingerprint {
         Self {
             path: path_s,
             bytes: bytes.len() as u64,
-            modified_ns,
+            modified_ns: modified_ns(meta),
+            identity: Some(FileIdentity::of(meta)),
             hash,
         }
     }
@@ -167,23 +200,40 @@ impl DataFingerprint {
         }
     }
 
-    /// The file at `self.path` now, from its metadata alone while its size and time are
-    /// `self`'s; otherwise hashed again, streaming (a touched file keeps its hash and gets its
-    /// new time; an edited one gets its new hash, which [`DataFingerprint::changed_from`]
-    /// reports).
+    /// The file at `self.path` now, from its metadata alone while its size, times and identity
+    /// are `self`'s; otherwise hashed again, streaming (a touched file keeps its hash and gets
+    /// its new metadata; an edited one gets its new hash, which
+    /// [`DataFingerprint::changed_from`] reports).
     pub fn current(&self) -> Result<Self> {
+        self.at(Path::new(&self.path))
+    }
+
+    /// The fingerprint of the file at `path` (the shard `self` describes, moved there), from
+    /// `self`'s hash while the metadata match (the same file), else hashed. A missing file is
+    /// an error that names it and says how to resume on moved data.
+    pub fn at(&self, path: &Path) -> Result<Self> {
         use std::io::Read;
-        let path = Path::new(&self.path);
-        let err = |e: std::io::Error| data_err(path, e.to_string());
-        let meta = std::fs::metadata(path).map_err(err)?;
+        let err = |e: std::io::Error| data_err(path, io_message(&e));
+        let meta = match std::fs::metadata(path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(data_err(
+                    path,
+                    "no longer exists (moved or deleted): resume with --data giving the \
+                     shards' new place (their content is checked against the run's hashes)",
+                ));
+            }
+            other => other.map_err(err)?,
+        };
         if !meta.is_file() {
             return Err(data_err(path, "is no longer a regular file"));
         }
-        let modified_ns = modified_ns(&meta);
-        if meta.len() == self.bytes && modified_ns == self.modified_ns {
+        let path_s = path.display().to_string();
+        if path_s == self.path && self.metadata_matches(&meta) {
             return Ok(self.clone());
         }
-        let mut f = std::fs::File::open(path).map_err(err)?;
+        let mut f = open_regular(path).map_err(err)?;
+        // The metadata of the file as opened, from which the hash is read.
+        let meta = f.metadata().map_err(err)?;
         let mut h = blake3::Hasher::new();
         let mut buf = vec![0u8; 1 << 20];
         let mut bytes = 0u64;
@@ -196,9 +246,10 @@ impl DataFingerprint {
             bytes += n as u64;
         }
         Ok(Self {
-            path: self.path.clone(),
+            path: path_s,
             bytes,
-            modified_ns,
+            modified_ns: modified_ns(&meta),
+            identity: Some(FileIdentity::of(&meta)),
             hash: format!("blake3:{}", h.finalize().to_hex()),
         })
     }
@@ -211,6 +262,15 @@ fn modified_ns(meta: &std::fs::Metadata) -> Option<u64> {
         .ok()
         .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
         .map(|d| d.as_nanos() as u64)
+}
+
+/// An I/O error as a message without the raw `(os error N)`: a missing file says so in words.
+fn io_message(e: &std::io::Error) -> String {
+    match e.kind() {
+        std::io::ErrorKind::NotFound => "no such file or folder".into(),
+        std::io::ErrorKind::PermissionDenied => "permission denied".into(),
+        _ => e.to_string(),
+    }
 }
 
 fn short_hash(h: &str) -> &str {
@@ -522,6 +582,9 @@ pub struct DataFiles {
     /// Validation shards; empty: the tail [`VAL_FRACTION`] of every training shard is held out.
     pub val: Vec<PathBuf>,
     pub format: DataFormat,
+    /// Shards left out as hard links of another shard of the same role (the one left out, the
+    /// one kept): one file trains (or validates) once, whatever its names.
+    pub hard_links: Vec<(PathBuf, PathBuf)>,
 }
 
 /// Expands `--data` and `--val-data` entries into shard lists. An entry is a file, a folder or
@@ -531,15 +594,17 @@ pub struct DataFiles {
 /// `train` name the others train. The validation shards are `val_data`'s when given, else the
 /// `data` folders' `val` shards, else none (each training shard's tail is held out). Files are
 /// made absolute (canonical), so a resumed run finds them from any folder. A missing file, a
-/// glob matching nothing, a folder without shards, a file listed twice and a mix of text files
-/// and token shards are refused.
+/// glob matching nothing, a folder without shards, a file listed twice, a validation shard that
+/// is a training shard under another name (a hard link) and a mix of text files and token
+/// shards are refused; a hard link of a shard of the same role is left out
+/// ([`DataFiles::hard_links`]).
 pub fn resolve_data(data: &[String], val_data: &[String], format: DataFormat) -> Result<DataFiles> {
     let mut train = Vec::new();
     let mut folder_val = Vec::new();
     for entry in data {
         expand(entry, false, &mut train, &mut folder_val)?;
     }
-    let val = if val_data.is_empty() {
+    let mut val = if val_data.is_empty() {
         folder_val
     } else {
         let mut val = Vec::new();
@@ -564,6 +629,7 @@ pub fn resolve_data(data: &[String], val_data: &[String], format: DataFormat) ->
             ));
         }
     }
+    let hard_links = drop_hard_links(&mut train, &mut val)?;
     let all: Vec<&PathBuf> = train.iter().chain(&val).collect();
     if let (Some(t), Some(s)) = (
         all.iter().find(|p| is_text(p, format)),
@@ -578,7 +644,58 @@ pub fn resolve_data(data: &[String], val_data: &[String], format: DataFormat) ->
             ),
         ));
     }
-    Ok(DataFiles { train, val, format })
+    Ok(DataFiles {
+        train,
+        val,
+        format,
+        hard_links,
+    })
+}
+
+/// Leaves out of `train` and of `val` every shard that is the same file (device and inode) as
+/// an earlier one of the same list — a hard link, which no path comparison shows — and returns
+/// them with the shard kept; a validation shard that is a training shard is refused (the run
+/// would validate on what it trains on).
+fn drop_hard_links(
+    train: &mut Vec<PathBuf>,
+    val: &mut Vec<PathBuf>,
+) -> Result<Vec<(PathBuf, PathBuf)>> {
+    use std::collections::HashMap;
+    use std::os::unix::fs::MetadataExt;
+    let id = |p: &Path| std::fs::metadata(p).map(|m| (m.dev(), m.ino())).ok();
+    let mut dropped = Vec::new();
+    let mut dedup = |list: &mut Vec<PathBuf>| {
+        let mut seen: HashMap<(u64, u64), PathBuf> = HashMap::new();
+        list.retain(|p| match id(p) {
+            Some(k) => match seen.get(&k) {
+                Some(kept) => {
+                    dropped.push((p.clone(), kept.clone()));
+                    false
+                }
+                None => {
+                    seen.insert(k, p.clone());
+                    true
+                }
+            },
+            None => true,
+        });
+        seen
+    };
+    let trained = dedup(train);
+    dedup(val);
+    for v in val.iter() {
+        if let Some(t) = id(v).and_then(|k| trained.get(&k)) {
+            return Err(data_err(
+                v,
+                format!(
+                    "is the training shard {} under another name (a hard link): a run cannot \
+                     validate on a shard it trains on (give other --val-data)",
+                    t.display()
+                ),
+            ));
+        }
+    }
+    Ok(dropped)
 }
 
 /// One `--data` (`val`: `--val-data`) entry's files, appended to `out` (a folder's validation
@@ -622,14 +739,14 @@ fn expand_existing(
     out: &mut Vec<PathBuf>,
     folder_val: &mut Vec<PathBuf>,
 ) -> Result<()> {
-    let abs = |p: &Path| std::fs::canonicalize(p).map_err(|e| data_err(p, e.to_string()));
+    let abs = |p: &Path| std::fs::canonicalize(p).map_err(|e| data_err(p, io_message(&e)));
     if !path.is_dir() {
         out.push(abs(path)?);
         return Ok(());
     }
     let mut bins = Vec::new();
-    for e in std::fs::read_dir(path).map_err(|e| data_err(path, e.to_string()))? {
-        let p = e.map_err(|e| data_err(path, e.to_string()))?.path();
+    for e in std::fs::read_dir(path).map_err(|e| data_err(path, io_message(&e)))? {
+        let p = e.map_err(|e| data_err(path, io_message(&e)))?.path();
         if p.extension().is_some_and(|x| x == "bin") && p.is_file() {
             bins.push(p);
         }
@@ -693,7 +810,7 @@ impl Shard {
         known: Option<&DataFingerprint>,
         hash: bool,
     ) -> Result<Shard> {
-        let err = |e: std::io::Error| data_err(path, e.to_string());
+        let err = |e: std::io::Error| data_err(path, io_message(&e));
         let file = open_regular(path).map_err(err)?;
         let meta = file.metadata().map_err(err)?;
         let map = duet_mmap::Mapped::map(&file).map_err(err)?;
@@ -1271,6 +1388,98 @@ mod tests {
             DataSet::scan(&files, 8).unwrap().shards[0].fingerprint.hash,
             ""
         );
+    }
+
+    /// `cp -p`, `rsync -t` and `tar x` rewrite a shard and set its modification time back: the
+    /// status-change time (and, for a new file, the inode) shows it, and the file is hashed
+    /// again.
+    #[test]
+    fn a_shard_rewritten_with_its_size_and_time_restored_is_hashed_again() {
+        let p = tmp("restored-time.txt");
+        std::fs::write(&p, "abcdefgh".repeat(64)).unwrap();
+        let f = open1(&p, 8).unwrap().shards[0].fingerprint.clone();
+        assert!(f.identity.is_some());
+        let mtime = std::fs::metadata(&p).unwrap().modified().unwrap();
+        // In place (the same inode, as `cp -p` onto an existing file writes it), a clock tick
+        // later (the kernel stamps times at its tick).
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::fs::write(&p, "abcdefgX".repeat(64)).unwrap();
+        let file = std::fs::File::options().append(true).open(&p).unwrap();
+        file.set_modified(mtime).unwrap();
+        drop(file);
+        let now = std::fs::metadata(&p).unwrap();
+        assert_eq!((now.len(), now.modified().unwrap()), (512, mtime));
+        let edited = f.current().unwrap();
+        assert_ne!(edited.hash, f.hash);
+        assert!(edited.changed_from(&f).is_some());
+        let e = open1_known(&p, 8, &f).unwrap_err().to_string();
+        assert!(e.contains("changed since the run read it"), "{e}");
+        // A new file (another inode) with the old content, size and time: hashed again, and
+        // the same content is accepted.
+        let q = tmp("restored-time.new");
+        std::fs::write(&q, "abcdefgh".repeat(64)).unwrap();
+        let file = std::fs::File::options().append(true).open(&q).unwrap();
+        file.set_modified(mtime).unwrap();
+        drop(file);
+        std::fs::rename(&q, &p).unwrap();
+        let mut trusted = f.clone();
+        trusted.hash = "blake3:not-computed".into();
+        assert_eq!(trusted.current().unwrap().hash, f.hash);
+        // A checkpoint from before identities were stored: hashed again once.
+        let mut old = f.clone();
+        old.identity = None;
+        let json = serde_json::to_string(&old).unwrap();
+        assert!(!json.contains("identity"), "{json}");
+        let back: DataFingerprint = serde_json::from_str(&json).unwrap();
+        assert_eq!(back.identity, None);
+        old.hash = "blake3:not-computed".into();
+        assert_eq!(old.current().unwrap().hash, f.hash);
+        // A missing file is named, in words.
+        let e = DataFingerprint {
+            path: tmp("gone.bin").display().to_string(),
+            ..f.clone()
+        }
+        .current()
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("gone.bin") && e.contains("no longer exists"),
+            "{e}"
+        );
+        assert!(!e.contains("os error"), "{e}");
+    }
+
+    /// A shard and its hard link are one file: it trains once, and it cannot validate on
+    /// itself.
+    #[test]
+    fn hard_links_are_one_shard() {
+        let d = tmp("hard-links");
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        let toks: Vec<u16> = (0..300).map(|i| (i * 7 % 500) as u16).collect();
+        write_llmc_shard(&d.join("a_train_1.bin"), &toks).unwrap();
+        std::fs::hard_link(d.join("a_train_1.bin"), d.join("b_train_1.bin")).unwrap();
+        write_llmc_shard(&d.join("c_train_2.bin"), &toks[..200]).unwrap();
+        let files = resolve_data(&[d.display().to_string()], &[], DataFormat::Auto).unwrap();
+        let canon = |n: &str| std::fs::canonicalize(d.join(n)).unwrap();
+        assert_eq!(
+            files.train,
+            [canon("a_train_1.bin"), canon("c_train_2.bin")]
+        );
+        assert_eq!(
+            files.hard_links,
+            [(canon("b_train_1.bin"), canon("a_train_1.bin"))]
+        );
+        // A validation shard that is a training shard's hard link is refused.
+        std::fs::hard_link(d.join("c_train_2.bin"), d.join("c_val_0.bin")).unwrap();
+        let e = resolve_data(&[d.display().to_string()], &[], DataFormat::Auto)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("c_val_0.bin") && e.contains("c_train_2.bin"),
+            "{e}"
+        );
+        assert!(e.contains("hard link"), "{e}");
     }
 
     #[test]

@@ -16,8 +16,9 @@
 //! args (`n_layer`, `n_head`, `n_embd`, `block_size`, `vocab_size`, `bias`, `dropout`; `n_inner`
 //! only when the MLP is not nanoGPT's 4·`n_embd`).
 //!
-//! Both files are written in a fixed order, so one model always gives the same bytes; and both
-//! load back with [`crate::init::load_init_weights`].
+//! Both files are written in a fixed order, so one model always gives the same bytes, and
+//! together or not at all ([`write_all_or_nothing`]); both load back with
+//! [`crate::init::load_init_weights`].
 
 use crate::config::ModelConfig;
 use crate::init::transpose;
@@ -59,22 +60,38 @@ fn ln_eps() -> f64 {
     LN_EPS.to_string().parse().expect("a float")
 }
 
-/// `GPT2Config` for `cfg` as pretty JSON (keys sorted, as `save_pretrained` writes them).
+/// `GPT2Config` for `cfg` as pretty JSON (keys sorted, as `save_pretrained` writes them), with
+/// GPT-2's special tokens for its 50257-token vocabulary ([`hf_config_json_with`]).
 pub fn hf_config_json(cfg: &ModelConfig) -> String {
-    let gpt2_vocab = cfg.vocab == GPT2_VOCAB;
-    let eos = if gpt2_vocab {
-        serde_json::json!(GPT2_VOCAB - 1)
-    } else {
-        // GPT2Config's default (50256) is no token of this vocabulary.
-        serde_json::Value::Null
+    hf_config_json_with(cfg, None)
+}
+
+/// The end-of-text token [`hf_config_json_with`] names for `cfg`: `eos` when it is a token of
+/// the vocabulary, else GPT-2's 50256 for GPT-2's vocabulary, else none.
+pub fn hf_eos(cfg: &ModelConfig, eos: Option<u32>) -> Option<usize> {
+    eos.map(|id| id as usize)
+        .filter(|&id| id < cfg.vocab)
+        .or((cfg.vocab == GPT2_VOCAB).then_some(GPT2_VOCAB - 1))
+}
+
+/// [`hf_config_json`] with the end-of-text token `eos` (the tokenizer's `<|endoftext|>`) as
+/// `bos_token_id`, `eos_token_id` and `pad_token_id` (GPT-2's convention: one token for all
+/// three; transformers' pipelines and `generate` stop at it and pad with it). Without one,
+/// GPT-2's vocabulary gets GPT-2's 50256 and any other vocabulary null (`GPT2Config`'s default
+/// 50256 is no token of it).
+pub fn hf_config_json_with(cfg: &ModelConfig, eos: Option<u32>) -> String {
+    let eos = hf_eos(cfg, eos);
+    let id = match eos {
+        Some(id) => serde_json::json!(id),
+        None => serde_json::Value::Null,
     };
-    let v = serde_json::json!({
+    let mut v = serde_json::json!({
         "activation_function": "gelu_new",
         "architectures": ["GPT2LMHeadModel"],
         "attn_pdrop": 0.0,
-        "bos_token_id": eos,
+        "bos_token_id": id,
         "embd_pdrop": 0.0,
-        "eos_token_id": eos,
+        "eos_token_id": id,
         "initializer_range": 0.02,
         "layer_norm_epsilon": ln_eps(),
         "model_type": "gpt2",
@@ -92,6 +109,9 @@ pub fn hf_config_json(cfg: &ModelConfig) -> String {
         "use_cache": true,
         "vocab_size": cfg.vocab,
     });
+    if eos.is_some() {
+        v["pad_token_id"] = id;
+    }
     let mut s = serde_json::to_string_pretty(&v).expect("JSON serialises");
     s.push('\n');
     s
@@ -192,24 +212,181 @@ pub fn config_json(cfg: &ModelConfig, format: ExportFormat) -> String {
     }
 }
 
-/// Writes `config.json` and `model.safetensors` of `format` into `dir` (created when missing;
-/// each file atomically). Returns the files written.
+/// Writes `config.json` and `model.safetensors` of `format` into `dir` (created when missing),
+/// both or neither ([`write_all_or_nothing`]). Returns the files written.
 pub fn export(
     dir: &Path,
     cfg: &ModelConfig,
     weights: &[Vec<f32>],
     format: ExportFormat,
 ) -> Result<Vec<PathBuf>> {
-    let bytes = weights_bytes(cfg, weights, format)?;
-    let io = |p: &Path, e: std::io::Error| EngineError::Io {
+    let files = [
+        (
+            CONFIG_FILE.to_string(),
+            config_json(cfg, format).into_bytes(),
+        ),
+        (
+            WEIGHTS_FILE.to_string(),
+            weights_bytes(cfg, weights, format)?,
+        ),
+    ];
+    write_all_or_nothing(dir, &files)
+}
+
+fn io_err(p: &Path, e: impl std::fmt::Display) -> EngineError {
+    EngineError::Io {
         path: p.display().to_string(),
         message: e.to_string(),
+    }
+}
+
+/// `dir/.name.tag-pid`: a file of this process beside `name` (a run folder's stale temporaries
+/// are named alike and swept by [`crate::checkpoint::remove_stale_temporaries`]).
+fn beside(dir: &Path, name: &str, tag: &str) -> PathBuf {
+    dir.join(format!(".{name}.{tag}-{}", std::process::id()))
+}
+
+/// Writes `files` (name, bytes) into `dir` (created when missing), all of them or none: each
+/// goes to a temporary file in `dir` first (written and fsynced); only when every one is there
+/// are they renamed over their names, the files they replace kept aside (hard links) until the
+/// last rename succeeded. A failure on the way — a full disk, a file-size limit, an unwritable
+/// name — removes what this call wrote and puts back what it replaced, so the folder keeps its
+/// old files (never a new `config.json` beside the old weights), and the error names the file.
+/// Returns the files written, in order.
+pub fn write_all_or_nothing(dir: &Path, files: &[(String, Vec<u8>)]) -> Result<Vec<PathBuf>> {
+    use std::io::Write;
+    std::fs::create_dir_all(dir).map_err(|e| io_err(dir, e))?;
+    let targets: Vec<PathBuf> = files.iter().map(|(n, _)| dir.join(n)).collect();
+    let temps: Vec<PathBuf> = files.iter().map(|(n, _)| beside(dir, n, "tmp")).collect();
+    let remove_all = |paths: &[PathBuf]| {
+        for p in paths {
+            let _ = std::fs::remove_file(p);
+        }
     };
-    std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
-    let config = dir.join(CONFIG_FILE);
-    crate::checkpoint::write_atomic(&config, config_json(cfg, format).as_bytes())
-        .map_err(|e| io(&config, e))?;
-    let model = dir.join(WEIGHTS_FILE);
-    crate::checkpoint::write_atomic(&model, &bytes).map_err(|e| io(&model, e))?;
-    Ok(vec![config, model])
+    for (i, (_, bytes)) in files.iter().enumerate() {
+        let written = std::fs::File::create(&temps[i])
+            .and_then(|mut f| f.write_all(bytes).and_then(|()| f.sync_all()));
+        if let Err(e) = written {
+            remove_all(&temps[..=i]);
+            return Err(io_err(&targets[i], format!("cannot write it: {e}")));
+        }
+    }
+    // Whether each name held a file, and that file kept aside until every rename is done
+    // (None where the file system has no hard links: it is then replaced without a way back).
+    let existed: Vec<bool> = targets
+        .iter()
+        .map(|t| std::fs::symlink_metadata(t).is_ok())
+        .collect();
+    let backups: Vec<Option<PathBuf>> = files
+        .iter()
+        .zip(&targets)
+        .zip(&existed)
+        .map(|(((n, _), t), &old)| {
+            let b = beside(dir, n, "old.tmp");
+            let _ = std::fs::remove_file(&b);
+            (old && std::fs::hard_link(t, &b).is_ok()).then_some(b)
+        })
+        .collect();
+    for i in 0..files.len() {
+        if let Err(e) = std::fs::rename(&temps[i], &targets[i]) {
+            // Undo the renames done: the old file back, or none where there was none.
+            for j in 0..i {
+                match (&backups[j], existed[j]) {
+                    (Some(b), _) => {
+                        let _ = std::fs::rename(b, &targets[j]);
+                    }
+                    (None, false) => {
+                        let _ = std::fs::remove_file(&targets[j]);
+                    }
+                    (None, true) => {}
+                }
+            }
+            remove_all(&temps[i..]);
+            remove_all(&backups.iter().flatten().cloned().collect::<Vec<_>>());
+            return Err(io_err(&targets[i], format!("cannot replace it: {e}")));
+        }
+    }
+    remove_all(&backups.into_iter().flatten().collect::<Vec<_>>());
+    // The renames themselves, durable.
+    if let Ok(d) = std::fs::File::open(dir) {
+        let _ = d.sync_all();
+    }
+    Ok(targets)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Config, Preset};
+
+    fn tmp_dir(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("duet-export-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    fn listing(dir: &Path) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// A replacement that fails at its second file (here a name taken by a folder, which no
+    /// file can be renamed over) leaves the first file as it was and nothing of its own.
+    #[test]
+    fn a_failed_replacement_leaves_the_old_files() {
+        let dir = tmp_dir("all-or-nothing");
+        let files = |a: &str, b: &str| {
+            vec![
+                ("a.json".to_string(), a.as_bytes().to_vec()),
+                ("b.bin".to_string(), b.as_bytes().to_vec()),
+            ]
+        };
+        write_all_or_nothing(&dir, &files("old a", "old b")).unwrap();
+        write_all_or_nothing(&dir, &files("new a", "new b")).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(dir.join("a.json")).unwrap(),
+            "new a"
+        );
+        assert_eq!(listing(&dir), ["a.json", "b.bin"]);
+
+        std::fs::remove_file(dir.join("b.bin")).unwrap();
+        std::fs::create_dir(dir.join("b.bin")).unwrap();
+        std::fs::write(dir.join("b.bin").join("x"), "in the way").unwrap();
+        let e = write_all_or_nothing(&dir, &files("newer a", "newer b")).unwrap_err();
+        assert!(e.to_string().contains("b.bin"), "{e}");
+        assert_eq!(
+            std::fs::read_to_string(dir.join("a.json")).unwrap(),
+            "new a"
+        );
+        assert_eq!(listing(&dir), ["a.json", "b.bin"]);
+
+        // A name that held nothing holds nothing after a failure either.
+        std::fs::remove_file(dir.join("a.json")).unwrap();
+        assert!(write_all_or_nothing(&dir, &files("a", "b")).is_err());
+        assert_eq!(listing(&dir), ["b.bin"]);
+    }
+
+    #[test]
+    fn the_end_of_text_token_is_bos_eos_and_pad() {
+        let cfg = Config::preset(Preset::Tiny).model;
+        let v = |json: String| serde_json::from_str::<serde_json::Value>(&json).unwrap();
+        let with = v(hf_config_json_with(&cfg, Some(0)));
+        for k in ["bos_token_id", "eos_token_id", "pad_token_id"] {
+            assert_eq!(with[k], 0, "{k}");
+        }
+        let without = v(hf_config_json(&cfg));
+        assert!(without["eos_token_id"].is_null() && without.get("pad_token_id").is_none());
+        // An id past the vocabulary is no token of it.
+        assert!(v(hf_config_json_with(&cfg, Some(cfg.vocab as u32)))["eos_token_id"].is_null());
+        let gpt2 = ModelConfig {
+            vocab: GPT2_VOCAB,
+            ..cfg
+        };
+        assert_eq!(v(hf_config_json(&gpt2))["eos_token_id"], 50256);
+    }
 }

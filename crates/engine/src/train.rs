@@ -1556,11 +1556,94 @@ pub fn forget_data_files(ck: &mut Checkpoint) -> Result<Vec<String>> {
                 cur.changed_from(&then)
                     .map(|w| format!("{}: {w}", then.path)),
             ),
+            Err(EngineError::Data { path, message }) => changes.push(format!("{path}: {message}")),
             Err(e) => changes.push(e.to_string()),
         }
     }
     ck.extra.remove(DATA_FILES_KEY);
     Ok(changes)
+}
+
+/// Resuming `ck`'s run on its data at another place (`files`: `--data`/`--val-data` given on
+/// resume, resolved): each shard of `files` must hold what the run's shard at the same place of
+/// its lists held (the hash its checkpoint recorded), so the run goes on with the same data in
+/// the same order. `ck`'s configuration and fingerprints then name the new files (whose hashes
+/// were just computed: the resume does not hash them again). Returns how many shards are at
+/// another path; an error names a shard whose content differs, or lists of other lengths.
+pub fn relocate_data_files(
+    ck: &mut Checkpoint,
+    files: &crate::dataset::DataFiles,
+) -> Result<usize> {
+    use rayon::prelude::*;
+    let Some(then) = stored_data_files(ck)? else {
+        return Err(EngineError::Config(
+            "the checkpoint records no hashes of its data files (saved by an older duet): its \
+             data cannot be given at another place (resume where the data is, or add \
+             --accept-changed-data to continue on the files given without a check)"
+                .into(),
+        ));
+    };
+    let d = &ck.config.train.data;
+    for (role, had, given) in [
+        ("training", d.data.len(), files.train.len()),
+        ("validation", d.val_data.len(), files.val.len()),
+    ] {
+        if had != given {
+            return Err(EngineError::Config(format!(
+                "the run read {had} {role} shard(s) and the data given on resume has {given}: \
+                 give all of the run's shards at their new place, in its order (--data, and \
+                 --val-data for validation shards outside its folders)"
+            )));
+        }
+    }
+    if then.len() != files.train.len() + files.val.len() {
+        return Err(EngineError::Config(format!(
+            "checkpoint {DATA_FILES_KEY}: {} fingerprints for {} shards",
+            then.len(),
+            files.train.len() + files.val.len()
+        )));
+    }
+    let paths: Vec<&std::path::PathBuf> = files.train.iter().chain(&files.val).collect();
+    let now = then
+        .par_iter()
+        .zip(paths.par_iter())
+        .map(|(t, p)| {
+            let cur = t.at(p)?;
+            if cur.hash != t.hash {
+                return Err(EngineError::Data {
+                    path: cur.path.clone(),
+                    message: format!(
+                        "is not the shard the run read as {} (content {} ≠ {}): give the run's \
+                         shards, in its order (or add --accept-changed-data to continue on \
+                         other data)",
+                        t.path,
+                        short(&t.hash),
+                        short(&cur.hash)
+                    ),
+                });
+            }
+            Ok(cur)
+        })
+        .collect::<Vec<Result<_>>>()
+        .into_iter()
+        .collect::<Result<Vec<_>>>()?;
+    let moved = now
+        .iter()
+        .zip(&then)
+        .filter(|(n, t)| n.path != t.path)
+        .count();
+    let name = |p: &std::path::PathBuf| p.display().to_string();
+    let d = &mut ck.config.train.data;
+    d.data = files.train.iter().map(name).collect();
+    d.val_data = files.val.iter().map(name).collect();
+    let json = serde_json::to_string(&now).expect("fingerprints serialise");
+    ck.extra.insert(DATA_FILES_KEY.to_string(), json);
+    Ok(moved)
+}
+
+/// The start of a `blake3:<hex>` hash, for messages.
+fn short(h: &str) -> &str {
+    &h[..h.len().min("blake3:".len() + 16)]
 }
 
 fn stored_data_files(ck: &Checkpoint) -> Result<Option<Vec<crate::dataset::DataFingerprint>>> {

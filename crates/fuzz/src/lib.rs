@@ -1,5 +1,5 @@
 //! Fuzzing entry points for the parsers duet runs on files it is given — checkpoints, token
-//! shards and text, traces, TOML configs — each with the invariants a parsed value must keep
+//! shards and text, traces, TOML configs, `tokenizer.json` files — each with the invariants a parsed value must keep
 //! (a panic is a finding), the seeds they start from, and a mutator for a stable-Rust loop
 //! ([`run_loop`], the `fuzz-loop` binary, which CI runs for a bounded number of iterations).
 //! The cargo-fuzz targets in `fuzz/` call the same [`Target::run`].
@@ -21,14 +21,16 @@ pub enum Target {
     Shard,
     Trace,
     Config,
+    Tokenizer,
 }
 
 impl Target {
-    pub const ALL: [Target; 4] = [
+    pub const ALL: [Target; 5] = [
         Target::Checkpoint,
         Target::Shard,
         Target::Trace,
         Target::Config,
+        Target::Tokenizer,
     ];
 
     pub fn name(self) -> &'static str {
@@ -37,6 +39,7 @@ impl Target {
             Target::Shard => "shard",
             Target::Trace => "trace",
             Target::Config => "config",
+            Target::Tokenizer => "tokenizer",
         }
     }
 
@@ -52,6 +55,7 @@ impl Target {
             Target::Shard => shard(data),
             Target::Trace => trace(data),
             Target::Config => config(data),
+            Target::Tokenizer => tokenizer(data),
         }
     }
 }
@@ -151,6 +155,65 @@ pub fn config(data: &[u8]) -> bool {
         }
     }
     accepted
+}
+
+/// Texts every accepted tokenizer encodes.
+const TOKENIZER_TEXTS: [&str; 3] = [
+    "The quick brown fox jumps over the lazy dog.\n\n  Tabs\tand spaces  ",
+    "héllo wörld — naïve café, cafe\u{301} 日本語 한국어 🙂 <|endoftext|> [UNK] <unk>",
+    "\u{0}\u{1f}\u{7f}\u{feff}\u{2581}\u{fffd}Ġ##",
+];
+
+/// `Tokenizer::from_json` (what `--tokenizer FILE` loads, for `duet tokenize`, `train` and
+/// `generate`): a panic inside the tokenizers crate must come back as an error. For an accepted
+/// file: its canonical JSON loads again as the same tokenizer (the hash a run records), every id
+/// it encodes is below its vocabulary, its ids decode, and the data checks and the round trip
+/// return (an error is an answer; a panic is the finding).
+///
+/// A vocabulary with ids that name no token is skipped: the tokenizers crate prints every
+/// missing id to stdout when it serialises one (tens of thousands of numbers a line, hundreds of
+/// lines a run); duet's bound on them is `crates/tokenize/tests/hardening.rs`'s to test.
+pub fn tokenizer(data: &[u8]) -> bool {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return false;
+    };
+    if vocabulary_has_holes(text) {
+        return false;
+    }
+    let Ok(tok) = duet_tokenize::Tokenizer::from_json(text) else {
+        return false;
+    };
+    let back = duet_tokenize::Tokenizer::from_json(tok.to_json())
+        .expect("a tokenizer's canonical JSON loads");
+    assert_eq!(
+        back.hash(),
+        tok.hash(),
+        "the canonical JSON changes on reload"
+    );
+    for t in TOKENIZER_TEXTS {
+        if let Ok(ids) = tok.encode(t) {
+            if let Some(bad) = ids.iter().find(|&&id| id as usize >= tok.vocab_size()) {
+                panic!("id {bad} ≥ vocabulary {}", tok.vocab_size());
+            }
+            tok.decode(&ids).expect("ids it encoded decode");
+        }
+        let _ = tok.round_trip(t);
+    }
+    let _ = tok.check_for_data();
+    true
+}
+
+/// Whether a `tokenizer.json`'s `model.vocab` (a token → id map) leaves an id below its largest
+/// without a token.
+fn vocabulary_has_holes(text: &str) -> bool {
+    let Ok(v) = serde_json::from_str::<serde_json::Value>(text) else {
+        return false;
+    };
+    let Some(vocab) = v.pointer("/model/vocab").and_then(|v| v.as_object()) else {
+        return false;
+    };
+    let ids: std::collections::BTreeSet<u64> = vocab.values().filter_map(|i| i.as_u64()).collect();
+    ids.last().is_some_and(|&max| max + 1 > ids.len() as u64)
 }
 
 /// What a [`run_loop`] did for one target.
@@ -296,6 +359,34 @@ impl Target {
                 b"{ }",
                 b"[[",
                 b"]]",
+            ],
+            Target::Tokenizer => &[
+                b"\"type\":\"BPE\"",
+                b"\"type\":\"WordPiece\"",
+                b"\"type\":\"WordLevel\"",
+                b"\"type\":\"Unigram\"",
+                b"\"normalizer\":{\"type\":\"NFC\"}",
+                b"{\"type\":\"Precompiled\",\"precompiled_charsmap\":\"AAAAAA==\"}",
+                b"{\"type\":\"Sequence\",\"normalizers\":[]}",
+                b"{\"type\":\"Replace\",\"pattern\":{\"String\":\" \"},\"content\":\"\\u2581\"}",
+                b"{\"type\":\"Metaspace\",\"replacement\":\"\\u2581\",\"prepend_scheme\":\"first\",\"split\":true}",
+                b"{\"type\":\"ByteFallback\"}",
+                b"{\"type\":\"Split\",\"pattern\":{\"Regex\":\"(a|b)*\"},\"behavior\":\"Isolated\",\"invert\":false}",
+                b"\"truncation\":{\"direction\":\"Right\",\"max_length\":0,\"strategy\":\"LongestFirst\",\"stride\":0}",
+                b"\"dropout\":0.5",
+                b"\"byte_fallback\":true",
+                b"\"unk_token\":\"<unk>\"",
+                b"\"added_tokens\":[{\"id\":0,\"content\":\"\",\"single_word\":false,\"lstrip\":true,\"rstrip\":true,\"normalized\":true,\"special\":true}]",
+                b"\"<0x00>\":",
+                b"\"continuing_subword_prefix\":\"##\"",
+                b"\"max_input_chars_per_word\":0",
+                b"4294967295",
+                b"-1",
+                b"null",
+                b"1e308",
+                b"\"\\ud800\"",
+                b"[]",
+                b"{}",
             ],
         }
     }

@@ -1,5 +1,6 @@
 //! The seed inputs of each target: real files duet writes (a micro model's checkpoints of each
-//! kind and its trace, written by two CPU training steps), a shard and text, configs. The
+//! kind and its trace, written by two CPU training steps), a shard and text, configs, and
+//! `tokenizer.json` files of each model kind the tokenizers crate reads. The
 //! committed corpus (`fuzz/corpus/<target>/`, for cargo-fuzz) is these, written by
 //! `fuzz-loop --write-corpus fuzz/corpus`; the loop uses the same seeds, and any files it is
 //! pointed at besides.
@@ -111,10 +112,74 @@ pub fn all() -> Vec<(Target, String, Vec<u8>)> {
             Config::preset(p).to_toml().into_bytes(),
         ));
     }
+    out.extend(tokenizers());
     out.push((
         Target::Config,
         "partial.toml".into(),
         b"[model]\nlayers = 2\n\n[train]\nsteps = 50\nlr = 3e-4\nprecision = \"bf16\"\n".to_vec(),
     ));
+    out
+}
+
+/// `tokenizer.json` seeds: the byte tokenizer's, a small trained byte-level BPE (and it with an
+/// NFC normaliser and a SentencePiece-style byte-fallback setup), a WordPiece, a WordLevel and a
+/// Unigram written by hand.
+fn tokenizers() -> Vec<(Target, String, Vec<u8>)> {
+    let docs = ["the quick brown fox jumps over the lazy dog; the dog sleeps. ".repeat(8)];
+    let bpe = duet_tokenize::train_bpe(docs.iter(), 320).expect("a small BPE trains");
+    let mut out = vec![
+        (
+            Target::Tokenizer,
+            "bytes.json".into(),
+            duet_tokenize::Tokenizer::bytes().to_json().into(),
+        ),
+        (Target::Tokenizer, "bpe.json".into(), bpe.to_json().into()),
+    ];
+    let mut v: serde_json::Value = serde_json::from_str(bpe.to_json()).expect("JSON");
+    v["normalizer"] = serde_json::json!({"type": "NFC"});
+    out.push((
+        Target::Tokenizer,
+        "bpe-nfc.json".into(),
+        v.to_string().into_bytes(),
+    ));
+    let hand = [
+        (
+            "wordpiece.json",
+            serde_json::json!({"version": "1.0", "truncation": null, "padding": null,
+                "added_tokens": [{"id": 0, "content": "[UNK]", "single_word": false,
+                    "lstrip": false, "rstrip": false, "normalized": false, "special": true}],
+                "normalizer": {"type": "BertNormalizer", "clean_text": true,
+                    "handle_chinese_chars": true, "strip_accents": null, "lowercase": true},
+                "pre_tokenizer": {"type": "BertPreTokenizer"}, "post_processor": null,
+                "decoder": {"type": "WordPiece", "prefix": "##", "cleanup": true},
+                "model": {"type": "WordPiece", "unk_token": "[UNK]",
+                    "continuing_subword_prefix": "##", "max_input_chars_per_word": 100,
+                    "vocab": {"[UNK]": 0, "the": 1, "quick": 2, "##s": 3, "fox": 4, ".": 5}}}),
+        ),
+        (
+            "wordlevel.json",
+            serde_json::json!({"version": "1.0", "truncation": null, "padding": null,
+                "added_tokens": [], "normalizer": {"type": "Lowercase"},
+                "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null, "decoder": null,
+                "model": {"type": "WordLevel", "unk_token": "<unk>",
+                    "vocab": {"<unk>": 0, "the": 1, "dog": 2, ".": 3}}}),
+        ),
+        (
+            "unigram-metaspace.json",
+            serde_json::json!({"version": "1.0", "truncation": null, "padding": null,
+                "added_tokens": [], "normalizer": null,
+                "pre_tokenizer": {"type": "Metaspace", "replacement": "\u{2581}",
+                    "prepend_scheme": "always", "split": true},
+                "post_processor": null,
+                "decoder": {"type": "Metaspace", "replacement": "\u{2581}",
+                    "prepend_scheme": "always", "split": true},
+                "model": {"type": "Unigram", "unk_id": 0, "byte_fallback": true,
+                    "vocab": [["<unk>", 0.0], ["<0x41>", -5.0], ["\u{2581}the", -1.0],
+                              ["\u{2581}", -2.0], ["t", -3.0], ["h", -3.0], ["e", -3.0]]}}),
+        ),
+    ];
+    for (name, v) in hand {
+        out.push((Target::Tokenizer, name.into(), v.to_string().into_bytes()));
+    }
     out
 }

@@ -84,13 +84,61 @@ pub fn shard_bytes(tokens: &[u32], width: TokenWidth) -> Result<Vec<u8>, String>
 /// Writes a shard to `path` (through a temporary file and a rename, so that a reader never sees
 /// half a shard).
 pub fn write_shard(path: &Path, tokens: &[u32], width: TokenWidth) -> std::io::Result<()> {
-    let bytes = shard_bytes(tokens, width).map_err(std::io::Error::other)?;
+    write_shard_parts(path, &[tokens], width)
+}
+
+/// [`write_shard`] of the concatenation of `parts` (the tokens of consecutive documents), written
+/// as they are converted: no copy of the shard is made in memory. A token that does not fit the
+/// width fails the write and leaves no file.
+pub fn write_shard_parts(path: &Path, parts: &[&[u32]], width: TokenWidth) -> std::io::Result<()> {
+    let n: usize = parts.iter().map(|p| p.len()).sum();
+    let count = i32::try_from(n).map_err(|_| {
+        std::io::Error::other(format!(
+            "{n} tokens do not fit one shard (at most 2^31 − 1)"
+        ))
+    })?;
     let tmp = path.with_extension("bin.tmp");
-    let mut f = std::fs::File::create(&tmp)?;
-    f.write_all(&bytes)?;
-    f.sync_all()?;
-    drop(f);
+    let write = || -> std::io::Result<()> {
+        let mut f = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(&tmp)?);
+        let (magic, version) = width.magic_version();
+        let mut header = [0i32; HEADER_WORDS];
+        header[0] = magic;
+        header[1] = version;
+        header[2] = count;
+        for w in header {
+            f.write_all(&w.to_le_bytes())?;
+        }
+        for &t in parts.iter().flat_map(|p| p.iter()) {
+            match width {
+                TokenWidth::U16 => {
+                    let t = u16::try_from(t).map_err(|_| {
+                        std::io::Error::other(format!("token {t} does not fit a uint16 shard"))
+                    })?;
+                    f.write_all(&t.to_le_bytes())?
+                }
+                TokenWidth::U32 => f.write_all(&t.to_le_bytes())?,
+            }
+        }
+        f.into_inner().map_err(|e| e.into_error())?.sync_all()
+    };
+    if let Err(e) = write() {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
     std::fs::rename(&tmp, path)
+}
+
+/// Whether `header` (a file's first bytes) starts as an llm.c shard of either format does.
+pub fn is_shard_header(header: &[u8]) -> bool {
+    let word = |i: usize| {
+        header
+            .get(i * 4..i * 4 + 4)
+            .map(|b| i32::from_le_bytes(b.try_into().expect("4 bytes")))
+    };
+    matches!(
+        (word(0), word(1)),
+        (Some(MAGIC_U16), Some(VERSION_U16)) | (Some(MAGIC_U32), Some(VERSION_U32))
+    )
 }
 
 /// Parses a shard of either format (for tests and tools; the engine has its own reader).

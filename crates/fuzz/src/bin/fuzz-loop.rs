@@ -17,7 +17,7 @@ fn main() {
     let mut targets = Vec::new();
     let mut args = std::env::args().skip(1);
     let usage = "usage: fuzz-loop [--iterations N] [--seconds S] [--seed K] [--corpus DIR] \
-                 [--target checkpoint|shard|trace|config]... | --write-corpus DIR";
+                 [--target checkpoint|shard|trace|config|tokenizer]... | --write-corpus DIR";
     while let Some(a) = args.next() {
         let mut value = || {
             args.next().unwrap_or_else(|| {

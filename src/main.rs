@@ -242,6 +242,11 @@ pub struct PrecisionFlags {
     /// Engine and torchao do) or all (CUDA; other backends always accumulate exactly).
     #[arg(long, value_name = "WHICH")]
     pub fp8_fast_accum: Option<String>,
+    /// FP8 encodings: device (the device's own: FNUZ on gfx942, OCP elsewhere and on the CPU),
+    /// ocp or fnuz. The CPU computes both, so `--fp8-family fnuz` there is the reference for an
+    /// MI300X run; a GPU refuses a family its hardware does not have.
+    #[arg(long, value_name = "FAMILY")]
+    pub fp8_family: Option<String>,
     /// Storage of the linear layers' weight gradients: auto (bf16 in bf16/fp8 runs on one
     /// device: the f32-accumulated GEMM result rounded once, as PyTorch autocast does; f32
     /// otherwise) or f32.

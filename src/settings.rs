@@ -106,6 +106,9 @@ fn apply_flags(a: &ModelArgs, cfg: &mut Config) -> CliResult<()> {
     if let Some(f) = &a.precision.fp8_fast_accum {
         t.recipe.fp8_fast_accum = f.parse()?;
     }
+    if let Some(f) = &a.precision.fp8_family {
+        t.recipe.fp8_family = f.parse()?;
+    }
     if let Some(d) = &a.precision.weight_grad_dtype {
         t.recipe.weight_grad_dtype = d.parse()?;
     }
@@ -339,9 +342,16 @@ pub fn with_preset_defaults(cmd: clap::Command) -> clap::Command {
         })
     };
     let add = |sub: clap::Command| -> clap::Command {
+        // Flags whose help states its default already, and switches (a value of true or
+        // false says nothing a switch's help does not), get none added.
         let ids: Vec<String> = sub
             .get_arguments()
             .filter(|a| a.get_default_values().is_empty() && !a.is_positional())
+            .filter(|a| a.get_action().takes_values())
+            .filter(|a| {
+                !a.get_help()
+                    .is_some_and(|h| h.to_string().to_lowercase().contains("default"))
+            })
             .map(|a| a.get_id().to_string())
             .collect();
         ids.into_iter().fold(sub, |sub, id| {
@@ -415,6 +425,7 @@ pub(crate) fn fp8_flags_given(a: &ModelArgs) -> Vec<&'static str> {
         ),
         (a.precision.fp8_margin.is_some(), "--fp8-margin"),
         (a.precision.fp8_fast_accum.is_some(), "--fp8-fast-accum"),
+        (a.precision.fp8_family.is_some(), "--fp8-family"),
     ]
     .into_iter()
     .filter_map(|(given, name)| given.then_some(name))

@@ -34,7 +34,7 @@ fn bad_configs_fail_cleanly() {
     assert_clean_error(&["train", "--batch", "0"], "batch must be at least 1");
     assert_clean_error(
         &["train", "--seq", "65"],
-        "exceeds the model's maximum sequence length",
+        "exceeds the model's maximum sequence length max_seq (64): lower --seq or raise --max-seq",
     );
     assert_clean_error(&["train", "--backend", "tpu"], "unknown backend 'tpu'");
     assert_clean_error(&["train", "--preset", "huge"], "unknown preset 'huge'");
@@ -564,4 +564,61 @@ fn generation_never_exceeds_the_context() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("the last 31 are used"), "{err}");
     assert!(!err.contains("stopped after"), "{err}");
+}
+
+/// Issue 50 item 11: every flag of `train --help` and `bench --help` states its default once
+/// (the preset's default was appended to help texts that already named one: `[default: auto]
+/// [default: auto with --preset default]`), and no empty list is shown as a default.
+#[test]
+fn help_states_each_default_once() {
+    for cmd in ["train", "bench"] {
+        let out = duet(&[cmd, "--help"]);
+        assert_success(&out);
+        let help = String::from_utf8_lossy(&out.stdout);
+        let mut flag = String::new();
+        for line in help.lines() {
+            if line.trim_start().starts_with("--") || line.trim_start().starts_with('-') {
+                flag = line.trim().to_string();
+            }
+            assert!(
+                line.matches("[default").count() <= 1,
+                "{cmd} --help: two defaults for {flag}: {line}"
+            );
+            assert!(!line.contains("[default: []"), "{cmd} --help: {line}");
+        }
+    }
+}
+
+/// Issue 53: `--fp8-family fnuz` runs the CPU's FNUZ encodings (the reference for gfx942's FP8):
+/// the trace header says so and the numbers differ from OCP's; an unknown family is refused.
+#[test]
+fn fp8_family_selects_the_encodings_on_the_cpu() {
+    let dir = tmp("fp8-family");
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut traces = Vec::new();
+    for fam in ["ocp", "fnuz"] {
+        let t = dir.join(format!("{fam}.jsonl"));
+        assert_success(&duet(&[
+            "train",
+            "--precision",
+            "fp8",
+            "--fp8-family",
+            fam,
+            "--steps",
+            "2",
+            "--eval-sequences",
+            "0",
+            "--trace",
+            t.to_str().unwrap(),
+        ]));
+        let text = std::fs::read_to_string(&t).unwrap();
+        let header: serde_json::Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
+        assert_eq!(header["fp8_family"], fam, "{fam}");
+        traces.push(text.lines().skip(1).collect::<Vec<_>>().join("\n"));
+    }
+    assert_ne!(traces[0], traces[1], "fnuz computed what ocp did");
+    assert_clean_error(
+        &["train", "--precision", "fp8", "--fp8-family", "e4m3"],
+        "unknown FP8 family 'e4m3' (expected device, ocp or fnuz)",
+    );
 }

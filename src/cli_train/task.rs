@@ -314,10 +314,10 @@ impl TrainTask {
             precision: t.recipe.precision.to_string(),
             seed: t.data.seed,
             config: self.cfg.clone(),
-            fp8_family: trainer
-                .model()
-                .fp8_enabled()
-                .then(|| duet_engine::fp8::Fp8Family::of_device(info).as_str().into()),
+            fp8_family: match trainer.model().fp8_enabled() {
+                true => Some(t.recipe.fp8_family.resolve(info)?.as_str().into()),
+                false => None,
+            },
         };
         Ok(Some((path, TraceWriter::new(w, &header)?)))
     }

@@ -1,7 +1,7 @@
 //! Model and training configuration: presets, TOML files, flag overrides and validation.
 
 use crate::dataset::DataFormat;
-use crate::fp8::{AmaxAlgo, DelayedScaling, Fp8FastAccum, Fp8Recipe};
+use crate::fp8::{AmaxAlgo, DelayedScaling, Fp8FamilyChoice, Fp8FastAccum, Fp8Recipe};
 use crate::precision::{Precision, WeightGradDtype};
 use crate::{EngineError, Result};
 use serde::{Deserialize, Serialize};
@@ -309,6 +309,10 @@ pub struct PrecisionRecipe {
     /// Transformer Engine's and torchao's recipes) or all.
     #[serde(default)]
     pub fp8_fast_accum: Fp8FastAccum,
+    /// FP8 encodings: device (the default: the device's own), ocp or fnuz (the CPU computes
+    /// both; a GPU only its own).
+    #[serde(default)]
+    pub fp8_family: Fp8FamilyChoice,
     /// Storage of the linear layers' weight gradients: `auto` keeps them in bf16 for bf16 and
     /// fp8 runs on one device (the f32-accumulated GEMM result rounded once, the values PyTorch
     /// autocast hands its optimizer) and f32 otherwise; `f32` always keeps f32.
@@ -488,6 +492,7 @@ fn preset_train() -> TrainConfig {
             fp8_amax_compute_algo: AmaxAlgo::Max,
             fp8_margin: 0,
             fp8_fast_accum: Fp8FastAccum::default(),
+            fp8_family: Fp8FamilyChoice::default(),
             weight_grad_dtype: WeightGradDtype::Auto,
         },
         execution: ExecutionConfig {
@@ -759,7 +764,8 @@ impl Config {
         }
         if t.data.seq > self.model.max_seq {
             return Err(EngineError::Config(format!(
-                "seq ({}) exceeds the model's maximum sequence length max_seq ({})",
+                "seq ({}) exceeds the model's maximum sequence length max_seq ({}): lower \
+                 --seq or raise --max-seq (a model read from a file keeps its own)",
                 t.data.seq, self.model.max_seq
             )));
         }

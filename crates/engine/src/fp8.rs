@@ -241,6 +241,61 @@ impl Fp8Family {
     }
 }
 
+/// Which FP8 encodings a run uses (`fp8_family` in the config, `--fp8-family`): the device's
+/// own (the default: FNUZ on gfx942, OCP elsewhere, OCP on the CPU), or one named. The CPU
+/// emulates both, so `fnuz` there is the reference for gfx942's FP8; a GPU runs only its own.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Fp8FamilyChoice {
+    #[default]
+    Device,
+    Ocp,
+    Fnuz,
+}
+
+impl Fp8FamilyChoice {
+    /// The family named, `None` for the device's.
+    pub fn named(self) -> Option<Fp8Family> {
+        match self {
+            Self::Device => None,
+            Self::Ocp => Some(Fp8Family::Ocp),
+            Self::Fnuz => Some(Fp8Family::Fnuz),
+        }
+    }
+
+    /// The family a run on `info` uses: the one named where the device computes it (the CPU
+    /// emulates both; a GPU only its own hardware's), else an error naming both.
+    pub fn resolve(self, info: &DeviceInfo) -> Result<Fp8Family> {
+        let own = Fp8Family::of_device(info);
+        match self.named() {
+            None => Ok(own),
+            Some(f) if f == own || info.backend == "cpu" => Ok(f),
+            Some(f) => Err(EngineError::Config(format!(
+                "fp8_family {}: the {} device ({}) computes FP8 in {} encodings only (the CPU \
+                 emulates both)",
+                f.as_str(),
+                info.backend,
+                info.name,
+                own.as_str()
+            ))),
+        }
+    }
+}
+
+impl std::str::FromStr for Fp8FamilyChoice {
+    type Err = EngineError;
+    fn from_str(s: &str) -> Result<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "device" => Ok(Self::Device),
+            "ocp" => Ok(Self::Ocp),
+            "fnuz" => Ok(Self::Fnuz),
+            other => Err(EngineError::Config(format!(
+                "unknown FP8 family '{other}' (expected device, ocp or fnuz)"
+            ))),
+        }
+    }
+}
+
 /// The new scale from an amax: `fp8_max / amax / 2^margin`; `prev` when the amax is zero,
 /// negative or not finite; clamped to `f32::MAX` when it overflows. Computed in f64 and rounded
 /// once, so it does not depend on the compiler's float contraction.
@@ -691,6 +746,38 @@ mod tests {
             AmaxAlgo::MostRecent
         );
         assert!("e5m2".parse::<Fp8Recipe>().is_err(), "pure E5M2 is refused");
+    }
+
+    /// Issue 53: `--fp8-family` picks the encodings; the CPU computes both, a GPU only its own.
+    #[test]
+    fn a_named_fp8_family_is_refused_where_the_device_lacks_it() {
+        let info = |backend: &str, arch: &str| DeviceInfo {
+            backend: backend.into(),
+            name: format!("{backend} test device"),
+            arch: arch.into(),
+            ..DeviceInfo::default()
+        };
+        let (cpu, h100, mi300, mi355) = (
+            info("cpu", "x86_64"),
+            info("cuda", "sm_90"),
+            info("hip", "gfx942:sramecc+:xnack-"),
+            info("hip", "gfx950"),
+        );
+        let choice = |s: &str| s.parse::<Fp8FamilyChoice>().unwrap();
+        assert_eq!(choice("device").resolve(&cpu).unwrap(), Fp8Family::Ocp);
+        assert_eq!(choice("fnuz").resolve(&cpu).unwrap(), Fp8Family::Fnuz);
+        assert_eq!(choice("ocp").resolve(&cpu).unwrap(), Fp8Family::Ocp);
+        assert_eq!(choice("device").resolve(&mi300).unwrap(), Fp8Family::Fnuz);
+        assert_eq!(choice("fnuz").resolve(&mi300).unwrap(), Fp8Family::Fnuz);
+        assert_eq!(choice("ocp").resolve(&mi355).unwrap(), Fp8Family::Ocp);
+        let e = choice("fnuz").resolve(&h100).unwrap_err().to_string();
+        assert!(
+            e.contains("fp8_family fnuz") && e.contains("in ocp encodings only"),
+            "{e}"
+        );
+        let e = choice("ocp").resolve(&mi300).unwrap_err().to_string();
+        assert!(e.contains("in fnuz encodings only"), "{e}");
+        assert!("e4m3".parse::<Fp8FamilyChoice>().is_err());
     }
 
     #[test]

@@ -1363,6 +1363,10 @@ fn build_model<D: Device>(
     optimizer_shards: usize,
 ) -> Result<Gpt<D>> {
     let t = &cfg.train;
+    if t.recipe.precision == crate::Precision::Fp8 {
+        // A family the device cannot compute is refused here, naming both.
+        t.recipe.fp8_family.resolve(&dev.info())?;
+    }
     let plan = precision_plan(cfg, data_parallel, optimizer_shards);
     Gpt::with_precision(dev, &cfg.model, t.data.batch, t.data.seq, weights, plan)
 }
@@ -1378,7 +1382,7 @@ fn precision_plan(cfg: &Config, data_parallel: bool, optimizer_shards: usize) ->
             .low_precision(t.recipe.precision, data_parallel),
         keep_gelu_output: !t.execution.recompute_gelu,
         fp8: t.recipe.delayed_scaling(),
-        fp8_family: None,
+        fp8_family: t.recipe.fp8_family.named(),
         checkpoint_every: t.execution.checkpoint_every,
         optimizer_shards,
         logits_chunk_rows: t.execution.logits_chunk_rows,

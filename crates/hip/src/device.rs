@@ -22,6 +22,10 @@ use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
+/// The wavefront sizes the kernels have been executed and checked at (the conformance suite on
+/// the HIP-on-CPU platform, scripts/hip-cpu.sh): a device reporting another is refused at open.
+const CHECKED_WAVES: [i32; 2] = [64, 32];
+
 /// Rows per chunk of the two-pass column sums: 64, or more where that would need more than
 /// 65535 chunks (the CUDA backend's `rows_per_chunk`, so the partition, and with it every bit of
 /// the sums, is CUDA's). A function of the shape only.
@@ -140,6 +144,15 @@ impl HipDevice {
         api.set_device(ord)?;
         type A = sys::hipDeviceAttribute_t;
         let warp = api.attribute(A::hipDeviceAttributeWarpSize, ord)?;
+        if !CHECKED_WAVES.contains(&warp) {
+            return Err(unavailable(
+                format!(
+                    "the HIP device reports a wavefront of {warp} lanes; duet's HIP kernels are \
+                     checked at {CHECKED_WAVES:?} only (crates/hip/testing/hip-on-cpu)"
+                ),
+                vec![api.name.clone()],
+            ));
+        }
         let pools = api
             .attribute(A::hipDeviceAttributeMemoryPoolsSupported, ord)
             .unwrap_or(0)

@@ -8,8 +8,12 @@ set -euo pipefail
 OUT="${1:?usage: trace-fixed-runs.sh OUTDIR [duet]}"
 DUET="${2:-target/release/duet}"
 mkdir -p "$OUT"
+OUT="$(cd "$OUT" && pwd)"
+DUET="$(cd "$(dirname "$DUET")" && pwd)/$(basename "$DUET")"
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
+# Runs on --data without --out save into ./runs/: keep them in the work folder.
+cd "$WORK"
 # A small UTF-8 corpus (byte tokens) for the text-data run.
 python3 - "$WORK/corpus.txt" <<'PY'
 import sys

@@ -87,34 +87,35 @@ pub fn bench(a: &ModelArgs, warmup: u64, iters: u64, json: Option<&Path>) -> Cli
     {
         return Err(format!("bench failed: {e}").into());
     }
+    // The human summary (stderr) for one precision as for several; the JSON on stdout.
+    eprintln!(
+        "precision  ms/step (median)  ms/step (min)  tokens/s   TFLOP/s    MFU   peak memory{}",
+        if runs.iter().any(|r| !r["telemetry"].is_null()) {
+            "  GPU (timed steps)"
+        } else {
+            ""
+        }
+    );
+    for r in &runs {
+        if let Some(e) = r["error"].as_str() {
+            eprintln!("{:<10} error: {e}", r["precision"].as_str().unwrap_or("?"));
+            continue;
+        }
+        eprintln!(
+            "{:<10} {:>16.2} {:>14.2} {:>9.0} {:>9} {:>5.1}%   {:>11}{}",
+            r["precision"].as_str().unwrap_or("?"),
+            r["ms_per_step_median"].as_f64().unwrap_or(f64::NAN),
+            r["ms_per_step_min"].as_f64().unwrap_or(f64::NAN),
+            r["tokens_per_s"].as_f64().unwrap_or(f64::NAN),
+            three_digits(r["model_tflops"].as_f64().unwrap_or(f64::NAN)),
+            100.0 * r["mfu"].as_f64().unwrap_or(f64::NAN),
+            human_bytes(r["peak_memory_bytes"].as_u64().unwrap_or(0)),
+            telemetry_note(&r["telemetry"])
+        );
+    }
     let out = if runs.len() == 1 {
         runs.remove(0)
     } else {
-        eprintln!(
-            "precision  ms/step (median)  ms/step (min)  tokens/s  TFLOP/s    MFU   peak memory{}",
-            if runs.iter().any(|r| !r["telemetry"].is_null()) {
-                "  GPU (timed steps)"
-            } else {
-                ""
-            }
-        );
-        for r in &runs {
-            if let Some(e) = r["error"].as_str() {
-                eprintln!("{:<10} error: {e}", r["precision"].as_str().unwrap_or("?"));
-                continue;
-            }
-            eprintln!(
-                "{:<10} {:>16.2} {:>14.2} {:>9.0} {:>8.1} {:>5.1}%   {:>11}{}",
-                r["precision"].as_str().unwrap_or("?"),
-                r["ms_per_step_median"].as_f64().unwrap_or(f64::NAN),
-                r["ms_per_step_min"].as_f64().unwrap_or(f64::NAN),
-                r["tokens_per_s"].as_f64().unwrap_or(f64::NAN),
-                r["model_tflops"].as_f64().unwrap_or(f64::NAN),
-                100.0 * r["mfu"].as_f64().unwrap_or(f64::NAN),
-                human_bytes(r["peak_memory_bytes"].as_u64().unwrap_or(0)),
-                telemetry_note(&r["telemetry"])
-            );
-        }
         serde_json::Value::Array(runs)
     };
     println!("{}", serde_json::to_string_pretty(&out)?);
@@ -183,6 +184,18 @@ impl OnDevice for BenchTask {
         }
         Ok(out)
     }
+}
+
+/// A rate with three significant digits (a CPU's 0.162 TFLOP/s, not 0.2; a GPU's 412).
+fn three_digits(x: f64) -> String {
+    if !x.is_finite() {
+        return format!("{x}");
+    }
+    if x == 0.0 {
+        return "0".into();
+    }
+    let decimals = (2 - x.abs().log10().floor() as i32).clamp(0, 6) as usize;
+    format!("{x:.decimals$}")
 }
 
 /// Dense matmul FLOPs of one training step: the forward's GEMMs (four linears per block, the

@@ -622,3 +622,31 @@ fn fp8_family_selects_the_encodings_on_the_cpu() {
         "unknown FP8 family 'e4m3' (expected device, ocp or fnuz)",
     );
 }
+
+/// Issue 50 item 11: `duet bench` prints its human summary for one precision too (it printed
+/// only JSON), with TFLOP/s to three significant digits (a CPU's 0.1 showed as 0.1 or 0.0).
+#[test]
+fn bench_summarises_one_precision_with_enough_digits() {
+    let out = duet(&[
+        "bench",
+        "--preset",
+        "tiny",
+        "--precision",
+        "fp32",
+        "--iters",
+        "2",
+        "--warmup-steps",
+        "1",
+    ]);
+    assert_success(&out);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("fp32 "))
+        .unwrap_or_else(|| panic!("no fp32 summary line:\n{stderr}"));
+    let tflops = line.split_whitespace().nth(4).unwrap();
+    let digits = tflops.trim_start_matches(['0', '.']).len();
+    assert!(digits >= 3, "{line}");
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["precision"], "fp32");
+}

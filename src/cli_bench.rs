@@ -13,6 +13,13 @@ use std::sync::Arc;
 use std::time::Instant;
 
 pub fn bench(a: &ModelArgs, warmup: u64, iters: u64, json: Option<&Path>) -> CliResult<()> {
+    if let Some(flag) = crate::settings::bench_refused_flag(a) {
+        return Err(format!(
+            "{flag} is a `duet train` flag: duet bench times steps on synthetic batches of the \
+             model's shape (--batch, --seq and the model flags set it)"
+        )
+        .into());
+    }
     // `--precision fp32,bf16,fp16,fp8` (or `all`) benchmarks each in one run on one device.
     let list = a
         .precision

@@ -367,7 +367,41 @@ pub fn with_preset_defaults(cmd: clap::Command) -> clap::Command {
         })
     };
     cmd.mut_subcommand("train", add)
-        .mut_subcommand("bench", add)
+        .mut_subcommand("bench", |bench| {
+            BENCH_REFUSES
+                .iter()
+                .fold(add(bench), |c, (id, _)| c.mut_arg(*id, |a| a.hide(true)))
+        })
+}
+
+/// The train flags `duet bench` shares through [`ModelArgs`] but has no use for (it times steps
+/// on synthetic batches of the model's shape): hidden from `bench --help` and refused when given.
+pub const BENCH_REFUSES: [(&str, &str); 7] = [
+    ("data", "--data"),
+    ("val_data", "--val-data"),
+    ("data_format", "--data-format"),
+    ("val_batches", "--val-batches"),
+    ("tokenizer", "--tokenizer"),
+    ("eval_sequences", "--eval-sequences"),
+    ("max_stride", "--max-stride"),
+];
+
+/// The first of [`BENCH_REFUSES`] given in `a`.
+pub fn bench_refused_flag(a: &ModelArgs) -> Option<&'static str> {
+    let d = &a.data;
+    let given = [
+        !d.data.is_empty(),
+        !d.val_data.is_empty(),
+        d.data_format.is_some(),
+        d.val_batches.is_some(),
+        d.tokenizer.is_some(),
+        d.eval_sequences.is_some(),
+        d.max_stride.is_some(),
+    ];
+    BENCH_REFUSES
+        .iter()
+        .zip(given)
+        .find_map(|((_, flag), g)| g.then_some(*flag))
 }
 
 /// The flags of the settings that change how a step runs, not what it computes

@@ -650,3 +650,26 @@ fn bench_summarises_one_precision_with_enough_digits() {
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(json["precision"], "fp32");
 }
+
+/// Issue 50 item 11: `duet bench --help` no longer lists the train-only flags it shares through
+/// the model arguments, and giving one is refused rather than ignored.
+#[test]
+fn bench_refuses_train_only_flags() {
+    let out = duet(&["bench", "--help"]);
+    assert_success(&out);
+    let help = String::from_utf8_lossy(&out.stdout);
+    for flag in [
+        "--data ",
+        "--val-data",
+        "--tokenizer",
+        "--eval-sequences",
+        "--max-stride",
+    ] {
+        assert!(!help.contains(flag), "bench --help lists {flag}");
+    }
+    assert!(help.contains("--iters") && help.contains("--batch"));
+    assert_clean_error(
+        &["bench", "--eval-sequences", "4"],
+        "--eval-sequences is a `duet train` flag: duet bench times steps on synthetic batches",
+    );
+}

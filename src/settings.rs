@@ -494,10 +494,74 @@ pub fn fixed_on_resume(m: &clap::ArgMatches) -> Vec<String> {
     v
 }
 
+/// Every `duet train` flag a resume accepts, as `--flag` (the flags outside the configuration,
+/// model, data, optimizer and precision groups that [`fixed_on_resume`] refuses, `--resume`
+/// itself left out), read off the command's definition so the refusal never lists a stale set.
+pub fn accepted_on_resume() -> Vec<String> {
+    use crate::{ArchFlags, BaseFlags, DataFlags, OptimizerFlags, PrecisionFlags};
+    use clap::{Args, CommandFactory};
+    let mut fixed: Vec<String> = Vec::new();
+    for group in [
+        BaseFlags::augment_args(clap::Command::new("g")),
+        ArchFlags::augment_args(clap::Command::new("g")),
+        DataFlags::augment_args(clap::Command::new("g")),
+        OptimizerFlags::augment_args(clap::Command::new("g")),
+        PrecisionFlags::augment_args(clap::Command::new("g")),
+    ] {
+        fixed.extend(
+            group
+                .get_arguments()
+                .filter_map(|a| a.get_long().map(str::to_string)),
+        );
+    }
+    let cmd = crate::Cli::command();
+    let Some(train) = cmd.find_subcommand("train") else {
+        return vec![];
+    };
+    train
+        .get_arguments()
+        .filter(|a| !a.is_hide_set())
+        .filter_map(|a| a.get_long())
+        .filter(|l| !["resume", "init-from", "help"].contains(l) && !fixed.iter().any(|f| f == l))
+        .map(|l| format!("--{l}"))
+        .collect()
+}
+
 #[cfg(test)]
 mod resume_rule_tests {
-    use super::fixed_on_resume;
+    use super::{accepted_on_resume, fixed_on_resume};
     use clap::CommandFactory;
+
+    /// Issue 50 item 11: the resume refusal lists every flag a resume accepts.
+    #[test]
+    fn the_accepted_list_has_every_run_and_execution_flag() {
+        let a = accepted_on_resume();
+        for f in [
+            "--steps",
+            "--backend",
+            "--threads",
+            "--loss-every",
+            "--recompute-gelu",
+            "--logits-chunk-rows",
+            "--out",
+            "--metrics",
+            "--trace",
+            "--stop-after",
+            "--keep-best",
+        ] {
+            assert!(a.iter().any(|x| x == f), "{f} missing from {a:?}");
+        }
+        for f in [
+            "--lr",
+            "--layers",
+            "--precision",
+            "--data",
+            "--resume",
+            "--preset",
+        ] {
+            assert!(!a.iter().any(|x| x == f), "{f} listed: {a:?}");
+        }
+    }
 
     fn fixed(args: &[&str]) -> Vec<String> {
         let m = crate::Cli::command().get_matches_from(args);

@@ -361,11 +361,10 @@ fn load_resume(path: &Path, opts: &TrainOptions) -> CliResult<Checkpoint> {
     fixed.retain(|f| f != "--data" && f != "--val-data");
     if !fixed.is_empty() {
         return Err(format!(
-            "cannot change {} when resuming: the checkpoint's config is used (only --steps, \
-             --data/--val-data giving the run's shards at another place, and the device and \
-             execution flags may be given: --backend, --threads, --strict, --loss-every, \
-             --no-graphs, --gemm-autotune, --checkpoint/--checkpoint-every, --keep-gelu)",
-            fixed.join(", ")
+            "cannot change {} when resuming: the checkpoint's config is used (a resume takes \
+             --data/--val-data giving the run's shards at another place, and {})",
+            fixed.join(", "),
+            crate::settings::accepted_on_resume().join(", ")
         )
         .into());
     }

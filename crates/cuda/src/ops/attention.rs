@@ -366,6 +366,12 @@ impl AttentionOps for CudaDevice {
         &self,
         args: Checked<FlashAttentionForward<'_, Self::Buffer>>,
     ) -> Result<()> {
+        if !self
+            .capabilities()
+            .flash_attention(args.qkv.dtype(), args.hs)
+        {
+            return composed::flash_attention_forward(self, args);
+        }
         let FlashAttentionForward {
             qkv,
             out,
@@ -376,22 +382,6 @@ impl AttentionOps for CudaDevice {
             hs,
             scale,
         } = args.into_inner();
-        if !self.capabilities().flash_attention(qkv.dtype(), hs) {
-            return composed::flash_attention_forward(
-                self,
-                FlashAttentionForward {
-                    qkv,
-                    out,
-                    lse,
-                    b,
-                    t,
-                    nh,
-                    hs,
-                    scale,
-                }
-                .check()?,
-            );
-        }
         const OP: &str = "flash_attention_forward";
         let h = HeadsDesc::new(OP, b, t, nh, hs)?;
         let n = h.n;
@@ -431,6 +421,12 @@ impl AttentionOps for CudaDevice {
         &self,
         args: Checked<FlashAttentionBackward<'_, Self::Buffer>>,
     ) -> Result<()> {
+        if !self
+            .capabilities()
+            .flash_attention(args.qkv.dtype(), args.hs)
+        {
+            return composed::flash_attention_backward(self, args);
+        }
         let FlashAttentionBackward {
             qkv,
             out,
@@ -443,24 +439,6 @@ impl AttentionOps for CudaDevice {
             hs,
             scale,
         } = args.into_inner();
-        if !self.capabilities().flash_attention(qkv.dtype(), hs) {
-            return composed::flash_attention_backward(
-                self,
-                FlashAttentionBackward {
-                    qkv,
-                    out,
-                    dout,
-                    lse,
-                    dqkv,
-                    b,
-                    t,
-                    nh,
-                    hs,
-                    scale,
-                }
-                .check()?,
-            );
-        }
         const OP: &str = "flash_attention_backward";
         let h = HeadsDesc::new(OP, b, t, nh, hs)?;
         let (n, rows) = (h.n, b * nh * t);

@@ -679,6 +679,9 @@ impl Fp8Ops for CudaDevice {
     /// pre-activation in C's dtype). Where cuBLASLt refuses one (remembered), the FP8 GEMM and
     /// the separate ops.
     fn gemm_fp8_epilogue(&self, args: Checked<GemmFp8Epilogue<'_, Self::Buffer>>) -> Result<()> {
+        if !self.capabilities().fp8_gemm_epilogue(args.c.dtype()) {
+            return composed::gemm_fp8_epilogue(self, args);
+        }
         let GemmFp8Epilogue {
             desc,
             a,
@@ -689,22 +692,6 @@ impl Fp8Ops for CudaDevice {
             b_slot,
             epilogue,
         } = args.into_inner();
-        if !self.capabilities().fp8_gemm_epilogue(c.dtype()) {
-            return composed::gemm_fp8_epilogue(
-                self,
-                GemmFp8Epilogue {
-                    desc,
-                    a,
-                    b,
-                    c,
-                    scale_inv,
-                    a_slot,
-                    b_slot,
-                    epilogue,
-                }
-                .check()?,
-            );
-        }
         const OP8: &str = "gemm_fp8_epilogue";
         blaslt::validate(desc, a, b, c, scale_inv, a_slot, b_slot, self.cc)?;
         let dt = c.dtype();

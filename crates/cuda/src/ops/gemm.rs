@@ -130,6 +130,9 @@ impl GemmOps for CudaDevice {
     }
 
     fn gemm_epilogue(&self, args: Checked<GemmEpilogue<'_, Self::Buffer>>) -> Result<()> {
+        if !self.capabilities().gemm_epilogue(args.a.dtype()) {
+            return composed::gemm_epilogue(self, args);
+        }
         let GemmEpilogue {
             desc,
             a,
@@ -137,19 +140,6 @@ impl GemmOps for CudaDevice {
             c,
             epilogue,
         } = args.into_inner();
-        if !self.capabilities().gemm_epilogue(a.dtype()) {
-            return composed::gemm_epilogue(
-                self,
-                GemmEpilogue {
-                    desc,
-                    a,
-                    b,
-                    c,
-                    epilogue,
-                }
-                .check()?,
-            );
-        }
         // A and B share the 16-bit dtype; C is that dtype, or f32 for the epilogues that
         // allow it (bias, bias gradient).
         let dt = a.dtype();

@@ -137,6 +137,9 @@ impl AttentionOps for HipDevice {
         &self,
         args: Checked<FlashAttentionForward<'_, Self::Buffer>>,
     ) -> Result<()> {
+        if !self.caps.flash_attention(args.qkv.dtype(), args.hs) {
+            return duet_device::composed::flash_attention_forward(self, args);
+        }
         let FlashAttentionForward {
             qkv,
             out,
@@ -147,22 +150,6 @@ impl AttentionOps for HipDevice {
             hs,
             scale,
         } = args.into_inner();
-        if !self.caps.flash_attention(qkv.dtype(), hs) {
-            return duet_device::composed::flash_attention_forward(
-                self,
-                FlashAttentionForward {
-                    qkv,
-                    out,
-                    lse,
-                    b,
-                    t,
-                    nh,
-                    hs,
-                    scale,
-                }
-                .check()?,
-            );
-        }
         const OP: &str = "flash_attention_forward";
         let h = HeadsDesc::new(OP, b, t, nh, hs)?;
         let sfx = self.flash_check(OP, qkv.dtype(), hs)?;
@@ -195,6 +182,9 @@ impl AttentionOps for HipDevice {
         &self,
         args: Checked<FlashAttentionBackward<'_, Self::Buffer>>,
     ) -> Result<()> {
+        if !self.caps.flash_attention(args.qkv.dtype(), args.hs) {
+            return duet_device::composed::flash_attention_backward(self, args);
+        }
         let FlashAttentionBackward {
             qkv,
             out,
@@ -207,24 +197,6 @@ impl AttentionOps for HipDevice {
             hs,
             scale,
         } = args.into_inner();
-        if !self.caps.flash_attention(qkv.dtype(), hs) {
-            return duet_device::composed::flash_attention_backward(
-                self,
-                FlashAttentionBackward {
-                    qkv,
-                    out,
-                    dout,
-                    lse,
-                    dqkv,
-                    b,
-                    t,
-                    nh,
-                    hs,
-                    scale,
-                }
-                .check()?,
-            );
-        }
         const OP: &str = "flash_attention_backward";
         let h = HeadsDesc::new(OP, b, t, nh, hs)?;
         let sfx = self.flash_check(OP, qkv.dtype(), hs)?;

@@ -473,3 +473,44 @@ fn a_resume_relinks_a_better_latest_as_the_best() {
     assert!(step == "10" || step == "11", "best at step {step}");
     assert!(val(&best) <= val(&dir.join("checkpoint-00000010.safetensors")));
 }
+
+/// On a terminal the progress bar is drawn only once every line before the loop is out: no
+/// line starts behind an empty bar (`░░░ 0/6validation every 1 steps …`), and no bar is
+/// left behind. The terminal is a
+/// pseudo-terminal from util-linux's `script`.
+#[test]
+fn terminal_bar_starts_after_the_setup_lines() {
+    let out_dir = tmp("bar-run");
+    let cmd = format!(
+        "{} train --preset tiny --threads 2 --eval-sequences 0 --steps 6 --out {}",
+        env!("CARGO_BIN_EXE_duet"),
+        out_dir.display()
+    );
+    let o = std::process::Command::new("script")
+        .args(["-q", "-e", "-c", &cmd, "/dev/null"])
+        .env_remove("DUET_BACKEND")
+        .env("COLUMNS", "160")
+        .output()
+        .expect("util-linux's `script` (Debian: bsdutils) runs the pseudo-terminal");
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "the run failed: {text}");
+    assert!(text.contains('█'), "no progress bar was drawn: {text}");
+    // Every bar drawn is the styled one (`… step 3/6 | loss …`).
+    for seg in text.split(['\n', '\r', '\u{1b}']) {
+        assert!(
+            !seg.contains(['░', '█']) || seg.contains(" step "),
+            "a bar other than the run's: {seg:?}"
+        );
+    }
+    for line in ["memory plan", "validation every"] {
+        let at = text
+            .find(line)
+            .unwrap_or_else(|| panic!("`{line}` missing: {text}"));
+        let start = text[..at].rfind(['\n', '\r']).map_or(0, |i| i + 1);
+        let before = &text[start..at];
+        assert!(
+            !before.contains(['░', '█']),
+            "`{line}` printed behind a bar: {before:?}{line}"
+        );
+    }
+}

@@ -35,17 +35,18 @@ pub(super) fn log_cadence(given: Option<u64>) -> Option<u64> {
 
 /// The progress bar of a run of `steps` steps, at `first_step`.
 pub(super) fn progress_bar(steps: u64, first_step: u64) -> ProgressBar {
-    let bar = ProgressBar::new(steps);
-    bar.set_position(first_step);
-    // A resumed run's ETA from its own steps: without this the steps before the resume count
-    // as done at once and the first ETA comes out several times too short.
-    bar.reset_eta();
-    bar.set_style(
+    // Styled before it is first drawn (at `set_position`): else indicatif's default bar is
+    // drawn once and left behind.
+    let bar = ProgressBar::new(steps).with_style(
         ProgressStyle::with_template(
             "{bar:30} step {pos}/{len} | {msg} | {elapsed_precise} ETA {eta_precise}",
         )
         .expect("valid template"),
     );
+    bar.set_position(first_step);
+    // A resumed run's ETA from its own steps: without this the steps before the resume count
+    // as done at once and the first ETA comes out several times too short.
+    bar.reset_eta();
     bar
 }
 
@@ -176,7 +177,11 @@ impl Progress {
         if let Some(svg) = &self.plot_path
             && let Err(e) = crate::plot::write_loss_plot(&self.curve, svg)
         {
-            eprintln!("warning: redrawing the loss plot failed: {e}");
+            let warn = || eprintln!("warning: redrawing the loss plot failed: {e}");
+            match &self.bar {
+                Some(bar) => bar.suspend(warn),
+                None => warn(),
+            }
         }
     }
 

@@ -125,10 +125,6 @@ impl TrainTask {
             None => t.steps,
         };
         let log_every = progress::log_cadence(self.settings.log_every);
-        let bar = match log_every {
-            None if main => Some(progress::progress_bar(t.steps, first_step)),
-            _ => None,
-        };
         let mut tracer = self.open_trace(&info, &trainer)?;
         // What would only fail after training, checked before it.
         let (has_val, val_every) = self.validation_cadence(&trainer)?;
@@ -152,6 +148,12 @@ impl TrainTask {
             validate_at_saves: self.settings.keep_best && has_val,
             log_every: log_every.unwrap_or(0),
             is_main: main,
+        };
+        // The bar is drawn from here on: every line before the loop is printed above, not
+        // through, an empty bar.
+        let bar = match log_every {
+            None if main => Some(progress::progress_bar(t.steps, first_step)),
+            _ => None,
         };
         let mut progress = self.progress(&info, &plan, bar, log_every, first_step);
         let summary = self.run_loop(&mut trainer, &plan, &mut tracer, &mut progress)?;

@@ -128,7 +128,7 @@ pub fn bench(a: &ModelArgs, warmup: u64, iters: u64, json: Option<&Path>) -> Cli
     println!("{}", serde_json::to_string_pretty(&out)?);
     if let Some(p) = json {
         std::fs::write(p, serde_json::to_string_pretty(&out)? + "\n")
-            .map_err(|e| format!("cannot write {}: {e}", p.display()))?;
+            .map_err(|e| format!("cannot write {}", duet_engine::dataset::at_path(p, &e)))?;
     }
     Ok(())
 }

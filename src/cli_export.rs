@@ -140,8 +140,8 @@ pub fn run(a: &ExportArgs) -> CliResult<()> {
             already_there.push(to);
             continue;
         }
-        let bytes =
-            std::fs::read(from).map_err(|e| format!("cannot read {}: {e}", from.display()))?;
+        let bytes = std::fs::read(from)
+            .map_err(|e| format!("cannot read {}", duet_engine::dataset::at_path(from, &e)))?;
         files.push((name.to_string_lossy().into_owned(), bytes));
     }
     files.extend(generated.into_iter().filter(|(n, _)| !has(n)));

@@ -24,7 +24,7 @@
 
 use crate::CliResult;
 use clap::Args;
-use duet_engine::dataset::{open_regular, read_regular};
+use duet_engine::dataset::{at_path, open_regular, read_regular};
 use duet_tokenize::shard::{TokenWidth, is_shard_header, write_shard_parts};
 use duet_tokenize::{TOKENIZER_FILE, Tokenizer, TrainProgress, train_bpe_with};
 use rayon::prelude::*;
@@ -130,9 +130,7 @@ fn collect_files(inputs: &[PathBuf], all: bool) -> CliResult<Vec<Doc>> {
     let mut files = Vec::new();
     for i in inputs {
         match std::fs::metadata(i) {
-            Ok(m) if m.is_dir() => {
-                walk(i, all, &mut files).map_err(|e| format!("{}: {e}", i.display()))?
-            }
+            Ok(m) if m.is_dir() => walk(i, all, &mut files).map_err(|e| at_path(i, &e))?,
             Ok(m) if m.is_file() => files.push(i.clone()),
             Ok(_) => {
                 // open_regular names what the file is (a FIFO, a device) without opening it.
@@ -144,14 +142,14 @@ fn collect_files(inputs: &[PathBuf], all: bool) -> CliResult<Vec<Doc>> {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 return Err(format!("{}: no such file or folder", i.display()).into());
             }
-            Err(e) => return Err(format!("{}: {e}", i.display()).into()),
+            Err(e) => return Err(at_path(i, &e).into()),
         }
     }
     let mut seen = std::collections::HashSet::new();
     let mut docs = Vec::new();
     let given = files.len();
     for path in files {
-        let m = std::fs::metadata(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let m = std::fs::metadata(&path).map_err(|e| at_path(&path, &e))?;
         let id = file_id(&m);
         if seen.insert(id) {
             docs.push(Doc {
@@ -180,7 +178,7 @@ fn collect_files(inputs: &[PathBuf], all: bool) -> CliResult<Vec<Doc>> {
 
 /// A document's text.
 fn read_doc(p: &Path) -> Result<String, String> {
-    let bytes = read_regular(p).map_err(|e| format!("{}: {e}", p.display()))?;
+    let bytes = read_regular(p).map_err(|e| at_path(p, &e))?;
     String::from_utf8(bytes)
         .map_err(|_| format!("{}: not UTF-8 text (skip it, or convert it)", p.display()))
 }
@@ -190,7 +188,7 @@ fn read_prefix(p: &Path, limit: u64) -> CliResult<String> {
     let mut bytes = Vec::new();
     open_regular(p)
         .and_then(|f| f.take(limit).read_to_end(&mut bytes))
-        .map_err(|e| format!("{}: {e}", p.display()))?;
+        .map_err(|e| at_path(p, &e))?;
     match std::str::from_utf8(&bytes) {
         Ok(s) => Ok(s.to_owned()),
         // A character cut by the limit.
@@ -306,11 +304,16 @@ fn check_out(
                 replaced: Vec::new(),
             });
         }
-        Err(e) => return Err(format!("--out {shown}: {e}").into()),
+        Err(e) => {
+            return Err(format!("--out {shown}: {}", duet_engine::dataset::io_message(&e)).into());
+        }
     }
     let mut held = Vec::new();
-    for e in std::fs::read_dir(dir).map_err(|e| format!("--out {shown}: {e}"))? {
-        let e = e.map_err(|e| format!("--out {shown}: {e}"))?;
+    for e in std::fs::read_dir(dir)
+        .map_err(|e| format!("--out {shown}: {}", duet_engine::dataset::io_message(&e)))?
+    {
+        let e =
+            e.map_err(|e| format!("--out {shown}: {}", duet_engine::dataset::io_message(&e)))?;
         let (p, file) = (e.path(), e.file_name().to_string_lossy().into_owned());
         let meta = std::fs::metadata(&p).ok();
         let shard = file.ends_with(".bin") && meta.as_ref().is_some_and(|m| m.is_file());
@@ -375,7 +378,7 @@ impl OutFolder {
     /// Removes the files `--overwrite` replaces.
     fn clear(&self) -> CliResult<()> {
         for p in &self.replaced {
-            std::fs::remove_file(p).map_err(|e| format!("{}: {e}", p.display()))?;
+            std::fs::remove_file(p).map_err(|e| at_path(p, &e))?;
         }
         if !self.replaced.is_empty() {
             eprintln!("--overwrite: removed {}", list(&self.replaced));
@@ -484,9 +487,7 @@ fn sample(tok: &Tokenizer, docs: &[Doc]) -> CliResult<f64> {
     for k in 0..n {
         let d = &docs[k * docs.len() / n];
         let text = read_prefix(&d.path, SAMPLE_BYTES)?;
-        let rt = tok
-            .round_trip(&text)
-            .map_err(|e| format!("{}: {e}", d.path.display()))?;
+        let rt = tok.round_trip(&text).map_err(|e| at_path(&d.path, &e))?;
         bytes += text.len();
         tokens += rt.tokens;
         if let Some(diff) = rt.difference {
@@ -517,9 +518,7 @@ fn encode_all(tok: &Tokenizer, docs: &[Doc], total_bytes: u64) -> CliResult<Vec<
         .par_iter()
         .map(|d| -> CliResult<Vec<u32>> {
             let text = read_doc(&d.path)?;
-            let mut ids = tok
-                .encode(&text)
-                .map_err(|e| format!("{}: {e}", d.path.display()))?;
+            let mut ids = tok.encode(&text).map_err(|e| at_path(&d.path, &e))?;
             if let Some(eot) = tok.eot() {
                 ids.insert(0, eot);
             }
@@ -651,9 +650,9 @@ pub fn run(a: &TokenizeArgs) -> CliResult<()> {
     let total: usize = encoded.iter().map(Vec::len).sum();
     let val = val_tokens(a, &encoded, total)?;
     out.clear()?;
-    std::fs::create_dir_all(&a.out).map_err(|e| format!("{}: {e}", a.out.display()))?;
+    std::fs::create_dir_all(&a.out).map_err(|e| at_path(&a.out, &e))?;
     let write = |path: PathBuf, parts: &[&[u32]]| -> CliResult<()> {
-        write_shard_parts(&path, parts, width).map_err(|e| format!("{}: {e}", path.display()))?;
+        write_shard_parts(&path, parts, width).map_err(|e| at_path(&path, &e))?;
         let n: usize = parts.iter().map(|p| p.len()).sum();
         eprintln!("wrote {} ({n} tokens)", path.display());
         Ok(())

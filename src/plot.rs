@@ -19,8 +19,12 @@ pub fn write_loss_plot(curve: &[(u64, f32, Option<f32>)], svg_path: &Path) -> Cl
         .filter_map(|&(s, _, v)| v.map(|v| (s as f64, v as f64)))
         .filter(|p| ok(p.1))
         .collect();
-    std::fs::write(svg_path, render(&train, &val))
-        .map_err(|e| format!("cannot write {}: {e}", svg_path.display()))?;
+    std::fs::write(svg_path, render(&train, &val)).map_err(|e| {
+        format!(
+            "cannot write {}",
+            duet_engine::dataset::at_path(svg_path, &e)
+        )
+    })?;
     Ok(())
 }
 

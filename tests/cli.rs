@@ -673,3 +673,44 @@ fn bench_refuses_train_only_flags() {
         "--eval-sequences is a `duet train` flag: duet bench times steps on synthetic batches",
     );
 }
+
+/// Every path a command takes, missing or under a file, is named in a message in words: no raw
+/// `(os error N)` (issue 50, item 11).
+#[test]
+fn bad_paths_are_named_in_words() {
+    let dir = tmp("bad-paths");
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("a.txt");
+    std::fs::write(&file, "hello\n").unwrap();
+    let missing = dir.join("missing").join("x");
+    let under_file = file.join("x");
+    for p in [&missing, &under_file] {
+        let p = p.to_str().unwrap();
+        let train = ["train", "--preset", "tiny", "--steps", "2"];
+        let mut cases: Vec<Vec<&str>> = vec![
+            [&train[..], &["--config", p]].concat(),
+            [&train[..], &["--resume", p]].concat(),
+            [&train[..], &["--init-from", p]].concat(),
+            [&train[..], &["--data", p]].concat(),
+            [&train[..], &["--metrics", p]].concat(),
+            [&train[..], &["--trace", p]].concat(),
+            vec!["generate", "--checkpoint", p, "--prompt", "hi"],
+            vec!["eval", "--checkpoint", p, "--data", p],
+            vec!["export", "--checkpoint", p, "exported"],
+            vec!["tokenize", p, "--out", "shards"],
+            vec!["parity", p, p],
+        ];
+        // An output folder is created where missing; under a file it cannot be.
+        if p.ends_with("a.txt/x") {
+            cases.push([&train[..], &["--out", p]].concat());
+            cases.push(vec!["tokenize", file.to_str().unwrap(), "--out", p]);
+        }
+        for args in cases {
+            let o = duet(&args);
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert!(!o.status.success(), "{args:?} succeeded");
+            assert!(err.contains(p), "{args:?} does not name {p}: {err}");
+            assert!(!err.contains("os error"), "{args:?}: {err}");
+        }
+    }
+}

@@ -126,7 +126,7 @@ fn a_failed_overwrite_keeps_the_old_export() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(
-        err.contains("model.safetensors") && err.contains("File too large"),
+        err.contains("model.safetensors") && err.contains("file too large"),
         "{err}"
     );
     for (f, old) in ["config.json", "model.safetensors"].iter().zip(&before) {

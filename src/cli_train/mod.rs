@@ -607,8 +607,12 @@ fn warn_about_run(opts: &TrainOptions, cfg: &duet_engine::Config, launched: bool
 /// the process exits), removes the temporaries of interrupted saves, refuses a checkpoint
 /// there that this run does not resume, and writes the configuration and the tokenizer.
 fn prepare_out(dir: &Path, opts: &TrainOptions, cfg: &duet_engine::Config) -> CliResult<File> {
-    std::fs::create_dir_all(dir)
-        .map_err(|e| format!("cannot create output folder {}: {e}", dir.display()))?;
+    std::fs::create_dir_all(dir).map_err(|e| {
+        format!(
+            "cannot create output folder {}",
+            duet_engine::dataset::at_path(dir, &e)
+        )
+    })?;
     // One run at a time per folder (released when this process exits, however it ends).
     let lock = lock_out(dir)?;
     // Saves killed mid-write (SIGKILL, preemption) leave their temporary files behind; the
@@ -640,8 +644,10 @@ fn prepare_out(dir: &Path, opts: &TrainOptions, cfg: &duet_engine::Config) -> Cl
         )
         .into());
     }
-    std::fs::write(dir.join(files::CONFIG), cfg.to_toml())
-        .map_err(|e| format!("cannot write {}: {e}", dir.join(files::CONFIG).display()))?;
+    std::fs::write(dir.join(files::CONFIG), cfg.to_toml()).map_err(|e| {
+        let p = dir.join(files::CONFIG);
+        format!("cannot write {}", duet_engine::dataset::at_path(&p, &e))
+    })?;
     crate::cli_tokenize::copy_run_tokenizer(cfg, dir)?;
     Ok(lock)
 }
@@ -697,8 +703,12 @@ fn init_weights_from(
             *seq = t;
         }
     }
-    cfg.validate()
-        .map_err(|e| format!("with the model of {}: {e}", init.path.display()))?;
+    cfg.validate().map_err(|e| {
+        format!(
+            "with the model of {}",
+            duet_engine::dataset::at_path(&init.path, &e)
+        )
+    })?;
     Ok(init.weights)
 }
 

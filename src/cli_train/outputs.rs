@@ -200,7 +200,7 @@ pub(super) fn lock_out(dir: &Path) -> CliResult<File> {
         .truncate(false)
         .write(true)
         .open(&path)
-        .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+        .map_err(|e| format!("cannot create {}", duet_engine::dataset::at_path(&path, &e)))?;
     match f.try_lock() {
         Ok(()) => Ok(f),
         Err(std::fs::TryLockError::WouldBlock) => Err(format!(
@@ -210,7 +210,7 @@ pub(super) fn lock_out(dir: &Path) -> CliResult<File> {
         )
         .into()),
         Err(std::fs::TryLockError::Error(e)) => {
-            Err(format!("cannot lock {}: {e}", path.display()).into())
+            Err(format!("cannot lock {}", duet_engine::dataset::at_path(&path, &e)).into())
         }
     }
 }
@@ -247,7 +247,12 @@ pub(super) fn lock_log(path: &Path, what: &str) -> CliResult<Option<File>> {
         .create(true)
         .append(true)
         .open(path)
-        .map_err(|e| format!("cannot create {what} file {}: {e}", path.display()))?;
+        .map_err(|e| {
+            format!(
+                "cannot create {what} file {}",
+                duet_engine::dataset::at_path(path, &e)
+            )
+        })?;
     if !f.metadata().is_ok_and(|m| m.is_file()) {
         return Ok(None);
     }
@@ -259,9 +264,11 @@ pub(super) fn lock_log(path: &Path, what: &str) -> CliResult<Option<File>> {
             path.display()
         )
         .into()),
-        Err(std::fs::TryLockError::Error(e)) => {
-            Err(format!("cannot lock {what} file {}: {e}", path.display()).into())
-        }
+        Err(std::fs::TryLockError::Error(e)) => Err(format!(
+            "cannot lock {what} file {}",
+            duet_engine::dataset::at_path(path, &e)
+        )
+        .into()),
     }
 }
 
@@ -272,6 +279,11 @@ pub(super) fn open_log(path: &Path, append: bool, what: &str) -> CliResult<BufWr
         .append(append)
         .truncate(!append)
         .open(path)
-        .map_err(|e| format!("cannot create {what} file {}: {e}", path.display()))?;
+        .map_err(|e| {
+            format!(
+                "cannot create {what} file {}",
+                duet_engine::dataset::at_path(path, &e)
+            )
+        })?;
     Ok(BufWriter::new(f))
 }

@@ -10,6 +10,7 @@
 //! destination. A failed save leaves the previous checkpoint untouched.
 
 use crate::config::Config;
+use crate::dataset::io_message;
 use crate::model::param_specs;
 use crate::{EngineError, Result};
 use safetensors::SafeTensors;
@@ -246,7 +247,7 @@ impl Checkpoint {
     pub fn save(&self, path: &Path) -> Result<()> {
         let bytes = self.to_bytes()?;
         write_atomic(path, &bytes)
-            .map_err(|e| ck_err(path, format!("cannot write checkpoint: {e}")))
+            .map_err(|e| ck_err(path, format!("cannot write checkpoint: {}", io_message(&e))))
     }
 
     pub fn load(path: &Path) -> Result<Checkpoint> {
@@ -257,7 +258,7 @@ impl Checkpoint {
                 format!("loading the checkpoint {}", path.display())
             })?;
         }
-        let bytes = crate::dataset::read_regular(path).map_err(|e| ck_err(path, e.to_string()))?;
+        let bytes = crate::dataset::read_regular(path).map_err(|e| ck_err(path, io_message(&e)))?;
         Self::from_bytes(&bytes).map_err(|m| ck_err(path, m))
     }
 

@@ -1,6 +1,7 @@
 //! Model and training configuration: presets, TOML files, flag overrides and validation.
 
 use crate::dataset::DataFormat;
+use crate::dataset::io_message;
 use crate::fp8::{AmaxAlgo, DelayedScaling, Fp8FamilyChoice, Fp8FastAccum, Fp8Recipe};
 use crate::precision::{Precision, WeightGradDtype};
 use crate::{EngineError, Result};
@@ -632,7 +633,7 @@ impl Config {
             path: path.display().to_string(),
             message,
         };
-        let bytes = crate::dataset::read_regular(path).map_err(|e| io(e.to_string()))?;
+        let bytes = crate::dataset::read_regular(path).map_err(|e| io(io_message(&e)))?;
         let text = String::from_utf8(bytes).map_err(|_| io("is not UTF-8 text".into()))?;
         Self::from_toml_str(&text, base).map_err(|e| match e {
             EngineError::Config(m) => EngineError::Config(format!("{}: {m}", path.display())),

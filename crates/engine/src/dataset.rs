@@ -264,12 +264,38 @@ fn modified_ns(meta: &std::fs::Metadata) -> Option<u64> {
         .map(|d| d.as_nanos() as u64)
 }
 
-/// An I/O error as a message without the raw `(os error N)`: a missing file says so in words.
-fn io_message(e: &std::io::Error) -> String {
+/// An I/O error as a message in words, without the raw `(os error N)`.
+pub fn io_message(e: &std::io::Error) -> String {
+    use std::io::ErrorKind as K;
     match e.kind() {
-        std::io::ErrorKind::NotFound => "no such file or folder".into(),
-        std::io::ErrorKind::PermissionDenied => "permission denied".into(),
-        _ => e.to_string(),
+        K::NotFound => "no such file or folder".into(),
+        K::PermissionDenied => "permission denied".into(),
+        K::NotADirectory => "a part of the path is not a folder".into(),
+        K::IsADirectory => "is a folder, not a file".into(),
+        K::AlreadyExists => "already exists".into(),
+        K::StorageFull => "no space left on device".into(),
+        K::ReadOnlyFilesystem => "the file system is read-only".into(),
+        K::FileTooLarge => {
+            "file too large (over the process's file size limit, ulimit -f, or the file system's)"
+                .into()
+        }
+        K::QuotaExceeded => "disk quota exceeded".into(),
+        _ => {
+            let m = e.to_string();
+            match m.rfind(" (os error ") {
+                Some(i) => m[..i].to_string(),
+                None => m,
+            }
+        }
+    }
+}
+
+/// `path: message` for an error about `path`: an I/O error's message in words
+/// ([`io_message`]), any other error's as it is.
+pub fn at_path(path: &Path, e: &(dyn std::error::Error + 'static)) -> String {
+    match e.downcast_ref::<std::io::Error>() {
+        Some(io) => format!("{}: {}", path.display(), io_message(io)),
+        None => format!("{}: {e}", path.display()),
     }
 }
 

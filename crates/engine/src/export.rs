@@ -21,6 +21,7 @@
 //! [`crate::init::load_init_weights`].
 
 use crate::config::ModelConfig;
+use crate::dataset::io_message;
 use crate::init::transpose;
 use crate::model::{BlockParam, LN_EPS, check_weights, param_index, param_specs};
 use crate::{EngineError, Result};
@@ -255,7 +256,7 @@ fn beside(dir: &Path, name: &str, tag: &str) -> PathBuf {
 /// Returns the files written, in order.
 pub fn write_all_or_nothing(dir: &Path, files: &[(String, Vec<u8>)]) -> Result<Vec<PathBuf>> {
     use std::io::Write;
-    std::fs::create_dir_all(dir).map_err(|e| io_err(dir, e))?;
+    std::fs::create_dir_all(dir).map_err(|e| io_err(dir, io_message(&e)))?;
     let targets: Vec<PathBuf> = files.iter().map(|(n, _)| dir.join(n)).collect();
     let temps: Vec<PathBuf> = files.iter().map(|(n, _)| beside(dir, n, "tmp")).collect();
     let remove_all = |paths: &[PathBuf]| {
@@ -268,7 +269,10 @@ pub fn write_all_or_nothing(dir: &Path, files: &[(String, Vec<u8>)]) -> Result<V
             .and_then(|mut f| f.write_all(bytes).and_then(|()| f.sync_all()));
         if let Err(e) = written {
             remove_all(&temps[..=i]);
-            return Err(io_err(&targets[i], format!("cannot write it: {e}")));
+            return Err(io_err(
+                &targets[i],
+                format!("cannot write it: {}", io_message(&e)),
+            ));
         }
     }
     // Whether each name held a file, and that file kept aside until every rename is done
@@ -303,7 +307,10 @@ pub fn write_all_or_nothing(dir: &Path, files: &[(String, Vec<u8>)]) -> Result<V
             }
             remove_all(&temps[i..]);
             remove_all(&backups.iter().flatten().cloned().collect::<Vec<_>>());
-            return Err(io_err(&targets[i], format!("cannot replace it: {e}")));
+            return Err(io_err(
+                &targets[i],
+                format!("cannot replace it: {}", io_message(&e)),
+            ));
         }
     }
     remove_all(&backups.into_iter().flatten().collect::<Vec<_>>());

@@ -24,6 +24,7 @@
 
 use crate::checkpoint::{self, Checkpoint};
 use crate::config::ModelConfig;
+use crate::dataset::io_message;
 use crate::model::{BlockParam, param_index, param_specs};
 use crate::{EngineError, Result};
 use safetensors::SafeTensors;
@@ -131,13 +132,13 @@ pub fn load_init_weights(
             format!("loading the weights of {}", path.display())
         })?;
     }
-    let bytes = crate::dataset::read_regular(&path).map_err(|e| err(&path, e.to_string()))?;
+    let bytes = crate::dataset::read_regular(&path).map_err(|e| err(&path, io_message(&e)))?;
     let config_json = path
         .parent()
         .map(|d| d.join("config.json"))
         .filter(|p| p.is_file())
         .map(|p| -> Result<(PathBuf, serde_json::Value)> {
-            let text = std::fs::read_to_string(&p).map_err(|e| err(&p, e.to_string()))?;
+            let text = std::fs::read_to_string(&p).map_err(|e| err(&p, io_message(&e)))?;
             let v =
                 serde_json::from_str(&text).map_err(|e| err(&p, format!("not valid JSON: {e}")))?;
             Ok((p, v))

@@ -4,6 +4,7 @@
 //! numbers happens here.
 
 use crate::checkpoint::write_atomic;
+use crate::dataset::io_message;
 use crate::saves::{CheckpointDir, Saved, save_to};
 use crate::trace::TraceWriter;
 use crate::train::{StepReport, Trainer};
@@ -292,12 +293,21 @@ impl MetricsLog {
                     text.push_str(&csv_row(v));
                     text.push('\n');
                 }
-                write_atomic(p, text.as_bytes())
-                    .map_err(|e| io_error(p, format!("cannot write the metrics CSV: {e}")))?;
+                write_atomic(p, text.as_bytes()).map_err(|e| {
+                    io_error(
+                        p,
+                        format!("cannot write the metrics CSV: {}", io_message(&e)),
+                    )
+                })?;
                 let f = std::fs::OpenOptions::new()
                     .append(true)
                     .open(p)
-                    .map_err(|e| io_error(p, format!("cannot open the metrics CSV: {e}")))?;
+                    .map_err(|e| {
+                        io_error(
+                            p,
+                            format!("cannot open the metrics CSV: {}", io_message(&e)),
+                        )
+                    })?;
                 Some((p.to_path_buf(), BufWriter::new(f)))
             }
             None => None,
@@ -312,7 +322,12 @@ impl MetricsLog {
                 .truncate(!append)
                 .open(path),
         }
-        .map_err(|e| io_error(path, format!("cannot create the metrics file: {e}")))?;
+        .map_err(|e| {
+            io_error(
+                path,
+                format!("cannot create the metrics file: {}", io_message(&e)),
+            )
+        })?;
         let log = Self {
             path: path.to_path_buf(),
             w: BufWriter::new(f),
@@ -360,7 +375,7 @@ impl MetricsLog {
         }
         if kept != text {
             write_atomic(path, kept.as_bytes())
-                .map_err(|e| io_error(path, format!("cannot rewrite: {e}")))?;
+                .map_err(|e| io_error(path, format!("cannot rewrite: {}", io_message(&e))))?;
         }
         Ok((dropped, curve, records))
     }
@@ -395,9 +410,9 @@ impl MetricsLog {
             line["fp8"] = serde_json::to_value(ops).map_err(|e| io_error(&self.path, e))?;
         }
         self.curve.push((r.step, r.loss, s.val_loss));
-        writeln!(self.w, "{line}").map_err(|e| io_error(&self.path, e))?;
+        writeln!(self.w, "{line}").map_err(|e| io_error(&self.path, io_message(&e)))?;
         if let Some((p, w)) = &mut self.csv {
-            writeln!(w, "{}", csv_row(&line)).map_err(|e| io_error(p, e))?;
+            writeln!(w, "{}", csv_row(&line)).map_err(|e| io_error(p, io_message(&e)))?;
         }
         if self.flush_each_line {
             self.flush()?;
@@ -406,9 +421,11 @@ impl MetricsLog {
     }
 
     pub fn flush(&mut self) -> Result<()> {
-        self.w.flush().map_err(|e| io_error(&self.path, e))?;
+        self.w
+            .flush()
+            .map_err(|e| io_error(&self.path, io_message(&e)))?;
         if let Some((p, w)) = &mut self.csv {
-            w.flush().map_err(|e| io_error(p, e))?;
+            w.flush().map_err(|e| io_error(p, io_message(&e)))?;
         }
         Ok(())
     }

@@ -10,6 +10,7 @@
 //! how a resumed run knows the best so far.
 
 use crate::checkpoint::{Checkpoint, files, write_atomic};
+use crate::dataset::io_message;
 use crate::train::Trainer;
 use crate::{EngineError, Result};
 use duet_device::Device;
@@ -71,9 +72,10 @@ impl CheckpointDir {
     /// The step-numbered checkpoints in the folder, by step.
     pub fn list(&self) -> Result<Vec<(u64, PathBuf)>> {
         let mut v = Vec::new();
-        let rd = std::fs::read_dir(&self.dir).map_err(|e| io(&self.dir, "cannot list", e))?;
+        let rd = std::fs::read_dir(&self.dir)
+            .map_err(|e| io(&self.dir, "cannot list", io_message(&e)))?;
         for entry in rd {
-            let entry = entry.map_err(|e| io(&self.dir, "cannot list", e))?;
+            let entry = entry.map_err(|e| io(&self.dir, "cannot list", io_message(&e)))?;
             let name = entry.file_name().to_string_lossy().into_owned();
             let step = name
                 .strip_prefix("checkpoint-")
@@ -117,7 +119,7 @@ impl CheckpointDir {
             return Ok(None);
         }
         let bytes = std::fs::read(self.latest())
-            .map_err(|e| io(&self.latest(), "cannot read checkpoint", e))?;
+            .map_err(|e| io(&self.latest(), "cannot read checkpoint", io_message(&e)))?;
         link_over(&self.latest(), &self.best(), &bytes)?;
         Ok(Some(v))
     }
@@ -133,7 +135,8 @@ impl CheckpointDir {
         }
         let bytes = ck.to_bytes()?;
         let path = self.numbered(ck.step);
-        write_atomic(&path, &bytes).map_err(|e| io(&path, "cannot write checkpoint", e))?;
+        write_atomic(&path, &bytes)
+            .map_err(|e| io(&path, "cannot write checkpoint", io_message(&e)))?;
         link_over(&path, &self.latest(), &bytes)?;
         let mut saved = Saved {
             path: path.clone(),
@@ -153,7 +156,7 @@ impl CheckpointDir {
                 if p == path {
                     continue;
                 }
-                std::fs::remove_file(&p).map_err(|e| io(&p, "cannot remove", e))?;
+                std::fs::remove_file(&p).map_err(|e| io(&p, "cannot remove", io_message(&e)))?;
                 saved.removed.push(p);
             }
         }
@@ -193,16 +196,17 @@ fn link_over(target: &Path, name: &Path, bytes: &[u8]) -> Result<()> {
     match std::fs::hard_link(target, &tmp) {
         Ok(()) => std::fs::rename(&tmp, name).map_err(|e| {
             let _ = std::fs::remove_file(&tmp);
-            io(name, "cannot replace", e)
+            io(name, "cannot replace", io_message(&e))
         }),
-        Err(_) => write_atomic(name, bytes).map_err(|e| io(name, "cannot write checkpoint", e)),
+        Err(_) => write_atomic(name, bytes)
+            .map_err(|e| io(name, "cannot write checkpoint", io_message(&e))),
     }
 }
 
 /// The `__metadata__` of a safetensors file, reading only its header.
 pub fn read_metadata(path: &Path) -> Result<HashMap<String, String>> {
     use std::io::Read;
-    let mut f = std::fs::File::open(path).map_err(|e| io(path, "cannot open", e))?;
+    let mut f = std::fs::File::open(path).map_err(|e| io(path, "cannot open", io_message(&e)))?;
     let mut len = [0u8; 8];
     f.read_exact(&mut len)
         .map_err(|e| io(path, "not a safetensors file", e))?;

@@ -9,6 +9,7 @@
 //! (older traces have `null` for all three).
 
 use crate::config::Config;
+use crate::dataset::io_message;
 use crate::fp8::{Fp8Family, Fp8Recipe};
 use crate::model::Gpt;
 use crate::{EngineError, Result};
@@ -337,7 +338,7 @@ impl<W: Write> TraceWriter<W> {
 fn io_err(what: &'static str) -> impl Fn(std::io::Error) -> EngineError {
     move |e| EngineError::Io {
         path: what.into(),
-        message: e.to_string(),
+        message: io_message(&e),
     }
 }
 
@@ -429,7 +430,7 @@ impl Trace {
         }
         let file = std::fs::File::open(path).map_err(|e| EngineError::Io {
             path: path.display().to_string(),
-            message: e.to_string(),
+            message: io_message(&e),
         })?;
         Self::parse(std::io::BufReader::new(file)).map_err(|m| EngineError::Io {
             path: path.display().to_string(),

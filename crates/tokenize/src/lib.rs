@@ -40,20 +40,12 @@ pub use train::{
 };
 
 // `std::fs::read` for regular files only: a FIFO is refused before it is opened.
-use duet_engine::dataset::read_regular;
+use duet_engine::dataset::{io_message, read_regular};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
 use tokenizers::models::bpe::{BPE, Vocab};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
-
-/// An I/O error's message; a missing file says so in words.
-fn io_msg(e: &std::io::Error) -> String {
-    match e.kind() {
-        std::io::ErrorKind::NotFound => "no such file or folder".into(),
-        _ => e.to_string(),
-    }
-}
 
 /// The end-of-text token's text.
 pub const EOT_TEXT: &str = "<|endoftext|>";
@@ -218,7 +210,7 @@ impl Tokenizer {
             path: path.display().to_string(),
             msg,
         };
-        let meta = std::fs::metadata(path).map_err(|e| load(io_msg(&e)))?;
+        let meta = std::fs::metadata(path).map_err(|e| load(io_message(&e)))?;
         if meta.is_dir() {
             let present = |p: &Path| std::fs::symlink_metadata(p).is_ok();
             let tj = path.join(TOKENIZER_FILE);
@@ -240,7 +232,7 @@ impl Tokenizer {
                     .into(),
             ));
         }
-        let bytes = read_regular(path).map_err(|e| load(io_msg(&e)))?;
+        let bytes = read_regular(path).map_err(|e| load(io_message(&e)))?;
         let json = String::from_utf8(bytes)
             .map_err(|_| load("not UTF-8 text (a tokenizer.json is JSON)".into()))?;
         let mut tok = Self::from_json(&json).map_err(|e| load(e.to_string()))?;
@@ -277,7 +269,7 @@ impl Tokenizer {
     pub fn from_vocab_merges(vocab: &Path, merges: &Path) -> Result<Self> {
         let read = |p: &Path| {
             let io = |msg: String| Error::Io(format!("{}: {msg}", p.display()));
-            let bytes = read_regular(p).map_err(|e| io(io_msg(&e)))?;
+            let bytes = read_regular(p).map_err(|e| io(io_message(&e)))?;
             String::from_utf8(bytes).map_err(|_| io("not UTF-8 text".into()))
         };
         Self::from_vocab_merges_str(&read(vocab)?, &read(merges)?)
@@ -414,6 +406,6 @@ impl Tokenizer {
         let tmp = PathBuf::from(format!("{}.tmp", path.display()));
         std::fs::write(&tmp, &self.json)
             .and_then(|()| std::fs::rename(&tmp, path))
-            .map_err(|e| Error::Io(format!("{}: {e}", path.display())))
+            .map_err(|e| Error::Io(duet_engine::dataset::at_path(path, &e)))
     }
 }

@@ -73,8 +73,13 @@ pub struct StepTrace {
 pub struct Fp8Trace {
     #[serde(with = "num")]
     pub scale: f32,
+    /// The most recent amax (the history's first entry).
     #[serde(with = "num")]
     pub amax: f32,
+    /// The whole amax history, most recent first (`amax` again, then the older entries the
+    /// scale is computed from). Empty in traces written before it was recorded.
+    #[serde(default, with = "num::vec", skip_serializing_if = "Vec::is_empty")]
+    pub history: Vec<f32>,
 }
 
 /// A non-finite value read from a trace that does not say which one it was: traces written
@@ -297,7 +302,7 @@ impl<W: Write> TraceWriter<W> {
                 },
             );
         }
-        let fp8 = model.fp8_report(1)?.map(|ops| {
+        let fp8 = model.fp8_report(usize::MAX)?.map(|ops| {
             ops.into_iter()
                 .map(|o| {
                     let amax = o.amax_history.first().copied().unwrap_or(0.0);
@@ -306,6 +311,7 @@ impl<W: Write> TraceWriter<W> {
                         Fp8Trace {
                             scale: o.scale,
                             amax,
+                            history: o.amax_history,
                         },
                     )
                 })
@@ -840,6 +846,24 @@ fn fp8_checks(
             widen(y.amax),
             (y.amax as f64).abs(),
         ));
+        // The older entries of the histories (traces that record them): the amaxes the
+        // scale is computed from, a resumed run's from before its trace began included.
+        if x.history.len() != y.history.len() && !x.history.is_empty() && !y.history.is_empty() {
+            return Err(Incompatible(format!(
+                "FP8 operand {name} keeps an amax history of {} entries in the first trace, {} \
+                 in the second",
+                x.history.len(),
+                y.history.len()
+            )));
+        }
+        for (i, (&hx, &hy)) in x.history.iter().zip(&y.history).enumerate().skip(1) {
+            checks.push((
+                format!("fp8 {name}.amax_history[{i}]"),
+                widen(hx),
+                widen(hy),
+                (hy as f64).abs(),
+            ));
+        }
     }
     Ok(())
 }
@@ -1033,6 +1057,7 @@ mod tests {
                     Fp8Trace {
                         scale: e4m3_max / amax,
                         amax,
+                        history: Vec::new(),
                     },
                 ),
                 (
@@ -1040,6 +1065,7 @@ mod tests {
                     Fp8Trace {
                         scale: 57344.0 / amax,
                         amax,
+                        history: Vec::new(),
                     },
                 ),
             ]));
@@ -1073,6 +1099,45 @@ mod tests {
         ));
     }
 
+    /// The amax histories are compared entry by entry: an older entry that differs (a resumed
+    /// run's from before its trace began) is named; traces without histories still compare,
+    /// and histories of different lengths are not comparable.
+    #[test]
+    fn fp8_amax_histories_are_compared_entry_by_entry() {
+        let with_history = |history: Vec<f32>| {
+            let mut s = step(1, 2.5, 1.0, 0.75);
+            s.loss_scale = None;
+            s.params.get_mut("w").unwrap().samples = vec![0.5, 0.25, 1.0, -0.25];
+            s.fp8 = Some(BTreeMap::from([(
+                "h.0.mlp.c_fc.input".to_string(),
+                Fp8Trace {
+                    scale: 448.0 / 3.0,
+                    amax: history.first().copied().unwrap_or(3.0),
+                    history,
+                },
+            )]));
+            trace(vec![s])
+        };
+        let fp8 = |mut t: Trace| {
+            t.header.precision = "fp8".into();
+            t.header.config.train.recipe.precision = crate::Precision::Fp8;
+            t
+        };
+        let a = fp8(with_history(vec![3.0, 2.0, 5.0, 0.0]));
+        let b = fp8(with_history(vec![3.0, 2.0, 4.0, 0.0]));
+        match compare(&a, &b) {
+            Ok(ParityOutcome::Diverged { quantity, .. }) => {
+                assert_eq!(quantity, "fp8 h.0.mlp.c_fc.input.amax_history[2]")
+            }
+            other => panic!("expected the history to diverge, got {other:?}"),
+        }
+        assert!(matches!(compare(&a, &a), Ok(ParityOutcome::Match { .. })));
+        let old = fp8(with_history(Vec::new()));
+        assert!(matches!(compare(&a, &old), Ok(ParityOutcome::Match { .. })));
+        let short = fp8(with_history(vec![3.0, 2.0]));
+        assert!(matches!(compare(&a, &short), Err(Incompatible(_))));
+    }
+
     /// A trace that records less than the other is not comparable, whichever comes first; a
     /// header whose precision label disagrees with its configuration is refused.
     #[test]
@@ -1101,6 +1166,7 @@ mod tests {
             Fp8Trace {
                 scale: 1.0,
                 amax: 1.0,
+                history: vec![1.0],
             },
         )]));
         check_both(&full, &with_fp8, "FP8 scaling is recorded in only");

@@ -96,6 +96,9 @@ pub struct Trainer<D: Device> {
     /// FP8 without a loss scaler or other ranks: the optimizer writes the next step's weight
     /// codes ([`Trainer::set_fp8_codes_from_optimizer`]).
     fp8_codes_from_optimizer: bool,
+    /// FP8 whose scaling state starts fresh (a new run, or a checkpoint without FP8 state):
+    /// the next step is calibrated first ([`Trainer::calibrate_fp8`]).
+    fp8_calibrate: bool,
     /// `--record-batches`: every batch the run trains on, written as it is taken
     /// ([`Trainer::record_batches`]).
     batch_log: Option<(std::path::PathBuf, std::io::BufWriter<std::fs::File>)>,
@@ -331,6 +334,7 @@ impl<D: Device> Trainer<D> {
             };
             (src, Some(set))
         };
+        let fp8_calibrate = model.fp8_enabled();
         Ok(Self {
             cfg,
             model,
@@ -346,6 +350,7 @@ impl<D: Device> Trainer<D> {
             batch_log: None,
             diverged: None,
             fp8_codes_from_optimizer: duet_device::knobs::device_knobs()?.fp8_codes_from_optimizer,
+            fp8_calibrate,
             accum,
         })
     }
@@ -881,6 +886,9 @@ impl<D: Device> Trainer<D> {
         // continues in another precision).
         if let (true, Some(ops)) = (tr.model.fp8_enabled(), &loaded.fp8) {
             tr.model.set_fp8_state(ops)?;
+            // A state saved before any step (`--stop-after 0`) is still the fresh one: the
+            // resumed run calibrates as the uninterrupted one does.
+            tr.fp8_calibrate = ck.step == 0;
         }
         Ok(tr)
     }
@@ -889,6 +897,7 @@ impl<D: Device> Trainer<D> {
     /// data-parallel run: every rank passes the same one and trains on its slice).
     pub fn train_step_on(&mut self, inputs: &[i32], targets: &[i32]) -> Result<StepReport> {
         self.check_diverged()?;
+        self.calibrate_fp8(inputs, targets)?;
         if self.dist.is_some() {
             return self.train_step_dp(inputs, targets);
         }
@@ -1018,6 +1027,7 @@ impl<D: Device> Trainer<D> {
     /// where [`Trainer::graphable`], else queues it unrecorded. Returns the batch's number of
     /// counted targets.
     fn queue_loaded_step(&mut self, inputs: &[i32], targets: &[i32], lr: f32) -> Result<usize> {
+        self.calibrate_fp8(inputs, targets)?;
         let dev = self.model.device().clone();
         let count = self.model.load_batch(inputs, targets)?;
         self.opt.prepare_device_step(&*dev, lr)?;
@@ -1101,6 +1111,49 @@ impl<D: Device> Trainer<D> {
 
     /// The data-parallel step: forward and backward on this rank's rows, gradient buckets
     /// reduced while the backward pass runs, then the replicated or ZeRO update.
+    /// FP8's calibration step, before the first step of a fresh scaling state: every scale
+    /// starts at 1, where the backward pass would quantise gradients of order 1e-5 into
+    /// E5M2's subnormals (mostly zeros, and which ones depends on each backend's rounding
+    /// upstream). The step's forward and backward passes run once on its batch (each
+    /// micro-batch with its loss-gradient share, this rank's rows; the amaxes taken over the
+    /// ranks) without an update, and every scale is set from the amax it recorded; the amax
+    /// histories stay as they were, so delayed scaling afterwards sees only trained steps.
+    /// The gradients are discarded (the step's own backward pass zeroes them first).
+    fn calibrate_fp8(&mut self, inputs: &[i32], targets: &[i32]) -> Result<()> {
+        if !std::mem::take(&mut self.fp8_calibrate) {
+            return Ok(());
+        }
+        let Some(before) = self.model.fp8_state()? else {
+            return Ok(());
+        };
+        let m = self.model.batch_size() * self.cfg.train.data.seq;
+        let k = self.cfg.train.data.grad_accum;
+        let rank = self.dist.as_ref().map_or(0, |d| d.rank());
+        let (counts, global) = micro_batch_counts(targets, m, |j| format!("micro-batch {j}"))?;
+        let scale = self.scaler.as_ref().map_or(1.0, |s| s.scale());
+        for (j, &count) in counts.iter().enumerate().skip(rank * k).take(k) {
+            let rows = j * m..(j + 1) * m;
+            self.model.set_loss_scale(share_scale(scale, count, global));
+            self.model.forward(&inputs[rows.clone()])?;
+            self.model.queue_loss(&targets[rows], true)?;
+            self.model.zero_grads()?;
+            self.model.backward()?;
+        }
+        self.model.set_loss_scale(scale);
+        if let Some(comm) = self.dist.as_ref().map(|d| d.comm().clone())
+            && let Some(amax) = self.model.fp8_amax_mut()
+        {
+            comm.all_reduce(amax, ReduceOp::Max)?;
+            comm.wait()?;
+        }
+        self.model.fp8_update()?;
+        let mut calibrated = self.model.fp8_state()?.expect("an FP8 model");
+        for (c, b) in calibrated.iter_mut().zip(before) {
+            c.history = b.history;
+        }
+        self.model.set_fp8_state(&calibrated)
+    }
+
     fn train_step_dp(&mut self, inputs: &[i32], targets: &[i32]) -> Result<StepReport> {
         let start = Instant::now();
         let lr = self.cfg.lr_at(self.step);

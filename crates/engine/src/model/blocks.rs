@@ -1,6 +1,6 @@
 use super::LN_EPS;
 use super::attention::{attention_backward, attention_forward};
-use super::fp8_codes::Fp8Bufs;
+use super::fp8_codes::{Fp8Bufs, linear_id};
 use super::linear::{
     GradIo, LinearInput, linear_act_forward, linear_backward, linear_forward, linear_gelu_forward,
 };
@@ -83,7 +83,7 @@ fn attention_forward_part<D: Device>(
     };
     linear_act_forward(
         dev,
-        q8.as_mut().map(|q| (q, 4 * l)),
+        q8.as_mut().map(|q| (q, linear_id(l, BlockParam::AttnW))),
         record,
         ln1,
         w(BlockParam::AttnW),
@@ -130,7 +130,7 @@ fn attention_forward_part<D: Device>(
     }
     linear_forward(
         dev,
-        q8.as_mut().map(|q| (q, 4 * l + 1)),
+        q8.as_mut().map(|q| (q, linear_id(l, BlockParam::ProjW))),
         record,
         &a.attc,
         w(BlockParam::ProjW),
@@ -172,7 +172,7 @@ fn mlp_forward_part<D: Device>(
         };
         linear_act_forward(
             dev,
-            q8.as_mut().map(|q| (q, 4 * l + 2)),
+            q8.as_mut().map(|q| (q, linear_id(l, BlockParam::FcW))),
             record,
             ln2,
             w(BlockParam::FcW),
@@ -212,7 +212,7 @@ fn mlp_forward_part<D: Device>(
     }
     linear_act_forward(
         dev,
-        q8.as_mut().map(|q| (q, 4 * l + 3)),
+        q8.as_mut().map(|q| (q, linear_id(l, BlockParam::FcProjW))),
         record,
         match (fp8, keep_gelu) {
             (true, _) => LinearInput::GeluOf(&a.fch),
@@ -293,7 +293,7 @@ fn mlp_backward_part<D: Device>(
         // (16-bit runs; FP8 sums it in the quantisation of dresid).
         linear_backward(
             dev,
-            q8.as_mut().map(|q| (q, 4 * l + 3)),
+            q8.as_mut().map(|q| (q, linear_id(l, BlockParam::FcProjW))),
             &s.dresid,
             io,
             w(BlockParam::FcProjW),
@@ -334,7 +334,7 @@ fn mlp_backward_part<D: Device>(
         let (gw, gb) = two_mut(g, gi(BlockParam::FcW), gi(BlockParam::FcB));
         linear_backward(
             dev,
-            q8.as_mut().map(|q| (q, 4 * l + 2)),
+            q8.as_mut().map(|q| (q, linear_id(l, BlockParam::FcW))),
             d_hidden,
             GradIo::Split {
                 x: &a.ln2,
@@ -397,7 +397,7 @@ fn attention_backward_part<D: Device>(
         let (gw, gb) = two_mut(g, gi(BlockParam::ProjW), gi(BlockParam::ProjB));
         linear_backward(
             dev,
-            q8.as_mut().map(|q| (q, 4 * l + 1)),
+            q8.as_mut().map(|q| (q, linear_id(l, BlockParam::ProjW))),
             &s.dresid,
             GradIo::Split {
                 x: &a.attc,
@@ -464,7 +464,7 @@ fn attention_backward_part<D: Device>(
         let (gw, gb) = two_mut(g, gi(BlockParam::AttnW), gi(BlockParam::AttnB));
         linear_backward(
             dev,
-            q8.as_mut().map(|q| (q, 4 * l)),
+            q8.as_mut().map(|q| (q, linear_id(l, BlockParam::AttnW))),
             &s.dqkv,
             GradIo::Split {
                 x: &a.ln1,

@@ -13,6 +13,17 @@ pub(super) const LINEARS: [(BlockParam, &str); 4] = [
     (BlockParam::FcProjW, "mlp.c_proj"),
 ];
 
+/// The FP8 id of layer `l`'s linear layer whose weight is `w`: its place in the table of
+/// linears, layer by layer ([`LINEARS`]). Its scaling slots ([`Fp8State::slot`]) and code
+/// buffers follow from it.
+pub(super) fn linear_id(l: usize, w: BlockParam) -> usize {
+    let kind = LINEARS
+        .iter()
+        .position(|&(p, _)| p == w)
+        .unwrap_or_else(|| panic!("{w:?} is not a linear layer's weight"));
+    l * LINEARS.len() + kind
+}
+
 /// The FP8 weight codes an optimizer update writes ([`Gpt::update_params_with_fp8_codes`],
 /// [`crate::optim::AdamW::queue_device_step_fp8`]).
 pub struct Fp8WeightCodes<'a, B> {
@@ -91,7 +102,7 @@ pub(super) fn is_linear_weight(cfg: &ModelConfig, i: usize) -> bool {
     }
 }
 
-/// Every linear layer's weight codes (`w8`, `w8t`: linear layer `4·layer + kind`'s codes and
+/// Every linear layer's weight codes (`w8`, `w8t`: the codes and
 /// transposed codes), each with its weight's index in [`param_specs`] order, its shape and its
 /// slot of the FP8 scales and amaxes: what the optimizer writes
 /// ([`Gpt::update_params_with_fp8_codes`]) or the forward pass quantises.
@@ -120,8 +131,9 @@ pub(super) fn weight_code_outs<'a, D: Device>(
 
 /// `(in_features, out_features)` of linear kind `k` (see [`LINEARS`]).
 pub(super) fn linear_dims(cfg: &ModelConfig, k: usize) -> (usize, usize) {
-    let (c, f) = (cfg.d_model, cfg.ffn);
-    [(c, 3 * c), (c, c), (c, f), (f, c)][k]
+    // The weight is `[out_features, in_features]`.
+    let shape = LINEARS[k].0.shape(cfg.d_model, cfg.ffn);
+    (shape[1], shape[0])
 }
 
 impl<D: Device> Gpt<D> {

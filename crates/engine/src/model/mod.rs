@@ -32,8 +32,8 @@ use memory::{BlockActs, BufSpec, Buffers, Dims, Scratch, out_of_memory};
 pub use memory::{MemoryPlan, estimate_memory};
 use params::upload_f32_as;
 pub use params::{
-    BlockParam, Init, ParamSpec, VOCAB_PAD, check_weights, init_weights, pad, padded_vocab,
-    param_index, param_specs, unpad,
+    BlockParam, Init, ParamRole, ParamSpec, VOCAB_PAD, check_weights, init_weights, pad,
+    padded_vocab, param_index, param_specs, unpad,
 };
 
 use crate::config::ModelConfig;

@@ -23,6 +23,15 @@ pub enum BlockParam {
 }
 
 impl BlockParam {
+    /// What the tensor is ([`ParamRole`]).
+    pub fn role(self) -> ParamRole {
+        match self {
+            Self::Ln1W | Self::Ln1B | Self::Ln2W | Self::Ln2B => ParamRole::Norm,
+            Self::AttnW | Self::ProjW | Self::FcW | Self::FcProjW => ParamRole::Matrix,
+            Self::AttnB | Self::ProjB | Self::FcB | Self::FcProjB => ParamRole::LinearBias,
+        }
+    }
+
     pub const ALL: [BlockParam; 12] = [
         Self::Ln1W,
         Self::Ln1B,
@@ -55,7 +64,7 @@ impl BlockParam {
         }
     }
 
-    fn shape(self, c: usize, f: usize) -> Vec<usize> {
+    pub(crate) fn shape(self, c: usize, f: usize) -> Vec<usize> {
         match self {
             Self::Ln1W | Self::Ln1B | Self::Ln2W | Self::Ln2B | Self::ProjB | Self::FcProjB => {
                 vec![c]
@@ -82,6 +91,21 @@ pub struct ParamSpec {
     /// the LM head's: the vocabulary padded to [`VOCAB_PAD`] so the LM-head GEMMs run on a
     /// fast path). Host weights, checkpoints and traces never see them.
     pub pad_rows: usize,
+    /// What the tensor is to the model, which decides how a precision stores it.
+    pub role: ParamRole,
+}
+
+/// What a parameter tensor is: mixed precision keeps embeddings, matrices and the linear
+/// layers' biases in the activation dtype (with FP32 masters), normalisation parameters in f32.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ParamRole {
+    Embedding,
+    /// A linear layer's weight matrix.
+    Matrix,
+    /// A linear layer's bias (the GEMM epilogue adds it, as PyTorch autocast casts it).
+    LinearBias,
+    /// A normalisation layer's scale or shift.
+    Norm,
 }
 
 /// The token embedding / LM head is held with its rows padded to a multiple of this (GPT-2's
@@ -112,7 +136,7 @@ impl ParamSpec {
     /// master in the optimizer): matrices, embeddings and the linear layers' biases (which the
     /// GEMM epilogue adds, as PyTorch autocast casts them); LayerNorm parameters stay f32.
     pub fn low_precision(&self) -> bool {
-        self.decay || (self.name.ends_with(".bias") && !self.name.contains("ln_"))
+        self.role != ParamRole::Norm
     }
 }
 
@@ -134,6 +158,7 @@ pub fn param_specs(cfg: &ModelConfig) -> Vec<ParamSpec> {
             decay: true,
             init: Init::Normal(std),
             pad_rows: cfg.vocab.next_multiple_of(VOCAB_PAD) - cfg.vocab,
+            role: ParamRole::Embedding,
         },
         ParamSpec {
             name: "transformer.wpe.weight".into(),
@@ -141,6 +166,7 @@ pub fn param_specs(cfg: &ModelConfig) -> Vec<ParamSpec> {
             decay: true,
             init: Init::Normal(std),
             pad_rows: 0,
+            role: ParamRole::Embedding,
         },
     ];
     for l in 0..cfg.layers {
@@ -158,6 +184,7 @@ pub fn param_specs(cfg: &ModelConfig) -> Vec<ParamSpec> {
                 shape,
                 init,
                 pad_rows: 0,
+                role: p.role(),
             });
         }
     }
@@ -167,6 +194,7 @@ pub fn param_specs(cfg: &ModelConfig) -> Vec<ParamSpec> {
         decay: false,
         init: Init::Ones,
         pad_rows: 0,
+        role: ParamRole::Norm,
     });
     specs.push(ParamSpec {
         name: "transformer.ln_f.bias".into(),
@@ -174,6 +202,7 @@ pub fn param_specs(cfg: &ModelConfig) -> Vec<ParamSpec> {
         decay: false,
         init: Init::Zeros,
         pad_rows: 0,
+        role: ParamRole::Norm,
     });
     specs
 }

@@ -137,7 +137,7 @@ pub fn run(a: &EvalArgs) -> CliResult<()> {
     duet_engine::check_host_memory((n_batches * b * t * 8) as u64, || {
         format!("the {n_batches} evaluation batches of {b} × {t} tokens (lower --max-batches)")
     })?;
-    let batches = data.validation_batches(b, t, max_batches);
+    let batches = data.validation_batches(b, t, max_batches)?;
     let count = batches.len();
     eprintln!(
         "evaluating {} ({}) on {} batches of {b} × {t} tokens from {} file(s)",

@@ -12,8 +12,8 @@ use crate::settings::resolve_precision;
 use duet_device::{Collective, Device, DeviceInfo};
 use duet_engine::checkpoint::{Checkpoint, files};
 use duet_engine::run::{
-    CurvePoint, LogFailure, LogKind, MetricsLog, NONFINITE_GRAD_STEPS, NonFiniteGrads, RunPlan,
-    RunSummary, StepLog, save_checkpoint,
+    CurvePoint, DataChanged, LogFailure, LogKind, MetricsLog, NONFINITE_GRAD_STEPS, NonFiniteGrads,
+    RunPlan, RunSummary, StepLog, save_checkpoint,
 };
 use duet_engine::saves::{CheckpointDir, Saved, save_to};
 use duet_engine::trace::{TraceHeader, TraceWriter};
@@ -424,7 +424,10 @@ impl TrainTask {
             report::print_fp8_report(trainer);
         }
         // A failed log write stops the run as an interrupt does: the checkpoint is saved first.
-        let stopped = interrupted || s.log_failure.is_some() || s.nonfinite_grads.is_some();
+        let stopped = interrupted
+            || s.log_failure.is_some()
+            || s.nonfinite_grads.is_some()
+            || s.data_changed.is_some();
         let ck_path = match &self.out {
             Some(dir) => Some(dir.join(files::CHECKPOINT)),
             None if stopped => Some(interrupted_path()),
@@ -438,12 +441,30 @@ impl TrainTask {
         if let Some(g) = s.nonfinite_grads {
             return Err(self.stopped_by_divergence(trainer, g, ck_path, &end).into());
         }
+        if let Some(d) = &s.data_changed {
+            return Err(self
+                .stopped_by_data_change(trainer, d, ck_path, &end)
+                .into());
+        }
         // The final validation loss (the loop's own when it validated at this step), before
         // the save so that --keep-best sees it.
         let final_val = if ran > 0 && end.has_val && !interrupted {
             Some(match s.last_val {
                 Some((st, v)) if st == trainer.step() => v,
-                _ => trainer.validation_loss()?,
+                _ => match trainer.validation_loss() {
+                    Ok(v) => v,
+                    // Its windows could not be read: saved as a run stopped by it.
+                    Err(duet_engine::EngineError::DataChanged { path, message })
+                        if trainer.dist().is_none() =>
+                    {
+                        let d = DataChanged { path, message };
+                        let p = ck_path.unwrap_or_else(interrupted_path);
+                        return Err(self
+                            .stopped_by_data_change(trainer, &d, Some(p), &end)
+                            .into());
+                    }
+                    Err(e) => return Err(e.into()),
+                },
             })
         } else {
             None
@@ -475,7 +496,7 @@ impl TrainTask {
         if let Some(v) = final_val
             && main
         {
-            report::print_validation(v, trainer.unigram_entropy());
+            report::print_validation(v, trainer.unigram_entropy()?);
         }
         self.draw_plot(end.curve.as_deref())?;
         self.evaluate_generation(trainer)?;
@@ -559,6 +580,43 @@ impl TrainTask {
                 "; checkpoint at step {} saved to {}",
                 trainer.step(),
                 p.display()
+            )),
+            Err(e) => msg.push_str(&format!(
+                "; saving the checkpoint to {} failed: {e}",
+                p.display()
+            )),
+        }
+        msg
+    }
+
+    /// The error of a run stopped because a data file changed while it read it (`d`: a shard
+    /// truncated): the plot drawn and the checkpoint saved to `ck_path` first (the trainer is
+    /// at the step before the batch it could not read), then the file, the checkpoint and how
+    /// to resume once the file is restored.
+    fn stopped_by_data_change<D: Device>(
+        &self,
+        trainer: &Trainer<D>,
+        d: &DataChanged,
+        ck_path: Option<PathBuf>,
+        end: &RunEnd,
+    ) -> String {
+        let mut msg = format!(
+            "data file {} {}; training stopped after step {}",
+            d.path,
+            d.message,
+            trainer.step()
+        );
+        let p = ck_path.expect("a stopped run always saves");
+        if let Err(e) = self.draw_plot(end.curve.as_deref()) {
+            eprintln!("warning: drawing the loss plot failed: {e}");
+        }
+        match self.save(trainer, end.saves.as_ref(), &p, None) {
+            Ok(_) => msg.push_str(&format!(
+                "; checkpoint at step {} saved to {}; restore the file (its content must be the \
+                 run's) and resume with: {}",
+                trainer.step(),
+                p.display(),
+                self.resume_cmd(&p)
             )),
             Err(e) => msg.push_str(&format!(
                 "; saving the checkpoint to {} failed: {e}",

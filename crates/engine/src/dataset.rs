@@ -310,6 +310,23 @@ fn data_err(path: &Path, message: impl Into<String>) -> EngineError {
     }
 }
 
+/// The error of a read of `path`'s map (`mapped` bytes) that faulted: the file was truncated
+/// while the run read it ([`duet_mmap::Changed`]); says how big it is now.
+fn data_changed(path: &Path, mapped: usize) -> EngineError {
+    let now = match std::fs::metadata(path) {
+        Ok(m) if m.len() < mapped as u64 => format!(
+            "it is shorter than when the run opened it: {} bytes, {mapped} then",
+            m.len()
+        ),
+        Ok(_) => format!("it was truncated after the run opened it ({mapped} bytes then)"),
+        Err(e) => format!("it can no longer be read: {}", io_message(&e)),
+    };
+    EngineError::DataChanged {
+        path: path.display().to_string(),
+        message: format!("changed while the run read it ({now})"),
+    }
+}
+
 /// Reads a whole regular file. A FIFO, a character device or a directory is refused before it
 /// is opened: reading one would block forever (a FIFO nobody writes) or never end (`/dev/zero`).
 pub fn read_regular(path: &Path) -> std::io::Result<Vec<u8>> {
@@ -840,15 +857,21 @@ impl Shard {
         let file = open_regular(path).map_err(err)?;
         let meta = file.metadata().map_err(err)?;
         let map = duet_mmap::Mapped::map(&file).map_err(err)?;
-        let fingerprint = DataFingerprint::of(path, &map, &meta, known, hash);
-        if let Some(k) = known {
-            fingerprint.ensure_unchanged_from(k)?;
-        }
-        let (encoding, offset, tokens) = layout(path, &map, format)?;
-        let max_token = match encoding {
-            Encoding::Bytes => 255,
-            e => max_token(&map[offset..], e),
-        };
+        // One guarded read: a fault (the file truncated meanwhile) discards what it computed.
+        let read = map.read(|bytes| -> Result<_> {
+            let fingerprint = DataFingerprint::of(path, bytes, &meta, known, hash);
+            if let Some(k) = known {
+                fingerprint.ensure_unchanged_from(k)?;
+            }
+            let (encoding, offset, tokens) = layout(path, bytes, format)?;
+            let max_token = match encoding {
+                Encoding::Bytes => 255,
+                e => max_token(&bytes[offset..], e),
+            };
+            Ok((fingerprint, encoding, offset, tokens, max_token))
+        });
+        let (fingerprint, encoding, offset, tokens, max_token) =
+            read.map_err(|_| data_changed(path, map.len()))??;
         Ok(Shard {
             path: path.to_path_buf(),
             encoding,
@@ -860,14 +883,23 @@ impl Shard {
         })
     }
 
+    /// Runs `f` on the bytes of the tokens (the map from the first token on); an error naming
+    /// the file when a read of the map faulted (the file was truncated while the run read it:
+    /// see [`duet_mmap::Mapped::read`]), `f`'s result discarded.
+    fn read_tokens<R>(&self, f: impl FnOnce(&[u8]) -> R) -> Result<R> {
+        self.map
+            .read(|bytes| f(&bytes[self.offset..]))
+            .map_err(|_| data_changed(&self.path, self.map.len()))
+    }
+
     /// Token `i`.
-    pub fn token(&self, i: usize) -> u32 {
-        token_at(&self.map[self.offset..], self.encoding, i)
+    pub fn token(&self, i: usize) -> Result<u32> {
+        self.read_tokens(|b| token_at(b, self.encoding, i))
     }
 
     /// Appends tokens `start..start + n`, widened to i32.
-    pub fn extend(&self, start: usize, n: usize, out: &mut Vec<i32>) {
-        extend_tokens(&self.map[self.offset..], self.encoding, start, n, out)
+    pub fn extend(&self, start: usize, n: usize, out: &mut Vec<i32>) -> Result<()> {
+        self.read_tokens(|b| extend_tokens(b, self.encoding, start, n, out))
     }
 }
 
@@ -1032,7 +1064,7 @@ impl DataSet {
     }
 
     /// Appends `n` tokens of `span` from its offset `at`.
-    fn extend(&self, span: &Span, at: usize, n: usize, out: &mut Vec<i32>) {
+    fn extend(&self, span: &Span, at: usize, n: usize, out: &mut Vec<i32>) -> Result<()> {
         self.shards[span.shard].extend(span.start + at, n, out)
     }
 
@@ -1040,16 +1072,22 @@ impl DataSet {
     /// training parts: the window starts of every part, concatenated, are numbered
     /// `0..Σ (len − t)` and each row's is `rng.below` that count, so every window lies in one
     /// part and all are equally likely. With one part this is nanoGPT's `get_batch` over it.
-    pub fn random_windows(&self, rng: &mut Rng, b: usize, t: usize) -> (Vec<i32>, Vec<i32>) {
+    /// An error names a shard truncated while the run read it.
+    pub fn random_windows(
+        &self,
+        rng: &mut Rng,
+        b: usize,
+        t: usize,
+    ) -> Result<(Vec<i32>, Vec<i32>)> {
         let (ends, total) = start_index(&self.train, t);
         let mut inputs = Vec::with_capacity(b * t);
         let mut targets = Vec::with_capacity(b * t);
         for _ in 0..b {
             let (span, at) = locate(&self.train, &ends, rng.below(total));
-            self.extend(span, at, t, &mut inputs);
-            self.extend(span, at + 1, t, &mut targets);
+            self.extend(span, at, t, &mut inputs)?;
+            self.extend(span, at + 1, t, &mut targets)?;
         }
-        (inputs, targets)
+        Ok((inputs, targets))
     }
 
     /// Fixed validation batches (at most `max_batches`): [`validation_batches`]' evenly spaced
@@ -1061,7 +1099,7 @@ impl DataSet {
         b: usize,
         t: usize,
         max_batches: usize,
-    ) -> Vec<(Vec<i32>, Vec<i32>)> {
+    ) -> Result<Vec<(Vec<i32>, Vec<i32>)>> {
         let lens: Vec<usize> = self.val.iter().map(|s| s.len).collect();
         let (ends, _) = start_index(&self.val, t);
         spaced_windows(&lens, b, t, max_batches)
@@ -1071,10 +1109,10 @@ impl DataSet {
                 let mut y = Vec::with_capacity(b * t);
                 for s in rows {
                     let (span, at) = locate(&self.val, &ends, s);
-                    self.extend(span, at, t, &mut x);
-                    self.extend(span, at + 1, t, &mut y);
+                    self.extend(span, at, t, &mut x)?;
+                    self.extend(span, at + 1, t, &mut y)?;
                 }
-                (x, y)
+                Ok((x, y))
             })
             .collect()
     }
@@ -1082,33 +1120,38 @@ impl DataSet {
     /// Unigram entropy (nats per token) of the training parts: the loss of a model that knows
     /// only token frequencies. Exact up to [`ENTROPY_SAMPLE`] tokens; past that, estimated from
     /// that many evenly spaced tokens of each part in proportion to its length. Computed once.
-    pub fn unigram_entropy(&self) -> f64 {
-        *self.entropy.get_or_init(|| {
-            let total = self.train_tokens().max(1);
-            let mut counts = vec![0u64; self.vocab_needed];
-            let mut n = 0u64;
-            for span in &self.train {
-                let shard = &self.shards[span.shard];
-                let take = if total <= ENTROPY_SAMPLE {
-                    span.len
-                } else {
-                    ((span.len as u128 * ENTROPY_SAMPLE as u128).div_ceil(total as u128) as usize)
-                        .clamp(1, span.len)
-                };
+    /// An error names a shard truncated while the run read it.
+    pub fn unigram_entropy(&self) -> Result<f64> {
+        if let Some(&h) = self.entropy.get() {
+            return Ok(h);
+        }
+        let total = self.train_tokens().max(1);
+        let mut counts = vec![0u64; self.vocab_needed];
+        let mut n = 0u64;
+        for span in &self.train {
+            let shard = &self.shards[span.shard];
+            let take = if total <= ENTROPY_SAMPLE {
+                span.len
+            } else {
+                ((span.len as u128 * ENTROPY_SAMPLE as u128).div_ceil(total as u128) as usize)
+                    .clamp(1, span.len)
+            };
+            shard.read_tokens(|bytes| {
                 for j in 0..take {
                     let i = (j as u128 * span.len as u128 / take as u128) as usize;
-                    counts[shard.token(span.start + i) as usize] += 1;
-                    n += 1;
+                    counts[token_at(bytes, shard.encoding, span.start + i) as usize] += 1;
                 }
-            }
-            let n = n as f64;
-            counts
-                .iter()
-                .filter(|&&c| c > 0)
-                .map(|&c| c as f64 / n)
-                .map(|p| -p * p.ln())
-                .sum()
-        })
+            })?;
+            n += take as u64;
+        }
+        let n = n as f64;
+        let h = counts
+            .iter()
+            .filter(|&&c| c > 0)
+            .map(|&c| c as f64 / n)
+            .map(|p| -p * p.ln())
+            .sum();
+        Ok(*self.entropy.get_or_init(|| h))
     }
 }
 
@@ -1152,9 +1195,10 @@ pub enum Source {
 }
 
 impl Source {
-    /// Draws the next training batch of `b` sequences of `t` tokens.
-    pub fn next_batch(&mut self, b: usize, t: usize) -> Batch {
-        match self {
+    /// Draws the next training batch of `b` sequences of `t` tokens. An error names a shard
+    /// truncated while the run read it.
+    pub fn next_batch(&mut self, b: usize, t: usize) -> Result<Batch> {
+        Ok(match self {
             Source::Progressions(p) => {
                 let (inputs, targets) = p.batch(b, t);
                 Batch {
@@ -1164,14 +1208,14 @@ impl Source {
                 }
             }
             Source::File { data, rng } => {
-                let (inputs, targets) = data.random_windows(rng, b, t);
+                let (inputs, targets) = data.random_windows(rng, b, t)?;
                 Batch {
                     inputs,
                     targets,
                     state_after: rng.state(),
                 }
             }
-        }
+        })
     }
 
     pub fn set_state(&mut self, state: u64) {
@@ -1231,10 +1275,14 @@ fn spaced_windows(lens: &[usize], b: usize, t: usize, max_batches: usize) -> Vec
         .collect()
 }
 
-/// Prefetches batches on a background thread (a bounded queue of `depth` batches).
+/// Prefetches batches on a background thread (a bounded queue of `depth` batches). A batch
+/// that cannot be read (a shard truncated while the run read it) ends the thread: its error
+/// comes after the batches drawn before it, and again from every later call.
 pub struct Prefetcher {
-    rx: Option<Receiver<Batch>>,
+    rx: Option<Receiver<Result<Batch>>>,
     handle: Option<JoinHandle<()>>,
+    /// The (path, message) of the [`EngineError::DataChanged`] that ended the thread.
+    failed: Option<(String, String)>,
 }
 
 impl Prefetcher {
@@ -1242,19 +1290,38 @@ impl Prefetcher {
         let (tx, rx) = sync_channel(depth.max(1));
         let handle = std::thread::Builder::new()
             .name("duet-data".into())
-            .spawn(move || while tx.send(source.next_batch(b, t)).is_ok() {})
+            .spawn(move || {
+                loop {
+                    let batch = source.next_batch(b, t);
+                    let failed = batch.is_err();
+                    if tx.send(batch).is_err() || failed {
+                        break;
+                    }
+                }
+            })
             .expect("spawn data thread");
         Self {
             rx: Some(rx),
             handle: Some(handle),
+            failed: None,
         }
     }
 
     pub fn next_batch(&mut self) -> Result<Batch> {
-        self.rx
-            .as_ref()
-            .and_then(|rx| rx.recv().ok())
-            .ok_or_else(|| EngineError::Config("the data thread stopped".into()))
+        if let Some((path, message)) = &self.failed {
+            return Err(EngineError::DataChanged {
+                path: path.clone(),
+                message: message.clone(),
+            });
+        }
+        match self.rx.as_ref().and_then(|rx| rx.recv().ok()) {
+            Some(Err(EngineError::DataChanged { path, message })) => {
+                self.failed = Some((path.clone(), message.clone()));
+                Err(EngineError::DataChanged { path, message })
+            }
+            Some(batch) => batch,
+            None => Err(EngineError::Config("the data thread stopped".into())),
+        }
     }
 }
 
@@ -1297,7 +1364,7 @@ mod tests {
         let f = open1(&p, 16).unwrap();
         assert_eq!(f.train_tokens() + f.val_tokens(), 500);
         assert_eq!(f.vocab_needed, *toks.iter().max().unwrap() as usize + 1);
-        let back: Vec<u32> = (0..500).map(|i| f.shards[0].token(i)).collect();
+        let back: Vec<u32> = (0..500).map(|i| f.shards[0].token(i).unwrap()).collect();
         assert_eq!(back, toks.iter().map(|&t| t as u32).collect::<Vec<_>>());
 
         let mut bytes = std::fs::read(&p).unwrap();
@@ -1342,17 +1409,17 @@ mod tests {
             data: f.clone(),
             rng: Rng::new(1),
         };
-        let b = s.next_batch(4, 8);
+        let b = s.next_batch(4, 8).unwrap();
         assert_eq!(b.inputs.len(), 32);
         assert_eq!(&b.inputs[1..8], &b.targets[..7]);
         // Restoring the state reproduces the next batch.
         let state = s.state();
-        let next = s.next_batch(4, 8);
+        let next = s.next_batch(4, 8).unwrap();
         s.set_state(state);
-        assert_eq!(s.next_batch(4, 8).inputs, next.inputs);
-        let v = f.validation_batches(4, 8, 3);
+        assert_eq!(s.next_batch(4, 8).unwrap().inputs, next.inputs);
+        let v = f.validation_batches(4, 8, 3).unwrap();
         assert!(!v.is_empty() && v.len() <= 3);
-        assert!(f.unigram_entropy() > 1.0);
+        assert!(f.unigram_entropy().unwrap() > 1.0);
     }
 
     #[test]
@@ -1363,7 +1430,7 @@ mod tests {
         for _ in 0..5 {
             assert_eq!(
                 pre.next_batch().unwrap().inputs,
-                direct.next_batch(2, 6).inputs
+                direct.next_batch(2, 6).unwrap().inputs
             );
         }
     }
@@ -1546,7 +1613,7 @@ mod tests {
         let files = resolve_data(&[n.display().to_string()], &[], DataFormat::Nanogpt).unwrap();
         let f = DataSet::open(&files, 8).unwrap();
         assert_eq!(f.shards[0].tokens, 400);
-        let back: Vec<u32> = (0..400).map(|i| f.shards[0].token(i)).collect();
+        let back: Vec<u32> = (0..400).map(|i| f.shards[0].token(i).unwrap()).collect();
         assert_eq!(back, nt.iter().map(|&t| t as u32).collect::<Vec<_>>());
         std::fs::write(&n, [1u8, 2, 3]).unwrap();
         let e = DataSet::open(&files, 1).unwrap_err().to_string();

@@ -39,6 +39,11 @@ pub enum EngineError {
     Io { path: String, message: String },
     #[error("data file {path}: {message}")]
     Data { path: String, message: String },
+    /// A data file changed while the run read it (truncated: a read of its map faulted). The
+    /// run stops at the step before the batch that could not be read, so that it can be saved
+    /// and resumed once the file is restored.
+    #[error("data file {path} {message}: restore it and resume from the last checkpoint")]
+    DataChanged { path: String, message: String },
     #[error("checkpoint {path}: {message}")]
     Checkpoint { path: String, message: String },
     #[error(

@@ -78,6 +78,33 @@ pub struct RunSummary {
     /// run stopped after the step every rank finished, as an interrupt stops it; the caller
     /// saves a checkpoint and fails.
     pub nonfinite_grads: Option<NonFiniteGrads>,
+    /// A data file changed while the run read it (a shard truncated: a batch or the validation
+    /// windows could not be read). The run stopped at the step before the batch, as an
+    /// interrupt stops it, so that the caller saves a checkpoint and names the file. Only
+    /// for a single process: a rank of a data-parallel run returns the error (the others
+    /// would wait for it in a collective).
+    pub data_changed: Option<DataChanged>,
+}
+
+/// A data file that changed while the run read it ([`RunSummary::data_changed`]).
+#[derive(Clone, Debug)]
+pub struct DataChanged {
+    pub path: String,
+    /// What changed (the [`EngineError::DataChanged`] message).
+    pub message: String,
+}
+
+impl DataChanged {
+    /// The failure in `e` when it is a data file that changed and `trainer` is a single process
+    /// (which can stop and save); `e` itself otherwise.
+    fn of<D: Device>(trainer: &Trainer<D>, e: EngineError) -> Result<DataChanged> {
+        match e {
+            EngineError::DataChanged { path, message } if trainer.dist().is_none() => {
+                Ok(DataChanged { path, message })
+            }
+            e => Err(e),
+        }
+    }
 }
 
 /// How many consecutive steps with a non-finite gradient norm (outside the FP16 loss scaler's
@@ -438,7 +465,8 @@ pub type OnStep<'a, D> = dyn FnMut(&Trainer<D>, &StepLog, Option<&Saved>) -> Res
 /// trace and the metrics of every step, validates and saves at their cadence, calls `on_step`
 /// for each step after its save (the caller's progress display; with what the save did), and
 /// stops early, after a step every rank
-/// finished, once `interrupt` is set.
+/// finished, once `interrupt` is set. A single process whose data file changed under it
+/// stops at the step before the batch it could not read ([`RunSummary::data_changed`]).
 pub fn run<D: Device, W: Write>(
     trainer: &mut Trainer<D>,
     plan: &RunPlan,
@@ -480,7 +508,15 @@ pub fn run<D: Device, W: Write>(
         } else {
             steps_to_read_back(trainer.step(), plan.last_step, loss_every, &events)
         };
-        let reports = trainer.train_steps(k as usize)?;
+        let reports = match trainer.train_steps(k as usize) {
+            Ok(r) => r,
+            Err(e) => {
+                // A data file that changed (any other error is returned): no step of the call
+                // ran, the trainer is at the step before the batch it could not read.
+                sum.data_changed = Some(DataChanged::of(trainer, e)?);
+                break;
+            }
+        };
         let read_back = start.elapsed().as_secs_f64();
         let queued = reports.len();
         for (i, r) in reports.into_iter().enumerate() {
@@ -510,15 +546,7 @@ pub fn run<D: Device, W: Write>(
             }
             sum.last_loss = r.loss;
             let save_step = save_every > 0 && r.step.is_multiple_of(save_every);
-            let val_loss = if (plan.val_every > 0 && r.step.is_multiple_of(plan.val_every))
-                || (plan.validate_at_saves && save_step && r.step < plan.last_step)
-            {
-                let v = trainer.validation_loss()?;
-                sum.last_val = Some((r.step, v));
-                Some(v)
-            } else {
-                None
-            };
+            let val_loss = validate(trainer, plan, r.step, save_step, &mut sum)?;
             // The earlier steps of a read-back group ended before it (each took `seconds`).
             let elapsed_s = before
                 + match queued - 1 - i {
@@ -568,11 +596,11 @@ pub fn run<D: Device, W: Write>(
         }
         // Every rank stops after the same step: at an interrupt, and when rank 0 could not
         // write its logs (the caller saves a checkpoint and names the file).
-        let stop =
-            interrupt.load(Ordering::SeqCst) || failure.is_some() || sum.nonfinite_grads.is_some();
+        let failed =
+            failure.is_some() || sum.nonfinite_grads.is_some() || sum.data_changed.is_some();
+        let stop = interrupt.load(Ordering::SeqCst) || failed;
         if trainer.any_rank(stop)? {
-            sum.interrupted = interrupt.load(Ordering::SeqCst)
-                || (failure.is_none() && sum.nonfinite_grads.is_none());
+            sum.interrupted = interrupt.load(Ordering::SeqCst) || !failed;
             break;
         }
     }
@@ -587,6 +615,34 @@ pub fn run<D: Device, W: Write>(
     sum.ran = trainer.step() - first_step;
     sum.seconds = start.elapsed().as_secs_f64();
     Ok(sum)
+}
+
+/// The validation loss at `step` of [`run`] when it is due there (the validation cadence, or
+/// a save step that `--keep-best` ranks), recorded in `sum`. None when not due, or when its
+/// windows could not be read (`sum.data_changed`: the run stops after this group of steps).
+fn validate<D: Device>(
+    trainer: &mut Trainer<D>,
+    plan: &RunPlan,
+    step: u64,
+    save_step: bool,
+    sum: &mut RunSummary,
+) -> Result<Option<f32>> {
+    let due = (plan.val_every > 0 && step.is_multiple_of(plan.val_every))
+        || (plan.validate_at_saves && save_step && step < plan.last_step);
+    if !due {
+        return Ok(None);
+    }
+    match trainer.validation_loss() {
+        Ok(v) => {
+            sum.last_val = Some((step, v));
+            Ok(Some(v))
+        }
+        Err(e) => {
+            let failure = DataChanged::of(trainer, e)?;
+            sum.data_changed.get_or_insert(failure);
+            Ok(None)
+        }
+    }
 }
 
 /// The end of [`run`]: the metrics log and the trace flushed (each only while it is `live`).

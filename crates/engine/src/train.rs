@@ -551,6 +551,11 @@ impl<D: Device> Trainer<D> {
     /// back from the next call of [`Trainer::train_steps`], [`Trainer::train_step`],
     /// [`Trainer::train_step_on`] or [`Trainer::checkpoint`] — the device state is past the
     /// diverged step, so it can no longer be saved; the last checkpoint on disk is untouched.
+    ///
+    /// A batch that cannot be read ([`EngineError::DataChanged`]: a shard truncated while the
+    /// run read it) ends the call before its step, the trainer at the step before it (which
+    /// may be saved): the steps before it are returned, and the error comes back from the next
+    /// call (the prefetcher gives it again).
     pub fn train_steps(&mut self, n: usize) -> Result<Vec<StepReport>> {
         self.check_diverged()?;
         let mut reports = Vec::with_capacity(n);
@@ -560,6 +565,7 @@ impl<D: Device> Trainer<D> {
                 self.diverged = Some((step, loss));
                 Ok(reports)
             }
+            Err(EngineError::DataChanged { .. }) if !reports.is_empty() => Ok(reports),
             Err(e) => Err(e),
         }
     }
@@ -622,8 +628,18 @@ impl<D: Device> Trainer<D> {
         }
         // (lr, tokens, counted targets) of each queued step.
         let mut queued = Vec::with_capacity(m);
+        // A batch that cannot be read after steps were queued: those steps are read back (the
+        // trainer stays at a step boundary), then the error is returned.
+        let mut unread = None;
         for i in 0..m {
-            let batch = self.next_batch()?;
+            let batch = match self.next_batch() {
+                Ok(b) => b,
+                Err(e) if i > 0 => {
+                    unread = Some(e);
+                    break;
+                }
+                Err(e) => return Err(e),
+            };
             let lr = self.cfg.lr_at(self.step + i as u64);
             let count = self.queue_loaded_step(&batch.inputs, &batch.targets, lr)?;
             let ring = self.readback.as_mut().expect("allocated above");
@@ -633,8 +649,9 @@ impl<D: Device> Trainer<D> {
             queued.push((lr, batch.inputs.len(), count));
         }
         let ring = self.readback.as_ref().expect("allocated above");
-        let back: Vec<f32> = dev.download_range(ring, 0, m * slot)?;
-        let seconds = start.elapsed().as_secs_f64() / m as f64;
+        let n = queued.len();
+        let back: Vec<f32> = dev.download_range(ring, 0, n * slot)?;
+        let seconds = start.elapsed().as_secs_f64() / n as f64;
         for (s, (lr, tokens, count)) in back.chunks_exact(slot).zip(queued) {
             // What Gpt::read_loss and AdamW::device_step_stats compute from the same values.
             let loss = mean_loss(&s[..rows], count);
@@ -642,7 +659,7 @@ impl<D: Device> Trainer<D> {
             let stats = self.opt.config().plan(s[rows].sqrt(), None).stats;
             out.push(self.finish_step(loss, lr, &stats, tokens, seconds)?);
         }
-        Ok(())
+        unread.map_or(Ok(()), Err)
     }
 
     /// The error of a divergence [`Trainer::train_steps`] found after returning the steps
@@ -687,7 +704,7 @@ impl<D: Device> Trainer<D> {
     fn validation_loss_inner(&mut self) -> Result<f32> {
         let (b, t) = (self.cfg.train.data.batch, self.cfg.train.data.seq);
         let batches = match &self.val_tokens {
-            Some(f) => f.validation_batches(b, t, self.cfg.train.data.val_batches),
+            Some(f) => f.validation_batches(b, t, self.cfg.train.data.val_batches)?,
             None => {
                 let Source::Progressions(p) = &self.data else {
                     unreachable!("no file, synthetic data")
@@ -751,8 +768,11 @@ impl<D: Device> Trainer<D> {
     }
 
     /// Unigram entropy (nats/token) of a file source's training tokens.
-    pub fn unigram_entropy(&self) -> Option<f64> {
-        self.val_tokens.as_ref().map(|f| f.unigram_entropy())
+    pub fn unigram_entropy(&self) -> Result<Option<f64>> {
+        self.val_tokens
+            .as_ref()
+            .map(|f| f.unigram_entropy())
+            .transpose()
     }
 
     /// The complete resumable state of the run. Under ZeRO the optimizer state is gathered from

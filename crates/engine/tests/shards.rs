@@ -133,10 +133,10 @@ fn uint32_and_nanogpt_shards_read_their_tokens() {
     let files = resolve_data(&[s(&d)], &[], DataFormat::Auto).unwrap();
     let set = DataSet::open(&files, 8).unwrap();
     assert_eq!(set.vocab_needed, 200_149 + 1);
-    let got: Vec<u32> = (0..150).map(|i| set.shards[1].token(i)).collect();
+    let got: Vec<u32> = (0..150).map(|i| set.shards[1].token(i).unwrap()).collect();
     assert_eq!(got, b);
     // The sampler widens them unchanged: every window is consecutive ids of one shard.
-    let (x, y) = set.random_windows(&mut Rng::new(4), 16, 8);
+    let (x, y) = set.random_windows(&mut Rng::new(4), 16, 8).unwrap();
     for (xr, yr) in x.chunks(8).zip(y.chunks(8)) {
         assert!(xr[0] >= 100_000);
         for j in 0..8 {
@@ -161,7 +161,7 @@ fn uint32_and_nanogpt_shards_read_their_tokens() {
     let set = DataSet::open(&files, 8).unwrap();
     assert_eq!((set.train_tokens(), set.val_tokens()), (800, 120));
     assert_eq!(set.vocab_needed, 4000 + 119 + 1);
-    for (x, _) in set.validation_batches(4, 8, 8) {
+    for (x, _) in set.validation_batches(4, 8, 8).unwrap() {
         assert!(
             x.iter().all(|&t| (4000..4120).contains(&t)),
             "validation reads val.bin"
@@ -194,7 +194,7 @@ fn a_window_never_crosses_a_shard_and_every_window_can_be_drawn() {
     let mut hit_last = [false; 3];
     let lens = [300, 37, 1200];
     for _ in 0..400 {
-        let (x, y) = set.random_windows(&mut rng, 8, t);
+        let (x, y) = set.random_windows(&mut rng, 8, t).unwrap();
         for (xr, yr) in x.chunks(t).zip(y.chunks(t)) {
             let k = (xr[0] / 1000) as usize - 1;
             let start = xr[0] % 1000;
@@ -240,7 +240,9 @@ fn the_order_depends_on_the_seed_and_the_shard_list_and_resumes_exactly() {
             data: set.clone(),
             rng: Rng::new(seed),
         };
-        (0..n).map(|_| src.next_batch(4, 16).inputs).collect()
+        (0..n)
+            .map(|_| src.next_batch(4, 16).unwrap().inputs)
+            .collect()
     };
     assert_eq!(
         draw(&set, 5, 6),
@@ -264,9 +266,11 @@ fn the_order_depends_on_the_seed_and_the_shard_list_and_resumes_exactly() {
     };
     let mut state = 0;
     for _ in 0..3 {
-        state = src.next_batch(4, 16).state_after;
+        state = src.next_batch(4, 16).unwrap().state_after;
     }
-    let next: Vec<Vec<i32>> = (0..4).map(|_| src.next_batch(4, 16).inputs).collect();
+    let next: Vec<Vec<i32>> = (0..4)
+        .map(|_| src.next_batch(4, 16).unwrap().inputs)
+        .collect();
     let mut resumed = Source::File {
         data: open(&list),
         rng: Rng::new(0),
@@ -289,7 +293,7 @@ fn validation_shards_and_the_batch_bound() {
     assert_eq!((set.train_tokens(), set.val_tokens()), (400, 800));
     let t = 8;
     for max in [1, 3, 100] {
-        let v = set.validation_batches(2, t, max);
+        let v = set.validation_batches(2, t, max).unwrap();
         // ⌈Σ ⌊(len − 1)/t⌋ / b⌉ = ⌈(37 + 62) / 2⌉ = 50 batches at most.
         assert_eq!(v.len(), max.min(50), "bound {max}");
         for (x, y) in &v {
@@ -306,6 +310,7 @@ fn validation_shards_and_the_batch_bound() {
     // Spread over both shards.
     let tags: std::collections::BTreeSet<i32> = set
         .validation_batches(2, t, 100)
+        .unwrap()
         .iter()
         .map(|(x, _)| x[0] / 1000)
         .collect();
@@ -394,14 +399,14 @@ fn a_single_file_gives_the_batches_it_gave_before() {
                 rng: Rng::derive(1337, 3),
             };
             for _ in 0..20 {
-                let batch = src.next_batch(b, t);
+                let batch = src.next_batch(b, t).unwrap();
                 let (x, y) = old_random_windows(&train, &mut old, b, t);
                 assert_eq!((batch.inputs, batch.targets), (x, y), "{}", path.display());
                 assert_eq!(batch.state_after, old.state());
             }
             for max in [1, 8] {
                 assert_eq!(
-                    set.validation_batches(b, t, max),
+                    set.validation_batches(b, t, max).unwrap(),
                     old_validation_batches(&val, b, t, max)
                 );
             }

@@ -28,6 +28,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod chat;
 mod check;
 mod guard;
 pub mod shard;
@@ -349,6 +350,29 @@ impl Tokenizer {
                     .map_err(|p| self.panicked("encoding", &p))?
                     .map_err(tk_err)?;
                 Ok(enc.get_ids().to_vec())
+            }
+        }
+    }
+
+    /// [`Tokenizer::encode`] with each token's first byte in `text` (a token of several
+    /// characters starts at its first; byte tokens start at their byte).
+    pub fn encode_with_offsets(&self, text: &str) -> Result<Vec<(u32, usize)>> {
+        match &self.kind {
+            Kind::Bytes => Ok(text
+                .bytes()
+                .enumerate()
+                .map(|(i, b)| (b as u32, i))
+                .collect()),
+            Kind::Hf(tk) => {
+                let enc = guard::catch(|| tk.encode(text, false))
+                    .map_err(|p| self.panicked("encoding", &p))?
+                    .map_err(tk_err)?;
+                Ok(enc
+                    .get_ids()
+                    .iter()
+                    .zip(enc.get_offsets())
+                    .map(|(&id, &(start, _))| (id, start))
+                    .collect())
             }
         }
     }

@@ -101,3 +101,33 @@ fn gpt2_saved_as_tokenizer_json_is_the_same_tokenizer() {
     assert_ne!(Tokenizer::bytes().hash(), tk.hash());
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A conversation through a template with GPT-2's BPE: the tokens marked as targets decode to
+/// the assistant turns, and the ids are those of the whole rendering (encoded once, so a token
+/// spanning a turn's boundary is not split).
+#[test]
+fn chat_examples_mark_the_assistant_tokens() {
+    use duet_tokenize::chat::{ChatTemplate, Record, encode_record};
+    let tok = gpt2();
+    let tpl = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}\
+               {% if add_generation_prompt %}assistant:{% endif %}";
+    let t = ChatTemplate::new(tpl, "", "").unwrap();
+    let line = r#"{"messages": [{"role": "user", "content": "Name a colour."},
+                  {"role": "assistant", "content": "Blue, like the sea."}]}"#;
+    let ex = encode_record(&tok, Some(&t), &Record::parse(line, "x:1").unwrap()).unwrap();
+    let (text, _) = t
+        .render_marked(match &Record::parse(line, "x:1").unwrap() {
+            Record::Messages(m) => m,
+            _ => unreachable!(),
+        })
+        .unwrap();
+    assert_eq!(ex.ids, tok.encode(&text).unwrap());
+    let learned: Vec<u32> = ex
+        .ids
+        .iter()
+        .zip(&ex.target)
+        .filter(|(_, t)| **t)
+        .map(|(&i, _)| i)
+        .collect();
+    assert_eq!(tok.decode(&learned).unwrap(), " Blue, like the sea.\n");
+}

@@ -51,7 +51,8 @@ usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' 
 source_hash() {
   local rocm_cache=${DUET_ROCM_CACHE:-/var/cache/duet-rocm-check}
   [ -d "$rocm_cache/headers-6.4" ] || rocm_cache="$ROOT/target/rocm-check"
-  { find "$PLATFORM/src" "$PLATFORM/include" "$PLATFORM/fixtures" "$PLATFORM/build.sh" -type f -print0 |
+  # The hipBLASLt part shared with hip-on-cuda (crates/hip/testing/*.inc) is a source too.
+  { find "$PLATFORM/src" "$PLATFORM/include" "$PLATFORM/fixtures" "$PLATFORM/build.sh" "$PLATFORM"/../*.inc -type f -print0 |
       sort -z | xargs -0 sha256sum
     sha256sum "$rocm_cache/headers-6.4/usr/include/hip/hip_version.h" 2>/dev/null || echo "no headers"
     g++ --version | head -1; } | sha256sum | cut -c1-16

@@ -21,6 +21,10 @@
 //! shards are written. The memory this takes (with the tokenizers crate's working memory for
 //! the documents in flight, about 100 bytes a byte of text) is checked against what this
 //! process may allocate before the corpus is read.
+//!
+//! Supervised fine-tuning data (`--sft`, or detected: every input a `.jsonl` file whose first
+//! line is a prompt–completion or conversation record) is tokenized into SFT shards instead:
+//! see [`sft`].
 
 use crate::CliResult;
 use clap::Args;
@@ -33,6 +37,8 @@ use std::io::{IsTerminal, Read};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
+
+mod sft;
 
 /// The extensions a folder's files are taken by (without `--all-files`).
 pub const TEXT_EXTENSIONS: [&str; 4] = ["txt", "md", "rst", "py"];
@@ -86,6 +92,17 @@ pub struct TokenizeArgs {
     /// Take every file of a folder, not only .txt, .md, .rst and .py.
     #[arg(long)]
     all_files: bool,
+    /// The inputs are supervised fine-tuning records, one JSON object a line:
+    /// {"prompt", "completion"} or {"messages": [{"role", "content"}, …]} (folders give their
+    /// .jsonl files); written as SFT shards of whole examples whose completion or assistant
+    /// tokens are the targets [default: on when every input is a .jsonl file whose first line
+    /// is such a record]. --val-fraction and --val-docs count examples.
+    #[arg(long, conflicts_with = "train_bpe")]
+    sft: bool,
+    /// The chat template of conversations: a tokenizer_config.json (its `chat_template`) or a
+    /// folder holding one [default: the tokenizer_config.json beside --tokenizer].
+    #[arg(long, value_name = "PATH")]
+    chat_template: Option<PathBuf>,
 }
 
 /// A file's identity: (device, inode).
@@ -104,8 +121,8 @@ struct Doc {
 
 /// The documents of `inputs`, in order, each file once (by identity: the same file given
 /// twice, through a folder and by name, or through a hard link).
-fn collect_files(inputs: &[PathBuf], all: bool) -> CliResult<Vec<Doc>> {
-    fn walk(dir: &Path, all: bool, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
+fn collect_files(inputs: &[PathBuf], all: bool, exts: &[&str]) -> CliResult<Vec<Doc>> {
+    fn walk(dir: &Path, all: bool, exts: &[&str], out: &mut Vec<PathBuf>) -> std::io::Result<()> {
         let mut entries: Vec<_> = std::fs::read_dir(dir)?.collect::<Result<_, _>>()?;
         entries.sort_by_key(|e| e.file_name());
         for e in entries {
@@ -115,12 +132,12 @@ fn collect_files(inputs: &[PathBuf], all: bool) -> CliResult<Vec<Doc>> {
             let p = e.path();
             let ty = e.file_type()?;
             if ty.is_dir() {
-                walk(&p, all, out)?;
+                walk(&p, all, exts, out)?;
             } else if p.is_file()
                 && (all
                     || p.extension()
                         .and_then(|x| x.to_str())
-                        .is_some_and(|x| TEXT_EXTENSIONS.contains(&x)))
+                        .is_some_and(|x| exts.contains(&x)))
             {
                 out.push(p);
             }
@@ -130,7 +147,7 @@ fn collect_files(inputs: &[PathBuf], all: bool) -> CliResult<Vec<Doc>> {
     let mut files = Vec::new();
     for i in inputs {
         match std::fs::metadata(i) {
-            Ok(m) if m.is_dir() => walk(i, all, &mut files).map_err(|e| at_path(i, &e))?,
+            Ok(m) if m.is_dir() => walk(i, all, exts, &mut files).map_err(|e| at_path(i, &e))?,
             Ok(m) if m.is_file() => files.push(i.clone()),
             Ok(_) => {
                 // open_regular names what the file is (a FIFO, a device) without opening it.
@@ -169,7 +186,7 @@ fn collect_files(inputs: &[PathBuf], all: bool) -> CliResult<Vec<Doc>> {
     if docs.is_empty() {
         return Err(format!(
             "no documents found (folders are searched for .{} files; --all-files takes every file)",
-            TEXT_EXTENSIONS.join(", .")
+            exts.join(", .")
         )
         .into());
     }
@@ -601,7 +618,13 @@ pub fn run(a: &TokenizeArgs) -> CliResult<()> {
         }
         None => None,
     };
-    let docs = collect_files(&a.inputs, a.all_files)?;
+    if a.sft || sft::detected(&a.inputs) {
+        return sft::run(a, given);
+    }
+    if a.chat_template.is_some() {
+        return Err("--chat-template renders the conversations of SFT data (--sft)".into());
+    }
+    let docs = collect_files(&a.inputs, a.all_files, &TEXT_EXTENSIONS)?;
     if let Some(n) = a.val_docs
         && n >= docs.len()
     {

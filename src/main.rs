@@ -167,6 +167,10 @@ pub struct DataFlags {
     /// nanoGPT's prepare.py writes train.bin and val.bin). [default: auto]
     #[arg(long, value_name = "FORMAT")]
     pub data_format: Option<String>,
+    /// SFT shards (duet tokenize --sft): refuse an example longer than --seq + 1 tokens
+    /// instead of cutting it (the count of cut examples is reported either way).
+    #[arg(long)]
+    pub no_truncate: bool,
     /// Most validation batches (of --batch windows, evenly spaced over the validation data)
     /// each validation evaluates. [default: 8]
     #[arg(long, value_name = "N")]

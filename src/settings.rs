@@ -151,6 +151,7 @@ fn resolve_data_files(a: &ModelArgs, cfg: &mut Config, fixed_model: bool) -> Cli
     t.data.val_data = files.val.iter().map(name).collect();
     // The model's vocabulary must cover the tokens; pick it unless --vocab was given.
     let set = duet_engine::dataset::DataSet::scan(&files, t.data.seq)?;
+    crate::cli_train::sft_data_note(&set, t.data.seq, a.data.no_truncate)?;
     if cfg.model.vocab < set.vocab_needed {
         if fixed_model {
             return Err(format!(

@@ -721,3 +721,55 @@ fn config_sets_seq(a: &ModelArgs) -> bool {
     base.train.data.seq = 0;
     duet_engine::Config::from_toml_file(path, base).is_ok_and(|c| c.train.data.seq != 0)
 }
+
+/// What a run of SFT shards trains on (printed once, when its data is scanned): its examples,
+/// learned targets and the examples cut to `seq + 1` tokens or left out; with `no_truncate`
+/// (`--no-truncate`), an example longer than that is refused, naming the longest.
+pub(crate) fn sft_data_note(
+    set: &duet_engine::dataset::DataSet,
+    seq: usize,
+    no_truncate: bool,
+) -> CliResult<()> {
+    let Some(s) = &set.sft else {
+        if no_truncate {
+            return Err("--no-truncate is for SFT shards (duet tokenize --sft)".into());
+        }
+        return Ok(());
+    };
+    if no_truncate && s.truncated > 0 {
+        let (path, len) = s.longest.clone().unwrap_or_default();
+        return Err(format!(
+            "--no-truncate: {} examples are longer than --seq {seq} + 1 tokens, the longest \
+             {len} tokens (in {}): raise --seq (and --max-seq) to {} or more, or drop \
+             --no-truncate to cut them",
+            s.truncated,
+            path.display(),
+            len.saturating_sub(1)
+        )
+        .into());
+    }
+    eprintln!(
+        "SFT data: {} training examples ({} learned targets in {} row tokens; a row holds one \
+         example, padded), {} validation examples",
+        s.train.len(),
+        s.learned,
+        s.row_tokens,
+        s.val.len()
+    );
+    if s.truncated > 0 {
+        eprintln!(
+            "note: {} examples are longer than --seq {seq} + 1 tokens (the longest {} tokens): \
+             cut to their first {} (--no-truncate refuses them)",
+            s.truncated,
+            s.longest.as_ref().map_or(0, |l| l.1),
+            seq + 1
+        );
+    }
+    if s.skipped > 0 {
+        eprintln!(
+            "note: {} examples have no learned target among their first {seq}: left out",
+            s.skipped
+        );
+    }
+    Ok(())
+}

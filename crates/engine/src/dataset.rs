@@ -15,6 +15,9 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc::{Receiver, sync_channel};
 use std::thread::JoinHandle;
 
+mod sft;
+pub use sft::{SFT_LEARNED, SFT_MAGIC, SFT_VERSION, SftExample, SftSet};
+
 /// llm.c shard header: 256 little-endian i32, magic 20240520, version 1, token count; then
 /// uint16 tokens (GPT-2's vocabulary).
 pub const LLMC_MAGIC: i32 = 20240520;
@@ -383,6 +386,9 @@ pub enum Encoding {
     U16,
     /// Little-endian uint32 tokens (llm.c's version 7).
     U32,
+    /// An SFT shard's little-endian uint32 words: the id in the low 31 bits, bit 31
+    /// ([`SFT_LEARNED`]) set on a learned token ([`sft`]).
+    Sft,
 }
 
 impl Encoding {
@@ -390,7 +396,7 @@ impl Encoding {
         match self {
             Encoding::Bytes => 1,
             Encoding::U16 => 2,
-            Encoding::U32 => 4,
+            Encoding::U32 | Encoding::Sft => 4,
         }
     }
 }
@@ -467,6 +473,9 @@ fn header_word(bytes: &[u8], i: usize) -> Option<i32> {
 /// `bytes`, when both are there.
 fn llmc_magic_and_version(bytes: &[u8]) -> Option<(i32, i32)> {
     let (magic, version) = (header_word(bytes, 0)?, header_word(bytes, 1)?);
+    if (magic, version) == (SFT_MAGIC, SFT_VERSION) {
+        return Some((magic, version));
+    }
     let (_, expected) = llmc_kind(magic)?;
     (version == expected).then_some((magic, version))
 }
@@ -490,6 +499,9 @@ fn llmc_layout(path: &Path, bytes: &[u8], hint: bool) -> Result<(Encoding, usize
     }
     let word = |i: usize| header_word(bytes, i).expect("within the header");
     let (magic, version) = (word(0), word(1));
+    if magic == SFT_MAGIC {
+        return sft::sft_layout(path, bytes);
+    }
     let (encoding, expected_version) = match llmc_kind(magic) {
         Some(kind) => kind,
         None => {
@@ -538,6 +550,9 @@ fn token_at(bytes: &[u8], encoding: Encoding, i: usize) -> u32 {
         Encoding::Bytes => bytes[i] as u32,
         Encoding::U16 => u16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]]) as u32,
         Encoding::U32 => u32::from_le_bytes(bytes[4 * i..4 * i + 4].try_into().expect("4 bytes")),
+        Encoding::Sft => {
+            u32::from_le_bytes(bytes[4 * i..4 * i + 4].try_into().expect("4 bytes")) & !SFT_LEARNED
+        }
     }
 }
 
@@ -555,6 +570,10 @@ fn extend_tokens(bytes: &[u8], encoding: Encoding, start: usize, n: usize, out: 
             b.chunks_exact(4)
                 .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as i32),
         ),
+        Encoding::Sft => out.extend(
+            b.chunks_exact(4)
+                .map(|c| (u32::from_le_bytes([c[0], c[1], c[2], c[3]]) & !SFT_LEARNED) as i32),
+        ),
     }
 }
 
@@ -570,6 +589,11 @@ fn max_token(bytes: &[u8], encoding: Encoding) -> u32 {
         Encoding::U32 => bytes
             .chunks_exact(4)
             .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .max()
+            .unwrap_or(0),
+        Encoding::Sft => bytes
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]) & !SFT_LEARNED)
             .max()
             .unwrap_or(0),
     }
@@ -842,6 +866,9 @@ pub struct Shard {
     pub max_token: u32,
     /// What the file was when it was opened (a checkpoint stores it; a resume checks it).
     pub fingerprint: DataFingerprint,
+    /// An SFT shard's example boundaries (token indices, from 0 to `tokens`); empty for a
+    /// token shard.
+    pub examples: Vec<usize>,
 }
 
 impl Shard {
@@ -868,9 +895,13 @@ impl Shard {
                 Encoding::Bytes => 255,
                 e => max_token(&bytes[offset..], e),
             };
-            Ok((fingerprint, encoding, offset, tokens, max_token))
+            let examples = match encoding {
+                Encoding::Sft => sft::sft_boundaries(path, bytes, tokens)?,
+                _ => Vec::new(),
+            };
+            Ok((fingerprint, encoding, offset, tokens, max_token, examples))
         });
-        let (fingerprint, encoding, offset, tokens, max_token) =
+        let (fingerprint, encoding, offset, tokens, max_token, examples) =
             read.map_err(|_| data_changed(path, map.len()))??;
         Ok(Shard {
             path: path.to_path_buf(),
@@ -880,6 +911,7 @@ impl Shard {
             tokens,
             max_token,
             fingerprint,
+            examples,
         })
     }
 
@@ -923,6 +955,8 @@ pub struct DataSet {
     pub val: Vec<Span>,
     /// Smallest vocabulary that covers every token of every shard.
     pub vocab_needed: usize,
+    /// The examples of SFT shards (rows of one example each; [`sft`]); None for token shards.
+    pub sft: Option<SftSet>,
     entropy: std::sync::OnceLock<f64>,
 }
 
@@ -977,6 +1011,13 @@ impl DataSet {
             })
             .collect();
         let shards = opened.into_iter().collect::<Result<Vec<Shard>>>()?;
+        let n_sft = shards
+            .iter()
+            .filter(|s| s.encoding == Encoding::Sft)
+            .count();
+        if n_sft > 0 {
+            return Self::open_sft(shards, files.train.len(), seq);
+        }
         let mut train = Vec::new();
         let mut val = Vec::new();
         let window = seq + 1;
@@ -1038,6 +1079,50 @@ impl DataSet {
             train,
             val,
             vocab_needed,
+            sft: None,
+            entropy: std::sync::OnceLock::new(),
+        })
+    }
+
+    /// A data set of SFT shards (the first `n_train` training shards): its examples; a token
+    /// shard among them is refused (a run trains on one kind of data).
+    fn open_sft(shards: Vec<Shard>, n_train: usize, seq: usize) -> Result<DataSet> {
+        if let Some(s) = shards.iter().find(|s| s.encoding != Encoding::Sft) {
+            let sft = shards.iter().find(|s| s.encoding == Encoding::Sft);
+            return Err(data_err(
+                &s.path,
+                format!(
+                    "is a token shard but {} is an SFT shard: a run's data is all token shards or all SFT shards",
+                    sft.expect("one is").path.display()
+                ),
+            ));
+        }
+        let set = SftSet::of(&shards, n_train, seq)?;
+        let span = |e: &[SftExample]| -> Vec<Span> {
+            let mut spans: Vec<Span> = Vec::new();
+            for e in e {
+                match spans.last_mut() {
+                    Some(s) if s.shard == e.shard && s.start + s.len == e.start => s.len += e.len,
+                    _ => spans.push(Span {
+                        shard: e.shard,
+                        start: e.start,
+                        len: e.len,
+                    }),
+                }
+            }
+            spans
+        };
+        let vocab_needed = shards
+            .iter()
+            .map(|s| s.max_token as usize + 1)
+            .max()
+            .unwrap_or(1);
+        Ok(DataSet {
+            train: span(&set.train),
+            val: span(&set.val),
+            shards,
+            vocab_needed,
+            sft: Some(set),
             entropy: std::sync::OnceLock::new(),
         })
     }
@@ -1079,6 +1164,9 @@ impl DataSet {
         b: usize,
         t: usize,
     ) -> Result<(Vec<i32>, Vec<i32>)> {
+        if let Some(sft) = &self.sft {
+            return self.sft_rows(sft, rng, b, t);
+        }
         let (ends, total) = start_index(&self.train, t);
         let mut inputs = Vec::with_capacity(b * t);
         let mut targets = Vec::with_capacity(b * t);
@@ -1100,6 +1188,9 @@ impl DataSet {
         t: usize,
         max_batches: usize,
     ) -> Result<Vec<(Vec<i32>, Vec<i32>)>> {
+        if let Some(sft) = &self.sft {
+            return self.sft_validation_batches(sft, b, t, max_batches);
+        }
         let lens: Vec<usize> = self.val.iter().map(|s| s.len).collect();
         let (ends, _) = start_index(&self.val, t);
         spaced_windows(&lens, b, t, max_batches)
@@ -1136,13 +1227,20 @@ impl DataSet {
                 ((span.len as u128 * ENTROPY_SAMPLE as u128).div_ceil(total as u128) as usize)
                     .clamp(1, span.len)
             };
-            shard.read_tokens(|bytes| {
+            // Of SFT shards, the learned tokens only (the targets the loss counts).
+            let sft = shard.encoding == Encoding::Sft;
+            n += shard.read_tokens(|bytes| {
+                let mut n = 0;
                 for j in 0..take {
-                    let i = (j as u128 * span.len as u128 / take as u128) as usize;
-                    counts[token_at(bytes, shard.encoding, span.start + i) as usize] += 1;
+                    let i = span.start + (j as u128 * span.len as u128 / take as u128) as usize;
+                    if sft && token_at(bytes, Encoding::U32, i) & SFT_LEARNED == 0 {
+                        continue;
+                    }
+                    counts[token_at(bytes, shard.encoding, i) as usize] += 1;
+                    n += 1;
                 }
+                n
             })?;
-            n += take as u64;
         }
         let n = n as f64;
         let h = counts

@@ -151,7 +151,7 @@ fn resolve_data_files(a: &ModelArgs, cfg: &mut Config, fixed_model: bool) -> Cli
     t.data.val_data = files.val.iter().map(name).collect();
     // The model's vocabulary must cover the tokens; pick it unless --vocab was given.
     let set = duet_engine::dataset::DataSet::scan(&files, t.data.seq)?;
-    crate::cli_train::sft_data_note(&set, t.data.seq, a.data.no_truncate)?;
+    sft_data_note(&set, t.data.seq, a.data.no_truncate)?;
     if cfg.model.vocab < set.vocab_needed {
         if fixed_model {
             return Err(format!(
@@ -526,6 +526,58 @@ pub fn accepted_on_resume() -> Vec<String> {
         .filter(|l| !["resume", "init-from", "help"].contains(l) && !fixed.iter().any(|f| f == l))
         .map(|l| format!("--{l}"))
         .collect()
+}
+
+/// What a run of SFT shards trains on (printed once, when its data is scanned): its examples,
+/// learned targets and the examples cut to `seq + 1` tokens or left out; with `no_truncate`
+/// (`--no-truncate`), an example longer than that is refused, naming the longest.
+fn sft_data_note(
+    set: &duet_engine::dataset::DataSet,
+    seq: usize,
+    no_truncate: bool,
+) -> CliResult<()> {
+    let Some(s) = &set.sft else {
+        if no_truncate {
+            return Err("--no-truncate is for SFT shards (duet tokenize --sft)".into());
+        }
+        return Ok(());
+    };
+    if no_truncate && s.truncated > 0 {
+        let (path, len) = s.longest.clone().unwrap_or_default();
+        return Err(format!(
+            "--no-truncate: {} examples are longer than --seq {seq} + 1 tokens, the longest \
+             {len} tokens (in {}): raise --seq (and --max-seq) to {} or more, or drop \
+             --no-truncate to cut them",
+            s.truncated,
+            path.display(),
+            len.saturating_sub(1)
+        )
+        .into());
+    }
+    eprintln!(
+        "SFT data: {} training examples ({} learned targets in {} row tokens; a row holds one \
+         example, padded), {} validation examples",
+        s.train.len(),
+        s.learned,
+        s.row_tokens,
+        s.val.len()
+    );
+    if s.truncated > 0 {
+        eprintln!(
+            "note: {} examples are longer than --seq {seq} + 1 tokens (the longest {} tokens): \
+             cut to their first {} (--no-truncate refuses them)",
+            s.truncated,
+            s.longest.as_ref().map_or(0, |l| l.1),
+            seq + 1
+        );
+    }
+    if s.skipped > 0 {
+        eprintln!(
+            "note: {} examples have no learned target among their first {seq}: left out",
+            s.skipped
+        );
+    }
+    Ok(())
 }
 
 #[cfg(test)]
